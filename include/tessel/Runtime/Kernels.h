@@ -1,0 +1,152 @@
+//===- Kernels.h - CPU compute kernels of the Tessel runtime ----*- C++ -*-===//
+//
+// Every kernel the generated CPU programs call. Tensors are contiguous and
+// row-major. Kernels are templates instantiated for float (what programs run)
+// and double (what the gradient checks run). A kernel's outputs are written,
+// never accumulated into, unless its comment says otherwise; outputs never
+// alias inputs.
+//
+// Each kernel family lives in its own file under lib/Runtime/Kernels/ with a
+// naive reference beside it (namespace tessel::rt::ref) for the tests.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_KERNELS_H
+#define TESSEL_RUNTIME_KERNELS_H
+
+#include <cstdint>
+
+namespace tessel::rt {
+
+// C[b] = opA(A[b]) * opB(B[b]) for b in [0, batch). opA(A) is M x K: stored
+// [M, K], or [K, M] when transA. opB(B) is K x N: stored [K, N], or [N, K] when
+// transB. strideA/B/C are element strides between batch entries; a stride of 0
+// broadcasts that operand to every batch entry. When accumulate is true the
+// product is added to C instead of overwriting it.
+template <typename T>
+void matmul(const T *A, const T *B, T *C, int64_t batch, int64_t M, int64_t N,
+            int64_t K, bool transA, bool transB, int64_t strideA,
+            int64_t strideB, int64_t strideC, bool accumulate = false);
+
+// out[i] = a[i] + b[i % nb]; b has nb elements and n is a multiple of nb
+// (b's shape is a suffix of a's shape).
+template <typename T>
+void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb);
+// out[i] = a[i] * b[i % nb].
+template <typename T>
+void mulBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb);
+// out[j] = sum over r of x[r * cols + j]: reduces leading dimensions, used for
+// the gradient of a broadcast operand. Summation order is fixed (r ascending).
+template <typename T>
+void reduceSumLeading(const T *x, T *out, int64_t rows, int64_t cols);
+// out[i] = x[i] * s.
+template <typename T> void scale(const T *x, T *out, int64_t n, T s);
+
+// GELU, tanh approximation (PyTorch approximate="tanh", GPT-2's "gelu_new").
+template <typename T> void geluForward(const T *x, T *out, int64_t n);
+// dx = dout * gelu'(x).
+template <typename T>
+void geluBackward(const T *x, const T *dout, T *dx, int64_t n);
+// SiLU: x * sigmoid(x).
+template <typename T> void siluForward(const T *x, T *out, int64_t n);
+template <typename T>
+void siluBackward(const T *x, const T *dout, T *dx, int64_t n);
+
+// LayerNorm over the last dimension C of a [rows, C] tensor, biased variance,
+// as torch.nn.LayerNorm: out = (x - mean) / sqrt(var + eps) * w + b.
+template <typename T>
+void layerNormForward(const T *x, const T *w, const T *b, T *out,
+                      int64_t rows, int64_t C, double eps);
+// Recomputes the statistics from x. Writes dx [rows, C], dw [C], db [C].
+template <typename T>
+void layerNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
+                       T *db, int64_t rows, int64_t C, double eps);
+// RMSNorm as Hugging Face LlamaRMSNorm: out = x / sqrt(mean(x^2) + eps) * w.
+template <typename T>
+void rmsNormForward(const T *x, const T *w, T *out, int64_t rows, int64_t C,
+                    double eps);
+template <typename T>
+void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
+                     int64_t rows, int64_t C, double eps);
+
+// Rotary embedding on x of shape [B, T, H, D], Hugging Face Llama convention
+// (rotate_half): for i < D/2 with angle = t * theta^(-2i/D),
+//   out[i]       = x[i] * cos - x[i + D/2] * sin
+//   out[i + D/2] = x[i + D/2] * cos + x[i] * sin.
+// inverse = true rotates by -angle, which is the backward pass.
+template <typename T>
+void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
+          double theta, bool inverse);
+
+// Causal (when causal) scaled dot-product attention with grouped KV heads.
+// q, out: [B, T, H, D]; k, v: [B, T, Hkv, D]; query head h reads KV head
+// h / (H / Hkv); scale = 1 / sqrt(D). Never stores the full score matrix
+// beyond one row per thread.
+template <typename T>
+void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
+                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
+                      bool causal);
+// Recomputes the probabilities. Writes dq, dk, dv (same shapes as q, k, v).
+template <typename T>
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
+                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+                       int64_t Hkv, int64_t D, bool causal);
+
+// Softmax over the last dimension of [rows, cols].
+template <typename T>
+void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols);
+// dx = y * (dy - sum(dy * y)), from the forward output y.
+template <typename T>
+void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
+                     int64_t cols);
+
+// Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V].
+// Writes the scalar to loss[0].
+template <typename T>
+void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
+                         int64_t rows, int64_t V);
+// dlogits = dloss[0] * (softmax(logits) - onehot(targets)) / rows.
+template <typename T>
+void crossEntropyBackward(const T *logits, const int32_t *targets,
+                          const T *dloss, T *dlogits, int64_t rows, int64_t V);
+
+// out[i, :] = table[ids[i], :] for i < n; table is [V, C].
+template <typename T>
+void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
+                      int64_t V, int64_t C);
+// dtable = 0, then dtable[ids[i], :] += dout[i, :] in ascending i (a fixed,
+// thread-count independent order so that runs are bitwise reproducible).
+template <typename T>
+void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
+                       int64_t n, int64_t V, int64_t C);
+
+// General transpose: out = permute(x, perm), x has shape[rank].
+// out's dimension i is x's dimension perm[i].
+template <typename T>
+void transpose(const T *x, T *out, const int64_t *shape, const int64_t *perm,
+               int rank);
+// Views x as [outer, srcAxis, inner] and copies x[:, start:start+len, :]
+// into out of shape [outer, len, inner] (split).
+template <typename T>
+void sliceAxis(const T *x, T *out, int64_t outer, int64_t srcAxis,
+               int64_t inner, int64_t start, int64_t len);
+// Views out as [outer, dstAxis, inner] and writes x [outer, len, inner] into
+// out[:, start:start+len, :] (concat).
+template <typename T>
+void insertAxis(const T *x, T *out, int64_t outer, int64_t dstAxis,
+                int64_t inner, int64_t start, int64_t len);
+template <typename T> void copy(const T *x, T *out, int64_t n);
+template <typename T> void fill(T *out, int64_t n, T value);
+
+// Sum of squares of x, accumulated in double in a fixed order.
+template <typename T> double sumSquares(const T *x, int64_t n);
+
+// One AdamW step exactly as torch.optim.AdamW (decoupled weight decay, bias
+// correction). step counts from 1. The gradient is multiplied by gradScale
+// first (gradient clipping). m and v are updated in place, as is p.
+void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
+                 float lr, float beta1, float beta2, float eps,
+                 float weightDecay, int64_t step, float gradScale);
+
+} // namespace tessel::rt
+
+#endif // TESSEL_RUNTIME_KERNELS_H

@@ -1,0 +1,88 @@
+//===- Program.h - What a generated rank program hands the runtime -*- C++ -*-===//
+//
+// A generated program is a statically scheduled training step plus a
+// description of its parameters and recipe. It fills a `Program` and calls
+// `runMain`, which owns everything around the step: argument parsing,
+// parameter initialisation or loading, the data loader, the learning-rate
+// schedule, metrics, and saving weights.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_PROGRAM_H
+#define TESSEL_RUNTIME_PROGRAM_H
+
+#include <cstdint>
+
+namespace tessel::rt {
+
+enum class InitKind : int { Normal = 0, Zeros = 1, Ones = 2 };
+
+// One trainable parameter. Its values live at params + offset (elements),
+// its gradient at grads + offset, its AdamW moments at m/v + offset.
+struct ParamInfo {
+  const char *name; // Hugging Face tensor name, e.g. "h.0.attn.c_attn.weight"
+  int rank;
+  int64_t shape[4];
+  int64_t numel;
+  int64_t offset;
+  InitKind init;
+  float initMean, initStd;
+  bool weightDecay; // AdamW decays parameters of rank >= 2 only
+};
+
+enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };
+
+struct TrainConfig {
+  int64_t batch;   // sequences per step
+  int64_t seqLen;  // tokens per sequence
+  int64_t vocab;   // token ids must be < vocab
+  int64_t steps;   // default run length and schedule horizon
+  uint64_t seed;   // parameter initialisation seed
+  float gradClip;  // max global gradient norm; <= 0 disables clipping
+  float lr, beta1, beta2, eps, weightDecay;
+  int64_t warmupSteps;
+  LrDecay decay;
+  float minLr;
+};
+
+// What the step function reads and writes. All pointers are owned by the
+// runtime; `activations` is the statically planned arena of the step.
+struct StepContext {
+  float *params;
+  float *grads;
+  float *adamM;
+  float *adamV;
+  const int32_t *tokens;  // [batch, seqLen]
+  const int32_t *targets; // [batch, seqLen]
+  char *activations;
+  int64_t step; // 0-based index of this step
+  float lr;     // learning rate for this step (set by the runtime)
+  // Written by the step:
+  float loss;
+  float gradNorm; // global gradient norm before clipping
+};
+
+struct Program {
+  const char *name;
+  const ParamInfo *params;
+  int numParams;
+  int64_t paramElems;      // total elements of all parameters
+  int64_t activationBytes; // size of the activation arena
+  TrainConfig config;
+  void (*step)(StepContext &);
+};
+
+// Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup
+// lr * (step + 1) / warmupSteps, then decay from lr to minLr over the rest.
+float learningRate(const TrainConfig &config, int64_t step,
+                   int64_t totalSteps);
+// torch.nn.utils.clip_grad_norm_: min(1, maxNorm / (totalNorm + 1e-6)),
+// or 1 when maxNorm <= 0.
+float clipCoefficient(double totalNorm, float maxNorm);
+
+// Parses the command line (see `--help`), runs the training loop and returns
+// the process exit code.
+int runMain(int argc, char **argv, const Program &program);
+
+} // namespace tessel::rt
+
+#endif // TESSEL_RUNTIME_PROGRAM_H
