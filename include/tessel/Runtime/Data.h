@@ -1,0 +1,97 @@
+//===- Data.h - Token files and the training batch rule ---------*- C++ -*-===//
+//
+// Token files use llm.c's format: a header of 256 int32 values, then the
+// tokens. header[0] is the magic, header[1] the version, header[2] the token
+// count. Magic 20240520 with version 1 stores uint16 tokens; magic 20240801
+// with version 7 stores uint32 tokens.
+//
+// Batches follow one fixed rule so that every rank and every reference
+// implementation sees the same data: with nSamples = (N - 1) / T, sequence i
+// of step s is sample j = (s * B + i) mod nSamples, its inputs are
+// tokens[j*T, j*T+T) and its targets tokens[j*T+1, j*T+T+1).
+//
+// All errors are reported by throwing std::runtime_error.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_DATA_H
+#define TESSEL_RUNTIME_DATA_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessel::rt {
+
+constexpr int32_t kTokenMagicU16 = 20240520;
+constexpr int32_t kTokenVersionU16 = 1;
+constexpr int32_t kTokenMagicU32 = 20240801;
+constexpr int32_t kTokenVersionU32 = 7;
+constexpr int kTokenHeaderInts = 256;
+
+// A validated, read-only sequence of tokens, either memory-mapped from a
+// token file or held in memory. Every token is < vocab.
+class TokenData {
+public:
+  // Maps and validates a token file: magic, version, token count against the
+  // file size, and every token < vocab. Errors name the file (and, for a bad
+  // token, its position).
+  static TokenData fromFile(const std::string &path, int64_t vocab);
+  // Takes tokens held in memory; `name` is used in error messages.
+  static TokenData fromTokens(std::vector<int32_t> tokens, int64_t vocab,
+                              std::string name);
+
+  TokenData(TokenData &&other) noexcept;
+  TokenData &operator=(TokenData &&other) noexcept;
+  TokenData(const TokenData &) = delete;
+  TokenData &operator=(const TokenData &) = delete;
+  ~TokenData();
+
+  int64_t size() const { return count; }
+  int32_t at(int64_t i) const {
+    return width == 2 ? (int32_t)((const uint16_t *)base)[i]
+                      : (int32_t)((const uint32_t *)base)[i];
+  }
+  const std::string &name() const { return source; }
+
+  // Number of distinct training sequences of length T: (N - 1) / T.
+  int64_t numSamples(int64_t T) const;
+  // Fills inputs and targets, each [B, T], for 0-based `step` with the rule
+  // above. Throws when there are fewer than T + 1 tokens.
+  void batchForStep(int64_t step, int64_t B, int64_t T, int32_t *inputs,
+                    int32_t *targets) const;
+
+private:
+  TokenData() = default;
+  void release();
+
+  std::string source;
+  const void *base = nullptr; // the tokens, uint16 or uint32
+  int width = 4;              // bytes per token
+  int64_t count = 0;
+  void *mapping = nullptr; // mmap'ed file, or null
+  size_t mappingBytes = 0;
+  std::vector<uint32_t> owned; // tokens held in memory
+};
+
+// Writes tokens as an llm.c token file: uint16 (magic 20240520, version 1)
+// when every token is < 65536, else uint32 (magic 20240801, version 7).
+// Writes a temporary file next to `path` and renames it into place, so a
+// failed write never leaves a partial file. Tokens must be non-negative.
+void writeTokenFile(const std::string &path,
+                    const std::vector<int32_t> &tokens);
+
+// Byte-level tokenisation: each byte of `text` is one token in [0, 256).
+std::vector<int32_t> encodeTextBytes(std::string_view text);
+
+// Deterministic synthetic training text with learnable structure: a sparse
+// random Markov chain over a small alphabet of token ids (each token has a
+// few likely successors) interleaved with repeated phrases. The output
+// depends only on (vocab, count, seed), on every machine.
+std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
+                                     uint64_t seed);
+
+} // namespace tessel::rt
+
+#endif // TESSEL_RUNTIME_DATA_H

@@ -1,0 +1,91 @@
+//===- Safetensors.h - Reading and writing .safetensors files ---*- C++ -*-===//
+//
+// The format: an 8-byte little-endian header length N, N bytes of JSON
+//   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+//    "__metadata__": {"key": "value", ...}}
+// then the raw little-endian tensor data; offsets are relative to the start
+// of the data region.
+//
+// Reading validates the whole header when the file is opened and converts
+// F32, F16, BF16 and F64 tensors to float. Writing produces F32 tensors with
+// metadata {"format": "pt"}, atomically (temporary file, then rename).
+// All errors are reported by throwing std::runtime_error.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_SAFETENSORS_H
+#define TESSEL_RUNTIME_SAFETENSORS_H
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tessel::rt {
+
+struct SafetensorInfo {
+  std::string dtype; // "F32", "F16", "BF16", "F64", "I64", ...
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  size_t begin = 0, end = 0; // byte offsets into the data region
+};
+
+// Formats a shape as "[2, 3]" for messages.
+std::string formatShape(const std::vector<int64_t> &shape);
+
+// A memory-mapped, validated safetensors file.
+class SafetensorsReader {
+public:
+  // Maps the file and validates the header: its length against the file
+  // size, the JSON, every dtype (an unknown one is an error naming the
+  // tensor), and that every tensor's offsets lie within the data region,
+  // match dtype size * numel, and do not overlap.
+  explicit SafetensorsReader(const std::string &path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader &) = delete;
+  SafetensorsReader &operator=(const SafetensorsReader &) = delete;
+
+  const std::string &path() const { return filePath; }
+  bool contains(const std::string &name) const {
+    return tensors.count(name) != 0;
+  }
+  // Tensor names in sorted order.
+  std::vector<std::string> names() const;
+  const SafetensorInfo &info(const std::string &name) const;
+  const std::map<std::string, std::string> &metadata() const { return meta; }
+
+  // Converts tensor `name` to float into out[0, numel). Throws for a dtype
+  // other than F32, F16, BF16 or F64.
+  void read(const std::string &name, float *out) const;
+  std::vector<float> read(const std::string &name) const;
+
+private:
+  std::string filePath;
+  void *mapping = nullptr;
+  size_t mappingBytes = 0;
+  const unsigned char *data = nullptr; // start of the data region
+  std::map<std::string, SafetensorInfo> tensors;
+  std::map<std::string, std::string> meta;
+};
+
+// One tensor to write; `data` holds product(shape) floats.
+struct SafetensorView {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float *data;
+};
+
+// Writes `tensors` as F32, in the given order, with metadata
+// {"format": "pt"} plus `metadata`. Names must be unique and must not be
+// "__metadata__".
+void writeSafetensors(const std::string &path,
+                      const std::vector<SafetensorView> &tensors,
+                      const std::map<std::string, std::string> &metadata = {});
+
+// Half-precision decoding, exposed for tests.
+float halfToFloat(uint16_t bits);
+float bfloat16ToFloat(uint16_t bits);
+
+} // namespace tessel::rt
+
+#endif // TESSEL_RUNTIME_SAFETENSORS_H

@@ -1,0 +1,329 @@
+//===- Data.cpp - Token files and the training batch rule -----------------===//
+
+#include "tessel/Runtime/Data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace tessel::rt {
+
+namespace {
+
+[[noreturn]] void fail(const std::string &message) {
+  throw std::runtime_error(message);
+}
+
+std::string inQuotes(const std::string &path) { return "'" + path + "'"; }
+
+// splitmix64: a tiny, portable generator whose output is the same everywhere.
+struct SplitMix64 {
+  uint64_t state;
+  explicit SplitMix64(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return (double)(next() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n); the modulo bias is negligible for small n.
+  int64_t below(int64_t n) { return (int64_t)(next() % (uint64_t)n); }
+};
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// TokenData
+//===----------------------------------------------------------------------===//
+
+TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
+  if (vocab <= 0)
+    fail("token file " + inQuotes(path) + ": vocabulary size must be positive");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    fail("cannot open token file " + inQuotes(path) + ": " +
+         std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat token file " + inQuotes(path) + ": " +
+         std::strerror(err));
+  }
+  size_t fileBytes = (size_t)st.st_size;
+  const size_t headerBytes = kTokenHeaderInts * sizeof(int32_t);
+  if (fileBytes < headerBytes) {
+    ::close(fd);
+    fail("token file " + inQuotes(path) + " is too small (" +
+         std::to_string(fileBytes) + " bytes) to hold the " +
+         std::to_string(headerBytes) + "-byte header");
+  }
+  void *mapping = ::mmap(nullptr, fileBytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mapErr = errno;
+  ::close(fd);
+  if (mapping == MAP_FAILED)
+    fail("cannot map token file " + inQuotes(path) + ": " +
+         std::strerror(mapErr));
+
+  TokenData data;
+  data.source = path;
+  data.mapping = mapping;
+  data.mappingBytes = fileBytes;
+
+  int32_t header[kTokenHeaderInts];
+  std::memcpy(header, mapping, headerBytes);
+  int32_t magic = header[0], version = header[1];
+  if (magic == kTokenMagicU16) {
+    if (version != kTokenVersionU16)
+      fail("token file " + inQuotes(path) + ": magic " + std::to_string(magic) +
+           " expects version " + std::to_string(kTokenVersionU16) + ", got " +
+           std::to_string(version));
+    data.width = 2;
+  } else if (magic == kTokenMagicU32) {
+    if (version != kTokenVersionU32)
+      fail("token file " + inQuotes(path) + ": magic " + std::to_string(magic) +
+           " expects version " + std::to_string(kTokenVersionU32) + ", got " +
+           std::to_string(version));
+    data.width = 4;
+  } else {
+    fail("token file " + inQuotes(path) + ": bad magic number " +
+         std::to_string(magic) + " (expected " +
+         std::to_string(kTokenMagicU16) + " or " +
+         std::to_string(kTokenMagicU32) + ")");
+  }
+  // The count is stored as int32; a negative value can only be corruption.
+  int64_t count = header[2];
+  if (count < 0)
+    fail("token file " + inQuotes(path) + ": negative token count " +
+         std::to_string(count));
+  size_t expected = headerBytes + (size_t)count * (size_t)data.width;
+  if (expected != fileBytes)
+    fail("token file " + inQuotes(path) + ": header says " +
+         std::to_string(count) + " tokens (" + std::to_string(expected) +
+         " bytes with the header) but the file has " +
+         std::to_string(fileBytes) + " bytes");
+  data.count = count;
+  data.base = (const char *)mapping + headerBytes;
+
+  for (int64_t i = 0; i < count; i++) {
+    int64_t token = data.width == 2 ? ((const uint16_t *)data.base)[i]
+                                    : ((const uint32_t *)data.base)[i];
+    if (token >= vocab)
+      fail("token file " + inQuotes(path) + ": token " + std::to_string(token) +
+           " at position " + std::to_string(i) +
+           " is out of range for vocabulary size " + std::to_string(vocab));
+  }
+  return data;
+}
+
+TokenData TokenData::fromTokens(std::vector<int32_t> tokens, int64_t vocab,
+                                std::string name) {
+  if (vocab <= 0)
+    fail(name + ": vocabulary size must be positive");
+  TokenData data;
+  data.source = std::move(name);
+  data.owned.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); i++) {
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      fail(data.source + ": token " + std::to_string(tokens[i]) +
+           " at position " + std::to_string(i) +
+           " is out of range for vocabulary size " + std::to_string(vocab));
+    data.owned[i] = (uint32_t)tokens[i];
+  }
+  data.width = 4;
+  data.count = (int64_t)data.owned.size();
+  data.base = data.owned.data();
+  return data;
+}
+
+TokenData::TokenData(TokenData &&other) noexcept { *this = std::move(other); }
+
+TokenData &TokenData::operator=(TokenData &&other) noexcept {
+  if (this == &other)
+    return *this;
+  release();
+  source = std::move(other.source);
+  width = other.width;
+  count = other.count;
+  mapping = other.mapping;
+  mappingBytes = other.mappingBytes;
+  // Moving a vector keeps its buffer, so `base` stays valid.
+  owned = std::move(other.owned);
+  base = other.base;
+  other.base = nullptr;
+  other.mapping = nullptr;
+  other.mappingBytes = 0;
+  other.count = 0;
+  return *this;
+}
+
+TokenData::~TokenData() { release(); }
+
+void TokenData::release() {
+  if (mapping)
+    ::munmap(mapping, mappingBytes);
+  mapping = nullptr;
+  mappingBytes = 0;
+  base = nullptr;
+  count = 0;
+  owned.clear();
+}
+
+int64_t TokenData::numSamples(int64_t T) const {
+  if (T <= 0 || count < 1)
+    return 0;
+  return (count - 1) / T;
+}
+
+void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
+                             int32_t *inputs, int32_t *targets) const {
+  if (step < 0 || B <= 0 || T <= 0)
+    fail(source + ": invalid batch request (step " + std::to_string(step) +
+         ", batch " + std::to_string(B) + ", sequence length " +
+         std::to_string(T) + ")");
+  int64_t nSamples = numSamples(T);
+  if (nSamples == 0)
+    fail(source + " has " + std::to_string(count) + " tokens, fewer than the " +
+         std::to_string(T + 1) + " needed for one sequence of length " +
+         std::to_string(T));
+  // (step * B + i) mod nSamples, computed without overflowing step * B.
+  int64_t first =
+      (int64_t)(((unsigned __int128)step * (uint64_t)B) % (uint64_t)nSamples);
+  for (int64_t i = 0; i < B; i++) {
+    int64_t j = (first + i) % nSamples;
+    int64_t start = j * T;
+    for (int64_t t = 0; t < T; t++) {
+      inputs[i * T + t] = at(start + t);
+      targets[i * T + t] = at(start + t + 1);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Writing, byte encoding, synthetic data
+//===----------------------------------------------------------------------===//
+
+void writeTokenFile(const std::string &path,
+                    const std::vector<int32_t> &tokens) {
+  if (tokens.size() > (size_t)INT32_MAX)
+    fail("cannot write token file " + inQuotes(path) + ": " +
+         std::to_string(tokens.size()) +
+         " tokens exceed the int32 count in the header");
+  int32_t maxToken = 0;
+  for (size_t i = 0; i < tokens.size(); i++) {
+    if (tokens[i] < 0)
+      fail("cannot write token file " + inQuotes(path) + ": negative token " +
+           std::to_string(tokens[i]) + " at position " + std::to_string(i));
+    maxToken = std::max(maxToken, tokens[i]);
+  }
+  bool narrow = maxToken < 65536;
+  int32_t header[kTokenHeaderInts] = {};
+  header[0] = narrow ? kTokenMagicU16 : kTokenMagicU32;
+  header[1] = narrow ? kTokenVersionU16 : kTokenVersionU32;
+  header[2] = (int32_t)tokens.size();
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE *f = std::fopen(tmp.c_str(), "wb");
+  if (!f)
+    fail("cannot create " + inQuotes(tmp) + ": " + std::strerror(errno));
+  bool ok = std::fwrite(header, sizeof(header), 1, f) == 1;
+  if (narrow) {
+    std::vector<uint16_t> out(tokens.begin(), tokens.end());
+    ok = ok &&
+         std::fwrite(out.data(), sizeof(uint16_t), out.size(), f) == out.size();
+  } else {
+    std::vector<uint32_t> out(tokens.begin(), tokens.end());
+    ok = ok &&
+         std::fwrite(out.data(), sizeof(uint32_t), out.size(), f) == out.size();
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    fail("cannot write token file " + inQuotes(path) + ": " +
+         std::strerror(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    fail("cannot rename " + inQuotes(tmp) + " to " + inQuotes(path) + ": " +
+         std::strerror(err));
+  }
+}
+
+std::vector<int32_t> encodeTextBytes(std::string_view text) {
+  std::vector<int32_t> tokens(text.size());
+  for (size_t i = 0; i < text.size(); i++)
+    tokens[i] = (int32_t)(unsigned char)text[i];
+  return tokens;
+}
+
+std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
+                                     uint64_t seed) {
+  if (vocab <= 0)
+    fail("synthetic data: vocabulary size must be positive");
+  if (count < 0)
+    fail("synthetic data: token count must be non-negative");
+  SplitMix64 rng(seed ^ 0x7E55E1DA7A5EEDull);
+
+  // The alphabet: up to 256 distinct token ids spread over the vocabulary
+  // (a partial Fisher-Yates shuffle), so that a model first learns which
+  // tokens occur at all, then the transitions between them.
+  int64_t A = std::min<int64_t>(vocab, 256);
+  std::vector<int32_t> ids(vocab);
+  for (int64_t i = 0; i < vocab; i++)
+    ids[i] = (int32_t)i;
+  for (int64_t i = 0; i < A; i++)
+    std::swap(ids[i], ids[i + rng.below(vocab - i)]);
+  ids.resize(A);
+
+  // Each state has three likely successors; the rest of the time the next
+  // state is uniform.
+  const int kSucc = 3;
+  const double cumulative[kSucc] = {0.65, 0.85, 0.95};
+  std::vector<int64_t> succ(A * kSucc);
+  for (int64_t &s : succ)
+    s = rng.below(A);
+
+  // A few phrases that recur verbatim.
+  const int kPhrases = 24;
+  std::vector<std::vector<int64_t>> phrases(kPhrases);
+  for (auto &phrase : phrases) {
+    phrase.resize(8 + rng.below(9));
+    for (int64_t &s : phrase)
+      s = rng.below(A);
+  }
+
+  std::vector<int32_t> tokens;
+  tokens.reserve(count);
+  int64_t state = rng.below(A);
+  while ((int64_t)tokens.size() < count) {
+    if (rng.uniform() < 0.04) {
+      const auto &phrase = phrases[rng.below(kPhrases)];
+      for (size_t k = 0; k < phrase.size() && (int64_t)tokens.size() < count;
+           k++) {
+        state = phrase[k];
+        tokens.push_back(ids[state]);
+      }
+      continue;
+    }
+    double u = rng.uniform();
+    int k = 0;
+    while (k < kSucc && u >= cumulative[k])
+      k++;
+    state = k < kSucc ? succ[state * kSucc + k] : rng.below(A);
+    tokens.push_back(ids[state]);
+  }
+  return tokens;
+}
+
+} // namespace tessel::rt

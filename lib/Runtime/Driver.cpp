@@ -1,0 +1,468 @@
+//===- Driver.cpp - The training loop around a generated step -------------===//
+//
+// runMain parses the command line, allocates parameter, gradient, moment and
+// activation buffers, initialises or loads the parameters, then runs the
+// program's step once per batch, printing and recording metrics, and finally
+// saves the weights. Every failure is reported as one "error: " line on
+// stderr with exit code 1 (2 for command-line mistakes); outputs are written
+// atomically so a failed run never leaves half a file behind.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Data.h"
+#include "tessel/Runtime/Init.h"
+#include "tessel/Runtime/Program.h"
+#include "tessel/Runtime/Safetensors.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+extern "C" void openblas_set_num_threads(int numThreads);
+
+namespace tessel::rt {
+
+namespace {
+
+// A command-line mistake: reported like any error but with exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string &message) {
+  throw std::runtime_error(message);
+}
+
+std::string inQuotes(const std::string &s) { return "'" + s + "'"; }
+
+struct Options {
+  int64_t steps = 0;
+  std::string data;
+  std::string initFrom;
+  std::string saveFinal;
+  std::string metrics;
+  uint64_t seed = 0;
+  int threads = 0; // 0: leave the thread counts as they are
+  bool quiet = false;
+  bool help = false;
+};
+
+void printUsage(FILE *out, const char *argv0, const Program &program) {
+  std::fprintf(
+      out,
+      "usage: %s [options]\n"
+      "Trains '%s' for a number of steps.\n"
+      "\n"
+      "options:\n"
+      "  --steps N              number of steps, also the learning-rate\n"
+      "                         schedule horizon (default %" PRId64 ")\n"
+      "  --data FILE            llm.c token file (uint16 or uint32 tokens);\n"
+      "                         without it, synthetic tokens are used\n"
+      "  --init-from FILE       load parameters from a .safetensors file\n"
+      "                         instead of initialising them\n"
+      "  --save-final FILE      save the final parameters as .safetensors\n"
+      "  --metrics FILE         write one JSON object per step (step is\n"
+      "                         1-based): step, loss, lr, grad_norm,\n"
+      "                         tokens_per_s, step_ms\n"
+      "  --seed N               parameter initialisation seed (default "
+      "%" PRIu64 ")\n"
+      "  --threads N            OpenMP and OpenBLAS threads (default: as set\n"
+      "                         by the environment)\n"
+      "  --quiet                no per-step output\n"
+      "  --help                 show this message\n",
+      argv0, program.name ? program.name : "program", program.config.steps,
+      program.config.seed);
+}
+
+int64_t parsePositive(const std::string &flag, const std::string &text) {
+  const char *s = text.c_str();
+  char *end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(s, &end, 10);
+  if (text.empty() || !(s[0] >= '0' && s[0] <= '9') || *end != '\0' ||
+      errno == ERANGE || value <= 0)
+    throw UsageError(flag + " expects a positive integer, got " +
+                     inQuotes(text));
+  return value;
+}
+
+uint64_t parseUnsigned(const std::string &flag, const std::string &text) {
+  const char *s = text.c_str();
+  char *end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(s, &end, 10);
+  if (text.empty() || !(s[0] >= '0' && s[0] <= '9') || *end != '\0' ||
+      errno == ERANGE)
+    throw UsageError(flag + " expects a non-negative integer, got " +
+                     inQuotes(text));
+  return value;
+}
+
+Options parseArgs(int argc, char **argv, const Program &program) {
+  Options opts;
+  opts.steps = program.config.steps;
+  opts.seed = program.config.seed;
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    std::string flag = arg, value;
+    bool hasInlineValue = false;
+    size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      hasInlineValue = true;
+    }
+    if (flag == "--help" || flag == "-h" || flag == "--quiet") {
+      if (hasInlineValue)
+        throw UsageError(flag + " takes no value");
+      if (flag == "--quiet")
+        opts.quiet = true;
+      else
+        opts.help = true;
+      continue;
+    }
+    bool takesValue = flag == "--steps" || flag == "--data" ||
+                      flag == "--init-from" || flag == "--save-final" ||
+                      flag == "--metrics" || flag == "--seed" ||
+                      flag == "--threads";
+    if (!takesValue)
+      throw UsageError("unknown option " + inQuotes(arg) + " (see --help)");
+    if (!hasInlineValue) {
+      if (i + 1 >= argc)
+        throw UsageError(flag + " expects a value");
+      value = argv[++i];
+    }
+    if (flag == "--steps") {
+      opts.steps = parsePositive(flag, value);
+    } else if (flag == "--threads") {
+      int64_t threads = parsePositive(flag, value);
+      if (threads > 4096)
+        throw UsageError(flag + " expects at most 4096 threads, got " +
+                         inQuotes(value));
+      opts.threads = (int)threads;
+    } else if (flag == "--seed") {
+      opts.seed = parseUnsigned(flag, value);
+    } else {
+      if (value.empty())
+        throw UsageError(flag + " expects a file name");
+      if (flag == "--data")
+        opts.data = value;
+      else if (flag == "--init-from")
+        opts.initFrom = value;
+      else if (flag == "--save-final")
+        opts.saveFinal = value;
+      else
+        opts.metrics = value;
+    }
+  }
+  return opts;
+}
+
+// Checks what the generated code promises, so that a bad program fails with
+// a message instead of writing out of bounds.
+void validateProgram(const Program &program) {
+  const TrainConfig &c = program.config;
+  if (!program.step)
+    fail("program has no step function");
+  if (program.numParams < 0 || (program.numParams > 0 && !program.params))
+    fail("program has an invalid parameter table");
+  if (program.paramElems < 0 || program.activationBytes < 0)
+    fail("program has negative buffer sizes");
+  if (c.batch <= 0 || c.seqLen <= 0 || c.vocab <= 0 || c.vocab > INT32_MAX)
+    fail("program has an invalid configuration (batch " +
+         std::to_string(c.batch) + ", sequence length " +
+         std::to_string(c.seqLen) + ", vocabulary " + std::to_string(c.vocab) +
+         ")");
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    std::string name = p.name ? p.name : "#" + std::to_string(i);
+    if (!p.name || p.rank < 0 || p.rank > 4)
+      fail("parameter " + inQuotes(name) + " has an invalid name or rank");
+    int64_t numel = 1;
+    for (int d = 0; d < p.rank; d++)
+      numel *= p.shape[d];
+    if (numel != p.numel || p.offset < 0 ||
+        p.offset + p.numel > program.paramElems)
+      fail("parameter " + inQuotes(name) + " does not fit its shape or the " +
+           "parameter buffer (numel " + std::to_string(p.numel) + ", offset " +
+           std::to_string(p.offset) + ", buffer " +
+           std::to_string(program.paramElems) + ")");
+  }
+}
+
+struct FreeDeleter {
+  void operator()(void *p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char, FreeDeleter>;
+
+// A zeroed, 64-byte aligned buffer of at least `bytes` bytes.
+AlignedBuffer allocateZeroed(int64_t bytes, const char *what) {
+  size_t size = ((size_t)std::max<int64_t>(bytes, 1) + 63) / 64 * 64;
+  void *p = std::aligned_alloc(64, size);
+  if (!p)
+    fail(std::string("cannot allocate ") + std::to_string(size) +
+         " bytes for the " + what);
+  std::memset(p, 0, size);
+  return AlignedBuffer((char *)p);
+}
+
+std::vector<int64_t> shapeOf(const ParamInfo &p) {
+  return std::vector<int64_t>(p.shape, p.shape + p.rank);
+}
+
+// Names under which parameter `name` may appear in a checkpoint: itself,
+// then with a "transformer." or "model." prefix stripped or added.
+std::vector<std::string> candidateNames(const std::string &name) {
+  std::vector<std::string> names = {name};
+  for (const char *prefix : {"transformer.", "model."}) {
+    std::string p = prefix;
+    if (name.rfind(p, 0) == 0)
+      names.push_back(name.substr(p.size()));
+    else
+      names.push_back(p + name);
+  }
+  return names;
+}
+
+void loadParams(const Program &program, const std::string &path,
+                float *params) {
+  SafetensorsReader reader(path);
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    std::vector<std::string> names = candidateNames(p.name);
+    const std::string *found = nullptr;
+    for (const std::string &n : names)
+      if (reader.contains(n)) {
+        found = &n;
+        break;
+      }
+    if (!found) {
+      std::string tried;
+      for (size_t k = 1; k < names.size(); k++)
+        tried += (k > 1 ? ", " : "") + inQuotes(names[k]);
+      fail("parameter " + inQuotes(p.name) + " is not in " + inQuotes(path) +
+           " (also tried " + tried + ")");
+    }
+    const SafetensorInfo &info = reader.info(*found);
+    if (info.shape != shapeOf(p))
+      fail("tensor " + inQuotes(*found) + " in " + inQuotes(path) +
+           " has shape " + formatShape(info.shape) +
+           ", but the program expects " + formatShape(shapeOf(p)));
+    reader.read(*found, params + p.offset);
+  }
+}
+
+void saveParams(const Program &program, const std::string &path,
+                const float *params, int64_t steps) {
+  std::vector<SafetensorView> views;
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    views.push_back({p.name, shapeOf(p), params + p.offset});
+  }
+  std::map<std::string, std::string> metadata = {
+      {"program", program.name ? program.name : ""},
+      {"steps", std::to_string(steps)}};
+  writeSafetensors(path, views, metadata);
+}
+
+// Fails early, before any training, when `path` cannot be created.
+void checkWritable(const std::string &path, const char *what) {
+  std::string probe = path + ".tmp." + std::to_string(::getpid());
+  FILE *f = std::fopen(probe.c_str(), "wb");
+  if (!f)
+    fail(std::string("cannot write the ") + what + " " + inQuotes(path) + ": " +
+         std::strerror(errno));
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
+
+std::string jsonNumber(double value, const char *format) {
+  if (!std::isfinite(value))
+    return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, value);
+  return buf;
+}
+
+int train(const Program &program, const Options &opts) {
+  validateProgram(program);
+  const TrainConfig &config = program.config;
+  if (opts.steps <= 0)
+    fail("the program has no default step count; pass --steps N");
+  if (opts.threads > 0) {
+    omp_set_num_threads(opts.threads);
+    openblas_set_num_threads(opts.threads);
+  }
+  const int64_t B = config.batch, T = config.seqLen;
+
+  // Open or check every output before spending time on training.
+  std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
+  if (!opts.metrics.empty()) {
+    metrics.reset(std::fopen(opts.metrics.c_str(), "w"));
+    if (!metrics)
+      fail("cannot open the metrics file " + inQuotes(opts.metrics) + ": " +
+           std::strerror(errno));
+  }
+  if (!opts.saveFinal.empty())
+    checkWritable(opts.saveFinal, "final weights");
+
+  std::unique_ptr<TokenData> data;
+  if (!opts.data.empty()) {
+    data = std::make_unique<TokenData>(
+        TokenData::fromFile(opts.data, config.vocab));
+  } else {
+    std::printf("no --data given: training on 1048576 synthetic tokens "
+                "(seed 1234)\n");
+    data = std::make_unique<TokenData>(
+        TokenData::fromTokens(syntheticTokens(config.vocab, 1 << 20, 1234),
+                              config.vocab, "synthetic data"));
+  }
+  if (data->numSamples(T) == 0)
+    fail(inQuotes(data->name()) + " has " + std::to_string(data->size()) +
+         " tokens, fewer than the " + std::to_string(T + 1) +
+         " needed for one sequence of length " + std::to_string(T));
+
+  size_t floatBytes = (size_t)program.paramElems * sizeof(float);
+  AlignedBuffer params = allocateZeroed(floatBytes, "parameters");
+  AlignedBuffer grads = allocateZeroed(floatBytes, "gradients");
+  AlignedBuffer adamM = allocateZeroed(floatBytes, "AdamW first moments");
+  AlignedBuffer adamV = allocateZeroed(floatBytes, "AdamW second moments");
+  AlignedBuffer activations =
+      allocateZeroed(program.activationBytes, "activations");
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+
+  float *paramData = (float *)params.get();
+  if (!opts.initFrom.empty()) {
+    loadParams(program, opts.initFrom, paramData);
+  } else {
+    for (int i = 0; i < program.numParams; i++)
+      initParam(program.params[i], opts.seed,
+                paramData + program.params[i].offset);
+  }
+
+  if (!opts.quiet)
+    std::printf("%s: %d parameters (%" PRId64 " elements), batch %" PRId64
+                " x %" PRId64 ", %" PRId64 " steps, %d threads\n",
+                program.name ? program.name : "program", program.numParams,
+                program.paramElems, B, T, opts.steps, omp_get_max_threads());
+  std::fflush(stdout);
+
+  StepContext ctx = {};
+  ctx.params = paramData;
+  ctx.grads = (float *)grads.get();
+  ctx.adamM = (float *)adamM.get();
+  ctx.adamV = (float *)adamV.get();
+  ctx.tokens = tokens.data();
+  ctx.targets = targets.data();
+  ctx.activations = activations.get();
+
+  int width = std::max<int>(4, (int)std::to_string(opts.steps).size());
+  auto runStart = std::chrono::steady_clock::now();
+  float lastLoss = 0.0f;
+  for (int64_t step = 0; step < opts.steps; step++) {
+    data->batchForStep(step, B, T, tokens.data(), targets.data());
+    ctx.step = step;
+    ctx.lr = learningRate(config, step, opts.steps);
+    ctx.loss = NAN;
+    ctx.gradNorm = NAN;
+
+    auto start = std::chrono::steady_clock::now();
+    program.step(ctx);
+    auto stop = std::chrono::steady_clock::now();
+
+    double ms = std::chrono::duration<double, std::milli>(stop - start).count();
+    double tokensPerSecond = ms > 0 ? (double)(B * T) / (ms / 1000.0) : 0.0;
+    if (!std::isfinite(ctx.loss))
+      fail("loss is " + std::string(std::isnan(ctx.loss) ? "nan" : "inf") +
+           " at step " + std::to_string(step + 1) + " of " +
+           std::to_string(opts.steps));
+    lastLoss = ctx.loss;
+
+    if (!opts.quiet) {
+      std::printf("step %*" PRId64 "/%" PRId64
+                  " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s\n",
+                  width, step + 1, opts.steps, ctx.loss, ctx.lr, ctx.gradNorm,
+                  tokensPerSecond);
+      std::fflush(stdout);
+    }
+    if (metrics) {
+      std::string line =
+          "{\"step\": " + std::to_string(step + 1) +
+          ", \"loss\": " + jsonNumber(ctx.loss, "%.9g") +
+          ", \"lr\": " + jsonNumber(ctx.lr, "%.9g") +
+          ", \"grad_norm\": " + jsonNumber(ctx.gradNorm, "%.9g") +
+          ", \"tokens_per_s\": " + jsonNumber(tokensPerSecond, "%.1f") +
+          ", \"step_ms\": " + jsonNumber(ms, "%.3f") + "}\n";
+      if (std::fputs(line.c_str(), metrics.get()) < 0 ||
+          std::fflush(metrics.get()) != 0)
+        fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
+             std::strerror(errno));
+    }
+  }
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart)
+          .count();
+
+  if (metrics) {
+    FILE *f = metrics.release();
+    if (std::fclose(f) != 0)
+      fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
+           std::strerror(errno));
+  }
+  if (!opts.saveFinal.empty())
+    saveParams(program, opts.saveFinal, paramData, opts.steps);
+  if (!opts.quiet) {
+    std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
+                opts.steps, seconds, lastLoss);
+    if (!opts.saveFinal.empty())
+      std::printf("saved final weights to %s\n", opts.saveFinal.c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+} // namespace
+
+int runMain(int argc, char **argv, const Program &program) {
+  const char *argv0 = argc > 0 && argv[0] ? argv[0] : "program";
+  try {
+    Options opts = parseArgs(argc, argv, program);
+    if (opts.help) {
+      printUsage(stdout, argv0, program);
+      return 0;
+    }
+    return train(program, opts);
+  } catch (const UsageError &e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc &) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception &e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: unknown exception\n");
+    return 1;
+  }
+}
+
+} // namespace tessel::rt
