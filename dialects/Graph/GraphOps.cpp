@@ -1,0 +1,425 @@
+//===- GraphOps.cpp - Verifiers and shape inference of the graph dialect -===//
+//
+// Every shape rule of the graph dialect lives here, once: the verifier of an
+// op whose result type is given, or `inferReturnTypes` of an op whose result
+// type follows from its operands (which the verifier then checks too).
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/Graph/GraphOps.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/TypeUtilities.h"
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+using namespace tessel::graph;
+
+#include "dialects/Graph/GraphDialect.cpp.inc"
+#include "dialects/Graph/GraphInterfaces.cpp.inc"
+
+void GraphDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/Graph/GraphOps.cpp.inc"
+      >();
+}
+
+#define GET_OP_CLASSES
+#include "dialects/Graph/GraphOps.cpp.inc"
+
+namespace {
+RankedTensorType tensorOf(ArrayRef<int64_t> shape, Type element) {
+  return RankedTensorType::get(shape, element);
+}
+ArrayRef<int64_t> shapeOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getShape();
+}
+std::string shapeStr(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape))
+    s += (i ? "x" : "") + std::to_string(d);
+  return s + "]";
+}
+// `suffix` equals the trailing dimensions of `shape`.
+bool isSuffix(ArrayRef<int64_t> suffix, ArrayRef<int64_t> shape) {
+  return suffix.size() <= shape.size() &&
+         shape.take_back(suffix.size()) == suffix;
+}
+LogicalResult fail(std::optional<Location> loc, const Twine &msg) {
+  return emitOptionalError(loc, msg);
+}
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Leaves
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::verify() {
+  if (getName().empty())
+    return emitOpError("parameter needs a non-empty name");
+  if (!getType().hasStaticShape())
+    return emitOpError("parameter '") << getName() << "' needs a static shape";
+  StringRef init = getInit();
+  if (init != "normal" && init != "zeros" && init != "ones")
+    return emitOpError("init must be 'normal', 'zeros' or 'ones', got '")
+           << init << "'";
+  if (getStd().convertToDouble() < 0)
+    return emitOpError("std must be non-negative");
+  return success();
+}
+
+LogicalResult InputOp::verify() {
+  if (getName() != "tokens" && getName() != "targets")
+    return emitOpError("input must be 'tokens' or 'targets', got '")
+           << getName() << "'";
+  if (getType().getRank() != 2 || !getType().hasStaticShape())
+    return emitOpError("input must be a static [batch, seq] tensor");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Forward math
+//===----------------------------------------------------------------------===//
+
+LogicalResult EmbeddingOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &types) {
+  auto table = shapeOf(adaptor.getTable());
+  if (table.size() != 2)
+    return fail(loc, "embedding table must be [vocab, hidden], got " +
+                         shapeStr(table));
+  SmallVector<int64_t> shape(shapeOf(adaptor.getIds()));
+  shape.push_back(table[1]);
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getTable())));
+  return success();
+}
+
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &types) {
+  auto lhs = shapeOf(adaptor.getLhs());
+  auto rhs = shapeOf(adaptor.getRhs());
+  if (lhs.size() < 2 || rhs.size() < 2)
+    return fail(loc, "matmul operands must have rank >= 2");
+  if (rhs.size() != 2 && rhs.size() != lhs.size())
+    return fail(loc, "matmul rhs must be rank 2 or have lhs's rank, got " +
+                         shapeStr(lhs) + " and " + shapeStr(rhs));
+  auto batch = lhs.drop_back(2);
+  if (rhs.size() == lhs.size() && rhs.drop_back(2) != batch)
+    return fail(loc, "matmul batch dimensions differ: " + shapeStr(lhs) +
+                         " and " + shapeStr(rhs));
+  bool tl = adaptor.getTransposeLhs(), tr = adaptor.getTransposeRhs();
+  int64_t m = lhs[lhs.size() - (tl ? 1 : 2)];
+  int64_t kl = lhs[lhs.size() - (tl ? 2 : 1)];
+  int64_t kr = rhs[rhs.size() - (tr ? 1 : 2)];
+  int64_t n = rhs[rhs.size() - (tr ? 2 : 1)];
+  if (kl != kr)
+    return fail(loc, "matmul contraction sizes differ: " + Twine(kl) + " vs " +
+                         Twine(kr) + " (" + shapeStr(lhs) + " and " +
+                         shapeStr(rhs) + ")");
+  SmallVector<int64_t> shape(batch);
+  shape.append({m, n});
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getLhs())));
+  return success();
+}
+
+static LogicalResult inferBroadcast(std::optional<Location> loc, Value lhs,
+                                    Value rhs, SmallVectorImpl<Type> &types) {
+  if (!isSuffix(shapeOf(rhs), shapeOf(lhs)))
+    return fail(loc, "rhs shape " + shapeStr(shapeOf(rhs)) +
+                         " must equal or be a suffix of lhs shape " +
+                         shapeStr(shapeOf(lhs)));
+  types.push_back(lhs.getType());
+  return success();
+}
+LogicalResult AddOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &types) {
+  return inferBroadcast(loc, adaptor.getLhs(), adaptor.getRhs(), types);
+}
+LogicalResult MulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                      Adaptor adaptor,
+                                      SmallVectorImpl<Type> &types) {
+  return inferBroadcast(loc, adaptor.getLhs(), adaptor.getRhs(), types);
+}
+
+LogicalResult GeluOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
+                                       Adaptor adaptor,
+                                       SmallVectorImpl<Type> &types) {
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+LogicalResult SiluOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
+                                       Adaptor adaptor,
+                                       SmallVectorImpl<Type> &types) {
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+LogicalResult SoftmaxOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &types) {
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+
+static LogicalResult checkNormWeight(std::optional<Location> loc, Value input,
+                                     Value weight, StringRef what) {
+  auto x = shapeOf(input);
+  if (x.empty())
+    return fail(loc, "norm input must have rank >= 1");
+  if (shapeOf(weight) != x.take_back(1))
+    return fail(loc, Twine(what) + " must be [" + Twine(x.back()) + "], got " +
+                         shapeStr(shapeOf(weight)));
+  return success();
+}
+LogicalResult LayerNormOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &types) {
+  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(), "weight")) ||
+      failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getBias(), "bias")))
+    return failure();
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+LogicalResult RmsNormOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &types) {
+  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(), "weight")))
+    return failure();
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+
+LogicalResult RopeOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                       Adaptor adaptor,
+                                       SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput());
+  if (x.size() != 4 || x[3] % 2 != 0)
+    return fail(loc, "rope input must be [batch, seq, heads, head_dim] with "
+                     "an even head_dim, got " + shapeStr(x));
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+
+static LogicalResult checkAttention(std::optional<Location> loc, Value q,
+                                    Value k, Value v) {
+  auto qs = shapeOf(q), ks = shapeOf(k), vs = shapeOf(v);
+  if (qs.size() != 4 || ks.size() != 4)
+    return fail(loc, "attention operands must be [batch, seq, heads, head_dim]");
+  if (ks != vs)
+    return fail(loc, "attention key and value shapes differ: " + shapeStr(ks) +
+                         " vs " + shapeStr(vs));
+  if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3])
+    return fail(loc, "attention query " + shapeStr(qs) + " and key " +
+                         shapeStr(ks) + " must agree on batch, seq and head_dim");
+  if (ks[2] == 0 || qs[2] % ks[2] != 0)
+    return fail(loc, "attention heads (" + Twine(qs[2]) +
+                         ") must be a multiple of kv heads (" + Twine(ks[2]) + ")");
+  return success();
+}
+LogicalResult AttentionOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &types) {
+  if (failed(checkAttention(loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue())))
+    return failure();
+  types.push_back(adaptor.getQuery().getType());
+  return success();
+}
+
+static LogicalResult checkCrossEntropy(std::optional<Location> loc, Value logits,
+                                       Value targets) {
+  auto l = shapeOf(logits), t = shapeOf(targets);
+  if (l.size() < 2 || l.drop_back(1) != t)
+    return fail(loc, "targets " + shapeStr(t) +
+                         " must be the leading shape of logits " + shapeStr(l));
+  return success();
+}
+LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location> loc,
+                                               Adaptor adaptor,
+                                               SmallVectorImpl<Type> &types) {
+  if (failed(checkCrossEntropy(loc, adaptor.getLogits(), adaptor.getTargets())))
+    return failure();
+  types.push_back(tensorOf({}, Float32Type::get(ctx)));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReshapeOp::verify() {
+  auto in = getInput().getType(), out = getResult().getType();
+  if (!in.hasStaticShape() || !out.hasStaticShape() ||
+      in.getNumElements() != out.getNumElements())
+    return emitOpError("cannot reshape ")
+           << shapeStr(in.getShape()) << " to " << shapeStr(out.getShape());
+  return success();
+}
+
+LogicalResult TransposeOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                            Adaptor adaptor,
+                                            SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput());
+  ArrayRef<int64_t> perm = adaptor.getPermutation();
+  SmallVector<bool> seen(x.size(), false);
+  if (perm.size() != x.size())
+    return fail(loc, "permutation has " + Twine(perm.size()) +
+                         " entries for a rank-" + Twine(x.size()) + " input");
+  SmallVector<int64_t> shape;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= (int64_t)x.size() || seen[p])
+      return fail(loc, "permutation is not a permutation of the dimensions");
+    seen[p] = true;
+    shape.push_back(x[p]);
+  }
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getInput())));
+  return success();
+}
+
+// All `shapes` equal `reference` except along `axis`; returns the axis sum.
+static FailureOr<int64_t> sumAlongAxis(std::optional<Location> loc,
+                                       ArrayRef<int64_t> reference,
+                                       ArrayRef<ArrayRef<int64_t>> shapes,
+                                       int64_t axis) {
+  if (axis < 0 || axis >= (int64_t)reference.size())
+    return fail(loc, "axis " + Twine(axis) + " out of range for rank " +
+                         Twine(reference.size()));
+  int64_t total = 0;
+  for (ArrayRef<int64_t> s : shapes) {
+    if (s.size() != reference.size())
+      return fail(loc, "pieces must have the same rank");
+    for (size_t d = 0; d < s.size(); ++d)
+      if ((int64_t)d != axis && s[d] != reference[d])
+        return fail(loc, "pieces differ outside axis " + Twine(axis) + ": " +
+                             shapeStr(s) + " vs " + shapeStr(reference));
+    total += s[axis];
+  }
+  return total;
+}
+
+LogicalResult SplitOp::verify() {
+  auto in = shapeOf(getInput());
+  SmallVector<ArrayRef<int64_t>> pieces;
+  for (Value r : getResults())
+    pieces.push_back(shapeOf(r));
+  FailureOr<int64_t> total = sumAlongAxis(getLoc(), in, pieces, getAxis());
+  if (failed(total))
+    return failure();
+  if (*total != in[getAxis()])
+    return emitOpError("pieces add up to ")
+           << *total << " along axis " << getAxis() << ", input has "
+           << in[getAxis()];
+  return success();
+}
+
+LogicalResult ConcatOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &types) {
+  if (adaptor.getInputs().empty())
+    return fail(loc, "concat needs at least one input");
+  SmallVector<ArrayRef<int64_t>> pieces;
+  for (Value v : adaptor.getInputs())
+    pieces.push_back(shapeOf(v));
+  FailureOr<int64_t> total =
+      sumAlongAxis(loc, pieces.front(), pieces, adaptor.getAxis());
+  if (failed(total))
+    return failure();
+  SmallVector<int64_t> shape(pieces.front());
+  shape[adaptor.getAxis()] = *total;
+  types.push_back(
+      tensorOf(shape, getElementTypeOrSelf(adaptor.getInputs().front())));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult ReduceSumOp::verify() {
+  if (!isSuffix(shapeOf(getResult()), shapeOf(getInput())))
+    return emitOpError("result shape ")
+           << shapeStr(shapeOf(getResult()))
+           << " must be a suffix of the input shape "
+           << shapeStr(shapeOf(getInput()));
+  return success();
+}
+
+static LogicalResult sameShapeGrad(std::optional<Location> loc, Value x,
+                                   Value grad, SmallVectorImpl<Type> &types) {
+  if (x.getType() != grad.getType())
+    return fail(loc, "gradient type must match the input type");
+  types.push_back(x.getType());
+  return success();
+}
+LogicalResult GeluGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                           Adaptor a, SmallVectorImpl<Type> &types) {
+  return sameShapeGrad(loc, a.getInput(), a.getGrad(), types);
+}
+LogicalResult SiluGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                           Adaptor a, SmallVectorImpl<Type> &types) {
+  return sameShapeGrad(loc, a.getInput(), a.getGrad(), types);
+}
+LogicalResult SoftmaxGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                              Adaptor a, SmallVectorImpl<Type> &types) {
+  return sameShapeGrad(loc, a.getOutput(), a.getGrad(), types);
+}
+LogicalResult LayerNormGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                                Adaptor a, SmallVectorImpl<Type> &types) {
+  if (failed(checkNormWeight(loc, a.getInput(), a.getWeight(), "weight")) ||
+      failed(sameShapeGrad(loc, a.getInput(), a.getGrad(), types)))
+    return failure();
+  types.append({a.getWeight().getType(), a.getWeight().getType()});
+  return success();
+}
+LogicalResult RmsNormGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                              Adaptor a, SmallVectorImpl<Type> &types) {
+  if (failed(checkNormWeight(loc, a.getInput(), a.getWeight(), "weight")) ||
+      failed(sameShapeGrad(loc, a.getInput(), a.getGrad(), types)))
+    return failure();
+  types.push_back(a.getWeight().getType());
+  return success();
+}
+LogicalResult AttentionGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                                Adaptor a, SmallVectorImpl<Type> &types) {
+  if (failed(checkAttention(loc, a.getQuery(), a.getKey(), a.getValue())) ||
+      failed(sameShapeGrad(loc, a.getQuery(), a.getGrad(), types)))
+    return failure();
+  types.append({a.getKey().getType(), a.getValue().getType()});
+  return success();
+}
+LogicalResult CrossEntropyGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                                   Adaptor a, SmallVectorImpl<Type> &types) {
+  if (failed(checkCrossEntropy(loc, a.getLogits(), a.getTargets())))
+    return failure();
+  types.push_back(a.getLogits().getType());
+  return success();
+}
+
+LogicalResult EmbeddingGradOp::verify() {
+  auto ids = shapeOf(getIds()), grad = shapeOf(getGrad()),
+       table = shapeOf(getResult());
+  if (table.size() != 2 || grad.size() != ids.size() + 1 ||
+      grad.drop_back(1) != ids || grad.back() != table[1])
+    return emitOpError("gradient ")
+           << shapeStr(grad) << " does not match ids " << shapeStr(ids)
+           << " and table " << shapeStr(table);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+LogicalResult AdamWOp::verify() {
+  if (!getParam().getDefiningOp<ParamOp>())
+    return emitOpError("updates a value that is not a graph.param");
+  if (getParam().getType() != getGrad().getType())
+    return emitOpError("gradient type must match the parameter type");
+  if (getBeta1().convertToDouble() < 0 || getBeta1().convertToDouble() >= 1 ||
+      getBeta2().convertToDouble() < 0 || getBeta2().convertToDouble() >= 1)
+    return emitOpError("betas must be in [0, 1)");
+  return success();
+}

@@ -1,0 +1,460 @@
+//===- GraphOps.td - Ops of the graph dialect ---------------*- tablegen -*-===//
+#ifndef TESSEL_GRAPH_OPS
+#define TESSEL_GRAPH_OPS
+
+include "GraphDialect.td"
+include "GraphInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def Graph_F32Tensor : RankedTensorOf<[F32]>;
+def Graph_I32Tensor : RankedTensorOf<[I32]>;
+def Graph_F32Scalar : 0DTensorOf<[F32]>;
+
+class Graph_PureOp<string mnemonic, list<Trait> traits = []>
+    : Graph_Op<mnemonic, !listconcat([Pure], traits)> {
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+// An op whose result type follows from its operands and attributes.
+class Graph_InferOp<string mnemonic, list<Trait> traits = []>
+    : Graph_PureOp<mnemonic, !listconcat([InferTypeOpAdaptor], traits)> {
+  let hasVerifier = 0;
+}
+class Graph_DiffOp<string mnemonic, list<Trait> traits = []>
+    : Graph_InferOp<mnemonic,
+        !listconcat([DeclareOpInterfaceMethods<GradientOpInterface>], traits)>;
+
+//===----------------------------------------------------------------------===//
+// Leaves
+//===----------------------------------------------------------------------===//
+
+def Graph_ParamOp : Graph_Op<"param", [Pure]> {
+  let summary = "A trainable parameter";
+  let description = [{
+    A named, persistent, trainable tensor. The name is the tensor's name in
+    checkpoints (Hugging Face names). `init` is `normal` (with `mean`, `std`),
+    `zeros` or `ones`.
+
+    ```mlir
+    %w = graph.param "h.0.attn.c_attn.weight" {init = "normal", std = 0.02 : f64} : tensor<64x192xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name,
+                   DefaultValuedAttr<StrAttr, "\"normal\"">:$init,
+                   DefaultValuedAttr<F64Attr, "0.0">:$mean,
+                   DefaultValuedAttr<F64Attr, "0.02">:$std);
+  let results = (outs Graph_F32Tensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Graph_InputOp : Graph_Op<"input", [Pure]> {
+  let summary = "A per-step input of the training step";
+  let description = [{
+    Token ids fed by the data loader: `tokens` (the inputs) or `targets` (the
+    inputs shifted by one), both `[batch, seq]` of i32.
+
+    ```mlir
+    %ids = graph.input "tokens" : tensor<8x64xi32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Graph_I32Tensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Graph_FillOp : Graph_Op<"fill", [Pure]> {
+  let summary = "A tensor filled with one value";
+  let description = [{
+    ```mlir
+    %one = graph.fill {value = 1.0 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins DefaultValuedAttr<F64Attr, "0.0">:$value);
+  let results = (outs Graph_F32Tensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Forward math
+//===----------------------------------------------------------------------===//
+
+def Graph_EmbeddingOp : Graph_DiffOp<"embedding"> {
+  let summary = "Row lookup in a [vocab, hidden] table";
+  let description = [{
+    `result[..., :] = table[ids[...], :]`.
+
+    ```mlir
+    %x = graph.embedding %wte, %ids : (tensor<256x64xf32>, tensor<8x64xi32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$table, Graph_I32Tensor:$ids);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_MatmulOp : Graph_DiffOp<"matmul"> {
+  let summary = "Batched matrix product with optionally transposed operands";
+  let description = [{
+    `lhs` is `[batch..., M, K]` (`[batch..., K, M]` with `transpose_lhs`);
+    `rhs` is `[K, N]` (broadcast over the batch) or `[batch..., K, N]`
+    (`[..., N, K]` with `transpose_rhs`). The result is `[batch..., M, N]`.
+
+    ```mlir
+    %y = graph.matmul %x, %w : (tensor<8x64x64xf32>, tensor<64x192xf32>) -> tensor<8x64x192xf32>
+    %l = graph.matmul %h, %wte {transpose_rhs = true} : (tensor<8x64x64xf32>, tensor<256x64xf32>) -> tensor<8x64x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs,
+                   DefaultValuedAttr<BoolAttr, "false">:$transpose_lhs,
+                   DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_AddOp : Graph_DiffOp<"add"> {
+  let summary = "Elementwise sum, broadcasting rhs over leading dimensions";
+  let description = [{
+    `rhs`'s shape must equal `lhs`'s or be a suffix of it (a bias).
+
+    ```mlir
+    %y = graph.add %x, %b : (tensor<8x64x192xf32>, tensor<192xf32>) -> tensor<8x64x192xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_MulOp : Graph_DiffOp<"mul"> {
+  let summary = "Elementwise product, broadcasting rhs over leading dimensions";
+  let description = [{
+    ```mlir
+    %y = graph.mul %a, %b : (tensor<8x64x172xf32>, tensor<8x64x172xf32>) -> tensor<8x64x172xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_GeluOp : Graph_DiffOp<"gelu"> {
+  let summary = "GELU, tanh approximation";
+  let description = [{
+    `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, as GPT-2.
+
+    ```mlir
+    %y = graph.gelu %x : (tensor<8x64x256xf32>) -> tensor<8x64x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_SiluOp : Graph_DiffOp<"silu"> {
+  let summary = "SiLU, x * sigmoid(x)";
+  let description = [{
+    ```mlir
+    %y = graph.silu %x : (tensor<8x64x172xf32>) -> tensor<8x64x172xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_LayerNormOp : Graph_DiffOp<"layer_norm"> {
+  let summary = "LayerNorm over the last dimension";
+  let description = [{
+    `(x - mean) / sqrt(var + epsilon) * weight + bias`, biased variance.
+
+    ```mlir
+    %y = graph.layer_norm %x, %w, %b {epsilon = 1.0e-05 : f64} : (tensor<8x64x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$bias,
+                   DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_RmsNormOp : Graph_DiffOp<"rms_norm"> {
+  let summary = "RMSNorm over the last dimension";
+  let description = [{
+    `x / sqrt(mean(x^2) + epsilon) * weight`, as Llama.
+
+    ```mlir
+    %y = graph.rms_norm %x, %w {epsilon = 1.0e-05 : f64} : (tensor<8x64x64xf32>, tensor<64xf32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight,
+                   DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_RopeOp : Graph_DiffOp<"rope"> {
+  let summary = "Rotary position embedding on [batch, seq, heads, head_dim]";
+  let description = [{
+    Hugging Face Llama convention (`rotate_half`): dimension `i < D/2` pairs
+    with `i + D/2` and rotates by `pos * theta^(-2i/D)`. `inverse` rotates the
+    other way, which is the gradient.
+
+    ```mlir
+    %q2 = graph.rope %q {theta = 1.0e+04 : f64} : (tensor<8x64x4x16xf32>) -> tensor<8x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input,
+                   DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+                   DefaultValuedAttr<BoolAttr, "false">:$inverse);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_AttentionOp : Graph_DiffOp<"attention"> {
+  let summary = "Scaled dot-product attention with grouped KV heads";
+  let description = [{
+    `query` is `[batch, seq, heads, head_dim]`, `key` and `value` are
+    `[batch, seq, kv_heads, head_dim]`; `heads` must be a multiple of
+    `kv_heads`, and query head `h` reads KV head `h / (heads / kv_heads)`.
+    Scale `1/sqrt(head_dim)`; causal unless `causal = false`.
+
+    ```mlir
+    %o = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> tensor<8x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
+                   DefaultValuedAttr<BoolAttr, "true">:$causal);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
+  let summary = "Softmax over the last dimension";
+  let description = [{
+    ```mlir
+    %p = graph.softmax %x : (tensor<8x256xf32>) -> tensor<8x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy"> {
+  let summary = "Mean token cross-entropy of logits against target ids";
+  let description = [{
+    `logits` is `[..., vocab]`, `targets` has the leading shape `[...]`; the
+    result is the mean over all tokens of `-log softmax(logits)[target]`.
+
+    ```mlir
+    %loss = graph.cross_entropy %logits, %targets : (tensor<8x64x256xf32>, tensor<8x64xi32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets);
+  let results = (outs Graph_F32Scalar:$result);
+}
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+def Graph_ReshapeOp : Graph_PureOp<"reshape",
+    [DeclareOpInterfaceMethods<GradientOpInterface>]> {
+  let summary = "Same elements, new shape";
+  let description = [{
+    ```mlir
+    %q = graph.reshape %x : (tensor<8x64x64xf32>) -> tensor<8x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_TransposeOp : Graph_DiffOp<"transpose"> {
+  let summary = "Permutes dimensions";
+  let description = [{
+    Result dimension `i` is input dimension `permutation[i]`.
+
+    ```mlir
+    %t = graph.transpose %x {permutation = array<i64: 0, 2, 1, 3>} : (tensor<8x64x4x16xf32>) -> tensor<8x4x64x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_SplitOp : Graph_PureOp<"split",
+    [DeclareOpInterfaceMethods<GradientOpInterface>]> {
+  let summary = "Splits a tensor into consecutive pieces along one axis";
+  let description = [{
+    The piece sizes are the result types' sizes along `axis`; they must add
+    up to the input's.
+
+    ```mlir
+    %q, %k, %v = graph.split %qkv {axis = 2 : i64} : (tensor<8x64x192xf32>) -> (tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8x64x64xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, I64Attr:$axis);
+  let results = (outs Variadic<Graph_F32Tensor>:$results);
+}
+
+def Graph_ConcatOp : Graph_DiffOp<"concat"> {
+  let summary = "Concatenates tensors along one axis";
+  let description = [{
+    ```mlir
+    %qkv = graph.concat %q, %k, %v {axis = 2 : i64} : (tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8x64x64xf32>) -> tensor<8x64x192xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs, I64Attr:$axis);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops (built by the autodiff pass)
+//===----------------------------------------------------------------------===//
+
+def Graph_ReduceSumOp : Graph_PureOp<"reduce_sum"> {
+  let summary = "Sums over leading dimensions";
+  let description = [{
+    The result's shape is a suffix of the input's; the leading dimensions
+    are summed. The gradient of a broadcast operand.
+
+    ```mlir
+    %db = graph.reduce_sum %dy : (tensor<8x64x192xf32>) -> tensor<192xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_GeluGradOp : Graph_InferOp<"gelu_grad"> {
+  let summary = "Gradient of gelu: dy * gelu'(x)";
+  let description = [{
+    ```mlir
+    %dx = graph.gelu_grad %x, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$grad);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_SiluGradOp : Graph_InferOp<"silu_grad"> {
+  let summary = "Gradient of silu: dy * silu'(x)";
+  let description = [{
+    ```mlir
+    %dx = graph.silu_grad %x, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$grad);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_LayerNormGradOp : Graph_InferOp<"layer_norm_grad"> {
+  let summary = "Gradients of layer_norm for input, weight and bias";
+  let description = [{
+    Recomputes the statistics from the input.
+
+    ```mlir
+    %dx, %dw, %db = graph.layer_norm_grad %x, %w, %dy {epsilon = 1.0e-05 : f64} : (tensor<8x64xf32>, tensor<64xf32>, tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<64xf32>, tensor<64xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$grad,
+                   DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Graph_F32Tensor:$input_grad, Graph_F32Tensor:$weight_grad,
+                 Graph_F32Tensor:$bias_grad);
+}
+
+def Graph_RmsNormGradOp : Graph_InferOp<"rms_norm_grad"> {
+  let summary = "Gradients of rms_norm for input and weight";
+  let description = [{
+    ```mlir
+    %dx, %dw = graph.rms_norm_grad %x, %w, %dy {epsilon = 1.0e-05 : f64} : (tensor<8x64xf32>, tensor<64xf32>, tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<64xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$grad,
+                   DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Graph_F32Tensor:$input_grad, Graph_F32Tensor:$weight_grad);
+}
+
+def Graph_AttentionGradOp : Graph_InferOp<"attention_grad"> {
+  let summary = "Gradients of attention for query, key and value";
+  let description = [{
+    Recomputes the attention probabilities from query and key.
+
+    ```mlir
+    %dq, %dk, %dv = graph.attention_grad %q, %k, %v, %do : (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
+                   Graph_F32Tensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal);
+  let results = (outs Graph_F32Tensor:$query_grad, Graph_F32Tensor:$key_grad,
+                 Graph_F32Tensor:$value_grad);
+}
+
+def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
+  let summary = "Gradient of softmax from its output: y * (dy - sum(dy * y))";
+  let description = [{
+    ```mlir
+    %dx = graph.softmax_grad %y, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$output, Graph_F32Tensor:$grad);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad"> {
+  let summary = "Gradient of cross_entropy with respect to the logits";
+  let description = [{
+    ```mlir
+    %dl = graph.cross_entropy_grad %logits, %targets, %dloss : (tensor<8x64x256xf32>, tensor<8x64xi32>, tensor<f32>) -> tensor<8x64x256xf32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets, Graph_F32Scalar:$grad);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad"> {
+  let summary = "Gradient of embedding with respect to the table";
+  let description = [{
+    Scatter-adds the rows of the gradient into a zeroed `[vocab, hidden]`
+    table in token order.
+
+    ```mlir
+    %dt = graph.embedding_grad %ids, %dy : (tensor<8x64xi32>, tensor<8x64x64xf32>) -> tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_I32Tensor:$ids, Graph_F32Tensor:$grad);
+  let results = (outs Graph_F32Tensor:$result);
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+def Graph_GlobalNormOp : Graph_Op<"global_norm", [Pure]> {
+  let summary = "The L2 norm of all gradients together";
+  let description = [{
+    ```mlir
+    %n = graph.global_norm %g0, %g1 : (tensor<256x64xf32>, tensor<64xf32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs);
+  let results = (outs Graph_F32Scalar:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def Graph_AdamWOp : Graph_Op<"adamw", [MemoryEffects<[MemWrite]>]> {
+  let summary = "One AdamW update of a parameter, in place";
+  let description = [{
+    Updates `param` (a `graph.param`) and its moment estimates as
+    `torch.optim.AdamW` does, after scaling `grad` by
+    `min(1, max_grad_norm / (norm + 1e-6))` (no scaling when
+    `max_grad_norm <= 0`). The learning rate comes from the runtime's
+    schedule at each step. `weight_decay` is the decay applied to this
+    parameter (0 for parameters of rank < 2).
+
+    ```mlir
+    graph.adamw %w, %dw, %norm {beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.1 : f64, max_grad_norm = 1.0 : f64} : tensor<64x64xf32>, tensor<64x64xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Graph_F32Tensor:$param, Graph_F32Tensor:$grad, Graph_F32Scalar:$norm,
+                   F64Attr:$beta1, F64Attr:$beta2, F64Attr:$eps,
+                   F64Attr:$weight_decay, F64Attr:$max_grad_norm);
+  let assemblyFormat = "$param `,` $grad `,` $norm attr-dict `:` type($param) `,` type($grad) `,` type($norm)";
+  let hasVerifier = 1;
+}
+
+#endif // TESSEL_GRAPH_OPS

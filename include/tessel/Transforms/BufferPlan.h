@@ -1,0 +1,39 @@
+//===- BufferPlan.h - The static buffer plan's attributes -------*- C++ -*-===//
+//
+// What tessel-plan-buffers writes and the emitters read.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_TRANSFORMS_BUFFERPLAN_H
+#define TESSEL_TRANSFORMS_BUFFERPLAN_H
+
+#include "mlir/IR/Operation.h"
+#include "mlir/IR/Value.h"
+#include <cstdint>
+
+namespace tessel {
+
+enum class BufferSpace : int64_t { Arena = 0, Param = 1, Grad = 2, Input = 3 };
+
+// Arena offsets are in bytes, parameter and gradient offsets in elements,
+// inputs are 0 (tokens) or 1 (targets).
+struct BufferRef {
+  BufferSpace space = BufferSpace::Arena;
+  int64_t offset = 0;
+};
+
+constexpr const char *kBufferAttr = "tessel.buffer";
+constexpr const char *kArenaBytesAttr = "tessel.arena_bytes";
+constexpr const char *kParamElemsAttr = "tessel.param_elems";
+
+// The planned place of `value` (an op result carrying kBufferAttr).
+inline BufferRef bufferOf(mlir::Value value) {
+  auto result = mlir::cast<mlir::OpResult>(value);
+  auto pairs = result.getOwner()->getAttrOfType<mlir::DenseI64ArrayAttr>(
+      kBufferAttr);
+  int64_t i = result.getResultNumber() * 2;
+  return {static_cast<BufferSpace>(pairs[i]), pairs[i + 1]};
+}
+
+} // namespace tessel
+
+#endif // TESSEL_TRANSFORMS_BUFFERPLAN_H

@@ -1,0 +1,19 @@
+//===- Passes.h - Tessel's passes -------------------------------*- C++ -*-===//
+#ifndef TESSEL_TRANSFORMS_PASSES_H
+#define TESSEL_TRANSFORMS_PASSES_H
+
+#include "dialects/Graph/GraphOps.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/Pass.h"
+
+namespace tessel {
+
+#define GEN_PASS_DECL
+#include "tessel/Transforms/Passes.h.inc"
+
+#define GEN_PASS_REGISTRATION
+#include "tessel/Transforms/Passes.h.inc"
+
+} // namespace tessel
+
+#endif // TESSEL_TRANSFORMS_PASSES_H

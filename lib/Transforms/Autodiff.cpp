@@ -1,0 +1,141 @@
+//===- Autodiff.cpp - From @forward to @train_step ------------------------===//
+//
+// Reverse-mode differentiation of the straight-line forward program through
+// GradientOpInterface, then gradient clipping and one AdamW update per
+// parameter. See Passes.td for the contract.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_AUTODIFF
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+namespace {
+
+struct OptimizerSettings {
+  double beta1, beta2, eps, weightDecay, gradClip;
+};
+
+// Overrides `settings` with the entries of the function's `graph.optimizer`
+// dictionary (written by the frontend from the spec).
+void readOptimizerAttr(func::FuncOp func, OptimizerSettings &settings) {
+  auto dict = func->getAttrOfType<DictionaryAttr>("graph.optimizer");
+  if (!dict)
+    return;
+  auto read = [&](StringRef key, double &field) {
+    if (auto attr = dict.getAs<FloatAttr>(key))
+      field = attr.getValueAsDouble();
+  };
+  read("beta1", settings.beta1);
+  read("beta2", settings.beta2);
+  read("eps", settings.eps);
+  read("weight_decay", settings.weightDecay);
+  read("grad_clip", settings.gradClip);
+}
+
+// Adds `grad` to the gradient already known for `value`.
+void accumulate(OpBuilder &b, DenseMap<Value, Value> &grads, Value value,
+                Value grad) {
+  auto [it, inserted] = grads.try_emplace(value, grad);
+  if (!inserted)
+    it->second = AddOp::create(b, value.getLoc(), it->second, grad);
+}
+
+LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError("@forward must be a single block");
+  Block &body = func.getBody().front();
+  auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
+  if (!ret || ret.getNumOperands() != 1 ||
+      ret.getOperand(0).getType() !=
+          RankedTensorType::get({}, Float32Type::get(func.getContext())))
+    return func.emitOpError("@forward must return the loss as tensor<f32>");
+  Value loss = ret.getOperand(0);
+
+  SmallVector<Operation *> forwardOps;
+  SmallVector<ParamOp> params;
+  for (Operation &op : body.without_terminator()) {
+    forwardOps.push_back(&op);
+    if (auto param = dyn_cast<ParamOp>(op))
+      params.push_back(param);
+  }
+
+  OpBuilder b(ret);
+  DenseMap<Value, Value> grads;
+  grads[loss] = FillOp::create(b, loss.getLoc(), loss.getType(),
+                               b.getF64FloatAttr(1.0));
+
+  for (Operation *op : llvm::reverse(forwardOps)) {
+    SmallVector<Value> resultGrads;
+    bool reachesLoss = false;
+    for (Value result : op->getResults()) {
+      resultGrads.push_back(grads.lookup(result));
+      reachesLoss |= bool(resultGrads.back());
+    }
+    if (!reachesLoss || isa<ParamOp, InputOp, FillOp>(op))
+      continue;
+    auto rule = dyn_cast<GradientOpInterface>(op);
+    if (!rule)
+      return op->emitOpError("has no gradient rule but lies on the path to "
+                             "the loss");
+    SmallVector<Value> operandGrads;
+    if (failed(rule.buildGradients(b, resultGrads, operandGrads)))
+      return failure();
+    for (auto [operand, grad] : llvm::zip(op->getOperands(), operandGrads))
+      if (grad)
+        accumulate(b, grads, operand, grad);
+  }
+
+  SmallVector<Value> paramGrads;
+  for (ParamOp param : params) {
+    Value grad = grads.lookup(param.getResult());
+    if (!grad)
+      grad = FillOp::create(b, param.getLoc(), param.getType(),
+                            b.getF64FloatAttr(0.0));
+    paramGrads.push_back(grad);
+  }
+  Value norm = GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads);
+  for (auto [param, grad] : llvm::zip(params, paramGrads)) {
+    // Decoupled weight decay on matrices only, as in GPT-2/Llama recipes.
+    double decay = param.getType().getRank() >= 2 ? settings.weightDecay : 0.0;
+    AdamWOp::create(b, param.getLoc(), param, grad, norm,
+                    b.getF64FloatAttr(settings.beta1),
+                    b.getF64FloatAttr(settings.beta2),
+                    b.getF64FloatAttr(settings.eps), b.getF64FloatAttr(decay),
+                    b.getF64FloatAttr(settings.gradClip));
+  }
+  func::ReturnOp::create(b, ret.getLoc(), ValueRange{loss, norm});
+  ret.erase();
+  func.setFunctionType(
+      b.getFunctionType({}, {loss.getType(), norm.getType()}));
+  func.setSymName("train_step");
+  return success();
+}
+
+struct AutodiffPass : tessel::impl::AutodiffBase<AutodiffPass> {
+  using AutodiffBase::AutodiffBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto forward = module.lookupSymbol<func::FuncOp>("forward");
+    if (!forward) {
+      module.emitError("tessel-autodiff: the module has no @forward function");
+      return signalPassFailure();
+    }
+    OptimizerSettings settings{beta1, beta2, eps, weightDecay, gradClip};
+    readOptimizerAttr(forward, settings);
+    if (failed(differentiate(forward, settings)))
+      signalPassFailure();
+  }
+};
+
+} // namespace
