@@ -1,0 +1,217 @@
+//===- Attention.cpp - Scaled dot-product attention with grouped KV heads -===//
+//
+// q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, T, Hkv, D]. Query head h reads
+// KV head h / (H / Hkv). Only one row of scores per thread is ever stored.
+//
+// Forward: every (b, h, t) row is independent; the loop over them is parallel.
+// Backward: parallel over (b, h). Each (b, h) accumulates its contribution to
+// dk/dv over query positions t in ascending order into its own buffer; the
+// buffers of the query heads that share a KV head are then added in ascending
+// head order. The result is independent of the number of threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Kernels.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace tessel::rt {
+namespace {
+
+constexpr int kLanes = 8;
+
+template <typename T> inline T dotOf(const T *a, const T *b, int64_t n) {
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += a[i + l] * b[i + l];
+  T s = T(0);
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  for (; i < n; ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+// y += a * x
+template <typename T> inline void axpy(T a, const T *x, T *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] += a * x[i];
+}
+
+// p[j] = softmax_j(scale * q . k_j) for j < n; k rows are kStride apart.
+template <typename T>
+inline void attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
+                         int64_t D, T scale, T *p) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    const T s = dotOf(qr, k0 + j * kStride, D) * scale;
+    p[j] = s;
+    m = s > m ? s : m;
+  }
+  T sum = T(0);
+  for (int64_t j = 0; j < n; ++j) {
+    const T e = std::exp(p[j] - m);
+    p[j] = e;
+    sum += e;
+  }
+  const T inv = T(1) / sum;
+  for (int64_t j = 0; j < n; ++j)
+    p[j] *= inv;
+}
+
+} // namespace
+
+template <typename T>
+void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
+                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
+                      bool causal) {
+  if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
+    return;
+  const int64_t group = H / Hkv;
+  const T scale = T(1.0 / std::sqrt(double(D)));
+  const int64_t kStride = Hkv * D; // between positions of one KV head
+  const int64_t total = B * H * Tlen;
+#pragma omp parallel if (total * Tlen * D >= (1 << 15))
+  {
+    std::vector<T> p(static_cast<size_t>(Tlen));
+    // Rows are ordered (b, h, t); small static chunks interleave short and
+    // long causal rows between threads.
+#pragma omp for schedule(static, 8)
+    for (int64_t idx = 0; idx < total; ++idx) {
+      const int64_t t = idx % Tlen;
+      const int64_t h = (idx / Tlen) % H;
+      const int64_t b = idx / (Tlen * H);
+      const int64_t g = h / group;
+      const T *qr = q + ((b * Tlen + t) * H + h) * D;
+      const T *k0 = k + (b * Tlen * Hkv + g) * D;
+      const T *v0 = v + (b * Tlen * Hkv + g) * D;
+      T *outr = out + ((b * Tlen + t) * H + h) * D;
+      const int64_t n = causal ? t + 1 : Tlen;
+      attentionRow(qr, k0, kStride, n, D, scale, p.data());
+      for (int64_t d = 0; d < D; ++d)
+        outr[d] = T(0);
+      for (int64_t j = 0; j < n; ++j)
+        axpy(p[size_t(j)], v0 + j * kStride, outr, D);
+    }
+  }
+}
+
+// With P = softmax(S), S = scale * Q K^T, O = P V:
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),
+//   dQ = scale * dS K,  dK = scale * dS^T Q.
+template <typename T>
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
+                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+                       int64_t Hkv, int64_t D, bool causal) {
+  if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
+    return;
+  const int64_t group = H / Hkv;
+  const T scale = T(1.0 / std::sqrt(double(D)));
+  const int64_t kStride = Hkv * D;
+  const int64_t qStride = H * D;
+
+  // With one query head per KV head, each (b, h) owns dk/dv[b, :, h, :] and
+  // accumulates there directly; otherwise into per-(b, h) buffers [T, D].
+  std::vector<T> dkBuf, dvBuf;
+  if (group > 1) {
+    dkBuf.resize(size_t(B * H * Tlen * D));
+    dvBuf.resize(size_t(B * H * Tlen * D));
+  }
+  const int64_t pairs = B * H;
+  const bool par = pairs * Tlen * Tlen * D >= (1 << 15);
+#pragma omp parallel if (par)
+  {
+    std::vector<T> p(static_cast<size_t>(Tlen)), dp(static_cast<size_t>(Tlen));
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < pairs; ++bh) {
+      const int64_t b = bh / H, h = bh % H, g = h / group;
+      const T *k0 = k + (b * Tlen * Hkv + g) * D;
+      const T *v0 = v + (b * Tlen * Hkv + g) * D;
+      T *dkAcc, *dvAcc;
+      int64_t accStride;
+      if (group > 1) {
+        dkAcc = dkBuf.data() + bh * Tlen * D;
+        dvAcc = dvBuf.data() + bh * Tlen * D;
+        accStride = D;
+      } else {
+        dkAcc = dk + (b * Tlen * Hkv + g) * D;
+        dvAcc = dv + (b * Tlen * Hkv + g) * D;
+        accStride = kStride;
+      }
+      for (int64_t j = 0; j < Tlen; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          dkAcc[j * accStride + d] = T(0);
+          dvAcc[j * accStride + d] = T(0);
+        }
+
+      for (int64_t t = 0; t < Tlen; ++t) {
+        const T *qr = q + (b * Tlen + t) * qStride + h * D;
+        const T *dor = dout + (b * Tlen + t) * qStride + h * D;
+        T *dqr = dq + (b * Tlen + t) * qStride + h * D;
+        const int64_t n = causal ? t + 1 : Tlen;
+        attentionRow(qr, k0, kStride, n, D, scale, p.data());
+        T pdp = T(0);
+        for (int64_t j = 0; j < n; ++j) {
+          const T dpj = dotOf(dor, v0 + j * kStride, D);
+          dp[size_t(j)] = dpj;
+          pdp += p[size_t(j)] * dpj;
+        }
+        for (int64_t d = 0; d < D; ++d)
+          dqr[d] = T(0);
+        for (int64_t j = 0; j < n; ++j) {
+          const T pj = p[size_t(j)];
+          const T ds = pj * (dp[size_t(j)] - pdp) * scale;
+          axpy(ds, k0 + j * kStride, dqr, D);
+          axpy(ds, qr, dkAcc + j * accStride, D);
+          axpy(pj, dor, dvAcc + j * accStride, D);
+        }
+      }
+    }
+
+    if (group > 1) {
+      // dk[b, j, g, :] = buf[b, g*group] + buf[b, g*group + 1] + ... in order.
+      const int64_t rowsKV = B * Tlen * Hkv;
+#pragma omp for schedule(static)
+      for (int64_t idx = 0; idx < rowsKV; ++idx) {
+        const int64_t g = idx % Hkv;
+        const int64_t j = (idx / Hkv) % Tlen;
+        const int64_t b = idx / (Hkv * Tlen);
+        T *dkr = dk + idx * D;
+        T *dvr = dv + idx * D;
+        for (int64_t hh = 0; hh < group; ++hh) {
+          const int64_t h = g * group + hh;
+          const T *sk = dkBuf.data() + ((b * H + h) * Tlen + j) * D;
+          const T *sv = dvBuf.data() + ((b * H + h) * Tlen + j) * D;
+          if (hh == 0) {
+            for (int64_t d = 0; d < D; ++d) {
+              dkr[d] = sk[d];
+              dvr[d] = sv[d];
+            }
+          } else {
+            for (int64_t d = 0; d < D; ++d) {
+              dkr[d] += sk[d];
+              dvr[d] += sv[d];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+#define TESSEL_INSTANTIATE(T)                                                  \
+  template void attentionForward<T>(const T *, const T *, const T *, T *,      \
+                                    int64_t, int64_t, int64_t, int64_t,        \
+                                    int64_t, bool);                            \
+  template void attentionBackward<T>(const T *, const T *, const T *,          \
+                                     const T *, T *, T *, T *, int64_t,        \
+                                     int64_t, int64_t, int64_t, int64_t, bool);
+TESSEL_INSTANTIATE(float)
+TESSEL_INSTANTIATE(double)
+#undef TESSEL_INSTANTIATE
+
+} // namespace tessel::rt

@@ -1,0 +1,228 @@
+//===- Elementwise.cpp - Pointwise kernels and simple reductions ----------===//
+//
+// Broadcast add/mul, leading-dimension sums, scaling, GELU, SiLU, copy, fill
+// and the sum of squares. Loops are contiguous so -O3 vectorises them; the
+// OpenMP loops only start threads when the tensor is large enough to pay for
+// it. Every reduction has a fixed order that depends neither on the number of
+// threads nor on scheduling.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace tessel::rt {
+namespace {
+
+// Below this many elements a pointwise loop runs on one thread.
+constexpr int64_t kParallelMin = 1 << 15;
+
+} // namespace
+
+template <typename T>
+void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
+  if (n <= 0)
+    return;
+  if (nb == n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = a[i] + b[i];
+    return;
+  }
+  if (nb == 1) {
+    const T s = b[0];
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = a[i] + s;
+    return;
+  }
+  const int64_t rows = n / nb;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *ar = a + r * nb;
+    T *outr = out + r * nb;
+    for (int64_t j = 0; j < nb; ++j)
+      outr[j] = ar[j] + b[j];
+  }
+}
+
+template <typename T>
+void mulBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
+  if (n <= 0)
+    return;
+  if (nb == n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = a[i] * b[i];
+    return;
+  }
+  if (nb == 1) {
+    const T s = b[0];
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = a[i] * s;
+    return;
+  }
+  const int64_t rows = n / nb;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *ar = a + r * nb;
+    T *outr = out + r * nb;
+    for (int64_t j = 0; j < nb; ++j)
+      outr[j] = ar[j] * b[j];
+  }
+}
+
+template <typename T>
+void reduceSumLeading(const T *x, T *out, int64_t rows, int64_t cols) {
+  if (cols <= 0)
+    return;
+  // Threads own blocks of columns; inside a block rows are added in
+  // ascending order, so out[j] = ((x[0,j] + x[1,j]) + x[2,j]) + ... always.
+  constexpr int64_t kBlock = 256;
+  const int64_t nBlocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t blk = 0; blk < nBlocks; ++blk) {
+    const int64_t c0 = blk * kBlock;
+    const int64_t c1 = c0 + kBlock < cols ? c0 + kBlock : cols;
+    for (int64_t j = c0; j < c1; ++j)
+      out[j] = T(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T *xr = x + r * cols;
+      for (int64_t j = c0; j < c1; ++j)
+        out[j] += xr[j];
+    }
+  }
+}
+
+template <typename T> void scale(const T *x, T *out, int64_t n, T s) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = x[i] * s;
+}
+
+// GELU with the tanh approximation:
+//   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3).
+template <typename T> void geluForward(const T *x, T *out, int64_t n) {
+  const T c = T(0.7978845608028654); // sqrt(2/pi)
+  const T a = T(0.044715);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const T xi = x[i];
+    const T u = c * (xi + a * xi * xi * xi);
+    out[i] = T(0.5) * xi * (T(1) + std::tanh(u));
+  }
+}
+
+// gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3a x^2).
+template <typename T>
+void geluBackward(const T *x, const T *dout, T *dx, int64_t n) {
+  const T c = T(0.7978845608028654);
+  const T a = T(0.044715);
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const T xi = x[i];
+    const T x2 = xi * xi;
+    const T th = std::tanh(c * (xi + a * x2 * xi));
+    const T d = T(0.5) * (T(1) + th) +
+                T(0.5) * xi * (T(1) - th * th) * c * (T(1) + T(3) * a * x2);
+    dx[i] = dout[i] * d;
+  }
+}
+
+template <typename T> void siluForward(const T *x, T *out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const T xi = x[i];
+    out[i] = xi / (T(1) + std::exp(-xi));
+  }
+}
+
+// silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
+template <typename T>
+void siluBackward(const T *x, const T *dout, T *dx, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const T xi = x[i];
+    const T s = T(1) / (T(1) + std::exp(-xi));
+    dx[i] = dout[i] * (s * (T(1) + xi * (T(1) - s)));
+  }
+}
+
+template <typename T> void copy(const T *x, T *out, int64_t n) {
+  if (n <= 0)
+    return;
+  if (n < kParallelMin * 8) {
+    std::memcpy(out, x, size_t(n) * sizeof(T));
+    return;
+  }
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t nChunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t ch = 0; ch < nChunks; ++ch) {
+    const int64_t i0 = ch * kChunk;
+    const int64_t len = i0 + kChunk < n ? kChunk : n - i0;
+    std::memcpy(out + i0, x + i0, size_t(len) * sizeof(T));
+  }
+}
+
+template <typename T> void fill(T *out, int64_t n, T value) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin * 8)
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = value;
+}
+
+// Fixed-size blocks (independent of the thread count) are summed with eight
+// interleaved partial sums each; the block sums are then added in ascending
+// block order. The result is the same for any number of threads.
+template <typename T> double sumSquares(const T *x, int64_t n) {
+  if (n <= 0)
+    return 0.0;
+  constexpr int64_t kBlock = 1 << 14;
+  constexpr int kLanes = 8;
+  const int64_t nBlocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(size_t(nBlocks), 0.0);
+#pragma omp parallel for schedule(static) if (nBlocks > 1)
+  for (int64_t blk = 0; blk < nBlocks; ++blk) {
+    const int64_t i0 = blk * kBlock;
+    const int64_t i1 = i0 + kBlock < n ? i0 + kBlock : n;
+    double acc[kLanes] = {};
+    int64_t i = i0;
+    for (; i + kLanes <= i1; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double v = double(x[i + l]);
+        acc[l] += v * v;
+      }
+    double s = 0.0;
+    for (int l = 0; l < kLanes; ++l)
+      s += acc[l];
+    for (; i < i1; ++i)
+      s += double(x[i]) * double(x[i]);
+    partial[size_t(blk)] = s;
+  }
+  double total = 0.0;
+  for (int64_t blk = 0; blk < nBlocks; ++blk)
+    total += partial[size_t(blk)];
+  return total;
+}
+
+#define TESSEL_INSTANTIATE(T)                                                  \
+  template void addBroadcast<T>(const T *, const T *, T *, int64_t, int64_t);  \
+  template void mulBroadcast<T>(const T *, const T *, T *, int64_t, int64_t);  \
+  template void reduceSumLeading<T>(const T *, T *, int64_t, int64_t);         \
+  template void scale<T>(const T *, T *, int64_t, T);                          \
+  template void geluForward<T>(const T *, T *, int64_t);                       \
+  template void geluBackward<T>(const T *, const T *, T *, int64_t);           \
+  template void siluForward<T>(const T *, T *, int64_t);                       \
+  template void siluBackward<T>(const T *, const T *, T *, int64_t);           \
+  template void copy<T>(const T *, T *, int64_t);                              \
+  template void fill<T>(T *, int64_t, T);                                      \
+  template double sumSquares<T>(const T *, int64_t);
+TESSEL_INSTANTIATE(float)
+TESSEL_INSTANTIATE(double)
+#undef TESSEL_INSTANTIATE
+
+} // namespace tessel::rt
