@@ -76,7 +76,7 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         instead of initialising them\n"
       "  --save-final FILE      save the final parameters as .safetensors\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
-      "                         1-based): step, loss, lr, grad_norm,\n"
+      "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms\n"
       "  --seed N               parameter initialisation seed (default "
       "%" PRIu64 ")\n"
@@ -401,7 +401,7 @@ int train(const Program &program, const Options &opts) {
     }
     if (metrics) {
       std::string line =
-          "{\"step\": " + std::to_string(step + 1) +
+          "{\"step\": " + std::to_string(step) +
           ", \"loss\": " + jsonNumber(ctx.loss, "%.9g") +
           ", \"lr\": " + jsonNumber(ctx.lr, "%.9g") +
           ", \"grad_norm\": " + jsonNumber(ctx.gradNorm, "%.9g") +

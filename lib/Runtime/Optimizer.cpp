@@ -4,6 +4,11 @@
 // scalars (bias corrections, step size) are computed in double as Python
 // would, then used as float in the element-wise float arithmetic.
 //
+// The hyperparameters arrive as float, but in PyTorch they are Python
+// doubles: 0.999f is 0.99900001287..., so 1 - beta2 would be off by 1.3e-5
+// relative. Each float is therefore read back as the shortest decimal that
+// rounds to it (0.999f -> 0.999), which is the double PyTorch would use.
+//
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
@@ -11,20 +16,42 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 namespace tessel::rt {
+
+namespace {
+
+// The double nearest to the shortest decimal that rounds to `x`.
+double shortestDecimal(float x) {
+  if (!std::isfinite(x))
+    return x;
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, (double)x);
+    double d = std::strtod(buf, nullptr);
+    if ((float)d == x)
+      return d;
+  }
+  return x;
+}
+
+} // namespace
 
 void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
                  float lr, float beta1, float beta2, float eps,
                  float weightDecay, int64_t step, float gradScale) {
   // Scalars, in double like the Python side of torch.optim.AdamW.
-  double bc1 = 1.0 - std::pow((double)beta1, (double)step);
-  double bc2 = 1.0 - std::pow((double)beta2, (double)step);
-  float decay = (float)(1.0 - (double)lr * (double)weightDecay);
-  float stepSize = (float)((double)lr / bc1);
+  double lrD = shortestDecimal(lr), beta1D = shortestDecimal(beta1);
+  double beta2D = shortestDecimal(beta2), wdD = shortestDecimal(weightDecay);
+  double bc1 = 1.0 - std::pow(beta1D, (double)step);
+  double bc2 = 1.0 - std::pow(beta2D, (double)step);
+  float decay = (float)(1.0 - lrD * wdD);
+  float stepSize = (float)(lrD / bc1);
   float bc2Sqrt = (float)std::sqrt(bc2);
-  float oneMinusBeta1 = (float)(1.0 - (double)beta1);
-  float oneMinusBeta2 = (float)(1.0 - (double)beta2);
+  float oneMinusBeta1 = (float)(1.0 - beta1D);
+  float oneMinusBeta2 = (float)(1.0 - beta2D);
 
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
