@@ -1,0 +1,454 @@
+//===- KernelsRefTest.cpp - Kernels against their naive references --------===//
+//
+// Every kernel on random float inputs of odd sizes, compared with the naive
+// double-precision reference in KernelsRef.h. Some sizes are large enough to
+// take the multi-threaded and blocked code paths.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/KernelsRef.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace rt = tessel::rt;
+
+namespace {
+
+std::vector<float> randVec(size_t n, std::mt19937 &gen, float lo = -1.f,
+                           float hi = 1.f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> randIds(size_t n, int32_t V, std::mt19937 &gen) {
+  std::uniform_int_distribution<int32_t> dist(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t &x : v)
+    x = dist(gen);
+  return v;
+}
+
+// |got - want| <= rtol * (|want| + max|want|): relative per element, with an
+// absolute floor at the scale of the whole tensor for entries near zero.
+void expectClose(const std::vector<float> &got, const std::vector<float> &want,
+                 const std::string &what, double rtol = 1e-5) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double maxAbs = 0;
+  for (float w : want)
+    maxAbs = std::max(maxAbs, double(std::fabs(w)));
+  int reported = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = rtol * (std::fabs(double(want[i])) + maxAbs);
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    if (!(err <= tol) && reported++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i]
+                    << " want " << want[i] << " (tol " << tol << ")";
+  }
+}
+
+// ---------------------------------------------------------------- matmul
+
+struct MatmulCase {
+  int64_t batch, M, N, K;
+  bool transA, transB, broadcastA, broadcastB, accumulate;
+  int64_t padC; // extra elements between C batches (non-contiguous C)
+};
+
+void runMatmul(const MatmulCase &c, std::mt19937 &gen) {
+  const int64_t sA = c.broadcastA ? 0 : c.M * c.K;
+  const int64_t sB = c.broadcastB ? 0 : c.K * c.N;
+  const int64_t sC = c.M * c.N + c.padC;
+  auto A = randVec(static_cast<size_t>(c.broadcastA ? c.M * c.K : c.batch * c.M * c.K), gen);
+  auto B = randVec(static_cast<size_t>(c.broadcastB ? c.K * c.N : c.batch * c.K * c.N), gen);
+  auto C0 = randVec(static_cast<size_t>(c.batch * sC), gen);
+  auto got = C0, want = C0;
+  rt::matmul(A.data(), B.data(), got.data(), c.batch, c.M, c.N, c.K, c.transA,
+             c.transB, sA, sB, sC, c.accumulate);
+  rt::ref::matmul(A.data(), B.data(), want.data(), c.batch, c.M, c.N, c.K,
+                  c.transA, c.transB, sA, sB, sC, c.accumulate);
+  std::string what = "matmul tA=" + std::to_string(c.transA) +
+                     " tB=" + std::to_string(c.transB) +
+                     " bcA=" + std::to_string(c.broadcastA) +
+                     " bcB=" + std::to_string(c.broadcastB) +
+                     " acc=" + std::to_string(c.accumulate) +
+                     " padC=" + std::to_string(c.padC);
+  expectClose(got, want, what);
+}
+
+} // namespace
+
+TEST(KernelMatmul, AllTransposeCombinations) {
+  std::mt19937 gen(1);
+  for (bool tA : {false, true})
+    for (bool tB : {false, true})
+      for (bool acc : {false, true})
+        runMatmul({3, 5, 7, 6, tA, tB, false, false, acc, 0}, gen);
+}
+
+TEST(KernelMatmul, BroadcastOperands) {
+  std::mt19937 gen(2);
+  for (bool tA : {false, true})
+    for (bool tB : {false, true})
+      for (bool acc : {false, true}) {
+        // Shared B (collapsed into one GEMM when !tA), shared A.
+        runMatmul({4, 5, 7, 6, tA, tB, false, true, acc, 0}, gen);
+        runMatmul({4, 5, 7, 6, tA, tB, true, false, acc, 0}, gen);
+        // Shared B but C batches not contiguous: must loop.
+        runMatmul({3, 5, 7, 6, tA, tB, false, true, acc, 3}, gen);
+      }
+}
+
+TEST(KernelMatmul, LargerAndDegenerate) {
+  std::mt19937 gen(3);
+  runMatmul({2, 67, 45, 129, false, true, false, false, false, 0}, gen);
+  runMatmul({1, 1, 13, 9, true, false, false, false, true, 0}, gen);
+  runMatmul({5, 3, 1, 11, false, false, false, true, false, 0}, gen);
+  // K = 0: the product is zero (overwrite) or C is left as is (accumulate).
+  std::vector<float> C(6, 5.f);
+  rt::matmul<float>(nullptr, nullptr, C.data(), 1, 2, 3, 0, false, false, 0, 0,
+                    6, true);
+  EXPECT_EQ(C, std::vector<float>(6, 5.f));
+  rt::matmul<float>(nullptr, nullptr, C.data(), 1, 2, 3, 0, false, false, 0, 0,
+                    6, false);
+  EXPECT_EQ(C, std::vector<float>(6, 0.f));
+}
+
+// ------------------------------------------------------------ elementwise
+
+TEST(KernelElementwise, BroadcastAddMul) {
+  std::mt19937 gen(4);
+  for (auto [n, nb] : std::vector<std::pair<int64_t, int64_t>>{
+           {7 * 13, 13}, {7 * 13, 1}, {91, 91}, {300 * 257, 257},
+           {100001, 1}, {70000, 70000}}) {
+    auto a = randVec(static_cast<size_t>(n), gen), b = randVec(static_cast<size_t>(nb), gen);
+    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    rt::addBroadcast(a.data(), b.data(), got.data(), n, nb);
+    rt::ref::addBroadcast(a.data(), b.data(), want.data(), n, nb);
+    expectClose(got, want, "addBroadcast nb=" + std::to_string(nb));
+    rt::mulBroadcast(a.data(), b.data(), got.data(), n, nb);
+    rt::ref::mulBroadcast(a.data(), b.data(), want.data(), n, nb);
+    expectClose(got, want, "mulBroadcast nb=" + std::to_string(nb));
+  }
+}
+
+TEST(KernelElementwise, ReduceSumLeading) {
+  std::mt19937 gen(5);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 13}, {1, 5}, {50, 1000}, {300, 257}}) {
+    auto x = randVec(static_cast<size_t>(rows * cols), gen);
+    std::vector<float> got(static_cast<size_t>(cols), 99.f), want(static_cast<size_t>(cols));
+    rt::reduceSumLeading(x.data(), got.data(), rows, cols);
+    rt::ref::reduceSumLeading(x.data(), want.data(), rows, cols);
+    expectClose(got, want, "reduceSumLeading");
+  }
+}
+
+TEST(KernelElementwise, Pointwise) {
+  std::mt19937 gen(6);
+  for (int64_t n : {int64_t(1001), int64_t(100003)}) {
+    auto x = randVec(static_cast<size_t>(n), gen, -4.f, 4.f);
+    auto dy = randVec(static_cast<size_t>(n), gen);
+    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    rt::scale(x.data(), got.data(), n, 0.37f);
+    rt::ref::scale(x.data(), want.data(), n, 0.37f);
+    expectClose(got, want, "scale");
+    rt::geluForward(x.data(), got.data(), n);
+    rt::ref::geluForward(x.data(), want.data(), n);
+    expectClose(got, want, "geluForward");
+    rt::geluBackward(x.data(), dy.data(), got.data(), n);
+    rt::ref::geluBackward(x.data(), dy.data(), want.data(), n);
+    expectClose(got, want, "geluBackward");
+    rt::siluForward(x.data(), got.data(), n);
+    rt::ref::siluForward(x.data(), want.data(), n);
+    expectClose(got, want, "siluForward");
+    rt::siluBackward(x.data(), dy.data(), got.data(), n);
+    rt::ref::siluBackward(x.data(), dy.data(), want.data(), n);
+    expectClose(got, want, "siluBackward");
+    rt::copy(x.data(), got.data(), n);
+    EXPECT_EQ(got, x);
+    rt::fill(got.data(), n, 2.5f);
+    EXPECT_EQ(got, std::vector<float>(static_cast<size_t>(n), 2.5f));
+  }
+  // Spot values of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  const float xs[] = {-3.f, -1.f, 0.f, 0.5f, 2.f};
+  const double ys[] = {-0.0036373921, -0.1588080094, 0.0, 0.3457140098,
+                       1.9545976941};
+  float out[5];
+  rt::geluForward(xs, out, 5);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NEAR(out[i], ys[i], 1e-6) << "gelu(" << xs[i] << ")";
+}
+
+TEST(KernelElementwise, SumSquares) {
+  std::mt19937 gen(7);
+  for (int64_t n : {int64_t(0), int64_t(13), int64_t(1001), int64_t(100003)}) {
+    auto x = randVec(static_cast<size_t>(n), gen);
+    const double got = rt::sumSquares(x.data(), n);
+    const double want = rt::ref::sumSquares(x.data(), n);
+    EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, want)) << "n=" << n;
+  }
+}
+
+// ------------------------------------------------------------------ norms
+
+TEST(KernelNorms, LayerNorm) {
+  std::mt19937 gen(8);
+  for (auto [rows, C] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 13}, {1, 3}, {64, 300}}) {
+    auto x = randVec(static_cast<size_t>(rows * C), gen, -2.f, 3.f);
+    auto w = randVec(static_cast<size_t>(C), gen), b = randVec(static_cast<size_t>(C), gen);
+    auto dy = randVec(static_cast<size_t>(rows * C), gen);
+    const double eps = 1e-5;
+    std::vector<float> got(static_cast<size_t>(rows * C)), want(static_cast<size_t>(rows * C));
+    rt::layerNormForward(x.data(), w.data(), b.data(), got.data(), rows, C, eps);
+    rt::ref::layerNormForward(x.data(), w.data(), b.data(), want.data(), rows,
+                              C, eps);
+    expectClose(got, want, "layerNormForward");
+    std::vector<float> dx(static_cast<size_t>(rows * C)), dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+    std::vector<float> rdx(static_cast<size_t>(rows * C)), rdw(static_cast<size_t>(C)), rdb(static_cast<size_t>(C));
+    rt::layerNormBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                          db.data(), rows, C, eps);
+    rt::ref::layerNormBackward(x.data(), w.data(), dy.data(), rdx.data(),
+                               rdw.data(), rdb.data(), rows, C, eps);
+    expectClose(dx, rdx, "layerNorm dx");
+    expectClose(dw, rdw, "layerNorm dw");
+    expectClose(db, rdb, "layerNorm db");
+  }
+}
+
+TEST(KernelNorms, RMSNorm) {
+  std::mt19937 gen(9);
+  for (auto [rows, C] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 13}, {1, 3}, {64, 300}}) {
+    auto x = randVec(static_cast<size_t>(rows * C), gen, -2.f, 3.f);
+    auto w = randVec(static_cast<size_t>(C), gen);
+    auto dy = randVec(static_cast<size_t>(rows * C), gen);
+    const double eps = 1e-6;
+    std::vector<float> got(static_cast<size_t>(rows * C)), want(static_cast<size_t>(rows * C));
+    rt::rmsNormForward(x.data(), w.data(), got.data(), rows, C, eps);
+    rt::ref::rmsNormForward(x.data(), w.data(), want.data(), rows, C, eps);
+    expectClose(got, want, "rmsNormForward");
+    std::vector<float> dx(static_cast<size_t>(rows * C)), dw(static_cast<size_t>(C));
+    std::vector<float> rdx(static_cast<size_t>(rows * C)), rdw(static_cast<size_t>(C));
+    rt::rmsNormBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(),
+                        rows, C, eps);
+    rt::ref::rmsNormBackward(x.data(), w.data(), dy.data(), rdx.data(),
+                             rdw.data(), rows, C, eps);
+    expectClose(dx, rdx, "rmsNorm dx");
+    expectClose(dw, rdw, "rmsNorm dw");
+  }
+}
+
+// ------------------------------------------------------------------- rope
+
+TEST(KernelRope, MatchesReference) {
+  std::mt19937 gen(10);
+  for (int64_t D : {int64_t(6), int64_t(7), int64_t(64)})
+    for (bool inverse : {false, true}) {
+      const int64_t B = 2, T = 5, H = 4, n = B * T * H * D;
+      auto x = randVec(static_cast<size_t>(n), gen);
+      std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+      rt::rope(x.data(), got.data(), B, T, H, D, 10000.0, inverse);
+      rt::ref::rope(x.data(), want.data(), B, T, H, D, 10000.0, inverse);
+      expectClose(got, want, "rope D=" + std::to_string(D));
+      // Rotating back restores the input.
+      std::vector<float> back(static_cast<size_t>(n));
+      rt::rope(got.data(), back.data(), B, T, H, D, 10000.0, !inverse);
+      expectClose(back, x, "rope round trip");
+    }
+  // Position 0 is not rotated.
+  std::vector<float> x = {1, 2, 3, 4}, out(4);
+  rt::rope(x.data(), out.data(), 1, 1, 1, 4, 10000.0, false);
+  EXPECT_EQ(out, x);
+}
+
+// -------------------------------------------------------------- attention
+
+namespace {
+void runAttention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                  bool causal, std::mt19937 &gen) {
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  auto q = randVec(static_cast<size_t>(nq), gen, -2.f, 2.f);
+  auto k = randVec(static_cast<size_t>(nk), gen, -2.f, 2.f);
+  auto v = randVec(static_cast<size_t>(nk), gen);
+  auto dout = randVec(static_cast<size_t>(nq), gen);
+  const std::string tag = " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                          " H=" + std::to_string(H) + " Hkv=" +
+                          std::to_string(Hkv) + " D=" + std::to_string(D) +
+                          " causal=" + std::to_string(causal);
+  std::vector<float> out(static_cast<size_t>(nq)), rout(static_cast<size_t>(nq));
+  rt::attentionForward(q.data(), k.data(), v.data(), out.data(), B, T, H, Hkv,
+                       D, causal);
+  rt::ref::attentionForward(q.data(), k.data(), v.data(), rout.data(), B, T, H,
+                            Hkv, D, causal);
+  expectClose(out, rout, "attentionForward" + tag);
+  std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
+  std::vector<float> rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nk)), rdv(static_cast<size_t>(nk));
+  rt::attentionBackward(q.data(), k.data(), v.data(), dout.data(), dq.data(),
+                        dk.data(), dv.data(), B, T, H, Hkv, D, causal);
+  rt::ref::attentionBackward(q.data(), k.data(), v.data(), dout.data(),
+                             rdq.data(), rdk.data(), rdv.data(), B, T, H, Hkv,
+                             D, causal);
+  expectClose(dq, rdq, "attention dq" + tag);
+  expectClose(dk, rdk, "attention dk" + tag);
+  expectClose(dv, rdv, "attention dv" + tag);
+}
+} // namespace
+
+TEST(KernelAttention, MatchesReference) {
+  std::mt19937 gen(11);
+  for (bool causal : {true, false}) {
+    runAttention(2, 5, 4, 2, 6, causal, gen); // GQA
+    runAttention(2, 5, 4, 4, 6, causal, gen); // MHA
+    runAttention(1, 7, 3, 1, 5, causal, gen); // MQA
+    runAttention(2, 33, 4, 2, 16, causal, gen); // multi-threaded
+  }
+}
+
+// ------------------------------------------------- softmax, cross-entropy
+
+TEST(KernelSoftmax, MatchesReference) {
+  std::mt19937 gen(12);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 13}, {1, 1}, {64, 300}}) {
+    auto x = randVec(static_cast<size_t>(rows * cols), gen, -5.f, 5.f);
+    auto dy = randVec(static_cast<size_t>(rows * cols), gen);
+    std::vector<float> y(static_cast<size_t>(rows * cols)), ry(static_cast<size_t>(rows * cols));
+    rt::softmaxForward(x.data(), y.data(), rows, cols);
+    rt::ref::softmaxForward(x.data(), ry.data(), rows, cols);
+    expectClose(y, ry, "softmaxForward");
+    std::vector<float> dx(static_cast<size_t>(rows * cols)), rdx(static_cast<size_t>(rows * cols));
+    rt::softmaxBackward(ry.data(), dy.data(), dx.data(), rows, cols);
+    rt::ref::softmaxBackward(ry.data(), dy.data(), rdx.data(), rows, cols);
+    expectClose(dx, rdx, "softmaxBackward");
+  }
+  // Large logits do not overflow.
+  std::vector<float> x = {1000.f, 1001.f, 999.f}, y(3);
+  rt::softmaxForward(x.data(), y.data(), 1, 3);
+  for (float v : y)
+    EXPECT_TRUE(std::isfinite(v));
+  EXPECT_NEAR(y[1], 0.66524096f, 1e-6);
+}
+
+TEST(KernelCrossEntropy, MatchesReference) {
+  std::mt19937 gen(13);
+  for (auto [rows, V] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 11}, {1, 2}, {64, 500}}) {
+    auto logits = randVec(static_cast<size_t>(rows * V), gen, -4.f, 4.f);
+    auto targets = randIds(static_cast<size_t>(rows), int32_t(V), gen);
+    float loss = 0, rloss = 0;
+    rt::crossEntropyForward(logits.data(), targets.data(), &loss, rows, V);
+    rt::ref::crossEntropyForward(logits.data(), targets.data(), &rloss, rows, V);
+    EXPECT_NEAR(loss, rloss, 1e-5 * std::fabs(rloss));
+    const float dloss = 0.7f;
+    std::vector<float> d(static_cast<size_t>(rows * V)), rd(static_cast<size_t>(rows * V));
+    rt::crossEntropyBackward(logits.data(), targets.data(), &dloss, d.data(),
+                             rows, V);
+    rt::ref::crossEntropyBackward(logits.data(), targets.data(), &dloss,
+                                  rd.data(), rows, V);
+    expectClose(d, rd, "crossEntropyBackward");
+  }
+  // Uniform logits: loss = log V; stable for huge logits.
+  std::vector<float> logits(8, 3000.f);
+  std::vector<int32_t> targets = {1, 3};
+  float loss = 0;
+  rt::crossEntropyForward(logits.data(), targets.data(), &loss, 2, 4);
+  EXPECT_NEAR(loss, std::log(4.0), 1e-6);
+}
+
+// -------------------------------------------------------------- embedding
+
+TEST(KernelEmbedding, MatchesReference) {
+  std::mt19937 gen(14);
+  for (auto [n, V, C] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {17, 11, 13}, {1, 1, 1}, {512, 300, 64}}) {
+    auto table = randVec(static_cast<size_t>(V * C), gen);
+    auto ids = randIds(static_cast<size_t>(n), int32_t(V), gen);
+    auto dout = randVec(static_cast<size_t>(n * C), gen);
+    std::vector<float> out(static_cast<size_t>(n * C)), rout(static_cast<size_t>(n * C));
+    rt::embeddingForward(table.data(), ids.data(), out.data(), n, V, C);
+    rt::ref::embeddingForward(table.data(), ids.data(), rout.data(), n, V, C);
+    EXPECT_EQ(out, rout);
+    std::vector<float> dt(static_cast<size_t>(V * C), 42.f), rdt(static_cast<size_t>(V * C));
+    rt::embeddingBackward(ids.data(), dout.data(), dt.data(), n, V, C);
+    rt::ref::embeddingBackward(ids.data(), dout.data(), rdt.data(), n, V, C);
+    expectClose(dt, rdt, "embeddingBackward");
+  }
+}
+
+// ----------------------------------------------------------------- layout
+
+TEST(KernelLayout, TransposeAllPermutationsRank4) {
+  std::mt19937 gen(15);
+  const int64_t shape[4] = {2, 3, 4, 5};
+  auto x = randVec(120, gen);
+  int64_t perm[4] = {0, 1, 2, 3};
+  do {
+    std::vector<float> got(120), want(120);
+    rt::transpose(x.data(), got.data(), shape, perm, 4);
+    rt::ref::transpose(x.data(), want.data(), shape, perm, 4);
+    EXPECT_EQ(got, want) << "perm " << perm[0] << perm[1] << perm[2] << perm[3];
+  } while (std::next_permutation(perm, perm + 4));
+}
+
+TEST(KernelLayout, TransposeShapes) {
+  std::mt19937 gen(16);
+  struct Case {
+    std::vector<int64_t> shape, perm;
+  };
+  const std::vector<Case> cases = {
+      {{37, 45}, {1, 0}},              // tiled matrix transpose
+      {{300, 257}, {1, 0}},            // multi-threaded tiled
+      {{3, 70, 65}, {0, 2, 1}},        // batched matrix transpose
+      {{4, 1, 6, 1, 5}, {4, 2, 0, 1, 3}}, // size-1 dims
+      {{2, 33, 4, 16}, {0, 2, 1, 3}},  // [B,T,H,D] -> [B,H,T,D]
+      {{6, 7, 8}, {2, 0, 1}},          // strided innermost gather
+      {{64, 48, 40}, {1, 2, 0}},       // same, multi-threaded
+      {{5}, {0}},
+      {{3, 4}, {0, 1}}};
+  for (const Case &c : cases) {
+    int64_t n = 1;
+    for (int64_t s : c.shape)
+      n *= s;
+    auto x = randVec(static_cast<size_t>(n), gen);
+    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    rt::transpose(x.data(), got.data(), c.shape.data(), c.perm.data(),
+                  int(c.shape.size()));
+    rt::ref::transpose(x.data(), want.data(), c.shape.data(), c.perm.data(),
+                       int(c.shape.size()));
+    EXPECT_EQ(got, want) << "rank " << c.shape.size() << " n=" << n;
+  }
+}
+
+TEST(KernelLayout, SliceAndInsert) {
+  std::mt19937 gen(17);
+  for (auto [outer, axis, inner, start, len] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+           {3, 7, 5, 2, 4}, {1, 9, 1, 0, 9}, {5, 4, 3, 3, 1},
+           {64, 12, 128, 4, 4}}) {
+    auto x = randVec(static_cast<size_t>(outer * axis * inner), gen);
+    std::vector<float> got(static_cast<size_t>(outer * len * inner)),
+        want(static_cast<size_t>(outer * len * inner));
+    rt::sliceAxis(x.data(), got.data(), outer, axis, inner, start, len);
+    rt::ref::sliceAxis(x.data(), want.data(), outer, axis, inner, start, len);
+    EXPECT_EQ(got, want);
+    // insertAxis writes only the slice; the rest of out is left alone.
+    auto base = randVec(static_cast<size_t>(outer * axis * inner), gen);
+    auto ins = base, rins = base;
+    rt::insertAxis(got.data(), ins.data(), outer, axis, inner, start, len);
+    rt::ref::insertAxis(got.data(), rins.data(), outer, axis, inner, start,
+                        len);
+    EXPECT_EQ(ins, rins);
+  }
+}
