@@ -286,13 +286,26 @@ std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
     std::swap(ids[i], ids[i + rng.below(vocab - i)]);
   ids.resize(A);
 
+  // States are Zipf-distributed (weight 1 / (k + 1)), so that even the
+  // unigram statistics are far from uniform. Only divisions and additions in
+  // a fixed order: the table is identical on every IEEE-754 machine.
+  std::vector<double> cdf(A);
+  double total = 0;
+  for (int64_t k = 0; k < A; k++)
+    cdf[k] = total += 1.0 / (double)(k + 1);
+  auto zipf = [&]() -> int64_t {
+    double u = rng.uniform() * total;
+    int64_t k = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+    return std::min(k, A - 1);
+  };
+
   // Each state has three likely successors; the rest of the time the next
-  // state is uniform.
+  // state is a fresh Zipf draw.
   const int kSucc = 3;
-  const double cumulative[kSucc] = {0.65, 0.85, 0.95};
+  const double cumulative[kSucc] = {0.7, 0.85, 0.95};
   std::vector<int64_t> succ(A * kSucc);
   for (int64_t &s : succ)
-    s = rng.below(A);
+    s = zipf();
 
   // A few phrases that recur verbatim.
   const int kPhrases = 24;
@@ -305,7 +318,7 @@ std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
 
   std::vector<int32_t> tokens;
   tokens.reserve(count);
-  int64_t state = rng.below(A);
+  int64_t state = zipf();
   while ((int64_t)tokens.size() < count) {
     if (rng.uniform() < 0.04) {
       const auto &phrase = phrases[rng.below(kPhrases)];
@@ -320,7 +333,7 @@ std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
     int k = 0;
     while (k < kSucc && u >= cumulative[k])
       k++;
-    state = k < kSucc ? succ[state * kSucc + k] : rng.below(A);
+    state = k < kSucc ? succ[state * kSucc + k] : zipf();
     tokens.push_back(ids[state]);
   }
   return tokens;

@@ -139,6 +139,9 @@ Options parseArgs(int argc, char **argv, const Program &program) {
                       flag == "--init-from" || flag == "--save-final" ||
                       flag == "--metrics" || flag == "--seed" ||
                       flag == "--threads";
+    if (!takesValue && arg.rfind("-", 0) != 0)
+      throw UsageError("unexpected argument " + inQuotes(arg) +
+                       " (see --help)");
     if (!takesValue)
       throw UsageError("unknown option " + inQuotes(arg) + " (see --help)");
     if (!hasInlineValue) {
@@ -309,14 +312,9 @@ int train(const Program &program, const Options &opts) {
   }
   const int64_t B = config.batch, T = config.seqLen;
 
-  // Open or check every output before spending time on training.
-  std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
-  if (!opts.metrics.empty()) {
-    metrics.reset(std::fopen(opts.metrics.c_str(), "w"));
-    if (!metrics)
-      fail("cannot open the metrics file " + inQuotes(opts.metrics) + ": " +
-           std::strerror(errno));
-  }
+  // Check every output before spending time on training.
+  if (!opts.metrics.empty())
+    checkWritable(opts.metrics, "metrics file");
   if (!opts.saveFinal.empty())
     checkWritable(opts.saveFinal, "final weights");
 
@@ -369,6 +367,14 @@ int train(const Program &program, const Options &opts) {
   ctx.tokens = tokens.data();
   ctx.targets = targets.data();
   ctx.activations = activations.get();
+
+  std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
+  if (!opts.metrics.empty()) {
+    metrics.reset(std::fopen(opts.metrics.c_str(), "w"));
+    if (!metrics)
+      fail("cannot open the metrics file " + inQuotes(opts.metrics) + ": " +
+           std::strerror(errno));
+  }
 
   int width = std::max<int>(4, (int)std::to_string(opts.steps).size());
   auto runStart = std::chrono::steady_clock::now();

@@ -227,11 +227,11 @@ TEST(RuntimeData, SyntheticIsDeterministicAndInRange) {
 TEST(RuntimeData, SyntheticGoldenValues) {
   // Pins the generator: these values must be the same on every machine.
   EXPECT_EQ(syntheticTokens(256, 8, 1234),
-            (std::vector<int32_t>{242, 222, 125, 244, 223, 241, 149, 192}));
+            (std::vector<int32_t>{220, 178, 11, 159, 218, 241, 149, 192}));
   uint64_t h = 1469598103934665603ull;
   for (int32_t v : syntheticTokens(50257, 1 << 16, 42))
     h = (h ^ (uint64_t)v) * 1099511628211ull;
-  EXPECT_EQ(h, 0xc634a4e29c4089aaull);
+  EXPECT_EQ(h, 0x53513a32b7148c3bull);
 }
 
 TEST(RuntimeData, SyntheticIsLearnable) {

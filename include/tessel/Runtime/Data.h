@@ -86,8 +86,11 @@ void writeTokenFile(const std::string &path,
 std::vector<int32_t> encodeTextBytes(std::string_view text);
 
 // Deterministic synthetic training text with learnable structure: a sparse
-// random Markov chain over a small alphabet of token ids (each token has a
-// few likely successors) interleaved with repeated phrases. The output
+// random Markov chain over an alphabet of at most 256 token ids with
+// Zipf-like frequencies (each token has three likely successors),
+// interleaved with repeated phrases. A small model's loss falls from
+// ln(vocab) to below ln(256) as it learns which tokens occur, and further
+// as it learns their frequencies and transitions. The output
 // depends only on (vocab, count, seed), on every machine.
 std::vector<int32_t> syntheticTokens(int64_t vocab, int64_t count,
                                      uint64_t seed);
