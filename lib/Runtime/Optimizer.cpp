@@ -57,8 +57,14 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
   for (int64_t i = 0; i < n; i++) {
     float grad = g[i] * gradScale;
     float param = p[i] * decay;
-    float mi = beta1 * m[i] + oneMinusBeta1 * grad;
-    float vi = beta2 * v[i] + oneMinusBeta2 * grad * grad;
+    // exp_avg.lerp_(grad, 1 - beta1), with torch's two lerp forms.
+    float mi = oneMinusBeta1 < 0.5f
+                   ? m[i] + oneMinusBeta1 * (grad - m[i])
+                   : grad - (grad - m[i]) * (1.0f - oneMinusBeta1);
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2).
+    float vi = v[i] * beta2 + oneMinusBeta2 * grad * grad;
+    // denom = exp_avg_sq.sqrt() / sqrt(bc2) + eps;
+    // param.addcdiv_(exp_avg, denom, value=-step_size).
     float denom = std::sqrt(vi) / bc2Sqrt + eps;
     p[i] = param - stepSize * mi / denom;
     m[i] = mi;

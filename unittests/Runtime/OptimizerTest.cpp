@@ -127,3 +127,14 @@ TEST(RuntimeOptimizer, ClipCoefficient) {
   // The norm exactly at the limit is still scaled by the 1e-6 epsilon.
   EXPECT_LT(clipCoefficient(1.0, 1.0f), 1.0f);
 }
+
+TEST(RuntimeOptimizer, AdamWSmallBeta1) {
+  // beta1 = 0.25 takes torch's other lerp form; m is then 0.75 * g.
+  std::vector<float> p = {0.0f}, g = {2.0f}, m = {0.0f}, v = {0.0f};
+  adamwUpdate(p.data(), g.data(), m.data(), v.data(), 1, 0.5f, 0.25f, 0.5f,
+              0.0f, 0.0f, 1, 1.0f);
+  EXPECT_FLOAT_EQ(m[0], 1.5f);
+  EXPECT_FLOAT_EQ(v[0], 2.0f);
+  // Bias-corrected m and v are g and g^2, so the step is lr * sign(g).
+  EXPECT_FLOAT_EQ(p[0], -0.5f);
+}
