@@ -1,0 +1,33 @@
+//===- EmitCpp.h - Planned graph IR to a C++ rank program --------*- C++ -*-===//
+#ifndef TESSEL_EMISSION_EMITCPP_H
+#define TESSEL_EMISSION_EMITCPP_H
+
+#include "tessel/Frontend/Spec.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace tessel {
+
+// Writes the C++ source of one rank program: `@train_step` of `module` (after
+// tessel-plan-buffers) as a straight-line sequence of runtime kernel calls,
+// the parameter table, the training recipe of `spec`, and a `main` that hands
+// them to tessel::rt::runMain.
+mlir::LogicalResult emitCpuProgram(mlir::ModuleOp module, const Spec &spec,
+                                   llvm::raw_ostream &os);
+
+// Spells `text` as a C++ string literal in which every byte outside
+// [A-Za-z0-9._-] is an octal escape, so no name from a spec can break out
+// of the literal.
+std::string cppStringLiteral(llvm::StringRef text);
+
+// Compiles `sourcePath` into `binaryPath` with the system C++ compiler against
+// libtessel_rt. Binaries are cached by the hash of source and flags, so an
+// identical program is compiled once. Returns an error with the compiler's
+// output on failure.
+llvm::Error buildCpuProgram(llvm::StringRef sourcePath,
+                            llvm::StringRef binaryPath, bool verbose);
+
+} // namespace tessel
+
+#endif // TESSEL_EMISSION_EMITCPP_H

@@ -1,0 +1,69 @@
+//===- Spec.h - The JSON training spec ---------------------------*- C++ -*-===//
+//
+// A spec says what to train (model), with which recipe (train), on what data
+// (data) and how to spread it (parallel). `loadSpec` validates every field
+// and reports the first problem with its JSON path; docs/spec.md is the
+// schema.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_FRONTEND_SPEC_H
+#define TESSEL_FRONTEND_SPEC_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <string>
+
+namespace tessel {
+
+struct ModelSpec {
+  std::string family; // "gpt" | "llama"
+  int64_t vocabSize = 0, seqLen = 0, layers = 0, hidden = 0, heads = 0;
+  int64_t kvHeads = 0, ffnHidden = 0;
+  bool tieEmbeddings = true;
+  double normEps = 1e-5, ropeTheta = 10000.0;
+  int64_t headDim() const { return hidden / heads; }
+};
+
+struct TrainSpec {
+  int64_t globalBatch = 8, steps = 100;
+  uint64_t seed = 1234;
+  double gradClip = 1.0;
+  std::string optimizer = "adamw";
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weightDecay = 0.1;
+  int64_t warmupSteps = 0;
+  std::string decay = "cosine"; // "cosine" | "linear" | "constant"
+  double minLr = 0.0;
+};
+
+struct DataSpec {
+  std::string format = "synthetic"; // "synthetic" | "llmc"
+  std::string path;                 // absolute, for "llmc"
+};
+
+struct ParallelSpec {
+  int64_t dp = 1, tp = 1, pp = 1, microbatches = 1;
+  std::string schedule = "1f1b";
+  bool sequenceParallel = false;
+};
+
+struct Spec {
+  std::string name; // from the file name, e.g. "gpt-tiny"
+  ModelSpec model;
+  TrainSpec train;
+  DataSpec data;
+  ParallelSpec parallel;
+};
+
+// Reads and validates a spec file. `overrides` are "dotted.path=value" strings
+// applied before validation (the value is JSON, or a bare string).
+llvm::Expected<Spec> loadSpec(llvm::StringRef path,
+                              llvm::ArrayRef<std::string> overrides = {});
+
+// The training recipe with its defaults, for programs given as .mlir files.
+Spec defaultSpecForIR(llvm::StringRef name);
+
+} // namespace tessel
+
+#endif // TESSEL_FRONTEND_SPEC_H

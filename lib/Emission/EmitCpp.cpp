@@ -1,0 +1,419 @@
+//===- EmitCpp.cpp - Planned graph IR to a C++ rank program ---------------===//
+//
+// Each op of the planned @train_step becomes one call into libtessel_rt with
+// every size a constant; buffers are the offsets that tessel-plan-buffers
+// chose. The output is meant to be read: each call is preceded by the op it
+// implements.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Emission/EmitCpp.h"
+
+#include "dialects/Graph/GraphOps.h"
+#include "tessel/Transforms/BufferPlan.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/Format.h"
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+std::string tessel::cppStringLiteral(llvm::StringRef text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (llvm::isAlnum(c) || c == '.' || c == '_' || c == '-') {
+      out += c;
+    } else {
+      char buf[5];
+      snprintf(buf, sizeof(buf), "\\%03o", c);
+      out += buf;
+    }
+  }
+  return out + "\"";
+}
+
+namespace {
+
+ArrayRef<int64_t> shapeOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getShape();
+}
+int64_t numel(Value v) {
+  return cast<RankedTensorType>(v.getType()).getNumElements();
+}
+int64_t product(ArrayRef<int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims)
+    p *= d;
+  return p;
+}
+std::string num(double v) {
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%.17g", v);
+  return s;
+}
+std::string flt(double v) { return "static_cast<float>(" + num(v) + ")"; }
+std::string boolStr(bool b) { return b ? "true" : "false"; }
+
+class ProgramEmitter {
+public:
+  ProgramEmitter(raw_ostream &os) : os(os) {}
+
+  // The C++ expression for the storage of `v`.
+  std::string ptr(Value v) {
+    BufferRef ref = bufferOf(v);
+    switch (ref.space) {
+    case BufferSpace::Param:
+      return "(P + " + std::to_string(ref.offset) + ")";
+    case BufferSpace::Grad:
+      return "(G + " + std::to_string(ref.offset) + ")";
+    case BufferSpace::Input:
+      return ref.offset == 0 ? "tokens" : "targets";
+    case BufferSpace::Arena:
+      return "reinterpret_cast<float *>(A + " + std::to_string(ref.offset) + ")";
+    }
+    return "";
+  }
+
+  void call(const std::string &fn, ArrayRef<std::string> args) {
+    os << "  " << fn << "(";
+    for (auto [i, a] : llvm::enumerate(args))
+      os << (i ? ", " : "") << a;
+    os << ");\n";
+  }
+  static std::string i(int64_t v) { return std::to_string(v); }
+
+  LogicalResult emitOp(Operation *op) {
+    os << "  // " << op->getName().getStringRef();
+    if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
+      os << " @ " << loc.getName().getValue().substr(0, 80);
+    os << "\n";
+    return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+        .Case<ParamOp, InputOp, ReshapeOp>([&](Operation *) {
+          return success(); // storage only; reshapes alias their input
+        })
+        .Case<FillOp>([&](FillOp f) {
+          call("fill<float>", {ptr(f), i(numel(f)),
+                               flt(f.getValue().convertToDouble())});
+          return success();
+        })
+        .Case<EmbeddingOp>([&](EmbeddingOp e) {
+          auto t = shapeOf(e.getTable());
+          call("embeddingForward<float>", {ptr(e.getTable()), ptr(e.getIds()),
+                                           ptr(e), i(numel(e.getIds())),
+                                           i(t[0]), i(t[1])});
+          return success();
+        })
+        .Case<EmbeddingGradOp>([&](EmbeddingGradOp e) {
+          auto t = shapeOf(e.getResult());
+          call("embeddingBackward<float>",
+               {ptr(e.getIds()), ptr(e.getGrad()), ptr(e),
+                i(numel(e.getIds())), i(t[0]), i(t[1])});
+          return success();
+        })
+        .Case<MatmulOp>([&](MatmulOp m) { return emitMatmul(m); })
+        .Case<AddOp>([&](AddOp a) {
+          call("addBroadcast<float>", {ptr(a.getLhs()), ptr(a.getRhs()),
+                                       ptr(a), i(numel(a.getLhs())),
+                                       i(numel(a.getRhs()))});
+          return success();
+        })
+        .Case<MulOp>([&](MulOp a) {
+          call("mulBroadcast<float>", {ptr(a.getLhs()), ptr(a.getRhs()),
+                                       ptr(a), i(numel(a.getLhs())),
+                                       i(numel(a.getRhs()))});
+          return success();
+        })
+        .Case<ReduceSumOp>([&](ReduceSumOp r) {
+          int64_t cols = numel(r);
+          call("reduceSumLeading<float>", {ptr(r.getInput()), ptr(r),
+                                           i(numel(r.getInput()) / cols),
+                                           i(cols)});
+          return success();
+        })
+        .Case<GeluOp>([&](GeluOp g) {
+          call("geluForward<float>", {ptr(g.getInput()), ptr(g), i(numel(g))});
+          return success();
+        })
+        .Case<GeluGradOp>([&](GeluGradOp g) {
+          call("geluBackward<float>",
+               {ptr(g.getInput()), ptr(g.getGrad()), ptr(g), i(numel(g))});
+          return success();
+        })
+        .Case<SiluOp>([&](SiluOp g) {
+          call("siluForward<float>", {ptr(g.getInput()), ptr(g), i(numel(g))});
+          return success();
+        })
+        .Case<SiluGradOp>([&](SiluGradOp g) {
+          call("siluBackward<float>",
+               {ptr(g.getInput()), ptr(g.getGrad()), ptr(g), i(numel(g))});
+          return success();
+        })
+        .Case<LayerNormOp>([&](LayerNormOp n) {
+          int64_t C = shapeOf(n).back();
+          call("layerNormForward<float>",
+               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getBias()),
+                ptr(n), i(numel(n) / C), i(C),
+                num(n.getEpsilon().convertToDouble())});
+          return success();
+        })
+        .Case<LayerNormGradOp>([&](LayerNormGradOp n) {
+          int64_t C = shapeOf(n.getInput()).back();
+          call("layerNormBackward<float>",
+               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getGrad()),
+                ptr(n.getInputGrad()), ptr(n.getWeightGrad()),
+                ptr(n.getBiasGrad()), i(numel(n.getInput()) / C), i(C),
+                num(n.getEpsilon().convertToDouble())});
+          return success();
+        })
+        .Case<RmsNormOp>([&](RmsNormOp n) {
+          int64_t C = shapeOf(n).back();
+          call("rmsNormForward<float>",
+               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n), i(numel(n) / C),
+                i(C), num(n.getEpsilon().convertToDouble())});
+          return success();
+        })
+        .Case<RmsNormGradOp>([&](RmsNormGradOp n) {
+          int64_t C = shapeOf(n.getInput()).back();
+          call("rmsNormBackward<float>",
+               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getGrad()),
+                ptr(n.getInputGrad()), ptr(n.getWeightGrad()),
+                i(numel(n.getInput()) / C), i(C),
+                num(n.getEpsilon().convertToDouble())});
+          return success();
+        })
+        .Case<RopeOp>([&](RopeOp r) {
+          auto s = shapeOf(r);
+          call("rope<float>", {ptr(r.getInput()), ptr(r), i(s[0]), i(s[1]),
+                               i(s[2]), i(s[3]),
+                               num(r.getTheta().convertToDouble()),
+                               boolStr(r.getInverse())});
+          return success();
+        })
+        .Case<AttentionOp>([&](AttentionOp a) {
+          auto q = shapeOf(a.getQuery());
+          call("attentionForward<float>",
+               {ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()), ptr(a),
+                i(q[0]), i(q[1]), i(q[2]), i(shapeOf(a.getKey())[2]), i(q[3]),
+                boolStr(a.getCausal())});
+          return success();
+        })
+        .Case<AttentionGradOp>([&](AttentionGradOp a) {
+          auto q = shapeOf(a.getQuery());
+          call("attentionBackward<float>",
+               {ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()),
+                ptr(a.getGrad()), ptr(a.getQueryGrad()), ptr(a.getKeyGrad()),
+                ptr(a.getValueGrad()), i(q[0]), i(q[1]), i(q[2]),
+                i(shapeOf(a.getKey())[2]), i(q[3]), boolStr(a.getCausal())});
+          return success();
+        })
+        .Case<SoftmaxOp>([&](SoftmaxOp s) {
+          int64_t cols = shapeOf(s).back();
+          call("softmaxForward<float>", {ptr(s.getInput()), ptr(s),
+                                         i(numel(s) / cols), i(cols)});
+          return success();
+        })
+        .Case<SoftmaxGradOp>([&](SoftmaxGradOp s) {
+          int64_t cols = shapeOf(s).back();
+          call("softmaxBackward<float>",
+               {ptr(s.getOutput()), ptr(s.getGrad()), ptr(s),
+                i(numel(s) / cols), i(cols)});
+          return success();
+        })
+        .Case<CrossEntropyOp>([&](CrossEntropyOp c) {
+          int64_t V = shapeOf(c.getLogits()).back();
+          call("crossEntropyForward<float>",
+               {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c),
+                i(numel(c.getTargets())), i(V)});
+          return success();
+        })
+        .Case<CrossEntropyGradOp>([&](CrossEntropyGradOp c) {
+          int64_t V = shapeOf(c.getLogits()).back();
+          call("crossEntropyBackward<float>",
+               {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c.getGrad()),
+                ptr(c), i(numel(c.getTargets())), i(V)});
+          return success();
+        })
+        .Case<TransposeOp>([&](TransposeOp t) {
+          auto s = shapeOf(t.getInput());
+          std::string name = "shape" + std::to_string(counter++);
+          os << "  static const int64_t " << name << "[] = {";
+          for (auto [k, d] : llvm::enumerate(s))
+            os << (k ? ", " : "") << d;
+          os << "}, " << name << "Perm[] = {";
+          for (auto [k, d] : llvm::enumerate(t.getPermutation()))
+            os << (k ? ", " : "") << d;
+          os << "};\n";
+          call("transpose<float>", {ptr(t.getInput()), ptr(t), name,
+                                    name + "Perm", i(s.size())});
+          return success();
+        })
+        .Case<SplitOp>([&](SplitOp s) {
+          auto in = shapeOf(s.getInput());
+          int64_t axis = s.getAxis(), start = 0;
+          int64_t outer = product(in.take_front(axis)),
+                  inner = product(in.drop_front(axis + 1));
+          for (Value r : s.getResults()) {
+            int64_t len = shapeOf(r)[axis];
+            call("sliceAxis<float>", {ptr(s.getInput()), ptr(r), i(outer),
+                                      i(in[axis]), i(inner), i(start), i(len)});
+            start += len;
+          }
+          return success();
+        })
+        .Case<ConcatOp>([&](ConcatOp c) {
+          auto out = shapeOf(c);
+          int64_t axis = c.getAxis(), start = 0;
+          int64_t outer = product(out.take_front(axis)),
+                  inner = product(out.drop_front(axis + 1));
+          for (Value in : c.getInputs()) {
+            int64_t len = shapeOf(in)[axis];
+            call("insertAxis<float>", {ptr(in), ptr(c), i(outer), i(out[axis]),
+                                       i(inner), i(start), i(len)});
+            start += len;
+          }
+          return success();
+        })
+        .Case<GlobalNormOp>([&](GlobalNormOp g) {
+          os << "  {\n    double sumSq = 0.0;\n";
+          for (Value v : g.getInputs())
+            os << "    sumSq += sumSquares<float>(" << ptr(v) << ", "
+               << numel(v) << ");\n";
+          os << "    " << ptr(g) << "[0] = static_cast<float>(std::sqrt(sumSq));\n  }\n";
+          return success();
+        })
+        .Case<AdamWOp>([&](AdamWOp a) {
+          BufferRef param = bufferOf(a.getParam());
+          std::string off = std::to_string(param.offset);
+          call("adamwUpdate",
+               {ptr(a.getParam()), ptr(a.getGrad()), "ctx.adamM + " + off,
+                "ctx.adamV + " + off, i(numel(a.getParam())), "ctx.lr",
+                flt(a.getBeta1().convertToDouble()),
+                flt(a.getBeta2().convertToDouble()),
+                flt(a.getEps().convertToDouble()),
+                flt(a.getWeightDecay().convertToDouble()), "ctx.step + 1",
+                "clipCoefficient(" + ptr(a.getNorm()) + "[0], " +
+                    flt(a.getMaxGradNorm().convertToDouble()) + ")"});
+          return success();
+        })
+        .Default([&](Operation *op) {
+          return op->emitOpError("has no CPU emission rule");
+        });
+  }
+
+  LogicalResult emitMatmul(MatmulOp m) {
+    auto lhs = shapeOf(m.getLhs()), rhs = shapeOf(m.getRhs()),
+         out = shapeOf(m);
+    bool tl = m.getTransposeLhs(), tr = m.getTransposeRhs();
+    int64_t M = out[out.size() - 2], N = out.back();
+    int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
+    int64_t batch = product(out.drop_back(2));
+    int64_t strideB = rhs.size() == 2 ? 0 : K * N;
+    call("matmul<float>", {ptr(m.getLhs()), ptr(m.getRhs()), ptr(m), i(batch),
+                           i(M), i(N), i(K), boolStr(tl), boolStr(tr),
+                           i(M * K), i(strideB), i(M * N)});
+    return success();
+  }
+
+  raw_ostream &os;
+  int counter = 0;
+};
+
+const char *decayName(const std::string &decay) {
+  if (decay == "cosine")
+    return "LrDecay::Cosine";
+  if (decay == "linear")
+    return "LrDecay::Linear";
+  return "LrDecay::Constant";
+}
+
+} // namespace
+
+LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
+                                     raw_ostream &os) {
+  auto func = module.lookupSymbol<func::FuncOp>("train_step");
+  auto arenaBytes = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr);
+  auto paramElems = module->getAttrOfType<IntegerAttr>(kParamElemsAttr);
+  if (!func || !arenaBytes || !paramElems)
+    return module.emitError("emission needs a planned @train_step (run "
+                            "tessel-autodiff and tessel-plan-buffers)");
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+
+  // The batch shape comes from the program's inputs.
+  int64_t batch = 0, seqLen = 0, vocab = 0;
+  func.walk([&](InputOp input) {
+    batch = input.getType().getDimSize(0);
+    seqLen = input.getType().getDimSize(1);
+  });
+  func.walk([&](CrossEntropyOp ce) {
+    vocab = cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
+  });
+
+  os << "// Generated by tessel from " << cppStringLiteral(spec.name)
+     << ". One rank's training step.\n"
+     << "#include \"tessel/Runtime/Kernels.h\"\n"
+     << "#include \"tessel/Runtime/Program.h\"\n\n#include <cmath>\n\n"
+     << "using namespace tessel::rt;\n\nnamespace {\n\n"
+     << "const ParamInfo kParams[] = {\n";
+  int numParams = 0;
+  for (ParamOp p : func.getOps<ParamOp>()) {
+    auto shape = p.getType().getShape();
+    StringRef init = p.getInit();
+    os << "    {" << cppStringLiteral(p.getName()) << ", " << shape.size()
+       << ", {";
+    for (int k = 0; k < 4; ++k)
+      os << (k ? ", " : "") << (k < (int)shape.size() ? shape[k] : 0);
+    os << "}, " << p.getType().getNumElements() << ", "
+       << bufferOf(p.getResult()).offset << ", "
+       << (init == "zeros"  ? "InitKind::Zeros"
+           : init == "ones" ? "InitKind::Ones"
+                            : "InitKind::Normal")
+       << ", " << flt(p.getMean().convertToDouble()) << ", "
+       << flt(p.getStd().convertToDouble()) << ", "
+       << boolStr(shape.size() >= 2) << "},\n";
+    ++numParams;
+  }
+  os << "};\n\nvoid trainStep(StepContext &ctx) {\n"
+     << "  float *P = ctx.params;\n  float *G = ctx.grads;\n"
+     << "  char *A = ctx.activations;\n"
+     << "  const int32_t *tokens = ctx.tokens;\n"
+     << "  const int32_t *targets = ctx.targets;\n"
+     << "  (void)P; (void)G; (void)A; (void)tokens; (void)targets;\n";
+  ProgramEmitter emitter(os);
+  for (Operation &op : func.getBody().front().without_terminator())
+    if (failed(emitter.emitOp(&op)))
+      return failure();
+  os << "  ctx.loss = " << emitter.ptr(ret.getOperand(0)) << "[0];\n"
+     << "  ctx.gradNorm = " << emitter.ptr(ret.getOperand(1)) << "[0];\n}\n\n"
+     << "} // namespace\n\n";
+
+  const TrainSpec &t = spec.train;
+  os << "int main(int argc, char **argv) {\n"
+     << "  TrainConfig config{};\n"
+     << "  config.batch = " << batch << ";\n"
+     << "  config.seqLen = " << seqLen << ";\n"
+     << "  config.vocab = " << vocab << ";\n"
+     << "  config.steps = " << t.steps << ";\n"
+     << "  config.seed = " << t.seed << "ull;\n"
+     << "  config.gradClip = " << flt(t.gradClip) << ";\n"
+     << "  config.lr = " << flt(t.lr) << ";\n"
+     << "  config.beta1 = " << flt(t.beta1) << ";\n"
+     << "  config.beta2 = " << flt(t.beta2) << ";\n"
+     << "  config.eps = " << flt(t.eps) << ";\n"
+     << "  config.weightDecay = " << flt(t.weightDecay) << ";\n"
+     << "  config.warmupSteps = " << t.warmupSteps << ";\n"
+     << "  config.decay = " << decayName(t.decay) << ";\n"
+     << "  config.minLr = " << flt(t.minLr) << ";\n"
+     << "  Program program{};\n"
+     << "  program.name = " << cppStringLiteral(spec.name) << ";\n"
+     << "  program.params = kParams;\n"
+     << "  program.numParams = " << numParams << ";\n"
+     << "  program.paramElems = " << paramElems.getInt() << ";\n"
+     << "  program.activationBytes = " << arenaBytes.getInt() << ";\n"
+     << "  program.config = config;\n"
+     << "  program.step = trainStep;\n"
+     << "  return runMain(argc, argv, program);\n}\n";
+  return success();
+}

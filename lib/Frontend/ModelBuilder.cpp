@@ -1,0 +1,185 @@
+//===- ModelBuilder.cpp - GPT-2 and Llama as graph IR ---------------------===//
+//
+// Expands a model spec into the forward program with global shapes. The
+// parameter names, layouts and initialisers are Hugging Face's, so weights
+// carry over in both directions: GPT-2's Conv1D weights are [in, out] (y =
+// x W), Llama's Linear weights are [out, in] (y = x W^T).
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Frontend/ModelBuilder.h"
+
+#include "dialects/Graph/GraphOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+namespace {
+
+class ModelExpander {
+public:
+  ModelExpander(MLIRContext &ctx, const Spec &spec)
+      : ctx(ctx), b(&ctx), spec(spec), m(spec.model) {}
+
+  OwningOpRef<ModuleOp> build() {
+    Location loc = NameLoc::get(b.getStringAttr(spec.name));
+    OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+    b.setInsertionPointToEnd(module->getBody());
+    auto func = func::FuncOp::create(
+        b, loc, "forward", b.getFunctionType({}, {scalarType()}));
+    const TrainSpec &t = spec.train;
+    func->setAttr("graph.optimizer",
+                  b.getDictionaryAttr({
+                      b.getNamedAttr("name", b.getStringAttr(t.optimizer)),
+                      b.getNamedAttr("beta1", b.getF64FloatAttr(t.beta1)),
+                      b.getNamedAttr("beta2", b.getF64FloatAttr(t.beta2)),
+                      b.getNamedAttr("eps", b.getF64FloatAttr(t.eps)),
+                      b.getNamedAttr("weight_decay",
+                                     b.getF64FloatAttr(t.weightDecay)),
+                      b.getNamedAttr("grad_clip", b.getF64FloatAttr(t.gradClip)),
+                  }));
+    b.setInsertionPointToEnd(func.addEntryBlock());
+    int64_t B = t.globalBatch / (spec.parallel.dp * spec.parallel.microbatches);
+    tokens = input("tokens", B);
+    targets = input("targets", B);
+    Value loss = m.family == "llama" ? llama() : gpt();
+    func::ReturnOp::create(b, loc, loss);
+    return module;
+  }
+
+private:
+  RankedTensorType f32(ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, b.getF32Type());
+  }
+  RankedTensorType scalarType() { return f32({}); }
+  Location at(const std::string &name) {
+    return NameLoc::get(b.getStringAttr(name));
+  }
+
+  Value input(const char *name, int64_t batch) {
+    return InputOp::create(
+        b, at(name), RankedTensorType::get({batch, m.seqLen}, b.getI32Type()),
+        name);
+  }
+  Value param(const std::string &name, ArrayRef<int64_t> shape,
+              const char *init = "normal", double std = 0.02) {
+    auto op = ParamOp::create(b, at(name), f32(shape), b.getStringAttr(name),
+                              b.getStringAttr(init), b.getF64FloatAttr(0.0),
+                              b.getF64FloatAttr(std));
+    return op.getResult();
+  }
+  Value reshape(Value v, ArrayRef<int64_t> shape) {
+    return ReshapeOp::create(b, v.getLoc(), f32(shape), v);
+  }
+  // y = x W (+ bias), W stored [in, out].
+  Value conv1d(Value x, const std::string &name, int64_t in, int64_t out,
+               double std = 0.02) {
+    Value w = param(name + ".weight", {in, out}, "normal", std);
+    Value y = MatmulOp::create(b, at(name), x, w, false, false);
+    Value bias = param(name + ".bias", {out}, "zeros");
+    return AddOp::create(b, at(name), y, bias);
+  }
+  // y = x W^T, W stored [out, in], no bias.
+  Value linear(Value x, const std::string &name, int64_t in, int64_t out) {
+    Value w = param(name + ".weight", {out, in});
+    return MatmulOp::create(b, at(name), x, w, false, true);
+  }
+  Value lmHead(Value h, Value embedding, const std::string &untiedName) {
+    Value w = m.tieEmbeddings ? embedding
+                              : param(untiedName, {m.vocabSize, m.hidden});
+    Value logits = MatmulOp::create(b, at("lm_head"), h, w, false, true);
+    return CrossEntropyOp::create(b, at("loss"), logits, targets);
+  }
+
+  // Hugging Face GPT2LMHeadModel (names without the "transformer." prefix).
+  Value gpt() {
+    int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
+    int64_t T = m.seqLen, C = m.hidden, H = m.heads, D = m.headDim();
+    double projStd = 0.02 / std::sqrt(2.0 * m.layers);
+    Value wte = param("wte.weight", {m.vocabSize, C});
+    Value wpe = param("wpe.weight", {T, C});
+    Value x = EmbeddingOp::create(b, at("wte"), wte, tokens);
+    x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
+    for (int64_t l = 0; l < m.layers; ++l) {
+      std::string p = "h." + std::to_string(l) + ".";
+      Value h = layerNorm(x, p + "ln_1", C);
+      Value qkv = conv1d(h, p + "attn.c_attn", C, 3 * C);
+      auto split = SplitOp::create(b, at(p + "attn"),
+                                   TypeRange{f32({B, T, C}), f32({B, T, C}),
+                                             f32({B, T, C})},
+                                   qkv, 2);
+      Value q = reshape(split.getResult(0), {B, T, H, D});
+      Value k = reshape(split.getResult(1), {B, T, H, D});
+      Value v = reshape(split.getResult(2), {B, T, H, D});
+      Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true);
+      a = reshape(a, {B, T, C});
+      x = AddOp::create(b, at(p + "attn"), x,
+                        conv1d(a, p + "attn.c_proj", C, C, projStd));
+      h = layerNorm(x, p + "ln_2", C);
+      Value f = GeluOp::create(b, at(p + "mlp"),
+                               conv1d(h, p + "mlp.c_fc", C, m.ffnHidden));
+      x = AddOp::create(b, at(p + "mlp"), x,
+                        conv1d(f, p + "mlp.c_proj", m.ffnHidden, C, projStd));
+    }
+    return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
+  }
+  Value layerNorm(Value x, const std::string &name, int64_t C) {
+    Value w = param(name + ".weight", {C}, "ones");
+    Value bias = param(name + ".bias", {C}, "zeros");
+    return LayerNormOp::create(b, at(name), x, w, bias,
+                               b.getF64FloatAttr(m.normEps));
+  }
+
+  // Hugging Face LlamaForCausalLM.
+  Value llama() {
+    int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
+    int64_t T = m.seqLen, C = m.hidden, H = m.heads, Hkv = m.kvHeads,
+            D = m.headDim(), F = m.ffnHidden;
+    Value embed = param("model.embed_tokens.weight", {m.vocabSize, C});
+    Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens);
+    auto theta = b.getF64FloatAttr(m.ropeTheta);
+    for (int64_t l = 0; l < m.layers; ++l) {
+      std::string p = "model.layers." + std::to_string(l) + ".";
+      Value h = rmsNorm(x, p + "input_layernorm", C);
+      Value q = reshape(linear(h, p + "self_attn.q_proj", C, H * D), {B, T, H, D});
+      Value k = reshape(linear(h, p + "self_attn.k_proj", C, Hkv * D), {B, T, Hkv, D});
+      Value v = reshape(linear(h, p + "self_attn.v_proj", C, Hkv * D), {B, T, Hkv, D});
+      q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta, b.getBoolAttr(false));
+      k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta, b.getBoolAttr(false));
+      Value a = AttentionOp::create(b, at(p + "self_attn"), q, k, v, true);
+      a = reshape(a, {B, T, H * D});
+      x = AddOp::create(b, at(p + "self_attn"), x,
+                        linear(a, p + "self_attn.o_proj", H * D, C));
+      h = rmsNorm(x, p + "post_attention_layernorm", C);
+      Value gate = SiluOp::create(b, at(p + "mlp"),
+                                  linear(h, p + "mlp.gate_proj", C, F));
+      Value up = linear(h, p + "mlp.up_proj", C, F);
+      Value act = MulOp::create(b, at(p + "mlp"), gate, up);
+      x = AddOp::create(b, at(p + "mlp"), x,
+                        linear(act, p + "mlp.down_proj", F, C));
+    }
+    return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
+  }
+  Value rmsNorm(Value x, const std::string &name, int64_t C) {
+    Value w = param(name + ".weight", {C}, "ones");
+    return RmsNormOp::create(b, at(name), x, w, b.getF64FloatAttr(m.normEps));
+  }
+
+  MLIRContext &ctx;
+  OpBuilder b;
+  const Spec &spec;
+  const ModelSpec &m;
+  Value tokens, targets;
+};
+
+} // namespace
+
+OwningOpRef<ModuleOp> tessel::buildModel(MLIRContext &context,
+                                         const Spec &spec) {
+  return ModelExpander(context, spec).build();
+}

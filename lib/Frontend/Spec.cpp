@@ -1,0 +1,337 @@
+//===- Spec.cpp - Reading and validating the JSON spec --------------------===//
+//
+// The schema lives in one place: the reads below. Every key is read through a
+// `Section`, which knows the JSON path for messages and which keys were
+// consumed, so unknown keys (typos) are reported rather than ignored.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Frontend/Spec.h"
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+using namespace tessel;
+using json = nlohmann::json;
+
+namespace {
+
+// The first problem found, with its JSON path.
+struct Problems {
+  std::string first;
+  void report(const std::string &path, const std::string &what) {
+    if (first.empty())
+      first = path + ": " + what;
+  }
+  bool any() const { return !first.empty(); }
+};
+
+class Section {
+public:
+  Section(const json *object, std::string path, Problems &problems)
+      : object(object), path(std::move(path)), problems(problems) {}
+
+  Section child(const std::string &key) {
+    const json *value = find(key);
+    if (value && !value->is_object()) {
+      problems.report(at(key), "must be an object");
+      value = nullptr;
+    }
+    return Section(value, at(key), problems);
+  }
+  int64_t integer(const std::string &key, int64_t fallback, int64_t min) {
+    const json *value = find(key);
+    if (!value)
+      return fallback;
+    if (!value->is_number_integer()) {
+      problems.report(at(key), "must be an integer, got " + value->dump());
+      return fallback;
+    }
+    int64_t v = value->get<int64_t>();
+    if (v < min)
+      problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
+                                   std::to_string(v));
+    return v;
+  }
+  double number(const std::string &key, double fallback, double min) {
+    const json *value = find(key);
+    if (!value)
+      return fallback;
+    if (!value->is_number()) {
+      problems.report(at(key), "must be a number, got " + value->dump());
+      return fallback;
+    }
+    double v = value->get<double>();
+    if (!(v >= min))
+      problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
+                                   value->dump());
+    return v;
+  }
+  bool boolean(const std::string &key, bool fallback) {
+    const json *value = find(key);
+    if (!value)
+      return fallback;
+    if (!value->is_boolean()) {
+      problems.report(at(key), "must be true or false, got " + value->dump());
+      return fallback;
+    }
+    return value->get<bool>();
+  }
+  std::string choice(const std::string &key, const std::string &fallback,
+                     std::initializer_list<const char *> allowed) {
+    const json *value = find(key);
+    if (!value)
+      return fallback;
+    std::string options;
+    for (const char *a : allowed)
+      options += std::string(options.empty() ? "" : ", ") + "\"" + a + "\"";
+    if (!value->is_string()) {
+      problems.report(at(key), "must be one of " + options);
+      return fallback;
+    }
+    std::string v = value->get<std::string>();
+    for (const char *a : allowed)
+      if (v == a)
+        return v;
+    problems.report(at(key), "must be one of " + options + ", got \"" + v + "\"");
+    return fallback;
+  }
+  std::string string(const std::string &key, const std::string &fallback) {
+    const json *value = find(key);
+    if (!value)
+      return fallback;
+    if (!value->is_string()) {
+      problems.report(at(key), "must be a string, got " + value->dump());
+      return fallback;
+    }
+    return value->get<std::string>();
+  }
+  const json *raw(const std::string &key) { return find(key); }
+  bool has(const std::string &key) const {
+    return object && object->contains(key);
+  }
+  std::string at(const std::string &key) const {
+    return path.empty() ? key : path + "." + key;
+  }
+  // Reports keys that no read asked for.
+  void rejectUnknown() {
+    if (!object)
+      return;
+    for (auto &[key, value] : object->items())
+      if (!consumed.count(key))
+        problems.report(at(key), "unknown key");
+  }
+
+private:
+  const json *find(const std::string &key) {
+    consumed.insert(key);
+    if (!object)
+      return nullptr;
+    auto it = object->find(key);
+    return it == object->end() ? nullptr : &*it;
+  }
+  const json *object;
+  std::string path;
+  Problems &problems;
+  std::set<std::string> consumed;
+};
+
+// Applies "a.b.c=value" to the document.
+llvm::Error applyOverride(json &doc, const std::string &assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return llvm::createStringError("--set expects key=value, got '" +
+                                   assignment + "'");
+  std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded())
+    value = text; // a bare string such as --set model.family=llama
+  json *node = &doc;
+  llvm::SmallVector<llvm::StringRef> parts;
+  llvm::StringRef(key).split(parts, '.');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    json &next = (*node)[parts[i].str()];
+    if (next.is_null())
+      next = json::object();
+    if (!next.is_object())
+      return llvm::createStringError("--set " + key + ": '" + parts[i].str() +
+                                     "' is not an object");
+    node = &next;
+  }
+  (*node)[parts.back().str()] = value;
+  return llvm::Error::success();
+}
+
+void readModel(Section s, ModelSpec &m, Problems &problems) {
+  m.family = s.choice("family", "", {"gpt", "llama"});
+  if (!s.has("family"))
+    problems.report(s.at("family"), "is required (\"gpt\" or \"llama\")");
+  bool gpt = m.family != "llama";
+  m.vocabSize = s.integer("vocab_size", 256, 2);
+  m.seqLen = s.integer("seq_len", 64, 1);
+  m.layers = s.integer("layers", 2, 1);
+  m.hidden = s.integer("hidden", 64, 1);
+  m.heads = s.integer("heads", 4, 1);
+  m.kvHeads = s.integer("kv_heads", m.heads, 1);
+  m.ffnHidden = s.integer("ffn_hidden", 4 * m.hidden, 1);
+  m.tieEmbeddings = s.boolean("tie_embeddings", gpt);
+  m.normEps = s.number("norm_eps", 1e-5, 0.0);
+  m.ropeTheta = s.number("rope_theta", 10000.0, 1.0);
+  s.rejectUnknown();
+  if (problems.any())
+    return;
+  if (m.hidden % m.heads != 0)
+    problems.report(s.at("hidden"),
+                    "hidden = " + std::to_string(m.hidden) +
+                        " is not divisible by model.heads = " +
+                        std::to_string(m.heads));
+  else if (m.heads % m.kvHeads != 0)
+    problems.report(s.at("kv_heads"),
+                    "model.heads = " + std::to_string(m.heads) +
+                        " is not a multiple of kv_heads = " +
+                        std::to_string(m.kvHeads));
+  else if (gpt && m.kvHeads != m.heads)
+    problems.report(s.at("kv_heads"),
+                    "the gpt family has no grouped KV heads; kv_heads must "
+                    "equal heads");
+  else if (!gpt && m.headDim() % 2 != 0)
+    problems.report(s.at("hidden"), "llama needs an even head dimension "
+                                    "(hidden / heads) for RoPE");
+}
+
+void readTrain(Section s, TrainSpec &t, Problems &problems) {
+  t.globalBatch = s.integer("global_batch", 8, 1);
+  t.steps = s.integer("steps", 100, 0);
+  t.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
+  t.gradClip = s.number("grad_clip", 1.0, 0.0);
+  Section opt = s.child("optimizer");
+  t.optimizer = opt.choice("name", "adamw", {"adamw"});
+  t.lr = opt.number("lr", 1e-3, 0.0);
+  if (const json *betas = opt.raw("betas")) {
+    if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+        !(*betas)[1].is_number())
+      problems.report(opt.at("betas"), "must be two numbers, e.g. [0.9, 0.95]");
+    else {
+      t.beta1 = (*betas)[0].get<double>();
+      t.beta2 = (*betas)[1].get<double>();
+      if (t.beta1 < 0 || t.beta1 >= 1 || t.beta2 < 0 || t.beta2 >= 1)
+        problems.report(opt.at("betas"), "each beta must be in [0, 1)");
+    }
+  }
+  t.eps = opt.number("eps", 1e-8, 0.0);
+  t.weightDecay = opt.number("weight_decay", 0.1, 0.0);
+  opt.rejectUnknown();
+  Section sched = s.child("lr_schedule");
+  t.warmupSteps = sched.integer("warmup_steps", 0, 0);
+  t.decay = sched.choice("decay", "cosine", {"cosine", "linear", "constant"});
+  t.minLr = sched.number("min_lr", 0.0, 0.0);
+  sched.rejectUnknown();
+  s.rejectUnknown();
+}
+
+void readData(Section s, DataSpec &d, llvm::StringRef specDir,
+              Problems &problems) {
+  d.format = s.choice("format", s.has("path") ? "llmc" : "synthetic",
+                      {"llmc", "synthetic"});
+  std::string path = s.string("path", "");
+  if (d.format == "llmc") {
+    if (path.empty())
+      problems.report(s.at("path"), "is required for format \"llmc\"");
+    llvm::SmallString<256> full(path);
+    if (!path.empty() && !llvm::sys::path::is_absolute(full)) {
+      full = specDir;
+      llvm::sys::path::append(full, path);
+    }
+    d.path = std::string(full);
+  }
+  s.rejectUnknown();
+}
+
+void readParallel(Section s, ParallelSpec &p, const Spec &spec,
+                  Problems &problems) {
+  p.dp = s.integer("dp", 1, 1);
+  p.tp = s.integer("tp", 1, 1);
+  p.pp = s.integer("pp", 1, 1);
+  p.microbatches = s.integer("microbatches", 1, 1);
+  p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
+  p.sequenceParallel = s.boolean("sequence_parallel", false);
+  s.rejectUnknown();
+  if (problems.any())
+    return;
+  // The layout checks that hold for any backend come first, so that a user
+  // learns about a bad layout before learning what is not built yet.
+  if (spec.train.globalBatch % (p.dp * p.microbatches) != 0)
+    problems.report(s.at("dp"),
+                    "parallel.dp * parallel.microbatches = " +
+                        std::to_string(p.dp * p.microbatches) +
+                        " does not divide train.global_batch = " +
+                        std::to_string(spec.train.globalBatch));
+  else if (spec.model.heads % p.tp != 0)
+    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
+                                    " does not divide model.heads = " +
+                                    std::to_string(spec.model.heads));
+  else if (spec.model.layers % p.pp != 0 && p.pp > 1)
+    problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
+                                    " does not divide model.layers = " +
+                                    std::to_string(spec.model.layers));
+  else if (p.dp > 1 || p.tp > 1 || p.pp > 1 || p.microbatches > 1 ||
+           p.sequenceParallel)
+    problems.report(s.at(p.dp > 1 ? "dp" : p.tp > 1 ? "tp" : p.pp > 1 ? "pp"
+                         : p.microbatches > 1 ? "microbatches"
+                                              : "sequence_parallel"),
+                    "only the one-rank layout (dp = tp = pp = microbatches = "
+                    "1, no sequence parallelism) can be compiled so far");
+}
+
+} // namespace
+
+llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
+                                      llvm::ArrayRef<std::string> overrides) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  if (!buffer)
+    return llvm::createStringError(path + ": cannot read: " +
+                                   buffer.getError().message());
+  json doc = json::parse((*buffer)->getBuffer().begin(),
+                         (*buffer)->getBuffer().end(), nullptr,
+                         /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    return llvm::createStringError(path + ": not valid JSON");
+  if (!doc.is_object())
+    return llvm::createStringError(path + ": the spec must be a JSON object");
+  for (const std::string &assignment : overrides)
+    if (llvm::Error err = applyOverride(doc, assignment))
+      return std::move(err);
+
+  Spec spec;
+  spec.name = llvm::sys::path::stem(path).str();
+  Problems problems;
+  Section root(&doc, "", problems);
+  if (!root.has("model"))
+    problems.report("model", "is required");
+  readModel(root.child("model"), spec.model, problems);
+  readTrain(root.child("train"), spec.train, problems);
+  llvm::SmallString<256> dir(path);
+  llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  llvm::sys::fs::make_absolute(dir);
+  readData(root.child("data"), spec.data, dir, problems);
+  if (!problems.any())
+    readParallel(root.child("parallel"), spec.parallel, spec, problems);
+  spec.name = root.string("name", spec.name);
+  root.rejectUnknown();
+  if (problems.any())
+    return llvm::createStringError(path + ": " + problems.first);
+  return spec;
+}
+
+Spec tessel::defaultSpecForIR(llvm::StringRef name) {
+  Spec spec;
+  spec.name = name.str();
+  return spec;
+}

@@ -1,0 +1,200 @@
+//===- Commands.cpp - `tessel run`, `tessel inspect`, `tessel data` -------===//
+
+#include "Commands.h"
+
+#include "tessel/Runtime/Data.h"
+
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+using namespace llvm;
+using json = nlohmann::json;
+
+namespace {
+
+int fail(const Twine &message) {
+  errs() << "tessel: error: " << message << "\n";
+  return 1;
+}
+
+Expected<json> readPlan(StringRef dir) {
+  SmallString<256> path(dir);
+  sys::path::append(path, "plan.json");
+  auto text = MemoryBuffer::getFile(path);
+  if (!text)
+    return createStringError(dir + " is not a compiled tessel output (" + path +
+                             ": " + text.getError().message() + ")");
+  json plan = json::parse((*text)->getBuffer().begin(),
+                          (*text)->getBuffer().end(), nullptr, false);
+  if (plan.is_discarded() || !plan.contains("ranks"))
+    return createStringError(path + ": not a valid plan");
+  return plan;
+}
+
+bool hasFlag(ArrayRef<std::string> args, StringRef flag) {
+  for (const std::string &a : args)
+    if (a == flag || StringRef(a).starts_with((flag + "=").str()))
+      return true;
+  return false;
+}
+
+} // namespace
+
+int tessel::runCommand(ArrayRef<std::string> args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    outs() << "usage: tessel run DIR [--steps N] [--data FILE] [--init-from F]"
+              " [--save-final F] [--metrics FILE] [--seed N] [--threads N]"
+              " [--quiet]\n";
+    return args.empty() ? 2 : 0;
+  }
+  StringRef dir = args[0];
+  Expected<json> plan = readPlan(dir);
+  if (!plan)
+    return fail(toString(plan.takeError()));
+  if ((*plan)["world_size"].get<int>() != 1)
+    return fail("multi-rank plans cannot be launched yet");
+  std::string program = (*plan)["ranks"][0]["program"].get<std::string>();
+  SmallString<256> binary(dir);
+  sys::path::append(binary, "bin", program);
+  if (!sys::fs::can_execute(binary))
+    return fail(binary + " is missing or not executable; compile again");
+
+  std::vector<std::string> argv = {std::string(binary)};
+  const json &data = (*plan)["data"];
+  std::vector<std::string> forwarded(args.begin() + 1, args.end());
+  if (data["format"] == "llmc" && !hasFlag(forwarded, "--data")) {
+    argv.push_back("--data");
+    argv.push_back(data["path"].get<std::string>());
+  }
+  argv.insert(argv.end(), forwarded.begin(), forwarded.end());
+  SmallVector<StringRef> refs(argv.begin(), argv.end());
+  std::string message;
+  int rc = sys::ExecuteAndWait(argv[0], refs, std::nullopt, {}, 0, 0, &message);
+  if (rc < 0)
+    return fail("rank 0 (" + binary + ") did not finish: " + message);
+  return rc;
+}
+
+int tessel::inspectCommand(ArrayRef<std::string> args) {
+  const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
+                      "--source)\n  stages: graph, train, planned\n";
+  if (args.size() < 2) {
+    errs() << usage;
+    return 2;
+  }
+  StringRef dir = args[0];
+  if (Expected<json> plan = readPlan(dir); !plan)
+    return fail(toString(plan.takeError()));
+  SmallString<256> path(dir);
+  if (args[1] == "--plan") {
+    sys::path::append(path, "plan.json");
+  } else if (args[1] == "--source") {
+    sys::path::append(path, "src", "program0.cpp");
+  } else if (args[1] == "--ir" || StringRef(args[1]).starts_with("--ir=")) {
+    std::string stage = args[1] == "--ir" ? (args.size() > 2 ? args[2] : "")
+                                          : args[1].substr(5);
+    static const std::pair<const char *, const char *> stages[] = {
+        {"graph", "00-graph.mlir"},
+        {"train", "01-train.mlir"},
+        {"planned", "02-planned.mlir"}};
+    const char *file = nullptr;
+    for (auto [name, f] : stages)
+      if (stage == name)
+        file = f;
+    if (!file)
+      return fail("--ir: unknown stage '" + stage +
+                  "' (stages: graph, train, planned)");
+    sys::path::append(path, "ir", file);
+  } else {
+    errs() << usage;
+    return 2;
+  }
+  auto text = MemoryBuffer::getFile(path);
+  if (!text)
+    return fail(path + ": " + text.getError().message());
+  outs() << (*text)->getBuffer();
+  return 0;
+}
+
+int tessel::dataCommand(ArrayRef<std::string> args) {
+  const char *usage =
+      "usage: tessel data encode TEXT_FILE -o TOKENS.bin\n"
+      "       tessel data synth -o TOKENS.bin [--vocab 256] [--tokens N] "
+      "[--seed S]\n";
+  if (args.empty()) {
+    errs() << usage;
+    return 2;
+  }
+  std::string output, input;
+  int64_t vocab = 256, count = 1 << 20;
+  uint64_t seed = 1234;
+  for (size_t i = 1; i < args.size(); ++i) {
+    auto value = [&](const char *flag) -> std::optional<std::string> {
+      if (i + 1 >= args.size()) {
+        fail(Twine(flag) + " expects a value");
+        return std::nullopt;
+      }
+      return args[++i];
+    };
+    auto integer = [&](const char *flag, int64_t &out) {
+      auto v = value(flag);
+      if (!v || StringRef(*v).getAsInteger(10, out) || out <= 0) {
+        if (v)
+          fail(Twine(flag) + " expects a positive integer, got '" + *v + "'");
+        return false;
+      }
+      return true;
+    };
+    int64_t s;
+    if (args[i] == "-o") {
+      auto v = value("-o");
+      if (!v)
+        return 2;
+      output = *v;
+    } else if (args[i] == "--vocab") {
+      if (!integer("--vocab", vocab))
+        return 2;
+    } else if (args[i] == "--tokens") {
+      if (!integer("--tokens", count))
+        return 2;
+    } else if (args[i] == "--seed") {
+      if (!integer("--seed", s))
+        return 2;
+      seed = s;
+    } else if (input.empty() && args[0] == "encode" && args[i][0] != '-') {
+      input = args[i];
+    } else {
+      errs() << "tessel data: unknown argument '" << args[i] << "'\n" << usage;
+      return 2;
+    }
+  }
+  if (output.empty())
+    return fail("data: -o OUTPUT is required");
+  try {
+    std::vector<int32_t> tokens;
+    if (args[0] == "encode") {
+      if (input.empty())
+        return fail("data encode: which text file?");
+      auto text = MemoryBuffer::getFile(input);
+      if (!text)
+        return fail(input + ": " + text.getError().message());
+      tokens = tessel::rt::encodeTextBytes((*text)->getBuffer().str());
+    } else if (args[0] == "synth") {
+      tokens = tessel::rt::syntheticTokens(vocab, count, seed);
+    } else {
+      errs() << usage;
+      return 2;
+    }
+    tessel::rt::writeTokenFile(output, tokens);
+    outs() << "wrote " << tokens.size() << " tokens to " << output << "\n";
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+  return 0;
+}

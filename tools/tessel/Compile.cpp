@@ -1,0 +1,237 @@
+//===- Compile.cpp - The compilation pipeline behind `tessel compile` -----===//
+//
+// spec -> graph (@forward) -> autodiff (@train_step) -> buffer plan -> C++ ->
+// binary, with every stage's IR kept in ir/ and a plan.json that maps ranks
+// to programs.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Compile.h"
+
+#include "dialects/Graph/GraphOps.h"
+#include "tessel/Emission/EmitCpp.h"
+#include "tessel/Frontend/ModelBuilder.h"
+#include "tessel/Frontend/Spec.h"
+#include "tessel/Transforms/BufferPlan.h"
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+using namespace mlir;
+using namespace tessel;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+llvm::Error writeFile(llvm::StringRef path, llvm::StringRef text) {
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  if (ec)
+    return llvm::createStringError("cannot write " + path + ": " + ec.message());
+  os << text;
+  return llvm::Error::success();
+}
+
+std::string printModule(ModuleOp module) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module.print(os);
+  return text;
+}
+
+// Collects diagnostics so they can be returned as one error.
+struct DiagnosticCollector {
+  DiagnosticCollector(MLIRContext &ctx) : handler(&ctx, [this](Diagnostic &d) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << d.getLocation() << ": " << d;
+    for (Diagnostic &note : d.getNotes())
+      os << "\n  note: " << note;
+    messages += (messages.empty() ? "" : "\n") + text;
+    return success();
+  }) {}
+  llvm::Error error(const llvm::Twine &what) {
+    return llvm::createStringError(what + (messages.empty() ? "" : ":\n" + messages));
+  }
+  ScopedDiagnosticHandler handler;
+  std::string messages;
+};
+
+json memoryReport(ModuleOp module) {
+  int64_t paramElems =
+      module->getAttrOfType<IntegerAttr>(kParamElemsAttr).getInt();
+  int64_t arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr).getInt();
+  json m;
+  m["params_bytes"] = paramElems * 4;
+  m["grads_bytes"] = paramElems * 4;
+  m["optimizer_bytes"] = paramElems * 8;
+  m["activation_bytes"] = arena;
+  m["total_bytes"] = paramElems * 16 + arena;
+  return m;
+}
+
+json planJson(const Spec &spec, ModuleOp module, const std::string &program) {
+  auto func = module.lookupSymbol<func::FuncOp>("train_step");
+  int64_t params = 0, paramCount = 0;
+  json paramList = json::array();
+  for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
+    params += p.getType().getNumElements();
+    ++paramCount;
+    paramList.push_back({{"name", p.getName().str()},
+                         {"shape", p.getType().getShape().vec()}});
+  }
+  json plan;
+  plan["name"] = spec.name;
+  plan["target"] = "cpu";
+  plan["world_size"] = 1;
+  plan["mesh"] = {{"dp", spec.parallel.dp}, {"tp", spec.parallel.tp},
+                  {"pp", spec.parallel.pp}};
+  plan["ranks"] = json::array(
+      {{{"rank", 0}, {"program", program}, {"coords", {{"dp", 0}, {"tp", 0}, {"pp", 0}}}}});
+  plan["programs"][program] = {{"binary", "bin/" + program},
+                               {"source", "src/" + program + ".cpp"},
+                               {"parameters", params},
+                               {"parameter_tensors", paramCount},
+                               {"memory", memoryReport(module)}};
+  const TrainSpec &t = spec.train;
+  plan["train"] = {{"global_batch", t.globalBatch}, {"seq_len", spec.model.seqLen},
+                   {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr},
+                   {"decay", t.decay}};
+  plan["data"] = {{"format", spec.data.format}, {"path", spec.data.path}};
+  plan["parameters"] = paramList;
+  return plan;
+}
+
+// Replaces `dir` with the finished `staging` directory. Refuses to replace a
+// directory that is not a previous tessel output.
+llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
+  if (llvm::sys::fs::exists(dir)) {
+    llvm::SmallString<256> plan(dir);
+    llvm::sys::path::append(plan, "plan.json");
+    std::error_code ec;
+    bool empty = llvm::sys::fs::directory_iterator(dir, ec) ==
+                 llvm::sys::fs::directory_iterator();
+    if (!llvm::sys::fs::exists(plan) && !empty)
+      return llvm::createStringError(
+          dir + " exists and is not a tessel output directory (no plan.json); "
+                "refusing to overwrite it");
+    if (std::error_code err = llvm::sys::fs::remove_directories(dir))
+      return llvm::createStringError("cannot replace " + dir + ": " + err.message());
+  }
+  if (std::error_code ec = llvm::sys::fs::rename(staging, dir))
+    return llvm::createStringError("cannot write " + dir + ": " + ec.message());
+  return llvm::Error::success();
+}
+
+llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
+  MLIRContext context;
+  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
+  DiagnosticCollector diagnostics(context);
+
+  Spec spec;
+  OwningOpRef<ModuleOp> module;
+  if (llvm::StringRef(options.input).ends_with(".mlir")) {
+    spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
+    llvm::SourceMgr sources;
+    module = parseSourceFile<ModuleOp>(options.input, sources, &context);
+    if (!module)
+      return diagnostics.error(options.input + ": cannot parse");
+  } else {
+    llvm::Expected<Spec> loaded = loadSpec(options.input, options.overrides);
+    if (!loaded)
+      return loaded.takeError();
+    spec = std::move(*loaded);
+    module = buildModel(context, spec);
+    if (failed(verify(*module)))
+      return diagnostics.error(options.input + ": the model does not verify");
+  }
+  if (options.target != "cpu")
+    return llvm::createStringError("--target " + options.target +
+                                   ": only the cpu target can be compiled so far");
+
+  for (const char *dir : {"ir", "src", "bin", "launch"}) {
+    llvm::SmallString<256> path(out);
+    llvm::sys::path::append(path, dir);
+    if (std::error_code ec = llvm::sys::fs::create_directories(path))
+      return llvm::createStringError("cannot create " + path + ": " + ec.message());
+  }
+  auto stage = [&](const char *file) -> llvm::Error {
+    std::string text = printModule(*module);
+    if (options.dumpIR)
+      llvm::outs() << "// -----// " << file << " //----- //\n" << text << "\n";
+    llvm::SmallString<256> path(out);
+    llvm::sys::path::append(path, "ir", file);
+    return writeFile(path, text);
+  };
+
+  if (llvm::Error err = stage("00-graph.mlir"))
+    return err;
+  PassManager autodiff(&context);
+  autodiff.addPass(createAutodiff());
+  if (failed(autodiff.run(*module)))
+    return diagnostics.error("automatic differentiation failed");
+  if (llvm::Error err = stage("01-train.mlir"))
+    return err;
+  PassManager plan(&context);
+  plan.addPass(createPlanBuffers());
+  if (failed(plan.run(*module)))
+    return diagnostics.error("buffer planning failed");
+  if (llvm::Error err = stage("02-planned.mlir"))
+    return err;
+
+  // One rank, one distinct program.
+  const std::string program = "program0";
+  std::string source;
+  llvm::raw_string_ostream sourceStream(source);
+  if (failed(emitCpuProgram(*module, spec, sourceStream)))
+    return diagnostics.error("emitting C++ failed");
+  llvm::SmallString<256> sourcePath(out), binaryPath(out);
+  llvm::sys::path::append(sourcePath, "src", program + ".cpp");
+  llvm::sys::path::append(binaryPath, "bin", program);
+  if (llvm::Error err = writeFile(sourcePath, source))
+    return err;
+  if (llvm::Error err = buildCpuProgram(sourcePath, binaryPath, options.verbose))
+    return err;
+
+  llvm::SmallString<256> planPath(out), launchPath(out);
+  llvm::sys::path::append(planPath, "plan.json");
+  if (llvm::Error err = writeFile(planPath, planJson(spec, *module, program).dump(2) + "\n"))
+    return err;
+  llvm::sys::path::append(launchPath, "launch", "mpirun.sh");
+  if (llvm::Error err = writeFile(
+          launchPath, "#!/bin/sh\n# Launches every rank of this plan (MPMD).\n"
+                      "cd \"$(dirname \"$0\")/..\" || exit 1\n"
+                      "exec mpirun -np 1 bin/" + program + " \"$@\"\n"))
+    return err;
+  llvm::sys::fs::setPermissions(launchPath, llvm::sys::fs::all_read |
+                                                llvm::sys::fs::all_exe |
+                                                llvm::sys::fs::owner_write);
+  return llvm::Error::success();
+}
+
+} // namespace
+
+llvm::Error tessel::compile(const CompileOptions &options) {
+  llvm::SmallString<256> staging(options.output);
+  llvm::sys::path::remove_dots(staging, true);
+  staging += ".tmp-" + std::to_string(llvm::sys::Process::getProcessId());
+  llvm::Error err = compileInto(options, staging);
+  if (!err)
+    err = publish(staging, options.output);
+  if (err)
+    llvm::sys::fs::remove_directories(staging);
+  return err;
+}

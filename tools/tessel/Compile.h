@@ -1,0 +1,27 @@
+//===- Compile.h - `tessel compile` ------------------------------*- C++ -*-===//
+#ifndef TESSEL_TOOLS_TESSEL_COMPILE_H
+#define TESSEL_TOOLS_TESSEL_COMPILE_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+
+namespace tessel {
+
+struct CompileOptions {
+  std::string input;  // .json spec or .mlir graph program
+  std::string output; // output directory
+  std::vector<std::string> overrides;
+  std::string target = "cpu";
+  bool dumpIR = false; // also print every stage to stdout
+  bool verbose = false;
+};
+
+// Runs the whole pipeline and writes the output directory (plan.json, ir/,
+// src/, bin/, launch/) atomically: on failure nothing is left behind.
+llvm::Error compile(const CompileOptions &options);
+
+} // namespace tessel
+
+#endif

@@ -1,0 +1,113 @@
+//===- tessel.cpp - The tessel command line -------------------------------===//
+//
+//   tessel compile SPEC -o DIR [layout flags] [--set key=value]... [--dump-ir]
+//   tessel run DIR [--steps N] [--data FILE] ...
+//   tessel inspect DIR --ir STAGE
+//   tessel data (encode|synth) ...
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+#include "Compile.h"
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+#include <vector>
+
+using namespace llvm;
+
+static int compileCommand(int argc, char **argv) {
+  cl::OptionCategory category("tessel compile options");
+  cl::opt<std::string> input(cl::Positional, cl::Required,
+                             cl::desc("<spec.json | program.mlir>"),
+                             cl::cat(category));
+  cl::opt<std::string> output("o", cl::Required, cl::desc("Output directory"),
+                              cl::value_desc("DIR"), cl::cat(category));
+  cl::opt<int> dp("dp", cl::desc("Data-parallel degree (parallel.dp)"),
+                  cl::init(0), cl::cat(category));
+  cl::opt<int> tp("tp", cl::desc("Tensor-parallel degree (parallel.tp)"),
+                  cl::init(0), cl::cat(category));
+  cl::opt<int> pp("pp", cl::desc("Pipeline stages (parallel.pp)"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> microbatches("microbatches",
+                            cl::desc("Microbatches (parallel.microbatches)"),
+                            cl::init(0), cl::cat(category));
+  cl::opt<std::string> schedule("schedule",
+                                cl::desc("Pipeline schedule: gpipe, 1f1b, "
+                                         "interleaved (parallel.schedule)"),
+                                cl::cat(category));
+  cl::opt<bool> sp("sp", cl::desc("Sequence parallelism"), cl::cat(category));
+  cl::opt<std::string> target("target", cl::desc("cpu or cuda"),
+                              cl::init("cpu"), cl::cat(category));
+  cl::list<std::string> sets("set", cl::desc("Override a spec field"),
+                             cl::value_desc("key=value"), cl::cat(category));
+  cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
+                       cl::cat(category));
+  cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
+                        cl::cat(category));
+  cl::HideUnrelatedOptions(category);
+  if (!cl::ParseCommandLineOptions(argc, argv, "tessel compile\n", &errs()))
+    return 2;
+
+  tessel::CompileOptions options;
+  options.input = input;
+  options.output = output;
+  options.target = target;
+  options.dumpIR = dumpIR;
+  options.verbose = verbose;
+  options.overrides.assign(sets.begin(), sets.end());
+  auto layout = [&](const char *key, int value) {
+    if (value > 0)
+      options.overrides.push_back(std::string("parallel.") + key + "=" +
+                                  std::to_string(value));
+  };
+  layout("dp", dp);
+  layout("tp", tp);
+  layout("pp", pp);
+  layout("microbatches", microbatches);
+  if (!schedule.empty())
+    options.overrides.push_back("parallel.schedule=\"" + schedule + "\"");
+  if (sp)
+    options.overrides.push_back("parallel.sequence_parallel=true");
+  if (Error err = tessel::compile(options)) {
+    errs() << "tessel: error: " << toString(std::move(err)) << "\n";
+    return 1;
+  }
+  outs() << "compiled " << input << " -> " << output << "\n";
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *usage =
+      "usage: tessel <command> ...\n"
+      "  compile SPEC -o DIR   compile a spec (.json) or graph program (.mlir)\n"
+      "  run DIR               train with a compiled output\n"
+      "  inspect DIR --ir STAGE | --plan | --source\n"
+      "  data encode|synth     make llm.c token files\n"
+      "Run 'tessel <command> --help' for a command's options.\n";
+  if (argc < 2) {
+    errs() << usage;
+    return 2;
+  }
+  std::string command = argv[1];
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  if (command == "compile") {
+    std::string name = "tessel compile";
+    argv[1] = name.data();
+    return compileCommand(argc - 1, argv + 1);
+  }
+  if (command == "run")
+    return tessel::runCommand(rest);
+  if (command == "inspect")
+    return tessel::inspectCommand(rest);
+  if (command == "data")
+    return tessel::dataCommand(rest);
+  if (command == "--help" || command == "-h" || command == "help") {
+    outs() << usage;
+    return 0;
+  }
+  errs() << "tessel: unknown command '" << command << "'\n" << usage;
+  return 2;
+}
