@@ -14,13 +14,48 @@
 #include "tessel/Runtime/Kernels.h"
 
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace tessel::rt {
+namespace detail {
+// out[i] = exp(x[i] - shift), vectorised for float (Elementwise.cpp).
+void expShifted(const float *x, float shift, float *out, int64_t n);
+void expShifted(const double *x, double shift, double *out, int64_t n);
+} // namespace detail
 namespace {
 
 constexpr int kLanes = 8;
+
+// Row maximum (order does not matter for max; lanes let it vectorise).
+template <typename T> inline T maxOf(const T *x, int64_t n) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l)
+    acc[l] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  T m = acc[0];
+  for (int l = 1; l < kLanes; ++l)
+    m = acc[l] > m ? acc[l] : m;
+  for (; i < n; ++i)
+    m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+template <typename T> inline T sumOf(const T *x, int64_t n) {
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += x[i + l];
+  T s = T(0);
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  for (; i < n; ++i)
+    s += x[i];
+  return s;
+}
 
 template <typename T> inline T dotOf(const T *a, const T *b, int64_t n) {
   T acc[kLanes] = {};
@@ -46,18 +81,11 @@ template <typename T> inline void axpy(T a, const T *x, T *y, int64_t n) {
 template <typename T>
 inline void attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
                          int64_t D, T scale, T *p) {
-  T m = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    const T s = dotOf(qr, k0 + j * kStride, D) * scale;
-    p[j] = s;
-    m = s > m ? s : m;
-  }
-  T sum = T(0);
-  for (int64_t j = 0; j < n; ++j) {
-    const T e = std::exp(p[j] - m);
-    p[j] = e;
-    sum += e;
-  }
+  for (int64_t j = 0; j < n; ++j)
+    p[j] = dotOf(qr, k0 + j * kStride, D) * scale;
+  const T m = maxOf(p, n);
+  detail::expShifted(p, m, p, n);
+  const T sum = sumOf(p, n);
   const T inv = T(1) / sum;
   for (int64_t j = 0; j < n; ++j)
     p[j] *= inv;

@@ -1,9 +1,9 @@
 //===- CrossEntropy.cpp - Mean cross-entropy over rows of logits ----------===//
 //
 // loss = mean_r (logsumexp(logits[r]) - logits[r, target[r]]). The
-// log-sum-exp subtracts the row max and sums in double. Per-row losses are
-// computed in parallel and then averaged in ascending row order.
-// Targets are assumed to lie in [0, V).
+// log-sum-exp subtracts the row max and sums the exponentials in double, in a
+// fixed order. Per-row losses are computed in parallel and then averaged in
+// ascending row order. Targets are assumed to lie in [0, V).
 //
 //===----------------------------------------------------------------------===//
 
@@ -13,22 +13,61 @@
 #include <vector>
 
 namespace tessel::rt {
+namespace detail {
+// out[i] = exp(x[i] - shift), vectorised for float (Elementwise.cpp).
+void expShifted(const float *x, float shift, float *out, int64_t n);
+void expShifted(const double *x, double shift, double *out, int64_t n);
+} // namespace detail
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 14;
+constexpr int kLanes = 8;
+constexpr int64_t kChunk = 1024;
 
-// Returns max and log(sum(exp(x - max))) of a row, the sum taken in double.
+template <typename T> inline T maxOf(const T *x, int64_t n) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l)
+    acc[l] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  T m = acc[0];
+  for (int l = 1; l < kLanes; ++l)
+    m = acc[l] > m ? acc[l] : m;
+  for (; i < n; ++i)
+    m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// Adds x[0..n) into the double lanes acc (element i goes to lane i % kLanes).
 template <typename T>
-inline void rowLogSumExp(const T *x, int64_t V, double &maxOut,
-                         double &logSumOut) {
-  T m = x[0];
-  for (int64_t j = 1; j < V; ++j)
-    m = x[j] > m ? x[j] : m;
-  double sum = 0.0;
-  for (int64_t j = 0; j < V; ++j)
-    sum += std::exp(double(x[j]) - double(m));
-  maxOut = double(m);
-  logSumOut = std::log(sum);
+inline void accumulateLanes(const T *x, int64_t n, double *acc) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += double(x[i + l]);
+  for (int l = 0; i < n; ++i, ++l)
+    acc[l] += double(x[i]);
+}
+
+inline double laneTotal(const double *acc) {
+  double s = 0.0;
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  return s;
+}
+
+// Row max and sum(exp(x - max)) in double, going through a small buffer.
+template <typename T>
+inline double rowSumExp(const T *x, int64_t V, T m, T *buf) {
+  double acc[kLanes] = {};
+  for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+    const int64_t len = j0 + kChunk < V ? kChunk : V - j0;
+    detail::expShifted(x + j0, m, buf, len);
+    accumulateLanes(buf, len, acc);
+  }
+  return laneTotal(acc);
 }
 
 } // namespace
@@ -41,12 +80,16 @@ void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
     return;
   }
   std::vector<double> rowLoss(static_cast<size_t>(rows));
-#pragma omp parallel for schedule(static) if (rows * V >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *xr = logits + r * V;
-    double m, ls;
-    rowLogSumExp(xr, V, m, ls);
-    rowLoss[size_t(r)] = ls + m - double(xr[targets[r]]);
+#pragma omp parallel if (rows * V >= kParallelMin)
+  {
+    T buf[kChunk];
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T *xr = logits + r * V;
+      const T m = maxOf(xr, V);
+      const double sum = rowSumExp(xr, V, m, buf);
+      rowLoss[size_t(r)] = std::log(sum) + double(m) - double(xr[targets[r]]);
+    }
   }
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r)
@@ -65,13 +108,17 @@ void crossEntropyBackward(const T *logits, const int32_t *targets,
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = logits + r * V;
     T *dr = dlogits + r * V;
-    double m, ls;
-    rowLogSumExp(xr, V, m, ls);
-    const double shift = m + ls; // log of the softmax denominator
-    for (int64_t j = 0; j < V; ++j)
-      dr[j] = T(g * std::exp(double(xr[j]) - shift));
+    const T m = maxOf(xr, V);
+    // dr = exp(x - m) first, then scaled by g / sum.
+    detail::expShifted(xr, m, dr, V);
+    double acc[kLanes] = {};
+    accumulateLanes(dr, V, acc);
+    const double k = g / laneTotal(acc);
     const int32_t tgt = targets[r];
-    dr[tgt] = T(g * (std::exp(double(xr[tgt]) - shift) - 1.0));
+    const double eTgt = double(dr[tgt]);
+    for (int64_t j = 0; j < V; ++j)
+      dr[j] = T(double(dr[j]) * k);
+    dr[tgt] = T(eTgt * k - g);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace tessel::rt {
@@ -20,7 +21,62 @@ namespace {
 // Below this many elements a pointwise loop runs on one thread.
 constexpr int64_t kParallelMin = 1 << 15;
 
+// exp for float without calls or branches, so that loops using it vectorise
+// (glibc's expf is only vectorised under -ffast-math, and floorf not at all
+// with trapping math). Cephes' expf: x = n ln2 + r with n rounded to nearest
+// by the 1.5 * 2^23 trick, |r| <= ln2/2, a degree-6 polynomial for e^r, and
+// 2^(n-1) built in the exponent bits (times 2, so n = 128 does not overflow).
+// Relative error below 2 ulp for results in [2e-38, FLT_MAX]; results below
+// 2e-38 (x < -86.9) are flushed to 0, x > ln(FLT_MAX) gives inf, NaN
+// propagates.
+inline float expApprox(float x0) {
+  float x = x0 < 88.7228f ? x0 : 88.7228f;
+  x = x > -86.9f ? x : -86.9f;
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float fx = t - 12582912.0f; // round(x / ln2)
+  int32_t tBits;
+  std::memcpy(&tBits, &t, sizeof(tBits));
+  const float r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  const float z = r * r;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const int32_t bits = (tBits - 0x4B400000 + 126) << 23; // 2^(n-1)
+  float pow2;
+  std::memcpy(&pow2, &bits, sizeof(pow2));
+  float res = y * pow2 * 2.0f;
+  res = x0 < -86.9f ? 0.0f : res;
+  res = x0 > 88.7228f ? std::numeric_limits<float>::infinity() : res;
+  return x0 == x0 ? res : x0;
+}
+
+// Float uses the vectorisable approximations; double (the gradient checks)
+// uses libm.
+template <typename T> inline T expT(T x) { return std::exp(x); }
+template <> inline float expT<float>(float x) { return expApprox(x); }
+template <typename T> inline T tanhT(T x) { return std::tanh(x); }
+template <> inline float tanhT<float>(float x) {
+  return 1.0f - 2.0f / (1.0f + expApprox(2.0f * x));
+}
+
 } // namespace
+
+namespace detail {
+// out[i] = exp(x[i] - shift); x may equal out. Shared with the softmax,
+// cross-entropy and attention kernels (declared there).
+void expShifted(const float *x, float shift, float *out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = expApprox(x[i] - shift);
+}
+void expShifted(const double *x, double shift, double *out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = std::exp(x[i] - shift);
+}
+} // namespace detail
 
 template <typename T>
 void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
@@ -113,7 +169,7 @@ template <typename T> void geluForward(const T *x, T *out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const T xi = x[i];
     const T u = c * (xi + a * xi * xi * xi);
-    out[i] = T(0.5) * xi * (T(1) + std::tanh(u));
+    out[i] = T(0.5) * xi * (T(1) + tanhT(u));
   }
 }
 
@@ -126,7 +182,7 @@ void geluBackward(const T *x, const T *dout, T *dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const T xi = x[i];
     const T x2 = xi * xi;
-    const T th = std::tanh(c * (xi + a * x2 * xi));
+    const T th = tanhT(c * (xi + a * x2 * xi));
     const T d = T(0.5) * (T(1) + th) +
                 T(0.5) * xi * (T(1) - th * th) * c * (T(1) + T(3) * a * x2);
     dx[i] = dout[i] * d;
@@ -137,7 +193,7 @@ template <typename T> void siluForward(const T *x, T *out, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
   for (int64_t i = 0; i < n; ++i) {
     const T xi = x[i];
-    out[i] = xi / (T(1) + std::exp(-xi));
+    out[i] = xi / (T(1) + expT(-xi));
   }
 }
 
@@ -147,7 +203,7 @@ void siluBackward(const T *x, const T *dout, T *dx, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
   for (int64_t i = 0; i < n; ++i) {
     const T xi = x[i];
-    const T s = T(1) / (T(1) + std::exp(-xi));
+    const T s = T(1) / (T(1) + expT(-xi));
     dx[i] = dout[i] * (s * (T(1) + xi * (T(1) - s)));
   }
 }

@@ -10,10 +10,46 @@
 #include <cmath>
 
 namespace tessel::rt {
+namespace detail {
+// out[i] = exp(x[i] - shift), vectorised for float (Elementwise.cpp).
+void expShifted(const float *x, float shift, float *out, int64_t n);
+void expShifted(const double *x, double shift, double *out, int64_t n);
+} // namespace detail
 namespace {
 
 constexpr int64_t kParallelMin = 1 << 14;
 constexpr int kLanes = 8;
+
+// Row maximum (order does not matter for max; lanes let it vectorise).
+template <typename T> inline T maxOf(const T *x, int64_t n) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; ++l)
+    acc[l] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  T m = acc[0];
+  for (int l = 1; l < kLanes; ++l)
+    m = acc[l] > m ? acc[l] : m;
+  for (; i < n; ++i)
+    m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+template <typename T> inline T sumOf(const T *x, int64_t n) {
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l)
+      acc[l] += x[i + l];
+  T s = T(0);
+  for (int l = 0; l < kLanes; ++l)
+    s += acc[l];
+  for (; i < n; ++i)
+    s += x[i];
+  return s;
+}
 
 template <typename T> inline T dotOf(const T *a, const T *b, int64_t n) {
   T acc[kLanes] = {};
@@ -39,15 +75,9 @@ void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * cols;
     T *outr = out + r * cols;
-    T m = xr[0];
-    for (int64_t j = 1; j < cols; ++j)
-      m = xr[j] > m ? xr[j] : m;
-    T sum = T(0);
-    for (int64_t j = 0; j < cols; ++j) {
-      const T e = std::exp(xr[j] - m);
-      outr[j] = e;
-      sum += e;
-    }
+    const T m = maxOf(xr, cols);
+    detail::expShifted(xr, m, outr, cols);
+    const T sum = sumOf(outr, cols);
     const T inv = T(1) / sum;
     for (int64_t j = 0; j < cols; ++j)
       outr[j] *= inv;
