@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -451,4 +452,33 @@ TEST(KernelLayout, SliceAndInsert) {
                         len);
     EXPECT_EQ(ins, rins);
   }
+}
+
+TEST(KernelElementwise, ExtremeInputs) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float x[] = {-100.f, -20.f, 20.f, 100.f, nan};
+  float out[5];
+  rt::siluForward(x, out, 5);
+  EXPECT_NEAR(out[0], 0.f, 1e-30);
+  EXPECT_NEAR(out[1], -20.0 / (1.0 + std::exp(20.0)), 1e-12);
+  EXPECT_FLOAT_EQ(out[2], 20.f);
+  EXPECT_FLOAT_EQ(out[3], 100.f);
+  EXPECT_TRUE(std::isnan(out[4]));
+  rt::geluForward(x, out, 5);
+  EXPECT_NEAR(out[0], 0.f, 1e-30);
+  EXPECT_NEAR(out[1], 0.f, 1e-30);
+  EXPECT_FLOAT_EQ(out[2], 20.f);
+  EXPECT_FLOAT_EQ(out[3], 100.f);
+  EXPECT_TRUE(std::isnan(out[4]));
+  // Masked (-inf) logits get probability 0; a NaN poisons its row only.
+  const float s[] = {0.f, -inf, std::log(3.f), -200.f, 1.f, nan, 2.f, 0.f};
+  float p[8];
+  rt::softmaxForward(s, p, 2, 4);
+  EXPECT_FLOAT_EQ(p[0], 0.25f);
+  EXPECT_EQ(p[1], 0.f);
+  EXPECT_FLOAT_EQ(p[2], 0.75f);
+  EXPECT_EQ(p[3], 0.f);
+  for (int i = 4; i < 8; ++i)
+    EXPECT_TRUE(std::isnan(p[i]));
 }
