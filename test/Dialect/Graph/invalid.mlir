@@ -1,0 +1,145 @@
+// RUN: tessel-opt %s -split-input-file -verify-diagnostics
+
+func.func @bad_matmul(%a: tensor<2x8x16xf32>, %b: tensor<12x4xf32>) {
+  // expected-error@+2 {{matmul contraction sizes differ: 16 vs 12}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.matmul %a, %b : (tensor<2x8x16xf32>, tensor<12x4xf32>) -> tensor<2x8x4xf32>
+  return
+}
+
+// -----
+
+func.func @wrong_result(%a: tensor<2x8x16xf32>, %b: tensor<16x4xf32>) {
+  // expected-error@+2 {{inferred type(s) 'tensor<2x8x4xf32>' are incompatible with return type(s) of operation 'tensor<2x8x5xf32>'}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.matmul %a, %b : (tensor<2x8x16xf32>, tensor<16x4xf32>) -> tensor<2x8x5xf32>
+  return
+}
+
+// -----
+
+func.func @bad_bias(%a: tensor<2x8x16xf32>, %b: tensor<8xf32>) {
+  // expected-error@+2 {{rhs shape [8] must equal or be a suffix of lhs shape [2x8x16]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.add %a, %b : (tensor<2x8x16xf32>, tensor<8xf32>) -> tensor<2x8x16xf32>
+  return
+}
+
+// -----
+
+func.func @bad_norm(%x: tensor<4x16xf32>, %w: tensor<15xf32>, %b: tensor<16xf32>) {
+  // expected-error@+2 {{weight must be [16], got [15]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.layer_norm %x, %w, %b : (tensor<4x16xf32>, tensor<15xf32>, tensor<16xf32>) -> tensor<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @bad_gqa(%q: tensor<2x8x4x4xf32>, %kv: tensor<2x8x3x4xf32>) {
+  // expected-error@+2 {{attention heads (4) must be a multiple of kv heads (3)}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.attention %q, %kv, %kv : (tensor<2x8x4x4xf32>, tensor<2x8x3x4xf32>, tensor<2x8x3x4xf32>) -> tensor<2x8x4x4xf32>
+  return
+}
+
+// -----
+
+func.func @odd_rope(%q: tensor<2x8x4x5xf32>) {
+  // expected-error@+2 {{rope input must be [batch, seq, heads, head_dim] with an even head_dim}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.rope %q : (tensor<2x8x4x5xf32>) -> tensor<2x8x4x5xf32>
+  return
+}
+
+// -----
+
+func.func @bad_targets(%l: tensor<2x8x32xf32>, %t: tensor<2x7xi32>) {
+  // expected-error@+2 {{targets [2x7] must be the leading shape of logits [2x8x32]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.cross_entropy %l, %t : (tensor<2x8x32xf32>, tensor<2x7xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @bad_reshape(%x: tensor<4x16xf32>) {
+  // expected-error@+1 {{cannot reshape [4x16] to [4x15]}}
+  %y = graph.reshape %x : (tensor<4x16xf32>) -> tensor<4x15xf32>
+  return
+}
+
+// -----
+
+func.func @bad_split(%x: tensor<4x16xf32>) {
+  // expected-error@+1 {{pieces add up to 15 along axis 1, input has 16}}
+  %a, %b = graph.split %x {axis = 1 : i64} : (tensor<4x16xf32>) -> (tensor<4x8xf32>, tensor<4x7xf32>)
+  return
+}
+
+// -----
+
+func.func @bad_concat(%x: tensor<4x16xf32>, %y: tensor<3x16xf32>) {
+  // expected-error@+2 {{pieces differ outside axis 1: [3x16] vs [4x16]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %z = graph.concat %x, %y {axis = 1 : i64} : (tensor<4x16xf32>, tensor<3x16xf32>) -> tensor<4x32xf32>
+  return
+}
+
+// -----
+
+func.func @bad_perm(%x: tensor<4x16xf32>) {
+  // expected-error@+2 {{permutation is not a permutation of the dimensions}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.transpose %x {permutation = array<i64: 0, 0>} : (tensor<4x16xf32>) -> tensor<4x4xf32>
+  return
+}
+
+// -----
+
+func.func @bad_init() {
+  // expected-error@+1 {{init must be 'normal', 'zeros' or 'ones', got 'uniform'}}
+  %p = graph.param "w" {init = "uniform"} : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bad_input() {
+  // expected-error@+1 {{input must be 'tokens' or 'targets', got 'labels'}}
+  %p = graph.input "labels" : tensor<2x8xi32>
+  return
+}
+
+// -----
+
+func.func @bad_reduce(%x: tensor<4x16xf32>) {
+  // expected-error@+1 {{result shape [4] must be a suffix of the input shape [4x16]}}
+  %y = graph.reduce_sum %x : (tensor<4x16xf32>) -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @bad_embedding_grad(%t: tensor<2x8xi32>, %g: tensor<2x8x16xf32>) {
+  // expected-error@+1 {{gradient [2x8x16] does not match ids [2x8] and table [32x15]}}
+  %y = graph.embedding_grad %t, %g : (tensor<2x8xi32>, tensor<2x8x16xf32>) -> tensor<32x15xf32>
+  return
+}
+
+// -----
+
+func.func @bad_embedding(%w: tensor<32xf32>, %t: tensor<2x8xi32>) {
+  // expected-error@+2 {{embedding table must be [vocab, hidden], got [32]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.embedding %w, %t : (tensor<32xf32>, tensor<2x8xi32>) -> tensor<2x8x32xf32>
+  return
+}
+
+// -----
+
+func.func @adamw_not_param(%x: tensor<16xf32>, %n: tensor<f32>) {
+  // expected-error@+1 {{updates a value that is not a graph.param}}
+  graph.adamw %x, %x, %n {beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-8 : f64, weight_decay = 0.0 : f64, max_grad_norm = 1.0 : f64} : tensor<16xf32>, tensor<16xf32>, tensor<f32>
+  return
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Assertions of the end-to-end tests: each subcommand exits non-zero with a
+message that says what differed when the property does not hold."""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402
+
+
+def metrics_losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+def compare(args):
+    """Per-step losses of a tessel run against the PyTorch reference."""
+    ref = json.load(open(args.reference))["losses"]
+    got = metrics_losses(args.metrics)
+    if len(ref) != len(got):
+        fail(f"{len(got)} tessel steps vs {len(ref)} reference steps")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+    print(f"steps {len(ref)}: largest relative loss difference {worst:.3e}")
+    if worst > args.rtol:
+        for s, (a, b) in enumerate(zip(ref, got)):
+            print(f"  step {s}: reference {a:.7f} tessel {b:.7f}")
+        fail(f"losses differ by {worst:.3e} > {args.rtol}")
+
+
+def falls(args):
+    """The loss falls clearly: the mean of the last steps is far below the first."""
+    losses = metrics_losses(args.metrics)
+    first, last = losses[0], float(np.mean(losses[-10:]))
+    print(f"first loss {first:.4f}, mean of last 10 {last:.4f}")
+    if not last < first - args.drop:
+        fail(f"loss fell by {first - last:.4f}, expected more than {args.drop}")
+
+
+def same_tensors(args):
+    """Two safetensors files hold the same tensors, bit for bit."""
+    a, b = safetensors_io.load_file(args.a), safetensors_io.load_file(args.b)
+    if sorted(a) != sorted(b):
+        fail(f"tensor names differ: {sorted(set(a) ^ set(b))}")
+    for name in sorted(a):
+        if a[name].shape != b[name].shape or not np.array_equal(a[name], b[name]):
+            fail(f"tensor {name} differs")
+    print(f"{len(a)} tensors identical")
+
+
+def same_losses(args):
+    """Two runs produced bitwise identical per-step losses."""
+    a, b = metrics_losses(args.a), metrics_losses(args.b)
+    if a != b:
+        fail(f"losses differ: {a[:5]} ... vs {b[:5]} ...")
+    print(f"{len(a)} identical losses")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("compare")
+    p.add_argument("reference")
+    p.add_argument("metrics")
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.set_defaults(run=compare)
+    p = sub.add_parser("falls")
+    p.add_argument("metrics")
+    p.add_argument("--drop", type=float, default=1.0)
+    p.set_defaults(run=falls)
+    p = sub.add_parser("same-tensors")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(run=same_tensors)
+    p = sub.add_parser("same-losses")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(run=same_losses)
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+# lit configuration of Tessel's tests.
+import os
+import subprocess
+
+import lit.formats
+
+config.name = "Tessel"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["Inputs", "lit.cfg.py", "CMakeLists.txt"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.tessel_obj_root, "test")
+
+bin_dir = os.path.join(config.tessel_obj_root, "bin")
+config.environment["PATH"] = os.pathsep.join(
+    [bin_dir, config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])])
+# Generated programs are cached per test run, so each distinct program is built once.
+config.environment["TESSEL_CACHE_DIR"] = os.path.join(config.test_exec_root, "program-cache")
+# Small models run fastest and reproducibly on one thread.
+config.environment["OMP_NUM_THREADS"] = "1"
+config.environment["OPENBLAS_NUM_THREADS"] = "1"
+for var in ["HOME", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"]:
+    if var in os.environ:
+        config.environment[var] = os.environ[var]
+
+config.substitutions.append(("%src", config.tessel_src_root))
+config.substitutions.append(("%examples", os.path.join(config.tessel_src_root, "examples")))
+config.substitutions.append(("%python", "/usr/bin/python3"))
+
+# PyTorch (Debian's python3-torch) is the independent reference for e2e tests.
+try:
+    subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.available_features.add("torch")
+except (OSError, subprocess.CalledProcessError):
+    lit_config.warning("python3-torch not found: reference-comparison tests are skipped")
