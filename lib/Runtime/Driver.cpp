@@ -88,16 +88,21 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       program.config.seed);
 }
 
-int64_t parsePositive(const std::string &flag, const std::string &text) {
+int64_t parseInteger(const std::string &flag, const std::string &text,
+                     int64_t min) {
   const char *s = text.c_str();
   char *end = nullptr;
   errno = 0;
   long long value = std::strtoll(s, &end, 10);
   if (text.empty() || !(s[0] >= '0' && s[0] <= '9') || *end != '\0' ||
-      errno == ERANGE || value <= 0)
-    throw UsageError(flag + " expects a positive integer, got " +
-                     inQuotes(text));
+      errno == ERANGE || value < min)
+    throw UsageError(flag + " expects a " +
+                     (min > 0 ? "positive" : "non-negative") +
+                     " integer, got " + inQuotes(text));
   return value;
+}
+int64_t parsePositive(const std::string &flag, const std::string &text) {
+  return parseInteger(flag, text, 1);
 }
 
 uint64_t parseUnsigned(const std::string &flag, const std::string &text) {
@@ -150,7 +155,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       value = argv[++i];
     }
     if (flag == "--steps") {
-      opts.steps = parsePositive(flag, value);
+      // 0 steps loads and saves weights without training (conversion).
+      opts.steps = parseInteger(flag, value, 0);
     } else if (flag == "--threads") {
       int64_t threads = parsePositive(flag, value);
       if (threads > 4096)
@@ -304,8 +310,6 @@ std::string jsonNumber(double value, const char *format) {
 int train(const Program &program, const Options &opts) {
   validateProgram(program);
   const TrainConfig &config = program.config;
-  if (opts.steps <= 0)
-    fail("the program has no default step count; pass --steps N");
   if (opts.threads > 0) {
     omp_set_num_threads(opts.threads);
     openblas_set_num_threads(opts.threads);
