@@ -55,11 +55,16 @@ std::string num(double v) {
   return s;
 }
 std::string flt(double v) { return "static_cast<float>(" + num(v) + ")"; }
+std::string scalar(double v) { return "static_cast<T>(" + num(v) + ")"; }
 std::string boolStr(bool b) { return b ? "true" : "false"; }
 
+// Prints the step as calls on scalar type T. Arena offsets were planned for
+// 4-byte elements; `arenaScale` stretches them for wider scalars (double in
+// gradient checks), which keeps every planned non-overlap.
 class ProgramEmitter {
 public:
-  ProgramEmitter(raw_ostream &os) : os(os) {}
+  ProgramEmitter(raw_ostream &os, int arenaScale = 1, bool withOptimizer = true)
+      : os(os), arenaScale(arenaScale), withOptimizer(withOptimizer) {}
 
   // The C++ expression for the storage of `v`.
   std::string ptr(Value v) {
@@ -72,7 +77,8 @@ public:
     case BufferSpace::Input:
       return ref.offset == 0 ? "tokens" : "targets";
     case BufferSpace::Arena:
-      return "reinterpret_cast<float *>(A + " + std::to_string(ref.offset) + ")";
+      return "reinterpret_cast<T *>(A + " +
+             std::to_string(ref.offset * arenaScale) + ")";
     }
     return "";
   }
@@ -95,65 +101,65 @@ public:
           return success(); // storage only; reshapes alias their input
         })
         .Case<FillOp>([&](FillOp f) {
-          call("fill<float>", {ptr(f), i(numel(f)),
-                               flt(f.getValue().convertToDouble())});
+          call("fill<T>", {ptr(f), i(numel(f)),
+                           scalar(f.getValue().convertToDouble())});
           return success();
         })
         .Case<EmbeddingOp>([&](EmbeddingOp e) {
           auto t = shapeOf(e.getTable());
-          call("embeddingForward<float>", {ptr(e.getTable()), ptr(e.getIds()),
+          call("embeddingForward<T>", {ptr(e.getTable()), ptr(e.getIds()),
                                            ptr(e), i(numel(e.getIds())),
                                            i(t[0]), i(t[1])});
           return success();
         })
         .Case<EmbeddingGradOp>([&](EmbeddingGradOp e) {
           auto t = shapeOf(e.getResult());
-          call("embeddingBackward<float>",
+          call("embeddingBackward<T>",
                {ptr(e.getIds()), ptr(e.getGrad()), ptr(e),
                 i(numel(e.getIds())), i(t[0]), i(t[1])});
           return success();
         })
         .Case<MatmulOp>([&](MatmulOp m) { return emitMatmul(m); })
         .Case<AddOp>([&](AddOp a) {
-          call("addBroadcast<float>", {ptr(a.getLhs()), ptr(a.getRhs()),
+          call("addBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()),
                                        ptr(a), i(numel(a.getLhs())),
                                        i(numel(a.getRhs()))});
           return success();
         })
         .Case<MulOp>([&](MulOp a) {
-          call("mulBroadcast<float>", {ptr(a.getLhs()), ptr(a.getRhs()),
+          call("mulBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()),
                                        ptr(a), i(numel(a.getLhs())),
                                        i(numel(a.getRhs()))});
           return success();
         })
         .Case<ReduceSumOp>([&](ReduceSumOp r) {
           int64_t cols = numel(r);
-          call("reduceSumLeading<float>", {ptr(r.getInput()), ptr(r),
+          call("reduceSumLeading<T>", {ptr(r.getInput()), ptr(r),
                                            i(numel(r.getInput()) / cols),
                                            i(cols)});
           return success();
         })
         .Case<GeluOp>([&](GeluOp g) {
-          call("geluForward<float>", {ptr(g.getInput()), ptr(g), i(numel(g))});
+          call("geluForward<T>", {ptr(g.getInput()), ptr(g), i(numel(g))});
           return success();
         })
         .Case<GeluGradOp>([&](GeluGradOp g) {
-          call("geluBackward<float>",
+          call("geluBackward<T>",
                {ptr(g.getInput()), ptr(g.getGrad()), ptr(g), i(numel(g))});
           return success();
         })
         .Case<SiluOp>([&](SiluOp g) {
-          call("siluForward<float>", {ptr(g.getInput()), ptr(g), i(numel(g))});
+          call("siluForward<T>", {ptr(g.getInput()), ptr(g), i(numel(g))});
           return success();
         })
         .Case<SiluGradOp>([&](SiluGradOp g) {
-          call("siluBackward<float>",
+          call("siluBackward<T>",
                {ptr(g.getInput()), ptr(g.getGrad()), ptr(g), i(numel(g))});
           return success();
         })
         .Case<LayerNormOp>([&](LayerNormOp n) {
           int64_t C = shapeOf(n).back();
-          call("layerNormForward<float>",
+          call("layerNormForward<T>",
                {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getBias()),
                 ptr(n), i(numel(n) / C), i(C),
                 num(n.getEpsilon().convertToDouble())});
@@ -161,7 +167,7 @@ public:
         })
         .Case<LayerNormGradOp>([&](LayerNormGradOp n) {
           int64_t C = shapeOf(n.getInput()).back();
-          call("layerNormBackward<float>",
+          call("layerNormBackward<T>",
                {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getGrad()),
                 ptr(n.getInputGrad()), ptr(n.getWeightGrad()),
                 ptr(n.getBiasGrad()), i(numel(n.getInput()) / C), i(C),
@@ -170,14 +176,14 @@ public:
         })
         .Case<RmsNormOp>([&](RmsNormOp n) {
           int64_t C = shapeOf(n).back();
-          call("rmsNormForward<float>",
+          call("rmsNormForward<T>",
                {ptr(n.getInput()), ptr(n.getWeight()), ptr(n), i(numel(n) / C),
                 i(C), num(n.getEpsilon().convertToDouble())});
           return success();
         })
         .Case<RmsNormGradOp>([&](RmsNormGradOp n) {
           int64_t C = shapeOf(n.getInput()).back();
-          call("rmsNormBackward<float>",
+          call("rmsNormBackward<T>",
                {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getGrad()),
                 ptr(n.getInputGrad()), ptr(n.getWeightGrad()),
                 i(numel(n.getInput()) / C), i(C),
@@ -186,7 +192,7 @@ public:
         })
         .Case<RopeOp>([&](RopeOp r) {
           auto s = shapeOf(r);
-          call("rope<float>", {ptr(r.getInput()), ptr(r), i(s[0]), i(s[1]),
+          call("rope<T>", {ptr(r.getInput()), ptr(r), i(s[0]), i(s[1]),
                                i(s[2]), i(s[3]),
                                num(r.getTheta().convertToDouble()),
                                boolStr(r.getInverse())});
@@ -194,7 +200,7 @@ public:
         })
         .Case<AttentionOp>([&](AttentionOp a) {
           auto q = shapeOf(a.getQuery());
-          call("attentionForward<float>",
+          call("attentionForward<T>",
                {ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()), ptr(a),
                 i(q[0]), i(q[1]), i(q[2]), i(shapeOf(a.getKey())[2]), i(q[3]),
                 boolStr(a.getCausal())});
@@ -202,7 +208,7 @@ public:
         })
         .Case<AttentionGradOp>([&](AttentionGradOp a) {
           auto q = shapeOf(a.getQuery());
-          call("attentionBackward<float>",
+          call("attentionBackward<T>",
                {ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()),
                 ptr(a.getGrad()), ptr(a.getQueryGrad()), ptr(a.getKeyGrad()),
                 ptr(a.getValueGrad()), i(q[0]), i(q[1]), i(q[2]),
@@ -211,27 +217,27 @@ public:
         })
         .Case<SoftmaxOp>([&](SoftmaxOp s) {
           int64_t cols = shapeOf(s).back();
-          call("softmaxForward<float>", {ptr(s.getInput()), ptr(s),
+          call("softmaxForward<T>", {ptr(s.getInput()), ptr(s),
                                          i(numel(s) / cols), i(cols)});
           return success();
         })
         .Case<SoftmaxGradOp>([&](SoftmaxGradOp s) {
           int64_t cols = shapeOf(s).back();
-          call("softmaxBackward<float>",
+          call("softmaxBackward<T>",
                {ptr(s.getOutput()), ptr(s.getGrad()), ptr(s),
                 i(numel(s) / cols), i(cols)});
           return success();
         })
         .Case<CrossEntropyOp>([&](CrossEntropyOp c) {
           int64_t V = shapeOf(c.getLogits()).back();
-          call("crossEntropyForward<float>",
+          call("crossEntropyForward<T>",
                {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c),
                 i(numel(c.getTargets())), i(V)});
           return success();
         })
         .Case<CrossEntropyGradOp>([&](CrossEntropyGradOp c) {
           int64_t V = shapeOf(c.getLogits()).back();
-          call("crossEntropyBackward<float>",
+          call("crossEntropyBackward<T>",
                {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c.getGrad()),
                 ptr(c), i(numel(c.getTargets())), i(V)});
           return success();
@@ -246,7 +252,7 @@ public:
           for (auto [k, d] : llvm::enumerate(t.getPermutation()))
             os << (k ? ", " : "") << d;
           os << "};\n";
-          call("transpose<float>", {ptr(t.getInput()), ptr(t), name,
+          call("transpose<T>", {ptr(t.getInput()), ptr(t), name,
                                     name + "Perm", i(s.size())});
           return success();
         })
@@ -257,7 +263,7 @@ public:
                   inner = product(in.drop_front(axis + 1));
           for (Value r : s.getResults()) {
             int64_t len = shapeOf(r)[axis];
-            call("sliceAxis<float>", {ptr(s.getInput()), ptr(r), i(outer),
+            call("sliceAxis<T>", {ptr(s.getInput()), ptr(r), i(outer),
                                       i(in[axis]), i(inner), i(start), i(len)});
             start += len;
           }
@@ -270,21 +276,25 @@ public:
                   inner = product(out.drop_front(axis + 1));
           for (Value in : c.getInputs()) {
             int64_t len = shapeOf(in)[axis];
-            call("insertAxis<float>", {ptr(in), ptr(c), i(outer), i(out[axis]),
+            call("insertAxis<T>", {ptr(in), ptr(c), i(outer), i(out[axis]),
                                        i(inner), i(start), i(len)});
             start += len;
           }
           return success();
         })
         .Case<GlobalNormOp>([&](GlobalNormOp g) {
+          if (!withOptimizer)
+            return success();
           os << "  {\n    double sumSq = 0.0;\n";
           for (Value v : g.getInputs())
-            os << "    sumSq += sumSquares<float>(" << ptr(v) << ", "
+            os << "    sumSq += sumSquares<T>(" << ptr(v) << ", "
                << numel(v) << ");\n";
-          os << "    " << ptr(g) << "[0] = static_cast<float>(std::sqrt(sumSq));\n  }\n";
+          os << "    " << ptr(g) << "[0] = static_cast<T>(std::sqrt(sumSq));\n  }\n";
           return success();
         })
         .Case<AdamWOp>([&](AdamWOp a) {
+          if (!withOptimizer)
+            return success();
           BufferRef param = bufferOf(a.getParam());
           std::string off = std::to_string(param.offset);
           call("adamwUpdate",
@@ -311,13 +321,15 @@ public:
     int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
     int64_t batch = product(out.drop_back(2));
     int64_t strideB = rhs.size() == 2 ? 0 : K * N;
-    call("matmul<float>", {ptr(m.getLhs()), ptr(m.getRhs()), ptr(m), i(batch),
+    call("matmul<T>", {ptr(m.getLhs()), ptr(m.getRhs()), ptr(m), i(batch),
                            i(M), i(N), i(K), boolStr(tl), boolStr(tr),
                            i(M * K), i(strideB), i(M * N)});
     return success();
   }
 
   raw_ostream &os;
+  int arenaScale;
+  bool withOptimizer;
   int counter = 0;
 };
 
@@ -355,7 +367,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << ". One rank's training step.\n"
      << "#include \"tessel/Runtime/Kernels.h\"\n"
      << "#include \"tessel/Runtime/Program.h\"\n\n#include <cmath>\n\n"
-     << "using namespace tessel::rt;\n\nnamespace {\n\n"
+     << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
      << "const ParamInfo kParams[] = {\n";
   int numParams = 0;
   for (ParamOp p : func.getOps<ParamOp>()) {
@@ -415,5 +427,97 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
      << "  return runMain(argc, argv, program);\n}\n";
+  return success();
+}
+
+LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
+                                               raw_ostream &os) {
+  auto func = module.lookupSymbol<func::FuncOp>("train_step");
+  auto arenaBytes = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr);
+  auto paramElems = module->getAttrOfType<IntegerAttr>(kParamElemsAttr);
+  if (!func || !arenaBytes || !paramElems)
+    return module.emitError("emission needs a planned @train_step (run "
+                            "tessel-autodiff and tessel-plan-buffers)");
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+  int64_t vocab = 0, tokens = 0;
+  func.walk([&](CrossEntropyOp ce) {
+    vocab = cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
+  });
+  func.walk([&](InputOp input) { tokens = input.getType().getNumElements(); });
+
+  os << "// Generated by tessel: float64 gradient check of every parameter.\n"
+     << "#include \"tessel/Runtime/Kernels.h\"\n\n"
+     << "#include <algorithm>\n#include <cmath>\n#include <cstdio>\n"
+     << "#include <vector>\n\nusing namespace tessel::rt;\n\nnamespace {\n\n"
+     << "using T = double;\n\n"
+     << "struct Param { const char *name; int64_t offset, numel; };\n"
+     << "const Param kParams[] = {\n";
+  for (ParamOp p : func.getOps<ParamOp>())
+    os << "    {" << cppStringLiteral(p.getName()) << ", "
+       << bufferOf(p.getResult()).offset << ", "
+       << p.getType().getNumElements() << "},\n";
+  os << "};\n\n"
+     << "// The planned step without the optimizer: loss and every gradient.\n"
+     << "T lossAndGradients(T *P, T *G, char *A, const int32_t *tokens,\n"
+     << "                   const int32_t *targets) {\n"
+     << "  (void)P; (void)G; (void)A; (void)tokens; (void)targets;\n";
+  ProgramEmitter emitter(os, /*arenaScale=*/2, /*withOptimizer=*/false);
+  for (Operation &op : func.getBody().front().without_terminator()) {
+    if (failed(emitter.emitOp(&op)))
+      return failure();
+    // A gradient the planner could not place in the gradient store is
+    // copied there.
+    if (auto adamw = dyn_cast<AdamWOp>(op)) {
+      BufferRef grad = bufferOf(adamw.getGrad()),
+                param = bufferOf(adamw.getParam());
+      if (grad.space != BufferSpace::Grad || grad.offset != param.offset)
+        emitter.call("copy<T>", {emitter.ptr(adamw.getGrad()),
+                                 "G + " + std::to_string(param.offset),
+                                 std::to_string(numel(adamw.getGrad()))});
+    }
+  }
+  os << "  return " << emitter.ptr(ret.getOperand(0)) << "[0];\n}\n\n"
+     << "} // namespace\n\n"
+     << "int main() {\n"
+     << "  std::vector<T> P(" << paramElems.getInt() << "), G(P.size());\n"
+     << "  std::vector<double> arena(" << arenaBytes.getInt() / 4 + 16
+     << ");\n"
+     << "  char *A = reinterpret_cast<char *>(arena.data());\n"
+     << "  uint64_t state = 0x9E3779B97F4A7C15ull;\n"
+     << "  auto next = [&] { state ^= state << 13; state ^= state >> 7;\n"
+     << "                    state ^= state << 17; return state; };\n"
+     << "  auto uniform = [&] { return (next() >> 11) * 0x1.0p-53 * 2 - 1; };\n"
+     << "  for (T &p : P) p = 0.5 * uniform();\n"
+     << "  std::vector<int32_t> tokens(" << tokens << "), targets(" << tokens
+     << ");\n"
+     << "  for (size_t i = 0; i < tokens.size(); ++i) {\n"
+     << "    tokens[i] = next() % " << vocab << ";\n"
+     << "    targets[i] = next() % " << vocab << ";\n  }\n"
+     << "  lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "  const std::vector<T> analytic = G;\n"
+     << "  const T h = 1e-5;\n"
+     << "  double worst = 0;\n  int64_t checked = 0;\n"
+     << "  for (const Param &p : kParams) {\n"
+     << "    double paramWorst = 0;\n"
+     << "    int64_t samples = std::min<int64_t>(p.numel, 12);\n"
+     << "    for (int64_t k = 0; k < samples; ++k) {\n"
+     << "      int64_t i = p.offset + k * p.numel / samples;\n"
+     << "      T saved = P[i];\n"
+     << "      P[i] = saved + h;\n"
+     << "      T plus = lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "      P[i] = saved - h;\n"
+     << "      T minus = lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "      P[i] = saved;\n"
+     << "      T numeric = (plus - minus) / (2 * h);\n"
+     << "      // Central differences in double: error ~1e-10 at these sizes.\n"
+     << "      double error = std::fabs(numeric - analytic[i]) /\n"
+     << "                     (1e-4 + std::fabs(numeric));\n"
+     << "      paramWorst = std::max(paramWorst, error);\n"
+     << "      ++checked;\n    }\n"
+     << "    std::printf(\"%-40s %.3e\\n\", p.name, paramWorst);\n"
+     << "    worst = std::max(worst, paramWorst);\n  }\n"
+     << "  std::printf(\"gradient check: %lld entries, worst relative error "
+        "%.3e\\n\", (long long)checked, worst);\n"
+     << "  return worst < 1e-5 ? 0 : 1;\n}\n";
   return success();
 }

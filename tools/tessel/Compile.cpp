@@ -24,6 +24,7 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/Program.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
@@ -136,13 +137,12 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
   return llvm::Error::success();
 }
 
-llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
-  MLIRContext context;
-  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
-  DiagnosticCollector diagnostics(context);
-
-  Spec spec;
-  OwningOpRef<ModuleOp> module;
+// The front half of the pipeline: spec or .mlir to the planned training step.
+// `stage` sees the module after each stage.
+llvm::Error lower(const CompileOptions &options, MLIRContext &context,
+                  DiagnosticCollector &diagnostics, Spec &spec,
+                  OwningOpRef<ModuleOp> &module,
+                  llvm::function_ref<llvm::Error(const char *)> stage) {
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
     llvm::SourceMgr sources;
@@ -161,22 +161,6 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (options.target != "cpu")
     return llvm::createStringError("--target " + options.target +
                                    ": only the cpu target can be compiled so far");
-
-  for (const char *dir : {"ir", "src", "bin", "launch"}) {
-    llvm::SmallString<256> path(out);
-    llvm::sys::path::append(path, dir);
-    if (std::error_code ec = llvm::sys::fs::create_directories(path))
-      return llvm::createStringError("cannot create " + path + ": " + ec.message());
-  }
-  auto stage = [&](const char *file) -> llvm::Error {
-    std::string text = printModule(*module);
-    if (options.dumpIR)
-      llvm::outs() << "// -----// " << file << " //----- //\n" << text << "\n";
-    llvm::SmallString<256> path(out);
-    llvm::sys::path::append(path, "ir", file);
-    return writeFile(path, text);
-  };
-
   if (llvm::Error err = stage("00-graph.mlir"))
     return err;
   PassManager autodiff(&context);
@@ -189,7 +173,31 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   plan.addPass(createPlanBuffers());
   if (failed(plan.run(*module)))
     return diagnostics.error("buffer planning failed");
-  if (llvm::Error err = stage("02-planned.mlir"))
+  return stage("02-planned.mlir");
+}
+
+llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
+  MLIRContext context;
+  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
+  DiagnosticCollector diagnostics(context);
+
+  for (const char *dir : {"ir", "src", "bin", "launch"}) {
+    llvm::SmallString<256> path(out);
+    llvm::sys::path::append(path, dir);
+    if (std::error_code ec = llvm::sys::fs::create_directories(path))
+      return llvm::createStringError("cannot create " + path + ": " + ec.message());
+  }
+  Spec spec;
+  OwningOpRef<ModuleOp> module;
+  auto stage = [&](const char *file) -> llvm::Error {
+    std::string text = printModule(*module);
+    if (options.dumpIR)
+      llvm::outs() << "// -----// " << file << " //----- //\n" << text << "\n";
+    llvm::SmallString<256> path(out);
+    llvm::sys::path::append(path, "ir", file);
+    return writeFile(path, text);
+  };
+  if (llvm::Error err = lower(options, context, diagnostics, spec, module, stage))
     return err;
 
   // One rank, one distinct program.
@@ -234,4 +242,43 @@ llvm::Error tessel::compile(const CompileOptions &options) {
   if (err)
     llvm::sys::fs::remove_directories(staging);
   return err;
+}
+
+llvm::Error tessel::gradientCheck(const CompileOptions &options) {
+  MLIRContext context;
+  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
+  DiagnosticCollector diagnostics(context);
+  Spec spec;
+  OwningOpRef<ModuleOp> module;
+  auto noStage = [](const char *) { return llvm::Error::success(); };
+  if (llvm::Error err = lower(options, context, diagnostics, spec, module, noStage))
+    return err;
+  std::string source;
+  llvm::raw_string_ostream sourceStream(source);
+  if (failed(emitGradientCheckProgram(*module, sourceStream)))
+    return diagnostics.error("emitting the gradient check failed");
+
+  llvm::SmallString<256> dir;
+  if (std::error_code ec = llvm::sys::fs::createUniqueDirectory("tessel-gradcheck", dir))
+    return llvm::createStringError("cannot create a temporary directory: " + ec.message());
+  llvm::SmallString<256> sourcePath(dir), binaryPath(dir);
+  llvm::sys::path::append(sourcePath, "gradcheck.cpp");
+  llvm::sys::path::append(binaryPath, "gradcheck");
+  llvm::Error err = writeFile(sourcePath, source);
+  if (!err)
+    err = buildCpuProgram(sourcePath, binaryPath, options.verbose);
+  int rc = -1;
+  std::string message;
+  if (!err) {
+    llvm::StringRef argv[] = {binaryPath};
+    rc = llvm::sys::ExecuteAndWait(binaryPath, argv, std::nullopt, {}, 0, 0, &message);
+  }
+  llvm::sys::fs::remove_directories(dir);
+  if (err)
+    return err;
+  if (rc != 0)
+    return llvm::createStringError(
+        rc > 0 ? "gradients differ from finite differences"
+               : "the gradient check did not finish: " + message);
+  return llvm::Error::success();
 }

@@ -22,6 +22,10 @@ struct CompileOptions {
 // src/, bin/, launch/) atomically: on failure nothing is left behind.
 llvm::Error compile(const CompileOptions &options);
 
+// Lowers the input like `compile`, then builds and runs a float64 program that
+// checks the gradient of every parameter against central finite differences.
+llvm::Error gradientCheck(const CompileOptions &options);
+
 } // namespace tessel
 
 #endif

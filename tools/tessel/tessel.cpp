@@ -79,6 +79,33 @@ static int compileCommand(int argc, char **argv) {
   return 0;
 }
 
+static int gradcheckCommand(int argc, char **argv) {
+  cl::OptionCategory category("tessel gradcheck options");
+  cl::opt<std::string> input(cl::Positional, cl::Required,
+                             cl::desc("<spec.json | program.mlir>"),
+                             cl::cat(category));
+  cl::list<std::string> sets("set", cl::desc("Override a spec field"),
+                             cl::value_desc("key=value"), cl::cat(category));
+  cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
+                        cl::cat(category));
+  cl::HideUnrelatedOptions(category);
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "tessel gradcheck: compares every parameter's gradient with central "
+          "finite differences in float64\n",
+          &errs()))
+    return 2;
+  tessel::CompileOptions options;
+  options.input = input;
+  options.verbose = verbose;
+  options.overrides.assign(sets.begin(), sets.end());
+  if (Error err = tessel::gradientCheck(options)) {
+    errs() << "tessel: error: " << toString(std::move(err)) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *usage =
       "usage: tessel <command> ...\n"
@@ -86,6 +113,7 @@ int main(int argc, char **argv) {
       "  run DIR               train with a compiled output\n"
       "  inspect DIR --ir STAGE | --plan | --source\n"
       "  data encode|synth     make llm.c token files\n"
+      "  gradcheck SPEC        check gradients against finite differences\n"
       "Run 'tessel <command> --help' for a command's options.\n";
   if (argc < 2) {
     errs() << usage;
@@ -97,6 +125,11 @@ int main(int argc, char **argv) {
     std::string name = "tessel compile";
     argv[1] = name.data();
     return compileCommand(argc - 1, argv + 1);
+  }
+  if (command == "gradcheck") {
+    std::string name = "tessel gradcheck";
+    argv[1] = name.data();
+    return gradcheckCommand(argc - 1, argv + 1);
   }
   if (command == "run")
     return tessel::runCommand(rest);

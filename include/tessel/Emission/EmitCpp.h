@@ -16,6 +16,13 @@ namespace tessel {
 mlir::LogicalResult emitCpuProgram(mlir::ModuleOp module, const Spec &spec,
                                    llvm::raw_ostream &os);
 
+// Writes a standalone float64 program that runs the planned step without the
+// optimizer on random parameters and tokens, and compares the gradient of
+// every parameter (sampled entries) with central finite differences of the
+// loss. It exits non-zero when the worst relative error exceeds 1e-5.
+mlir::LogicalResult emitGradientCheckProgram(mlir::ModuleOp module,
+                                             llvm::raw_ostream &os);
+
 // Spells `text` as a C++ string literal in which every byte outside
 // [A-Za-z0-9._-] is an octal escape, so no name from a spec can break out
 // of the literal.
