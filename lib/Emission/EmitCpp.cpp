@@ -384,7 +384,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
                             : "InitKind::Normal")
        << ", " << flt(p.getMean().convertToDouble()) << ", "
        << flt(p.getStd().convertToDouble()) << ", "
-       << boolStr(shape.size() >= 2) << "},\n";
+       << boolStr(shape.size() >= 2) << ", -1, 0, 1},\n";
     ++numParams;
   }
   os << "};\n\nvoid trainStep(StepContext &ctx) {\n"
@@ -426,6 +426,8 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.activationBytes = " << arenaBytes.getInt() << ";\n"
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
+     << "  program.meshShape[0] = program.meshShape[1] = program.meshShape[2] =\n"
+     << "      program.meshShape[3] = program.meshShape[4] = 1;\n"
      << "  return runMain(argc, argv, program);\n}\n";
   return success();
 }

@@ -27,12 +27,21 @@ struct ParamInfo {
   InitKind init;
   float initMean, initStd;
   bool weightDecay; // AdamW decays parameters of rank >= 2 only
+  // Sharding. `shape` is the global (checkpoint) shape; `numel` and the
+  // storage at `offset` are this rank's shard. With shardDim >= 0, global
+  // dimension shardDim is cut into shardBlocks equal blocks and each block
+  // into meshSize(shardAxis) equal pieces; the shard is the concatenation,
+  // in block order, of the pieces at this rank's coordinate along shardAxis.
+  // (Blocks keep a fused [q|k|v] projection's pieces together per rank.)
+  int shardDim;   // -1: replicated
+  int shardAxis;  // a tessel::rt::MeshAxis
+  int shardBlocks;
 };
 
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };
 
 struct TrainConfig {
-  int64_t batch;   // sequences per step
+  int64_t batch;   // sequences per step on this rank (global / dp)
   int64_t seqLen;  // tokens per sequence
   int64_t vocab;   // token ids must be < vocab
   int64_t steps;   // default run length and schedule horizon
@@ -69,6 +78,11 @@ struct Program {
   int64_t activationBytes; // size of the activation arena
   TrainConfig config;
   void (*step)(StepContext &);
+  // Mesh sizes per tessel::rt::MeshAxis (dp, tp, pp, cp, ep); all 1 for a
+  // one-rank program. The runtime checks the launch against it, and data
+  // parallel rank d reads rows [d * batch, (d + 1) * batch) of each global
+  // batch.
+  int64_t meshShape[5];
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup

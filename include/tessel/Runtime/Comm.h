@@ -1,0 +1,84 @@
+//===- Comm.h - Collectives over mesh axes (CPU: MPI) -----------*- C++ -*-===//
+//
+// A rank program runs on a device mesh with named axes. Rank order puts tp
+// innermost, then cp, ep, dp, with pp outermost (as Megatron does):
+//
+//   rank = (((pp * dp + dp_coord) * ep + ep_coord) * cp + cp_coord) * tp + tp_coord
+//
+// A collective runs over a set of axes (a bit mask of MeshAxis): the group of
+// ranks whose coordinates differ only along those axes. One communicator per
+// axis set is built once at start (MPI_Comm_split). All buffers are float32.
+//
+// Every call is counted (calls, elements passed, and the bytes each rank
+// sends under the textbook ring algorithms), so the run can be checked
+// against the compiler's prediction.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_COMM_H
+#define TESSEL_RUNTIME_COMM_H
+
+#include <cstdint>
+
+namespace tessel::rt {
+
+enum MeshAxis : int { AxisDP = 0, AxisTP = 1, AxisPP = 2, AxisCP = 3, AxisEP = 4 };
+constexpr int kNumMeshAxes = 5;
+constexpr unsigned axisBit(MeshAxis axis) { return 1u << axis; }
+
+// Names used in plans and messages: "dp", "tp", "pp", "cp", "ep".
+const char *meshAxisName(int axis);
+
+enum class CollectiveKind : int {
+  AllReduce = 0,
+  AllGather = 1,
+  ReduceScatter = 2,
+  AllToAll = 3,
+  Broadcast = 4,
+  SendRecv = 5,
+};
+constexpr int kNumCollectiveKinds = 6;
+
+struct CollectiveCounter {
+  int64_t calls = 0;
+  int64_t elements = 0;  // elements of the buffer argument (see each call)
+  int64_t bytesSent = 0; // per rank, textbook ring volume
+};
+
+// Starts MPI when the mesh has more than one rank, checks that the world size
+// and this rank match `meshShape` (sizes per MeshAxis), and builds the
+// communicators. Throws std::runtime_error with a clear message otherwise.
+// With a one-rank mesh nothing is started and every collective is a no-op
+// copy.
+void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]);
+void commFinalize();
+// Aborts every rank (after a fatal error on one of them).
+[[noreturn]] void commAbort(int code);
+
+int commRank();
+int commWorldSize();
+int64_t meshCoord(MeshAxis axis);
+int64_t meshSize(MeshAxis axis);
+// Size of the group spanned by `axes`.
+int64_t groupSize(unsigned axes);
+
+// In-place sum over the group. buffer: n elements. Counts n elements and
+// 2(g-1)/g * n * 4 bytes sent.
+void allReduceSum(float *buffer, int64_t n, unsigned axes);
+// in: n elements per rank; out: g * n elements, rank-major in group order.
+// Counts n elements and (g-1) * n * 4 bytes.
+void allGather(const float *in, float *out, int64_t n, unsigned axes);
+// in: g * n elements; out: this rank's n-element block of the sum. Counts
+// g * n elements and (g-1) * n * 4 bytes.
+void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes);
+
+// Non-blocking all-reduce (MPI_Iallreduce); wait before reading the buffer.
+using CommRequest = int;
+CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);
+void commWait(CommRequest request);
+
+const CollectiveCounter &collectiveCounter(CollectiveKind kind);
+const char *collectiveName(CollectiveKind kind);
+
+} // namespace tessel::rt
+
+#endif // TESSEL_RUNTIME_COMM_H
