@@ -1,4 +1,5 @@
 //===- tessel-opt.cpp - mlir-opt with every Tessel dialect and pass ------===//
+#include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "tessel/Transforms/Passes.h"
 
@@ -11,7 +12,8 @@ int main(int argc, char **argv) {
   mlir::registerTransformsPasses();
   tessel::registerTesselPasses();
   mlir::DialectRegistry registry;
-  registry.insert<tessel::graph::GraphDialect, mlir::func::FuncDialect>();
+  registry.insert<tessel::graph::GraphDialect, tessel::dist::DistDialect,
+                  mlir::func::FuncDialect>();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "Tessel optimizer driver\n", registry));
 }

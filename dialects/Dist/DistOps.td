@@ -1,0 +1,142 @@
+//===- DistOps.td - Ops of the dist dialect -----------------*- tablegen -*-===//
+#ifndef TESSEL_DIST_OPS
+#define TESSEL_DIST_OPS
+
+include "DistDialect.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Dist_AxesAttr : TypedArrayAttrBase<StrAttr, "mesh axis names">;
+
+def Dist_MeshOp : Dist_Op<"mesh"> {
+  let summary = "The device mesh of the program";
+  let description = [{
+    Axis names and sizes, outermost first as ranks are numbered (`pp`
+    outermost, `tp` innermost).
+
+    ```mlir
+    dist.mesh {axes = ["dp", "tp"], shape = array<i64: 2, 4>}
+    ```
+  }];
+  let arguments = (ins Dist_AxesAttr:$axes, DenseI64ArrayAttr:$shape);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+class Dist_CollectiveOp<string mnemonic, list<Trait> traits = []>
+    : Dist_Op<mnemonic, traits> {
+  let hasVerifier = 1;
+}
+
+def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce", [Pure]> {
+  let summary = "Sums tensors over the ranks of a mesh-axis group";
+  let description = [{
+    Several operands form one bucket: one collective over their storage when
+    it is contiguous. Each result has its operand's type.
+
+    ```mlir
+    %g0, %g1 = dist.all_reduce %a, %b {axes = ["dp"]} : (tensor<64x64xf32>, tensor<64xf32>) -> (tensor<64x64xf32>, tensor<64xf32>)
+    ```
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs, Dist_AxesAttr:$axes);
+  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, $results)";
+}
+
+def Dist_AllReduceStartOp : Dist_CollectiveOp<"all_reduce_start"> {
+  let summary = "Starts an all_reduce; its results are valid after dist.wait";
+  let description = [{
+    ```mlir
+    %g0, %r = dist.all_reduce_start %a {axes = ["dp"]} : (tensor<64x64xf32>) -> (tensor<64x64xf32>, !dist.request)
+    dist.wait %r
+    ```
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs, Dist_AxesAttr:$axes);
+  let results = (outs Variadic<AnyRankedTensor>:$results, Dist_RequestType:$request);
+  let assemblyFormat = "$inputs attr-dict `:` functional-type($inputs, results)";
+}
+
+def Dist_WaitOp : Dist_Op<"wait"> {
+  let summary = "Waits for a collective started with a _start op";
+  let description = [{
+    ```mlir
+    dist.wait %r
+    ```
+  }];
+  let arguments = (ins Dist_RequestType:$request);
+  let assemblyFormat = "$request attr-dict";
+}
+
+def Dist_AllGatherOp : Dist_CollectiveOp<"all_gather", [Pure]> {
+  let summary = "Concatenates the group's pieces along a dimension";
+  let description = [{
+    ```mlir
+    %full = dist.all_gather %x {axes = ["tp"], dim = 1 : i64} : (tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+}
+
+def Dist_ReduceScatterOp : Dist_CollectiveOp<"reduce_scatter", [Pure]> {
+  let summary = "Sums over the group and keeps this rank's piece of a dimension";
+  let description = [{
+    ```mlir
+    %part = dist.reduce_scatter %x {axes = ["tp"], dim = 1 : i64} : (tensor<2x64x64xf32>) -> tensor<2x16x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+}
+
+def Dist_AllToAllOp : Dist_CollectiveOp<"all_to_all", [Pure]> {
+  let summary = "Re-splits a tensor from one dimension to another over a group";
+  let description = [{
+    ```mlir
+    %y = dist.all_to_all %x {axes = ["ep"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<8x4xf32>) -> tensor<4x8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes,
+                   I64Attr:$split_dim, I64Attr:$concat_dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+}
+
+def Dist_BroadcastOp : Dist_CollectiveOp<"broadcast", [Pure]> {
+  let summary = "Copies the group root's tensor to every rank of the group";
+  let description = [{
+    ```mlir
+    %y = dist.broadcast %x {axes = ["dp"], root = 0 : i64} : (tensor<8xf32>) -> tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$root);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+}
+
+def Dist_SendOp : Dist_Op<"send", [MemoryEffects<[MemWrite]>]> {
+  let summary = "Sends a tensor to the next (offset +1) or previous rank along an axis";
+  let description = [{
+    ```mlir
+    dist.send %x {axis = "pp", offset = 1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, StrAttr:$axis, I64Attr:$offset,
+                   I64Attr:$tag);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+}
+
+def Dist_RecvOp : Dist_Op<"recv", [MemoryEffects<[MemRead]>]> {
+  let summary = "Receives a tensor from the rank at an offset along an axis";
+  let description = [{
+    ```mlir
+    %x = dist.recv {axis = "pp", offset = -1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$axis, I64Attr:$offset, I64Attr:$tag);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+#endif // TESSEL_DIST_OPS
