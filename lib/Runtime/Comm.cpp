@@ -1,0 +1,366 @@
+//===- Comm.cpp - Collectives over mesh axes with MPI ---------------------===//
+//
+// One communicator is built per distinct group of ranks: an axis set is first
+// reduced to its axes of size > 1 (dp|pp with pp = 1 is the dp group), and a
+// set whose axes all have size 1 needs no communicator at all, since the
+// group is this rank alone. The communicators are created in increasing mask
+// order on every rank, as MPI_Comm_split is collective.
+//
+// Groups of size 1 (and every group of a one-rank mesh, which never starts
+// MPI) turn each collective into a copy, but the call is still counted.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Comm.h"
+
+// Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tessel::rt {
+
+namespace {
+
+constexpr unsigned kNumAxisSets = 1u << kNumMeshAxes;
+constexpr unsigned kAllAxes = kNumAxisSets - 1;
+
+struct CommState {
+  bool initialized = false;
+  bool startedMpi = false; // MPI_Init was called by commInit
+  int rank = 0;
+  int worldSize = 1;
+  int64_t shape[kNumMeshAxes] = {1, 1, 1, 1, 1};
+  int64_t coord[kNumMeshAxes] = {0, 0, 0, 0, 0};
+  MPI_Comm comms[kNumAxisSets];
+  CollectiveCounter counters[kNumCollectiveKinds];
+  std::vector<MPI_Request> requests; // indexed by CommRequest
+  std::vector<bool> requestInUse;
+};
+
+CommState &state() {
+  static CommState s;
+  return s;
+}
+
+// Axes from outermost to innermost in the rank order of Comm.h.
+constexpr MeshAxis kRankOrder[kNumMeshAxes] = {AxisPP, AxisDP, AxisEP, AxisCP,
+                                               AxisTP};
+
+std::string describeMesh(const int64_t shape[kNumMeshAxes]) {
+  std::string text;
+  for (MeshAxis axis : {AxisDP, AxisTP, AxisPP, AxisCP, AxisEP}) {
+    if (shape[axis] == 1)
+      continue;
+    if (!text.empty())
+      text += ' ';
+    text += std::string(meshAxisName(axis)) + "=" + std::to_string(shape[axis]);
+  }
+  return text;
+}
+
+// `axes` restricted to the axes of size > 1: equal masks mean equal groups.
+unsigned effectiveAxes(unsigned axes) {
+  unsigned effective = 0;
+  for (int axis = 0; axis < kNumMeshAxes; axis++)
+    if ((axes & (1u << axis)) && state().shape[axis] > 1)
+      effective |= 1u << axis;
+  return effective;
+}
+
+void checkAxes(unsigned axes, const char *what) {
+  if (!state().initialized)
+    throw std::runtime_error(std::string(what) +
+                             " called before the communicator was set up");
+  if (axes == 0 || (axes & ~kAllAxes))
+    throw std::runtime_error(std::string(what) + " called with invalid axes " +
+                             std::to_string(axes));
+}
+
+void checkCount(int64_t n, int64_t groupSize, const char *what) {
+  if (n < 0 || n * groupSize > INT_MAX)
+    throw std::runtime_error(std::string(what) + " of " + std::to_string(n) +
+                             " elements per rank over " +
+                             std::to_string(groupSize) +
+                             " ranks is outside the supported range");
+}
+
+void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
+  CollectiveCounter &c = state().counters[(int)kind];
+  c.calls += 1;
+  c.elements += elements;
+  c.bytesSent += bytesSent;
+}
+
+// Bytes each rank sends in a ring all-reduce of n floats: 2(g-1)/g * n * 4,
+// rounded down.
+int64_t allReduceBytes(int64_t n, int64_t g) {
+  return 2 * (g - 1) * n * (int64_t)sizeof(float) / g;
+}
+
+void checkMpi(int result, const char *what) {
+  if (result == MPI_SUCCESS)
+    return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(result, text, &length);
+  throw std::runtime_error(std::string(what) + " failed: " +
+                           std::string(text, length));
+}
+
+} // namespace
+
+const char *meshAxisName(int axis) {
+  switch (axis) {
+  case AxisDP:
+    return "dp";
+  case AxisTP:
+    return "tp";
+  case AxisPP:
+    return "pp";
+  case AxisCP:
+    return "cp";
+  case AxisEP:
+    return "ep";
+  }
+  return "?";
+}
+
+const char *collectiveName(CollectiveKind kind) {
+  switch (kind) {
+  case CollectiveKind::AllReduce:
+    return "all_reduce";
+  case CollectiveKind::AllGather:
+    return "all_gather";
+  case CollectiveKind::ReduceScatter:
+    return "reduce_scatter";
+  case CollectiveKind::AllToAll:
+    return "all_to_all";
+  case CollectiveKind::Broadcast:
+    return "broadcast";
+  case CollectiveKind::SendRecv:
+    return "send_recv";
+  }
+  return "?";
+}
+
+void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]) {
+  CommState &s = state();
+  if (s.initialized)
+    throw std::runtime_error("the communicator is already set up");
+  int64_t ranks = 1;
+  for (int axis = 0; axis < kNumMeshAxes; axis++) {
+    if (meshShape[axis] < 1 || meshShape[axis] > INT_MAX)
+      throw std::runtime_error("the program has an invalid mesh size " +
+                               std::to_string(meshShape[axis]) + " for " +
+                               meshAxisName(axis));
+    s.shape[axis] = meshShape[axis];
+    ranks *= meshShape[axis];
+    if (ranks > INT_MAX)
+      throw std::runtime_error("the program's mesh has too many ranks");
+  }
+  for (unsigned axes = 0; axes < kNumAxisSets; axes++)
+    s.comms[axes] = MPI_COMM_NULL;
+
+  std::string mesh = describeMesh(s.shape);
+  std::string launch =
+      ranks == 1 ? "run it directly, without mpirun"
+                 : "launch it with 'tessel run DIR' or 'mpirun -np " +
+                       std::to_string(ranks) + " ...'";
+
+  if (ranks == 1) {
+    // A one-rank program under `mpirun -np N` would train N identical
+    // copies that overwrite each other's outputs.
+    if (const char *size = std::getenv("OMPI_COMM_WORLD_SIZE"))
+      if (std::strcmp(size, "1") != 0)
+        throw std::runtime_error(
+            "this program was compiled for 1 rank but was launched with " +
+            std::string(size) + "; " + launch);
+    s.initialized = true;
+    return;
+  }
+
+  int alreadyStarted = 0;
+  MPI_Initialized(&alreadyStarted);
+  if (!alreadyStarted) {
+    checkMpi(MPI_Init(argc, argv), "MPI_Init");
+    s.startedMpi = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &s.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &s.worldSize);
+  s.initialized = true;
+  if (s.worldSize != ranks) {
+    // Every rank sees the same mismatch, so all can leave MPI cleanly and
+    // commAbort then just exits, without MPI_Abort's banner.
+    if (s.startedMpi)
+      MPI_Finalize();
+    s.initialized = false;
+    throw std::runtime_error("this program was compiled for " +
+                             std::to_string(ranks) + " ranks (" + mesh +
+                             ") but was launched with " +
+                             std::to_string(s.worldSize) + "; " + launch);
+  }
+
+  int64_t rest = s.rank;
+  for (int i = kNumMeshAxes - 1; i >= 0; i--) {
+    MeshAxis axis = kRankOrder[i];
+    s.coord[axis] = rest % s.shape[axis];
+    rest /= s.shape[axis];
+  }
+
+  // The group of `axes` is the ranks that agree on every other coordinate:
+  // color them by those coordinates and order them by world rank, which is
+  // the group order of the rank formula.
+  for (unsigned axes = 1; axes < kNumAxisSets; axes++) {
+    if (effectiveAxes(axes) != axes)
+      continue;
+    int color = 0;
+    for (MeshAxis axis : kRankOrder)
+      if (!(axes & axisBit(axis)))
+        color = color * (int)s.shape[axis] + (int)s.coord[axis];
+    checkMpi(MPI_Comm_split(MPI_COMM_WORLD, color, s.rank, &s.comms[axes]),
+             "MPI_Comm_split");
+  }
+}
+
+void commFinalize() {
+  CommState &s = state();
+  if (!s.initialized)
+    return;
+  for (unsigned axes = 0; axes < kNumAxisSets; axes++)
+    if (s.comms[axes] != MPI_COMM_NULL)
+      MPI_Comm_free(&s.comms[axes]);
+  if (s.startedMpi) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+      MPI_Finalize();
+  }
+  s.initialized = false;
+  s.startedMpi = false;
+}
+
+void commAbort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int started = 0, finalized = 0;
+  MPI_Initialized(&started);
+  MPI_Finalized(&finalized);
+  if (started && !finalized)
+    MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+int commRank() { return state().rank; }
+int commWorldSize() { return state().worldSize; }
+
+int64_t meshCoord(MeshAxis axis) { return state().coord[axis]; }
+int64_t meshSize(MeshAxis axis) { return state().shape[axis]; }
+
+int64_t groupSize(unsigned axes) {
+  int64_t size = 1;
+  for (int axis = 0; axis < kNumMeshAxes; axis++)
+    if (axes & (1u << axis))
+      size *= state().shape[axis];
+  return size;
+}
+
+void allReduceSum(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceSum");
+  int64_t g = groupSize(axes);
+  if (n < 0)
+    throw std::runtime_error("allReduceSum of a negative element count");
+  count(CollectiveKind::AllReduce, n, allReduceBytes(n, g));
+  if (g == 1)
+    return;
+  MPI_Comm comm = state().comms[effectiveAxes(axes)];
+  // MPI counts are int; an element-wise sum can be split freely.
+  for (int64_t begin = 0; begin < n; begin += INT_MAX) {
+    int chunk = (int)std::min<int64_t>(n - begin, INT_MAX);
+    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT,
+                           MPI_SUM, comm),
+             "MPI_Allreduce");
+  }
+}
+
+void allGather(const float *in, float *out, int64_t n, unsigned axes) {
+  checkAxes(axes, "allGather");
+  int64_t g = groupSize(axes);
+  checkCount(n, g, "allGather");
+  count(CollectiveKind::AllGather, n, (g - 1) * n * (int64_t)sizeof(float));
+  if (g == 1) {
+    if (out != in && n > 0)
+      std::memmove(out, in, (size_t)n * sizeof(float));
+    return;
+  }
+  checkMpi(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT,
+                         state().comms[effectiveAxes(axes)]),
+           "MPI_Allgather");
+}
+
+void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
+  checkAxes(axes, "reduceScatterSum");
+  int64_t g = groupSize(axes);
+  checkCount(n, g, "reduceScatterSum");
+  count(CollectiveKind::ReduceScatter, g * n,
+        (g - 1) * n * (int64_t)sizeof(float));
+  if (g == 1) {
+    if (out != in && n > 0)
+      std::memmove(out, in, (size_t)n * sizeof(float));
+    return;
+  }
+  checkMpi(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM,
+                                    state().comms[effectiveAxes(axes)]),
+           "MPI_Reduce_scatter_block");
+}
+
+CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceSumStart");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "allReduceSumStart");
+  count(CollectiveKind::AllReduce, n, allReduceBytes(n, g));
+  CommState &s = state();
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (g > 1)
+    checkMpi(MPI_Iallreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_SUM,
+                            s.comms[effectiveAxes(axes)], &request),
+             "MPI_Iallreduce");
+  // Reuse the first free slot so the table stays as small as the number of
+  // requests in flight at once.
+  size_t slot = 0;
+  while (slot < s.requestInUse.size() && s.requestInUse[slot])
+    slot++;
+  if (slot == s.requests.size()) {
+    s.requests.push_back(MPI_REQUEST_NULL);
+    s.requestInUse.push_back(false);
+  }
+  s.requests[slot] = request;
+  s.requestInUse[slot] = true;
+  return (CommRequest)slot;
+}
+
+void commWait(CommRequest request) {
+  CommState &s = state();
+  if (request < 0 || (size_t)request >= s.requests.size() ||
+      !s.requestInUse[request])
+    throw std::runtime_error("commWait on an unknown or finished request " +
+                             std::to_string(request));
+  if (s.requests[request] != MPI_REQUEST_NULL)
+    checkMpi(MPI_Wait(&s.requests[request], MPI_STATUS_IGNORE), "MPI_Wait");
+  s.requestInUse[request] = false;
+}
+
+const CollectiveCounter &collectiveCounter(CollectiveKind kind) {
+  return state().counters[(int)kind];
+}
+
+} // namespace tessel::rt
