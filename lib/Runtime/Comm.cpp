@@ -113,8 +113,8 @@ void checkMpi(int result, const char *what) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(result, text, &length);
-  throw std::runtime_error(std::string(what) + " failed: " +
-                           std::string(text, length));
+  throw std::runtime_error(std::string(what) +
+                           " failed: " + std::string(text, length));
 }
 
 } // namespace
@@ -172,10 +172,10 @@ void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]) {
     s.comms[axes] = MPI_COMM_NULL;
 
   std::string mesh = describeMesh(s.shape);
-  std::string launch =
-      ranks == 1 ? "run it directly, without mpirun"
-                 : "launch it with 'tessel run DIR' or 'mpirun -np " +
-                       std::to_string(ranks) + " ...'";
+  std::string launch = ranks == 1
+                           ? "run it directly, without mpirun"
+                           : "launch it with 'tessel run DIR' or 'mpirun -np " +
+                                 std::to_string(ranks) + " ...'";
 
   if (ranks == 1) {
     // A one-rank program under `mpirun -np N` would train N identical

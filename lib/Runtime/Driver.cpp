@@ -7,12 +7,21 @@
 // stderr with exit code 1 (2 for command-line mistakes); outputs are written
 // atomically so a failed run never leaves half a file behind.
 //
+// A program compiled for a mesh of several ranks runs as one process per
+// rank under mpirun. Each rank holds its shard of every sharded parameter and
+// reads its data-parallel slice of each global batch; the step function does
+// all communication. Rank 0 alone prints, writes metrics and saves weights
+// (gathered from the shards); a failure on any rank is reported with the
+// rank and aborts all of them, so that none waits forever in a collective.
+//
 //===----------------------------------------------------------------------===//
 
+#include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
 #include "tessel/Runtime/Program.h"
 #include "tessel/Runtime/Safetensors.h"
+#include "tessel/Runtime/Sharding.h"
 
 #include <omp.h>
 
@@ -55,6 +64,7 @@ struct Options {
   std::string initFrom;
   std::string saveFinal;
   std::string metrics;
+  std::string commReport;
   uint64_t seed = 0;
   int threads = 0; // 0: leave the thread counts as they are
   bool quiet = false;
@@ -78,6 +88,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms\n"
+      "  --comm-report FILE     write each rank's collective counts as JSON\n"
+      "                         to FILE with .rank<R> before the extension\n"
       "  --seed N               parameter initialisation seed (default "
       "%" PRIu64 ")\n"
       "  --threads N            OpenMP and OpenBLAS threads (default: as set\n"
@@ -143,7 +155,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
     bool takesValue = flag == "--steps" || flag == "--data" ||
                       flag == "--init-from" || flag == "--save-final" ||
                       flag == "--metrics" || flag == "--seed" ||
-                      flag == "--threads";
+                      flag == "--threads" || flag == "--comm-report";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -174,12 +186,25 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.initFrom = value;
       else if (flag == "--save-final")
         opts.saveFinal = value;
+      else if (flag == "--comm-report")
+        opts.commReport = value;
       else
         opts.metrics = value;
     }
   }
   return opts;
 }
+
+// The elements of parameter `p` that this rank holds.
+ShardLayout shardLayoutOf(const ParamInfo &p) {
+  if (p.shardDim < 0)
+    return makeShardLayout(p.shape, p.rank, -1, 1, 1, 0);
+  MeshAxis axis = (MeshAxis)p.shardAxis;
+  return makeShardLayout(p.shape, p.rank, p.shardDim, p.shardBlocks,
+                         meshSize(axis), meshCoord(axis));
+}
+
+bool isSplit(const ShardLayout &layout) { return layout.parts > 1; }
 
 // Checks what the generated code promises, so that a bad program fails with
 // a message instead of writing out of bounds.
@@ -201,9 +226,16 @@ void validateProgram(const Program &program) {
     std::string name = p.name ? p.name : "#" + std::to_string(i);
     if (!p.name || p.rank < 0 || p.rank > 4)
       fail("parameter " + inQuotes(name) + " has an invalid name or rank");
-    int64_t numel = 1;
-    for (int d = 0; d < p.rank; d++)
-      numel *= p.shape[d];
+    if (p.shardDim >= 0 && (p.shardAxis < 0 || p.shardAxis >= kNumMeshAxes))
+      fail("parameter " + inQuotes(name) + " is sharded along an invalid " +
+           "mesh axis " + std::to_string(p.shardAxis));
+    int64_t numel = 0;
+    try {
+      numel = shardLayoutOf(p).numel();
+    } catch (const std::runtime_error &e) {
+      fail("parameter " + inQuotes(name) +
+           " has an invalid sharding: " + e.what());
+    }
     if (numel != p.numel || p.offset < 0 ||
         p.offset + p.numel > program.paramElems)
       fail("parameter " + inQuotes(name) + " does not fit its shape or the " +
@@ -271,21 +303,117 @@ void loadParams(const Program &program, const std::string &path,
       fail("tensor " + inQuotes(*found) + " in " + inQuotes(path) +
            " has shape " + formatShape(info.shape) +
            ", but the program expects " + formatShape(shapeOf(p)));
-    reader.read(*found, params + p.offset);
+    ShardLayout layout = shardLayoutOf(p);
+    if (!isSplit(layout)) {
+      reader.read(*found, params + p.offset);
+      continue;
+    }
+    std::vector<float> global = reader.read(*found);
+    copyShardOut(layout, global.data(), params + p.offset);
   }
 }
 
+// Generates exactly this rank's elements of every parameter: counter-based
+// initialisation makes each element a function of its global index, so the
+// shards together equal the one-rank initialisation bit for bit.
+void initParams(const Program &program, uint64_t seed, float *params) {
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    forEachShardRun(shardLayoutOf(p), [&](int64_t globalOffset,
+                                          int64_t shardOffset, int64_t count) {
+      initRange(p.name, p.init, p.initMean, p.initStd, seed, globalOffset,
+                count, params + p.offset + shardOffset);
+    });
+  }
+}
+
+// Saves the global parameters from rank 0. Every rank takes part: a split
+// parameter is all-gathered over its shard axis (group order is coordinate
+// order along that axis) and rank 0 puts the pieces back in checkpoint
+// layout. Replicated parameters are written from rank 0's copy.
 void saveParams(const Program &program, const std::string &path,
                 const float *params, int64_t steps) {
+  bool writer = commRank() == 0;
+  std::vector<std::vector<float>> gathered(program.numParams);
   std::vector<SafetensorView> views;
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    views.push_back({p.name, shapeOf(p), params + p.offset});
+    const float *data = params + p.offset;
+    ShardLayout layout = shardLayoutOf(p);
+    if (isSplit(layout)) {
+      std::vector<float> pieces(layout.parts * p.numel);
+      allGather(data, pieces.data(), p.numel, axisBit((MeshAxis)p.shardAxis));
+      if (writer) {
+        std::vector<float> &global = gathered[i];
+        global.resize(layout.globalNumel());
+        for (int64_t k = 0; k < layout.parts; k++) {
+          ShardLayout piece = layout;
+          piece.index = k;
+          copyShardIn(piece, pieces.data() + k * p.numel, global.data());
+        }
+        data = global.data();
+      }
+    }
+    views.push_back({p.name, shapeOf(p), data});
   }
+  if (!writer)
+    return;
   std::map<std::string, std::string> metadata = {
       {"program", program.name ? program.name : ""},
       {"steps", std::to_string(steps)}};
   writeSafetensors(path, views, metadata);
+}
+
+// FILE with ".rank<R>" before its extension: comm.json -> comm.rank3.json.
+std::string rankFileName(const std::string &path, int rank) {
+  std::string tag = ".rank" + std::to_string(rank);
+  size_t slash = path.find_last_of('/');
+  size_t dot = path.find_last_of('.');
+  bool hasExtension = dot != std::string::npos && dot > 0 &&
+                      (slash == std::string::npos || dot > slash + 1);
+  if (!hasExtension)
+    return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
+// Writes the collective counts of this rank, atomically.
+void writeCommReport(const std::string &path, int64_t steps,
+                     const CollectiveCounter *counters) {
+  std::string json = "{\"rank\": " + std::to_string(commRank()) +
+                     ", \"steps\": " + std::to_string(steps) +
+                     ", \"collectives\": {";
+  for (int k = 0; k < kNumCollectiveKinds; k++) {
+    const CollectiveCounter &c = counters[k];
+    json += std::string(k ? ", " : "") + "\"" +
+            collectiveName((CollectiveKind)k) +
+            "\": {\"calls\": " + std::to_string(c.calls) +
+            ", \"elements\": " + std::to_string(c.elements) +
+            ", \"bytes_sent\": " + std::to_string(c.bytesSent) + "}";
+  }
+  json += "}}\n";
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE *f = std::fopen(tmp.c_str(), "wb");
+  bool ok = f && std::fputs(json.c_str(), f) >= 0;
+  if (f && std::fclose(f) != 0)
+    ok = false;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int error = errno;
+    std::remove(tmp.c_str());
+    fail("cannot write the communication report " + inQuotes(path) + ": " +
+         std::strerror(error));
+  }
+}
+
+// "dp=2 tp=2" for messages.
+std::string describeMesh() {
+  std::string text;
+  for (MeshAxis axis : {AxisDP, AxisTP, AxisPP, AxisCP, AxisEP}) {
+    if (meshSize(axis) == 1)
+      continue;
+    text += std::string(text.empty() ? "" : " ") + meshAxisName(axis) + "=" +
+            std::to_string(meshSize(axis));
+  }
+  return text;
 }
 
 // Fails early, before any training, when `path` cannot be created.
@@ -315,20 +443,41 @@ int train(const Program &program, const Options &opts) {
     openblas_set_num_threads(opts.threads);
   }
   const int64_t B = config.batch, T = config.seqLen;
+  // Data-parallel rank d trains on rows [d * B, (d + 1) * B) of each global
+  // batch of B * dp sequences, so every layout sees the one-rank data.
+  const int64_t dataRanks = meshSize(AxisDP);
+  const int64_t globalB = B * dataRanks;
+  const int64_t firstRow = meshCoord(AxisDP) * B;
+  const bool leader = commRank() == 0;
+  const bool multiRank = commWorldSize() > 1;
 
   // Check every output before spending time on training.
-  if (!opts.metrics.empty())
+  if (leader && !opts.metrics.empty())
     checkWritable(opts.metrics, "metrics file");
-  if (!opts.saveFinal.empty())
-    checkWritable(opts.saveFinal, "final weights");
+  if (!opts.saveFinal.empty()) {
+    // Each pipeline stage holds different parameters; gathering them into
+    // one file is not supported yet.
+    if (meshSize(AxisPP) > 1)
+      fail("--save-final is not supported for pipeline-parallel programs "
+           "(pp=" +
+           std::to_string(meshSize(AxisPP)) + ")");
+    if (leader)
+      checkWritable(opts.saveFinal, "final weights");
+  }
+  std::string commReport;
+  if (!opts.commReport.empty()) {
+    commReport = rankFileName(opts.commReport, commRank());
+    checkWritable(commReport, "communication report");
+  }
 
   std::unique_ptr<TokenData> data;
   if (!opts.data.empty()) {
     data = std::make_unique<TokenData>(
         TokenData::fromFile(opts.data, config.vocab));
   } else {
-    std::printf("no --data given: training on 1048576 synthetic tokens "
-                "(seed 1234)\n");
+    if (leader)
+      std::printf("no --data given: training on 1048576 synthetic tokens "
+                  "(seed 1234)\n");
     data = std::make_unique<TokenData>(
         TokenData::fromTokens(syntheticTokens(config.vocab, 1 << 20, 1234),
                               config.vocab, "synthetic data"));
@@ -346,21 +495,33 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer activations =
       allocateZeroed(program.activationBytes, "activations");
   std::vector<int32_t> tokens(B * T), targets(B * T);
-
-  float *paramData = (float *)params.get();
-  if (!opts.initFrom.empty()) {
-    loadParams(program, opts.initFrom, paramData);
-  } else {
-    for (int i = 0; i < program.numParams; i++)
-      initParam(program.params[i], opts.seed,
-                paramData + program.params[i].offset);
+  std::vector<int32_t> globalTokens, globalTargets;
+  if (dataRanks > 1) {
+    globalTokens.resize(globalB * T);
+    globalTargets.resize(globalB * T);
   }
 
-  if (!opts.quiet)
-    std::printf("%s: %d parameters (%" PRId64 " elements), batch %" PRId64
-                " x %" PRId64 ", %" PRId64 " steps, %d threads\n",
-                program.name ? program.name : "program", program.numParams,
-                program.paramElems, B, T, opts.steps, omp_get_max_threads());
+  float *paramData = (float *)params.get();
+  if (!opts.initFrom.empty())
+    loadParams(program, opts.initFrom, paramData);
+  else
+    initParams(program, opts.seed, paramData);
+
+  if (leader && !opts.quiet) {
+    const char *name = program.name ? program.name : "program";
+    if (!multiRank)
+      std::printf("%s: %d parameters (%" PRId64 " elements), batch %" PRId64
+                  " x %" PRId64 ", %" PRId64 " steps, %d threads\n",
+                  name, program.numParams, program.paramElems, B, T, opts.steps,
+                  omp_get_max_threads());
+    else
+      std::printf(
+          "%s: %d ranks (%s), %d parameters (%" PRId64
+          " elements on rank 0), batch %" PRId64 " x %" PRId64 " (%" PRId64
+          " per data-parallel rank), %" PRId64 " steps, %d threads per rank\n",
+          name, commWorldSize(), describeMesh().c_str(), program.numParams,
+          program.paramElems, globalB, T, B, opts.steps, omp_get_max_threads());
+  }
   std::fflush(stdout);
 
   StepContext ctx = {};
@@ -373,7 +534,7 @@ int train(const Program &program, const Options &opts) {
   ctx.activations = activations.get();
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
-  if (!opts.metrics.empty()) {
+  if (leader && !opts.metrics.empty()) {
     metrics.reset(std::fopen(opts.metrics.c_str(), "w"));
     if (!metrics)
       fail("cannot open the metrics file " + inQuotes(opts.metrics) + ": " +
@@ -384,7 +545,14 @@ int train(const Program &program, const Options &opts) {
   auto runStart = std::chrono::steady_clock::now();
   float lastLoss = 0.0f;
   for (int64_t step = 0; step < opts.steps; step++) {
-    data->batchForStep(step, B, T, tokens.data(), targets.data());
+    if (dataRanks == 1) {
+      data->batchForStep(step, B, T, tokens.data(), targets.data());
+    } else {
+      data->batchForStep(step, globalB, T, globalTokens.data(),
+                         globalTargets.data());
+      std::copy_n(globalTokens.begin() + firstRow * T, B * T, tokens.begin());
+      std::copy_n(globalTargets.begin() + firstRow * T, B * T, targets.begin());
+    }
     ctx.step = step;
     ctx.lr = learningRate(config, step, opts.steps);
     ctx.loss = NAN;
@@ -395,14 +563,16 @@ int train(const Program &program, const Options &opts) {
     auto stop = std::chrono::steady_clock::now();
 
     double ms = std::chrono::duration<double, std::milli>(stop - start).count();
-    double tokensPerSecond = ms > 0 ? (double)(B * T) / (ms / 1000.0) : 0.0;
+    double tokensPerSecond =
+        ms > 0 ? (double)(globalB * T) / (ms / 1000.0) : 0.0;
+    // The step all-reduces the loss, so every rank stops at the same step.
     if (!std::isfinite(ctx.loss))
       fail("loss is " + std::string(std::isnan(ctx.loss) ? "nan" : "inf") +
            " at step " + std::to_string(step + 1) + " of " +
            std::to_string(opts.steps));
     lastLoss = ctx.loss;
 
-    if (!opts.quiet) {
+    if (leader && !opts.quiet) {
       std::printf("step %*" PRId64 "/%" PRId64
                   " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s\n",
                   width, step + 1, opts.steps, ctx.loss, ctx.lr, ctx.gradNorm,
@@ -427,6 +597,11 @@ int train(const Program &program, const Options &opts) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart)
           .count();
 
+  // Counted before saving, whose gathers are not part of training.
+  CollectiveCounter counters[kNumCollectiveKinds];
+  for (int k = 0; k < kNumCollectiveKinds; k++)
+    counters[k] = collectiveCounter((CollectiveKind)k);
+
   if (metrics) {
     FILE *f = metrics.release();
     if (std::fclose(f) != 0)
@@ -435,7 +610,9 @@ int train(const Program &program, const Options &opts) {
   }
   if (!opts.saveFinal.empty())
     saveParams(program, opts.saveFinal, paramData, opts.steps);
-  if (!opts.quiet) {
+  if (!commReport.empty())
+    writeCommReport(commReport, opts.steps, counters);
+  if (leader && !opts.quiet) {
     std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
                 opts.steps, seconds, lastLoss);
     if (!opts.saveFinal.empty())
@@ -445,33 +622,47 @@ int train(const Program &program, const Options &opts) {
   return 0;
 }
 
+// Reports a fatal error. On a multi-rank run the message names the rank and
+// every rank is aborted, so that none waits forever in a collective.
+int reportFatal(const std::string &message) {
+  std::fflush(stdout);
+  if (commWorldSize() > 1) {
+    std::fprintf(stderr, "rank %d: error: %s\n", commRank(), message.c_str());
+    commAbort(1);
+  }
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  commFinalize();
+  return 1;
+}
+
 } // namespace
 
 int runMain(int argc, char **argv, const Program &program) {
   const char *argv0 = argc > 0 && argv[0] ? argv[0] : "program";
+  // The command line is checked before MPI starts, so that --help and usage
+  // mistakes need no mpirun; every rank parses the same arguments.
+  Options opts;
   try {
-    Options opts = parseArgs(argc, argv, program);
-    if (opts.help) {
-      printUsage(stdout, argv0, program);
-      return 0;
-    }
-    return train(program, opts);
+    opts = parseArgs(argc, argv, program);
   } catch (const UsageError &e) {
-    std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  }
+  if (opts.help) {
+    printUsage(stdout, argv0, program);
+    return 0;
+  }
+  try {
+    commInit(&argc, &argv, program.meshShape);
+    int code = train(program, opts);
+    commFinalize();
+    return code;
   } catch (const std::bad_alloc &) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: out of memory\n");
-    return 1;
+    return reportFatal("out of memory");
   } catch (const std::exception &e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return reportFatal(e.what());
   } catch (...) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: unknown exception\n");
-    return 1;
+    return reportFatal("unknown exception");
   }
 }
 

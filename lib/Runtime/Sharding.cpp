@@ -25,20 +25,20 @@ ShardLayout makeShardLayout(const int64_t *shape, int rank, int shardDim,
                              " is out of range for a tensor of rank " +
                              std::to_string(rank));
   if (blocks < 1 || parts < 1 || index < 0 || index >= parts)
-    throw std::runtime_error(
-        "invalid sharding: " + std::to_string(blocks) + " blocks, piece " +
-        std::to_string(index) + " of " + std::to_string(parts));
+    throw std::runtime_error("invalid sharding: " + std::to_string(blocks) +
+                             " blocks, piece " + std::to_string(index) +
+                             " of " + std::to_string(parts));
   for (int d = 0; d < shardDim; d++)
     layout.outer *= shape[d];
   layout.dim = shape[shardDim];
   for (int d = shardDim + 1; d < rank; d++)
     layout.inner *= shape[d];
   if (layout.dim % (blocks * parts) != 0)
-    throw std::runtime_error(
-        "dimension " + std::to_string(shardDim) + " of size " +
-        std::to_string(layout.dim) + " cannot be cut into " +
-        std::to_string(blocks) + " blocks of " + std::to_string(parts) +
-        " equal pieces");
+    throw std::runtime_error("dimension " + std::to_string(shardDim) +
+                             " of size " + std::to_string(layout.dim) +
+                             " cannot be cut into " + std::to_string(blocks) +
+                             " blocks of " + std::to_string(parts) +
+                             " equal pieces");
   layout.blocks = blocks;
   layout.parts = parts;
   layout.index = index;
@@ -47,20 +47,19 @@ ShardLayout makeShardLayout(const int64_t *shape, int rank, int shardDim,
 
 void copyShardOut(const ShardLayout &layout, const float *global,
                   float *shard) {
-  forEachShardRun(layout, [&](int64_t globalOffset, int64_t shardOffset,
-                              int64_t count) {
-    std::memcpy(shard + shardOffset, global + globalOffset,
-                (size_t)count * sizeof(float));
-  });
+  forEachShardRun(
+      layout, [&](int64_t globalOffset, int64_t shardOffset, int64_t count) {
+        std::memcpy(shard + shardOffset, global + globalOffset,
+                    (size_t)count * sizeof(float));
+      });
 }
 
-void copyShardIn(const ShardLayout &layout, const float *shard,
-                 float *global) {
-  forEachShardRun(layout, [&](int64_t globalOffset, int64_t shardOffset,
-                              int64_t count) {
-    std::memcpy(global + globalOffset, shard + shardOffset,
-                (size_t)count * sizeof(float));
-  });
+void copyShardIn(const ShardLayout &layout, const float *shard, float *global) {
+  forEachShardRun(
+      layout, [&](int64_t globalOffset, int64_t shardOffset, int64_t count) {
+        std::memcpy(global + globalOffset, shard + shardOffset,
+                    (size_t)count * sizeof(float));
+      });
 }
 
 } // namespace tessel::rt

@@ -34,8 +34,8 @@ void roundTrip(int shardDim, int64_t blocks, int64_t parts) {
     total += layout.numel();
   }
   EXPECT_EQ(total, 72);
-  EXPECT_EQ(rebuilt, global) << "dim " << shardDim << ", blocks " << blocks
-                             << ", parts " << parts;
+  EXPECT_EQ(rebuilt, global)
+      << "dim " << shardDim << ", blocks " << blocks << ", parts " << parts;
 }
 
 } // namespace
@@ -92,8 +92,8 @@ TEST(RuntimeSharding, RunsGiveGlobalIndices) {
     for (int64_t i = 0; i < n; i++)
       indices.push_back(g + i);
   });
-  EXPECT_EQ(indices, (std::vector<int64_t>{6, 7, 8, 9, 10, 11, 18, 19, 20,
-                                           21, 22, 23}));
+  EXPECT_EQ(indices,
+            (std::vector<int64_t>{6, 7, 8, 9, 10, 11, 18, 19, 20, 21, 22, 23}));
 }
 
 TEST(RuntimeSharding, Replicated) {

@@ -53,9 +53,8 @@ void checkCounters(const char *after) {
               ": got calls " + std::to_string(got.calls) + " elements " +
               std::to_string(got.elements) + " bytes " +
               std::to_string(got.bytesSent) + ", want " +
-              std::to_string(want.calls) + " " +
-              std::to_string(want.elements) + " " +
-              std::to_string(want.bytesSent));
+              std::to_string(want.calls) + " " + std::to_string(want.elements) +
+              " " + std::to_string(want.bytesSent));
   }
 }
 
@@ -96,11 +95,11 @@ void checkAllReduce(unsigned axes, bool nonBlocking) {
   const int64_t n = 7;
   std::vector<int> ranks = groupRanks(axes);
   int64_t g = (int64_t)ranks.size();
-  std::string what = std::string(nonBlocking ? "allReduceSumStart" :
-                                               "allReduceSum") +
-                     " over " + axesName(axes);
-  check(groupSize(axes) == g, "groupSize(" + axesName(axes) + ") = " +
-                                  std::to_string(groupSize(axes)) +
+  std::string what =
+      std::string(nonBlocking ? "allReduceSumStart" : "allReduceSum") +
+      " over " + axesName(axes);
+  check(groupSize(axes) == g, "groupSize(" + axesName(axes) +
+                                  ") = " + std::to_string(groupSize(axes)) +
                                   ", want " + std::to_string(g));
   std::vector<float> a(n), b(n);
   for (int64_t i = 0; i < n; i++) {
@@ -126,8 +125,8 @@ void checkAllReduce(unsigned axes, bool nonBlocking) {
       want += valueOf(r, i);
     check(a[i] == want && b[i] == -want,
           what + ": element " + std::to_string(i) + " is " +
-              std::to_string(a[i]) + " / " + std::to_string(b[i]) +
-              ", want " + std::to_string(want));
+              std::to_string(a[i]) + " / " + std::to_string(b[i]) + ", want " +
+              std::to_string(want));
   }
   checkCounters(what.c_str());
 }
@@ -226,8 +225,7 @@ int main(int argc, char **argv) {
     check(meshSize(AxisDP) == DP && meshSize(AxisTP) == TP, "mesh sizes");
     checkCounters("start");
 
-    unsigned dp = axisBit(AxisDP), tp = axisBit(AxisTP),
-             pp = axisBit(AxisPP);
+    unsigned dp = axisBit(AxisDP), tp = axisBit(AxisTP), pp = axisBit(AxisPP);
     for (unsigned axes : {tp, dp, dp | tp, dp | pp}) {
       checkAllReduce(axes, false);
       checkAllReduce(axes, true);
@@ -235,9 +233,9 @@ int main(int argc, char **argv) {
       checkReduceScatter(axes);
     }
     checkBitwiseIdentical();
-    for (CollectiveKind kind : {CollectiveKind::AllToAll,
-                                CollectiveKind::Broadcast,
-                                CollectiveKind::SendRecv})
+    for (CollectiveKind kind :
+         {CollectiveKind::AllToAll, CollectiveKind::Broadcast,
+          CollectiveKind::SendRecv})
       check(collectiveCounter(kind).calls == 0,
             std::string(collectiveName(kind)) + " was never called");
   } catch (const std::exception &e) {
