@@ -27,6 +27,28 @@ class Dist_CollectiveOp<string mnemonic, list<Trait> traits = []>
   let hasVerifier = 1;
 }
 
+def Dist_ReshardOp : Dist_Op<"reshard", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "Changes how a value is spread over the mesh";
+  let description = [{
+    Inserted by sharding propagation where a consumer needs its operand with
+    another sharding than the producer gives (a partial sum reduced, a split
+    dimension gathered); the partition pass lowers it to collectives. Types
+    are global.
+
+    ```mlir
+    %r = dist.reshard %x {from = #dist.sharding<[["dp"], []], partial = ["tp"]>, to = #dist.sharding<[["dp"], []], partial = []>} : tensor<8x64xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_ShardingAttr:$from,
+                   Dist_ShardingAttr:$to);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input)";
+  let builders = [OpBuilder<(ins "::mlir::Value":$input,
+      "ShardingAttr":$from, "ShardingAttr":$to), [{
+    build($_builder, $_state, input.getType(), input, from, to);
+  }]>];
+}
+
 def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce", [Pure]> {
   let summary = "Sums tensors over the ranks of a mesh-axis group";
   let description = [{

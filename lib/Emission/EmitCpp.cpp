@@ -9,13 +9,17 @@
 
 #include "tessel/Emission/EmitCpp.h"
 
+#include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
+#include "tessel/Runtime/CommVolume.h"
 #include "tessel/Transforms/BufferPlan.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Format.h"
+
+#include <map>
 
 using namespace mlir;
 using namespace tessel;
@@ -63,8 +67,22 @@ std::string boolStr(bool b) { return b ? "true" : "false"; }
 // gradient checks), which keeps every planned non-overlap.
 class ProgramEmitter {
 public:
-  ProgramEmitter(raw_ostream &os, int arenaScale = 1, bool withOptimizer = true)
-      : os(os), arenaScale(arenaScale), withOptimizer(withOptimizer) {}
+  ProgramEmitter(raw_ostream &os, int arenaScale = 1, bool withOptimizer = true,
+                 dist::Mesh mesh = {},
+                 std::vector<CollectiveCall> *calls = nullptr)
+      : os(os), arenaScale(arenaScale), withOptimizer(withOptimizer),
+        mesh(mesh), calls(calls) {}
+
+  void record(const char *kind, unsigned axes, int64_t elements,
+              int64_t bytesSent, Operation *op) {
+    if (!calls)
+      return;
+    std::string what = op->getName().getStringRef().str();
+    if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
+      what += " @ " + loc.getName().getValue().str();
+    calls->push_back({kind, axes, mesh.groupSize(axes), elements, bytesSent,
+                      what});
+  }
 
   // The C++ expression for the storage of `v`.
   std::string ptr(Value v) {
@@ -285,10 +303,25 @@ public:
         .Case<GlobalNormOp>([&](GlobalNormOp g) {
           if (!withOptimizer)
             return success();
+          // Squares of gradients split over some axes are summed over them
+          // (in one double all-reduce per distinct axis set).
+          auto axes = g->getAttrOfType<DenseI64ArrayAttr>("dist.norm_axes");
+          std::map<int64_t, SmallVector<Value>> byAxes;
+          for (auto [k, v] : llvm::enumerate(g.getInputs()))
+            byAxes[axes ? axes[k] : 0].push_back(v);
           os << "  {\n    double sumSq = 0.0;\n";
-          for (Value v : g.getInputs())
-            os << "    sumSq += sumSquares<T>(" << ptr(v) << ", "
-               << numel(v) << ");\n";
+          for (auto &[m, values] : byAxes) {
+            os << "    {\n      double part = 0.0;\n";
+            for (Value v : values)
+              os << "      part += sumSquares<T>(" << ptr(v) << ", "
+                 << numel(v) << ");\n";
+            if (m) {
+              os << "      allReduceSumDouble(&part, 1, " << m << "u);\n";
+              record("all_reduce", m, 1,
+                     rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g);
+            }
+            os << "      sumSq += part;\n    }\n";
+          }
           os << "    " << ptr(g) << "[0] = static_cast<T>(std::sqrt(sumSq));\n  }\n";
           return success();
         })
@@ -308,9 +341,102 @@ public:
                     flt(a.getMaxGradNorm().convertToDouble()) + ")"});
           return success();
         })
+        .Case<dist::AllReduceOp>([&](dist::AllReduceOp ar) {
+          emitAllReduce(ar.getInputs(), ar.getResults(), ar.getAxes(), "", ar);
+          return success();
+        })
+        .Case<dist::AllReduceStartOp>([&](dist::AllReduceStartOp ar) {
+          std::string name = "requests" + std::to_string(counter++);
+          requests[ar.getRequest()] = name;
+          os << "  CommRequest " << name << "[" << ar.getInputs().size()
+             << "];\n  int " << name << "Count = 0;\n";
+          emitAllReduce(ar.getInputs(), ar.getResults(), ar.getAxes(), name, ar);
+          return success();
+        })
+        .Case<dist::WaitOp>([&](dist::WaitOp w) {
+          std::string name = requests.lookup(w.getRequest());
+          os << "  for (int i = 0; i < " << name << "Count; ++i)\n"
+             << "    commWait(" << name << "[i]);\n";
+          return success();
+        })
+        .Case<dist::AllGatherOp>([&](dist::AllGatherOp g) {
+          auto [outer, len, inner] = around(g.getInput(), g.getDim());
+          call("allGatherAlong", {ptr(g.getInput()), ptr(g), i(outer), i(len),
+                                  i(inner), mask(g.getAxes())});
+          unsigned axes = dist::axesMask(g.getAxes());
+          int64_t n = outer * len * inner;
+          record("all_gather", axes, n,
+                 rt::allGatherBytesSent(n, mesh.groupSize(axes)), g);
+          return success();
+        })
+        .Case<dist::ReduceScatterOp>([&](dist::ReduceScatterOp r) {
+          auto [outer, len, inner] = around(r.getResult(), r.getDim());
+          call("reduceScatterAlong", {ptr(r.getInput()), ptr(r), i(outer),
+                                      i(len), i(inner), mask(r.getAxes())});
+          unsigned axes = dist::axesMask(r.getAxes());
+          int64_t g = mesh.groupSize(axes), n = outer * len * inner;
+          record("reduce_scatter", axes, g * n,
+                 rt::reduceScatterBytesSent(n, g), r);
+          return success();
+        })
         .Default([&](Operation *op) {
           return op->emitOpError("has no CPU emission rule");
         });
+  }
+
+  static std::string mask(ArrayAttr axes) {
+    return std::to_string(dist::axesMask(axes)) + "u";
+  }
+  // A dimension's extent and the element counts before and after it.
+  static std::tuple<int64_t, int64_t, int64_t> around(Value v, int64_t dim) {
+    auto shape = shapeOf(v);
+    return {product(shape.take_front(dim)), shape[dim],
+            product(shape.drop_front(dim + 1))};
+  }
+
+  // One sum over the group per contiguous run of the results' storage (a
+  // bucket of gradients laid out side by side is a single call). Results
+  // that do not alias their operand get a copy first.
+  void emitAllReduce(ValueRange inputs, ValueRange results, ArrayAttr axes,
+                     const std::string &requestArray, Operation *op) {
+    struct Piece {
+      BufferSpace space;
+      int64_t offset, size; // elements (param/grad store) or bytes (arena)
+      Value value;
+    };
+    SmallVector<Piece> pieces;
+    for (auto [in, out] : llvm::zip(inputs, results)) {
+      BufferRef src = bufferOf(in), dst = bufferOf(out);
+      if (src.space != dst.space || src.offset != dst.offset)
+        call("copy<T>", {ptr(in), ptr(out), i(numel(out))});
+      int64_t unit = dst.space == BufferSpace::Arena ? 4 : 1;
+      pieces.push_back({dst.space, dst.offset, numel(out) * unit, out});
+    }
+    llvm::sort(pieces, [](const Piece &a, const Piece &b) {
+      return std::make_pair(a.space, a.offset) <
+             std::make_pair(b.space, b.offset);
+    });
+    for (size_t k = 0; k < pieces.size();) {
+      size_t end = k + 1;
+      int64_t elements = numel(pieces[k].value);
+      while (end < pieces.size() && pieces[end].space == pieces[k].space &&
+             pieces[end].offset ==
+                 pieces[end - 1].offset + pieces[end - 1].size) {
+        elements += numel(pieces[end].value);
+        ++end;
+      }
+      std::string buffer = ptr(pieces[k].value);
+      unsigned m = dist::axesMask(axes);
+      record("all_reduce", m, elements,
+             rt::allReduceBytesSent(elements, mesh.groupSize(m)), op);
+      if (requestArray.empty())
+        call("allReduceSum", {buffer, i(elements), mask(axes)});
+      else
+        os << "  " << requestArray << "[" << requestArray
+           << "Count++] = allReduceSumStart(" << buffer << ", " << elements
+           << ", " << mask(axes) << ");\n";
+      k = end;
+    }
   }
 
   LogicalResult emitMatmul(MatmulOp m) {
@@ -327,11 +453,24 @@ public:
     return success();
   }
 
+  DenseMap<Value, std::string> requests;
   raw_ostream &os;
   int arenaScale;
   bool withOptimizer;
+  dist::Mesh mesh;
+  std::vector<CollectiveCall> *calls;
   int counter = 0;
 };
+
+std::string meshShapeInit(ModuleOp module) {
+  dist::Mesh mesh = dist::Mesh::of(module);
+  std::string text;
+  for (int a = 0; a < dist::kNumAxes; ++a)
+    text += "  program.meshShape[" + std::to_string(a) +
+            "] = " + std::to_string(mesh.size[a]) + "; // " +
+            dist::kAxisNames[a] + "\n";
+  return text;
+}
 
 const char *decayName(const std::string &decay) {
   if (decay == "cosine")
@@ -344,7 +483,8 @@ const char *decayName(const std::string &decay) {
 } // namespace
 
 LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
-                                     raw_ostream &os) {
+                                     raw_ostream &os,
+                                     std::vector<CollectiveCall> *calls) {
   auto func = module.lookupSymbol<func::FuncOp>("train_step");
   auto arenaBytes = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr);
   auto paramElems = module->getAttrOfType<IntegerAttr>(kParamElemsAttr);
@@ -365,6 +505,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
 
   os << "// Generated by tessel from " << cppStringLiteral(spec.name)
      << ". One rank's training step.\n"
+     << "#include \"tessel/Runtime/Comm.h\"\n"
      << "#include \"tessel/Runtime/Kernels.h\"\n"
      << "#include \"tessel/Runtime/Program.h\"\n\n#include <cmath>\n\n"
      << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
@@ -393,7 +534,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  const int32_t *tokens = ctx.tokens;\n"
      << "  const int32_t *targets = ctx.targets;\n"
      << "  (void)P; (void)G; (void)A; (void)tokens; (void)targets;\n";
-  ProgramEmitter emitter(os);
+  ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
   for (Operation &op : func.getBody().front().without_terminator())
     if (failed(emitter.emitOp(&op)))
       return failure();
@@ -426,8 +567,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.activationBytes = " << arenaBytes.getInt() << ";\n"
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
-     << "  program.meshShape[0] = program.meshShape[1] = program.meshShape[2] =\n"
-     << "      program.meshShape[3] = program.meshShape[4] = 1;\n"
+     << meshShapeInit(module)
      << "  return runMain(argc, argv, program);\n}\n";
   return success();
 }

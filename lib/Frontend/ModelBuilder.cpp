@@ -9,6 +9,7 @@
 
 #include "tessel/Frontend/ModelBuilder.h"
 
+#include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -30,6 +31,12 @@ public:
     Location loc = NameLoc::get(b.getStringAttr(spec.name));
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
     b.setInsertionPointToEnd(module->getBody());
+    const ParallelSpec &par = spec.parallel;
+    dist::MeshOp::create(
+        b, loc, b.getStrArrayAttr({"pp", "dp", "tp"}),
+        b.getDenseI64ArrayAttr({par.pp, par.dp, par.tp}));
+    if (par.sequenceParallel && par.tp > 1)
+      (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());
     auto func = func::FuncOp::create(
         b, loc, "forward", b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;
@@ -44,7 +51,8 @@ public:
                       b.getNamedAttr("grad_clip", b.getF64FloatAttr(t.gradClip)),
                   }));
     b.setInsertionPointToEnd(func.addEntryBlock());
-    int64_t B = t.globalBatch / (spec.parallel.dp * spec.parallel.microbatches);
+    // Global shapes: the partition pass splits the batch over dp.
+    int64_t B = t.globalBatch / spec.parallel.microbatches;
     tokens = input("tokens", B);
     targets = input("targets", B);
     Value loss = m.family == "llama" ? llama() : gpt();

@@ -260,6 +260,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.microbatches = s.integer("microbatches", 1, 1);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
+  p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   s.rejectUnknown();
   if (problems.any())
     return;
@@ -279,13 +280,12 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
                                     " does not divide model.layers = " +
                                     std::to_string(spec.model.layers));
-  else if (p.dp > 1 || p.tp > 1 || p.pp > 1 || p.microbatches > 1 ||
-           p.sequenceParallel)
-    problems.report(s.at(p.dp > 1 ? "dp" : p.tp > 1 ? "tp" : p.pp > 1 ? "pp"
+  else if (p.tp > 1 || p.pp > 1 || p.microbatches > 1 || p.sequenceParallel)
+    problems.report(s.at(p.tp > 1 ? "tp" : p.pp > 1 ? "pp"
                          : p.microbatches > 1 ? "microbatches"
                                               : "sequence_parallel"),
-                    "only the one-rank layout (dp = tp = pp = microbatches = "
-                    "1, no sequence parallelism) can be compiled so far");
+                    "only data parallelism (parallel.dp) can be compiled so far; "
+                    "tp, pp, microbatches and sequence_parallel must be 1/false");
 }
 
 } // namespace

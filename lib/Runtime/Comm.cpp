@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/CommVolume.h"
 
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
@@ -101,11 +102,6 @@ void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
   c.bytesSent += bytesSent;
 }
 
-// Bytes each rank sends in a ring all-reduce of n floats: 2(g-1)/g * n * 4,
-// rounded down.
-int64_t allReduceBytes(int64_t n, int64_t g) {
-  return 2 * (g - 1) * n * (int64_t)sizeof(float) / g;
-}
 
 void checkMpi(int result, const char *what) {
   if (result == MPI_SUCCESS)
@@ -279,7 +275,7 @@ void allReduceSum(float *buffer, int64_t n, unsigned axes) {
   int64_t g = groupSize(axes);
   if (n < 0)
     throw std::runtime_error("allReduceSum of a negative element count");
-  count(CollectiveKind::AllReduce, n, allReduceBytes(n, g));
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
   if (g == 1)
     return;
   MPI_Comm comm = state().comms[effectiveAxes(axes)];
@@ -296,7 +292,7 @@ void allGather(const float *in, float *out, int64_t n, unsigned axes) {
   checkAxes(axes, "allGather");
   int64_t g = groupSize(axes);
   checkCount(n, g, "allGather");
-  count(CollectiveKind::AllGather, n, (g - 1) * n * (int64_t)sizeof(float));
+  count(CollectiveKind::AllGather, n, allGatherBytesSent(n, g));
   if (g == 1) {
     if (out != in && n > 0)
       std::memmove(out, in, (size_t)n * sizeof(float));
@@ -311,8 +307,7 @@ void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
   checkAxes(axes, "reduceScatterSum");
   int64_t g = groupSize(axes);
   checkCount(n, g, "reduceScatterSum");
-  count(CollectiveKind::ReduceScatter, g * n,
-        (g - 1) * n * (int64_t)sizeof(float));
+  count(CollectiveKind::ReduceScatter, g * n, reduceScatterBytesSent(n, g));
   if (g == 1) {
     if (out != in && n > 0)
       std::memmove(out, in, (size_t)n * sizeof(float));
@@ -323,11 +318,31 @@ void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
            "MPI_Reduce_scatter_block");
 }
 
+void allReduceSumDouble(double *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceSumDouble");
+  int64_t g = groupSize(axes);
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g, 8));
+  if (g > 1)
+    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer, (int)n, MPI_DOUBLE, MPI_SUM,
+                           state().comms[effectiveAxes(axes)]),
+             "MPI_Allreduce");
+}
+
+void allReduceMax(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceMax");
+  int64_t g = groupSize(axes);
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
+  if (g > 1)
+    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_MAX,
+                           state().comms[effectiveAxes(axes)]),
+             "MPI_Allreduce");
+}
+
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
   checkAxes(axes, "allReduceSumStart");
   int64_t g = groupSize(axes);
   checkCount(n, 1, "allReduceSumStart");
-  count(CollectiveKind::AllReduce, n, allReduceBytes(n, g));
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
   CommState &s = state();
   MPI_Request request = MPI_REQUEST_NULL;
   if (g > 1)

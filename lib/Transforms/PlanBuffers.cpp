@@ -86,9 +86,18 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
     auto it = root.find(v);
     return it == root.end() ? v : it->second;
   };
-  for (Operation &op : body)
+  for (Operation &op : body) {
     if (auto reshape = dyn_cast<ReshapeOp>(op))
       root[reshape.getResult()] = rootOf(reshape.getInput());
+    // An all-reduce works in place when nothing else reads its operand.
+    if (isa<dist::AllReduceOp, dist::AllReduceStartOp>(op))
+      for (auto [in, out] : llvm::zip(op.getOperands(), op.getResults())) {
+        Operation *def = in.getDefiningOp();
+        if (in.hasOneUse() && rootOf(in) == in && def &&
+            !isa<ParamOp, InputOp>(def))
+          root[out] = in;
+      }
+  }
 
   // Last use of each root over all its aliases.
   DenseMap<Value, int64_t> lastUse;
@@ -122,7 +131,7 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
   for (Operation &op : body) {
     for (Value result : op.getResults()) {
       Value r = rootOf(result);
-      if (r != result || place.count(r))
+      if (r != result || place.count(r) || !isa<RankedTensorType>(r.getType()))
         continue;
       place[r] = {BufferSpace::Arena, arena.allocate(bytesOf(r))};
     }
@@ -136,6 +145,8 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
         dying.push_back(result);
     llvm::SmallPtrSet<void *, 8> freed;
     for (Value v : dying) {
+      if (!place.count(v))
+        continue;
       BufferRef ref = place[v];
       if (ref.space == BufferSpace::Arena &&
           freed.insert(v.getAsOpaquePointer()).second)
@@ -148,8 +159,11 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
       continue;
     SmallVector<int64_t> pairs;
     for (Value result : op.getResults()) {
-      BufferRef ref = place[rootOf(result)];
-      pairs.append({static_cast<int64_t>(ref.space), ref.offset});
+      auto it = place.find(rootOf(result));
+      if (it == place.end()) // a request, not storage
+        pairs.append({-1, 0});
+      else
+        pairs.append({static_cast<int64_t>(it->second.space), it->second.offset});
     }
     op.setAttr(kBufferAttr, DenseI64ArrayAttr::get(ctx, pairs));
   }

@@ -8,7 +8,11 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <unistd.h>
 #include "llvm/Support/raw_ostream.h"
 
 #include <nlohmann/json.hpp>
@@ -57,15 +61,26 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   Expected<json> plan = readPlan(dir);
   if (!plan)
     return fail(toString(plan.takeError()));
-  if ((*plan)["world_size"].get<int>() != 1)
-    return fail("multi-rank plans cannot be launched yet");
+  int64_t world = (*plan)["world_size"].get<int64_t>();
   std::string program = (*plan)["ranks"][0]["program"].get<std::string>();
   SmallString<256> binary(dir);
   sys::path::append(binary, "bin", program);
   if (!sys::fs::can_execute(binary))
     return fail(binary + " is missing or not executable; compile again");
 
-  std::vector<std::string> argv = {std::string(binary)};
+  // One rank runs directly; a mesh runs under mpirun (root and more ranks
+  // than cores are allowed, as on a developer's machine or in CI).
+  std::vector<std::string> argv;
+  if (world > 1) {
+    auto mpirun = sys::findProgramByName("mpirun");
+    if (!mpirun)
+      return fail("this plan has " + Twine(world) +
+                  " ranks and needs mpirun (Debian: openmpi-bin)");
+    argv = {*mpirun, "--oversubscribe", "-np", std::to_string(world)};
+    if (sys::Process::GetEnv("USER").value_or("") == "root" || getuid() == 0)
+      argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  }
+  argv.push_back(std::string(binary));
   const json &data = (*plan)["data"];
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
   if (data["format"] == "llmc" && !hasFlag(forwarded, "--data")) {
@@ -77,13 +92,16 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   std::string message;
   int rc = sys::ExecuteAndWait(argv[0], refs, std::nullopt, {}, 0, 0, &message);
   if (rc < 0)
-    return fail("rank 0 (" + binary + ") did not finish: " + message);
+    return fail(binary + " did not finish: " + message);
+  if (rc != 0 && world > 1)
+    errs() << "tessel: error: the " << world << "-rank run failed (exit code "
+           << rc << "); the messages above name the failing rank\n";
   return rc;
 }
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
-                      "--source)\n  stages: graph, train, planned\n";
+                      "--source | --comm)\n  stages: graph, train, sharded, partitioned, planned\n";
   if (args.size() < 2) {
     errs() << usage;
     return 2;
@@ -92,6 +110,27 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   if (Expected<json> plan = readPlan(dir); !plan)
     return fail(toString(plan.takeError()));
   SmallString<256> path(dir);
+  if (args[1] == "--comm") {
+    Expected<json> plan = readPlan(dir);
+    for (auto &[name, program] : (*plan)["programs"].items()) {
+      outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
+             << " ranks): collectives per rank and step\n";
+      outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
+                        "collective", "axes", "group", "elements",
+                        "bytes sent", "op");
+      for (const json &c : program["comm"]["per_step"])
+        outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
+                          c["collective"].get<std::string>(),
+                          c["axes"].get<std::string>(),
+                          c["group"].get<int64_t>(),
+                          c["elements"].get<int64_t>(),
+                          c["bytes_sent"].get<int64_t>(),
+                          c["op"].get<std::string>());
+      if (program["comm"]["per_step"].empty())
+        outs() << "  (none)\n";
+    }
+    return 0;
+  }
   if (args[1] == "--plan") {
     sys::path::append(path, "plan.json");
   } else if (args[1] == "--source") {
@@ -102,14 +141,16 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
     static const std::pair<const char *, const char *> stages[] = {
         {"graph", "00-graph.mlir"},
         {"train", "01-train.mlir"},
-        {"planned", "02-planned.mlir"}};
+        {"sharded", "02-sharded.mlir"},
+        {"partitioned", "03-partitioned.mlir"},
+        {"planned", "04-planned.mlir"}};
     const char *file = nullptr;
     for (auto [name, f] : stages)
       if (stage == name)
         file = f;
     if (!file)
       return fail("--ir: unknown stage '" + stage +
-                  "' (stages: graph, train, planned)");
+                  "' (stages: graph, train, sharded, partitioned, planned)");
     sys::path::append(path, "ir", file);
   } else {
     errs() << usage;

@@ -4,11 +4,23 @@
 
 #include "llvm/ADT/ArrayRef.h"
 #include <string>
+#include <vector>
 
 namespace tessel {
 int runCommand(llvm::ArrayRef<std::string> args);
 int inspectCommand(llvm::ArrayRef<std::string> args);
 int dataCommand(llvm::ArrayRef<std::string> args);
+
+struct CheckOptions {
+  std::string input;
+  std::vector<std::string> overrides; // applied to both programs
+  std::vector<std::string> layout;    // parallel.* overrides of the layout
+  int64_t steps = 20;
+  double tolerance = 1e-5;
+};
+// Trains the layout and the one-rank program and compares losses and final
+// parameters (relative to each tensor's largest magnitude).
+int checkCommand(const CheckOptions &options);
 } // namespace tessel
 
 #endif

@@ -9,6 +9,7 @@
 #include "Compile.h"
 
 #include "dialects/Graph/GraphOps.h"
+#include "dialects/Dist/DistOps.h"
 #include "tessel/Emission/EmitCpp.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/Frontend/Spec.h"
@@ -84,29 +85,75 @@ json memoryReport(ModuleOp module) {
   return m;
 }
 
-json planJson(const Spec &spec, ModuleOp module, const std::string &program) {
+// Rank order: tp innermost, then dp, with pp outermost (Megatron's).
+struct RankCoords {
+  int64_t pp, dp, tp;
+};
+RankCoords coordsOf(const ParallelSpec &p, int64_t rank) {
+  return {rank / (p.dp * p.tp), (rank / p.tp) % p.dp, rank % p.tp};
+}
+
+json commReport(const std::vector<CollectiveCall> &calls) {
+  json perStep = json::array();
+  json totals = json::object();
+  for (const CollectiveCall &c : calls) {
+    perStep.push_back({{"collective", c.kind},
+                       {"axes", dist::axesString(c.axes)},
+                       {"group", c.groupSize},
+                       {"elements", c.elements},
+                       {"bytes_sent", c.bytesSent},
+                       {"op", c.what}});
+    json &t = totals[c.kind];
+    if (t.is_null())
+      t = {{"calls", 0}, {"elements", 0}, {"bytes_sent", 0}};
+    t["calls"] = t["calls"].get<int64_t>() + 1;
+    t["elements"] = t["elements"].get<int64_t>() + c.elements;
+    t["bytes_sent"] = t["bytes_sent"].get<int64_t>() + c.bytesSent;
+  }
+  return {{"per_step", perStep}, {"per_step_totals", totals}};
+}
+
+json planJson(const Spec &spec, ModuleOp module, const std::string &program,
+              const std::vector<CollectiveCall> &calls) {
   auto func = module.lookupSymbol<func::FuncOp>("train_step");
   int64_t params = 0, paramCount = 0;
   json paramList = json::array();
   for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
     params += p.getType().getNumElements();
     ++paramCount;
-    paramList.push_back({{"name", p.getName().str()},
-                         {"shape", p.getType().getShape().vec()}});
+    json entry = {{"name", p.getName().str()},
+                  {"local_shape", p.getType().getShape().vec()}};
+    if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      os << attrs[0];
+      entry["sharding"] = text;
+    }
+    paramList.push_back(entry);
   }
+  const ParallelSpec &par = spec.parallel;
+  int64_t world = par.dp * par.tp * par.pp;
   json plan;
   plan["name"] = spec.name;
   plan["target"] = "cpu";
-  plan["world_size"] = 1;
-  plan["mesh"] = {{"dp", spec.parallel.dp}, {"tp", spec.parallel.tp},
-                  {"pp", spec.parallel.pp}};
-  plan["ranks"] = json::array(
-      {{{"rank", 0}, {"program", program}, {"coords", {{"dp", 0}, {"tp", 0}, {"pp", 0}}}}});
+  plan["world_size"] = world;
+  plan["mesh"] = {{"pp", par.pp}, {"dp", par.dp}, {"tp", par.tp}};
+  plan["sequence_parallel"] = par.sequenceParallel;
+  json ranks = json::array();
+  for (int64_t r = 0; r < world; ++r) {
+    RankCoords c = coordsOf(par, r);
+    ranks.push_back({{"rank", r},
+                     {"program", program},
+                     {"coords", {{"pp", c.pp}, {"dp", c.dp}, {"tp", c.tp}}}});
+  }
+  plan["ranks"] = ranks;
   plan["programs"][program] = {{"binary", "bin/" + program},
                                {"source", "src/" + program + ".cpp"},
+                               {"ranks", world},
                                {"parameters", params},
                                {"parameter_tensors", paramCount},
-                               {"memory", memoryReport(module)}};
+                               {"memory", memoryReport(module)},
+                               {"comm", commReport(calls)}};
   const TrainSpec &t = spec.train;
   plan["train"] = {{"global_batch", t.globalBatch}, {"seq_len", spec.model.seqLen},
                    {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr},
@@ -114,6 +161,44 @@ json planJson(const Spec &spec, ModuleOp module, const std::string &program) {
   plan["data"] = {{"format", spec.data.format}, {"path", spec.data.path}};
   plan["parameters"] = paramList;
   return plan;
+}
+
+// launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
+// launch/slurm.sbatch with its srun --multi-prog configuration.
+llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
+                             const std::string &program) {
+  const ParallelSpec &par = spec.parallel;
+  int64_t world = par.dp * par.tp * par.pp;
+  std::string np = std::to_string(world);
+  llvm::SmallString<256> mpirun(out), sbatch(out), conf(out);
+  llvm::sys::path::append(mpirun, "launch", "mpirun.sh");
+  llvm::sys::path::append(sbatch, "launch", "slurm.sbatch");
+  llvm::sys::path::append(conf, "launch", "multi-prog.conf");
+  std::string script =
+      "#!/bin/sh\n# Launches all " + np + " ranks of this plan (MPMD):\n"
+      "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
+      "cd \"$(dirname \"$0\")/..\" || exit 1\n"
+      "extra=\"\"\n"
+      "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
+      "exec mpirun $extra --oversubscribe -np " + np + " bin/" + program +
+      " \"$@\"\n";
+  if (llvm::Error err = writeFile(mpirun, script))
+    return err;
+  llvm::sys::fs::setPermissions(mpirun, llvm::sys::fs::all_read |
+                                            llvm::sys::fs::all_exe |
+                                            llvm::sys::fs::owner_write);
+  std::string ranks = "0-" + std::to_string(world - 1);
+  if (llvm::Error err = writeFile(
+          conf, "# srun --multi-prog: ranks -> program (arguments after it)\n" +
+                    ranks + " bin/" + program + "\n"))
+    return err;
+  return writeFile(
+      sbatch, "#!/bin/bash\n#SBATCH --job-name=" + spec.name +
+                  "\n#SBATCH --ntasks=" + np +
+                  "\n# Tessel orders ranks tp innermost, pp outermost: keep "
+                  "a tp group on one node.\n"
+                  "cd \"$SLURM_SUBMIT_DIR\" || exit 1\n"
+                  "srun --multi-prog launch/multi-prog.conf\n");
 }
 
 // Replaces `dir` with the finished `staging` directory. Refuses to replace a
@@ -169,16 +254,33 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     return diagnostics.error("automatic differentiation failed");
   if (llvm::Error err = stage("01-train.mlir"))
     return err;
+  PassManager sharding(&context);
+  sharding.addPass(createPropagateSharding());
+  if (failed(sharding.run(*module)))
+    return diagnostics.error("sharding propagation failed");
+  if (llvm::Error err = stage("02-sharded.mlir"))
+    return err;
+  PassManager partition(&context);
+  partition.addPass(createPartition());
+  if (failed(partition.run(*module)))
+    return diagnostics.error("partitioning failed");
+  if (llvm::Error err = stage("03-partitioned.mlir"))
+    return err;
   PassManager plan(&context);
+  BucketGradientsOptions bucketing;
+  bucketing.bucketBytes =
+      static_cast<int64_t>(spec.parallel.bucketMB * (1 << 20));
+  plan.addPass(createBucketGradients(bucketing));
   plan.addPass(createPlanBuffers());
   if (failed(plan.run(*module)))
     return diagnostics.error("buffer planning failed");
-  return stage("02-planned.mlir");
+  return stage("04-planned.mlir");
 }
 
 llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   MLIRContext context;
-  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
+  context.loadDialect<graph::GraphDialect, dist::DistDialect,
+                      func::FuncDialect>();
   DiagnosticCollector diagnostics(context);
 
   for (const char *dir : {"ir", "src", "bin", "launch"}) {
@@ -204,7 +306,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   const std::string program = "program0";
   std::string source;
   llvm::raw_string_ostream sourceStream(source);
-  if (failed(emitCpuProgram(*module, spec, sourceStream)))
+  std::vector<CollectiveCall> calls;
+  if (failed(emitCpuProgram(*module, spec, sourceStream, &calls)))
     return diagnostics.error("emitting C++ failed");
   llvm::SmallString<256> sourcePath(out), binaryPath(out);
   llvm::sys::path::append(sourcePath, "src", program + ".cpp");
@@ -214,20 +317,12 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err = buildCpuProgram(sourcePath, binaryPath, options.verbose))
     return err;
 
-  llvm::SmallString<256> planPath(out), launchPath(out);
+  llvm::SmallString<256> planPath(out);
   llvm::sys::path::append(planPath, "plan.json");
-  if (llvm::Error err = writeFile(planPath, planJson(spec, *module, program).dump(2) + "\n"))
-    return err;
-  llvm::sys::path::append(launchPath, "launch", "mpirun.sh");
   if (llvm::Error err = writeFile(
-          launchPath, "#!/bin/sh\n# Launches every rank of this plan (MPMD).\n"
-                      "cd \"$(dirname \"$0\")/..\" || exit 1\n"
-                      "exec mpirun -np 1 bin/" + program + " \"$@\"\n"))
+          planPath, planJson(spec, *module, program, calls).dump(2) + "\n"))
     return err;
-  llvm::sys::fs::setPermissions(launchPath, llvm::sys::fs::all_read |
-                                                llvm::sys::fs::all_exe |
-                                                llvm::sys::fs::owner_write);
-  return llvm::Error::success();
+  return writeLaunchFiles(out, spec, program);
 }
 
 } // namespace
@@ -246,7 +341,8 @@ llvm::Error tessel::compile(const CompileOptions &options) {
 
 llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   MLIRContext context;
-  context.loadDialect<graph::GraphDialect, func::FuncDialect>();
+  context.loadDialect<graph::GraphDialect, dist::DistDialect,
+                      func::FuncDialect>();
   DiagnosticCollector diagnostics(context);
   Spec spec;
   OwningOpRef<ModuleOp> module;

@@ -79,6 +79,56 @@ static int compileCommand(int argc, char **argv) {
   return 0;
 }
 
+static int checkCommandLine(int argc, char **argv) {
+  cl::OptionCategory category("tessel check options");
+  cl::opt<std::string> input(cl::Positional, cl::Required,
+                             cl::desc("<spec.json>"), cl::cat(category));
+  cl::opt<int> dp("dp", cl::desc("Data-parallel degree"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> tp("tp", cl::desc("Tensor-parallel degree"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> pp("pp", cl::desc("Pipeline stages"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
+                            cl::init(0), cl::cat(category));
+  cl::opt<bool> sp("sp", cl::desc("Sequence parallelism"), cl::cat(category));
+  cl::opt<int> layers("layers", cl::desc("Shrink the model to N layers"),
+                      cl::init(0), cl::cat(category));
+  cl::opt<int> steps("steps", cl::desc("Steps to train (default 20)"),
+                     cl::init(20), cl::cat(category));
+  cl::opt<double> tolerance("tolerance",
+                            cl::desc("Largest relative difference allowed"),
+                            cl::init(1e-5), cl::cat(category));
+  cl::list<std::string> sets("set", cl::desc("Override a spec field"),
+                             cl::value_desc("key=value"), cl::cat(category));
+  cl::HideUnrelatedOptions(category);
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "tessel check: trains a layout and the one-rank program and "
+          "compares losses and parameters\n",
+          &errs()))
+    return 2;
+  tessel::CheckOptions options;
+  options.input = input;
+  options.overrides.assign(sets.begin(), sets.end());
+  if (layers > 0)
+    options.overrides.push_back("model.layers=" + std::to_string(layers));
+  options.steps = steps;
+  options.tolerance = tolerance;
+  auto layout = [&](const char *key, int value) {
+    if (value > 0)
+      options.layout.push_back(std::string("parallel.") + key + "=" +
+                               std::to_string(value));
+  };
+  layout("dp", dp);
+  layout("tp", tp);
+  layout("pp", pp);
+  layout("microbatches", microbatches);
+  if (sp)
+    options.layout.push_back("parallel.sequence_parallel=true");
+  return tessel::checkCommand(options);
+}
+
 static int gradcheckCommand(int argc, char **argv) {
   cl::OptionCategory category("tessel gradcheck options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
@@ -113,6 +163,7 @@ int main(int argc, char **argv) {
       "  run DIR               train with a compiled output\n"
       "  inspect DIR --ir STAGE | --plan | --source\n"
       "  data encode|synth     make llm.c token files\n"
+      "  check SPEC --dp N ... train a layout and one rank; compare them\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
       "Run 'tessel <command> --help' for a command's options.\n";
   if (argc < 2) {
@@ -130,6 +181,11 @@ int main(int argc, char **argv) {
     std::string name = "tessel gradcheck";
     argv[1] = name.data();
     return gradcheckCommand(argc - 1, argv + 1);
+  }
+  if (command == "check") {
+    std::string name = "tessel check";
+    argv[1] = name.data();
+    return checkCommandLine(argc - 1, argv + 1);
   }
   if (command == "run")
     return tessel::runCommand(rest);

@@ -7,14 +7,29 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <string>
+#include <vector>
+
 namespace tessel {
+
+// One collective call of the emitted step, as the runtime will count it.
+struct CollectiveCall {
+  std::string kind; // all_reduce, all_gather, reduce_scatter
+  unsigned axes;    // mesh-axis bit mask (dp=1, tp=2, pp=4, ...)
+  int64_t groupSize;
+  int64_t elements;  // as counted by the runtime (see Comm.h)
+  int64_t bytesSent; // textbook volume (CommVolume.h)
+  std::string what;  // the op it implements
+};
 
 // Writes the C++ source of one rank program: `@train_step` of `module` (after
 // tessel-plan-buffers) as a straight-line sequence of runtime kernel calls,
 // the parameter table, the training recipe of `spec`, and a `main` that hands
 // them to tessel::rt::runMain.
+// `calls`, when given, receives every collective call of one step in order.
 mlir::LogicalResult emitCpuProgram(mlir::ModuleOp module, const Spec &spec,
-                                   llvm::raw_ostream &os);
+                                   llvm::raw_ostream &os,
+                                   std::vector<CollectiveCall> *calls = nullptr);
 
 // Writes a standalone float64 program that runs the planned step without the
 // optimizer on random parameters and tokens, and compares the gradient of

@@ -46,6 +46,7 @@ struct ParallelSpec {
   int64_t dp = 1, tp = 1, pp = 1, microbatches = 1;
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
+  double bucketMB = 25.0; // gradient all-reduce bucket size
 };
 
 struct Spec {

@@ -71,6 +71,22 @@ void allGather(const float *in, float *out, int64_t n, unsigned axes);
 // g * n elements and (g-1) * n * 4 bytes.
 void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes);
 
+// Sum of doubles (gradient-norm partial sums); counted as an all-reduce of
+// n 8-byte elements.
+void allReduceSumDouble(double *buffer, int64_t n, unsigned axes);
+// Elementwise maximum (vocab-parallel softmax); counted as an all-reduce.
+void allReduceMax(float *buffer, int64_t n, unsigned axes);
+
+// All-gather along one dimension of a [outer, len, inner] tensor: out is
+// [outer, g * len, inner] with the pieces in group order. Counted as one
+// all-gather of outer * len * inner elements.
+void allGatherAlong(const float *in, float *out, int64_t outer, int64_t len,
+                    int64_t inner, unsigned axes);
+// Reduce-scatter along one dimension: in is [outer, g * len, inner], out this
+// rank's [outer, len, inner] piece of the sum. Counted as one reduce-scatter.
+void reduceScatterAlong(const float *in, float *out, int64_t outer,
+                        int64_t len, int64_t inner, unsigned axes);
+
 // Non-blocking all-reduce (MPI_Iallreduce); wait before reading the buffer.
 using CommRequest = int;
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);

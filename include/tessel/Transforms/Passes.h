@@ -2,6 +2,7 @@
 #ifndef TESSEL_TRANSFORMS_PASSES_H
 #define TESSEL_TRANSFORMS_PASSES_H
 
+#include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"

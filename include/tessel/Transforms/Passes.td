@@ -26,6 +26,53 @@ def Autodiff : Pass<"tessel-autodiff", "mlir::ModuleOp"> {
   ];
 }
 
+def PropagateSharding : Pass<"tessel-propagate-sharding", "mlir::ModuleOp"> {
+  let summary = "Gives every value of the training step a sharding";
+  let description = [{
+    Seeds: token inputs split along the batch over `dp`, parameters as their
+    `dist.sharding` attribute says (the frontend's Megatron plan), else
+    replicated. Each op's rule then derives its results' shardings from its
+    operands', in program order; where an operand does not have the sharding
+    the rule needs (a partial sum consumed by a non-linear op, a dimension
+    that must be whole), a `dist.reshard` is inserted in front of the use:
+    partial values are reduced as late as possible. Under sequence
+    parallelism (`dist.sequence_parallel` on the module) a reduced
+    activation is split along the sequence over `tp` instead of replicated.
+    An op whose operands cannot be reconciled is an error at that op.
+    Results carry `dist.sharding` (one attribute per result). Mesh axes of
+    size 1 are ignored, so a one-rank mesh changes nothing.
+  }];
+  let dependentDialects = ["::tessel::dist::DistDialect"];
+}
+
+def Partition : Pass<"tessel-partition", "mlir::ModuleOp"> {
+  let summary = "Turns the global training step into the per-rank program";
+  let description = [{
+    Every value gets its local type (split dimensions divided by their group
+    size); `dist.reshard` becomes collectives (all_reduce for partial axes,
+    reduce_scatter where the target splits a dimension, all_gather where a
+    split dimension must become whole); a cross-entropy over split tokens is
+    scaled so that its partial sum is the global mean; `graph.global_norm`
+    records over which axes each gradient's squares must be summed.
+  }];
+  let dependentDialects = ["::tessel::dist::DistDialect"];
+}
+
+def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
+  let summary = "Buckets gradient all-reduces and overlaps them with backward";
+  let description = [{
+    Gradient all-reduces (those feeding `graph.adamw`) are grouped in the
+    order their gradients become final into buckets of at most
+    `bucket-bytes` each; a bucket's all-reduce is started right after its
+    last gradient is produced and waited for before the gradient norm.
+  }];
+  let options = [
+    Option<"bucketBytes", "bucket-bytes", "int64_t", "25 << 20",
+           "Largest bucket in bytes (one all-reduce call per bucket)">,
+  ];
+  let dependentDialects = ["::tessel::dist::DistDialect"];
+}
+
 def PlanBuffers : Pass<"tessel-plan-buffers", "mlir::ModuleOp"> {
   let summary = "Assigns every tensor of the training step a static buffer";
   let description = [{

@@ -1,0 +1,120 @@
+//===- BucketGradients.cpp - Bucketed, overlapped gradient all-reduces ----===//
+//
+// Gradients become final in reverse layer order during backward. Each bucket
+// of consecutive gradients is reduced by one collective started as soon as
+// its last gradient exists, so it runs while backward continues, and is
+// waited for only before the gradient norm. See Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_BUCKETGRADIENTS
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+namespace {
+
+int64_t bytesOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getNumElements() * 4;
+}
+
+// A gradient sync: a one-operand all-reduce whose result updates a parameter.
+bool isGradientSync(dist::AllReduceOp ar) {
+  return ar.getInputs().size() == 1 &&
+         llvm::any_of(ar.getResult(0).getUsers(),
+                      [](Operation *user) { return isa<AdamWOp>(user); });
+}
+
+void bucket(func::FuncOp func, int64_t bucketBytes) {
+  Block &body = func.getBody().front();
+  DenseMap<Operation *, int64_t> position;
+  for (Operation &op : body)
+    position[&op] = position.size();
+  auto ready = [&](dist::AllReduceOp ar) {
+    Operation *def = ar.getInputs()[0].getDefiningOp();
+    return def ? position[def] : -1;
+  };
+  SmallVector<dist::AllReduceOp> syncs;
+  for (auto ar : body.getOps<dist::AllReduceOp>())
+    if (isGradientSync(ar))
+      syncs.push_back(ar);
+  llvm::stable_sort(syncs, [&](auto a, auto b) { return ready(a) < ready(b); });
+
+  SmallVector<SmallVector<dist::AllReduceOp>> buckets;
+  int64_t bytes = 0;
+  for (dist::AllReduceOp ar : syncs) {
+    bool fits = !buckets.empty() && bytes + bytesOf(ar.getResult(0)) <= bucketBytes &&
+                buckets.back().front().getAxes() == ar.getAxes();
+    if (!fits) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(ar);
+    bytes += bytesOf(ar.getResult(0));
+  }
+
+  MLIRContext *ctx = func.getContext();
+  for (auto &group : buckets) {
+    // Start right after the last gradient of the bucket is produced.
+    Operation *last = nullptr;
+    SmallVector<Value> inputs;
+    SmallVector<Type> types;
+    SmallVector<Attribute> shardings;
+    for (dist::AllReduceOp ar : group) {
+      Value in = ar.getInputs()[0];
+      inputs.push_back(in);
+      types.push_back(in.getType());
+      if (auto attrs = ar->getAttrOfType<ArrayAttr>("dist.sharding"))
+        shardings.push_back(attrs[0]);
+      Operation *def = in.getDefiningOp();
+      if (def && (!last || position[def] > position[last]))
+        last = def;
+    }
+    OpBuilder b(ctx);
+    if (last)
+      b.setInsertionPointAfter(last);
+    else
+      b.setInsertionPointToStart(&body);
+    auto start = dist::AllReduceStartOp::create(
+        b, group.front().getLoc(), types, dist::RequestType::get(ctx), inputs,
+        group.front().getAxes());
+    if (shardings.size() == group.size())
+      start->setAttr("dist.sharding", ArrayAttr::get(ctx, shardings));
+    // Wait before the first reader of any result.
+    Operation *firstUser = nullptr;
+    for (auto [ar, result] : llvm::zip(group, start.getResults())) {
+      for (Operation *user : ar.getResult(0).getUsers())
+        if (!firstUser || position[user] < position[firstUser])
+          firstUser = user;
+      ar.getResult(0).replaceAllUsesWith(result);
+      ar.erase();
+    }
+    b.setInsertionPoint(firstUser ? firstUser : body.getTerminator());
+    dist::WaitOp::create(b, start.getLoc(), start.getRequest());
+  }
+}
+
+struct BucketGradientsPass
+    : tessel::impl::BucketGradientsBase<BucketGradientsPass> {
+  using BucketGradientsBase::BucketGradientsBase;
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto func = module.lookupSymbol<func::FuncOp>("train_step");
+    if (!func) {
+      module.emitError("tessel-bucket-gradients: no @train_step");
+      return signalPassFailure();
+    }
+    bucket(func, bucketBytes);
+  }
+};
+
+} // namespace

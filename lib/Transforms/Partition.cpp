@@ -1,0 +1,207 @@
+//===- Partition.cpp - The global training step becomes the rank program --===//
+//
+// After sharding propagation every value has a sharding; here every value
+// gets its local type and every dist.reshard becomes the collectives that
+// realise it. See Passes.td for the contract.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_PARTITION
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+using tessel::dist::Sharding;
+
+namespace {
+
+class Partitioner {
+public:
+  Partitioner(ModuleOp module)
+      : ctx(module.getContext()), mesh(dist::Mesh::of(module)) {}
+
+  LogicalResult run(func::FuncOp func);
+
+private:
+  Sharding shardingOf(Value v) {
+    auto result = dyn_cast<OpResult>(v);
+    if (result)
+      if (auto attrs = result.getOwner()->getAttrOfType<ArrayAttr>("dist.sharding"))
+        return Sharding::fromAttr(
+            cast<dist::ShardingAttr>(attrs[result.getResultNumber()]));
+    return Sharding::replicated(cast<RankedTensorType>(v.getType()).getRank());
+  }
+  FailureOr<RankedTensorType> localType(Operation *op, RankedTensorType type,
+                                        const Sharding &s) {
+    SmallVector<int64_t> shape(type.getShape());
+    for (auto [d, axes] : llvm::enumerate(s.dims)) {
+      int64_t g = mesh.groupSize(axes);
+      if (shape[d] % g != 0) {
+        op->emitOpError("dimension ")
+            << d << " of size " << shape[d] << " cannot be split over "
+            << dist::axesString(axes) << " (" << g << " ranks)";
+        return failure();
+      }
+      shape[d] /= g;
+    }
+    return RankedTensorType::get(shape, type.getElementType());
+  }
+  LogicalResult lowerReshard(dist::ReshardOp reshard);
+  void scaleCrossEntropy(Operation *op);
+
+  MLIRContext *ctx;
+  dist::Mesh mesh;
+};
+
+LogicalResult Partitioner::run(func::FuncOp func) {
+  SmallVector<Operation *> ops;
+  for (Operation &op : func.getBody().front())
+    ops.push_back(&op);
+  for (Operation *op : ops) {
+    // Local types first, so that rewrites below see local operands.
+    for (Value r : op->getResults()) {
+      auto type = dyn_cast<RankedTensorType>(r.getType());
+      if (!type)
+        continue;
+      FailureOr<RankedTensorType> local = localType(op, type, shardingOf(r));
+      if (failed(local))
+        return failure();
+      r.setType(*local);
+    }
+    if (auto reshard = dyn_cast<dist::ReshardOp>(op)) {
+      if (failed(lowerReshard(reshard)))
+        return failure();
+      continue;
+    }
+    if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+      scaleCrossEntropy(op);
+    if (auto norm = dyn_cast<GlobalNormOp>(op)) {
+      // A split gradient's squares are summed over the axes that split it.
+      SmallVector<int64_t> axes;
+      for (Value g : norm.getInputs())
+        axes.push_back(shardingOf(g).allAxes() & ~shardingOf(g).partial);
+      norm->setAttr("dist.norm_axes", DenseI64ArrayAttr::get(ctx, axes));
+    }
+  }
+  return success();
+}
+
+// A cross-entropy over tokens split across ranks computes, per rank, the sum
+// of its tokens' losses divided by the global token count, so that the sum
+// over ranks is the global mean: scale the local mean by 1 / group.
+void Partitioner::scaleCrossEntropy(Operation *op) {
+  Sharding targets = shardingOf(op->getOperand(1));
+  unsigned axes = 0;
+  for (unsigned d : targets.dims)
+    axes |= d;
+  int64_t group = mesh.groupSize(axes);
+  if (group == 1)
+    return;
+  Location loc = op->getLoc();
+  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  auto replicated = ArrayAttr::get(ctx, {Sharding::replicated(0).toAttr(ctx)});
+  if (isa<CrossEntropyGradOp>(op)) {
+    OpBuilder b(op);
+    auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
+    scale->setAttr("dist.sharding", replicated);
+    auto dloss = MulOp::create(b, loc, op->getOperand(2), scale);
+    dloss->setAttr("dist.sharding", replicated);
+    op->setOperand(2, dloss);
+    return;
+  }
+  OpBuilder b(op->getContext());
+  b.setInsertionPointAfter(op);
+  auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
+  scale->setAttr("dist.sharding", replicated);
+  Value loss = op->getResult(0);
+  auto scaled = MulOp::create(b, loc, loss, scale);
+  scaled->setAttr("dist.sharding", op->getAttr("dist.sharding"));
+  loss.replaceAllUsesExcept(scaled, scaled);
+}
+
+LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
+  Sharding from = Sharding::fromAttr(reshard.getFrom());
+  Sharding to = Sharding::fromAttr(reshard.getTo());
+  Location loc = reshard.getLoc();
+  OpBuilder b(reshard);
+  Value v = reshard.getInput();
+  Sharding current = from;
+  auto annotate = [&](Operation *op) {
+    op->setAttr("dist.sharding", ArrayAttr::get(ctx, {current.toAttr(ctx)}));
+  };
+  if (to.partial & ~from.partial)
+    return reshard.emitOpError("cannot make a value partial over ")
+           << dist::axesString(to.partial & ~from.partial);
+  unsigned reduce = from.partial & ~to.partial;
+  // Partial axes that the target splits a dimension by: reduce-scatter.
+  for (size_t d = 0; d < to.dims.size(); ++d) {
+    unsigned scatter = to.dims[d] & reduce & ~from.dims[d];
+    if (!scatter)
+      continue;
+    current.dims[d] |= scatter;
+    current.partial &= ~scatter;
+    reduce &= ~scatter;
+    FailureOr<RankedTensorType> type = localType(
+        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    if (failed(type))
+      return failure();
+    auto rs = dist::ReduceScatterOp::create(
+        b, loc, *type, v, dist::axesAttr(ctx, scatter), b.getI64IntegerAttr(d));
+    annotate(rs);
+    v = rs.getResult();
+  }
+  if (reduce) {
+    current.partial &= ~reduce;
+    auto ar = dist::AllReduceOp::create(b, loc, TypeRange{v.getType()},
+                                        ValueRange{v},
+                                        dist::axesAttr(ctx, reduce));
+    annotate(ar);
+    v = ar.getResult(0);
+  }
+  // Split dimensions the target needs whole (or split otherwise): gather.
+  for (size_t d = 0; d < to.dims.size(); ++d) {
+    unsigned gather = current.dims[d] & ~to.dims[d];
+    if (!gather)
+      continue;
+    current.dims[d] &= ~gather;
+    FailureOr<RankedTensorType> type = localType(
+        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    if (failed(type))
+      return failure();
+    auto ag = dist::AllGatherOp::create(b, loc, *type, v,
+                                        dist::axesAttr(ctx, gather),
+                                        b.getI64IntegerAttr(d));
+    annotate(ag);
+    v = ag.getResult();
+  }
+  if (current != to)
+    return reshard.emitOpError("cannot lower the reshard from ")
+           << reshard.getFrom() << " to " << reshard.getTo()
+           << " (splitting a whole dimension locally is not supported yet)";
+  reshard.getResult().replaceAllUsesWith(v);
+  reshard.erase();
+  return success();
+}
+
+struct PartitionPass : tessel::impl::PartitionBase<PartitionPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto func = module.lookupSymbol<func::FuncOp>("train_step");
+    if (!func) {
+      module.emitError("tessel-partition: no @train_step");
+      return signalPassFailure();
+    }
+    if (failed(Partitioner(module).run(func)))
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,174 @@
+//===- Check.cpp - `tessel check`: a layout trains as one rank does -------===//
+//
+// The contract of DESIGN.md section 1 as a command: compile the spec at the
+// requested layout and at one rank, train both from the same seed and data,
+// and compare every step's loss and every final parameter.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+#include "Compile.h"
+
+#include "tessel/Runtime/Safetensors.h"
+
+#include "llvm/ADT/ScopeExit.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <map>
+
+using namespace llvm;
+
+namespace {
+
+Expected<std::vector<double>> readLosses(StringRef path) {
+  auto text = MemoryBuffer::getFile(path);
+  if (!text)
+    return createStringError(path + ": " + text.getError().message());
+  std::vector<double> losses;
+  SmallVector<StringRef> lines;
+  (*text)->getBuffer().split(lines, '\n', -1, false);
+  for (StringRef line : lines) {
+    auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+    if (j.is_discarded() || !j.contains("loss") || !j["loss"].is_number())
+      return createStringError(path + ": bad metrics line");
+    losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+struct Comparison {
+  double lossDiff = 0, paramDiff = 0;
+  int64_t lossStep = -1;
+  std::string paramName;
+};
+
+Expected<Comparison> compareRuns(StringRef refDir, StringRef layoutDir) {
+  Comparison c;
+  SmallString<256> refMetrics(refDir), layMetrics(layoutDir);
+  sys::path::append(refMetrics, "check-metrics.jsonl");
+  sys::path::append(layMetrics, "check-metrics.jsonl");
+  auto ref = readLosses(refMetrics), lay = readLosses(layMetrics);
+  if (!ref)
+    return ref.takeError();
+  if (!lay)
+    return lay.takeError();
+  if (ref->size() != lay->size())
+    return createStringError("the runs logged different step counts");
+  for (size_t s = 0; s < ref->size(); ++s) {
+    double d = std::fabs((*ref)[s] - (*lay)[s]) /
+               std::max(std::fabs((*ref)[s]), 1e-30);
+    if (!(d <= c.lossDiff)) {
+      c.lossDiff = d;
+      c.lossStep = s;
+    }
+  }
+  SmallString<256> refWeights(refDir), layWeights(layoutDir);
+  sys::path::append(refWeights, "check-final.safetensors");
+  sys::path::append(layWeights, "check-final.safetensors");
+  try {
+    tessel::rt::SafetensorsReader a(std::string(refWeights.str())),
+        b(std::string(layWeights.str()));
+    if (a.names() != b.names())
+      return createStringError("the runs saved different tensors");
+    // Differences are relative to the model's largest parameter magnitude:
+    // a parameter whose gradient is zero in exact arithmetic (GPT-2's key
+    // bias: softmax ignores a constant shift) receives AdamW updates of
+    // pure rounding noise, normalised to the size of the learning rate, so
+    // its own magnitude is no scale for what summation order changes.
+    double scale = 0;
+    std::map<std::string, double> diffs;
+    for (const std::string &name : a.names()) {
+      std::vector<float> x = a.read(name), y = b.read(name);
+      if (x.size() != y.size())
+        return createStringError("tensor " + name + " has different sizes");
+      double diff = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        scale = std::max(scale, (double)std::fabs(x[i]));
+        diff = std::max(diff, (double)std::fabs(x[i] - y[i]));
+      }
+      diffs[name] = diff;
+    }
+    for (auto &[name, diff] : diffs) {
+      double d = diff / std::max(scale, 1e-30);
+      if (!(d <= c.paramDiff)) {
+        c.paramDiff = d;
+        c.paramName = name;
+      }
+    }
+  } catch (const std::exception &e) {
+    return createStringError(e.what());
+  }
+  return c;
+}
+
+} // namespace
+
+int tessel::checkCommand(const CheckOptions &options) {
+  SmallString<256> work;
+  if (std::error_code ec = sys::fs::createUniqueDirectory("tessel-check", work)) {
+    errs() << "tessel: error: cannot create a temporary directory: "
+           << ec.message() << "\n";
+    return 1;
+  }
+  auto cleanup = make_scope_exit([&] { sys::fs::remove_directories(work); });
+  SmallString<256> refDir(work), layDir(work);
+  sys::path::append(refDir, "one-rank");
+  sys::path::append(layDir, "layout");
+
+  CompileOptions ref;
+  ref.input = options.input;
+  ref.output = std::string(refDir);
+  ref.overrides = options.overrides;
+  for (const char *field : {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1",
+                            "parallel.microbatches=1",
+                            "parallel.sequence_parallel=false"})
+    ref.overrides.push_back(field);
+  CompileOptions layout = ref;
+  layout.output = std::string(layDir);
+  layout.overrides = options.overrides;
+  layout.overrides.insert(layout.overrides.end(), options.layout.begin(),
+                          options.layout.end());
+  for (CompileOptions *o : {&ref, &layout})
+    if (Error err = compile(*o)) {
+      errs() << "tessel: error: " << toString(std::move(err)) << "\n";
+      return 1;
+    }
+  for (StringRef dir : {StringRef(refDir), StringRef(layDir)}) {
+    SmallString<256> metrics(dir), weights(dir);
+    sys::path::append(metrics, "check-metrics.jsonl");
+    sys::path::append(weights, "check-final.safetensors");
+    std::vector<std::string> args = {dir.str(), "--steps",
+                                     std::to_string(options.steps),
+                                     "--metrics", std::string(metrics),
+                                     "--save-final", std::string(weights),
+                                     "--quiet"};
+    if (int rc = runCommand(args)) {
+      errs() << "tessel: error: the run of " << dir << " failed\n";
+      return 1;
+    }
+  }
+  Expected<Comparison> c = compareRuns(refDir, layDir);
+  if (!c) {
+    errs() << "tessel: error: " << toString(c.takeError()) << "\n";
+    return 1;
+  }
+  bool ok = c->lossDiff <= options.tolerance && c->paramDiff <= options.tolerance;
+  outs() << "tessel check: " << options.input << ", layout";
+  for (const std::string &l : options.layout)
+    outs() << " " << l;
+  outs() << " vs one rank, " << options.steps << " steps\n"
+         << format("  largest relative loss difference      %.3e (step %lld)\n",
+                   c->lossDiff, (long long)c->lossStep)
+         << format("  largest relative parameter difference %.3e (%s)\n",
+                   c->paramDiff, c->paramName.c_str())
+         << (ok ? "  OK" : "  FAILED") << format(" (tolerance %.1e)\n", options.tolerance);
+  return ok ? 0 : 1;
+}
