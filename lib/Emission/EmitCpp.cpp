@@ -74,14 +74,14 @@ public:
         mesh(mesh), calls(calls) {}
 
   void record(const char *kind, unsigned axes, int64_t elements,
-              int64_t bytesSent, Operation *op) {
+              int64_t bytesSent, Operation *op, int64_t elementBytes = 4) {
     if (!calls)
       return;
     std::string what = op->getName().getStringRef().str();
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       what += " @ " + loc.getName().getValue().str();
-    calls->push_back({kind, axes, mesh.groupSize(axes), elements, bytesSent,
-                      what});
+    calls->push_back({kind, axes, mesh.groupSize(axes), elements, elementBytes,
+                      bytesSent, what});
   }
 
   // The C++ expression for the storage of `v`.
@@ -318,7 +318,7 @@ public:
             if (m) {
               os << "      allReduceSumDouble(&part, 1, " << m << "u);\n";
               record("all_reduce", m, 1,
-                     rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g);
+                     rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g, 8);
             }
             os << "      sumSq += part;\n    }\n";
           }

@@ -63,7 +63,7 @@ void bucket(func::FuncOp func, int64_t bucketBytes) {
   }
 
   MLIRContext *ctx = func.getContext();
-  for (auto &group : buckets) {
+  for (auto [index, group] : llvm::enumerate(buckets)) {
     // Start right after the last gradient of the bucket is produced.
     Operation *last = nullptr;
     SmallVector<Value> inputs;
@@ -84,8 +84,10 @@ void bucket(func::FuncOp func, int64_t bucketBytes) {
       b.setInsertionPointAfter(last);
     else
       b.setInsertionPointToStart(&body);
+    Location loc = NameLoc::get(StringAttr::get(
+        ctx, "gradient bucket " + std::to_string(index)));
     auto start = dist::AllReduceStartOp::create(
-        b, group.front().getLoc(), types, dist::RequestType::get(ctx), inputs,
+        b, loc, types, dist::RequestType::get(ctx), inputs,
         group.front().getAxes());
     if (shardings.size() == group.size())
       start->setAttr("dist.sharding", ArrayAttr::get(ctx, shardings));

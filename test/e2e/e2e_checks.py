@@ -64,6 +64,41 @@ def same_losses(args):
     print(f"{len(a)} identical losses")
 
 
+TEXTBOOK = {
+    # bytes each rank sends under the ring algorithms, from the call's
+    # element count (as the runtime counts it) and group size g
+    "all_reduce": lambda n, g, b: 2 * (g - 1) * n * b // g,
+    "all_gather": lambda n, g, b: (g - 1) * n * b,
+    "reduce_scatter": lambda n, g, b: (g - 1) * (n // g) * b,
+}
+
+
+def comm(args):
+    """Counted collectives equal the compile-time prediction, and the
+    prediction equals the textbook volume of each collective."""
+    plan = json.load(open(args.plan))
+    program = next(iter(plan["programs"].values()))
+    predicted = {}
+    for call in program["comm"]["per_step"]:
+        expect = TEXTBOOK[call["collective"]](call["elements"], call["group"],
+                                              call["element_bytes"])
+        if call["bytes_sent"] != expect:
+            fail(f"predicted {call['bytes_sent']} bytes for {call}, textbook says {expect}")
+        t = predicted.setdefault(call["collective"], {"calls": 0, "elements": 0, "bytes_sent": 0})
+        for key in t:
+            t[key] += call[key] if key != "calls" else 1
+    base, ext = os.path.splitext(args.report)
+    for rank in range(plan["world_size"]):
+        report = json.load(open(f"{base}.rank{rank}{ext}"))
+        steps = report["steps"]
+        for kind, counted in report["collectives"].items():
+            want = {k: v * steps for k, v in predicted.get(kind, {"calls": 0, "elements": 0, "bytes_sent": 0}).items()}
+            if counted != want:
+                fail(f"rank {rank} {kind}: counted {counted}, predicted {want}")
+    print(f"{plan['world_size']} ranks: counted collectives equal the prediction: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(predicted.items())))
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -84,6 +119,10 @@ def main():
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(run=same_losses)
+    p = sub.add_parser("comm")
+    p.add_argument("plan")
+    p.add_argument("report")
+    p.set_defaults(run=comm)
     args = parser.parse_args()
     args.run(args)
 

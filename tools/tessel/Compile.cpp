@@ -101,6 +101,7 @@ json commReport(const std::vector<CollectiveCall> &calls) {
                        {"axes", dist::axesString(c.axes)},
                        {"group", c.groupSize},
                        {"elements", c.elements},
+                       {"element_bytes", c.elementBytes},
                        {"bytes_sent", c.bytesSent},
                        {"op", c.what}});
     json &t = totals[c.kind];

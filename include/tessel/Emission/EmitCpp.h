@@ -18,6 +18,7 @@ struct CollectiveCall {
   unsigned axes;    // mesh-axis bit mask (dp=1, tp=2, pp=4, ...)
   int64_t groupSize;
   int64_t elements;  // as counted by the runtime (see Comm.h)
+  int64_t elementBytes;
   int64_t bytesSent; // textbook volume (CommVolume.h)
   std::string what;  // the op it implements
 };

@@ -1,0 +1,40 @@
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition | FileCheck %s
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients | FileCheck %s --check-prefix=BUCKET
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 | FileCheck %s --check-prefix=SMALL
+
+// Each rank holds half of the batch; reshards become all-reduces; the
+// cross-entropy's local mean is scaled by 1/2 so that the sum over ranks is
+// the global mean, and its gradient likewise.
+
+// CHECK-LABEL: func.func @train_step
+// CHECK: graph.input "tokens" {{.*}} : tensor<2x6xi32>
+// CHECK: graph.embedding {{.*}} -> tensor<2x6x16xf32>
+// CHECK: %[[LOSS:.*]] = graph.cross_entropy {{.*}} -> tensor<f32>
+// CHECK: %[[HALF:.*]] = graph.fill {{.*}}value = 5.000000e-01 : f64} : tensor<f32>
+// CHECK: %[[SCALED:.*]] = graph.mul %[[LOSS]], %[[HALF]]
+// CHECK: %[[SEED:.*]] = graph.fill {{.*}}value = 1.000000e+00
+// CHECK: %[[DLOSS:.*]] = graph.mul %[[SEED]], %{{.*}}
+// CHECK: graph.cross_entropy_grad %{{.*}}, %{{.*}}, %[[DLOSS]]
+// The weight gradient contracts the local tokens only.
+// CHECK: graph.matmul {{.*}}transpose_lhs = true} : (tensor<12x32xf32>, tensor<12x16xf32>) -> tensor<32x16xf32>
+// CHECK: %[[GW:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
+// CHECK: %[[GB:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<8xf32>) -> tensor<8xf32>
+// CHECK: %[[GE:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf32>
+// CHECK: graph.global_norm %[[GW]], %[[GB]], %[[GE]] {dist.norm_axes = array<i64: 0, 0, 0>
+// CHECK: %[[L:.*]] = dist.all_reduce %[[SCALED]] {axes = ["dp"]
+// CHECK: return %[[L]]
+
+// One bucket holds all three gradients, started when the last is final.
+// BUCKET: graph.embedding_grad
+// BUCKET-NEXT: graph.add
+// BUCKET-NEXT: %{{.*}}:3, %[[REQ:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}}, %{{.*}} {axes = ["dp"]
+// BUCKET-NEXT: dist.wait %[[REQ]]
+// BUCKET-NEXT: graph.global_norm
+
+// With 600-byte buckets the first gradients to become final (b: 32 bytes,
+// then w: 512) start while the rest of backward still runs.
+// SMALL: %{{.*}}:2, %[[R0:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}} {axes = ["dp"]{{.*}} : (tensor<8xf32>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<16x8xf32>, !dist.request)
+// SMALL: graph.embedding_grad
+// SMALL: dist.all_reduce_start
+// SMALL: dist.wait %[[R0]]
+// SMALL: graph.global_norm
