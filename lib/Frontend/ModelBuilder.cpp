@@ -74,6 +74,17 @@ private:
         b, at(name), RankedTensorType::get({batch, m.seqLen}, b.getI32Type()),
         name);
   }
+  // Megatron's tensor-parallel plan: split parameter `p` along `dim` over tp.
+  Value splitOverTP(Value p, int64_t dim) {
+    if (spec.parallel.tp <= 1)
+      return p;
+    auto param = p.getDefiningOp<ParamOp>();
+    SmallVector<unsigned> dims(param.getType().getRank(), 0);
+    dims[dim] = 1u << 1; // tp
+    param->setAttr("dist.param_sharding",
+                   dist::Sharding{dims, 0}.toAttr(&ctx));
+    return p;
+  }
   Value param(const std::string &name, ArrayRef<int64_t> shape,
               const char *init = "normal", double std = 0.02) {
     auto op = ParamOp::create(b, at(name), f32(shape), b.getStringAttr(name),
@@ -84,22 +95,34 @@ private:
   Value reshape(Value v, ArrayRef<int64_t> shape) {
     return ReshapeOp::create(b, v.getLoc(), f32(shape), v);
   }
-  // y = x W (+ bias), W stored [in, out].
+  enum class Parallel { None, Column, Row };
+  // y = x W (+ bias), W stored [in, out]. Column-parallel splits the
+  // outputs (and the bias), row-parallel the inputs (the bias is added once
+  // the partial sums are reduced).
   Value conv1d(Value x, const std::string &name, int64_t in, int64_t out,
-               double std = 0.02) {
+               Parallel style = Parallel::None, double std = 0.02) {
     Value w = param(name + ".weight", {in, out}, "normal", std);
+    if (style != Parallel::None)
+      splitOverTP(w, style == Parallel::Column ? 1 : 0);
     Value y = MatmulOp::create(b, at(name), x, w, false, false);
     Value bias = param(name + ".bias", {out}, "zeros");
+    if (style == Parallel::Column)
+      splitOverTP(bias, 0);
     return AddOp::create(b, at(name), y, bias);
   }
   // y = x W^T, W stored [out, in], no bias.
-  Value linear(Value x, const std::string &name, int64_t in, int64_t out) {
+  Value linear(Value x, const std::string &name, int64_t in, int64_t out,
+               Parallel style = Parallel::None) {
     Value w = param(name + ".weight", {out, in});
+    if (style != Parallel::None)
+      splitOverTP(w, style == Parallel::Column ? 0 : 1);
     return MatmulOp::create(b, at(name), x, w, false, true);
   }
   Value lmHead(Value h, Value embedding, const std::string &untiedName) {
-    Value w = m.tieEmbeddings ? embedding
-                              : param(untiedName, {m.vocabSize, m.hidden});
+    // Vocab-parallel head: each rank computes the logits of its slice.
+    Value w = m.tieEmbeddings
+                  ? embedding
+                  : splitOverTP(param(untiedName, {m.vocabSize, m.hidden}), 0);
     Value logits = MatmulOp::create(b, at("lm_head"), h, w, false, true);
     return CrossEntropyOp::create(b, at("loss"), logits, targets);
   }
@@ -109,7 +132,7 @@ private:
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
     int64_t T = m.seqLen, C = m.hidden, H = m.heads, D = m.headDim();
     double projStd = 0.02 / std::sqrt(2.0 * m.layers);
-    Value wte = param("wte.weight", {m.vocabSize, C});
+    Value wte = splitOverTP(param("wte.weight", {m.vocabSize, C}), 0);
     Value wpe = param("wpe.weight", {T, C});
     Value x = EmbeddingOp::create(b, at("wte"), wte, tokens);
     x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
@@ -126,13 +149,17 @@ private:
       Value v = reshape(split.getResult(2), {B, T, H, D});
       Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true);
       a = reshape(a, {B, T, C});
+      // Attention stays replicated over tp until fused-QKV sharding lands.
       x = AddOp::create(b, at(p + "attn"), x,
-                        conv1d(a, p + "attn.c_proj", C, C, projStd));
+                        conv1d(a, p + "attn.c_proj", C, C, Parallel::None,
+                               projStd));
       h = layerNorm(x, p + "ln_2", C);
-      Value f = GeluOp::create(b, at(p + "mlp"),
-                               conv1d(h, p + "mlp.c_fc", C, m.ffnHidden));
+      Value f = GeluOp::create(
+          b, at(p + "mlp"),
+          conv1d(h, p + "mlp.c_fc", C, m.ffnHidden, Parallel::Column));
       x = AddOp::create(b, at(p + "mlp"), x,
-                        conv1d(f, p + "mlp.c_proj", m.ffnHidden, C, projStd));
+                        conv1d(f, p + "mlp.c_proj", m.ffnHidden, C,
+                               Parallel::Row, projStd));
     }
     return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
   }
@@ -148,28 +175,33 @@ private:
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
     int64_t T = m.seqLen, C = m.hidden, H = m.heads, Hkv = m.kvHeads,
             D = m.headDim(), F = m.ffnHidden;
-    Value embed = param("model.embed_tokens.weight", {m.vocabSize, C});
+    Value embed =
+        splitOverTP(param("model.embed_tokens.weight", {m.vocabSize, C}), 0);
     Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens);
     auto theta = b.getF64FloatAttr(m.ropeTheta);
     for (int64_t l = 0; l < m.layers; ++l) {
       std::string p = "model.layers." + std::to_string(l) + ".";
       Value h = rmsNorm(x, p + "input_layernorm", C);
-      Value q = reshape(linear(h, p + "self_attn.q_proj", C, H * D), {B, T, H, D});
-      Value k = reshape(linear(h, p + "self_attn.k_proj", C, Hkv * D), {B, T, Hkv, D});
-      Value v = reshape(linear(h, p + "self_attn.v_proj", C, Hkv * D), {B, T, Hkv, D});
+      const Parallel col = Parallel::Column, row = Parallel::Row;
+      Value q = reshape(linear(h, p + "self_attn.q_proj", C, H * D, col),
+                        {B, T, H, D});
+      Value k = reshape(linear(h, p + "self_attn.k_proj", C, Hkv * D, col),
+                        {B, T, Hkv, D});
+      Value v = reshape(linear(h, p + "self_attn.v_proj", C, Hkv * D, col),
+                        {B, T, Hkv, D});
       q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta, b.getBoolAttr(false));
       k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta, b.getBoolAttr(false));
       Value a = AttentionOp::create(b, at(p + "self_attn"), q, k, v, true);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,
-                        linear(a, p + "self_attn.o_proj", H * D, C));
+                        linear(a, p + "self_attn.o_proj", H * D, C, row));
       h = rmsNorm(x, p + "post_attention_layernorm", C);
       Value gate = SiluOp::create(b, at(p + "mlp"),
-                                  linear(h, p + "mlp.gate_proj", C, F));
-      Value up = linear(h, p + "mlp.up_proj", C, F);
+                                  linear(h, p + "mlp.gate_proj", C, F, col));
+      Value up = linear(h, p + "mlp.up_proj", C, F, col);
       Value act = MulOp::create(b, at(p + "mlp"), gate, up);
       x = AddOp::create(b, at(p + "mlp"), x,
-                        linear(act, p + "mlp.down_proj", F, C));
+                        linear(act, p + "mlp.down_proj", F, C, row));
     }
     return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
   }

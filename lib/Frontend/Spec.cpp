@@ -276,16 +276,33 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +
                                     std::to_string(spec.model.heads));
+  else if (spec.model.kvHeads % p.tp != 0)
+    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
+                                    " does not divide model.kv_heads = " +
+                                    std::to_string(spec.model.kvHeads) +
+                                    " (replicated KV heads are not supported "
+                                    "yet)");
+  else if (spec.model.ffnHidden % p.tp != 0)
+    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
+                                    " does not divide model.ffn_hidden = " +
+                                    std::to_string(spec.model.ffnHidden));
+  else if (spec.model.vocabSize % p.tp != 0)
+    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
+                                    " does not divide model.vocab_size = " +
+                                    std::to_string(spec.model.vocabSize));
+  else if (p.sequenceParallel && spec.model.seqLen % p.tp != 0)
+    problems.report(s.at("sequence_parallel"),
+                    "parallel.tp = " + std::to_string(p.tp) +
+                        " does not divide model.seq_len = " +
+                        std::to_string(spec.model.seqLen));
   else if (spec.model.layers % p.pp != 0 && p.pp > 1)
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
                                     " does not divide model.layers = " +
                                     std::to_string(spec.model.layers));
-  else if (p.tp > 1 || p.pp > 1 || p.microbatches > 1 || p.sequenceParallel)
-    problems.report(s.at(p.tp > 1 ? "tp" : p.pp > 1 ? "pp"
-                         : p.microbatches > 1 ? "microbatches"
-                                              : "sequence_parallel"),
-                    "only data parallelism (parallel.dp) can be compiled so far; "
-                    "tp, pp, microbatches and sequence_parallel must be 1/false");
+  else if (p.pp > 1 || p.microbatches > 1)
+    problems.report(s.at(p.pp > 1 ? "pp" : "microbatches"),
+                    "pipeline parallelism and microbatching are not supported "
+                    "yet; parallel.pp and parallel.microbatches must be 1");
 }
 
 } // namespace

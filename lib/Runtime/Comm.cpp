@@ -270,6 +270,17 @@ int64_t groupSize(unsigned axes) {
   return size;
 }
 
+int64_t groupRank(unsigned axes) {
+  // Axes from outermost to innermost in the rank order of Comm.h.
+  static const int order[kNumMeshAxes] = {AxisPP, AxisDP, AxisEP, AxisCP,
+                                          AxisTP};
+  int64_t index = 0;
+  for (int axis : order)
+    if (axes & (1u << axis))
+      index = index * state().shape[axis] + state().coord[axis];
+  return index;
+}
+
 void allReduceSum(float *buffer, int64_t n, unsigned axes) {
   checkAxes(axes, "allReduceSum");
   int64_t g = groupSize(axes);

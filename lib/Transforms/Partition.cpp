@@ -55,6 +55,12 @@ private:
     return RankedTensorType::get(shape, type.getElementType());
   }
   LogicalResult lowerReshard(dist::ReshardOp reshard);
+  // The local op works on this rank's slice of the vocabulary.
+  void markVocabSplit(Operation *op, unsigned axes) {
+    if (axes)
+      op->setAttr("dist.vocab_axes",
+                  IntegerAttr::get(IntegerType::get(ctx, 64), axes));
+  }
   void scaleCrossEntropy(Operation *op);
 
   MLIRContext *ctx;
@@ -81,8 +87,14 @@ LogicalResult Partitioner::run(func::FuncOp func) {
         return failure();
       continue;
     }
-    if (isa<CrossEntropyOp, CrossEntropyGradOp>(op))
+    if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
       scaleCrossEntropy(op);
+      markVocabSplit(op, shardingOf(op->getOperand(0)).dims.back());
+    }
+    if (auto e = dyn_cast<EmbeddingOp>(op))
+      markVocabSplit(op, shardingOf(e.getTable()).dims[0]);
+    if (auto e = dyn_cast<EmbeddingGradOp>(op))
+      markVocabSplit(op, shardingOf(e.getResult()).dims[0]);
     if (auto norm = dyn_cast<GlobalNormOp>(op)) {
       // A split gradient's squares are summed over the axes that split it.
       SmallVector<int64_t> axes;

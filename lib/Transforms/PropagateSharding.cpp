@@ -125,6 +125,9 @@ private:
   unsigned active = 0;
   DenseMap<Value, Sharding> shardings;
   DenseMap<std::pair<Value, Attribute>, Value> reshards;
+  // The vocabulary split of the table each token-id tensor is looked up in,
+  // for the embedding's gradient.
+  DenseMap<Value, unsigned> vocabAxes;
 };
 
 LogicalResult Propagator::visit(Operation *op) {
@@ -206,12 +209,11 @@ LogicalResult Propagator::visit(Operation *op) {
       .Case<AttentionOp>([&](Operation *) { return visitAttention(op, false); })
       .Case<AttentionGradOp>([&](Operation *) { return visitAttention(op, true); })
       .Case<CrossEntropyOp, CrossEntropyGradOp>([&](Operation *) -> LogicalResult {
+        // Logits may be split along the vocabulary (vocab-parallel loss:
+        // the full logits are never gathered); tokens follow the targets.
         Value logits = op->getOperand(0), targets = op->getOperand(1);
         Sharding t = get(targets);
         Sharding l = reduced(logits);
-        if (l.dims.back())
-          return op->emitOpError("vocab-parallel cross-entropy is not "
-                                 "supported yet");
         for (size_t d = 0; d < t.dims.size(); ++d)
           l.dims[d] = t.dims[d];
         require(op, 0, l);
@@ -226,12 +228,14 @@ LogicalResult Propagator::visit(Operation *op) {
         return success();
       })
       .Case<EmbeddingOp>([&](EmbeddingOp e) -> LogicalResult {
+        // A table split along the vocabulary gives each rank the rows of its
+        // own tokens and zeros elsewhere: a partial sum.
         Sharding table = whole(reduced(e.getTable()), {1});
-        if (table.dims[0])
-          return e.emitOpError("vocab-parallel embedding is not supported yet");
         require(op, 0, table);
         Sharding out = get(e.getIds());
         out.dims.push_back(0);
+        out.partial = table.dims[0];
+        vocabAxes[e.getIds()] = table.dims[0];
         set(e.getResult(), out);
         return success();
       })
@@ -242,6 +246,7 @@ LogicalResult Propagator::visit(Operation *op) {
           dy.dims[d] = ids.dims[d];
         require(op, 1, dy);
         Sharding out = Sharding::replicated(2);
+        out.dims[0] = vocabAxes.lookup(e.getIds());
         out.partial = leadingAxes(ids, ids.dims.size());
         set(e.getResult(), out);
         return success();

@@ -60,6 +60,9 @@ int64_t meshCoord(MeshAxis axis);
 int64_t meshSize(MeshAxis axis);
 // Size of the group spanned by `axes`.
 int64_t groupSize(unsigned axes);
+// This rank's index within that group (the order of MPI_Comm_split by world
+// rank: outer axes first).
+int64_t groupRank(unsigned axes);
 
 // In-place sum over the group. buffer: n elements. Counts n elements and
 // 2(g-1)/g * n * 4 bytes sent.
