@@ -249,3 +249,33 @@ LogicalResult BroadcastOp::verify() {
                                 << *group;
   return success();
 }
+
+// The piece along `dim` has `small`'s length and lies inside `big`.
+static LogicalResult checkPiece(Operation *op, RankedTensorType small,
+                                RankedTensorType big, int64_t dim,
+                                int64_t denominator) {
+  if (dim < 0 || dim >= big.getRank() || small.getRank() != big.getRank())
+    return op->emitOpError("dim ") << dim << " out of range";
+  if (denominator < 1)
+    return op->emitOpError("denominator must be >= 1");
+  for (int64_t d = 0; d < big.getRank(); ++d)
+    if (d != dim && small.getDimSize(d) != big.getDimSize(d))
+      return op->emitOpError("shapes may differ only along dim ") << dim;
+  if (small.getDimSize(dim) > big.getDimSize(dim))
+    return op->emitOpError("the piece is longer than the whole");
+  return success();
+}
+
+LogicalResult LocalSliceOp::verify() {
+  if (failed(groupOf(*this, getAxes())))
+    return failure();
+  return checkPiece(*this, getResult().getType(), getInput().getType(),
+                    getDim(), getDenominator());
+}
+
+LogicalResult LocalInsertOp::verify() {
+  if (failed(groupOf(*this, getAxes())))
+    return failure();
+  return checkPiece(*this, getInput().getType(), getResult().getType(),
+                    getDim(), getDenominator());
+}

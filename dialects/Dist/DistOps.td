@@ -49,6 +49,44 @@ def Dist_ReshardOp : Dist_Op<"reshard", [Pure, AllTypesMatch<["input", "result"]
   }]>];
 }
 
+def Dist_LocalSliceOp : Dist_Op<"local_slice", [Pure]> {
+  let summary = "Keeps this rank's piece of a tensor every rank of a group holds";
+  let description = [{
+    No communication: along `dim`, the result starts at
+    `groupRank(axes) * numerator / denominator` (integer division) and has
+    the result type's length. Realises a replicated value becoming split, and
+    selects the KV head a rank's query heads read when KV heads are
+    replicated over tensor parallelism.
+
+    ```mlir
+    %k1 = dist.local_slice %k {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x64x1x16xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim,
+                   I64Attr:$numerator, I64Attr:$denominator);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+  let hasVerifier = 1;
+}
+
+def Dist_LocalInsertOp : Dist_Op<"local_insert", [Pure]> {
+  let summary = "Places this rank's piece into zeros: a partial sum over the group";
+  let description = [{
+    The transpose of `dist.local_slice`: the result is zero except at the
+    piece `local_slice` with the same attributes would select, which holds
+    the input. Summed over the group it assembles the whole tensor.
+
+    ```mlir
+    %dk = dist.local_insert %dk1 {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x1x16xf32>) -> tensor<8x64x2x16xf32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim,
+                   I64Attr:$numerator, I64Attr:$denominator);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type($input, $result)";
+  let hasVerifier = 1;
+}
+
 def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce", [Pure]> {
   let summary = "Sums tensors over the ranks of a mesh-axis group";
   let description = [{

@@ -392,6 +392,23 @@ public:
              << "    commWait(" << name << "[i]);\n";
           return success();
         })
+        .Case<dist::LocalSliceOp>([&](dist::LocalSliceOp l) {
+          auto [outer, whole, inner] = around(l.getInput(), l.getDim());
+          call("sliceAxis<T>",
+               {ptr(l.getInput()), ptr(l), i(outer), i(whole), i(inner),
+                pieceStart(l.getAxes(), l.getNumerator(), l.getDenominator()),
+                i(shapeOf(l)[l.getDim()])});
+          return success();
+        })
+        .Case<dist::LocalInsertOp>([&](dist::LocalInsertOp l) {
+          auto [outer, whole, inner] = around(l, l.getDim());
+          call("fill<T>", {ptr(l), i(numel(l)), scalar(0.0)});
+          call("insertAxis<T>",
+               {ptr(l.getInput()), ptr(l), i(outer), i(whole), i(inner),
+                pieceStart(l.getAxes(), l.getNumerator(), l.getDenominator()),
+                i(shapeOf(l.getInput())[l.getDim()])});
+          return success();
+        })
         .Case<dist::AllGatherOp>([&](dist::AllGatherOp g) {
           auto [outer, len, inner] = around(g.getInput(), g.getDim());
           call("allGatherAlong", {ptr(g.getInput()), ptr(g), i(outer), i(len),
@@ -425,6 +442,10 @@ public:
   // First global vocabulary row of this rank's slice of `local` rows.
   static std::string vocabStart(unsigned axes, int64_t local) {
     return "groupRank(" + mask(axes) + ") * " + std::to_string(local);
+  }
+  static std::string pieceStart(ArrayAttr axes, int64_t num, int64_t den) {
+    return "groupRank(" + mask(axes) + ") * " + std::to_string(num) + " / " +
+           std::to_string(den);
   }
   static std::string mask(ArrayAttr axes) {
     return std::to_string(dist::axesMask(axes)) + "u";

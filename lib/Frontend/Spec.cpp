@@ -276,12 +276,11 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +
                                     std::to_string(spec.model.heads));
-  else if (spec.model.kvHeads % p.tp != 0)
+  else if (spec.model.kvHeads % p.tp != 0 && p.tp % spec.model.kvHeads != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
-                                    " does not divide model.kv_heads = " +
-                                    std::to_string(spec.model.kvHeads) +
-                                    " (replicated KV heads are not supported "
-                                    "yet)");
+                                    " neither divides nor is a multiple of "
+                                    "model.kv_heads = " +
+                                    std::to_string(spec.model.kvHeads));
   else if (spec.model.ffnHidden % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.ffn_hidden = " +

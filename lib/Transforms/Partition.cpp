@@ -55,6 +55,7 @@ private:
     return RankedTensorType::get(shape, type.getElementType());
   }
   LogicalResult lowerReshard(dist::ReshardOp reshard);
+  void selectKVHead(Operation *op);
   // The local op works on this rank's slice of the vocabulary.
   void markVocabSplit(Operation *op, unsigned axes) {
     if (axes)
@@ -72,6 +73,12 @@ LogicalResult Partitioner::run(func::FuncOp func) {
   for (Operation &op : func.getBody().front())
     ops.push_back(&op);
   for (Operation *op : ops) {
+    // A reshard is lowered from its global type (its operand is local by now).
+    if (auto reshard = dyn_cast<dist::ReshardOp>(op)) {
+      if (failed(lowerReshard(reshard)))
+        return failure();
+      continue;
+    }
     // Local types first, so that rewrites below see local operands.
     for (Value r : op->getResults()) {
       auto type = dyn_cast<RankedTensorType>(r.getType());
@@ -82,11 +89,8 @@ LogicalResult Partitioner::run(func::FuncOp func) {
         return failure();
       r.setType(*local);
     }
-    if (auto reshard = dyn_cast<dist::ReshardOp>(op)) {
-      if (failed(lowerReshard(reshard)))
-        return failure();
-      continue;
-    }
+    if (op->hasAttr("dist.kv_replicated"))
+      selectKVHead(op);
     if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
       scaleCrossEntropy(op);
       markVocabSplit(op, shardingOf(op->getOperand(0)).dims.back());
@@ -104,6 +108,49 @@ LogicalResult Partitioner::run(func::FuncOp func) {
     }
   }
   return success();
+}
+
+// KV heads replicated over a group larger than their number: this rank's
+// query heads [r*Hl, (r+1)*Hl) all read KV head r*Hl / (H/Hkv). Slice it out
+// of k and v; under the gradient, place dk and dv back into zeros (a partial
+// sum over the group).
+void Partitioner::selectKVHead(Operation *op) {
+  unsigned axes = op->getAttrOfType<IntegerAttr>("dist.kv_replicated").getInt();
+  auto q = cast<RankedTensorType>(op->getOperand(0).getType());
+  auto k = cast<RankedTensorType>(op->getOperand(1).getType());
+  int64_t localHeads = q.getDimSize(2);
+  int64_t queriesPerKV = localHeads * mesh.groupSize(axes) / k.getDimSize(2);
+  auto one = RankedTensorType::get(
+      {k.getDimSize(0), k.getDimSize(1), 1, k.getDimSize(3)},
+      k.getElementType());
+  Location loc = op->getLoc();
+  OpBuilder b(op);
+  auto attrs = [&](Operation *piece) {
+    piece->setAttr("dist.sharding",
+                   ArrayAttr::get(ctx, {Sharding::replicated(4).toAttr(ctx)}));
+  };
+  for (unsigned i : {1u, 2u}) {
+    auto slice = dist::LocalSliceOp::create(
+        b, loc, one, op->getOperand(i), dist::axesAttr(ctx, axes),
+        b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
+        b.getI64IntegerAttr(queriesPerKV));
+    attrs(slice);
+    op->setOperand(i, slice);
+  }
+  if (!isa<AttentionGradOp>(op))
+    return;
+  b.setInsertionPointAfter(op);
+  for (unsigned i : {1u, 2u}) {
+    Value grad = op->getResult(i);
+    Type whole = grad.getType();
+    grad.setType(one);
+    auto insert = dist::LocalInsertOp::create(
+        b, loc, whole, grad, dist::axesAttr(ctx, axes), b.getI64IntegerAttr(2),
+        b.getI64IntegerAttr(localHeads), b.getI64IntegerAttr(queriesPerKV));
+    auto resultAttrs = op->getAttrOfType<ArrayAttr>("dist.sharding");
+    insert->setAttr("dist.sharding", ArrayAttr::get(ctx, {resultAttrs[i]}));
+    grad.replaceAllUsesExcept(insert, insert);
+  }
 }
 
 // A cross-entropy over tokens split across ranks computes, per rank, the sum
@@ -194,10 +241,27 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     annotate(ag);
     v = ag.getResult();
   }
+  // Dimensions the target splits that nothing split before: every rank
+  // holds the whole dimension already and keeps its piece.
+  for (size_t d = 0; d < to.dims.size(); ++d) {
+    unsigned split = to.dims[d] & ~current.dims[d];
+    if (!split || current.dims[d])
+      continue;
+    current.dims[d] = split;
+    FailureOr<RankedTensorType> type = localType(
+        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    if (failed(type))
+      return failure();
+    auto slice = dist::LocalSliceOp::create(
+        b, loc, *type, v, dist::axesAttr(ctx, split), b.getI64IntegerAttr(d),
+        b.getI64IntegerAttr(type->getDimSize(d)), b.getI64IntegerAttr(1));
+    annotate(slice);
+    v = slice.getResult();
+  }
   if (current != to)
     return reshard.emitOpError("cannot lower the reshard from ")
            << reshard.getFrom() << " to " << reshard.getTo()
-           << " (splitting a whole dimension locally is not supported yet)";
+           << " (a dimension split over other axes must be gathered first)";
   reshard.getResult().replaceAllUsesWith(v);
   reshard.erase();
   return success();

@@ -327,8 +327,8 @@ LogicalResult Propagator::visitMatmul(MatmulOp m) {
 }
 
 // Maps a sharding through a reshape. Dimensions are matched in groups of
-// equal products; a split dimension keeps its axes on the group's outermost
-// piece, merged dimensions take the union. Anything else is gathered first.
+// equal products; a split of a group's outermost dimension stays on the
+// outermost dimension of the result's group. Anything else is gathered first.
 LogicalResult Propagator::visitReshape(ReshapeOp r) {
   ArrayRef<int64_t> in = shapeOf(r.getInput()), out = shapeOf(r.getResult());
   Sharding s = get(r.getInput());
@@ -357,10 +357,12 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
       }
     if (!axes)
       continue;
+    // Only a split of the group's outermost dimension is a split into
+    // contiguous blocks of the merged or re-split dimension; anything else
+    // (say the sequence split under a merged [batch * seq]) would permute
+    // rows, so it is gathered first.
     bool onlyOuter = sharded == 1 && s.dims[i0];
-    if (o - o0 == 1)
-      result.dims[o0] = axes;
-    else if (onlyOuter && out[o0] % mesh.groupSize(axes) == 0)
+    if (onlyOuter && out[o0] % mesh.groupSize(axes) == 0)
       result.dims[o0] = axes;
     else
       mappable = false;
@@ -382,12 +384,18 @@ LogicalResult Propagator::visitAttention(Operation *op, bool grad) {
   unsigned heads = sq.dims[2];
   Sharding sk = whole(reduced(k), {1, 3});
   sk.dims[0] = sq.dims[0];
-  if (heads && shapeOf(k)[2] % mesh.groupSize(heads) != 0)
+  int64_t kvHeads = shapeOf(k)[2], group = mesh.groupSize(heads);
+  bool replicateKV = heads && kvHeads % group != 0;
+  if (replicateKV && group % kvHeads != 0)
     return op->emitOpError("kv heads (")
-           << shapeOf(k)[2] << ") are not divisible by the "
-           << dist::axesString(heads) << " group of " << mesh.groupSize(heads)
-           << "; replicated KV heads are not supported yet";
-  sk.dims[2] = heads;
+           << kvHeads << ") neither divide nor are a multiple of the "
+           << dist::axesString(heads) << " group of " << group;
+  // Fewer KV heads than ranks: every rank holds all KV heads and reads the
+  // one its query heads use (the partition pass selects it).
+  sk.dims[2] = replicateKV ? 0 : heads;
+  if (replicateKV)
+    op->setAttr("dist.kv_replicated",
+                IntegerAttr::get(IntegerType::get(ctx, 64), heads));
   require(op, 0, sq);
   require(op, 1, sk);
   require(op, 2, sk);
@@ -395,8 +403,12 @@ LogicalResult Propagator::visitAttention(Operation *op, bool grad) {
     require(op, 3, sq);
   set(op->getResult(0), sq);
   if (grad) {
-    set(op->getResult(1), sk);
-    set(op->getResult(2), sk);
+    // With replicated KV heads each rank contributes to its KV head only.
+    Sharding dk = sk;
+    if (replicateKV)
+      dk.partial |= heads;
+    set(op->getResult(1), dk);
+    set(op->getResult(2), dk);
   }
   return success();
 }
