@@ -32,14 +32,20 @@ def Dist_ShardingAttr : AttrDef<Dist_Dialect, "Sharding"> {
   let description = [{
     `dims` has one entry per tensor dimension: the mesh axes splitting it,
     outermost first (empty: not split). `partial` lists the axes over which
-    the value is a partial sum that still needs a reduction.
+    the value is a partial sum that still needs a reduction. `blocks`, when
+    present, gives per dimension the number of equal blocks that are split
+    separately (a rank holds its piece of every block): GPT-2's fused
+    [q | k | v] projection is split this way so that each rank holds the q, k
+    and v columns of its own heads.
 
     ```mlir
     #dist.sharding<[["dp"], [], []], partial = ["tp"]>
+    #dist.sharding<[[], ["tp"]], partial = [], blocks = array<i64: 1, 3>>
     ```
   }];
-  let parameters = (ins "::mlir::ArrayAttr":$dims, "::mlir::ArrayAttr":$partial);
-  let assemblyFormat = "`<` $dims `,` `partial` `=` $partial `>`";
+  let parameters = (ins "::mlir::ArrayAttr":$dims, "::mlir::ArrayAttr":$partial,
+                    OptionalParameter<"::mlir::DenseI64ArrayAttr">:$blocks);
+  let assemblyFormat = "`<` $dims `,` `partial` `=` $partial (`,` `blocks` `=` $blocks^)? `>`";
   let genVerifyDecl = 1;
 }
 

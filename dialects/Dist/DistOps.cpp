@@ -70,6 +70,9 @@ Sharding Sharding::fromAttr(ShardingAttr attr) {
   for (Attribute dim : attr.getDims())
     s.dims.push_back(axesMask(cast<ArrayAttr>(dim)));
   s.partial = axesMask(attr.getPartial());
+  if (attr.getBlocks())
+    for (auto [d, count] : llvm::enumerate(attr.getBlocks().asArrayRef()))
+      s.setBlocks(d, count);
   return s;
 }
 
@@ -78,7 +81,9 @@ ShardingAttr Sharding::toAttr(MLIRContext *ctx) const {
   for (unsigned d : dims)
     dimAttrs.push_back(axesAttr(ctx, d));
   return ShardingAttr::get(ctx, ArrayAttr::get(ctx, dimAttrs),
-                           axesAttr(ctx, partial));
+                           axesAttr(ctx, partial),
+                           blocks.empty() ? DenseI64ArrayAttr()
+                                          : DenseI64ArrayAttr::get(ctx, blocks));
 }
 
 unsigned Sharding::allAxes() const {
@@ -127,7 +132,12 @@ static LogicalResult verifyAxes(function_ref<InFlightDiagnostic()> emitError,
 }
 
 LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                   ArrayAttr dims, ArrayAttr partial) {
+                                   ArrayAttr dims, ArrayAttr partial,
+                                   DenseI64ArrayAttr blocks) {
+  if (blocks && (blocks.size() != (int64_t)dims.size() ||
+                 llvm::any_of(blocks.asArrayRef(),
+                              [](int64_t b) { return b < 1; })))
+    return emitError() << "blocks must give a count >= 1 for each dimension";
   unsigned seen = 0;
   auto check = [&](ArrayAttr axes) -> LogicalResult {
     if (failed(verifyAxes(emitError, axes, true)))

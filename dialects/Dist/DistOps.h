@@ -32,6 +32,20 @@ int axisId(llvm::StringRef name);
 struct Sharding {
   llvm::SmallVector<unsigned> dims;
   unsigned partial = 0;
+  // Per dimension, the number of separately split blocks; empty when all 1.
+  llvm::SmallVector<int64_t> blocks;
+
+  int64_t blocksOf(size_t dim) const {
+    return dim < blocks.size() ? blocks[dim] : 1;
+  }
+  void setBlocks(size_t dim, int64_t count) {
+    if (count == blocksOf(dim))
+      return;
+    blocks.resize(dims.size(), 1);
+    blocks[dim] = count;
+    if (llvm::all_of(blocks, [](int64_t b) { return b == 1; }))
+      blocks.clear();
+  }
 
   static Sharding replicated(int64_t rank) {
     return Sharding{llvm::SmallVector<unsigned>(rank, 0u), 0};
@@ -40,7 +54,7 @@ struct Sharding {
   ShardingAttr toAttr(mlir::MLIRContext *ctx) const;
   unsigned allAxes() const;
   bool operator==(const Sharding &o) const {
-    return dims == o.dims && partial == o.partial;
+    return dims == o.dims && partial == o.partial && blocks == o.blocks;
   }
   bool operator!=(const Sharding &o) const { return !(*this == o); }
 };

@@ -583,7 +583,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
     // The table holds the global (checkpoint) shape and how this rank's
     // shard is cut from it.
     SmallVector<int64_t> shape(p.getType().getShape());
-    int shardDim = -1, shardAxis = 0;
+    int shardDim = -1, shardAxis = 0, shardBlocks = 1;
     if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
       dist::Sharding s =
           dist::Sharding::fromAttr(cast<dist::ShardingAttr>(attrs[0]));
@@ -595,6 +595,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
                                "dimension or axis are not supported yet");
         shardDim = d;
         shardAxis = llvm::countr_zero(axes);
+        shardBlocks = s.blocksOf(d);
         shape[d] *= mesh.groupSize(axes);
       }
     }
@@ -611,7 +612,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
        << ", " << flt(p.getMean().convertToDouble()) << ", "
        << flt(p.getStd().convertToDouble()) << ", "
        << boolStr(shape.size() >= 2) << ", " << shardDim << ", " << shardAxis
-       << ", 1},\n";
+       << ", " << shardBlocks << "},\n";
     ++numParams;
   }
   os << "};\n\nvoid trainStep(StepContext &ctx) {\n"

@@ -75,14 +75,15 @@ private:
         name);
   }
   // Megatron's tensor-parallel plan: split parameter `p` along `dim` over tp.
-  Value splitOverTP(Value p, int64_t dim) {
+  // `blocks` > 1 splits each of that many equal blocks separately.
+  Value splitOverTP(Value p, int64_t dim, int64_t blocks = 1) {
     if (spec.parallel.tp <= 1)
       return p;
     auto param = p.getDefiningOp<ParamOp>();
-    SmallVector<unsigned> dims(param.getType().getRank(), 0);
-    dims[dim] = 1u << 1; // tp
-    param->setAttr("dist.param_sharding",
-                   dist::Sharding{dims, 0}.toAttr(&ctx));
+    dist::Sharding s = dist::Sharding::replicated(param.getType().getRank());
+    s.dims[dim] = 1u << 1; // tp
+    s.setBlocks(dim, blocks);
+    param->setAttr("dist.param_sharding", s.toAttr(&ctx));
     return p;
   }
   Value param(const std::string &name, ArrayRef<int64_t> shape,
@@ -139,19 +140,24 @@ private:
     for (int64_t l = 0; l < m.layers; ++l) {
       std::string p = "h." + std::to_string(l) + ".";
       Value h = layerNorm(x, p + "ln_1", C);
-      Value qkv = conv1d(h, p + "attn.c_attn", C, 3 * C);
-      auto split = SplitOp::create(b, at(p + "attn"),
-                                   TypeRange{f32({B, T, C}), f32({B, T, C}),
-                                             f32({B, T, C})},
-                                   qkv, 2);
-      Value q = reshape(split.getResult(0), {B, T, H, D});
-      Value k = reshape(split.getResult(1), {B, T, H, D});
-      Value v = reshape(split.getResult(2), {B, T, H, D});
+      // The fused [q | k | v] projection, column-parallel per block: the
+      // weight and bias are split into their q, k and v parts, so that each
+      // rank computes the q, k and v of its own heads.
+      std::string name = p + "attn.c_attn";
+      Value w = splitOverTP(param(name + ".weight", {C, 3 * C}), 1, 3);
+      Value bias = splitOverTP(param(name + ".bias", {3 * C}, "zeros"), 0, 3);
+      auto ws = SplitOp::create(b, at(name), TypeRange{f32({C, C}), f32({C, C}), f32({C, C})}, w, 1);
+      auto bs = SplitOp::create(b, at(name), TypeRange{f32({C}), f32({C}), f32({C})}, bias, 0);
+      auto project = [&](int i) {
+        Value y = MatmulOp::create(b, at(name), h, ws.getResult(i), false, false);
+        y = AddOp::create(b, at(name), y, bs.getResult(i));
+        return reshape(y, {B, T, H, D});
+      };
+      Value q = project(0), k = project(1), v = project(2);
       Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true);
       a = reshape(a, {B, T, C});
-      // Attention stays replicated over tp until fused-QKV sharding lands.
       x = AddOp::create(b, at(p + "attn"), x,
-                        conv1d(a, p + "attn.c_proj", C, C, Parallel::None,
+                        conv1d(a, p + "attn.c_proj", C, C, Parallel::Row,
                                projStd));
       h = layerNorm(x, p + "ln_2", C);
       Value f = GeluOp::create(

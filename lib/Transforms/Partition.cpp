@@ -230,6 +230,10 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     unsigned gather = current.dims[d] & ~to.dims[d];
     if (!gather)
       continue;
+    if (current.blocksOf(d) != 1)
+      return reshard.emitOpError("cannot gather dimension ")
+             << d << ", which is split in " << current.blocksOf(d)
+             << " blocks";
     current.dims[d] &= ~gather;
     FailureOr<RankedTensorType> type = localType(
         reshard, cast<RankedTensorType>(reshard.getType()), current);

@@ -172,7 +172,10 @@ LogicalResult Propagator::visit(Operation *op) {
         }
         Sharding lt = reduced(lhs);
         Sharding rt;
-        rt.dims.assign(lt.dims.end() - rankOf(rhs), lt.dims.end());
+        size_t lead = lt.dims.size() - rankOf(rhs);
+        rt.dims.assign(lt.dims.begin() + lead, lt.dims.end());
+        for (size_t d = 0; d < rt.dims.size(); ++d)
+          rt.setBlocks(d, lt.blocksOf(lead + d));
         require(op, 0, lt);
         require(op, 1, rt);
         set(op->getResult(0), lt);
@@ -183,6 +186,8 @@ LogicalResult Propagator::visit(Operation *op) {
         size_t lead = in.dims.size() - rankOf(r.getResult());
         out.dims.assign(in.dims.begin() + lead, in.dims.end());
         out.partial = in.partial | leadingAxes(in, lead);
+        for (size_t d = 0; d < out.dims.size(); ++d)
+          out.setBlocks(d, in.blocksOf(lead + d));
         set(r.getResult(), out);
         return success();
       })
@@ -255,23 +260,48 @@ LogicalResult Propagator::visit(Operation *op) {
       .Case<ReshapeOp>([&](ReshapeOp r) { return visitReshape(r); })
       .Case<TransposeOp>([&](TransposeOp t) {
         Sharding in = get(t.getInput()), out = in;
-        for (auto [i, p] : llvm::enumerate(t.getPermutation()))
+        out.blocks.clear();
+        for (auto [i, p] : llvm::enumerate(t.getPermutation())) {
           out.dims[i] = in.dims[p];
+          out.setBlocks(i, in.blocksOf(p));
+        }
         set(t.getResult(), out);
         return success();
       })
-      .Case<SplitOp>([&](SplitOp s) {
-        Sharding in = whole(reduced(s.getInput()), {s.getAxis()});
+      .Case<SplitOp>([&](SplitOp sp) {
+        // A dimension split in as many blocks as there are equal pieces
+        // (GPT-2's fused q|k|v) splits into pieces split the same way.
+        int64_t axis = sp.getAxis();
+        Sharding in = reduced(sp.getInput());
+        bool equal = llvm::all_equal(llvm::map_range(
+            sp.getResults(), [&](Value r) { return shapeOf(r)[axis]; }));
+        if (!(in.dims[axis] && equal &&
+              in.blocksOf(axis) == (int64_t)sp.getNumResults()))
+          in = whole(in, {axis});
         require(op, 0, in);
-        for (Value r : s.getResults())
-          set(r, in);
+        Sharding piece = in;
+        piece.setBlocks(axis, 1);
+        for (Value r : sp.getResults())
+          set(r, piece);
         return success();
       })
       .Case<ConcatOp>([&](ConcatOp c) {
-        Sharding s = whole(reduced(c.getInputs().front()), {c.getAxis()});
+        int64_t axis = c.getAxis();
+        Sharding s = reduced(c.getInputs().front());
+        bool same = llvm::all_equal(c.getInputs().getTypes()) &&
+                    llvm::all_of(c.getInputs(), [&](Value v) {
+                      Sharding o = get(v);
+                      o.partial = 0;
+                      return o == s;
+                    });
+        if (!(s.dims[axis] && s.blocksOf(axis) == 1 && same))
+          s = whole(s, {axis});
         for (unsigned i = 0; i < op->getNumOperands(); ++i)
           require(op, i, s);
-        set(c.getResult(), s);
+        Sharding out = s;
+        if (out.dims[axis])
+          out.setBlocks(axis, c.getInputs().size());
+        set(c.getResult(), out);
         return success();
       })
       .Case<GlobalNormOp>([&](GlobalNormOp g) {
@@ -322,6 +352,7 @@ LogicalResult Propagator::visitMatmul(MatmulOp m) {
     out.dims.push_back(l.dims[d]);
   out.dims.append({l.dims[lM], n});
   out.partial = k;
+  out.setBlocks(lr - 1, r.blocksOf(rN));
   set(m.getResult(), out);
   return success();
 }
@@ -361,7 +392,7 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
     // contiguous blocks of the merged or re-split dimension; anything else
     // (say the sequence split under a merged [batch * seq]) would permute
     // rows, so it is gathered first.
-    bool onlyOuter = sharded == 1 && s.dims[i0];
+    bool onlyOuter = sharded == 1 && s.dims[i0] && s.blocksOf(i0) == 1;
     if (onlyOuter && out[o0] % mesh.groupSize(axes) == 0)
       result.dims[o0] = axes;
     else

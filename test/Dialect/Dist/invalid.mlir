@@ -57,3 +57,18 @@ func.func @root(%x: tensor<4xf32>) {
 func.func @twice(%x: tensor<2x16xf32> {dist.sharding = #dist.sharding<[["dp"], ["dp"]], partial = []>}) {
   return
 }
+
+// -----
+
+// expected-error@+1 {{blocks must give a count >= 1 for each dimension}}
+func.func @blocks(%x: tensor<2x16xf32> {dist.sharding = #dist.sharding<[[], ["tp"]], partial = [], blocks = [3]>}) {
+  return
+}
+
+// -----
+
+func.func @slice(%k: tensor<8x64x2x16xf32>) {
+  // expected-error@+1 {{shapes may differ only along dim 2}}
+  %k1 = dist.local_slice %k {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x32x1x16xf32>
+  return
+}

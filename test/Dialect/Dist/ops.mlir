@@ -33,3 +33,13 @@ func.func @annotated(%x: tensor<2x16x64xf32> {dist.sharding = #dist.sharding<[["
   %y = graph.reshape %x {dist.sharding = [#dist.sharding<[["dp"], []], partial = ["tp"]>]} : (tensor<2x16x64xf32>) -> tensor<2x1024xf32>
   return
 }
+
+// CHECK-LABEL: func.func @pieces
+// CHECK-SAME: blocks = [1, 3]
+func.func @pieces(%k: tensor<8x64x2x16xf32>, %w: tensor<64x192xf32> {dist.sharding = #dist.sharding<[[], ["tp"]], partial = [], blocks = [1, 3]>}) {
+  // CHECK: dist.local_slice %{{.*}} {axes = ["tp"], denominator = 2 : i64, dim = 2 : i64, numerator = 1 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x64x1x16xf32>
+  %k1 = dist.local_slice %k {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x64x1x16xf32>
+  // CHECK: dist.local_insert
+  %dk = dist.local_insert %k1 {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x1x16xf32>) -> tensor<8x64x2x16xf32>
+  return
+}
