@@ -13,6 +13,7 @@
 #include "dialects/Graph/GraphOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/GlobPattern.h"
 
 #include <cmath>
 
@@ -57,6 +58,8 @@ public:
     targets = input("targets", B);
     Value loss = m.family == "llama" ? llama() : gpt();
     func::ReturnOp::create(b, loc, loss);
+    if (failed(applyShardOverrides(func)))
+      return nullptr;
     return module;
   }
 
@@ -75,6 +78,35 @@ private:
         name);
   }
   // Megatron's tensor-parallel plan: split parameter `p` along `dim` over tp.
+  // parallel.shard: the user's per-parameter overrides of the plan. A
+  // pattern that matches no parameter is an error (most likely a typo).
+  LogicalResult applyShardOverrides(func::FuncOp func) {
+    for (const ParallelSpec::ShardOverride &o : spec.parallel.shard) {
+      llvm::GlobPattern glob = cantFail(llvm::GlobPattern::create(o.pattern));
+      bool matched = false;
+      for (ParamOp p : func.getOps<ParamOp>()) {
+        if (!glob.match(p.getName()))
+          continue;
+        matched = true;
+        if ((int64_t)o.dims.size() != p.getType().getRank())
+          return emitError(p.getLoc())
+                 << "parallel.shard[\"" << o.pattern << "\"] has "
+                 << o.dims.size() << " entries but parameter '" << p.getName()
+                 << "' has rank " << p.getType().getRank();
+        dist::Sharding s = dist::Sharding::replicated(o.dims.size());
+        for (auto [d, axis] : llvm::enumerate(o.dims))
+          if (axis == "tp")
+            s.dims[d] = 1u << 1;
+        p->setAttr("dist.param_sharding", s.toAttr(&ctx));
+      }
+      if (!matched)
+        return emitError(func.getLoc())
+               << "parallel.shard[\"" << o.pattern
+               << "\"] matches no parameter of the model";
+    }
+    return success();
+  }
+
   // `blocks` > 1 splits each of that many equal blocks separately.
   Value splitOverTP(Value p, int64_t dim, int64_t blocks = 1) {
     if (spec.parallel.tp <= 1)

@@ -10,6 +10,7 @@
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
@@ -261,6 +262,41 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
+  if (const json *shard = s.raw("shard")) {
+    if (!shard->is_object())
+      problems.report(s.at("shard"), "must be an object mapping parameter "
+                                     "name patterns to per-dimension axes");
+    else
+      for (auto &[pattern, dims] : shard->items()) {
+        std::string where = s.at("shard") + "[\"" + pattern + "\"]";
+        if (auto glob = llvm::GlobPattern::create(pattern); !glob) {
+          problems.report(where, "not a valid pattern: " +
+                                     llvm::toString(glob.takeError()));
+          continue;
+        }
+        ParallelSpec::ShardOverride o{pattern, {}};
+        if (!dims.is_array()) {
+          problems.report(where, "must be a list with one entry per "
+                                 "dimension: null or \"tp\"");
+          continue;
+        }
+        int split = 0;
+        for (const json &d : dims) {
+          if (d.is_null()) {
+            o.dims.push_back("");
+          } else if (d.is_string() && d.get<std::string>() == "tp") {
+            o.dims.push_back("tp");
+            ++split;
+          } else {
+            problems.report(where, "each entry must be null or \"tp\", got " +
+                                       d.dump());
+          }
+        }
+        if (split > 1)
+          problems.report(where, "at most one dimension can be split");
+        p.shard.push_back(o);
+      }
+  }
   s.rejectUnknown();
   if (problems.any())
     return;

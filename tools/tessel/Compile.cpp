@@ -241,6 +241,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
       return loaded.takeError();
     spec = std::move(*loaded);
     module = buildModel(context, spec);
+    if (!module)
+      return diagnostics.error(options.input + ": the parallel plan is invalid");
     if (failed(verify(*module)))
       return diagnostics.error(options.input + ": the model does not verify");
   }

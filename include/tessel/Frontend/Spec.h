@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessel {
 
@@ -47,6 +48,14 @@ struct ParallelSpec {
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
   double bucketMB = 25.0; // gradient all-reduce bucket size
+  // User overrides of the tensor-parallel plan, applied in order (the last
+  // matching pattern wins): a glob over parameter names and, per dimension,
+  // the mesh axis splitting it ("" for none).
+  struct ShardOverride {
+    std::string pattern;
+    std::vector<std::string> dims;
+  };
+  std::vector<ShardOverride> shard;
 };
 
 struct Spec {
