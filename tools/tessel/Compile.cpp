@@ -180,6 +180,7 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
       "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
       "cd \"$(dirname \"$0\")/..\" || exit 1\n"
       "extra=\"\"\n"
+      "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
       "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
       "exec mpirun $extra --oversubscribe -np " + np + " bin/" + program +
       " \"$@\"\n";
