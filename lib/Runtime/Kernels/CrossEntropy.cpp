@@ -9,36 +9,21 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "RowOps.h"
+
 #include <cmath>
 #include <vector>
 
 namespace tessel::rt {
-namespace detail {
-// out[i] = exp(x[i] - shift), vectorised for float (Elementwise.cpp).
-void expShifted(const float *x, float shift, float *out, int64_t n);
-void expShifted(const double *x, double shift, double *out, int64_t n);
-} // namespace detail
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 14;
-constexpr int kLanes = 8;
-constexpr int64_t kChunk = 1024;
+using detail::dotOf;
+using detail::kLanes;
+using detail::maxOf;
+using detail::sumOf;
 
-template <typename T> inline T maxOf(const T *x, int64_t n) {
-  T acc[kLanes];
-  for (int l = 0; l < kLanes; ++l)
-    acc[l] = x[0];
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-  T m = acc[0];
-  for (int l = 1; l < kLanes; ++l)
-    m = acc[l] > m ? acc[l] : m;
-  for (; i < n; ++i)
-    m = x[i] > m ? x[i] : m;
-  return m;
-}
+constexpr int64_t kParallelMin = 1 << 14;
+constexpr int64_t kChunk = 1024;
 
 // Adds x[0..n) into the double lanes acc (element i goes to lane i % kLanes).
 template <typename T>

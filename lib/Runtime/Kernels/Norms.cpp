@@ -9,30 +9,21 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "RowOps.h"
+
 #include <cmath>
 #include <vector>
 
 namespace tessel::rt {
 namespace {
 
+using detail::dotOf;
+using detail::kLanes;
+using detail::maxOf;
+using detail::sumOf;
+
 constexpr int64_t kParallelMin = 1 << 14; // elements
 constexpr int64_t kColBlock = 128;
-constexpr int kLanes = 8;
-
-// Fixed-order sums with kLanes interleaved accumulators (vectorisable).
-template <typename T> inline T sumOf(const T *x, int64_t n) {
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] += x[i + l];
-  T s = T(0);
-  for (int l = 0; l < kLanes; ++l)
-    s += acc[l];
-  for (; i < n; ++i)
-    s += x[i];
-  return s;
-}
 
 // sum (x - m)^2
 template <typename T> inline T sumSqDev(const T *x, T m, int64_t n) {
@@ -48,20 +39,6 @@ template <typename T> inline T sumSqDev(const T *x, T m, int64_t n) {
     s += acc[l];
   for (; i < n; ++i)
     s += (x[i] - m) * (x[i] - m);
-  return s;
-}
-
-template <typename T> inline T dotOf(const T *a, const T *b, int64_t n) {
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] += a[i + l] * b[i + l];
-  T s = T(0);
-  for (int l = 0; l < kLanes; ++l)
-    s += acc[l];
-  for (; i < n; ++i)
-    s += a[i] * b[i];
   return s;
 }
 

@@ -7,63 +7,19 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "RowOps.h"
+
 #include <cmath>
 
 namespace tessel::rt {
-namespace detail {
-// out[i] = exp(x[i] - shift), vectorised for float (Elementwise.cpp).
-void expShifted(const float *x, float shift, float *out, int64_t n);
-void expShifted(const double *x, double shift, double *out, int64_t n);
-} // namespace detail
 namespace {
 
+using detail::dotOf;
+using detail::kLanes;
+using detail::maxOf;
+using detail::sumOf;
+
 constexpr int64_t kParallelMin = 1 << 14;
-constexpr int kLanes = 8;
-
-// Row maximum (order does not matter for max; lanes let it vectorise).
-template <typename T> inline T maxOf(const T *x, int64_t n) {
-  T acc[kLanes];
-  for (int l = 0; l < kLanes; ++l)
-    acc[l] = x[0];
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-  T m = acc[0];
-  for (int l = 1; l < kLanes; ++l)
-    m = acc[l] > m ? acc[l] : m;
-  for (; i < n; ++i)
-    m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-template <typename T> inline T sumOf(const T *x, int64_t n) {
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] += x[i + l];
-  T s = T(0);
-  for (int l = 0; l < kLanes; ++l)
-    s += acc[l];
-  for (; i < n; ++i)
-    s += x[i];
-  return s;
-}
-
-template <typename T> inline T dotOf(const T *a, const T *b, int64_t n) {
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      acc[l] += a[i + l] * b[i + l];
-  T s = T(0);
-  for (int l = 0; l < kLanes; ++l)
-    s += acc[l];
-  for (; i < n; ++i)
-    s += a[i] * b[i];
-  return s;
-}
 
 } // namespace
 
