@@ -535,6 +535,87 @@ std::string meshShapeInit(ModuleOp module) {
   return text;
 }
 
+// The update (gradient synchronisation, norm, AdamW, the loss reduction) runs
+// once per step; everything before it once per microbatch. Returns the first
+// op of the update, or failure when an op of the step follows it.
+FailureOr<Operation *> updateStart(func::FuncOp func) {
+  auto isUpdate = [](Operation *op) {
+    if (isa<GlobalNormOp, AdamWOp, dist::WaitOp, func::ReturnOp>(op))
+      return true;
+    if (auto ar = dyn_cast<dist::AllReduceOp>(op))
+      return llvm::all_of(ar->getUsers(), [](Operation *user) {
+        return isa<GlobalNormOp, AdamWOp, func::ReturnOp>(user);
+      });
+    return false;
+  };
+  Block &body = func.getBody().front();
+  Operation *start = nullptr;
+  for (Operation &op : body) {
+    if (isUpdate(&op)) {
+      if (!start)
+        start = &op;
+    } else if (start) {
+      return op.emitOpError("follows the optimizer update; this step cannot "
+                            "be split into microbatches");
+    }
+  }
+  return start;
+}
+
+// The value an update op reads before synchronisation: a gradient or the
+// loss as the microbatch body leaves it.
+Value beforeSync(Value v) {
+  if (auto ar = v.getDefiningOp<dist::AllReduceOp>())
+    return ar.getInputs()[cast<OpResult>(v).getResultNumber()];
+  return v;
+}
+
+LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
+                                 raw_ostream &os, int64_t microbatches,
+                                 int64_t tokensPerMicrobatch) {
+  FailureOr<Operation *> update = updateStart(func);
+  if (failed(update))
+    return failure();
+  Block &body = func.getBody().front();
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  Value loss = beforeSync(ret.getOperand(0));
+  os << "  // " << microbatches << " microbatches: gradients and the loss "
+     << "accumulate,\n  // the update runs once.\n"
+     << "  double lossSum = 0.0;\n"
+     << "  for (int64_t mb = 0; mb < " << microbatches << "; ++mb) {\n"
+     << "  const int32_t *tokens = ctx.tokens + mb * " << tokensPerMicrobatch
+     << ";\n"
+     << "  const int32_t *targets = ctx.targets + mb * " << tokensPerMicrobatch
+     << ";\n  (void)tokens; (void)targets;\n";
+  for (Operation &op : body) {
+    if (&op == *update)
+      break;
+    if (failed(emitter.emitOp(&op)))
+      return failure();
+  }
+  SmallVector<std::pair<AdamWOp, Value>> grads;
+  for (auto adamw : body.getOps<AdamWOp>())
+    grads.push_back({adamw, beforeSync(adamw.getGrad())});
+  for (auto [adamw, grad] : grads)
+    emitter.call("accumulateInto",
+                 {emitter.ptr(grad),
+                  "ctx.gradAccum + " +
+                      std::to_string(bufferOf(adamw.getParam()).offset),
+                  std::to_string(numel(grad)), "mb == 0"});
+  os << "  lossSum += " << emitter.ptr(loss) << "[0];\n  }\n";
+  for (auto [adamw, grad] : grads)
+    emitter.call("copy<T>",
+                 {"ctx.gradAccum + " +
+                      std::to_string(bufferOf(adamw.getParam()).offset),
+                  emitter.ptr(grad), std::to_string(numel(grad))});
+  os << "  " << emitter.ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
+  for (Operation &op : llvm::make_range(Block::iterator(*update),
+                                        body.without_terminator().end()))
+    if (failed(emitter.emitOp(&op)))
+      return failure();
+  return success();
+}
+
 const char *decayName(const std::string &decay) {
   if (decay == "cosine")
     return "LrDecay::Cosine";
@@ -618,13 +699,21 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
   os << "};\n\nvoid trainStep(StepContext &ctx) {\n"
      << "  float *P = ctx.params;\n  float *G = ctx.grads;\n"
      << "  char *A = ctx.activations;\n"
-     << "  const int32_t *tokens = ctx.tokens;\n"
-     << "  const int32_t *targets = ctx.targets;\n"
-     << "  (void)P; (void)G; (void)A; (void)tokens; (void)targets;\n";
+     << "  (void)P; (void)G; (void)A;\n";
   ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
-  for (Operation &op : func.getBody().front().without_terminator())
-    if (failed(emitter.emitOp(&op)))
+  auto microbatchesAttr = module->getAttrOfType<IntegerAttr>(kMicrobatchesAttr);
+  int64_t microbatches = microbatchesAttr ? microbatchesAttr.getInt() : 1;
+  if (microbatches > 1) {
+    if (failed(emitMicrobatchLoop(func, emitter, os, microbatches, batch * seqLen)))
       return failure();
+  } else {
+    os << "  const int32_t *tokens = ctx.tokens;\n"
+       << "  const int32_t *targets = ctx.targets;\n"
+       << "  (void)tokens; (void)targets;\n";
+    for (Operation &op : func.getBody().front().without_terminator())
+      if (failed(emitter.emitOp(&op)))
+        return failure();
+  }
   os << "  ctx.loss = " << emitter.ptr(ret.getOperand(0)) << "[0];\n"
      << "  ctx.gradNorm = " << emitter.ptr(ret.getOperand(1)) << "[0];\n}\n\n"
      << "} // namespace\n\n";
@@ -632,7 +721,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
   const TrainSpec &t = spec.train;
   os << "int main(int argc, char **argv) {\n"
      << "  TrainConfig config{};\n"
-     << "  config.batch = " << batch << ";\n"
+     << "  config.batch = " << batch * microbatches << ";\n"
      << "  config.seqLen = " << seqLen << ";\n"
      << "  config.vocab = " << vocab << ";\n"
      << "  config.steps = " << t.steps << ";\n"
@@ -655,6 +744,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
      << meshShapeInit(module)
+     << "  program.microbatches = " << microbatches << ";\n"
      << "  return runMain(argc, argv, program);\n}\n";
   return success();
 }

@@ -38,6 +38,9 @@ public:
         b.getDenseI64ArrayAttr({par.pp, par.dp, par.tp}));
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());
+    if (par.microbatches > 1)
+      (*module)->setAttr("tessel.microbatches",
+                         b.getI64IntegerAttr(par.microbatches));
     auto func = func::FuncOp::create(
         b, loc, "forward", b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;

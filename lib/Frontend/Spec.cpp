@@ -334,10 +334,9 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
                                     " does not divide model.layers = " +
                                     std::to_string(spec.model.layers));
-  else if (p.pp > 1 || p.microbatches > 1)
-    problems.report(s.at(p.pp > 1 ? "pp" : "microbatches"),
-                    "pipeline parallelism and microbatching are not supported "
-                    "yet; parallel.pp and parallel.microbatches must be 1");
+  else if (p.pp > 1)
+    problems.report(s.at("pp"), "pipeline parallelism is not supported yet; "
+                                "parallel.pp must be 1");
 }
 
 } // namespace

@@ -494,6 +494,8 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer adamV = allocateZeroed(floatBytes, "AdamW second moments");
   AlignedBuffer activations =
       allocateZeroed(program.activationBytes, "activations");
+  AlignedBuffer gradAccum = allocateZeroed(
+      program.microbatches > 1 ? floatBytes : 0, "gradient accumulation");
   std::vector<int32_t> tokens(B * T), targets(B * T);
   std::vector<int32_t> globalTokens, globalTargets;
   if (dataRanks > 1) {
@@ -532,6 +534,7 @@ int train(const Program &program, const Options &opts) {
   ctx.tokens = tokens.data();
   ctx.targets = targets.data();
   ctx.activations = activations.get();
+  ctx.gradAccum = (float *)gradAccum.get();
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
   if (leader && !opts.metrics.empty()) {

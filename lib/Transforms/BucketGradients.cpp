@@ -34,7 +34,7 @@ bool isGradientSync(dist::AllReduceOp ar) {
                       [](Operation *user) { return isa<AdamWOp>(user); });
 }
 
-void bucket(func::FuncOp func, int64_t bucketBytes) {
+void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
   Block &body = func.getBody().front();
   DenseMap<Operation *, int64_t> position;
   for (Operation &op : body)
@@ -86,6 +86,24 @@ void bucket(func::FuncOp func, int64_t bucketBytes) {
       b.setInsertionPointToStart(&body);
     Location loc = NameLoc::get(StringAttr::get(
         ctx, "gradient bucket " + std::to_string(index)));
+    if (!overlap) {
+      // One blocking all-reduce per bucket, where the first gradient is read.
+      Operation *firstUser = nullptr;
+      for (dist::AllReduceOp ar : group)
+        for (Operation *user : ar.getResult(0).getUsers())
+          if (!firstUser || position[user] < position[firstUser])
+            firstUser = user;
+      b.setInsertionPoint(firstUser);
+      auto reduce = dist::AllReduceOp::create(b, loc, types, inputs,
+                                              group.front().getAxes());
+      if (shardings.size() == group.size())
+        reduce->setAttr("dist.sharding", ArrayAttr::get(ctx, shardings));
+      for (auto [ar, result] : llvm::zip(group, reduce.getResults())) {
+        ar.getResult(0).replaceAllUsesWith(result);
+        ar.erase();
+      }
+      continue;
+    }
     auto start = dist::AllReduceStartOp::create(
         b, loc, types, dist::RequestType::get(ctx), inputs,
         group.front().getAxes());
@@ -115,7 +133,7 @@ struct BucketGradientsPass
       module.emitError("tessel-bucket-gradients: no @train_step");
       return signalPassFailure();
     }
-    bucket(func, bucketBytes);
+    bucket(func, bucketBytes, overlap);
   }
 };
 

@@ -153,15 +153,19 @@ void Partitioner::selectKVHead(Operation *op) {
   }
 }
 
-// A cross-entropy over tokens split across ranks computes, per rank, the sum
-// of its tokens' losses divided by the global token count, so that the sum
-// over ranks is the global mean: scale the local mean by 1 / group.
+// A cross-entropy over tokens split across ranks (and microbatches) computes,
+// per rank and microbatch, the sum of its tokens' losses divided by the
+// global token count, so that the sum of the pieces is the global mean:
+// scale the local mean by 1 / pieces.
 void Partitioner::scaleCrossEntropy(Operation *op) {
   Sharding targets = shardingOf(op->getOperand(1));
   unsigned axes = 0;
   for (unsigned d : targets.dims)
     axes |= d;
-  int64_t group = mesh.groupSize(axes);
+  // Microbatches split the batch in time as dp splits it in space.
+  auto module = op->getParentOfType<ModuleOp>();
+  auto microbatches = module->getAttrOfType<IntegerAttr>("tessel.microbatches");
+  int64_t group = mesh.groupSize(axes) * (microbatches ? microbatches.getInt() : 1);
   if (group == 1)
     return;
   Location loc = op->getLoc();

@@ -274,6 +274,9 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes =
       static_cast<int64_t>(spec.parallel.bucketMB * (1 << 20));
+  // With microbatches the gradients are synchronised once, after the last
+  // microbatch, so there is nothing to overlap them with.
+  bucketing.overlap = spec.parallel.microbatches <= 1;
   plan.addPass(createBucketGradients(bucketing));
   plan.addPass(createPlanBuffers());
   if (failed(plan.run(*module)))

@@ -68,6 +68,9 @@ struct StepContext {
   // Written by the step:
   float loss;
   float gradNorm; // global gradient norm before clipping
+  // Gradient accumulation over microbatches (paramElems floats), allocated
+  // by the runtime when Program::microbatches > 1.
+  float *gradAccum;
 };
 
 struct Program {
@@ -83,6 +86,9 @@ struct Program {
   // parallel rank d reads rows [d * batch, (d + 1) * batch) of each global
   // batch.
   int64_t meshShape[5];
+  // Microbatches per step (gradient accumulation); TrainConfig::batch is
+  // the rank's rows of all of them together.
+  int64_t microbatches;
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup

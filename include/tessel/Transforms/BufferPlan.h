@@ -24,6 +24,8 @@ struct BufferRef {
 constexpr const char *kBufferAttr = "tessel.buffer";
 constexpr const char *kArenaBytesAttr = "tessel.arena_bytes";
 constexpr const char *kParamElemsAttr = "tessel.param_elems";
+// Microbatches per step (module attribute, set by the frontend).
+constexpr const char *kMicrobatchesAttr = "tessel.microbatches";
 
 // The planned place of `value` (an op result carrying kBufferAttr).
 inline BufferRef bufferOf(mlir::Value value) {

@@ -69,6 +69,9 @@ def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", "25 << 20",
            "Largest bucket in bytes (one all-reduce call per bucket)">,
+    Option<"overlap", "overlap", "bool", "true",
+           "Start each bucket during backward (false: reduce the buckets "
+           "right before the norm, as microbatching needs)">,
   ];
   let dependentDialects = ["::tessel::dist::DistDialect"];
 }
