@@ -1,6 +1,7 @@
 //===- tessel-opt.cpp - mlir-opt with every Tessel dialect and pass ------===//
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
+#include "dialects/Pipe/PipeOps.h"
 #include "tessel/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -13,7 +14,7 @@ int main(int argc, char **argv) {
   tessel::registerTesselPasses();
   mlir::DialectRegistry registry;
   registry.insert<tessel::graph::GraphDialect, tessel::dist::DistDialect,
-                  mlir::func::FuncDialect>();
+                  tessel::pipe::PipeDialect, mlir::func::FuncDialect>();
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "Tessel optimizer driver\n", registry));
 }
