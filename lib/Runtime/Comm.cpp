@@ -281,22 +281,30 @@ int64_t groupRank(unsigned axes) {
   return index;
 }
 
-void allReduceSum(float *buffer, int64_t n, unsigned axes) {
-  checkAxes(axes, "allReduceSum");
+// Every blocking all-reduce: counted, then reduced in place in int-sized
+// chunks (MPI counts are int; an element-wise reduction splits freely).
+static void allReduceInPlace(void *buffer, int64_t n, MPI_Datatype type,
+                             int64_t elementBytes, MPI_Op op, unsigned axes,
+                             const char *what) {
+  checkAxes(axes, what);
   int64_t g = groupSize(axes);
   if (n < 0)
-    throw std::runtime_error("allReduceSum of a negative element count");
-  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
+    throw std::runtime_error(std::string(what) +
+                             " of a negative element count");
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g, elementBytes));
   if (g == 1)
     return;
   MPI_Comm comm = state().comms[effectiveAxes(axes)];
-  // MPI counts are int; an element-wise sum can be split freely.
   for (int64_t begin = 0; begin < n; begin += INT_MAX) {
     int chunk = (int)std::min<int64_t>(n - begin, INT_MAX);
-    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer + begin, chunk, MPI_FLOAT,
-                           MPI_SUM, comm),
+    checkMpi(MPI_Allreduce(MPI_IN_PLACE, (char *)buffer + begin * elementBytes,
+                           chunk, type, op, comm),
              "MPI_Allreduce");
   }
+}
+
+void allReduceSum(float *buffer, int64_t n, unsigned axes) {
+  allReduceInPlace(buffer, n, MPI_FLOAT, 4, MPI_SUM, axes, "allReduceSum");
 }
 
 void allGather(const float *in, float *out, int64_t n, unsigned axes) {
@@ -330,23 +338,12 @@ void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
 }
 
 void allReduceSumDouble(double *buffer, int64_t n, unsigned axes) {
-  checkAxes(axes, "allReduceSumDouble");
-  int64_t g = groupSize(axes);
-  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g, 8));
-  if (g > 1)
-    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer, (int)n, MPI_DOUBLE, MPI_SUM,
-                           state().comms[effectiveAxes(axes)]),
-             "MPI_Allreduce");
+  allReduceInPlace(buffer, n, MPI_DOUBLE, 8, MPI_SUM, axes,
+                   "allReduceSumDouble");
 }
 
 void allReduceMax(float *buffer, int64_t n, unsigned axes) {
-  checkAxes(axes, "allReduceMax");
-  int64_t g = groupSize(axes);
-  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
-  if (g > 1)
-    checkMpi(MPI_Allreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_MAX,
-                           state().comms[effectiveAxes(axes)]),
-             "MPI_Allreduce");
+  allReduceInPlace(buffer, n, MPI_FLOAT, 4, MPI_MAX, axes, "allReduceMax");
 }
 
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
