@@ -46,6 +46,7 @@ struct CommState {
   CollectiveCounter counters[kNumCollectiveKinds];
   std::vector<MPI_Request> requests; // indexed by CommRequest
   std::vector<bool> requestInUse;
+  std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
 };
 
 CommState &state() {
@@ -380,6 +381,79 @@ void commWait(CommRequest request) {
   if (s.requests[request] != MPI_REQUEST_NULL)
     checkMpi(MPI_Wait(&s.requests[request], MPI_STATUS_IGNORE), "MPI_Wait");
   s.requestInUse[request] = false;
+}
+
+// The world rank at this rank's coordinates with `offset` added along
+// `axis` (rank order of Comm.h), after checking the arguments of sendTo or
+// recvFrom.
+static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
+                    const char *what) {
+  const CommState &s = state();
+  if (!s.initialized)
+    throw std::runtime_error(std::string(what) +
+                             " called before the communicator was set up");
+  if ((int)axis < 0 || (int)axis >= kNumMeshAxes)
+    throw std::runtime_error(std::string(what) + " called with invalid axis " +
+                             std::to_string((int)axis));
+  if (n < 0 || n > INT_MAX)
+    throw std::runtime_error(std::string(what) + " of " + std::to_string(n) +
+                             " elements is outside the supported range");
+  // MPI guarantees tags up to 32767 at least.
+  if (tag < 0 || tag >= 32767)
+    throw std::runtime_error(std::string(what) + " called with tag " +
+                             std::to_string(tag) +
+                             ", outside the supported range [0, 32767)");
+  int64_t peer = s.coord[axis] + offset;
+  if (offset == 0 || peer < 0 || peer >= s.shape[axis])
+    throw std::runtime_error(
+        std::string(what) + " along " + meshAxisName(axis) + " with offset " +
+        std::to_string(offset) + " from coordinate " +
+        std::to_string(s.coord[axis]) + ": " +
+        (offset == 0 ? std::string("the peer is this rank itself")
+                     : "no rank has coordinate " + std::to_string(peer) +
+                           " (" + meshAxisName(axis) + " size " +
+                           std::to_string(s.shape[axis]) + ")"));
+  int64_t rank = 0;
+  for (MeshAxis a : kRankOrder)
+    rank = rank * s.shape[a] + (a == axis ? peer : s.coord[a]);
+  return (int)rank;
+}
+
+void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,
+            int tag) {
+  int peer = peerRank(n, axis, offset, tag, "sendTo");
+  count(CollectiveKind::SendRecv, n, n * 4);
+  MPI_Request request = MPI_REQUEST_NULL;
+  checkMpi(MPI_Isend(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
+                     &request),
+           "MPI_Isend");
+  state().sends.push_back(request);
+}
+
+void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
+  int peer = peerRank(n, axis, offset, tag, "recvFrom");
+  MPI_Status status;
+  checkMpi(MPI_Recv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
+                    &status),
+           "MPI_Recv");
+  int received = 0;
+  MPI_Get_count(&status, MPI_FLOAT, &received);
+  if (received != n)
+    throw std::runtime_error("recvFrom rank " + std::to_string(peer) +
+                             " with tag " + std::to_string(tag) + " expected " +
+                             std::to_string(n) + " elements but received " +
+                             std::to_string(received));
+}
+
+void waitSends() {
+  std::vector<MPI_Request> &sends = state().sends;
+  if (sends.empty())
+    return;
+  std::vector<MPI_Request> pending;
+  pending.swap(sends);
+  checkMpi(MPI_Waitall((int)pending.size(), pending.data(),
+                       MPI_STATUSES_IGNORE),
+           "MPI_Waitall");
 }
 
 const CollectiveCounter &collectiveCounter(CollectiveKind kind) {

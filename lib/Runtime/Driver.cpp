@@ -23,12 +23,17 @@
 #include "tessel/Runtime/Safetensors.h"
 #include "tessel/Runtime/Sharding.h"
 
+// Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -327,13 +332,148 @@ void initParams(const Program &program, uint64_t seed, float *params) {
   }
 }
 
+// Tags of the transfers that bring each pipeline stage's tensors to rank 0,
+// above those of sendTo/recvFrom in the step functions.
+constexpr int kSaveSizeTag = 32000, kSaveHeaderTag = 32001,
+              kSaveDataTag = 32002;
+
+// Whether this rank leads its pipeline stage: every coordinate but pp is 0.
+bool isStageLeader() {
+  for (MeshAxis axis : {AxisDP, AxisTP, AxisCP, AxisEP})
+    if (meshCoord(axis) != 0)
+      return false;
+  return true;
+}
+
+// The world rank of the leader of pipeline stage `stage` (pp is outermost).
+int stageLeaderRank(int64_t stage) {
+  return (int)(stage * (commWorldSize() / meshSize(AxisPP)));
+}
+
+// Floats travel in int-sized chunks (MPI counts are int).
+void sendFloats(const float *data, int64_t n, int dest) {
+  for (int64_t begin = 0; begin < n; begin += INT_MAX) {
+    int chunk = (int)std::min<int64_t>(n - begin, INT_MAX);
+    if (MPI_Send(data + begin, chunk, MPI_FLOAT, dest, kSaveDataTag,
+                 MPI_COMM_WORLD) != MPI_SUCCESS)
+      fail("sending the final weights to rank " + std::to_string(dest) +
+           " failed");
+  }
+}
+
+void recvFloats(float *data, int64_t n, int source) {
+  for (int64_t begin = 0; begin < n; begin += INT_MAX) {
+    int chunk = (int)std::min<int64_t>(n - begin, INT_MAX);
+    if (MPI_Recv(data + begin, chunk, MPI_FLOAT, source, kSaveDataTag,
+                 MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+      fail("receiving the final weights of rank " + std::to_string(source) +
+           " failed");
+  }
+}
+
+void appendInt(std::vector<char> &out, int64_t value) {
+  const char *bytes = (const char *)&value;
+  out.insert(out.end(), bytes, bytes + sizeof(value));
+}
+
+int64_t readInt(const std::vector<char> &in, size_t &pos) {
+  if (pos + sizeof(int64_t) > in.size())
+    fail("the final weights received from a pipeline stage are truncated");
+  int64_t value;
+  std::memcpy(&value, in.data() + pos, sizeof(value));
+  pos += sizeof(value);
+  return value;
+}
+
+// A global tensor of another pipeline stage, received by rank 0.
+struct StageTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// A stage leader other than rank 0 sends its stage's global tensors: the
+// size of a header (count, then per tensor a length-prefixed name, rank and
+// shape), the header, then each tensor's floats.
+void sendStageTensors(const std::vector<SafetensorView> &views) {
+  std::vector<char> header;
+  appendInt(header, (int64_t)views.size());
+  for (const SafetensorView &v : views) {
+    appendInt(header, (int64_t)v.name.size());
+    header.insert(header.end(), v.name.begin(), v.name.end());
+    appendInt(header, (int64_t)v.shape.size());
+    for (int64_t d : v.shape)
+      appendInt(header, d);
+  }
+  int64_t size = (int64_t)header.size();
+  if (size > INT_MAX)
+    fail("too many parameters to send to rank 0");
+  if (MPI_Send(&size, 1, MPI_INT64_T, 0, kSaveSizeTag, MPI_COMM_WORLD) !=
+          MPI_SUCCESS ||
+      MPI_Send(header.data(), (int)size, MPI_CHAR, 0, kSaveHeaderTag,
+               MPI_COMM_WORLD) != MPI_SUCCESS)
+    fail("sending the final weights to rank 0 failed");
+  for (const SafetensorView &v : views) {
+    int64_t numel = 1;
+    for (int64_t d : v.shape)
+      numel *= d;
+    sendFloats(v.data, numel, 0);
+  }
+}
+
+std::vector<StageTensor> recvStageTensors(int source) {
+  int64_t size = 0;
+  if (MPI_Recv(&size, 1, MPI_INT64_T, source, kSaveSizeTag, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE) != MPI_SUCCESS ||
+      size < 0 || size > INT_MAX)
+    fail("receiving the final weights of rank " + std::to_string(source) +
+         " failed");
+  std::vector<char> header(size);
+  if (MPI_Recv(header.data(), (int)size, MPI_CHAR, source, kSaveHeaderTag,
+               MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+    fail("receiving the final weights of rank " + std::to_string(source) +
+         " failed");
+  size_t pos = 0;
+  int64_t count = readInt(header, pos);
+  if (count < 0 || count > size)
+    fail("the final weights received from rank " + std::to_string(source) +
+         " have an invalid header");
+  std::vector<StageTensor> tensors(count);
+  for (StageTensor &t : tensors) {
+    int64_t length = readInt(header, pos);
+    if (length < 0 || pos + length > header.size())
+      fail("the final weights received from rank " + std::to_string(source) +
+           " have an invalid header");
+    t.name.assign(header.data() + pos, length);
+    pos += length;
+    int64_t rank = readInt(header, pos);
+    if (rank < 0 || rank > 8)
+      fail("the final weights received from rank " + std::to_string(source) +
+           " have an invalid header");
+    for (int64_t d = 0; d < rank; d++)
+      t.shape.push_back(readInt(header, pos));
+  }
+  for (StageTensor &t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape)
+      numel *= d;
+    t.data.resize(numel);
+    recvFloats(t.data.data(), numel, source);
+  }
+  return tensors;
+}
+
 // Saves the global parameters from rank 0. Every rank takes part: a split
 // parameter is all-gathered over its shard axis (group order is coordinate
-// order along that axis) and rank 0 puts the pieces back in checkpoint
-// layout. Replicated parameters are written from rank 0's copy.
+// order along that axis) and the stage leader (every coordinate but pp 0)
+// puts the pieces back in checkpoint layout. Replicated parameters are
+// written from the leader's copy. With pipeline stages, each leader other
+// than rank 0 then sends its stage's tensors to rank 0, which writes one
+// file with every stage's parameters in stage order.
 void saveParams(const Program &program, const std::string &path,
                 const float *params, int64_t steps) {
   bool writer = commRank() == 0;
+  bool stageLeader = isStageLeader();
   std::vector<std::vector<float>> gathered(program.numParams);
   std::vector<SafetensorView> views;
   for (int i = 0; i < program.numParams; i++) {
@@ -343,7 +483,7 @@ void saveParams(const Program &program, const std::string &path,
     if (isSplit(layout)) {
       std::vector<float> pieces(layout.parts * p.numel);
       allGather(data, pieces.data(), p.numel, axisBit((MeshAxis)p.shardAxis));
-      if (writer) {
+      if (stageLeader) {
         std::vector<float> &global = gathered[i];
         global.resize(layout.globalNumel());
         for (int64_t k = 0; k < layout.parts; k++) {
@@ -356,8 +496,18 @@ void saveParams(const Program &program, const std::string &path,
     }
     views.push_back({p.name, shapeOf(p), data});
   }
-  if (!writer)
+  if (!stageLeader)
     return;
+  if (!writer) {
+    sendStageTensors(views);
+    return;
+  }
+  std::vector<std::vector<StageTensor>> stages;
+  for (int64_t stage = 1; stage < meshSize(AxisPP); stage++)
+    stages.push_back(recvStageTensors(stageLeaderRank(stage)));
+  for (const std::vector<StageTensor> &tensors : stages)
+    for (const StageTensor &t : tensors)
+      views.push_back({t.name, t.shape, t.data.data()});
   std::map<std::string, std::string> metadata = {
       {"program", program.name ? program.name : ""},
       {"steps", std::to_string(steps)}};
@@ -454,16 +604,8 @@ int train(const Program &program, const Options &opts) {
   // Check every output before spending time on training.
   if (leader && !opts.metrics.empty())
     checkWritable(opts.metrics, "metrics file");
-  if (!opts.saveFinal.empty()) {
-    // Each pipeline stage holds different parameters; gathering them into
-    // one file is not supported yet.
-    if (meshSize(AxisPP) > 1)
-      fail("--save-final is not supported for pipeline-parallel programs "
-           "(pp=" +
-           std::to_string(meshSize(AxisPP)) + ")");
-    if (leader)
-      checkWritable(opts.saveFinal, "final weights");
-  }
+  if (leader && !opts.saveFinal.empty())
+    checkWritable(opts.saveFinal, "final weights");
   std::string commReport;
   if (!opts.commReport.empty()) {
     commReport = rankFileName(opts.commReport, commRank());
@@ -517,11 +659,14 @@ int train(const Program &program, const Options &opts) {
                   name, program.numParams, program.paramElems, B, T, opts.steps,
                   omp_get_max_threads());
     else
+      // With pipeline stages each program holds its stage's parameters
+      // only, so the count is stage 0's.
       std::printf(
-          "%s: %d ranks (%s), %d parameters (%" PRId64
+          "%s: %d ranks (%s), %d parameters%s (%" PRId64
           " elements on rank 0), batch %" PRId64 " x %" PRId64 " (%" PRId64
           " per data-parallel rank), %" PRId64 " steps, %d threads per rank\n",
           name, commWorldSize(), describeMesh().c_str(), program.numParams,
+          meshSize(AxisPP) > 1 ? " in pipeline stage 0" : "",
           program.paramElems, globalB, T, B, opts.steps, omp_get_max_threads());
   }
   std::fflush(stdout);

@@ -95,6 +95,15 @@ using CommRequest = int;
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
 
+// Point-to-point along one mesh axis, with the rank whose coordinate on
+// `axis` is this rank's + offset and every other coordinate equal. sendTo is
+// non-blocking (MPI_Isend): the buffer must stay untouched until
+// waitSends(). recvFrom blocks until the data has arrived. Tags must match.
+void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
+void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
+// Completes every send started since the last call.
+void waitSends();
+
 const CollectiveCounter &collectiveCounter(CollectiveKind kind);
 const char *collectiveName(CollectiveKind kind);
 
