@@ -80,8 +80,9 @@ public:
     std::string what = op->getName().getStringRef().str();
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       what += " @ " + loc.getName().getValue().str();
-    calls->push_back({kind, axes, mesh.groupSize(axes), elements, elementBytes,
-                      bytesSent, what});
+    for (int64_t k = 0; k < repeat; ++k)
+      calls->push_back({kind, axes, mesh.groupSize(axes), elements,
+                        elementBytes, bytesSent, what});
   }
 
   // The C++ expression for the storage of `v`.
@@ -392,6 +393,20 @@ public:
              << "    commWait(" << name << "[i]);\n";
           return success();
         })
+        .Case<dist::SendOp>([&](dist::SendOp send) {
+          call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
+                          "AxisPP", i(send.getOffset()),
+                          i(send.getTag() * microbatchTags) + " + mb"});
+          record("send_recv", 1u << 2, numel(send.getInput()),
+                 numel(send.getInput()) * 4, send);
+          return success();
+        })
+        .Case<dist::RecvOp>([&](dist::RecvOp recv) {
+          call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
+                            i(recv.getOffset()),
+                            i(recv.getTag() * microbatchTags) + " + mb"});
+          return success();
+        })
         .Case<dist::LocalSliceOp>([&](dist::LocalSliceOp l) {
           auto [outer, whole, inner] = around(l.getInput(), l.getDim());
           call("sliceAxis<T>",
@@ -517,6 +532,10 @@ public:
   }
 
   DenseMap<Value, std::string> requests;
+  // How often the ops being emitted run per step (once per microbatch in a
+  // microbatch loop), for the communication report.
+  int64_t repeat = 1;
+  int64_t microbatchTags = 1;
   raw_ostream &os;
   int arenaScale;
   bool withOptimizer;
@@ -587,12 +606,14 @@ LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
      << ";\n"
      << "  const int32_t *targets = ctx.targets + mb * " << tokensPerMicrobatch
      << ";\n  (void)tokens; (void)targets;\n";
+  emitter.repeat = microbatches;
   for (Operation &op : body) {
     if (&op == *update)
       break;
     if (failed(emitter.emitOp(&op)))
       return failure();
   }
+  emitter.repeat = 1;
   SmallVector<std::pair<AdamWOp, Value>> grads;
   for (auto adamw : body.getOps<AdamWOp>())
     grads.push_back({adamw, beforeSync(adamw.getGrad())});
@@ -616,6 +637,77 @@ LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
   return success();
 }
 
+// One pipeline stage: its forward and backward per microbatch as lambdas,
+// each microbatch in its own arena slot, called in the schedule's order;
+// then the update once.
+LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
+                                raw_ostream &os,
+                                const std::vector<ScheduledStep> &schedule,
+                                int64_t arenaBytes, int64_t tokensPerMicrobatch,
+                                int64_t microbatches) {
+  Block &body = func.getBody().front();
+  auto phase = [](Operation &op) {
+    auto attr = op.getAttrOfType<StringAttr>("tessel.phase");
+    return attr ? attr.getValue() : StringRef("update");
+  };
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  Value loss = beforeSync(beforeSync(ret.getOperand(0)));
+  bool hasLoss = loss.getDefiningOp() &&
+                 phase(*loss.getDefiningOp()) == "forward";
+  emitter.microbatchTags = microbatches;
+  emitter.repeat = microbatches;
+  os << "  double lossSum = 0.0;\n  int64_t backwardsDone = 0;\n";
+  for (StringRef part : {"forward", "backward"}) {
+    os << "  auto " << part << " = [&](int64_t mb) {\n"
+       << "  char *A = ctx.activations + mb * " << arenaBytes << ";\n"
+       << "  const int32_t *tokens = ctx.tokens + mb * " << tokensPerMicrobatch
+       << ";\n  const int32_t *targets = ctx.targets + mb * "
+       << tokensPerMicrobatch << ";\n  (void)A; (void)tokens; (void)targets;\n";
+    for (Operation &op : body.without_terminator())
+      if (phase(op) == part && failed(emitter.emitOp(&op)))
+        return failure();
+    if (part == "forward" && hasLoss)
+      os << "  lossSum += " << emitter.ptr(loss) << "[0];\n";
+    if (part == "backward") {
+      for (auto adamw : body.getOps<AdamWOp>())
+        emitter.call("accumulateInto",
+                     {emitter.ptr(beforeSync(adamw.getGrad())),
+                      "ctx.gradAccum + " +
+                          std::to_string(bufferOf(adamw.getParam()).offset),
+                      std::to_string(numel(adamw.getGrad())),
+                      "backwardsDone == 0"});
+      os << "  ++backwardsDone;\n";
+    }
+    os << "  };\n";
+  }
+  emitter.repeat = 1;
+  os << "  // The schedule of this stage: 0 = forward, 1 = backward.\n"
+     << "  static const int8_t kKinds[] = {";
+  for (auto [k, step] : llvm::enumerate(schedule))
+    os << (k ? ", " : "") << (step.backward ? 1 : 0);
+  os << "};\n  static const int32_t kMicrobatches[] = {";
+  for (auto [k, step] : llvm::enumerate(schedule))
+    os << (k ? ", " : "") << step.microbatch;
+  os << "};\n  for (size_t s = 0; s < " << schedule.size() << "; ++s) {\n"
+     << "    if (kKinds[s])\n      backward(kMicrobatches[s]);\n"
+     << "    else\n      forward(kMicrobatches[s]);\n  }\n"
+     << "  waitSends();\n"
+     << "  const int64_t mb = 0; // the update uses microbatch 0's slot\n"
+     << "  (void)mb;\n";
+  for (auto adamw : body.getOps<AdamWOp>())
+    emitter.call("copy<T>",
+                 {"ctx.gradAccum + " +
+                      std::to_string(bufferOf(adamw.getParam()).offset),
+                  emitter.ptr(beforeSync(adamw.getGrad())),
+                  std::to_string(numel(adamw.getGrad()))});
+  if (hasLoss)
+    os << "  " << emitter.ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
+  for (Operation &op : body.without_terminator())
+    if (phase(op) == "update" && failed(emitter.emitOp(&op)))
+      return failure();
+  return success();
+}
+
 const char *decayName(const std::string &decay) {
   if (decay == "cosine")
     return "LrDecay::Cosine";
@@ -628,13 +720,18 @@ const char *decayName(const std::string &decay) {
 
 LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
                                      raw_ostream &os,
-                                     std::vector<CollectiveCall> *calls) {
-  auto func = module.lookupSymbol<func::FuncOp>("train_step");
-  auto arenaBytes = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr);
-  auto paramElems = module->getAttrOfType<IntegerAttr>(kParamElemsAttr);
+                                     std::vector<CollectiveCall> *calls,
+                                     StringRef funcName,
+                                     const std::vector<ScheduledStep> *schedule) {
+  auto func = module.lookupSymbol<func::FuncOp>(funcName);
+  IntegerAttr arenaBytes, paramElems;
+  if (func) {
+    arenaBytes = func->getAttrOfType<IntegerAttr>(kArenaBytesAttr);
+    paramElems = func->getAttrOfType<IntegerAttr>(kParamElemsAttr);
+  }
   if (!func || !arenaBytes || !paramElems)
-    return module.emitError("emission needs a planned @train_step (run "
-                            "tessel-autodiff and tessel-plan-buffers)");
+    return module.emitError("emission needs a planned @")
+           << funcName << " (run tessel-autodiff and tessel-plan-buffers)";
   auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
 
   // The batch shape comes from the program's inputs.
@@ -649,6 +746,15 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
     if (auto axes = ce->getAttrOfType<IntegerAttr>("dist.vocab_axes"))
       vocab *= dist::Mesh::of(module).groupSize(axes.getInt());
   });
+  // A pipeline stage without the inputs or the loss still reads the data
+  // (the runtime checks every token): take the shapes from the spec.
+  if (!batch)
+    batch = spec.train.globalBatch /
+            (spec.parallel.dp * spec.parallel.microbatches);
+  if (!seqLen)
+    seqLen = spec.model.seqLen;
+  if (!vocab)
+    vocab = spec.model.vocabSize;
 
   os << "// Generated by tessel from " << cppStringLiteral(spec.name)
      << ". One rank's training step.\n"
@@ -703,7 +809,12 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
   ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
   auto microbatchesAttr = module->getAttrOfType<IntegerAttr>(kMicrobatchesAttr);
   int64_t microbatches = microbatchesAttr ? microbatchesAttr.getInt() : 1;
-  if (microbatches > 1) {
+  if (schedule) {
+    if (failed(emitStageSchedule(func, emitter, os, *schedule,
+                                 arenaBytes.getInt(), batch * seqLen,
+                                 microbatches)))
+      return failure();
+  } else if (microbatches > 1) {
     if (failed(emitMicrobatchLoop(func, emitter, os, microbatches, batch * seqLen)))
       return failure();
   } else {
@@ -740,7 +851,8 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.params = kParams;\n"
      << "  program.numParams = " << numParams << ";\n"
      << "  program.paramElems = " << paramElems.getInt() << ";\n"
-     << "  program.activationBytes = " << arenaBytes.getInt() << ";\n"
+     << "  program.activationBytes = "
+     << arenaBytes.getInt() * (schedule ? microbatches : 1) << ";\n"
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
      << meshShapeInit(module)

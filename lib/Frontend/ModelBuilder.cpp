@@ -41,6 +41,7 @@ public:
     if (par.microbatches > 1)
       (*module)->setAttr("tessel.microbatches",
                          b.getI64IntegerAttr(par.microbatches));
+    (*module)->setAttr("tessel.layers", b.getI64IntegerAttr(m.layers));
     auto func = func::FuncOp::create(
         b, loc, "forward", b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;

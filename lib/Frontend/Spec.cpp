@@ -334,9 +334,15 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
                                     " does not divide model.layers = " +
                                     std::to_string(spec.model.layers));
-  else if (p.pp > 1)
-    problems.report(s.at("pp"), "pipeline parallelism is not supported yet; "
-                                "parallel.pp must be 1");
+  else if (p.pp > 1 && p.schedule == "interleaved")
+    problems.report(s.at("schedule"),
+                    "the interleaved schedule is not compiled yet; use "
+                    "\"gpipe\" or \"1f1b\"");
+  else if (p.pp > 1 && spec.model.tieEmbeddings)
+    problems.report(s.at("pp"),
+                    "parallel.pp > 1 with model.tie_embeddings is not "
+                    "supported yet (the tied gradient would need summing "
+                    "across the first and last stage)");
 }
 
 } // namespace

@@ -47,6 +47,8 @@ struct CommState {
   std::vector<MPI_Request> requests; // indexed by CommRequest
   std::vector<bool> requestInUse;
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
+  // What each pending send transmits (the caller may reuse its buffer).
+  std::vector<std::vector<float>> sendCopies;
 };
 
 CommState &state() {
@@ -423,11 +425,15 @@ void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,
             int tag) {
   int peer = peerRank(n, axis, offset, tag, "sendTo");
   count(CollectiveKind::SendRecv, n, n * 4);
+  // The caller's buffer lives in a statically planned arena that later ops
+  // reuse right away: send from a copy that lives until waitSends().
+  CommState &s = state();
+  s.sendCopies.emplace_back(buffer, buffer + n);
   MPI_Request request = MPI_REQUEST_NULL;
-  checkMpi(MPI_Isend(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
-                     &request),
+  checkMpi(MPI_Isend(s.sendCopies.back().data(), (int)n, MPI_FLOAT, peer, tag,
+                     MPI_COMM_WORLD, &request),
            "MPI_Isend");
-  state().sends.push_back(request);
+  s.sends.push_back(request);
 }
 
 void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
@@ -454,6 +460,7 @@ void waitSends() {
   checkMpi(MPI_Waitall((int)pending.size(), pending.data(),
                        MPI_STATUSES_IGNORE),
            "MPI_Waitall");
+  state().sendCopies.clear();
 }
 
 const CollectiveCounter &collectiveCounter(CollectiveKind kind) {

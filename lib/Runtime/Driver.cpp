@@ -636,8 +636,10 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer adamV = allocateZeroed(floatBytes, "AdamW second moments");
   AlignedBuffer activations =
       allocateZeroed(program.activationBytes, "activations");
-  AlignedBuffer gradAccum = allocateZeroed(
-      program.microbatches > 1 ? floatBytes : 0, "gradient accumulation");
+  // Microbatched and pipelined steps accumulate gradients.
+  bool accumulates = program.microbatches > 1 || program.meshShape[AxisPP] > 1;
+  AlignedBuffer gradAccum =
+      allocateZeroed(accumulates ? floatBytes : 0, "gradient accumulation");
   std::vector<int32_t> tokens(B * T), targets(B * T);
   std::vector<int32_t> globalTokens, globalTargets;
   if (dataRanks > 1) {

@@ -168,22 +168,32 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
     op.setAttr(kBufferAttr, DenseI64ArrayAttr::get(ctx, pairs));
   }
   OpBuilder b(ctx);
-  module->setAttr(kArenaBytesAttr, b.getI64IntegerAttr(arena.size()));
-  module->setAttr(kParamElemsAttr, b.getI64IntegerAttr(paramElems));
+  func->setAttr(kArenaBytesAttr, b.getI64IntegerAttr(arena.size()));
+  func->setAttr(kParamElemsAttr, b.getI64IntegerAttr(paramElems));
+  if (func.getSymName() == "train_step") {
+    module->setAttr(kArenaBytesAttr, b.getI64IntegerAttr(arena.size()));
+    module->setAttr(kParamElemsAttr, b.getI64IntegerAttr(paramElems));
+  }
   return success();
 }
 
 struct PlanBuffersPass : tessel::impl::PlanBuffersBase<PlanBuffersPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto func = module.lookupSymbol<func::FuncOp>("train_step");
-    if (!func || !func.getBody().hasOneBlock()) {
-      module.emitError("tessel-plan-buffers: no single-block @train_step "
+    // The training step, or one function per pipeline stage.
+    SmallVector<func::FuncOp> steps;
+    for (auto func : module.getOps<func::FuncOp>())
+      if (func.getSymName() == "train_step" ||
+          func.getSymName().starts_with("stage_"))
+        steps.push_back(func);
+    if (steps.empty()) {
+      module.emitError("tessel-plan-buffers: no @train_step "
                        "(run tessel-autodiff first)");
       return signalPassFailure();
     }
-    if (failed(planBuffers(module, func)))
-      signalPassFailure();
+    for (auto func : steps)
+      if (!func.getBody().hasOneBlock() || failed(planBuffers(module, func)))
+        return signalPassFailure();
   }
 };
 

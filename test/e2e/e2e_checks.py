@@ -70,6 +70,8 @@ TEXTBOOK = {
     "all_reduce": lambda n, g, b: 2 * (g - 1) * n * b // g,
     "all_gather": lambda n, g, b: (g - 1) * n * b,
     "reduce_scatter": lambda n, g, b: (g - 1) * (n // g) * b,
+    # point-to-point: the whole buffer, once
+    "send_recv": lambda n, g, b: n * b,
 }
 
 
@@ -77,26 +79,31 @@ def comm(args):
     """Counted collectives equal the compile-time prediction, and the
     prediction equals the textbook volume of each collective."""
     plan = json.load(open(args.plan))
-    program = next(iter(plan["programs"].values()))
-    predicted = {}
-    for call in program["comm"]["per_step"]:
-        expect = TEXTBOOK[call["collective"]](call["elements"], call["group"],
-                                              call["element_bytes"])
-        if call["bytes_sent"] != expect:
-            fail(f"predicted {call['bytes_sent']} bytes for {call}, textbook says {expect}")
-        t = predicted.setdefault(call["collective"], {"calls": 0, "elements": 0, "bytes_sent": 0})
-        for key in t:
-            t[key] += call[key] if key != "calls" else 1
+    predicted = {}  # program -> collective -> totals per step
+    for name, program in plan["programs"].items():
+        totals = predicted.setdefault(name, {})
+        for call in program["comm"]["per_step"]:
+            expect = TEXTBOOK[call["collective"]](call["elements"], call["group"],
+                                                  call["element_bytes"])
+            if call["bytes_sent"] != expect:
+                fail(f"predicted {call['bytes_sent']} bytes for {call}, textbook says {expect}")
+            t = totals.setdefault(call["collective"], {"calls": 0, "elements": 0, "bytes_sent": 0})
+            t["calls"] += 1
+            t["elements"] += call["elements"]
+            t["bytes_sent"] += call["bytes_sent"]
     base, ext = os.path.splitext(args.report)
+    zero = {"calls": 0, "elements": 0, "bytes_sent": 0}
     for rank in range(plan["world_size"]):
+        program = plan["ranks"][rank]["program"]
         report = json.load(open(f"{base}.rank{rank}{ext}"))
         steps = report["steps"]
         for kind, counted in report["collectives"].items():
-            want = {k: v * steps for k, v in predicted.get(kind, {"calls": 0, "elements": 0, "bytes_sent": 0}).items()}
+            want = {k: v * steps for k, v in predicted[program].get(kind, zero).items()}
             if counted != want:
-                fail(f"rank {rank} {kind}: counted {counted}, predicted {want}")
+                fail(f"rank {rank} ({program}) {kind}: counted {counted}, predicted {want}")
     print(f"{plan['world_size']} ranks: counted collectives equal the prediction: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(predicted.items())))
+          + "; ".join(f"{p}: " + ", ".join(f"{k} {v}" for k, v in sorted(t.items()))
+                      for p, t in sorted(predicted.items())))
 
 
 def main():

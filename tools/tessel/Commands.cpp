@@ -62,32 +62,45 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (!plan)
     return fail(toString(plan.takeError()));
   int64_t world = (*plan)["world_size"].get<int64_t>();
-  std::string program = (*plan)["ranks"][0]["program"].get<std::string>();
-  SmallString<256> binary(dir);
-  sys::path::append(binary, "bin", program);
-  if (!sys::fs::can_execute(binary))
-    return fail(binary + " is missing or not executable; compile again");
-
-  // One rank runs directly; a mesh runs under mpirun (root and more ranks
-  // than cores are allowed, as on a developer's machine or in CI).
+  // Distinct programs in rank order (one, or one per pipeline stage).
+  std::vector<std::pair<std::string, int64_t>> programs;
+  for (const json &r : (*plan)["ranks"]) {
+    std::string name = r["program"].get<std::string>();
+    if (programs.empty() || programs.back().first != name)
+      programs.push_back({name, 0});
+    ++programs.back().second;
+  }
+  std::vector<std::string> forwarded(args.begin() + 1, args.end());
+  const json &data = (*plan)["data"];
+  if (data["format"] == "llmc" && !hasFlag(forwarded, "--data"))
+    forwarded.insert(forwarded.begin(),
+                     {"--data", data["path"].get<std::string>()});
+  // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
+  // program; root and more ranks than cores are allowed, as on a developer's
+  // machine or in CI).
   std::vector<std::string> argv;
   if (world > 1) {
     auto mpirun = sys::findProgramByName("mpirun");
     if (!mpirun)
       return fail("this plan has " + Twine(world) +
                   " ranks and needs mpirun (Debian: openmpi-bin)");
-    argv = {*mpirun, "--oversubscribe", "-np", std::to_string(world)};
-    if (sys::Process::GetEnv("USER").value_or("") == "root" || getuid() == 0)
-      argv.insert(argv.begin() + 1, "--allow-run-as-root");
+    argv = {*mpirun, "--oversubscribe"};
+    if (getuid() == 0)
+      argv.push_back("--allow-run-as-root");
   }
-  argv.push_back(std::string(binary));
-  const json &data = (*plan)["data"];
-  std::vector<std::string> forwarded(args.begin() + 1, args.end());
-  if (data["format"] == "llmc" && !hasFlag(forwarded, "--data")) {
-    argv.push_back("--data");
-    argv.push_back(data["path"].get<std::string>());
+  for (auto [k, program] : llvm::enumerate(programs)) {
+    SmallString<256> binary(dir);
+    sys::path::append(binary, "bin", program.first);
+    if (!sys::fs::can_execute(binary))
+      return fail(binary + " is missing or not executable; compile again");
+    if (world > 1) {
+      if (k)
+        argv.push_back(":");
+      argv.insert(argv.end(), {"-np", std::to_string(program.second)});
+    }
+    argv.push_back(std::string(binary));
+    argv.insert(argv.end(), forwarded.begin(), forwarded.end());
   }
-  argv.insert(argv.end(), forwarded.begin(), forwarded.end());
   SmallVector<StringRef> refs(argv.begin(), argv.end());
   // OpenBLAS's threads and the kernels' OpenMP threads take turns on the
   // same cores; spinning OpenMP workers would starve the GEMMs (measured:
@@ -103,7 +116,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   int rc = sys::ExecuteAndWait(argv[0], refs, ArrayRef<StringRef>(envRefs), {},
                                0, 0, &message);
   if (rc < 0)
-    return fail(binary + " did not finish: " + message);
+    return fail(argv[0] + " did not finish: " + message);
   if (rc != 0 && world > 1)
     errs() << "tessel: error: the " << world << "-rank run failed (exit code "
            << rc << "); the messages above name the failing rank\n";

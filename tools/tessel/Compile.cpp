@@ -11,6 +11,7 @@
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Dist/DistOps.h"
 #include "tessel/Emission/EmitCpp.h"
+#include "tessel/Pipeline/Schedule.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/Frontend/Spec.h"
 #include "tessel/Transforms/BufferPlan.h"
@@ -72,10 +73,11 @@ struct DiagnosticCollector {
   std::string messages;
 };
 
-json memoryReport(ModuleOp module) {
+json memoryReport(func::FuncOp func, int64_t arenaSlots) {
   int64_t paramElems =
-      module->getAttrOfType<IntegerAttr>(kParamElemsAttr).getInt();
-  int64_t arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttr).getInt();
+      func->getAttrOfType<IntegerAttr>(kParamElemsAttr).getInt();
+  int64_t arena =
+      func->getAttrOfType<IntegerAttr>(kArenaBytesAttr).getInt() * arenaSlots;
   json m;
   m["params_bytes"] = paramElems * 4;
   m["grads_bytes"] = paramElems * 4;
@@ -114,47 +116,62 @@ json commReport(const std::vector<CollectiveCall> &calls) {
   return {{"per_step", perStep}, {"per_step_totals", totals}};
 }
 
-json planJson(const Spec &spec, ModuleOp module, const std::string &program,
-              const std::vector<CollectiveCall> &calls) {
-  auto func = module.lookupSymbol<func::FuncOp>("train_step");
-  int64_t params = 0, paramCount = 0;
-  json paramList = json::array();
-  for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
-    params += p.getType().getNumElements();
-    ++paramCount;
-    json entry = {{"name", p.getName().str()},
-                  {"local_shape", p.getType().getShape().vec()}};
-    if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
-      std::string text;
-      llvm::raw_string_ostream os(text);
-      os << attrs[0];
-      entry["sharding"] = text;
-    }
-    paramList.push_back(entry);
-  }
+// One distinct program: the function it is emitted from and what it does.
+struct ProgramOut {
+  std::string name;     // program0, or stage0, stage1, ...
+  std::string funcName; // train_step, or stage_0, ...
+  std::vector<CollectiveCall> calls;
+};
+
+json planJson(const Spec &spec, ModuleOp module,
+              const std::vector<ProgramOut> &programs) {
   const ParallelSpec &par = spec.parallel;
   int64_t world = par.dp * par.tp * par.pp;
+  int64_t perStage = par.dp * par.tp;
   json plan;
   plan["name"] = spec.name;
   plan["target"] = "cpu";
   plan["world_size"] = world;
   plan["mesh"] = {{"pp", par.pp}, {"dp", par.dp}, {"tp", par.tp}};
   plan["sequence_parallel"] = par.sequenceParallel;
+  plan["microbatches"] = par.microbatches;
+  if (par.pp > 1)
+    plan["schedule"] = par.schedule;
   json ranks = json::array();
   for (int64_t r = 0; r < world; ++r) {
     RankCoords c = coordsOf(par, r);
     ranks.push_back({{"rank", r},
-                     {"program", program},
+                     {"program", programs[programs.size() == 1 ? 0 : c.pp].name},
                      {"coords", {{"pp", c.pp}, {"dp", c.dp}, {"tp", c.tp}}}});
   }
   plan["ranks"] = ranks;
-  plan["programs"][program] = {{"binary", "bin/" + program},
-                               {"source", "src/" + program + ".cpp"},
-                               {"ranks", world},
-                               {"parameters", params},
-                               {"parameter_tensors", paramCount},
-                               {"memory", memoryReport(module)},
-                               {"comm", commReport(calls)}};
+  json paramList = json::array();
+  for (const ProgramOut &program : programs) {
+    auto func = module.lookupSymbol<func::FuncOp>(program.funcName);
+    int64_t params = 0, paramCount = 0;
+    for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
+      params += p.getType().getNumElements();
+      ++paramCount;
+      json entry = {{"name", p.getName().str()},
+                    {"program", program.name},
+                    {"local_shape", p.getType().getShape().vec()}};
+      if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
+        std::string text;
+        llvm::raw_string_ostream os(text);
+        os << attrs[0];
+        entry["sharding"] = text;
+      }
+      paramList.push_back(entry);
+    }
+    plan["programs"][program.name] = {
+        {"binary", "bin/" + program.name},
+        {"source", "src/" + program.name + ".cpp"},
+        {"ranks", programs.size() == 1 ? world : perStage},
+        {"parameters", params},
+        {"parameter_tensors", paramCount},
+        {"memory", memoryReport(func, par.pp > 1 ? par.microbatches : 1)},
+        {"comm", commReport(program.calls)}};
+  }
   const TrainSpec &t = spec.train;
   plan["train"] = {{"global_batch", t.globalBatch}, {"seq_len", spec.model.seqLen},
                    {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr},
@@ -167,14 +184,25 @@ json planJson(const Spec &spec, ModuleOp module, const std::string &program,
 // launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
 // launch/slurm.sbatch with its srun --multi-prog configuration.
 llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
-                             const std::string &program) {
+                             const std::vector<ProgramOut> &programs) {
   const ParallelSpec &par = spec.parallel;
   int64_t world = par.dp * par.tp * par.pp;
+  int64_t perProgram = world / programs.size();
   std::string np = std::to_string(world);
   llvm::SmallString<256> mpirun(out), sbatch(out), conf(out);
   llvm::sys::path::append(mpirun, "launch", "mpirun.sh");
   llvm::sys::path::append(sbatch, "launch", "slurm.sbatch");
   llvm::sys::path::append(conf, "launch", "multi-prog.conf");
+  // MPMD: one "-np N binary args" segment per distinct program, in rank order.
+  std::string segments, confLines;
+  for (auto [k, program] : llvm::enumerate(programs)) {
+    segments += std::string(k ? " : " : "") + "-np " +
+                std::to_string(perProgram) + " bin/" + program.name +
+                " \"$@\"";
+    int64_t first = k * perProgram, last = first + perProgram - 1;
+    confLines += std::to_string(first) + "-" + std::to_string(last) + " bin/" +
+                 program.name + "\n";
+  }
   std::string script =
       "#!/bin/sh\n# Launches all " + np + " ranks of this plan (MPMD):\n"
       "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
@@ -182,17 +210,15 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
       "extra=\"\"\n"
       "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
       "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
-      "exec mpirun $extra --oversubscribe -np " + np + " bin/" + program +
-      " \"$@\"\n";
+      "exec mpirun $extra --oversubscribe " + segments + "\n";
   if (llvm::Error err = writeFile(mpirun, script))
     return err;
   llvm::sys::fs::setPermissions(mpirun, llvm::sys::fs::all_read |
                                             llvm::sys::fs::all_exe |
                                             llvm::sys::fs::owner_write);
-  std::string ranks = "0-" + std::to_string(world - 1);
   if (llvm::Error err = writeFile(
           conf, "# srun --multi-prog: ranks -> program (arguments after it)\n" +
-                    ranks + " bin/" + program + "\n"))
+                    confLines))
     return err;
   return writeFile(
       sbatch, "#!/bin/bash\n#SBATCH --job-name=" + spec.name +
@@ -270,6 +296,12 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     return diagnostics.error("partitioning failed");
   if (llvm::Error err = stage("03-partitioned.mlir"))
     return err;
+  if (spec.parallel.pp > 1) {
+    PassManager split(&context);
+    split.addPass(createSplitStages());
+    if (failed(split.run(*module)))
+      return diagnostics.error("splitting into pipeline stages failed");
+  }
   PassManager plan(&context);
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes =
@@ -277,7 +309,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   // With microbatches the gradients are synchronised once, after the last
   // microbatch, so there is nothing to overlap them with.
   bucketing.overlap = spec.parallel.microbatches <= 1;
-  plan.addPass(createBucketGradients(bucketing));
+  if (spec.parallel.pp <= 1)
+    plan.addPass(createBucketGradients(bucketing));
   plan.addPass(createPlanBuffers());
   if (failed(plan.run(*module)))
     return diagnostics.error("buffer planning failed");
@@ -309,27 +342,55 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err = lower(options, context, diagnostics, spec, module, stage))
     return err;
 
-  // One rank, one distinct program.
-  const std::string program = "program0";
-  std::string source;
-  llvm::raw_string_ostream sourceStream(source);
-  std::vector<CollectiveCall> calls;
-  if (failed(emitCpuProgram(*module, spec, sourceStream, &calls)))
-    return diagnostics.error("emitting C++ failed");
-  llvm::SmallString<256> sourcePath(out), binaryPath(out);
-  llvm::sys::path::append(sourcePath, "src", program + ".cpp");
-  llvm::sys::path::append(binaryPath, "bin", program);
-  if (llvm::Error err = writeFile(sourcePath, source))
-    return err;
-  if (llvm::Error err = buildCpuProgram(sourcePath, binaryPath, options.verbose))
-    return err;
+  // One distinct program for all ranks, or one per pipeline stage.
+  std::vector<ProgramOut> programs;
+  std::vector<std::vector<ScheduledStep>> schedules;
+  if (spec.parallel.pp > 1) {
+    auto kind = pipeline::parseScheduleKind(spec.parallel.schedule);
+    if (!kind)
+      return kind.takeError();
+    auto schedule = pipeline::generateSchedule(*kind, spec.parallel.pp,
+                                               spec.parallel.microbatches);
+    if (!schedule)
+      return schedule.takeError();
+    if (auto timeline = pipeline::simulate(*schedule); !timeline)
+      return timeline.takeError();
+    for (int64_t s = 0; s < spec.parallel.pp; ++s) {
+      programs.push_back({"stage" + std::to_string(s),
+                          "stage_" + std::to_string(s), {}});
+      std::vector<ScheduledStep> steps;
+      for (const pipeline::Step &step : schedule->steps[s])
+        if (step.isCompute())
+          steps.push_back({step.kind == pipeline::StepKind::Backward,
+                           step.microbatch});
+      schedules.push_back(steps);
+    }
+  } else {
+    programs.push_back({"program0", "train_step", {}});
+  }
+  for (auto [k, program] : llvm::enumerate(programs)) {
+    std::string source;
+    llvm::raw_string_ostream sourceStream(source);
+    if (failed(emitCpuProgram(*module, spec, sourceStream, &program.calls,
+                              program.funcName,
+                              schedules.empty() ? nullptr : &schedules[k])))
+      return diagnostics.error("emitting C++ failed");
+    llvm::SmallString<256> sourcePath(out), binaryPath(out);
+    llvm::sys::path::append(sourcePath, "src", program.name + ".cpp");
+    llvm::sys::path::append(binaryPath, "bin", program.name);
+    if (llvm::Error err = writeFile(sourcePath, source))
+      return err;
+    if (llvm::Error err =
+            buildCpuProgram(sourcePath, binaryPath, options.verbose))
+      return err;
+  }
 
   llvm::SmallString<256> planPath(out);
   llvm::sys::path::append(planPath, "plan.json");
-  if (llvm::Error err = writeFile(
-          planPath, planJson(spec, *module, program, calls).dump(2) + "\n"))
+  if (llvm::Error err =
+          writeFile(planPath, planJson(spec, *module, programs).dump(2) + "\n"))
     return err;
-  return writeLaunchFiles(out, spec, program);
+  return writeLaunchFiles(out, spec, programs);
 }
 
 } // namespace

@@ -27,10 +27,20 @@ struct CollectiveCall {
 // tessel-plan-buffers) as a straight-line sequence of runtime kernel calls,
 // the parameter table, the training recipe of `spec`, and a `main` that hands
 // them to tessel::rt::runMain.
+// One step of a pipeline stage's schedule.
+struct ScheduledStep {
+  bool backward;
+  int microbatch;
+};
+
 // `calls`, when given, receives every collective call of one step in order.
-mlir::LogicalResult emitCpuProgram(mlir::ModuleOp module, const Spec &spec,
-                                   llvm::raw_ostream &os,
-                                   std::vector<CollectiveCall> *calls = nullptr);
+// `funcName` is the planned function to emit (`train_step`, or `stage_N`
+// with that stage's `schedule` of forward and backward steps).
+mlir::LogicalResult
+emitCpuProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
+               std::vector<CollectiveCall> *calls = nullptr,
+               llvm::StringRef funcName = "train_step",
+               const std::vector<ScheduledStep> *schedule = nullptr);
 
 // Writes a standalone float64 program that runs the planned step without the
 // optimizer on random parameters and tokens, and compares the gradient of

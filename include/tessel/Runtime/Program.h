@@ -69,7 +69,7 @@ struct StepContext {
   float loss;
   float gradNorm; // global gradient norm before clipping
   // Gradient accumulation over microbatches (paramElems floats), allocated
-  // by the runtime when Program::microbatches > 1.
+  // by the runtime when Program::microbatches > 1 or the mesh has pp > 1.
   float *gradAccum;
 };
 

@@ -58,6 +58,21 @@ def Partition : Pass<"tessel-partition", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::dist::DistDialect"];
 }
 
+def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
+  let summary = "Cuts the training step into one function per pipeline stage";
+  let description = [{
+    With a `pp` mesh axis larger than one, every op of `@train_step` goes to
+    the stage of the layer its location names (embedding first; final norm,
+    head and loss last; layers in contiguous, equal groups); a value used on
+    another stage is sent there with `dist.send` right after it is produced
+    and received with `dist.recv` before its first use. Each stage gets the
+    norm of its own gradients (summed over pp) and returns the loss
+    all-reduced over pp. The result is `@stage_0` ... `@stage_{pp-1}`; every
+    op carries `tessel.phase` (forward, backward, update) for the schedule.
+  }];
+  let dependentDialects = ["::tessel::dist::DistDialect"];
+}
+
 def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
   let summary = "Buckets gradient all-reduces and overlaps them with backward";
   let description = [{

@@ -1,0 +1,268 @@
+//===- SplitStages.cpp - One function per pipeline stage ------------------===//
+//
+// Cuts the per-rank training step into pipeline stages: every op goes to the
+// stage of the layer it belongs to (its location names the layer; the
+// embedding goes to the first stage, the final norm, head and loss to the
+// last), a value used on another stage than its own is sent there
+// (dist.send right after it is produced, dist.recv before its first use),
+// each stage computes the norm of its own gradients (summed over pp) and
+// every stage returns the loss, all-reduced over pp. Each op is tagged with
+// its phase (forward, backward or update) for the schedule. See Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_SPLITSTAGES
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+namespace {
+
+constexpr unsigned kPPBit = 1u << 2;
+
+// The layer a location names ("h.3.", "model.layers.3."), or -1.
+int64_t layerOf(StringRef name) {
+  for (StringRef prefix : {"h.", "model.layers."}) {
+    if (!name.starts_with(prefix))
+      continue;
+    StringRef rest = name.drop_front(prefix.size());
+    StringRef digits = rest.take_while([](char c) { return isdigit(c); });
+    int64_t layer;
+    if (!digits.empty() && !digits.getAsInteger(10, layer))
+      return layer;
+  }
+  return -1;
+}
+
+std::optional<int64_t> stageFromLocation(Location loc, int64_t layers,
+                                         int64_t stages) {
+  auto name = dyn_cast<NameLoc>(loc);
+  if (!name)
+    return std::nullopt;
+  StringRef n = name.getName().getValue();
+  if (int64_t layer = layerOf(n); layer >= 0)
+    return layer / (layers / stages);
+  for (StringRef first : {"wte", "wpe", "model.embed_tokens"})
+    if (n.starts_with(first))
+      return 0;
+  for (StringRef last : {"ln_f", "model.norm", "lm_head", "loss"})
+    if (n.starts_with(last))
+      return stages - 1;
+  return std::nullopt;
+}
+
+class Splitter {
+public:
+  Splitter(ModuleOp module, func::FuncOp step, int64_t stages, int64_t layers)
+      : module(module), step(step), ctx(module.getContext()), stages(stages),
+        layers(layers) {}
+
+  LogicalResult run();
+
+private:
+  LogicalResult assignStages();
+  Value lookup(Value v, int64_t s, Operation *user);
+  StringRef phaseOf(Operation *op);
+
+  ModuleOp module;
+  func::FuncOp step;
+  MLIRContext *ctx;
+  int64_t stages, layers;
+  DenseMap<Operation *, int64_t> stageOf;
+  DenseMap<Operation *, int64_t> position;
+  int64_t seedPosition = -1, updatePosition = -1;
+  SmallVector<func::FuncOp> funcs;
+  SmallVector<IRMapping> maps;
+  DenseMap<std::pair<Value, int64_t>, Value> received;
+  int64_t nextTag = 0;
+};
+
+StringRef Splitter::phaseOf(Operation *op) {
+  int64_t p = position.lookup(op);
+  if (updatePosition >= 0 && p >= updatePosition)
+    return "update";
+  return p > seedPosition ? "backward" : "forward";
+}
+
+LogicalResult Splitter::assignStages() {
+  Block &body = step.getBody().front();
+  for (Operation &op : body) {
+    position[&op] = position.size();
+    if (auto fill = dyn_cast<FillOp>(op);
+        fill && seedPosition < 0 && fill.getValue().convertToDouble() == 1.0 &&
+        fill.getType().getRank() == 0)
+      seedPosition = position[&op];
+    if (isa<GlobalNormOp>(op) && updatePosition < 0)
+      updatePosition = position[&op];
+  }
+  for (Operation &op : body) {
+    if (isa<func::ReturnOp, GlobalNormOp, InputOp, FillOp>(op))
+      continue;
+    std::optional<int64_t> s;
+    if (auto param = dyn_cast<ParamOp>(op))
+      s = stageFromLocation(NameLoc::get(param.getNameAttr()), layers, stages);
+    else if (auto adamw = dyn_cast<AdamWOp>(op))
+      s = stageOf.lookup(adamw.getParam().getDefiningOp());
+    else if (!isa<dist::DistDialect>(op.getDialect()))
+      s = stageFromLocation(op.getLoc(), layers, stages);
+    // Collectives run where their operand is.
+    if (!s) {
+      // No layer of its own: where its operands are (the latest stage).
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp(); def && stageOf.count(def))
+          s = std::max<int64_t>(s.value_or(0), stageOf[def]);
+    }
+    if (!s)
+      return op.emitOpError("cannot be placed on a pipeline stage");
+    stageOf[&op] = *s;
+  }
+  // A parameter read on two stages (tied embeddings) would need its
+  // gradients summed across them.
+  for (auto param : body.getOps<ParamOp>())
+    for (Operation *user : param->getUsers())
+      if (!isa<AdamWOp>(user) && stageOf.lookup(user) != stageOf[param])
+        return param.emitOpError("is used on pipeline stages ")
+               << stageOf[param] << " and " << stageOf.lookup(user)
+               << "; tied parameters (tie_embeddings) with pp > 1 are not "
+                  "supported yet";
+  return success();
+}
+
+// The value `v` of the original step as seen on stage `s`, just before
+// `user`: cloned (inputs and constants), or received from its stage.
+Value Splitter::lookup(Value v, int64_t s, Operation *user) {
+  if (Value mapped = maps[s].lookupOrNull(v))
+    return mapped;
+  Operation *def = v.getDefiningOp();
+  OpBuilder b(ctx);
+  b.setInsertionPointToEnd(&funcs[s].getBody().front());
+  if (isa<InputOp, FillOp>(def)) {
+    Operation *clone = b.clone(*def);
+    clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(user)));
+    maps[s].map(v, clone->getResult(0));
+    return clone->getResult(0);
+  }
+  int64_t from = stageOf.lookup(def);
+  auto key = std::make_pair(v, s);
+  if (Value r = received.lookup(key))
+    return r;
+  int64_t tag = nextTag++;
+  // Send right after the value is produced on its own stage.
+  OpBuilder sb(ctx);
+  Value sent = maps[from].lookup(v);
+  sb.setInsertionPointAfter(sent.getDefiningOp());
+  auto send = dist::SendOp::create(sb, def->getLoc(), sent, "pp", s - from,
+                                   tag);
+  send->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
+  auto recv = dist::RecvOp::create(b, def->getLoc(), v.getType(), "pp",
+                                   from - s, tag);
+  recv->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
+  received[key] = recv.getResult();
+  maps[s].map(v, recv.getResult());
+  return recv.getResult();
+}
+
+LogicalResult Splitter::run() {
+  if (failed(assignStages()))
+    return failure();
+  OpBuilder b(ctx);
+  b.setInsertionPoint(step);
+  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  for (int64_t s = 0; s < stages; ++s) {
+    auto func = func::FuncOp::create(
+        b, step.getLoc(), ("stage_" + std::to_string(s)),
+        b.getFunctionType({}, {scalar, scalar}));
+    func->setAttr("tessel.stage", b.getI64IntegerAttr(s));
+    func.addEntryBlock();
+    funcs.push_back(func);
+    maps.emplace_back();
+  }
+  Block &body = step.getBody().front();
+  for (Operation &op : body) {
+    if (isa<InputOp, FillOp>(op))
+      continue; // cloned where used
+    if (auto norm = dyn_cast<GlobalNormOp>(op)) {
+      // Each stage's gradients, summed over pp as well.
+      auto axes = norm->getAttrOfType<DenseI64ArrayAttr>("dist.norm_axes");
+      for (int64_t s = 0; s < stages; ++s) {
+        SmallVector<Value> grads;
+        SmallVector<int64_t> gradAxes;
+        for (auto [k, g] : llvm::enumerate(norm.getInputs()))
+          if (stageOf.lookup(g.getDefiningOp()) == s) {
+            grads.push_back(maps[s].lookup(g));
+            gradAxes.push_back((axes ? axes[k] : 0) | kPPBit);
+          }
+        OpBuilder sb(ctx);
+        sb.setInsertionPointToEnd(&funcs[s].getBody().front());
+        auto local = GlobalNormOp::create(sb, norm.getLoc(), scalar, grads);
+        local->setAttr("dist.norm_axes", DenseI64ArrayAttr::get(ctx, gradAxes));
+        local->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
+        maps[s].map(norm.getResult(), local.getResult());
+      }
+      continue;
+    }
+    if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+      // The loss lives on the last stage: all-reduce it over pp (the other
+      // stages contribute zero) so that every rank reports it.
+      for (int64_t s = 0; s < stages; ++s) {
+        OpBuilder sb(ctx);
+        sb.setInsertionPointToEnd(&funcs[s].getBody().front());
+        Value loss;
+        if (s == stages - 1) {
+          loss = lookup(ret.getOperand(0), s, &op);
+        } else {
+          loss = FillOp::create(sb, ret.getLoc(), scalar, sb.getF64FloatAttr(0.0));
+          loss.getDefiningOp()->setAttr("tessel.phase",
+                                        StringAttr::get(ctx, "update"));
+        }
+        auto ar = dist::AllReduceOp::create(sb, ret.getLoc(),
+                                            TypeRange{scalar}, ValueRange{loss},
+                                            dist::axesAttr(ctx, kPPBit));
+        ar->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
+        func::ReturnOp::create(
+            sb, ret.getLoc(),
+            ValueRange{ar.getResult(0), maps[s].lookup(ret.getOperand(1))});
+      }
+      continue;
+    }
+    int64_t s = stageOf.lookup(&op);
+    for (Value v : op.getOperands())
+      (void)lookup(v, s, &op);
+    OpBuilder sb(ctx);
+    sb.setInsertionPointToEnd(&funcs[s].getBody().front());
+    Operation *clone = sb.clone(op, maps[s]);
+    clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(&op)));
+  }
+  step.erase();
+  return success();
+}
+
+struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    int64_t stages = dist::Mesh::of(module).size[2];
+    if (stages <= 1)
+      return;
+    auto step = module.lookupSymbol<func::FuncOp>("train_step");
+    auto layers = module->getAttrOfType<IntegerAttr>("tessel.layers");
+    if (!step || !layers) {
+      module.emitError("tessel-split-stages: needs @train_step and the "
+                       "module's tessel.layers");
+      return signalPassFailure();
+    }
+    if (failed(Splitter(module, step, stages, layers.getInt()).run()))
+      signalPassFailure();
+  }
+};
+
+} // namespace
