@@ -2,6 +2,7 @@
 
 #include "Commands.h"
 
+#include "tessel/Pipeline/Schedule.h"
 #include "tessel/Runtime/Data.h"
 
 #include "llvm/ADT/SmallString.h"
@@ -125,7 +126,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
-                      "--source | --comm)\n  stages: graph, train, sharded, partitioned, planned\n";
+                      "--source | --comm | --schedule)\n  stages: graph, train, sharded, partitioned, planned\n";
   if (args.size() < 2) {
     errs() << usage;
     return 2;
@@ -134,6 +135,40 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   if (Expected<json> plan = readPlan(dir); !plan)
     return fail(toString(plan.takeError()));
   SmallString<256> path(dir);
+  if (args[1] == "--schedule") {
+    // The pipeline schedule of the plan: per-rank timeline, bubble, chart.
+    Expected<json> plan = readPlan(dir);
+    int pp = (*plan)["mesh"]["pp"].get<int>();
+    int microbatches = (*plan).value("microbatches", 1);
+    std::string kindName = (*plan).value("schedule", std::string("1f1b"));
+    if (pp <= 1) {
+      outs() << "no pipeline: pp = 1 (" << microbatches
+             << " microbatches run one after another)\n";
+      return 0;
+    }
+    auto kind = tessel::pipeline::parseScheduleKind(kindName);
+    if (!kind)
+      return fail(toString(kind.takeError()));
+    auto schedule = tessel::pipeline::generateSchedule(*kind, pp, microbatches);
+    if (!schedule)
+      return fail(toString(schedule.takeError()));
+    auto timeline = tessel::pipeline::simulate(*schedule);
+    if (!timeline)
+      return fail(toString(timeline.takeError()));
+    outs() << tessel::pipeline::textTimeline(*schedule, *timeline);
+    SmallString<256> svg(dir);
+    sys::path::append(svg, "schedule.svg");
+    std::error_code ec;
+    raw_fd_ostream file(svg, ec);
+    if (ec)
+      return fail("cannot write " + svg + ": " + ec.message());
+    file << tessel::pipeline::scheduleSvg(*schedule, *timeline);
+    outs() << formatv("bubble fraction {0:f3} (1F1B, GPipe: (p-1)/(m+p-1) = "
+                      "{1:f3}); chart written to {2}\n",
+                      timeline->bubble,
+                      double(pp - 1) / (microbatches + pp - 1), svg);
+    return 0;
+  }
   if (args[1] == "--comm") {
     Expected<json> plan = readPlan(dir);
     for (auto &[name, program] : (*plan)["programs"].items()) {
@@ -158,7 +193,10 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   if (args[1] == "--plan") {
     sys::path::append(path, "plan.json");
   } else if (args[1] == "--source") {
-    sys::path::append(path, "src", "program0.cpp");
+    // The first program's source; others are beside it in src/.
+    Expected<json> plan = readPlan(dir);
+    sys::path::append(path, "src",
+                      (*plan)["ranks"][0]["program"].get<std::string>() + ".cpp");
   } else if (args[1] == "--ir" || StringRef(args[1]).starts_with("--ir=")) {
     std::string stage = args[1] == "--ir" ? (args.size() > 2 ? args[2] : "")
                                           : args[1].substr(5);
