@@ -689,9 +689,12 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
   for (auto [k, step] : llvm::enumerate(schedule))
     os << (k ? ", " : "") << step.microbatch;
   os << "};\n  for (size_t s = 0; s < " << schedule.size() << "; ++s) {\n"
+     << "    TraceSpan span(kKinds[s] ? \"backward\" : \"forward\", "
+        "kMicrobatches[s]);\n"
      << "    if (kKinds[s])\n      backward(kMicrobatches[s]);\n"
      << "    else\n      forward(kMicrobatches[s]);\n  }\n"
      << "  waitSends();\n"
+     << "  TraceSpan updateSpan(\"update\");\n"
      << "  const int64_t mb = 0; // the update uses microbatch 0's slot\n"
      << "  (void)mb;\n";
   for (auto adamw : body.getOps<AdamWOp>())
@@ -761,6 +764,7 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "#include \"tessel/Runtime/Comm.h\"\n"
      << "#include \"tessel/Runtime/Kernels.h\"\n"
      << "#include \"tessel/Runtime/Program.h\"\n"
+     << "#include \"tessel/Runtime/Trace.h\"\n"
      << "#include \"tessel/Runtime/VocabParallel.h\"\n\n#include <cmath>\n\n"
      << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
      << "const ParamInfo kParams[] = {\n";

@@ -13,6 +13,7 @@
 
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/CommVolume.h"
+#include "tessel/Runtime/Trace.h"
 
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
@@ -423,6 +424,7 @@ static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
 
 void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,
             int tag) {
+  TraceSpan span("send", tag);
   int peer = peerRank(n, axis, offset, tag, "sendTo");
   count(CollectiveKind::SendRecv, n, n * 4);
   // The caller's buffer lives in a statically planned arena that later ops
@@ -437,6 +439,7 @@ void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,
 }
 
 void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
+  TraceSpan span("recv", tag);
   int peer = peerRank(n, axis, offset, tag, "recvFrom");
   MPI_Status status;
   checkMpi(MPI_Recv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
@@ -452,6 +455,7 @@ void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
 }
 
 void waitSends() {
+  TraceSpan span("wait");
   std::vector<MPI_Request> &sends = state().sends;
   if (sends.empty())
     return;

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/Trace.h"
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
 #include "tessel/Runtime/Program.h"
@@ -70,6 +71,7 @@ struct Options {
   std::string saveFinal;
   std::string metrics;
   std::string commReport;
+  std::string trace;
   uint64_t seed = 0;
   int threads = 0; // 0: leave the thread counts as they are
   bool quiet = false;
@@ -94,6 +96,7 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms\n"
       "  --comm-report FILE     write each rank's collective counts as JSON\n"
+      "  --trace FILE           write each rank's Chrome trace (FILE.rankR.json)\n"
       "                         to FILE with .rank<R> before the extension\n"
       "  --seed N               parameter initialisation seed (default "
       "%" PRIu64 ")\n"
@@ -160,7 +163,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
     bool takesValue = flag == "--steps" || flag == "--data" ||
                       flag == "--init-from" || flag == "--save-final" ||
                       flag == "--metrics" || flag == "--seed" ||
-                      flag == "--threads" || flag == "--comm-report";
+                      flag == "--threads" || flag == "--comm-report" ||
+                      flag == "--trace";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -193,6 +197,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.saveFinal = value;
       else if (flag == "--comm-report")
         opts.commReport = value;
+      else if (flag == "--trace")
+        opts.trace = value;
       else
         opts.metrics = value;
     }
@@ -611,6 +617,12 @@ int train(const Program &program, const Options &opts) {
     commReport = rankFileName(opts.commReport, commRank());
     checkWritable(commReport, "communication report");
   }
+  std::string trace;
+  if (!opts.trace.empty()) {
+    trace = rankFileName(opts.trace, commRank());
+    checkWritable(trace, "trace");
+    traceEnable(true);
+  }
 
   std::unique_ptr<TokenData> data;
   if (!opts.data.empty()) {
@@ -762,6 +774,8 @@ int train(const Program &program, const Options &opts) {
     saveParams(program, opts.saveFinal, paramData, opts.steps);
   if (!commReport.empty())
     writeCommReport(commReport, opts.steps, counters);
+  if (!trace.empty())
+    traceWrite(trace, commRank());
   if (leader && !opts.quiet) {
     std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
                 opts.steps, seconds, lastLoss);
