@@ -558,19 +558,22 @@ std::string meshShapeInit(ModuleOp module) {
 // once per step; everything before it once per microbatch. Returns the first
 // op of the update, or failure when an op of the step follows it.
 FailureOr<Operation *> updateStart(func::FuncOp func) {
-  auto isUpdate = [](Operation *op) {
-    if (isa<GlobalNormOp, AdamWOp, dist::WaitOp, func::ReturnOp>(op))
-      return true;
-    if (auto ar = dyn_cast<dist::AllReduceOp>(op))
-      return llvm::all_of(ar->getUsers(), [](Operation *user) {
-        return isa<GlobalNormOp, AdamWOp, func::ReturnOp>(user);
-      });
-    return false;
-  };
   Block &body = func.getBody().front();
+  // From the end: the optimizer ops, and the collectives whose results only
+  // they read (gradient synchronisation, which must happen once per step).
+  llvm::SmallPtrSet<Operation *, 32> update;
+  for (Operation &op : llvm::reverse(body)) {
+    bool isUpdate = isa<GlobalNormOp, AdamWOp, dist::WaitOp, func::ReturnOp>(op);
+    if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op))
+      isUpdate = llvm::all_of(op.getUsers(), [&](Operation *user) {
+        return update.contains(user);
+      });
+    if (isUpdate)
+      update.insert(&op);
+  }
   Operation *start = nullptr;
   for (Operation &op : body) {
-    if (isUpdate(&op)) {
+    if (update.contains(&op)) {
       if (!start)
         start = &op;
     } else if (start) {
@@ -585,7 +588,11 @@ FailureOr<Operation *> updateStart(func::FuncOp func) {
 // loss as the microbatch body leaves it.
 Value beforeSync(Value v) {
   if (auto ar = v.getDefiningOp<dist::AllReduceOp>())
-    return ar.getInputs()[cast<OpResult>(v).getResultNumber()];
+    return beforeSync(ar.getInputs()[cast<OpResult>(v).getResultNumber()]);
+  if (auto ag = v.getDefiningOp<dist::AllGatherOp>())
+    return beforeSync(ag.getInput());
+  if (auto rs = v.getDefiningOp<dist::ReduceScatterOp>())
+    return beforeSync(rs.getInput());
   return v;
 }
 
@@ -651,7 +658,7 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
     return attr ? attr.getValue() : StringRef("update");
   };
   auto ret = cast<func::ReturnOp>(body.getTerminator());
-  Value loss = beforeSync(beforeSync(ret.getOperand(0)));
+  Value loss = beforeSync(ret.getOperand(0));
   bool hasLoss = loss.getDefiningOp() &&
                  phase(*loss.getDefiningOp()) == "forward";
   emitter.microbatchTags = microbatches;

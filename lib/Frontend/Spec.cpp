@@ -338,11 +338,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("schedule"),
                     "the interleaved schedule is not compiled yet; use "
                     "\"gpipe\" or \"1f1b\"");
-  else if (p.pp > 1 && spec.model.tieEmbeddings)
-    problems.report(s.at("pp"),
-                    "parallel.pp > 1 with model.tie_embeddings is not "
-                    "supported yet (the tied gradient would need summing "
-                    "across the first and last stage)");
+
 }
 
 } // namespace

@@ -81,6 +81,9 @@ private:
   DenseMap<Operation *, int64_t> stageOf;
   DenseMap<Operation *, int64_t> position;
   int64_t seedPosition = -1, updatePosition = -1;
+  // Collectives whose results only the update reads: gradient
+  // synchronisation, run once per step rather than per microbatch.
+  llvm::SmallPtrSet<Operation *, 32> syncOps;
   SmallVector<func::FuncOp> funcs;
   SmallVector<IRMapping> maps;
   DenseMap<std::pair<Value, int64_t>, Value> received;
@@ -89,7 +92,7 @@ private:
 
 StringRef Splitter::phaseOf(Operation *op) {
   int64_t p = position.lookup(op);
-  if (updatePosition >= 0 && p >= updatePosition)
+  if ((updatePosition >= 0 && p >= updatePosition) || syncOps.contains(op))
     return "update";
   return p > seedPosition ? "backward" : "forward";
 }
@@ -104,6 +107,19 @@ LogicalResult Splitter::assignStages() {
       seedPosition = position[&op];
     if (isa<GlobalNormOp>(op) && updatePosition < 0)
       updatePosition = position[&op];
+  }
+  llvm::SmallPtrSet<Operation *, 32> update;
+  for (Operation &op : llvm::reverse(body)) {
+    bool isUpdate = isa<GlobalNormOp, AdamWOp, func::ReturnOp>(op);
+    if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op)) {
+      isUpdate = llvm::all_of(op.getUsers(), [&](Operation *user) {
+        return update.contains(user);
+      });
+      if (isUpdate)
+        syncOps.insert(&op);
+    }
+    if (isUpdate)
+      update.insert(&op);
   }
   for (Operation &op : body) {
     if (isa<func::ReturnOp, GlobalNormOp, InputOp, FillOp>(op))
@@ -126,15 +142,6 @@ LogicalResult Splitter::assignStages() {
       return op.emitOpError("cannot be placed on a pipeline stage");
     stageOf[&op] = *s;
   }
-  // A parameter read on two stages (tied embeddings) would need its
-  // gradients summed across them.
-  for (auto param : body.getOps<ParamOp>())
-    for (Operation *user : param->getUsers())
-      if (!isa<AdamWOp>(user) && stageOf.lookup(user) != stageOf[param])
-        return param.emitOpError("is used on pipeline stages ")
-               << stageOf[param] << " and " << stageOf.lookup(user)
-               << "; tied parameters (tie_embeddings) with pp > 1 are not "
-                  "supported yet";
   return success();
 }
 
