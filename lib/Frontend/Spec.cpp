@@ -262,6 +262,22 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
+  if (const json *stages = s.raw("stage_layers")) {
+    bool ok = stages->is_array();
+    for (const json &stage : ok ? *stages : json::array()) {
+      ok &= stage.is_array();
+      std::vector<int> layers;
+      for (const json &l : stage.is_array() ? stage : json::array()) {
+        ok &= l.is_number_integer();
+        if (l.is_number_integer())
+          layers.push_back(l.get<int>());
+      }
+      p.stageLayers.push_back(layers);
+    }
+    if (!ok)
+      problems.report(s.at("stage_layers"),
+                      "must be a list of layer lists, e.g. [[0, 1], [2, 3]]");
+  }
   if (const json *shard = s.raw("shard")) {
     if (!shard->is_object())
       problems.report(s.at("shard"), "must be an object mapping parameter "
@@ -330,10 +346,11 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                     "parallel.tp = " + std::to_string(p.tp) +
                         " does not divide model.seq_len = " +
                         std::to_string(spec.model.seqLen));
-  else if (spec.model.layers % p.pp != 0 && p.pp > 1)
+  else if (p.pp > spec.model.layers)
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
-                                    " does not divide model.layers = " +
-                                    std::to_string(spec.model.layers));
+                                    " exceeds model.layers = " +
+                                    std::to_string(spec.model.layers) +
+                                    " (every stage needs a layer)");
   else if (p.pp > 1 && p.schedule == "interleaved")
     problems.report(s.at("schedule"),
                     "the interleaved schedule is not compiled yet; use "

@@ -44,14 +44,15 @@ int64_t layerOf(StringRef name) {
   return -1;
 }
 
-std::optional<int64_t> stageFromLocation(Location loc, int64_t layers,
+std::optional<int64_t> stageFromLocation(Location loc,
+                                         ArrayRef<int64_t> layerStages,
                                          int64_t stages) {
   auto name = dyn_cast<NameLoc>(loc);
   if (!name)
     return std::nullopt;
   StringRef n = name.getName().getValue();
-  if (int64_t layer = layerOf(n); layer >= 0)
-    return layer / (layers / stages);
+  if (int64_t layer = layerOf(n); layer >= 0 && layer < (int64_t)layerStages.size())
+    return layerStages[layer];
   for (StringRef first : {"wte", "wpe", "model.embed_tokens"})
     if (n.starts_with(first))
       return 0;
@@ -63,9 +64,10 @@ std::optional<int64_t> stageFromLocation(Location loc, int64_t layers,
 
 class Splitter {
 public:
-  Splitter(ModuleOp module, func::FuncOp step, int64_t stages, int64_t layers)
+  Splitter(ModuleOp module, func::FuncOp step, int64_t stages,
+           ArrayRef<int64_t> layerStages)
       : module(module), step(step), ctx(module.getContext()), stages(stages),
-        layers(layers) {}
+        layers(layerStages) {}
 
   LogicalResult run();
 
@@ -77,7 +79,8 @@ private:
   ModuleOp module;
   func::FuncOp step;
   MLIRContext *ctx;
-  int64_t stages, layers;
+  int64_t stages;
+  ArrayRef<int64_t> layers; // the stage of each layer
   DenseMap<Operation *, int64_t> stageOf;
   DenseMap<Operation *, int64_t> position;
   int64_t seedPosition = -1, updatePosition = -1;
@@ -261,13 +264,19 @@ struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
     if (stages <= 1)
       return;
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
-    auto layers = module->getAttrOfType<IntegerAttr>("tessel.layers");
-    if (!step || !layers) {
+    // The stage of each layer: given, or contiguous equal groups.
+    SmallVector<int64_t> layerStages;
+    if (auto given = module->getAttrOfType<DenseI64ArrayAttr>("tessel.layer_stages"))
+      layerStages.assign(given.asArrayRef().begin(), given.asArrayRef().end());
+    else if (auto layers = module->getAttrOfType<IntegerAttr>("tessel.layers"))
+      for (int64_t l = 0; l < layers.getInt(); ++l)
+        layerStages.push_back(l * stages / layers.getInt());
+    if (!step || layerStages.empty()) {
       module.emitError("tessel-split-stages: needs @train_step and the "
-                       "module's tessel.layers");
+                       "module's tessel.layers or tessel.layer_stages");
       return signalPassFailure();
     }
-    if (failed(Splitter(module, step, stages, layers.getInt()).run()))
+    if (failed(Splitter(module, step, stages, layerStages).run()))
       signalPassFailure();
   }
 };

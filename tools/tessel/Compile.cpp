@@ -297,6 +297,32 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   if (llvm::Error err = stage("03-partitioned.mlir"))
     return err;
   if (spec.parallel.pp > 1) {
+    // Layers per stage: the user's stage_layers, or balanced by estimated
+    // cost (a layer's matmul FLOPs; the last stage also runs the LM head).
+    const ModelSpec &m = spec.model;
+    llvm::Expected<std::vector<int>> layerStages = std::vector<int>();
+    if (!spec.parallel.stageLayers.empty()) {
+      layerStages = pipeline::stagesFromLayerLists(
+          spec.parallel.stageLayers, m.layers, spec.parallel.pp);
+      if (!layerStages)
+        return llvm::createStringError(options.input +
+                                       ": parallel.stage_layers: " +
+                                       llvm::toString(layerStages.takeError()));
+    } else {
+      double kv = double(m.kvHeads) / m.heads;
+      double layer = m.hidden * m.hidden * (2 + 2 * kv) +
+                     m.hidden * m.ffnHidden * (m.family == "llama" ? 3 : 2);
+      std::vector<double> costs(m.layers, layer);
+      costs.back() += double(m.hidden) * m.vocabSize;
+      layerStages = pipeline::balanceStages(costs, spec.parallel.pp);
+      if (!layerStages)
+        return layerStages.takeError();
+    }
+    module->getOperation()->setAttr(
+        "tessel.layer_stages",
+        DenseI64ArrayAttr::get(&context, llvm::SmallVector<int64_t>(
+                                             layerStages->begin(),
+                                             layerStages->end())));
     PassManager split(&context);
     split.addPass(createSplitStages());
     if (failed(split.run(*module)))

@@ -56,6 +56,9 @@ struct ParallelSpec {
     std::vector<std::string> dims;
   };
   std::vector<ShardOverride> shard;
+  // parallel.stage_layers: the layers of each pipeline stage (empty: balance
+  // by estimated cost).
+  std::vector<std::vector<int>> stageLayers;
 };
 
 struct Spec {

@@ -63,7 +63,8 @@ def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
   let description = [{
     With a `pp` mesh axis larger than one, every op of `@train_step` goes to
     the stage of the layer its location names (embedding first; final norm,
-    head and loss last; layers in contiguous, equal groups); a value used on
+    head and loss last; the module's `tessel.layer_stages` gives each layer's
+    stage, else contiguous equal groups); a value used on
     another stage is sent there with `dist.send` right after it is produced
     and received with `dist.recv` before its first use. Each stage gets the
     norm of its own gradients (summed over pp) and returns the loss
