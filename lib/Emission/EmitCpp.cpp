@@ -661,32 +661,45 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
   Value loss = beforeSync(ret.getOperand(0));
   bool hasLoss = loss.getDefiningOp() &&
                  phase(*loss.getDefiningOp()) == "forward";
+  auto chunkOf = [](Operation &op) -> int64_t {
+    auto attr = op.getAttrOfType<IntegerAttr>("tessel.chunk");
+    return attr ? attr.getInt() : 0;
+  };
+  int64_t chunks = 1;
+  for (const ScheduledStep &step : schedule)
+    chunks = std::max<int64_t>(chunks, step.chunk + 1);
   emitter.microbatchTags = microbatches;
   emitter.repeat = microbatches;
-  os << "  double lossSum = 0.0;\n  int64_t backwardsDone = 0;\n";
-  for (StringRef part : {"forward", "backward"}) {
-    os << "  auto " << part << " = [&](int64_t mb) {\n"
-       << "  char *A = ctx.activations + mb * " << arenaBytes << ";\n"
-       << "  const int32_t *tokens = ctx.tokens + mb * " << tokensPerMicrobatch
-       << ";\n  const int32_t *targets = ctx.targets + mb * "
-       << tokensPerMicrobatch << ";\n  (void)A; (void)tokens; (void)targets;\n";
-    for (Operation &op : body.without_terminator())
-      if (phase(op) == part && failed(emitter.emitOp(&op)))
-        return failure();
-    if (part == "forward" && hasLoss)
-      os << "  lossSum += " << emitter.ptr(loss) << "[0];\n";
-    if (part == "backward") {
-      for (auto adamw : body.getOps<AdamWOp>())
-        emitter.call("accumulateInto",
-                     {emitter.ptr(beforeSync(adamw.getGrad())),
-                      "ctx.gradAccum + " +
-                          std::to_string(bufferOf(adamw.getParam()).offset),
-                      std::to_string(numel(adamw.getGrad())),
-                      "backwardsDone == 0"});
-      os << "  ++backwardsDone;\n";
+  os << "  double lossSum = 0.0;\n  int64_t backwardsDone[" << chunks
+     << "] = {};\n";
+  // One forward and one backward per stage this rank holds (its chunks).
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    for (StringRef part : {"forward", "backward"}) {
+      os << "  auto " << part << chunk << " = [&](int64_t mb) {\n"
+         << "  char *A = ctx.activations + mb * " << arenaBytes << ";\n"
+         << "  const int32_t *tokens = ctx.tokens + mb * "
+         << tokensPerMicrobatch << ";\n  const int32_t *targets = ctx.targets "
+         << "+ mb * " << tokensPerMicrobatch
+         << ";\n  (void)A; (void)tokens; (void)targets;\n";
+      for (Operation &op : body.without_terminator())
+        if (phase(op) == part && chunkOf(op) == chunk &&
+            failed(emitter.emitOp(&op)))
+          return failure();
+      if (part == "forward" && hasLoss && chunkOf(*loss.getDefiningOp()) == chunk)
+        os << "  lossSum += " << emitter.ptr(loss) << "[0];\n";
+      if (part == "backward") {
+        for (auto adamw : body.getOps<AdamWOp>())
+          if (chunkOf(*adamw) == chunk)
+            emitter.call("accumulateInto",
+                         {emitter.ptr(beforeSync(adamw.getGrad())),
+                          "ctx.gradAccum + " +
+                              std::to_string(bufferOf(adamw.getParam()).offset),
+                          std::to_string(numel(adamw.getGrad())),
+                          "backwardsDone[" + std::to_string(chunk) + "] == 0"});
+        os << "  ++backwardsDone[" << chunk << "];\n";
+      }
+      os << "  };\n";
     }
-    os << "  };\n";
-  }
   emitter.repeat = 1;
   os << "  // The schedule of this stage: 0 = forward, 1 = backward.\n"
      << "  static const int8_t kKinds[] = {";
@@ -695,11 +708,19 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
   os << "};\n  static const int32_t kMicrobatches[] = {";
   for (auto [k, step] : llvm::enumerate(schedule))
     os << (k ? ", " : "") << step.microbatch;
+  os << "};\n  static const int8_t kChunks[] = {";
+  for (auto [k, step] : llvm::enumerate(schedule))
+    os << (k ? ", " : "") << step.chunk;
   os << "};\n  for (size_t s = 0; s < " << schedule.size() << "; ++s) {\n"
      << "    TraceSpan span(kKinds[s] ? \"backward\" : \"forward\", "
         "kMicrobatches[s]);\n"
-     << "    if (kKinds[s])\n      backward(kMicrobatches[s]);\n"
-     << "    else\n      forward(kMicrobatches[s]);\n  }\n"
+     << "    switch (kChunks[s] * 2 + kKinds[s]) {\n";
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    os << "    case " << 2 * chunk << ": forward" << chunk
+       << "(kMicrobatches[s]); break;\n"
+       << "    case " << 2 * chunk + 1 << ": backward" << chunk
+       << "(kMicrobatches[s]); break;\n";
+  os << "    }\n  }\n"
      << "  waitSends();\n"
      << "  TraceSpan updateSpan(\"update\");\n"
      << "  const int64_t mb = 0; // the update uses microbatch 0's slot\n"

@@ -42,6 +42,9 @@ public:
       (*module)->setAttr("tessel.microbatches",
                          b.getI64IntegerAttr(par.microbatches));
     (*module)->setAttr("tessel.layers", b.getI64IntegerAttr(m.layers));
+    if (par.virtualStages > 1)
+      (*module)->setAttr("tessel.virtual_stages",
+                         b.getI64IntegerAttr(par.virtualStages));
     auto func = func::FuncOp::create(
         b, loc, "forward", b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;

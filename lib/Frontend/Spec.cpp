@@ -261,6 +261,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.microbatches = s.integer("microbatches", 1, 1);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
+  p.virtualStages = s.integer("virtual_stages", 1, 1);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   if (const json *stages = s.raw("stage_layers")) {
     bool ok = stages->is_array();
@@ -351,10 +352,19 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                     " exceeds model.layers = " +
                                     std::to_string(spec.model.layers) +
                                     " (every stage needs a layer)");
-  else if (p.pp > 1 && p.schedule == "interleaved")
-    problems.report(s.at("schedule"),
-                    "the interleaved schedule is not compiled yet; use "
-                    "\"gpipe\" or \"1f1b\"");
+  else if (p.virtualStages > 1 && p.schedule != "interleaved")
+    problems.report(s.at("virtual_stages"),
+                    "virtual stages need parallel.schedule = \"interleaved\"");
+  else if (p.pp > 1 && p.schedule == "interleaved" && p.virtualStages < 2)
+    problems.report(s.at("virtual_stages"),
+                    "the interleaved schedule needs parallel.virtual_stages "
+                    ">= 2");
+  else if (p.pp * p.virtualStages > spec.model.layers && p.pp > 1)
+    problems.report(s.at("virtual_stages"),
+                    "parallel.pp * parallel.virtual_stages = " +
+                        std::to_string(p.pp * p.virtualStages) +
+                        " exceeds model.layers = " +
+                        std::to_string(spec.model.layers));
 
 }
 

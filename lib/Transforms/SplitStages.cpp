@@ -64,10 +64,12 @@ std::optional<int64_t> stageFromLocation(Location loc,
 
 class Splitter {
 public:
-  Splitter(ModuleOp module, func::FuncOp step, int64_t stages,
+  // `stages` = ranks x virtual stages; stage s runs on rank s % ranks (the
+  // interleaved layout), and each rank gets one function with all its stages.
+  Splitter(ModuleOp module, func::FuncOp step, int64_t ranks, int64_t stages,
            ArrayRef<int64_t> layerStages)
-      : module(module), step(step), ctx(module.getContext()), stages(stages),
-        layers(layerStages) {}
+      : module(module), step(step), ctx(module.getContext()), ranks(ranks),
+        stages(stages), layers(layerStages) {}
 
   LogicalResult run();
 
@@ -79,8 +81,9 @@ private:
   ModuleOp module;
   func::FuncOp step;
   MLIRContext *ctx;
-  int64_t stages;
+  int64_t ranks, stages;
   ArrayRef<int64_t> layers; // the stage of each layer
+  int64_t rankOf(int64_t stage) const { return stage % ranks; }
   DenseMap<Operation *, int64_t> stageOf;
   DenseMap<Operation *, int64_t> position;
   int64_t seedPosition = -1, updatePosition = -1;
@@ -149,36 +152,40 @@ LogicalResult Splitter::assignStages() {
 }
 
 // The value `v` of the original step as seen on stage `s`, just before
-// `user`: cloned (inputs and constants), or received from its stage.
+// `user`: cloned (inputs and constants), or received from its rank.
 Value Splitter::lookup(Value v, int64_t s, Operation *user) {
-  if (Value mapped = maps[s].lookupOrNull(v))
+  int64_t r = rankOf(s);
+  if (Value mapped = maps[r].lookupOrNull(v))
     return mapped;
   Operation *def = v.getDefiningOp();
   OpBuilder b(ctx);
-  b.setInsertionPointToEnd(&funcs[s].getBody().front());
+  b.setInsertionPointToEnd(&funcs[r].getBody().front());
   if (isa<InputOp, FillOp>(def)) {
     Operation *clone = b.clone(*def);
     clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(user)));
-    maps[s].map(v, clone->getResult(0));
+    clone->setAttr("tessel.chunk", b.getI64IntegerAttr(s / ranks));
+    maps[r].map(v, clone->getResult(0));
     return clone->getResult(0);
   }
-  int64_t from = stageOf.lookup(def);
-  auto key = std::make_pair(v, s);
-  if (Value r = received.lookup(key))
-    return r;
+  int64_t from = stageOf.lookup(def), fromRank = rankOf(from);
+  auto key = std::make_pair(v, r);
+  if (Value received = this->received.lookup(key))
+    return received;
   int64_t tag = nextTag++;
-  // Send right after the value is produced on its own stage.
+  // Send right after the value is produced on its own rank.
   OpBuilder sb(ctx);
-  Value sent = maps[from].lookup(v);
+  Value sent = maps[fromRank].lookup(v);
   sb.setInsertionPointAfter(sent.getDefiningOp());
-  auto send = dist::SendOp::create(sb, def->getLoc(), sent, "pp", s - from,
-                                   tag);
+  auto send = dist::SendOp::create(sb, def->getLoc(), sent, "pp",
+                                   r - fromRank, tag);
   send->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
+  send->setAttr("tessel.chunk", sb.getI64IntegerAttr(from / ranks));
   auto recv = dist::RecvOp::create(b, def->getLoc(), v.getType(), "pp",
-                                   from - s, tag);
+                                   fromRank - r, tag);
   recv->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
-  received[key] = recv.getResult();
-  maps[s].map(v, recv.getResult());
+  recv->setAttr("tessel.chunk", b.getI64IntegerAttr(s / ranks));
+  this->received[key] = recv.getResult();
+  maps[r].map(v, recv.getResult());
   return recv.getResult();
 }
 
@@ -188,7 +195,7 @@ LogicalResult Splitter::run() {
   OpBuilder b(ctx);
   b.setInsertionPoint(step);
   auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
-  for (int64_t s = 0; s < stages; ++s) {
+  for (int64_t s = 0; s < ranks; ++s) {
     auto func = func::FuncOp::create(
         b, step.getLoc(), ("stage_" + std::to_string(s)),
         b.getFunctionType({}, {scalar, scalar}));
@@ -204,11 +211,11 @@ LogicalResult Splitter::run() {
     if (auto norm = dyn_cast<GlobalNormOp>(op)) {
       // Each stage's gradients, summed over pp as well.
       auto axes = norm->getAttrOfType<DenseI64ArrayAttr>("dist.norm_axes");
-      for (int64_t s = 0; s < stages; ++s) {
+      for (int64_t s = 0; s < ranks; ++s) {
         SmallVector<Value> grads;
         SmallVector<int64_t> gradAxes;
         for (auto [k, g] : llvm::enumerate(norm.getInputs()))
-          if (stageOf.lookup(g.getDefiningOp()) == s) {
+          if (rankOf(stageOf.lookup(g.getDefiningOp())) == s) {
             grads.push_back(maps[s].lookup(g));
             gradAxes.push_back((axes ? axes[k] : 0) | kPPBit);
           }
@@ -224,12 +231,12 @@ LogicalResult Splitter::run() {
     if (auto ret = dyn_cast<func::ReturnOp>(op)) {
       // The loss lives on the last stage: all-reduce it over pp (the other
       // stages contribute zero) so that every rank reports it.
-      for (int64_t s = 0; s < stages; ++s) {
+      for (int64_t s = 0; s < ranks; ++s) {
         OpBuilder sb(ctx);
         sb.setInsertionPointToEnd(&funcs[s].getBody().front());
         Value loss;
-        if (s == stages - 1) {
-          loss = lookup(ret.getOperand(0), s, &op);
+        if (s == rankOf(stages - 1)) {
+          loss = lookup(ret.getOperand(0), stages - 1, &op);
         } else {
           loss = FillOp::create(sb, ret.getLoc(), scalar, sb.getF64FloatAttr(0.0));
           loss.getDefiningOp()->setAttr("tessel.phase",
@@ -249,9 +256,10 @@ LogicalResult Splitter::run() {
     for (Value v : op.getOperands())
       (void)lookup(v, s, &op);
     OpBuilder sb(ctx);
-    sb.setInsertionPointToEnd(&funcs[s].getBody().front());
-    Operation *clone = sb.clone(op, maps[s]);
+    sb.setInsertionPointToEnd(&funcs[rankOf(s)].getBody().front());
+    Operation *clone = sb.clone(op, maps[rankOf(s)]);
     clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(&op)));
+    clone->setAttr("tessel.chunk", sb.getI64IntegerAttr(s / ranks));
   }
   step.erase();
   return success();
@@ -260,9 +268,12 @@ LogicalResult Splitter::run() {
 struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    int64_t stages = dist::Mesh::of(module).size[2];
-    if (stages <= 1)
+    int64_t ranks = dist::Mesh::of(module).size[2];
+    if (ranks <= 1)
       return;
+    auto virtualStages =
+        module->getAttrOfType<IntegerAttr>("tessel.virtual_stages");
+    int64_t stages = ranks * (virtualStages ? virtualStages.getInt() : 1);
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
     // The stage of each layer: given, or contiguous equal groups.
     SmallVector<int64_t> layerStages;
@@ -276,7 +287,7 @@ struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
                        "module's tessel.layers or tessel.layer_stages");
       return signalPassFailure();
     }
-    if (failed(Splitter(module, step, stages, layerStages).run()))
+    if (failed(Splitter(module, step, ranks, stages, layerStages).run()))
       signalPassFailure();
   }
 };

@@ -128,7 +128,8 @@ int tessel::checkCommand(const CheckOptions &options) {
   ref.output = std::string(refDir);
   ref.overrides = options.overrides;
   for (const char *field : {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1",
-                            "parallel.microbatches=1",
+                            "parallel.microbatches=1", "parallel.virtual_stages=1",
+                            "parallel.schedule=\"1f1b\"",
                             "parallel.sequence_parallel=false"})
     ref.overrides.push_back(field);
   CompileOptions layout = ref;

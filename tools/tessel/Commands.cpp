@@ -149,7 +149,8 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
     auto kind = tessel::pipeline::parseScheduleKind(kindName);
     if (!kind)
       return fail(toString(kind.takeError()));
-    auto schedule = tessel::pipeline::generateSchedule(*kind, pp, microbatches);
+    auto schedule = tessel::pipeline::generateSchedule(
+        *kind, pp, microbatches, (*plan).value("virtual_stages", 1));
     if (!schedule)
       return fail(toString(schedule.takeError()));
     auto timeline = tessel::pipeline::simulate(*schedule);
@@ -163,8 +164,8 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
     if (ec)
       return fail("cannot write " + svg + ": " + ec.message());
     file << tessel::pipeline::scheduleSvg(*schedule, *timeline);
-    outs() << formatv("bubble fraction {0:f3} (1F1B, GPipe: (p-1)/(m+p-1) = "
-                      "{1:f3}); chart written to {2}\n",
+    outs() << formatv("bubble fraction {0:f3} (1F1B and GPipe without virtual "
+                      "stages: (p-1)/(m+p-1) = {1:f3}); chart written to {2}\n",
                       timeline->bubble,
                       double(pp - 1) / (microbatches + pp - 1), svg);
     return 0;

@@ -135,8 +135,10 @@ json planJson(const Spec &spec, ModuleOp module,
   plan["mesh"] = {{"pp", par.pp}, {"dp", par.dp}, {"tp", par.tp}};
   plan["sequence_parallel"] = par.sequenceParallel;
   plan["microbatches"] = par.microbatches;
-  if (par.pp > 1)
+  if (par.pp > 1) {
     plan["schedule"] = par.schedule;
+    plan["virtual_stages"] = par.virtualStages;
+  }
   json ranks = json::array();
   for (int64_t r = 0; r < world; ++r) {
     RankCoords c = coordsOf(par, r);
@@ -301,9 +303,10 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     // cost (a layer's matmul FLOPs; the last stage also runs the LM head).
     const ModelSpec &m = spec.model;
     llvm::Expected<std::vector<int>> layerStages = std::vector<int>();
+    int64_t stages = spec.parallel.pp * spec.parallel.virtualStages;
     if (!spec.parallel.stageLayers.empty()) {
-      layerStages = pipeline::stagesFromLayerLists(
-          spec.parallel.stageLayers, m.layers, spec.parallel.pp);
+      layerStages = pipeline::stagesFromLayerLists(spec.parallel.stageLayers,
+                                                   m.layers, stages);
       if (!layerStages)
         return llvm::createStringError(options.input +
                                        ": parallel.stage_layers: " +
@@ -314,7 +317,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                      m.hidden * m.ffnHidden * (m.family == "llama" ? 3 : 2);
       std::vector<double> costs(m.layers, layer);
       costs.back() += double(m.hidden) * m.vocabSize;
-      layerStages = pipeline::balanceStages(costs, spec.parallel.pp);
+      layerStages = pipeline::balanceStages(costs, stages);
       if (!layerStages)
         return layerStages.takeError();
     }
@@ -375,8 +378,9 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     auto kind = pipeline::parseScheduleKind(spec.parallel.schedule);
     if (!kind)
       return kind.takeError();
-    auto schedule = pipeline::generateSchedule(*kind, spec.parallel.pp,
-                                               spec.parallel.microbatches);
+    auto schedule = pipeline::generateSchedule(
+        *kind, spec.parallel.pp, spec.parallel.microbatches,
+        spec.parallel.virtualStages);
     if (!schedule)
       return schedule.takeError();
     if (auto timeline = pipeline::simulate(*schedule); !timeline)
@@ -388,7 +392,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
       for (const pipeline::Step &step : schedule->steps[s])
         if (step.isCompute())
           steps.push_back({step.kind == pipeline::StepKind::Backward,
-                           step.microbatch});
+                           step.microbatch,
+                           step.stage / (int)spec.parallel.pp});
       schedules.push_back(steps);
     }
   } else {

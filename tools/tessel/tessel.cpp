@@ -39,6 +39,10 @@ static int compileCommand(int argc, char **argv) {
                                          "interleaved (parallel.schedule)"),
                                 cl::cat(category));
   cl::opt<bool> sp("sp", cl::desc("Sequence parallelism"), cl::cat(category));
+  cl::opt<int> virtualStages("virtual-stages",
+                             cl::desc("Pipeline stages per rank "
+                                      "(parallel.virtual_stages)"),
+                             cl::init(0), cl::cat(category));
   cl::opt<std::string> target("target", cl::desc("cpu or cuda"),
                               cl::init("cpu"), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
@@ -67,6 +71,7 @@ static int compileCommand(int argc, char **argv) {
   layout("tp", tp);
   layout("pp", pp);
   layout("microbatches", microbatches);
+  layout("virtual_stages", virtualStages);
   if (!schedule.empty())
     options.overrides.push_back("parallel.schedule=\"" + schedule + "\"");
   if (sp)
@@ -92,6 +97,13 @@ static int checkCommandLine(int argc, char **argv) {
   cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
                             cl::init(0), cl::cat(category));
   cl::opt<bool> sp("sp", cl::desc("Sequence parallelism"), cl::cat(category));
+  cl::opt<std::string> schedule("schedule",
+                                cl::desc("Pipeline schedule: gpipe, 1f1b, "
+                                         "interleaved"),
+                                cl::cat(category));
+  cl::opt<int> virtualStages("virtual-stages",
+                             cl::desc("Pipeline stages per rank (interleaved)"),
+                             cl::init(0), cl::cat(category));
   cl::opt<int> layers("layers", cl::desc("Shrink the model to N layers"),
                       cl::init(0), cl::cat(category));
   cl::opt<int> steps("steps", cl::desc("Steps to train (default 20)"),
@@ -126,6 +138,9 @@ static int checkCommandLine(int argc, char **argv) {
   layout("microbatches", microbatches);
   if (sp)
     options.layout.push_back("parallel.sequence_parallel=true");
+  if (!schedule.empty())
+    options.layout.push_back("parallel.schedule=\"" + schedule + "\"");
+  layout("virtual_stages", virtualStages);
   return tessel::checkCommand(options);
 }
 

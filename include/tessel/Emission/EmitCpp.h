@@ -31,6 +31,7 @@ struct CollectiveCall {
 struct ScheduledStep {
   bool backward;
   int microbatch;
+  int chunk = 0; // which of the rank's stages (interleaved schedules)
 };
 
 // `calls`, when given, receives every collective call of one step in order.

@@ -45,6 +45,7 @@ struct DataSpec {
 
 struct ParallelSpec {
   int64_t dp = 1, tp = 1, pp = 1, microbatches = 1;
+  int64_t virtualStages = 1; // pipeline stages per rank (interleaved)
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
   double bucketMB = 25.0; // gradient all-reduce bucket size
