@@ -3,8 +3,8 @@
 
     /usr/bin/python3 bench/pipeline_bubble.py
 
-For each (pp, microbatches) it compiles a Llama (4 layers, hidden 128) with
-the 1F1B schedule, runs it with --trace, and measures per rank the fraction
+For each (pp, microbatches, virtual stages) it compiles a Llama (4 layers,
+hidden 128) with the 1F1B or interleaved schedule, runs it with --trace, and measures per rank the fraction
 of each step's pipeline phase (first forward to the update) spent not
 computing: waiting in recv, or between steps. It prints that next to the
 simulated bubble of the compiled schedule (forward 1, backward 2 time units;
@@ -55,22 +55,26 @@ def measured_idle(trace_path, skip_steps=2):
 def main():
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for pp, m in [(2, 2), (2, 4), (2, 8), (4, 4), (4, 8)]:
-            out = os.path.join(work, f"pp{pp}m{m}")
+        for pp, m, v in [(2, 2, 1), (2, 4, 1), (2, 8, 1), (4, 4, 1), (4, 8, 1),
+                         (2, 4, 2), (2, 8, 2)]:
+            out = os.path.join(work, f"pp{pp}m{m}v{v}")
+            schedule = ["--schedule", "interleaved", "--virtual-stages", str(v)] if v > 1 else []
             run([TESSEL, "compile", os.path.join(ROOT, "examples", "llama-tiny.json"), "-o", out,
-                 "--pp", str(pp), "--microbatches", str(m)] + MODEL)
+                 "--pp", str(pp), "--microbatches", str(m)] + schedule + MODEL)
             text = run([TESSEL, "inspect", out, "--schedule"])
             simulated = float(text.split("bubble fraction ")[-1].split()[0])
             trace = os.path.join(work, "trace.json")
             run([TESSEL, "run", out, "--steps", "6", "--trace", trace, "--quiet"])
             idle = [measured_idle(os.path.join(work, f"trace.rank{r}.json")) for r in range(pp)]
-            rows.append((pp, m, simulated, (pp - 1) / (m + pp - 1), idle))
-            print(f"pp{pp} m{m}: simulated {simulated:.3f}, measured "
+            rows.append((pp, m, v, simulated, (pp - 1) / (m + pp - 1), idle))
+            print(f"pp{pp} m{m} v{v}: simulated {simulated:.3f}, measured "
                   + ", ".join(f"{x:.3f}" for x in idle), file=sys.stderr)
-    print("| pp | microbatches | (p-1)/(m+p-1) | compile-time bubble | measured idle per rank |")
-    print("|---|---|---|---|---|")
-    for pp, m, sim, formula, idle in rows:
-        print(f"| {pp} | {m} | {formula:.3f} | {sim:.3f} | " + ", ".join(f"{x:.3f}" for x in idle) + " |")
+    print("| pp | microbatches | schedule | (p-1)/(m+p-1) | compile-time bubble | measured idle per rank |")
+    print("|---|---|---|---|---|---|")
+    for pp, m, v, sim, formula, idle in rows:
+        name = f"interleaved, {v} virtual stages" if v > 1 else "1F1B"
+        print(f"| {pp} | {m} | {name} | {formula:.3f} | {sim:.3f} | "
+              + ", ".join(f"{x:.3f}" for x in idle) + " |")
 
 
 if __name__ == "__main__":
