@@ -78,21 +78,24 @@ void expShifted(const double *x, double shift, double *out, int64_t n) {
 }
 } // namespace detail
 
-template <typename T>
-void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
+// out[i] = op(a[i], b[i % nb]), with the common shapes (same size, a scalar
+// b) as plain loops the compiler vectorises.
+template <typename T, typename Op>
+static void broadcastBinary(const T *a, const T *b, T *out, int64_t n,
+                            int64_t nb, Op op) {
   if (n <= 0)
     return;
   if (nb == n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i)
-      out[i] = a[i] + b[i];
+      out[i] = op(a[i], b[i]);
     return;
   }
   if (nb == 1) {
     const T s = b[0];
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t i = 0; i < n; ++i)
-      out[i] = a[i] + s;
+      out[i] = op(a[i], s);
     return;
   }
   const int64_t rows = n / nb;
@@ -101,35 +104,18 @@ void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
     const T *ar = a + r * nb;
     T *outr = out + r * nb;
     for (int64_t j = 0; j < nb; ++j)
-      outr[j] = ar[j] + b[j];
+      outr[j] = op(ar[j], b[j]);
   }
 }
 
 template <typename T>
+void addBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
+  broadcastBinary(a, b, out, n, nb, [](T x, T y) { return x + y; });
+}
+
+template <typename T>
 void mulBroadcast(const T *a, const T *b, T *out, int64_t n, int64_t nb) {
-  if (n <= 0)
-    return;
-  if (nb == n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = a[i] * b[i];
-    return;
-  }
-  if (nb == 1) {
-    const T s = b[0];
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = a[i] * s;
-    return;
-  }
-  const int64_t rows = n / nb;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T *ar = a + r * nb;
-    T *outr = out + r * nb;
-    for (int64_t j = 0; j < nb; ++j)
-      outr[j] = ar[j] * b[j];
-  }
+  broadcastBinary(a, b, out, n, nb, [](T x, T y) { return x * y; });
 }
 
 template <typename T>
