@@ -34,3 +34,14 @@ try:
     config.available_features.add("torch")
 except (OSError, subprocess.CalledProcessError):
     lit_config.warning("python3-torch not found: reference-comparison tests are skipped")
+
+# --target cuda compiles wherever Tessel was built with nvcc (no GPU needed);
+# running CUDA programs needs a GPU.
+if getattr(config, "tessel_cuda", 0):
+    config.available_features.add("cuda")
+    try:
+        subprocess.run(["nvidia-smi", "-L"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        config.available_features.add("gpu")
+    except (OSError, subprocess.CalledProcessError):
+        pass

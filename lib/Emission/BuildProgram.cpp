@@ -55,35 +55,56 @@ std::string cacheDir() {
   return std::string(path);
 }
 
+void appendFlags(std::vector<std::string> &args, StringRef flags) {
+  SmallVector<StringRef> parts;
+  flags.split(parts, ' ', -1, false);
+  for (StringRef flag : parts)
+    args.push_back(flag.str());
+}
+
 std::vector<std::string> compileArgs(StringRef source, StringRef output) {
   std::vector<std::string> args = {envOr("CXX", TESSEL_CXX), "-O2",
                                    "-march=native", "-std=c++17", "-fopenmp",
                                    "-I" + runtimeInclude(), source.str(),
                                    "-o", output.str(), runtimeLibrary()};
-  SmallVector<StringRef> blas;
-  StringRef(TESSEL_BLAS_LINK).split(blas, ' ', -1, false);
-  for (StringRef flag : blas)
-    args.push_back(flag.str());
+  appendFlags(args, TESSEL_BLAS_LINK);
   return args;
 }
 
-Expected<uint64_t> hashInputs(StringRef source,
-                              const std::vector<std::string> &args) {
+#ifdef TESSEL_HAVE_CUDA
+std::string cudaRuntimeLibrary() {
+  std::string dir = envOr("TESSEL_RUNTIME_DIR", "");
+  return dir.empty() ? TESSEL_CUDA_RUNTIME_LIB
+                     : dir + "/lib/libtessel_cuda_rt.a";
+}
+#endif
+
+// The hash of the source, the flags (not the source and output paths) and
+// the runtime libraries the program links.
+Expected<uint64_t> hashInputs(StringRef source, StringRef output,
+                              const std::vector<std::string> &args,
+                              ArrayRef<std::string> libraries) {
   auto text = MemoryBuffer::getFile(source);
   if (!text)
     return createStringError(source + ": " + text.getError().message());
-  auto runtime = MemoryBuffer::getFile(runtimeLibrary());
-  if (!runtime)
-    return createStringError("the runtime library " + runtimeLibrary() +
-                             " is missing: " + runtime.getError().message() +
-                             " (set TESSEL_RUNTIME_DIR?)");
   std::string key = (*text)->getBuffer().str();
-  for (size_t i = 0; i < args.size(); ++i)
-    if (i != 6 && i != 8) // the source and output paths do not matter
-      key += "\n" + args[i];
-  key += "\n" + std::to_string(xxh3_64bits((*runtime)->getBuffer()));
+  for (const std::string &arg : args)
+    if (arg != source && arg != output)
+      key += "\n" + arg;
+  for (const std::string &library : libraries) {
+    auto runtime = MemoryBuffer::getFile(library);
+    if (!runtime)
+      return createStringError("the runtime library " + library +
+                               " is missing: " + runtime.getError().message() +
+                               " (set TESSEL_RUNTIME_DIR?)");
+    key += "\n" + std::to_string(xxh3_64bits((*runtime)->getBuffer()));
+  }
   return xxh3_64bits(key);
 }
+
+Error buildProgram(StringRef sourcePath, StringRef binaryPath,
+                   const std::vector<std::string> &args, StringRef tmpBinary,
+                   ArrayRef<std::string> libraries, bool verbose);
 
 } // namespace
 
@@ -91,8 +112,61 @@ Error tessel::buildCpuProgram(StringRef sourcePath, StringRef binaryPath,
                               bool verbose) {
   SmallString<256> tmpBinary(binaryPath);
   tmpBinary += ".tmp";
-  std::vector<std::string> args = compileArgs(sourcePath, tmpBinary);
-  Expected<uint64_t> hash = hashInputs(sourcePath, args);
+  return buildProgram(sourcePath, binaryPath,
+                      compileArgs(sourcePath, tmpBinary), tmpBinary,
+                      {runtimeLibrary()}, verbose);
+}
+
+bool tessel::cudaTargetAvailable() {
+#ifdef TESSEL_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Error tessel::buildCudaProgram(StringRef sourcePath, StringRef binaryPath,
+                               int arch, bool verbose) {
+#ifdef TESSEL_HAVE_CUDA
+  SmallVector<StringRef> archs;
+  StringRef(TESSEL_CUDA_ARCHS).split(archs, ',', -1, false);
+  if (!llvm::is_contained(archs, std::to_string(arch)))
+    return createStringError(
+        formatv("--cuda-arch sm_{0}: the CUDA runtime of this build has "
+                "kernels for sm_{1} only; rebuild Tessel with "
+                "-DTESSEL_CUDA_ARCHITECTURES=\"{1};{0}\"",
+                arch, join(archs, ";sm_"))
+            .str());
+  SmallString<256> tmpBinary(binaryPath);
+  tmpBinary += ".tmp";
+  std::vector<std::string> args = {
+      envOr("NVCC", TESSEL_NVCC), "-O2", "-std=c++17",
+      "-arch=sm_" + std::to_string(arch), "-I" + runtimeInclude(),
+      sourcePath.str(), "-o", tmpBinary.str().str(), cudaRuntimeLibrary(),
+      runtimeLibrary(), "-Xcompiler=-fopenmp", "-lgomp"};
+  appendFlags(args, TESSEL_CUDA_LINK);
+  appendFlags(args, TESSEL_BLAS_LINK);
+  return buildProgram(sourcePath, binaryPath, args, tmpBinary,
+                      {cudaRuntimeLibrary(), runtimeLibrary()}, verbose);
+#else
+  (void)sourcePath;
+  (void)binaryPath;
+  (void)arch;
+  (void)verbose;
+  return createStringError(
+      "--target cuda: this build of tessel has no CUDA runtime (nvcc was not "
+      "found when it was built; install the CUDA toolkit at /usr/local/cuda "
+      "and rebuild)");
+#endif
+}
+
+namespace {
+
+Error buildProgram(StringRef sourcePath, StringRef binaryPath,
+                   const std::vector<std::string> &args, StringRef tmpBinary,
+                   ArrayRef<std::string> libraries, bool verbose) {
+  Expected<uint64_t> hash =
+      hashInputs(sourcePath, tmpBinary, args, libraries);
   if (!hash)
     return hash.takeError();
 
@@ -112,7 +186,7 @@ Error tessel::buildCpuProgram(StringRef sourcePath, StringRef binaryPath,
 
   auto compiler = sys::findProgramByName(args[0]);
   if (!compiler)
-    return createStringError("C++ compiler '" + args[0] + "' not found");
+    return createStringError("compiler '" + args[0] + "' not found");
   SmallString<128> log;
   sys::fs::createTemporaryFile("tessel-cc", "log", log);
   std::optional<StringRef> redirects[] = {std::nullopt, StringRef(log),
@@ -141,3 +215,5 @@ Error tessel::buildCpuProgram(StringRef sourcePath, StringRef binaryPath,
     return createStringError("cannot write " + binaryPath + ": " + ec.message());
   return Error::success();
 }
+
+} // namespace

@@ -20,6 +20,7 @@
 #include "llvm/Support/Format.h"
 
 #include <map>
+#include <set>
 
 using namespace mlir;
 using namespace tessel;
@@ -73,8 +74,20 @@ public:
       : os(os), arenaScale(arenaScale), withOptimizer(withOptimizer),
         mesh(mesh), calls(calls) {}
 
+  // CUDA programs: calls go to tessel::cuda (types deduced from the
+  // pointers), scalars stay on the device.
+  bool cuda = false;
+  // bf16 storage of activations; `fp32Values` lists the arena values that
+  // stay fp32 (gradients of parameters, losses, norms).
+  bool lowPrecision = false;
+  const llvm::DenseSet<Value> *fp32Values = nullptr;
+  // Expressions for the device scratch each op needs (the largest is
+  // allocated once).
+  std::vector<std::string> scratch;
+
   void record(const char *kind, unsigned axes, int64_t elements,
               int64_t bytesSent, Operation *op, int64_t elementBytes = 4) {
+    commAxes.insert(axes);
     if (!calls)
       return;
     std::string what = op->getName().getStringRef().str();
@@ -96,13 +109,58 @@ public:
     case BufferSpace::Input:
       return ref.offset == 0 ? "tokens" : "targets";
     case BufferSpace::Arena:
-      return "reinterpret_cast<T *>(A + " +
+      return "reinterpret_cast<" + storageType(v) + " *>(A + " +
              std::to_string(ref.offset * arenaScale) + ")";
     }
     return "";
   }
 
-  void call(const std::string &fn, ArrayRef<std::string> args) {
+  // The element type `v` is stored in (arena values; T on the CPU).
+  std::string storageType(Value v) const {
+    if (!cuda)
+      return "T";
+    if (bufferOf(v).space != BufferSpace::Arena)
+      return "float";
+    if (lowPrecision && !fp32Values->contains(v))
+      return "bf16";
+    return "float";
+  }
+  bool isFloat(Value v) const { return storageType(v) != "bf16"; }
+  int64_t elementBytes(Value v) const {
+    BufferRef ref = bufferOf(v);
+    if (lowPrecision && ref.space == BufferSpace::Param)
+      return 2; // sent and multiplied through the bf16 shadow
+    return ref.space == BufferSpace::Arena && !isFloat(v) ? 2 : 4;
+  }
+
+  // Microbatch loss accumulation: on the host for CPU programs, in a device
+  // scalar (LS) for CUDA programs.
+  void addLoss(Value loss, const std::string &first) {
+    if (cuda)
+      os << "  scalarAccumulate(" << ptr(loss) << ", LS, " << first << ");\n";
+    else
+      os << "  lossSum += " << ptr(loss) << "[0];\n";
+  }
+  void storeLoss(Value loss) {
+    if (cuda)
+      os << "  copy(LS, " << ptr(loss) << ", 1);\n";
+    else
+      os << "  " << ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
+  }
+
+  // A matmul operand or a sent value: in bf16 programs parameters are read
+  // through their bf16 shadow copy.
+  std::string lowPtr(Value v) {
+    BufferRef ref = bufferOf(v);
+    if (lowPrecision && ref.space == BufferSpace::Param)
+      return "(PB + " + std::to_string(ref.offset) + ")";
+    return ptr(v);
+  }
+
+  void call(std::string fn, ArrayRef<std::string> args) {
+    // CUDA kernels deduce their storage types from the pointers.
+    if (cuda && StringRef(fn).ends_with("<T>"))
+      fn.resize(fn.size() - 3);
     os << "  " << fn << "(";
     for (auto [i, a] : llvm::enumerate(args))
       os << (i ? ", " : "") << a;
@@ -111,10 +169,14 @@ public:
   static std::string i(int64_t v) { return std::to_string(v); }
 
   LogicalResult emitOp(Operation *op) {
+    if (fused.contains(op))
+      return success(); // emitted with the op before it
     os << "  // " << op->getName().getStringRef();
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       os << " @ " << loc.getName().getValue().substr(0, 80);
     os << "\n";
+    if (cuda && emitFused(op))
+      return success();
     return llvm::TypeSwitch<Operation *, LogicalResult>(op)
         .Case<ParamOp, InputOp, ReshapeOp>([&](Operation *) {
           return success(); // storage only; reshapes alias their input
@@ -239,11 +301,22 @@ public:
         })
         .Case<AttentionGradOp>([&](AttentionGradOp a) {
           auto q = shapeOf(a.getQuery());
-          call("attentionBackward<T>",
-               {ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()),
-                ptr(a.getGrad()), ptr(a.getQueryGrad()), ptr(a.getKeyGrad()),
-                ptr(a.getValueGrad()), i(q[0]), i(q[1]), i(q[2]),
-                i(shapeOf(a.getKey())[2]), i(q[3]), boolStr(a.getCausal())});
+          SmallVector<std::string> args = {
+              ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()),
+              ptr(a.getGrad()), ptr(a.getQueryGrad()), ptr(a.getKeyGrad()),
+              ptr(a.getValueGrad()), i(q[0]), i(q[1]), i(q[2]),
+              i(shapeOf(a.getKey())[2]), i(q[3]), boolStr(a.getCausal())};
+          if (cuda)
+            args.push_back("S");
+          call("attentionBackward<T>", args);
+          if (cuda) {
+            // The backward recomputes the forward into device scratch.
+            scratch.push_back("attentionScratchBytes(" + i(q[0]) + ", " +
+                              i(q[1]) + ", " + i(q[2]) + ", " +
+                              i(shapeOf(a.getKey())[2]) + ", " + i(q[3]) +
+                              ", " + (isFloat(a.getQuery()) ? "4" : "2") +
+                              ")");
+          }
           return success();
         })
         .Case<SoftmaxOp>([&](SoftmaxOp s) {
@@ -263,9 +336,14 @@ public:
           int64_t V = shapeOf(c.getLogits()).back();
           if (unsigned v = vocabAxes(c)) {
             int64_t rows = numel(c.getTargets());
-            call("crossEntropyVocabParallelForward",
-                 {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c), i(rows),
-                  i(V), vocabStart(v, V), mask(v)});
+            SmallVector<std::string> args = {
+                ptr(c.getLogits()), ptr(c.getTargets()), ptr(c), i(rows),
+                i(V), vocabStart(v, V), mask(v)};
+            if (cuda) {
+              args.push_back("S");
+              scratch.push_back("crossEntropyScratchBytes(" + i(rows) + ")");
+            }
+            call("crossEntropyVocabParallelForward", args);
             int64_t g = mesh.groupSize(v);
             record("all_reduce", v, rows, rt::allReduceBytesSent(rows, g), c);
             record("all_reduce", v, 2 * rows,
@@ -281,9 +359,14 @@ public:
           int64_t V = shapeOf(c.getLogits()).back();
           if (unsigned v = vocabAxes(c)) {
             int64_t rows = numel(c.getTargets());
-            call("crossEntropyVocabParallelBackward",
-                 {ptr(c.getLogits()), ptr(c.getTargets()), ptr(c.getGrad()),
-                  ptr(c), i(rows), i(V), vocabStart(v, V), mask(v)});
+            SmallVector<std::string> args = {
+                ptr(c.getLogits()), ptr(c.getTargets()), ptr(c.getGrad()),
+                ptr(c), i(rows), i(V), vocabStart(v, V), mask(v)};
+            if (cuda) {
+              args.push_back("S");
+              scratch.push_back("crossEntropyScratchBytes(" + i(rows) + ")");
+            }
+            call("crossEntropyVocabParallelBackward", args);
             int64_t g = mesh.groupSize(v);
             for (int k = 0; k < 2; ++k)
               record("all_reduce", v, rows, rt::allReduceBytesSent(rows, g), c);
@@ -343,6 +426,46 @@ public:
           std::map<int64_t, SmallVector<Value>> byAxes;
           for (auto [k, v] : llvm::enumerate(g.getInputs()))
             byAxes[axes ? axes[k] : 0].push_back(v);
+          if (cuda) {
+            // One fp64 partial sum per axis set, on the device; the norm
+            // never visits the host.
+            os << "  {\n    double *acc = deviceBuffers().normAcc;\n"
+               << "    TESSEL_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(double) * "
+               << byAxes.size() << ", computeStream()));\n";
+            int part = 0;
+            for (auto &[m, values] : byAxes) {
+              // Gradients side by side in the store are one call.
+              SmallVector<Value> sorted(values);
+              llvm::sort(sorted, [](Value a, Value b) {
+                BufferRef x = bufferOf(a), y = bufferOf(b);
+                return std::make_pair(x.space, x.offset) <
+                       std::make_pair(y.space, y.offset);
+              });
+              for (size_t k = 0; k < sorted.size();) {
+                BufferRef first = bufferOf(sorted[k]);
+                int64_t n = numel(sorted[k]);
+                size_t end = k + 1;
+                while (first.space != BufferSpace::Arena &&
+                       end < sorted.size() &&
+                       bufferOf(sorted[end]).space == first.space &&
+                       bufferOf(sorted[end]).offset == first.offset + n)
+                  n += numel(sorted[end++]);
+                os << "    sumSquaresInto(" << ptr(sorted[k]) << ", " << n
+                   << ", acc + " << part << ");\n";
+                k = end;
+              }
+              if (m) {
+                os << "    allReduceSum(acc + " << part << ", 1, " << m
+                   << "u);\n";
+                record("all_reduce", m, 1,
+                       rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g, 8);
+              }
+              ++part;
+            }
+            os << "    sqrtInto(acc, " << part << ", " << ptr(g)
+               << ");\n  }\n";
+            return success();
+          }
           os << "  {\n    double sumSq = 0.0;\n";
           for (auto &[m, values] : byAxes) {
             os << "    {\n      double part = 0.0;\n";
@@ -364,6 +487,20 @@ public:
             return success();
           BufferRef param = bufferOf(a.getParam());
           std::string off = std::to_string(param.offset);
+          if (cuda) {
+            call("adamwUpdate",
+                 {ptr(a.getParam()),
+                  lowPrecision ? "PB + " + off : std::string("nullptr"),
+                  ptr(a.getGrad()), "ctx.adamM + " + off,
+                  "ctx.adamV + " + off, i(numel(a.getParam())), "ctx.lr",
+                  flt(a.getBeta1().convertToDouble()),
+                  flt(a.getBeta2().convertToDouble()),
+                  flt(a.getEps().convertToDouble()),
+                  flt(a.getWeightDecay().convertToDouble()), "ctx.step + 1",
+                  ptr(a.getNorm()),
+                  flt(a.getMaxGradNorm().convertToDouble())});
+            return success();
+          }
           call("adamwUpdate",
                {ptr(a.getParam()), ptr(a.getGrad()), "ctx.adamM + " + off,
                 "ctx.adamV + " + off, i(numel(a.getParam())), "ctx.lr",
@@ -394,17 +531,29 @@ public:
           return success();
         })
         .Case<dist::SendOp>([&](dist::SendOp send) {
-          call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
-                          "AxisPP", i(send.getOffset()),
-                          i(send.getTag() * microbatchTags) + " + mb"});
+          if (cuda)
+            // NCCL matches point-to-point messages in order, not by tag:
+            // sends are issued (flushSends) in the order the peer receives.
+            call("sendTo", {lowPtr(send.getInput()),
+                            i(numel(send.getInput())), "AxisPP",
+                            i(send.getOffset()),
+                            i(recvOrder.lookup(send.getTag()))});
+          else
+            call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
+                            "AxisPP", i(send.getOffset()),
+                            i(send.getTag() * microbatchTags) + " + mb"});
           record("send_recv", 1u << 2, numel(send.getInput()),
-                 numel(send.getInput()) * 4, send);
+                 numel(send.getInput()) * elementBytes(send.getInput()), send);
           return success();
         })
         .Case<dist::RecvOp>([&](dist::RecvOp recv) {
-          call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
-                            i(recv.getOffset()),
-                            i(recv.getTag() * microbatchTags) + " + mb"});
+          if (cuda)
+            call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
+                              i(recv.getOffset())});
+          else
+            call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
+                              i(recv.getOffset()),
+                              i(recv.getTag() * microbatchTags) + " + mb"});
           return success();
         })
         .Case<dist::LocalSliceOp>([&](dist::LocalSliceOp l) {
@@ -431,7 +580,9 @@ public:
           unsigned axes = dist::axesMask(g.getAxes());
           int64_t n = outer * len * inner;
           record("all_gather", axes, n,
-                 rt::allGatherBytesSent(n, mesh.groupSize(axes)), g);
+                 rt::allGatherBytesSent(n, mesh.groupSize(axes),
+                                        elementBytes(g.getInput())),
+                 g, elementBytes(g.getInput()));
           return success();
         })
         .Case<dist::ReduceScatterOp>([&](dist::ReduceScatterOp r) {
@@ -441,12 +592,165 @@ public:
           unsigned axes = dist::axesMask(r.getAxes());
           int64_t g = mesh.groupSize(axes), n = outer * len * inner;
           record("reduce_scatter", axes, g * n,
-                 rt::reduceScatterBytesSent(n, g), r);
+                 rt::reduceScatterBytesSent(n, g, elementBytes(r.getInput())),
+                 r, elementBytes(r.getInput()));
           return success();
         })
         .Default([&](Operation *op) {
           return op->emitOpError("has no CPU emission rule");
         });
+  }
+
+  // The op emitted right after `op` (ops without code are skipped), when
+  // it runs in the same part of the step (phase and pipeline chunk).
+  static Operation *nextEmitted(Operation *op) {
+    auto sameRegion = [&](Operation *other) {
+      for (StringRef attr : {"tessel.phase", "tessel.chunk"})
+        if (op->getAttr(attr) != other->getAttr(attr))
+          return false;
+      return true;
+    };
+    for (Operation *next = op->getNextNode(); next;
+         next = next->getNextNode()) {
+      if (isa<ReshapeOp, ParamOp, InputOp>(next))
+        continue;
+      return sameRegion(next) ? next : nullptr;
+    }
+    return nullptr;
+  }
+  // Whether the planned storage of two values overlaps. The planner lets an
+  // op's output reuse an input that dies there, which a fused call that
+  // reads after writing must not see.
+  static bool overlaps(Value a, Value b) {
+    BufferRef x = bufferOf(a), y = bufferOf(b);
+    if (x.space != y.space)
+      return false;
+    int64_t unit = x.space == BufferSpace::Arena ? 4 : 1;
+    return x.offset < y.offset + numel(b) * unit &&
+           y.offset < x.offset + numel(a) * unit;
+  }
+  static bool anyOverlap(ArrayRef<Value> outputs, ArrayRef<Value> inputs) {
+    for (Value out : outputs)
+      for (Value in : inputs)
+        if (overlaps(out, in))
+          return true;
+    return false;
+  }
+  // The fused add + norm kernels read a row of their inputs completely
+  // before writing that row of the output, so the output may be exactly
+  // one of the inputs (same place, same element type), never partly.
+  bool sameOrDisjoint(Value out, ArrayRef<Value> inputs) const {
+    for (Value in : inputs)
+      if (overlaps(out, in) &&
+          (bufferOf(out).space != bufferOf(in).space ||
+           bufferOf(out).offset != bufferOf(in).offset ||
+           storageType(out) != storageType(in) || numel(out) != numel(in)))
+        return false;
+    return true;
+  }
+  static bool onlyUsedBy(Value v, Operation *user) {
+    return llvm::all_of(v.getUsers(),
+                        [&](Operation *u) { return u == user; });
+  }
+
+  // CUDA fusions of an op with the one emitted right after it, so that no
+  // other op can read or overwrite the buffers in between:
+  //   matmul + bias add (+ GELU)   -> one cuBLASLt call with an epilogue
+  //   residual add + LayerNorm/RMSNorm -> one kernel writing both
+  //   silu + mul                   -> SwiGLU
+  bool emitFused(Operation *op) {
+    if (auto m = dyn_cast<MatmulOp>(op)) {
+      auto add = dyn_cast_or_null<AddOp>(nextEmitted(op));
+      auto rhs = shapeOf(m.getRhs());
+      if (!add || add.getLhs() != m.getResult() ||
+          !onlyUsedBy(m.getResult(), add) || m.getTransposeLhs() ||
+          rhs.size() != 2 || shapeOf(add.getRhs()).size() != 1 ||
+          bufferOf(add.getRhs()).space != BufferSpace::Param)
+        return false;
+      int64_t N = shapeOf(m).back();
+      int64_t K = m.getTransposeRhs() ? rhs[1] : rhs[0];
+      auto gelu = dyn_cast_or_null<GeluOp>(nextEmitted(add));
+      if (gelu && gelu.getInput() != add.getResult())
+        gelu = nullptr;
+      SmallVector<Value> outputs = {add.getResult()};
+      if (gelu)
+        outputs.push_back(gelu.getResult());
+      if (anyOverlap(outputs, {m.getLhs(), m.getRhs(), add.getRhs()}) ||
+          (gelu && overlaps(gelu, add)))
+        return false;
+      call("matmulBias", {lowPtr(m.getLhs()), lowPtr(m.getRhs()),
+                          ptr(add.getRhs()), ptr(add),
+                          gelu ? ptr(gelu)
+                               : "static_cast<" + storageType(add) +
+                                     " *>(nullptr)",
+                          i(numel(m) / N), i(N),
+                          i(K), boolStr(m.getTransposeRhs())});
+      os << "  // (fused: bias add" << (gelu ? " and GELU" : "") << ")\n";
+      fused.insert(add);
+      if (gelu)
+        fused.insert(gelu);
+      return true;
+    }
+    if (auto a = dyn_cast<AddOp>(op)) {
+      Operation *next = nextEmitted(op);
+      if (!next || numel(a.getLhs()) != numel(a.getRhs()))
+        return false;
+      if (auto n = dyn_cast<LayerNormOp>(next); n && n.getInput() == a) {
+        int64_t C = shapeOf(n).back();
+        if (storageType(n) != storageType(a) ||
+            anyOverlap({a.getResult()},
+                       {a.getLhs(), a.getRhs(), n.getWeight(), n.getBias()}) ||
+            !sameOrDisjoint(n, {a.getLhs(), a.getRhs()}) ||
+            anyOverlap({n.getResult()}, {n.getWeight(), n.getBias()}) ||
+            overlaps(a, n))
+          return false;
+        call("addLayerNormForward",
+             {ptr(a.getLhs()), ptr(a.getRhs()), ptr(a), ptr(n.getWeight()),
+              ptr(n.getBias()), ptr(n), i(numel(n) / C), i(C),
+              num(n.getEpsilon().convertToDouble())});
+        os << "  // (fused: the layer_norm that follows)\n";
+        fused.insert(n);
+        return true;
+      }
+      if (auto n = dyn_cast<RmsNormOp>(next); n && n.getInput() == a) {
+        int64_t C = shapeOf(n).back();
+        if (storageType(n) != storageType(a) ||
+            anyOverlap({a.getResult()},
+                       {a.getLhs(), a.getRhs(), n.getWeight()}) ||
+            !sameOrDisjoint(n, {a.getLhs(), a.getRhs()}) ||
+            anyOverlap({n.getResult()}, {n.getWeight()}) ||
+            overlaps(a, n))
+          return false;
+        call("addRmsNormForward",
+             {ptr(a.getLhs()), ptr(a.getRhs()), ptr(a), ptr(n.getWeight()),
+              ptr(n), i(numel(n) / C), i(C),
+              num(n.getEpsilon().convertToDouble())});
+        os << "  // (fused: the rms_norm that follows)\n";
+        fused.insert(n);
+        return true;
+      }
+      return false;
+    }
+    if (auto silu = dyn_cast<SiluOp>(op)) {
+      auto mul = dyn_cast_or_null<MulOp>(nextEmitted(op));
+      if (!mul || numel(mul.getLhs()) != numel(mul.getRhs()))
+        return false;
+      Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
+      if (up == silu.getResult() ||
+          (mul.getLhs() != silu.getResult() && mul.getRhs() != silu.getResult()) ||
+          storageType(up) != storageType(silu.getInput()) ||
+          storageType(mul) != storageType(silu) ||
+          anyOverlap({silu.getResult(), mul.getResult()},
+                     {silu.getInput(), up}) ||
+          overlaps(silu, mul))
+        return false;
+      call("swigluForward", {ptr(silu.getInput()), ptr(up), ptr(mul),
+                             ptr(silu), i(numel(mul))});
+      os << "  // (fused: the mul that follows)\n";
+      fused.insert(mul);
+      return true;
+    }
+    return false;
   }
 
   static unsigned vocabAxes(Operation *op) {
@@ -497,7 +801,10 @@ public:
     for (size_t k = 0; k < pieces.size();) {
       size_t end = k + 1;
       int64_t elements = numel(pieces[k].value);
+      // Planned offsets assume 4-byte elements: bf16 pieces are never
+      // adjacent.
       while (end < pieces.size() && pieces[end].space == pieces[k].space &&
+             isFloat(pieces[k].value) && isFloat(pieces[end].value) &&
              pieces[end].offset ==
                  pieces[end - 1].offset + pieces[end - 1].size) {
         elements += numel(pieces[end].value);
@@ -505,8 +812,10 @@ public:
       }
       std::string buffer = ptr(pieces[k].value);
       unsigned m = dist::axesMask(axes);
+      int64_t bytes = isFloat(pieces[k].value) ? 4 : 2;
       record("all_reduce", m, elements,
-             rt::allReduceBytesSent(elements, mesh.groupSize(m)), op);
+             rt::allReduceBytesSent(elements, mesh.groupSize(m), bytes), op,
+             bytes);
       if (requestArray.empty())
         call("allReduceSum", {buffer, i(elements), mask(axes)});
       else
@@ -525,13 +834,20 @@ public:
     int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
     int64_t batch = product(out.drop_back(2));
     int64_t strideB = rhs.size() == 2 ? 0 : K * N;
-    call("matmul<T>", {ptr(m.getLhs()), ptr(m.getRhs()), ptr(m), i(batch),
+    call("matmul<T>", {lowPtr(m.getLhs()), lowPtr(m.getRhs()), ptr(m), i(batch),
                            i(M), i(N), i(K), boolStr(tl), boolStr(tr),
                            i(M * K), i(strideB), i(M * N)});
     return success();
   }
 
   DenseMap<Value, std::string> requests;
+  // Ops emitted as part of a fused call of the op before them.
+  llvm::SmallPtrSet<Operation *, 16> fused;
+  // Per message tag: the position of its receive in the receiving
+  // program (CUDA sends are issued in that order).
+  llvm::DenseMap<int64_t, int64_t> recvOrder;
+  // Every axis set a collective of the step runs over.
+  std::set<unsigned> commAxes;
   // How often the ops being emitted run per step (once per microbatch in a
   // microbatch loop), for the communication report.
   int64_t repeat = 1;
@@ -543,6 +859,91 @@ public:
   std::vector<CollectiveCall> *calls;
   int counter = 0;
 };
+
+// The values a bf16 program keeps in fp32: everything that becomes a
+// parameter's gradient (so that gradients are produced, reduced and
+// accumulated in fp32), losses and norms. Storage is shared along reshapes
+// and collectives, and a value sent to another pipeline stage has one type
+// on both sides, so the set is closed over those links across every
+// function of the module.
+llvm::DenseSet<Value> fp32ValuesOf(ModuleOp module) {
+  llvm::DenseSet<Value> fp32;
+  SmallVector<Value> work;
+  auto add = [&](Value v) {
+    if (isa<RankedTensorType>(v.getType()) && fp32.insert(v).second)
+      work.push_back(v);
+  };
+  llvm::DenseMap<int64_t, dist::SendOp> sends;
+  llvm::DenseMap<int64_t, dist::RecvOp> recvs;
+  module.walk([&](Operation *op) {
+    if (auto send = dyn_cast<dist::SendOp>(op))
+      sends[send.getTag()] = send;
+    if (auto recv = dyn_cast<dist::RecvOp>(op))
+      recvs[recv.getTag()] = recv;
+    if (auto adamw = dyn_cast<AdamWOp>(op))
+      add(adamw.getGrad());
+    if (auto norm = dyn_cast<GlobalNormOp>(op))
+      for (Value v : norm.getInputs())
+        add(v);
+    if (auto ret = dyn_cast<func::ReturnOp>(op))
+      for (Value v : ret.getOperands())
+        add(v);
+    if (auto n = dyn_cast<LayerNormGradOp>(op)) {
+      add(n.getWeightGrad());
+      add(n.getBiasGrad());
+    }
+    if (auto n = dyn_cast<RmsNormGradOp>(op))
+      add(n.getWeightGrad());
+    for (Value r : op->getResults())
+      if (auto t = dyn_cast<RankedTensorType>(r.getType());
+          t && t.getNumElements() == 1)
+        add(r);
+  });
+  // Operand i and result i of a collective share a type.
+  auto linkCollective = [&](Operation *op, Value v) {
+    if (isa<dist::AllReduceOp, dist::AllReduceStartOp>(op)) {
+      for (auto [in, out] : llvm::zip(op->getOperands(), op->getResults()))
+        if (in == v || out == v) {
+          add(in);
+          add(out);
+        }
+      return true;
+    }
+    if (isa<dist::AllGatherOp, dist::ReduceScatterOp, ReshapeOp,
+            dist::LocalSliceOp, dist::LocalInsertOp, TransposeOp>(op)) {
+      add(op->getOperand(0));
+      add(op->getResult(0));
+      return true;
+    }
+    return false;
+  };
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    if (Operation *def = v.getDefiningOp()) {
+      if (!linkCollective(def, v)) {
+        if (auto a = dyn_cast<AddOp>(def)) {
+          // A sum of gradient contributions.
+          add(a.getLhs());
+          add(a.getRhs());
+        } else if (auto c = dyn_cast<ConcatOp>(def)) {
+          for (Value in : c.getInputs())
+            add(in);
+        } else if (auto recv = dyn_cast<dist::RecvOp>(def)) {
+          if (auto send = sends.lookup(recv.getTag()))
+            add(send.getInput());
+        }
+      }
+    }
+    for (Operation *user : v.getUsers()) {
+      if (isa<ReshapeOp, dist::AllReduceOp, dist::AllReduceStartOp>(user))
+        linkCollective(user, v);
+      if (auto send = dyn_cast<dist::SendOp>(user))
+        if (auto recv = recvs.lookup(send.getTag()))
+          add(recv.getResult());
+    }
+  }
+  return fp32;
+}
 
 std::string meshShapeInit(ModuleOp module) {
   dist::Mesh mesh = dist::Mesh::of(module);
@@ -607,7 +1008,7 @@ LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
   Value loss = beforeSync(ret.getOperand(0));
   os << "  // " << microbatches << " microbatches: gradients and the loss "
      << "accumulate,\n  // the update runs once.\n"
-     << "  double lossSum = 0.0;\n"
+     << "  double lossSum = 0.0;\n  (void)lossSum;\n"
      << "  for (int64_t mb = 0; mb < " << microbatches << "; ++mb) {\n"
      << "  const int32_t *tokens = ctx.tokens + mb * " << tokensPerMicrobatch
      << ";\n"
@@ -630,13 +1031,14 @@ LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
                   "ctx.gradAccum + " +
                       std::to_string(bufferOf(adamw.getParam()).offset),
                   std::to_string(numel(grad)), "mb == 0"});
-  os << "  lossSum += " << emitter.ptr(loss) << "[0];\n  }\n";
+  emitter.addLoss(loss, "mb == 0");
+  os << "  }\n";
   for (auto [adamw, grad] : grads)
     emitter.call("copy<T>",
                  {"ctx.gradAccum + " +
                       std::to_string(bufferOf(adamw.getParam()).offset),
                   emitter.ptr(grad), std::to_string(numel(grad))});
-  os << "  " << emitter.ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
+  emitter.storeLoss(loss);
   for (Operation &op : llvm::make_range(Block::iterator(*update),
                                         body.without_terminator().end()))
     if (failed(emitter.emitOp(&op)))
@@ -670,7 +1072,7 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
     chunks = std::max<int64_t>(chunks, step.chunk + 1);
   emitter.microbatchTags = microbatches;
   emitter.repeat = microbatches;
-  os << "  double lossSum = 0.0;\n  int64_t backwardsDone[" << chunks
+  os << "  double lossSum = 0.0;\n  (void)lossSum;\n  int64_t backwardsDone[" << chunks
      << "] = {};\n";
   // One forward and one backward per stage this rank holds (its chunks).
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
@@ -686,7 +1088,9 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
             failed(emitter.emitOp(&op)))
           return failure();
       if (part == "forward" && hasLoss && chunkOf(*loss.getDefiningOp()) == chunk)
-        os << "  lossSum += " << emitter.ptr(loss) << "[0];\n";
+        emitter.addLoss(loss, "mb == 0");
+      if (emitter.cuda)
+        os << "  flushSends();\n";
       if (part == "backward") {
         for (auto adamw : body.getOps<AdamWOp>())
           if (chunkOf(*adamw) == chunk)
@@ -732,7 +1136,7 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
                   emitter.ptr(beforeSync(adamw.getGrad())),
                   std::to_string(numel(adamw.getGrad()))});
   if (hasLoss)
-    os << "  " << emitter.ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
+    emitter.storeLoss(loss);
   for (Operation &op : body.without_terminator())
     if (phase(op) == "update" && failed(emitter.emitOp(&op)))
       return failure();
@@ -749,11 +1153,13 @@ const char *decayName(const std::string &decay) {
 
 } // namespace
 
-LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
-                                     raw_ostream &os,
-                                     std::vector<CollectiveCall> *calls,
-                                     StringRef funcName,
-                                     const std::vector<ScheduledStep> *schedule) {
+namespace {
+
+LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
+                          std::vector<CollectiveCall> *calls,
+                          StringRef funcName,
+                          const std::vector<ScheduledStep> *schedule,
+                          const CudaTarget *cuda) {
   auto func = module.lookupSymbol<func::FuncOp>(funcName);
   IntegerAttr arenaBytes, paramElems;
   if (func) {
@@ -787,15 +1193,34 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
   if (!vocab)
     vocab = spec.model.vocabSize;
 
-  os << "// Generated by tessel from " << cppStringLiteral(spec.name)
-     << ". One rank's training step.\n"
-     << "#include \"tessel/Runtime/Comm.h\"\n"
-     << "#include \"tessel/Runtime/Kernels.h\"\n"
-     << "#include \"tessel/Runtime/Program.h\"\n"
-     << "#include \"tessel/Runtime/Trace.h\"\n"
-     << "#include \"tessel/Runtime/VocabParallel.h\"\n\n#include <cmath>\n\n"
-     << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
-     << "const ParamInfo kParams[] = {\n";
+  if (cuda)
+    os << "// Generated by tessel from " << cppStringLiteral(spec.name)
+       << ". One rank's training step\n// for CUDA ("
+       << (cuda->bf16 ? "bf16 mixed precision" : "fp32") << ", sm_"
+       << cuda->arch << ").\n"
+       << "#include \"tessel/Runtime/Comm.h\"\n"
+       << "#include \"tessel/Runtime/Cuda/Device.h\"\n"
+       << "#include \"tessel/Runtime/Program.h\"\n"
+       << "#include \"tessel/Runtime/Trace.h\"\n\n"
+       << "#include <algorithm>\n#include <cmath>\n\n"
+       << "using namespace tessel::cuda;\n"
+       << "using tessel::rt::AxisPP;\nusing tessel::rt::groupRank;\n"
+       << "using tessel::rt::InitKind;\nusing tessel::rt::LrDecay;\n"
+       << "using tessel::rt::ParamInfo;\nusing tessel::rt::Program;\n"
+       << "using tessel::rt::StepContext;\nusing tessel::rt::TraceSpan;\n"
+       << "using tessel::rt::TrainConfig;\n\n"
+       << "namespace {\n\nusing T = float;\n\n"
+       << "const ParamInfo kParams[] = {\n";
+  else
+    os << "// Generated by tessel from " << cppStringLiteral(spec.name)
+       << ". One rank's training step.\n"
+       << "#include \"tessel/Runtime/Comm.h\"\n"
+       << "#include \"tessel/Runtime/Kernels.h\"\n"
+       << "#include \"tessel/Runtime/Program.h\"\n"
+       << "#include \"tessel/Runtime/Trace.h\"\n"
+       << "#include \"tessel/Runtime/VocabParallel.h\"\n\n#include <cmath>\n\n"
+       << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
+       << "const ParamInfo kParams[] = {\n";
   int numParams = 0;
   dist::Mesh mesh = dist::Mesh::of(module);
   for (ParamOp p : func.getOps<ParamOp>()) {
@@ -838,7 +1263,28 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  float *P = ctx.params;\n  float *G = ctx.grads;\n"
      << "  char *A = ctx.activations;\n"
      << "  (void)P; (void)G; (void)A;\n";
+  if (cuda)
+    os << "  bf16 *PB = deviceBuffers().paramShadow; // bf16 weights\n"
+       << "  char *S = deviceBuffers().scratch;\n"
+       << "  float *LS = deviceBuffers().scalars; // the loss over microbatches\n"
+       << "  (void)PB; (void)S; (void)LS;\n";
   ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
+  llvm::DenseSet<Value> fp32Values;
+  if (cuda) {
+    emitter.cuda = true;
+    emitter.lowPrecision = cuda->bf16;
+    if (cuda->bf16)
+      fp32Values = fp32ValuesOf(module);
+    emitter.fp32Values = &fp32Values;
+    module.walk([&](func::FuncOp f) {
+      int64_t position = 0;
+      f.walk([&](Operation *op) {
+        if (auto recv = dyn_cast<dist::RecvOp>(op))
+          emitter.recvOrder[recv.getTag()] = position;
+        ++position;
+      });
+    });
+  }
   auto microbatchesAttr = module->getAttrOfType<IntegerAttr>(kMicrobatchesAttr);
   int64_t microbatches = microbatchesAttr ? microbatchesAttr.getInt() : 1;
   if (schedule) {
@@ -857,9 +1303,14 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
       if (failed(emitter.emitOp(&op)))
         return failure();
   }
-  os << "  ctx.loss = " << emitter.ptr(ret.getOperand(0)) << "[0];\n"
-     << "  ctx.gradNorm = " << emitter.ptr(ret.getOperand(1)) << "[0];\n}\n\n"
-     << "} // namespace\n\n";
+  if (cuda)
+    os << "  finishStep(ctx, " << emitter.ptr(ret.getOperand(0)) << ", "
+       << emitter.ptr(ret.getOperand(1)) << ");\n}\n\n"
+       << "} // namespace\n\n";
+  else
+    os << "  ctx.loss = " << emitter.ptr(ret.getOperand(0)) << "[0];\n"
+       << "  ctx.gradNorm = " << emitter.ptr(ret.getOperand(1)) << "[0];\n}\n\n"
+       << "} // namespace\n\n";
 
   const TrainSpec &t = spec.train;
   os << "int main(int argc, char **argv) {\n"
@@ -888,9 +1339,49 @@ LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
      << meshShapeInit(module)
-     << "  program.microbatches = " << microbatches << ";\n"
-     << "  return runMain(argc, argv, program);\n}\n";
+     << "  program.microbatches = " << microbatches << ";\n";
+  if (cuda) {
+    os << "  // The device side: precision, scratch, the axis sets of the\n"
+       << "  // collectives (one NCCL communicator each).\n"
+       << "  static const unsigned kCommAxes[] = {";
+    std::set<unsigned> axes(emitter.commAxes.begin(), emitter.commAxes.end());
+    axes.erase(0);
+    for (auto [k, m] : llvm::enumerate(axes))
+      os << (k ? ", " : "") << m << "u";
+    if (axes.empty())
+      os << "0u"; // (an array cannot be empty; none is used)
+    os << "};\n  DeviceProgram device{};\n"
+       << "  device.bf16 = " << boolStr(cuda->bf16) << ";\n"
+       << "  device.scratchBytes = std::max<int64_t>({0";
+    for (const std::string &e : emitter.scratch)
+      os << ", " << e;
+    os << "});\n  device.cudaArch = " << cuda->arch << ";\n"
+       << "  device.commAxes = kCommAxes;\n"
+       << "  device.numCommAxes = " << axes.size() << ";\n"
+       << "  program.device = deviceHooks(device);\n"
+       << "  return tessel::rt::runMain(argc, argv, program);\n}\n";
+  } else {
+    os << "  return runMain(argc, argv, program);\n}\n";
+  }
   return success();
+}
+
+} // namespace
+
+LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
+                                     raw_ostream &os,
+                                     std::vector<CollectiveCall> *calls,
+                                     StringRef funcName,
+                                     const std::vector<ScheduledStep> *schedule) {
+  return emitProgram(module, spec, os, calls, funcName, schedule, nullptr);
+}
+
+LogicalResult tessel::emitCudaProgram(ModuleOp module, const Spec &spec,
+                                      raw_ostream &os, const CudaTarget &target,
+                                      std::vector<CollectiveCall> *calls,
+                                      StringRef funcName,
+                                      const std::vector<ScheduledStep> *schedule) {
+  return emitProgram(module, spec, os, calls, funcName, schedule, &target);
 }
 
 LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,

@@ -210,6 +210,7 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
   t.steps = s.integer("steps", 100, 0);
   t.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
   t.gradClip = s.number("grad_clip", 1.0, 0.0);
+  t.precision = s.choice("precision", "bf16", {"bf16", "fp32"});
   Section opt = s.child("optimizer");
   t.optimizer = opt.choice("name", "adamw", {"adamw"});
   t.lr = opt.number("lr", 1e-3, 0.0);

@@ -641,17 +641,21 @@ int train(const Program &program, const Options &opts) {
          " tokens, fewer than the " + std::to_string(T + 1) +
          " needed for one sequence of length " + std::to_string(T));
 
+  const DeviceHooks *device = program.device;
   size_t floatBytes = (size_t)program.paramElems * sizeof(float);
+  // A device program keeps only the parameters on the host (to initialise,
+  // load and save them); the step's buffers live on the device.
+  size_t hostBytes = device ? 0 : floatBytes;
   AlignedBuffer params = allocateZeroed(floatBytes, "parameters");
-  AlignedBuffer grads = allocateZeroed(floatBytes, "gradients");
-  AlignedBuffer adamM = allocateZeroed(floatBytes, "AdamW first moments");
-  AlignedBuffer adamV = allocateZeroed(floatBytes, "AdamW second moments");
-  AlignedBuffer activations =
-      allocateZeroed(program.activationBytes, "activations");
+  AlignedBuffer grads = allocateZeroed(hostBytes, "gradients");
+  AlignedBuffer adamM = allocateZeroed(hostBytes, "AdamW first moments");
+  AlignedBuffer adamV = allocateZeroed(hostBytes, "AdamW second moments");
+  AlignedBuffer activations = allocateZeroed(
+      device ? 0 : program.activationBytes, "activations");
   // Microbatched and pipelined steps accumulate gradients.
   bool accumulates = program.microbatches > 1 || program.meshShape[AxisPP] > 1;
   AlignedBuffer gradAccum =
-      allocateZeroed(accumulates ? floatBytes : 0, "gradient accumulation");
+      allocateZeroed(accumulates ? hostBytes : 0, "gradient accumulation");
   std::vector<int32_t> tokens(B * T), targets(B * T);
   std::vector<int32_t> globalTokens, globalTargets;
   if (dataRanks > 1) {
@@ -694,6 +698,11 @@ int train(const Program &program, const Options &opts) {
   ctx.targets = targets.data();
   ctx.activations = activations.get();
   ctx.gradAccum = (float *)gradAccum.get();
+  if (device) {
+    device->start(program, paramData, ctx);
+    if (leader && !opts.quiet)
+      std::printf("device: %s\n", device->describe());
+  }
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
   if (leader && !opts.metrics.empty()) {
@@ -715,6 +724,8 @@ int train(const Program &program, const Options &opts) {
       std::copy_n(globalTokens.begin() + firstRow * T, B * T, tokens.begin());
       std::copy_n(globalTargets.begin() + firstRow * T, B * T, targets.begin());
     }
+    if (device)
+      device->loadBatch(ctx, tokens.data(), targets.data(), B * T);
     ctx.step = step;
     ctx.lr = learningRate(config, step, opts.steps);
     ctx.loss = NAN;
@@ -770,12 +781,16 @@ int train(const Program &program, const Options &opts) {
       fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
            std::strerror(errno));
   }
+  if (device)
+    device->download(program, paramData);
   if (!opts.saveFinal.empty())
     saveParams(program, opts.saveFinal, paramData, opts.steps);
   if (!commReport.empty())
     writeCommReport(commReport, opts.steps, counters);
   if (!trace.empty())
     traceWrite(trace, commRank());
+  if (device)
+    device->stop();
   if (leader && !opts.quiet) {
     std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
                 opts.steps, seconds, lastLoss);

@@ -137,6 +137,8 @@ int tessel::checkCommand(const CheckOptions &options) {
   layout.overrides = options.overrides;
   layout.overrides.insert(layout.overrides.end(), options.layout.begin(),
                           options.layout.end());
+  layout.target = options.target;
+  layout.cudaArch = options.cudaArch;
   for (CompileOptions *o : {&ref, &layout})
     if (Error err = compile(*o)) {
       errs() << "tessel: error: " << toString(std::move(err)) << "\n";
@@ -165,7 +167,9 @@ int tessel::checkCommand(const CheckOptions &options) {
   outs() << "tessel check: " << options.input << ", layout";
   for (const std::string &l : options.layout)
     outs() << " " << l;
-  outs() << " vs one rank, " << options.steps << " steps\n"
+  if (options.target != "cpu")
+    outs() << " on " << options.target;
+  outs() << " vs one rank on the cpu, " << options.steps << " steps\n"
          << format("  largest relative loss difference      %.3e (step %lld)\n",
                    c->lossDiff, (long long)c->lossStep)
          << format("  largest relative parameter difference %.3e (%s)\n",

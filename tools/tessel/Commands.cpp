@@ -196,8 +196,14 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   } else if (args[1] == "--source") {
     // The first program's source; others are beside it in src/.
     Expected<json> plan = readPlan(dir);
+    if (!plan) {
+      errs() << "tessel inspect: error: " << toString(plan.takeError()) << "\n";
+      return 1;
+    }
+    bool cuda = plan->value("target", std::string("cpu")) == "cuda";
     sys::path::append(path, "src",
-                      (*plan)["ranks"][0]["program"].get<std::string>() + ".cpp");
+                      (*plan)["ranks"][0]["program"].get<std::string>() +
+                          (cuda ? ".cu" : ".cpp"));
   } else if (args[1] == "--ir" || StringRef(args[1]).starts_with("--ir=")) {
     std::string stage = args[1] == "--ir" ? (args.size() > 2 ? args[2] : "")
                                           : args[1].substr(5);

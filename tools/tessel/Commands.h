@@ -17,6 +17,8 @@ struct CheckOptions {
   std::vector<std::string> layout;    // parallel.* overrides of the layout
   int64_t steps = 20;
   double tolerance = 1e-5;
+  std::string target = "cpu"; // the layout's backend; the reference is cpu
+  std::string cudaArch = "sm_90";
 };
 // Trains the layout and the one-rank program and compares losses and final
 // parameters (relative to each tensor's largest magnitude).

@@ -124,13 +124,20 @@ struct ProgramOut {
 };
 
 json planJson(const Spec &spec, ModuleOp module,
-              const std::vector<ProgramOut> &programs) {
+              const std::vector<ProgramOut> &programs,
+              const CompileOptions &options) {
   const ParallelSpec &par = spec.parallel;
   int64_t world = par.dp * par.tp * par.pp;
   int64_t perStage = par.dp * par.tp;
   json plan;
   plan["name"] = spec.name;
-  plan["target"] = "cpu";
+  plan["target"] = options.target;
+  if (options.target == "cuda") {
+    plan["cuda_arch"] = options.cudaArch;
+    plan["precision"] = spec.train.precision;
+  } else {
+    plan["precision"] = "fp32";
+  }
   plan["world_size"] = world;
   plan["mesh"] = {{"pp", par.pp}, {"dp", par.dp}, {"tp", par.tp}};
   plan["sequence_parallel"] = par.sequenceParallel;
@@ -275,9 +282,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     if (failed(verify(*module)))
       return diagnostics.error(options.input + ": the model does not verify");
   }
-  if (options.target != "cpu")
-    return llvm::createStringError("--target " + options.target +
-                                   ": only the cpu target can be compiled so far");
   if (llvm::Error err = stage("00-graph.mlir"))
     return err;
   PassManager autodiff(&context);
@@ -346,7 +350,35 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   return stage("04-planned.mlir");
 }
 
+// The target named on the command line, checked before any work is done.
+llvm::Expected<CudaTarget> cudaTargetOf(const CompileOptions &options) {
+  CudaTarget target;
+  if (options.target == "cpu")
+    return target;
+  if (options.target != "cuda")
+    return llvm::createStringError("--target " + options.target +
+                                   ": expected cpu or cuda");
+  llvm::StringRef arch(options.cudaArch);
+  unsigned number = 0;
+  if (!arch.consume_front("sm_") || arch.getAsInteger(10, number) ||
+      number < 70 || number > 199)
+    return llvm::createStringError("--cuda-arch " + options.cudaArch +
+                                   ": expected sm_NN, e.g. sm_90 (H100/H200) "
+                                   "or sm_80 (A100)");
+  if (!cudaTargetAvailable() && !options.emitOnly)
+    return llvm::createStringError(
+        "--target cuda: this build of tessel has no CUDA runtime (nvcc was "
+        "not found when it was built; install the CUDA toolkit at "
+        "/usr/local/cuda and rebuild)");
+  target.arch = number;
+  return target;
+}
+
 llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
+  llvm::Expected<CudaTarget> targetOr = cudaTargetOf(options);
+  if (!targetOr)
+    return targetOr.takeError();
+  CudaTarget cudaTarget = *targetOr;
   MLIRContext context;
   context.loadDialect<graph::GraphDialect, dist::DistDialect,
                       func::FuncDialect>();
@@ -370,6 +402,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   };
   if (llvm::Error err = lower(options, context, diagnostics, spec, module, stage))
     return err;
+  cudaTarget.bf16 = spec.train.precision == "bf16";
 
   // One distinct program for all ranks, or one per pipeline stage.
   std::vector<ProgramOut> programs;
@@ -402,24 +435,34 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   for (auto [k, program] : llvm::enumerate(programs)) {
     std::string source;
     llvm::raw_string_ostream sourceStream(source);
-    if (failed(emitCpuProgram(*module, spec, sourceStream, &program.calls,
-                              program.funcName,
-                              schedules.empty() ? nullptr : &schedules[k])))
-      return diagnostics.error("emitting C++ failed");
+    const std::vector<ScheduledStep> *steps =
+        schedules.empty() ? nullptr : &schedules[k];
+    bool cuda = options.target == "cuda";
+    if (cuda ? failed(emitCudaProgram(*module, spec, sourceStream, cudaTarget,
+                                      &program.calls, program.funcName, steps))
+             : failed(emitCpuProgram(*module, spec, sourceStream,
+                                     &program.calls, program.funcName, steps)))
+      return diagnostics.error(cuda ? "emitting CUDA C++ failed"
+                                    : "emitting C++ failed");
     llvm::SmallString<256> sourcePath(out), binaryPath(out);
-    llvm::sys::path::append(sourcePath, "src", program.name + ".cpp");
+    llvm::sys::path::append(sourcePath, "src",
+                            program.name + (cuda ? ".cu" : ".cpp"));
     llvm::sys::path::append(binaryPath, "bin", program.name);
     if (llvm::Error err = writeFile(sourcePath, source))
       return err;
+    if (options.emitOnly)
+      continue;
     if (llvm::Error err =
-            buildCpuProgram(sourcePath, binaryPath, options.verbose))
+            cuda ? buildCudaProgram(sourcePath, binaryPath, cudaTarget.arch,
+                                    options.verbose)
+                 : buildCpuProgram(sourcePath, binaryPath, options.verbose))
       return err;
   }
 
   llvm::SmallString<256> planPath(out);
   llvm::sys::path::append(planPath, "plan.json");
   if (llvm::Error err =
-          writeFile(planPath, planJson(spec, *module, programs).dump(2) + "\n"))
+          writeFile(planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
     return err;
   return writeLaunchFiles(out, spec, programs);
 }

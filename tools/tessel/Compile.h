@@ -14,6 +14,8 @@ struct CompileOptions {
   std::string output; // output directory
   std::vector<std::string> overrides;
   std::string target = "cpu";
+  std::string cudaArch = "sm_90"; // --target cuda: the GPU architecture
+  bool emitOnly = false; // write sources and the plan, build no binaries
   bool dumpIR = false; // also print every stage to stdout
   bool verbose = false;
 };

@@ -43,6 +43,24 @@ emitCpuProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
                llvm::StringRef funcName = "train_step",
                const std::vector<ScheduledStep> *schedule = nullptr);
 
+// The CUDA target: storage precision and the GPU architecture (sm_<arch>).
+struct CudaTarget {
+  bool bf16 = true;
+  int arch = 90;
+};
+
+// Writes the CUDA C++ source of one rank program: the same step as
+// emitCpuProgram, as calls into libtessel_cuda_rt (cuBLASLt GEMMs, fused
+// kernels, NCCL collectives) on device buffers. In bf16 programs
+// activations are bf16 and matmuls read a bf16 shadow of the fp32 master
+// weights; gradients of parameters, losses and norms stay fp32.
+mlir::LogicalResult
+emitCudaProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
+                const CudaTarget &target,
+                std::vector<CollectiveCall> *calls = nullptr,
+                llvm::StringRef funcName = "train_step",
+                const std::vector<ScheduledStep> *schedule = nullptr);
+
 // Writes a standalone float64 program that runs the planned step without the
 // optimizer on random parameters and tokens, and compares the gradient of
 // every parameter (sampled entries) with central finite differences of the
@@ -61,6 +79,16 @@ std::string cppStringLiteral(llvm::StringRef text);
 // output on failure.
 llvm::Error buildCpuProgram(llvm::StringRef sourcePath,
                             llvm::StringRef binaryPath, bool verbose);
+
+// Whether this build has the CUDA runtime (nvcc was found when Tessel was
+// built).
+bool cudaTargetAvailable();
+// Compiles a generated CUDA program with nvcc for sm_<arch> against
+// libtessel_cuda_rt, cuBLASLt, NCCL and libtessel_rt; cached like CPU
+// programs. No GPU is needed to build.
+llvm::Error buildCudaProgram(llvm::StringRef sourcePath,
+                             llvm::StringRef binaryPath, int arch,
+                             bool verbose);
 
 } // namespace tessel
 

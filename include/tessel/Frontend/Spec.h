@@ -36,6 +36,10 @@ struct TrainSpec {
   int64_t warmupSteps = 0;
   std::string decay = "cosine"; // "cosine" | "linear" | "constant"
   double minLr = 0.0;
+  // Storage and matmul precision on accelerators: "bf16" (bf16 activations
+  // and matmul operands, fp32 master weights, optimizer state and
+  // reductions) or "fp32". The CPU target always computes in fp32.
+  std::string precision = "bf16";
 };
 
 struct DataSpec {

@@ -73,6 +73,28 @@ struct StepContext {
   float *gradAccum;
 };
 
+struct Program;
+
+// A program for an accelerator hands runMain these hooks; its step then
+// reads and writes device memory only. Null for CPU programs.
+struct DeviceHooks {
+  // Runs after the launch has been checked: selects the device, creates the
+  // communicators, allocates every buffer of the step once (parameters,
+  // gradients, moments, activations, accumulators, the batch) and copies
+  // the initial parameters in. Fills ctx's pointers with device pointers.
+  void (*start)(const Program &program, const float *hostParams,
+                StepContext &ctx);
+  // Copies a step's batch (host) to the device buffers ctx points to.
+  void (*loadBatch)(StepContext &ctx, const int32_t *tokens,
+                    const int32_t *targets, int64_t count);
+  // Copies the fp32 master parameters back to the host (for saving).
+  void (*download)(const Program &program, float *hostParams);
+  // Frees everything and destroys the communicators.
+  void (*stop)();
+  // One line naming the device and the precision, for the run's banner.
+  const char *(*describe)();
+};
+
 struct Program {
   const char *name;
   const ParamInfo *params;
@@ -89,6 +111,8 @@ struct Program {
   // Microbatches per step (gradient accumulation); TrainConfig::batch is
   // the rank's rows of all of them together.
   int64_t microbatches;
+  // Null for CPU programs.
+  const DeviceHooks *device;
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup

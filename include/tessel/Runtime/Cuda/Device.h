@@ -1,0 +1,129 @@
+//===- Device.h - GPU state and NCCL collectives of a CUDA rank -*- C++ -*-===//
+//
+// A CUDA rank program is launched like a CPU one (mpirun, one process per
+// GPU). MPI starts the job and checks the mesh (tessel/Runtime/Comm.h); the
+// data of the step then moves with NCCL:
+//
+//   - the GPU is chosen by the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK,
+//     SLURM_LOCALID or LOCAL_RANK, else the global rank modulo the GPUs);
+//   - a world NCCL communicator from a unique id broadcast over MPI, and one
+//     communicator per mesh-axis set the program uses, split from it
+//     (ncclCommSplit) at start, in the same order on every rank;
+//   - a compute stream (kernels, GEMMs) and a communication stream
+//     (collectives). A collective waits for the compute stream with an event;
+//     blocking collectives make the compute stream wait for them; started
+//     ones (allReduceSumStart) let backward go on until commWait;
+//   - every NCCL call is checked; a watchdog thread turns a collective that
+//     has not completed after TESSEL_NCCL_TIMEOUT seconds (default 600) or
+//     an asynchronous NCCL error into a clear error naming the collective,
+//     its axes, its size and the rank, then aborts the communicators and
+//     the job.
+//
+// Element counting is the CPU runtime's (tessel::rt::collectiveCounter), so
+// --comm-report works unchanged.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_CUDA_DEVICE_H
+#define TESSEL_RUNTIME_CUDA_DEVICE_H
+
+#include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/Cuda/Kernels.h"
+#include "tessel/Runtime/Program.h"
+
+#include <cstdint>
+
+namespace tessel::cuda {
+
+//===--- Collectives (Comm.cu) --------------------------------------------===//
+// Same contracts as tessel::rt's MPI collectives, on device buffers of
+// float, bf16 or double; a one-rank group copies or does nothing.
+
+template <typename T> void allReduceSum(T *buffer, int64_t n, unsigned axes);
+void allReduceMax(float *buffer, int64_t n, unsigned axes);
+template <typename T>
+void allGatherAlong(const T *in, T *out, int64_t outer, int64_t len,
+                    int64_t inner, unsigned axes);
+template <typename T>
+void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
+                        int64_t inner, unsigned axes);
+// in: g blocks of n elements, block j goes to group rank j; out: g blocks,
+// block j came from group rank j.
+template <typename T>
+void allToAll(const T *in, T *out, int64_t n, unsigned axes);
+template <typename T>
+void broadcast(T *buffer, int64_t n, int root, unsigned axes);
+
+// Non-blocking all-reduce on the communication stream; commWait makes the
+// compute stream wait for it.
+using CommRequest = int;
+template <typename T>
+CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes);
+void commWait(CommRequest request);
+
+// Pipeline point-to-point along pp (peer = pp coordinate + offset; other
+// axes are an error). NCCL matches the messages between two ranks in issue
+// order, without tags, so each direction has a channel of its own (an NCCL
+// communicator over the pp groups and a stream): UP carries data to a
+// higher coordinate (sendTo with offset > 0, recvFrom with offset < 0),
+// DOWN data to a lower one. On a channel a pair of ranks has one sender and
+// one receiver, and the two directions never wait for each other.
+//
+// sendTo copies `buffer` into a send buffer on the compute stream (the
+// caller may overwrite it right after the call) and queues the send.
+// flushSends issues the queued sends sorted by `order` (a stable sort),
+// each on its channel after the compute stream's work so far. `order` is
+// the position at which the receiver receives the message, so that both
+// sides of a pair issue its messages in the same order; the emitted program
+// flushes at the end of each forward or backward step. recvFrom issues the
+// receive on its channel right away, after the compute stream's work so
+// far, and the compute stream waits for the data before its next kernel.
+// waitSends flushes what is still queued, then makes the compute stream
+// wait until every send issued since the last call has completed; the send
+// buffers are reused only after it (it is called once per step).
+//
+// Operations between beginP2P() and endP2P() form one NCCL group, which may
+// span both channels: the receives issued in it and the sends flushSends
+// issues in it, or that are still queued at endP2P, start together at
+// endP2P. Outside a group each operation is its own. No collective and no
+// waitSends inside a group.
+void beginP2P();
+void endP2P();
+template <typename T>
+void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
+            int64_t order);
+void flushSends();
+template <typename T>
+void recvFrom(T *buffer, int64_t n, rt::MeshAxis axis, int offset);
+void waitSends();
+
+//===--- Device state (Device.cu) -----------------------------------------===//
+
+// What the runtime allocates once, at start, in device memory.
+struct DeviceBuffers {
+  bf16 *paramShadow = nullptr; // bf16 copy of the parameters (bf16 programs)
+  char *scratch = nullptr;     // attention / cross-entropy scratch
+  float *scalars = nullptr;    // 16 floats: loss accumulators, norms
+  double *normAcc = nullptr;   // 16 doubles: squared-norm partial sums
+};
+const DeviceBuffers &deviceBuffers();
+
+// What a generated CUDA program adds to its Program.
+struct DeviceProgram {
+  bool bf16 = false;           // train.precision
+  int64_t scratchBytes = 0;    // largest attention / cross-entropy scratch
+  int cudaArch = 90;           // the arch the program was built for
+  // Axis sets (masks) that collectives of this program run over.
+  const unsigned *commAxes = nullptr;
+  int numCommAxes = 0;
+};
+
+// The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
+const rt::DeviceHooks *deviceHooks(const DeviceProgram &program);
+
+// Copies the step's loss and global norm (device scalars) into ctx after the
+// step's work has finished; called at the end of the generated step.
+void finishStep(rt::StepContext &ctx, const float *loss, const float *norm);
+
+} // namespace tessel::cuda
+
+#endif // TESSEL_RUNTIME_CUDA_DEVICE_H

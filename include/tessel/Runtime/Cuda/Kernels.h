@@ -1,0 +1,236 @@
+//===- Kernels.h - CUDA kernels of the Tessel runtime -----------*- C++ -*-===//
+//
+// Every kernel a program generated for `--target cuda` calls. The functions
+// are host-side launchers: pointers are device pointers, work is enqueued on
+// the compute stream (computeStream()) and nothing synchronises. Semantics
+// are those of the CPU kernels of the same name (tessel/Runtime/Kernels.h),
+// which are the reference every CUDA kernel is tested against.
+//
+// Storage types. Activations are `float` (train.precision "fp32") or `bf16`
+// ("bf16"); parameters are fp32 master weights, read by matmuls through a
+// bf16 shadow copy in bf16 mode; gradients of parameters, optimizer state,
+// losses and norms are fp32. Each pointer argument of a kernel template is
+// therefore a type parameter of its own; the library instantiates every
+// combination of float and bf16 (see Instantiate.cuh). Whatever the storage
+// type, arithmetic is fp32 and reductions accumulate in fp32 (or fp64 where
+// the CPU kernel uses double).
+//
+// Each kernel family lives in one file under lib/Runtime/Cuda/.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_RUNTIME_CUDA_KERNELS_H
+#define TESSEL_RUNTIME_CUDA_KERNELS_H
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace tessel::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// The stream every kernel and GEMM is enqueued on.
+cudaStream_t computeStream();
+
+// Throws std::runtime_error naming `what`, the file and the line when
+// `status` is an error. Kernel launches are checked with
+// checkCuda(cudaGetLastError(), ...).
+void checkCuda(cudaError_t status, const char *what, const char *file,
+               int line);
+#define TESSEL_CUDA_CHECK(call)                                                \
+  ::tessel::cuda::checkCuda((call), #call, __FILE__, __LINE__)
+
+//===--- Gemm.cu: cuBLASLt ------------------------------------------------===//
+
+// C[b] = opA(A[b]) * opB(B[b]) (+ C[b] when accumulate), exactly the CPU
+// matmul's contract (row-major, strides in elements, stride 0 broadcasts).
+// bf16 operands multiply with fp32 accumulation; A and B have one type.
+template <typename TA, typename TB, typename TC>
+void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
+            int64_t N, int64_t K, bool transA, bool transB, int64_t strideA,
+            int64_t strideB, int64_t strideC, bool accumulate = false);
+
+// Fused epilogue (cuBLASLt CUBLASLT_EPILOGUE_BIAS / GELU_AUX_BIAS):
+// out = A * opB(B) + bias (row broadcast), and when `gelu` is non-null it
+// receives gelu_tanh(out) while `out` keeps the pre-activation (which the
+// GELU backward reads). A is [M, K] row-major, no batch.
+template <typename TA, typename TB, typename TC>
+void matmulBias(const TA *A, const TB *B, const float *bias, TC *out,
+                TC *gelu, int64_t M, int64_t N, int64_t K, bool transB);
+
+//===--- Elementwise.cu ---------------------------------------------------===//
+
+template <typename TA, typename TB, typename TO>
+void addBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb);
+template <typename TA, typename TB, typename TO>
+void mulBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb);
+// Column sums in fp32, deterministic (a fixed reduction tree).
+template <typename TI, typename TO>
+void reduceSumLeading(const TI *x, TO *out, int64_t rows, int64_t cols);
+template <typename TI, typename TO>
+void scale(const TI *x, TO *out, int64_t n, float s);
+template <typename TI, typename TO>
+void geluForward(const TI *x, TO *out, int64_t n);
+template <typename TI, typename TG, typename TO>
+void geluBackward(const TI *x, const TG *dout, TO *dx, int64_t n);
+template <typename TI, typename TO>
+void siluForward(const TI *x, TO *out, int64_t n);
+template <typename TI, typename TG, typename TO>
+void siluBackward(const TI *x, const TG *dout, TO *dx, int64_t n);
+// Fused SwiGLU: out = silu(gate) * up; when `siluOut` is non-null it also
+// receives silu(gate) (which the backward of the product reads).
+template <typename TI, typename TO>
+void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
+                   int64_t n);
+template <typename TI, typename TO>
+void copy(const TI *x, TO *out, int64_t n);
+template <typename TO> void fill(TO *out, int64_t n, float value);
+
+// out = permute(x, perm); shape and perm are host arrays of `rank` entries.
+template <typename TI, typename TO>
+void transpose(const TI *x, TO *out, const int64_t *shape, const int64_t *perm,
+               int rank);
+template <typename TI, typename TO>
+void sliceAxis(const TI *x, TO *out, int64_t outer, int64_t srcAxis,
+               int64_t inner, int64_t start, int64_t len);
+template <typename TI, typename TO>
+void insertAxis(const TI *x, TO *out, int64_t outer, int64_t dstAxis,
+                int64_t inner, int64_t start, int64_t len);
+
+// Embedding lookups. The backward is deterministic: each table entry sums
+// its contributions in ascending i, in fp32 (the CPU's order).
+template <typename TT, typename TO>
+void embeddingForward(const TT *table, const int32_t *ids, TO *out, int64_t n,
+                      int64_t V, int64_t C);
+template <typename TG, typename TO>
+void embeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
+                       int64_t n, int64_t V, int64_t C);
+// Vocab-parallel variants: this rank holds rows [vStart, vStart + Vl).
+template <typename TT, typename TO>
+void embeddingForwardRange(const TT *table, const int32_t *ids, TO *out,
+                           int64_t n, int64_t vStart, int64_t Vl, int64_t C);
+template <typename TG, typename TO>
+void embeddingBackwardRange(const int32_t *ids, const TG *dout, TO *dtable,
+                            int64_t n, int64_t vStart, int64_t Vl, int64_t C);
+
+// Gradient accumulation over microbatches: acc = src when `first`, else
+// acc += src (fp32 accumulator).
+template <typename TI>
+void accumulateInto(const TI *src, float *acc, int64_t n, bool first);
+
+//===--- Rope.cu ----------------------------------------------------------===//
+
+template <typename TI, typename TO>
+void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
+          double theta, bool inverse);
+
+//===--- Softmax.cu -------------------------------------------------------===//
+
+template <typename TI, typename TO>
+void softmaxForward(const TI *x, TO *out, int64_t rows, int64_t cols);
+template <typename TY, typename TG, typename TO>
+void softmaxBackward(const TY *y, const TG *dy, TO *dx, int64_t rows,
+                     int64_t cols);
+
+//===--- Norms.cu: fused residual add + LayerNorm / RMSNorm ---------------===//
+
+// LayerNorm over the last dimension (biased variance), w and b fp32.
+template <typename TI, typename TO>
+void layerNormForward(const TI *x, const float *w, const float *b, TO *out,
+                      int64_t rows, int64_t C, double eps);
+// Fused residual add: sum = a + r is written (the residual stream goes on),
+// and out = LayerNorm(sum). A row of a and r is read completely before that
+// row of out is written, so out may be a or r (exactly), never sum.
+template <typename TA, typename TR, typename TO>
+void addLayerNormForward(const TA *a, const TR *r, TO *sum, const float *w,
+                         const float *b, TO *out, int64_t rows, int64_t C,
+                         double eps);
+// Recomputes the statistics from x. dw and db are written (not accumulated),
+// reduced over rows in a fixed order in fp32.
+template <typename TI, typename TG, typename TO>
+void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
+                       float *dw, float *db, int64_t rows, int64_t C,
+                       double eps);
+template <typename TI, typename TO>
+void rmsNormForward(const TI *x, const float *w, TO *out, int64_t rows,
+                    int64_t C, double eps);
+template <typename TA, typename TR, typename TO>
+void addRmsNormForward(const TA *a, const TR *r, TO *sum, const float *w,
+                       TO *out, int64_t rows, int64_t C, double eps);
+template <typename TI, typename TG, typename TO>
+void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
+                     float *dw, int64_t rows, int64_t C, double eps);
+
+//===--- Attention.cu: flash attention ------------------------------------===//
+
+// Causal (when causal) attention, q/out [B, T, H, D], k/v [B, T, Hkv, D],
+// scale 1/sqrt(D), never materialising the T x T scores (tiles of queries
+// and keys in shared memory, online softmax). D <= 128.
+template <typename T>
+void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
+                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
+                      bool causal);
+// Recomputes the forward (output and row log-sum-exp) into `scratch`, then
+// the flash-attention backward. dk and dv of a KV head shared by several
+// query heads are summed in fp32. `scratch` must hold
+// attentionScratchBytes(...) bytes.
+template <typename T>
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
+                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+                       int64_t Hkv, int64_t D, bool causal, void *scratch);
+int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                              int64_t D, int elementBytes);
+
+//===--- CrossEntropy.cu: fused softmax + cross-entropy -------------------===//
+
+// loss[0] = mean over rows of logsumexp(logits[r]) - logits[r, target[r]],
+// one pass over each row (online max and sum), fp32 statistics.
+template <typename TL>
+void crossEntropyForward(const TL *logits, const int32_t *targets, float *loss,
+                         int64_t rows, int64_t V);
+// dlogits = dloss[0] * (softmax - onehot) / rows.
+template <typename TL, typename TO>
+void crossEntropyBackward(const TL *logits, const int32_t *targets,
+                          const float *dloss, TO *dlogits, int64_t rows,
+                          int64_t V);
+// Over a vocabulary shard: this rank holds columns [vStart, vStart + Vl);
+// row statistics are combined over `axes` with NCCL all-reduces (max, then
+// sum of exponentials and target logit). `scratch` holds
+// crossEntropyScratchBytes(rows) bytes.
+template <typename TL>
+void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
+                                      float *loss, int64_t rows, int64_t Vl,
+                                      int64_t vStart, unsigned axes,
+                                      void *scratch);
+template <typename TL, typename TO>
+void crossEntropyVocabParallelBackward(const TL *logits,
+                                       const int32_t *targets,
+                                       const float *dloss, TO *dlogits,
+                                       int64_t rows, int64_t Vl,
+                                       int64_t vStart, unsigned axes,
+                                       void *scratch);
+int64_t crossEntropyScratchBytes(int64_t rows);
+
+//===--- Optimizer.cu -----------------------------------------------------===//
+
+// acc[0] += sum of x^2 (fp64), deterministic.
+template <typename TI>
+void sumSquaresInto(const TI *x, int64_t n, double *acc);
+// out[0] = sqrt(acc[0] + ... + acc[parts - 1]) (fp32): the global norm from
+// its partial sums (one per set of mesh axes the gradients are split over).
+void sqrtInto(const double *acc, int parts, float *out);
+// One AdamW step as torch.optim.AdamW on fp32 master weights p; the clip
+// coefficient min(1, maxNorm / (norm[0] + 1e-6)) is computed on the device
+// from the global norm (maxNorm <= 0: no clipping). When `shadow` is
+// non-null it receives bf16(p) for the next step's matmuls.
+void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
+                 int64_t n, float lr, float beta1, float beta2, float eps,
+                 float weightDecay, int64_t step, const float *norm,
+                 float maxNorm);
+// Loss accumulation over microbatches on the device: acc[0] = x[0] when
+// `first`, else acc[0] += x[0].
+void scalarAccumulate(const float *x, float *acc, bool first);
+
+} // namespace tessel::cuda
+
+#endif // TESSEL_RUNTIME_CUDA_KERNELS_H

@@ -1,0 +1,1170 @@
+//===- Comm.cu - NCCL collectives over mesh axes --------------------------===//
+//
+// The CUDA counterpart of Comm.cpp, with the same contracts on device
+// buffers (see tessel/Runtime/Cuda/Device.h).
+//
+// Communicators. MPI has started the job and placed every rank on the mesh
+// (tessel/Runtime/Comm.h). At start, rank 0 creates an NCCL unique id and
+// broadcasts it over MPI_COMM_WORLD to build a world communicator; every
+// axis set is then split off it with ncclCommSplit: the color numbers the
+// rank's coordinates on the axes outside the set (equal exactly for the
+// ranks of one group) and the key is rt::groupRank, so NCCL ranks follow the
+// group order of the CPU runtime. As in Comm.cpp an axis set is first
+// reduced to its axes of size > 1, and a group of one rank has no
+// communicator: its collectives copy or do nothing. The sets split are the
+// program's DeviceProgram::commAxes, united over all ranks with an
+// MPI_Allreduce: each split is collective over the world, and the pipeline
+// stages are different programs whose lists may differ. Splits run in
+// increasing mask order.
+//
+// Point-to-point channels. Point-to-point runs along pp only, on two more
+// communicators over the pp groups (split after the axis sets, with the pp
+// set's color and key, so NCCL rank = pp coordinate) and two streams of
+// their own: channel UP carries data going to a higher pp coordinate
+// (sendTo with offset > 0, recvFrom with offset < 0), channel DOWN data
+// going to a lower one. NCCL matches the messages between two ranks of a
+// communicator in issue order, without tags; on a channel every pair of
+// ranks has one sender and one receiver, so the messages match as long as
+// both sides issue them in the same order, and traffic in one direction
+// never waits behind traffic in the other (one stream carrying both can
+// deadlock in 1F1B: each rank blocked in a send to the other). sendTo
+// copies the data into a send buffer on the compute stream and queues the
+// send; flushSends issues the queued sends sorted by their `order` (the
+// position at which the receiver receives them), so that the sender's
+// issue order is the receiver's.
+//
+// Ordering. Collectives run on the communication stream. Each one first
+// makes that stream wait for the compute stream (an event), so it sees
+// every kernel enqueued before it; a blocking collective then makes the
+// compute stream wait for its completion event, while allReduceSumStart
+// leaves that to commWait, letting backward go on meanwhile. Point-to-point
+// operations do the same on their channel's stream: a receive makes the
+// compute stream wait for it, sends are waited for by waitSends.
+//
+// Watchdog. Every operation's completion event goes into an in-flight list
+// of its stream (the communication stream or a channel's) that a
+// background thread polls every 100 ms, together with each communicator's
+// asynchronous error state. An operation still pending after
+// TESSEL_NCCL_TIMEOUT seconds (default 600; counted from when the one
+// before it on its stream completed), or an asynchronous NCCL error, is
+// reported as one line naming the operation, its axes or peer, its size and
+// the rank; the thread then aborts the communicators and the job, so that
+// no rank waits forever. Completed entries give their event back to a pool
+// created at start.
+//
+// Counting uses the CPU runtime's counters (rt::collectiveCounter) with the
+// same elements and textbook volumes (tessel/Runtime/CommVolume.h), at the
+// width of the element type, so --comm-report works unchanged.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+#include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/CommVolume.h"
+#include "tessel/Runtime/Cuda/Device.h"
+
+// Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessel::cuda {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rt::CollectiveKind;
+
+constexpr unsigned kNumAxisSets = 1u << rt::kNumMeshAxes;
+constexpr unsigned kAllAxes = kNumAxisSets - 1;
+// Events the watchdog pool starts with; it grows if more are in flight.
+constexpr int kInitialEvents = 256;
+
+// The axis point-to-point runs along, and its channels (see the top).
+constexpr rt::MeshAxis kP2PAxis = rt::AxisPP;
+enum Channel : int { kUp = 0, kDown = 1, kNumChannels = 2 };
+// The streams the watchdog follows: each runs its operations in order.
+enum Queue : int { kCommQueue = 0, kUpQueue = 1, kDownQueue = 2, kNumQueues };
+constexpr Queue queueOf(Channel channel) {
+  return channel == kUp ? kUpQueue : kDownQueue;
+}
+
+// One enqueued operation, as the watchdog sees it.
+struct InFlight {
+  // A collective ("all_reduce"), a point-to-point operation ("send to",
+  // "recv from", with `offset`) or a beginP2P/endP2P group on one channel.
+  enum Kind { Collective, PointToPoint, Group } kind;
+  const char *name;
+  unsigned axes;
+  int offset;
+  int64_t elements;
+  cudaEvent_t done;
+  Clock::time_point since; // enqueued, or when the one before it completed
+};
+
+// A device buffer that sends copy their data into (see sendTo).
+struct SendBuffer {
+  void *data;
+  size_t bytes;
+};
+
+// A send that sendTo has queued for flushSends.
+struct QueuedSend {
+  int64_t order;
+  const void *data; // its send buffer
+  size_t count;
+  ncclDataType_t type;
+  int peer;
+  int offset;
+  Channel channel;
+};
+
+// A point-to-point channel: its communicator over the pp group and its
+// stream.
+struct P2PChannel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  // Sends issued on the stream since the last waitSends; sendsDone is
+  // recorded on the stream by waitSends.
+  bool sendsPending = false;
+  cudaEvent_t sendsDone = nullptr;
+  // What the open beginP2P group enqueued on this channel.
+  bool groupUsed = false;
+  bool groupHasRecv = false;
+  int64_t groupElements = 0;
+};
+
+struct CommState {
+  bool started = false;
+  int device = 0;
+  ncclComm_t world = nullptr;
+  ncclComm_t comms[kNumAxisSets] = {}; // by effective axis mask
+  // Recorded on the compute stream whenever the communication stream or a
+  // channel's stream must catch up with it; a wait captures the event's
+  // state when it is issued, so one event serves every operation.
+  cudaEvent_t computeReady = nullptr;
+
+  // Staging of allGatherAlong / reduceScatterAlong with outer > 1: grown to
+  // the largest collective the first time it runs, so only the first step
+  // allocates.
+  void *staging = nullptr;
+  size_t stagingBytes = 0;
+
+  // allReduceSumStart: one completion event per request slot, owned by the
+  // slot (a pooled event may be recorded again before commWait).
+  std::vector<cudaEvent_t> requestEvents;
+  std::vector<bool> requestInUse;
+  std::vector<bool> requestHasWork;
+
+  // Point-to-point.
+  P2PChannel channels[kNumChannels];
+  bool inGroup = false;
+  // Sends queued by sendTo until flushSends.
+  std::vector<QueuedSend> queuedSends;
+  // Sends copy their data here, in order, one buffer per send since the
+  // last waitSends; the schedule repeats every step, so after the first
+  // step the buffers are reused as they are.
+  std::vector<SendBuffer> sendBuffers;
+  size_t nextSendBuffer = 0;
+
+  // Watchdog; `mutex` guards everything below.
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<InFlight> inFlight[kNumQueues]; // by Queue
+  std::vector<cudaEvent_t> eventPool;
+  std::thread watchdog;
+  bool stopWatchdog = false;
+  double timeoutSeconds = 600;
+  std::string failure;
+};
+
+// Never destroyed: the watchdog thread may still run while the process
+// exits after an error.
+CommState &state() {
+  static CommState *s = new CommState;
+  return *s;
+}
+
+void check(cudaError_t status, const char *what) {
+  checkCuda(status, what, __FILE__, __LINE__);
+}
+
+// "dp", "dp+tp": axis sets in messages.
+std::string axesName(unsigned axes) {
+  std::string text;
+  for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
+    if (axes & (1u << axis))
+      text += std::string(text.empty() ? "" : "+") + rt::meshAxisName(axis);
+  return text.empty() ? "no axes" : text;
+}
+
+// `axes` restricted to the axes of size > 1: equal masks mean equal groups.
+unsigned effectiveAxes(unsigned axes) {
+  unsigned effective = 0;
+  for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
+    if ((axes & (1u << axis)) && rt::meshSize((rt::MeshAxis)axis) > 1)
+      effective |= 1u << axis;
+  return effective;
+}
+
+void checkAxes(unsigned axes, const char *what) {
+  if (axes == 0 || (axes & ~kAllAxes))
+    throw std::runtime_error(std::string(what) + " called with invalid axes " +
+                             std::to_string(axes));
+}
+
+void checkCount(int64_t n, const char *what) {
+  if (n < 0)
+    throw std::runtime_error(std::string(what) +
+                             " of a negative element count " +
+                             std::to_string(n));
+}
+
+template <typename T> ncclDataType_t ncclType();
+template <> ncclDataType_t ncclType<float>() { return ncclFloat32; }
+template <> ncclDataType_t ncclType<bf16>() { return ncclBfloat16; }
+template <> ncclDataType_t ncclType<double>() { return ncclFloat64; }
+
+// Every NCCL call: an error names the collective, its axes and size, and the
+// rank, with NCCL's own explanation.
+void checkNccl(ncclResult_t result, const char *collective, unsigned axes,
+               int64_t elements) {
+  if (result == ncclSuccess)
+    return;
+  std::string detail = ncclGetLastError(nullptr);
+  throw std::runtime_error(
+      std::string("NCCL ") + collective + " over " + axesName(axes) + " (" +
+      std::to_string(elements) + " elements) failed on rank " +
+      std::to_string(rt::commRank()) + ": " + ncclGetErrorString(result) +
+      (detail.empty() ? "" : " (" + detail + ")"));
+}
+
+// NCCL calls that set communicators up or group others.
+void checkNcclCall(ncclResult_t result, const char *call) {
+  if (result == ncclSuccess)
+    return;
+  std::string detail = ncclGetLastError(nullptr);
+  throw std::runtime_error(std::string(call) + " failed on rank " +
+                           std::to_string(rt::commRank()) + ": " +
+                           ncclGetErrorString(result) +
+                           (detail.empty() ? "" : " (" + detail + ")"));
+}
+
+void checkMpi(int result, const char *what) {
+  if (result == MPI_SUCCESS)
+    return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(result, text, &length);
+  throw std::runtime_error(std::string(what) +
+                           " failed: " + std::string(text, length));
+}
+
+// Adds one call to the CPU runtime's counter of `kind`. Comm.h hands the
+// counters out read-only; they are ordinary mutable objects, so writing
+// through the reference is well defined, and keeps one set of counters for
+// --comm-report whichever runtime communicates.
+void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
+  auto &counter =
+      const_cast<rt::CollectiveCounter &>(rt::collectiveCounter(kind));
+  counter.calls += 1;
+  counter.elements += elements;
+  counter.bytesSent += bytesSent;
+}
+
+// The communicator of the group `axes` spans, or null for a group of one.
+ncclComm_t commFor(unsigned axes, const char *collective) {
+  if (rt::groupSize(axes) == 1)
+    return nullptr;
+  ncclComm_t comm = state().comms[effectiveAxes(axes)];
+  if (!comm)
+    throw std::runtime_error(
+        std::string(collective) + " over " + axesName(axes) +
+        " has no NCCL communicator: " +
+        (state().started
+             ? "the axis set is missing from DeviceProgram::commAxes"
+             : "the device was not started"));
+  return comm;
+}
+
+//===--- Stream ordering and the watchdog's list ---------------------------===//
+
+cudaEvent_t newEvent() {
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+        "cudaEventCreateWithFlags");
+  return event;
+}
+
+// `stream` waits for everything enqueued so far on the compute stream.
+void afterCompute(cudaStream_t stream) {
+  CommState &s = state();
+  check(cudaEventRecord(s.computeReady, computeStream()), "cudaEventRecord");
+  check(cudaStreamWaitEvent(stream, s.computeReady, 0), "cudaStreamWaitEvent");
+}
+
+void commAfterCompute() { afterCompute(detail::commStream()); }
+
+// Records the completion of what was just enqueued on `stream`, the stream
+// of `queue`, and hands `entry` to the watchdog. With `computeWaits`, the
+// compute stream waits for it (before the watchdog may recycle the event).
+void operationEnqueued(Queue queue, cudaStream_t stream, InFlight entry,
+                       bool computeWaits) {
+  CommState &s = state();
+  cudaEvent_t done;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.eventPool.empty()) {
+      done = newEvent();
+    } else {
+      done = s.eventPool.back();
+      s.eventPool.pop_back();
+    }
+  }
+  check(cudaEventRecord(done, stream), "cudaEventRecord");
+  if (computeWaits)
+    check(cudaStreamWaitEvent(computeStream(), done, 0),
+          "cudaStreamWaitEvent");
+  entry.done = done;
+  entry.since = Clock::now();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.inFlight[queue].push_back(entry);
+}
+
+// The same for a collective on the communication stream.
+void collectiveEnqueued(const char *name, unsigned axes, int64_t elements,
+                        bool computeWaits) {
+  operationEnqueued(kCommQueue, detail::commStream(),
+                    {InFlight::Collective, name, axes, 0, elements, nullptr,
+                     Clock::time_point()},
+                    computeWaits);
+}
+
+void checkNotInGroup(const char *collective) {
+  if (state().inGroup)
+    throw std::runtime_error(std::string(collective) +
+                             " between beginP2P() and endP2P()");
+}
+
+// Runs `enqueue` (NCCL calls on the communication stream) as a blocking
+// collective: after the compute stream's work, before its next kernel.
+template <typename Enqueue>
+void blockingCollective(const char *name, unsigned axes, int64_t elements,
+                        Enqueue enqueue) {
+  checkNotInGroup(name);
+  commAfterCompute();
+  enqueue();
+  collectiveEnqueued(name, axes, elements, /*computeWaits=*/true);
+}
+
+template <typename T>
+void copyOnCompute(T *out, const T *in, int64_t n) {
+  if (out != in && n > 0)
+    check(cudaMemcpyAsync(out, in, (size_t)n * sizeof(T),
+                          cudaMemcpyDeviceToDevice, computeStream()),
+          "cudaMemcpyAsync");
+}
+
+// The staging buffer, grown to `bytes` if smaller. Every collective that
+// uses it is blocking and its unpacking runs on the compute stream, so
+// waiting for the device makes the old buffer free.
+void *staging(size_t bytes) {
+  CommState &s = state();
+  if (bytes > s.stagingBytes) {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (s.staging)
+      check(cudaFree(s.staging), "cudaFree");
+    s.staging = nullptr;
+    s.stagingBytes = 0;
+    check(cudaMalloc(&s.staging, bytes), "cudaMalloc (collective staging)");
+    s.stagingBytes = bytes;
+  }
+  return s.staging;
+}
+
+//===--- Watchdog ----------------------------------------------------------===//
+
+// Reports `message` as this rank's fatal error, aborts the communicators (so
+// that kernels blocked in a collective return) and then the job.
+[[noreturn]] void abortJob(const std::string &message) {
+  CommState &s = state();
+  std::fflush(stdout);
+  std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(),
+               message.c_str());
+  std::fflush(stderr);
+  for (unsigned axes = 0; axes < kNumAxisSets; axes++)
+    if (s.comms[axes])
+      ncclCommAbort(s.comms[axes]);
+  for (P2PChannel &channel : s.channels)
+    if (channel.comm)
+      ncclCommAbort(channel.comm);
+  if (s.world)
+    ncclCommAbort(s.world);
+  rt::commAbort(1);
+}
+
+// "collective all_reduce over dp (4096 elements)", "send to pp+1 (4096
+// elements)".
+std::string describeOperation(const InFlight &f) {
+  std::string size = " (" + std::to_string(f.elements) + " elements)";
+  switch (f.kind) {
+  case InFlight::Collective:
+    return std::string("collective ") + f.name + " over " + axesName(f.axes) +
+           size;
+  case InFlight::PointToPoint:
+    return std::string(f.name) + " " + axesName(f.axes) +
+           (f.offset > 0 ? "+" : "") + std::to_string(f.offset) + size;
+  case InFlight::Group:
+    break;
+  }
+  return std::string(f.name) + size;
+}
+
+// One poll: recycles completed operations and returns a failure message,
+// or an empty string. Called with the mutex held.
+std::string pollCollectives(CommState &s) {
+  Clock::time_point now = Clock::now();
+  for (std::deque<InFlight> &inFlight : s.inFlight) {
+    while (!inFlight.empty()) {
+      InFlight &oldest = inFlight.front();
+      cudaError_t status = cudaEventQuery(oldest.done);
+      if (status == cudaSuccess) {
+        s.eventPool.push_back(oldest.done);
+        inFlight.pop_front();
+        // A stream runs its operations in order: the next one could not
+        // start before this one completed.
+        if (!inFlight.empty())
+          inFlight.front().since = std::max(inFlight.front().since, now);
+        continue;
+      }
+      if (status != cudaErrorNotReady)
+        return describeOperation(oldest) + " failed: " +
+               cudaGetErrorString(status);
+      double waited =
+          std::chrono::duration<double>(now - oldest.since).count();
+      if (waited > s.timeoutSeconds) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%.0f", waited);
+        return describeOperation(oldest) + " has not completed after " +
+               seconds +
+               " s (a rank died or the ranks disagree on the schedule)";
+      }
+      break;
+    }
+  }
+  // The asynchronous error of `comm`, whose operations run on the stream of
+  // `queue`, or an empty string.
+  auto asyncFailure = [&](ncclComm_t comm, Queue queue) -> std::string {
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
+        async == ncclSuccess || async == ncclInProgress)
+      return "";
+    std::string detail = ncclGetLastError(comm);
+    std::string message = std::string(ncclGetErrorString(async)) +
+                          (detail.empty() ? "" : " (" + detail + ")");
+    if (!s.inFlight[queue].empty())
+      message +=
+          ", waiting for " + describeOperation(s.inFlight[queue].front());
+    return message;
+  };
+  for (unsigned axes = 0; axes < kNumAxisSets; axes++) {
+    if (!s.comms[axes])
+      continue;
+    std::string failure = asyncFailure(s.comms[axes], kCommQueue);
+    if (!failure.empty())
+      return "NCCL reported an error on the communicator over " +
+             axesName(axes) + ": " + failure;
+  }
+  for (int c = 0; c < kNumChannels; c++) {
+    if (!s.channels[c].comm)
+      continue;
+    std::string failure = asyncFailure(s.channels[c].comm, queueOf((Channel)c));
+    if (!failure.empty())
+      return std::string("NCCL reported an error on the ") +
+             rt::meshAxisName(kP2PAxis) + (c == kUp ? " up" : " down") +
+             " channel's communicator: " + failure;
+  }
+  return "";
+}
+
+void watchdogLoop() {
+  CommState &s = state();
+  // Events and communicators belong to this device's context.
+  cudaSetDevice(s.device);
+  std::unique_lock<std::mutex> lock(s.mutex);
+  while (!s.stopWatchdog) {
+    s.wake.wait_for(lock, std::chrono::milliseconds(100));
+    if (s.stopWatchdog)
+      break;
+    std::string failure = pollCollectives(s);
+    if (!failure.empty()) {
+      s.failure = failure;
+      lock.unlock();
+      abortJob(failure);
+    }
+  }
+}
+
+double timeoutFromEnvironment() {
+  const char *text = std::getenv("TESSEL_NCCL_TIMEOUT");
+  if (!text)
+    return 600;
+  char *end = nullptr;
+  double seconds = std::strtod(text, &end);
+  if (!*text || *end || !std::isfinite(seconds) || seconds <= 0)
+    throw std::runtime_error(
+        std::string("TESSEL_NCCL_TIMEOUT expects a positive number of "
+                    "seconds, got '") +
+        text + "'");
+  return seconds;
+}
+
+//===--- Layout of collectives along a dimension ---------------------------===//
+
+// blocks [g, outer, len, inner] (NCCL's rank-major layout) and a tensor
+// [outer, g * len, inner]; `piece` is len * inner. Copies blocks into the
+// tensor, or the tensor into blocks with `toBlocks`.
+template <typename T>
+__global__ void regroupKernel(const T *src, T *dst, int64_t g, int64_t outer,
+                              int64_t piece, bool toBlocks) {
+  int64_t total = g * outer * piece;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t e = i % piece;
+    int64_t o = (i / piece) % outer;
+    int64_t r = i / (piece * outer);
+    int64_t j = (o * g + r) * piece + e;
+    if (toBlocks)
+      dst[i] = src[j];
+    else
+      dst[j] = src[i];
+  }
+}
+
+template <typename T>
+void regroup(const T *src, T *dst, int64_t g, int64_t outer, int64_t len,
+             int64_t inner, bool toBlocks, cudaStream_t stream) {
+  int64_t total = g * outer * len * inner;
+  if (total == 0)
+    return;
+  regroupKernel<T><<<detail::blocksFor(total), 256, 0, stream>>>(
+      src, dst, g, outer, len * inner, toBlocks);
+  check(cudaGetLastError(), "regroupKernel");
+}
+
+// Peer of a point-to-point call: the coordinate along `axis`, which is also
+// the NCCL rank in the channels' communicators (see Comm.cpp's peerRank for
+// the rules; a peer outside the axis is an error, not a wrap-around).
+int p2pPeer(int64_t n, rt::MeshAxis axis, int offset, const char *what) {
+  if ((int)axis < 0 || (int)axis >= rt::kNumMeshAxes)
+    throw std::runtime_error(std::string(what) + " called with invalid axis " +
+                             std::to_string((int)axis));
+  if (axis != kP2PAxis)
+    throw std::runtime_error(std::string(what) + " along " +
+                             rt::meshAxisName(axis) +
+                             ": the CUDA runtime sends point-to-point only "
+                             "along " +
+                             rt::meshAxisName(kP2PAxis));
+  checkCount(n, what);
+  int64_t coord = rt::meshCoord(axis), size = rt::meshSize(axis);
+  int64_t peer = coord + offset;
+  if (offset == 0 || peer < 0 || peer >= size)
+    throw std::runtime_error(
+        std::string(what) + " along " + rt::meshAxisName(axis) +
+        " with offset " + std::to_string(offset) + " from coordinate " +
+        std::to_string(coord) + ": " +
+        (offset == 0 ? std::string("the peer is this rank itself")
+                     : "no rank has coordinate " + std::to_string(peer) +
+                           " (" + rt::meshAxisName(axis) + " size " +
+                           std::to_string(size) + ")"));
+  return (int)peer;
+}
+
+// The channel of a send or a receive with `offset`: UP carries data to a
+// higher coordinate, DOWN to a lower one.
+Channel channelOf(int offset, bool isRecv) {
+  bool up = isRecv ? offset < 0 : offset > 0;
+  return up ? kUp : kDown;
+}
+
+// The channel, checked to exist (the peer exists, so pp has size > 1 and
+// commStart split the channels unless it did not run).
+P2PChannel &channelFor(Channel channel, const char *what) {
+  P2PChannel &c = state().channels[channel];
+  if (!c.comm || !c.stream)
+    throw std::runtime_error(
+        std::string(what) + " along " + rt::meshAxisName(kP2PAxis) +
+        " has no NCCL channel: " +
+        (state().started ? "the channels were not set up"
+                         : "the device was not started"));
+  return c;
+}
+
+// A send or receive just issued on `channel` (NCCL call made). Outside
+// beginP2P/endP2P it is a group of its own: its completion goes to the
+// watchdog, and a receive blocks the compute stream until the data has
+// arrived, as recvFrom blocks on the CPU; a send is waited for by
+// waitSends. Inside a group, endP2P does this once per channel.
+void p2pEnqueued(Channel channel, bool isRecv, int offset, int64_t n) {
+  CommState &s = state();
+  P2PChannel &c = s.channels[channel];
+  if (!isRecv)
+    c.sendsPending = true;
+  if (s.inGroup) {
+    c.groupUsed = true;
+    c.groupElements += n;
+    c.groupHasRecv |= isRecv;
+    return;
+  }
+  operationEnqueued(queueOf(channel), c.stream,
+                    {InFlight::PointToPoint, isRecv ? "recv from" : "send to",
+                     rt::axisBit(kP2PAxis), offset, n, nullptr,
+                     Clock::time_point()},
+                    /*computeWaits=*/isRecv);
+}
+
+// A send buffer of at least `bytes` for the next send since waitSends.
+void *nextSendBuffer(size_t bytes) {
+  CommState &s = state();
+  if (s.nextSendBuffer == s.sendBuffers.size() ||
+      s.sendBuffers[s.nextSendBuffer].bytes < bytes) {
+    // A new schedule (or the first step): keep the existing buffers, which
+    // later sends of this step may still fit, and add one here.
+    void *data = nullptr;
+    check(cudaMalloc(&data, std::max<size_t>(bytes, 1)),
+          "cudaMalloc (send buffer)");
+    s.sendBuffers.insert(s.sendBuffers.begin() + s.nextSendBuffer,
+                         {data, bytes});
+  }
+  return s.sendBuffers[s.nextSendBuffer++].data;
+}
+
+} // namespace
+
+//===--- Start and stop (called by Device.cu) ------------------------------===//
+
+namespace detail {
+
+void commStart(const DeviceProgram &program, int device) {
+  CommState &s = state();
+  if (s.started)
+    throw std::runtime_error("the NCCL communicators are already set up");
+  s.device = device;
+  s.timeoutSeconds = timeoutFromEnvironment();
+  s.computeReady = newEvent();
+  for (P2PChannel &channel : s.channels)
+    channel.sendsDone = newEvent();
+  for (int i = 0; i < kInitialEvents; i++)
+    s.eventPool.push_back(newEvent());
+  s.started = true;
+
+  // A one-rank mesh never starts MPI and needs no communicator.
+  int worldSize = rt::commWorldSize(), rank = rt::commRank();
+  if (worldSize == 1)
+    return;
+
+  // Bit m: axis set m needs a communicator on some rank.
+  uint32_t wanted = 0;
+  if (program.numCommAxes > 0 && !program.commAxes)
+    throw std::runtime_error("DeviceProgram::commAxes is null");
+  for (int i = 0; i < program.numCommAxes; i++) {
+    unsigned axes = program.commAxes[i];
+    if (axes == 0 || (axes & ~kAllAxes))
+      throw std::runtime_error("DeviceProgram::commAxes holds an invalid axis "
+                               "set " +
+                               std::to_string(axes));
+    wanted |= 1u << effectiveAxes(axes);
+  }
+  wanted &= ~1u; // the empty set: groups of one rank
+  checkMpi(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_UINT32_T, MPI_BOR,
+                         MPI_COMM_WORLD),
+           "MPI_Allreduce");
+
+  ncclUniqueId id;
+  if (rank == 0)
+    checkNcclCall(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  checkMpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD),
+           "MPI_Bcast");
+  checkNcclCall(ncclCommInitRank(&s.world, worldSize, id, rank),
+                "ncclCommInitRank (world)");
+  // A communicator over this rank's group of `axes`.
+  auto split = [&](unsigned axes, ncclComm_t *comm, const std::string &what) {
+    // The ranks of one group agree on every coordinate outside `axes`.
+    int color = 0;
+    for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
+      if (!(axes & (1u << axis)))
+        color = color * (int)rt::meshSize((rt::MeshAxis)axis) +
+                (int)rt::meshCoord((rt::MeshAxis)axis);
+    std::string call = "ncclCommSplit (" + what + ")";
+    checkNcclCall(
+        ncclCommSplit(s.world, color, (int)rt::groupRank(axes), comm, nullptr),
+        call.c_str());
+  };
+  for (unsigned axes = 1; axes < kNumAxisSets; axes++)
+    if (wanted & (1u << axes))
+      split(axes, &s.comms[axes], axesName(axes));
+  // The point-to-point channels, whenever the pipeline has stages: the mesh
+  // is the same on every rank, so every rank splits them, UP then DOWN.
+  if (rt::meshSize(kP2PAxis) > 1)
+    for (int c = 0; c < kNumChannels; c++) {
+      P2PChannel &channel = s.channels[c];
+      split(rt::axisBit(kP2PAxis), &channel.comm,
+            std::string(rt::meshAxisName(kP2PAxis)) +
+                (c == kUp ? " up" : " down") + " channel");
+      check(cudaStreamCreateWithFlags(&channel.stream, cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags (point-to-point channel)");
+    }
+
+  s.stopWatchdog = false;
+  s.watchdog = std::thread(watchdogLoop);
+}
+
+// Called after the compute and communication streams have been
+// synchronised.
+void commStop() {
+  CommState &s = state();
+  if (!s.started)
+    return;
+  // Sends issued since the last waitSends may still run on the channels;
+  // the watchdog still watches them. A failure here is CUDA's sticky error,
+  // which the step has reported already.
+  for (P2PChannel &channel : s.channels)
+    if (channel.stream)
+      cudaStreamSynchronize(channel.stream);
+  if (s.watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.stopWatchdog = true;
+    }
+    s.wake.notify_all();
+    s.watchdog.join();
+  }
+  s.started = false;
+  for (unsigned axes = kNumAxisSets; axes-- > 1;)
+    if (s.comms[axes]) {
+      ncclCommDestroy(s.comms[axes]);
+      s.comms[axes] = nullptr;
+    }
+  for (P2PChannel &channel : s.channels) {
+    if (channel.comm)
+      ncclCommDestroy(channel.comm);
+    if (channel.stream)
+      cudaStreamDestroy(channel.stream);
+    if (channel.sendsDone)
+      cudaEventDestroy(channel.sendsDone);
+    channel = P2PChannel();
+  }
+  if (s.world) {
+    ncclCommDestroy(s.world);
+    s.world = nullptr;
+  }
+  if (s.staging)
+    cudaFree(s.staging);
+  s.staging = nullptr;
+  s.stagingBytes = 0;
+  for (SendBuffer &buffer : s.sendBuffers)
+    cudaFree(buffer.data);
+  s.sendBuffers.clear();
+  s.nextSendBuffer = 0;
+  s.queuedSends.clear();
+  s.inGroup = false;
+  for (std::deque<InFlight> &inFlight : s.inFlight) {
+    for (const InFlight &f : inFlight)
+      cudaEventDestroy(f.done);
+    inFlight.clear();
+  }
+  for (cudaEvent_t event : s.eventPool)
+    cudaEventDestroy(event);
+  s.eventPool.clear();
+  for (cudaEvent_t event : s.requestEvents)
+    cudaEventDestroy(event);
+  s.requestEvents.clear();
+  s.requestInUse.clear();
+  s.requestHasWork.clear();
+  if (s.computeReady)
+    cudaEventDestroy(s.computeReady);
+  s.computeReady = nullptr;
+  s.failure.clear();
+}
+
+// The watchdog's failure message, empty while every collective is fine.
+std::string commFailure() {
+  CommState &s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.failure;
+}
+
+// Between NCCL's rank-major blocks [g, outer, len, inner] and a tensor
+// [outer, g * len, inner], on `stream`.
+template <typename T>
+void blocksToTensor(const T *blocks, T *out, int64_t g, int64_t outer,
+                    int64_t len, int64_t inner, cudaStream_t stream) {
+  regroup(blocks, out, g, outer, len, inner, /*toBlocks=*/false, stream);
+}
+template <typename T>
+void tensorToBlocks(const T *in, T *blocks, int64_t g, int64_t outer,
+                    int64_t len, int64_t inner, cudaStream_t stream) {
+  regroup(in, blocks, g, outer, len, inner, /*toBlocks=*/true, stream);
+}
+
+} // namespace detail
+
+//===--- Collectives -------------------------------------------------------===//
+
+namespace {
+
+template <typename T>
+void allReduce(T *buffer, int64_t n, unsigned axes, ncclRedOp_t op,
+               const char *what) {
+  checkAxes(axes, what);
+  checkCount(n, what);
+  count(CollectiveKind::AllReduce, n,
+        rt::allReduceBytesSent(n, rt::groupSize(axes), sizeof(T)));
+  const char *name = rt::collectiveName(CollectiveKind::AllReduce);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm || n == 0)
+    return;
+  blockingCollective(name, axes, n, [&] {
+    checkNccl(ncclAllReduce(buffer, buffer, (size_t)n, ncclType<T>(), op, comm,
+                            detail::commStream()),
+              name, axes, n);
+  });
+}
+
+} // namespace
+
+template <typename T> void allReduceSum(T *buffer, int64_t n, unsigned axes) {
+  allReduce(buffer, n, axes, ncclSum, "allReduceSum");
+}
+
+void allReduceMax(float *buffer, int64_t n, unsigned axes) {
+  allReduce(buffer, n, axes, ncclMax, "allReduceMax");
+}
+
+template <typename T>
+void allGatherAlong(const T *in, T *out, int64_t outer, int64_t len,
+                    int64_t inner, unsigned axes) {
+  checkAxes(axes, "allGatherAlong");
+  if (outer < 0 || len < 0 || inner < 0)
+    throw std::runtime_error("allGatherAlong of a negative shape");
+  int64_t g = rt::groupSize(axes), n = outer * len * inner;
+  count(CollectiveKind::AllGather, n, rt::allGatherBytesSent(n, g, sizeof(T)));
+  const char *name = rt::collectiveName(CollectiveKind::AllGather);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(out, in, n);
+    return;
+  }
+  if (n == 0)
+    return;
+  T *blocks = outer == 1 ? out : (T *)staging((size_t)(g * n) * sizeof(T));
+  blockingCollective(name, axes, n, [&] {
+    checkNccl(ncclAllGather(in, blocks, (size_t)n, ncclType<T>(), comm,
+                            detail::commStream()),
+              name, axes, n);
+  });
+  if (outer > 1)
+    detail::blocksToTensor(blocks, out, g, outer, len, inner, computeStream());
+}
+
+template <typename T>
+void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
+                        int64_t inner, unsigned axes) {
+  checkAxes(axes, "reduceScatterAlong");
+  if (outer < 0 || len < 0 || inner < 0)
+    throw std::runtime_error("reduceScatterAlong of a negative shape");
+  int64_t g = rt::groupSize(axes), n = outer * len * inner;
+  count(CollectiveKind::ReduceScatter, g * n,
+        rt::reduceScatterBytesSent(n, g, sizeof(T)));
+  const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(out, in, n);
+    return;
+  }
+  if (n == 0)
+    return;
+  const T *blocks = in;
+  if (outer > 1) {
+    T *packed = (T *)staging((size_t)(g * n) * sizeof(T));
+    detail::tensorToBlocks(in, packed, g, outer, len, inner, computeStream());
+    blocks = packed;
+  }
+  blockingCollective(name, axes, g * n, [&] {
+    checkNccl(ncclReduceScatter(blocks, out, (size_t)n, ncclType<T>(), ncclSum,
+                                comm, detail::commStream()),
+              name, axes, g * n);
+  });
+}
+
+template <typename T>
+void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
+  checkAxes(axes, "allToAll");
+  checkCount(n, "allToAll");
+  int64_t g = rt::groupSize(axes);
+  // Each rank keeps one of its g blocks and sends the others.
+  count(CollectiveKind::AllToAll, g * n, (g - 1) * n * (int64_t)sizeof(T));
+  const char *name = rt::collectiveName(CollectiveKind::AllToAll);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(out, in, n);
+    return;
+  }
+  if (n == 0)
+    return;
+  int me = (int)rt::groupRank(axes);
+  cudaStream_t stream = detail::commStream();
+  blockingCollective(name, axes, g * n, [&] {
+    check(cudaMemcpyAsync(out + me * n, in + me * n, (size_t)n * sizeof(T),
+                          cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+    checkNccl(ncclGroupStart(), name, axes, g * n);
+    for (int peer = 0; peer < (int)g; peer++) {
+      if (peer == me)
+        continue;
+      checkNccl(ncclSend(in + peer * n, (size_t)n, ncclType<T>(), peer, comm,
+                         stream),
+                name, axes, g * n);
+      checkNccl(ncclRecv(out + peer * n, (size_t)n, ncclType<T>(), peer, comm,
+                         stream),
+                name, axes, g * n);
+    }
+    checkNccl(ncclGroupEnd(), name, axes, g * n);
+  });
+}
+
+template <typename T>
+void broadcast(T *buffer, int64_t n, int root, unsigned axes) {
+  checkAxes(axes, "broadcast");
+  checkCount(n, "broadcast");
+  int64_t g = rt::groupSize(axes);
+  if (root < 0 || root >= g)
+    throw std::runtime_error("broadcast from group rank " +
+                             std::to_string(root) + " over " + axesName(axes) +
+                             " of " + std::to_string(g) + " ranks");
+  // A chain from the root: every rank but the last one forwards the data.
+  bool last = rt::groupRank(axes) == (root + g - 1) % g;
+  count(CollectiveKind::Broadcast, n,
+        g == 1 || last ? 0 : n * (int64_t)sizeof(T));
+  const char *name = rt::collectiveName(CollectiveKind::Broadcast);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm || n == 0)
+    return;
+  blockingCollective(name, axes, n, [&] {
+    checkNccl(ncclBroadcast(buffer, buffer, (size_t)n, ncclType<T>(), root,
+                            comm, detail::commStream()),
+              name, axes, n);
+  });
+}
+
+template <typename T>
+CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceSumStart");
+  checkCount(n, "allReduceSumStart");
+  count(CollectiveKind::AllReduce, n,
+        rt::allReduceBytesSent(n, rt::groupSize(axes), sizeof(T)));
+  const char *name = rt::collectiveName(CollectiveKind::AllReduce);
+  checkNotInGroup(name);
+  ncclComm_t comm = commFor(axes, name);
+  CommState &s = state();
+  // Reuse the first free slot so the table stays as small as the number of
+  // requests in flight at once.
+  size_t slot = 0;
+  while (slot < s.requestInUse.size() && s.requestInUse[slot])
+    slot++;
+  if (slot == s.requestInUse.size()) {
+    s.requestEvents.push_back(newEvent());
+    s.requestInUse.push_back(false);
+    s.requestHasWork.push_back(false);
+  }
+  bool work = comm && n > 0;
+  if (work) {
+    commAfterCompute();
+    checkNccl(ncclAllReduce(buffer, buffer, (size_t)n, ncclType<T>(), ncclSum,
+                            comm, detail::commStream()),
+              name, axes, n);
+    check(cudaEventRecord(s.requestEvents[slot], detail::commStream()),
+          "cudaEventRecord");
+    collectiveEnqueued(name, axes, n, /*computeWaits=*/false);
+  }
+  s.requestInUse[slot] = true;
+  s.requestHasWork[slot] = work;
+  return (CommRequest)slot;
+}
+
+void commWait(CommRequest request) {
+  CommState &s = state();
+  if (request < 0 || (size_t)request >= s.requestInUse.size() ||
+      !s.requestInUse[request])
+    throw std::runtime_error("commWait on an unknown or finished request " +
+                             std::to_string(request));
+  if (s.requestHasWork[request])
+    check(cudaStreamWaitEvent(computeStream(), s.requestEvents[request], 0),
+          "cudaStreamWaitEvent");
+  s.requestInUse[request] = false;
+}
+
+//===--- Point-to-point ----------------------------------------------------===//
+
+namespace {
+
+// The watchdog's names of a beginP2P/endP2P group, by channel.
+const char *const kGroupNames[kNumChannels] = {
+    "send/recv group on the pp up channel",
+    "send/recv group on the pp down channel"};
+
+} // namespace
+
+void flushSends() {
+  CommState &s = state();
+  if (s.queuedSends.empty())
+    return;
+  // The receiver receives in the order of `order`: issue in that order, so
+  // that NCCL's in-order matching pairs every send with its receive.
+  std::stable_sort(s.queuedSends.begin(), s.queuedSends.end(),
+                   [](const QueuedSend &a, const QueuedSend &b) {
+                     return a.order < b.order;
+                   });
+  // The sends read the copies sendTo enqueued on the compute stream.
+  check(cudaEventRecord(s.computeReady, computeStream()), "cudaEventRecord");
+  bool waited[kNumChannels] = {};
+  unsigned axes = rt::axisBit(kP2PAxis);
+  for (const QueuedSend &send : s.queuedSends) {
+    P2PChannel &channel = channelFor(send.channel, "sendTo");
+    if (!waited[send.channel]) {
+      check(cudaStreamWaitEvent(channel.stream, s.computeReady, 0),
+            "cudaStreamWaitEvent");
+      waited[send.channel] = true;
+    }
+    checkNccl(ncclSend(send.data, send.count, send.type, send.peer,
+                       channel.comm, channel.stream),
+              "send", axes, (int64_t)send.count);
+    p2pEnqueued(send.channel, /*isRecv=*/false, send.offset,
+                (int64_t)send.count);
+  }
+  s.queuedSends.clear();
+}
+
+void beginP2P() {
+  CommState &s = state();
+  if (s.inGroup)
+    throw std::runtime_error("beginP2P() inside another beginP2P() group");
+  checkNcclCall(ncclGroupStart(), "ncclGroupStart (beginP2P)");
+  s.inGroup = true;
+  for (P2PChannel &channel : s.channels) {
+    channel.groupUsed = false;
+    channel.groupHasRecv = false;
+    channel.groupElements = 0;
+  }
+}
+
+void endP2P() {
+  CommState &s = state();
+  if (!s.inGroup)
+    throw std::runtime_error("endP2P() without beginP2P()");
+  // Sends still queued travel with the group.
+  flushSends();
+  s.inGroup = false;
+  int64_t elements = 0;
+  for (const P2PChannel &channel : s.channels)
+    elements += channel.groupElements;
+  // NCCL enqueues the group's work here, on every channel it used (a group
+  // may span communicators and streams), so completions are recorded after
+  // this call, once per channel.
+  checkNccl(ncclGroupEnd(), rt::collectiveName(CollectiveKind::SendRecv),
+            rt::axisBit(kP2PAxis), elements);
+  for (int c = 0; c < kNumChannels; c++) {
+    P2PChannel &channel = s.channels[c];
+    if (!channel.groupUsed)
+      continue;
+    operationEnqueued(queueOf((Channel)c), channel.stream,
+                      {InFlight::Group, kGroupNames[c],
+                       rt::axisBit(kP2PAxis), 0, channel.groupElements,
+                       nullptr, Clock::time_point()},
+                      /*computeWaits=*/channel.groupHasRecv);
+  }
+}
+
+template <typename T>
+void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
+            int64_t order) {
+  int peer = p2pPeer(n, axis, offset, "sendTo");
+  count(CollectiveKind::SendRecv, n, n * (int64_t)sizeof(T));
+  Channel channel = channelOf(offset, /*isRecv=*/false);
+  channelFor(channel, "sendTo");
+  // The caller's buffer lives in an arena that later kernels reuse right
+  // away (as on the CPU): send from a copy that lives until waitSends().
+  T *copy = (T *)nextSendBuffer((size_t)n * sizeof(T));
+  copyOnCompute(copy, buffer, n);
+  state().queuedSends.push_back(
+      {order, copy, (size_t)n, ncclType<T>(), peer, offset, channel});
+}
+
+template <typename T>
+void recvFrom(T *buffer, int64_t n, rt::MeshAxis axis, int offset) {
+  int peer = p2pPeer(n, axis, offset, "recvFrom");
+  Channel channel = channelOf(offset, /*isRecv=*/true);
+  P2PChannel &c = channelFor(channel, "recvFrom");
+  // The receive overwrites `buffer`: after every kernel enqueued so far.
+  afterCompute(c.stream);
+  checkNccl(ncclRecv(buffer, (size_t)n, ncclType<T>(), peer, c.comm, c.stream),
+            "recv", rt::axisBit(kP2PAxis), n);
+  p2pEnqueued(channel, /*isRecv=*/true, offset, n);
+}
+
+void waitSends() {
+  CommState &s = state();
+  checkNotInGroup("waitSends()");
+  flushSends();
+  s.nextSendBuffer = 0;
+  for (P2PChannel &channel : s.channels) {
+    if (!channel.sendsPending)
+      continue;
+    // A channel's stream runs in order: an event recorded now follows every
+    // send issued on it so far. The compute stream's next copies into the
+    // send buffers then wait for them.
+    check(cudaEventRecord(channel.sendsDone, channel.stream),
+          "cudaEventRecord");
+    check(cudaStreamWaitEvent(computeStream(), channel.sendsDone, 0),
+          "cudaStreamWaitEvent");
+    channel.sendsPending = false;
+  }
+}
+
+//===--- Instantiations ----------------------------------------------------===//
+
+#define TESSEL_CUDA_COMM_INSTANTIATE(T)                                        \
+  template void allReduceSum<T>(T *, int64_t, unsigned);                       \
+  template void allGatherAlong<T>(const T *, T *, int64_t, int64_t, int64_t,   \
+                                  unsigned);                                   \
+  template void reduceScatterAlong<T>(const T *, T *, int64_t, int64_t,        \
+                                      int64_t, unsigned);                      \
+  template void allToAll<T>(const T *, T *, int64_t, unsigned);                \
+  template void broadcast<T>(T *, int64_t, int, unsigned);                     \
+  template CommRequest allReduceSumStart<T>(T *, int64_t, unsigned);           \
+  template void sendTo<T>(const T *, int64_t, rt::MeshAxis, int, int64_t);     \
+  template void recvFrom<T>(T *, int64_t, rt::MeshAxis, int);                  \
+  template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \
+                                          int64_t, int64_t, cudaStream_t);     \
+  template void detail::tensorToBlocks<T>(const T *, T *, int64_t, int64_t,    \
+                                          int64_t, int64_t, cudaStream_t);
+TESSEL_CUDA_COMM_INSTANTIATE(float)
+TESSEL_CUDA_COMM_INSTANTIATE(bf16)
+TESSEL_CUDA_COMM_INSTANTIATE(double)
+#undef TESSEL_CUDA_COMM_INSTANTIATE
+
+} // namespace tessel::cuda

@@ -1,0 +1,351 @@
+//===- Device.cu - GPU selection, device buffers and the driver's hooks ---===//
+//
+// The device side of runMain for a program compiled for --target cuda (see
+// tessel/Runtime/Cuda/Device.h). At start the rank picks its GPU from the
+// node-local rank, checks that the GPU can run the code the program was
+// built for, creates the compute and communication streams, the cuBLASLt
+// handle and the NCCL communicators (Comm.cu), and allocates every buffer of
+// the step once: nothing is allocated while training. The step then runs
+// asynchronously on the compute stream; finishStep is its one
+// synchronisation point, where the loss and the gradient norm come back.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+#include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/Cuda/Device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tessel::cuda {
+
+namespace detail {
+// Comm.cu: the NCCL communicators and the watchdog, set up once the device
+// is chosen and torn down after the streams have drained.
+void commStart(const DeviceProgram &program, int device);
+void commStop();
+// The watchdog's failure message, empty while every collective is fine.
+std::string commFailure();
+} // namespace detail
+
+namespace {
+
+struct DeviceState {
+  // Set by deviceHooks(); commAxes owns the program's list.
+  DeviceProgram program;
+  std::vector<unsigned> commAxes;
+
+  bool started = false;
+  int device = -1;
+  std::string description;
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  float *hostScalars = nullptr; // pinned: the loss and the norm of a step
+
+  int64_t paramElems = 0;
+  int64_t batchElems = 0; // tokens (and targets) per step
+  float *params = nullptr;
+  float *grads = nullptr;
+  float *adamM = nullptr;
+  float *adamV = nullptr;
+  float *gradAccum = nullptr;
+  char *activations = nullptr;
+  int32_t *tokens = nullptr;
+  int32_t *targets = nullptr;
+  DeviceBuffers buffers;
+};
+
+DeviceState &state() {
+  static DeviceState s;
+  return s;
+}
+
+void check(cudaError_t status, const char *what) {
+  checkCuda(status, what, __FILE__, __LINE__);
+}
+
+__global__ void toBf16Kernel(const float *in, bf16 *out, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = __float2bfloat16(in[i]);
+}
+
+// The node-local rank the launcher exports, or -1 when there is none.
+int localRankFromEnvironment() {
+  for (const char *name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char *text = std::getenv(name);
+    if (!text)
+      continue;
+    char *end = nullptr;
+    long value = std::strtol(text, &end, 10);
+    if (!*text || *end || value < 0 || value > 1 << 20)
+      throw std::runtime_error(std::string(name) + " is '" + text +
+                               "', not a node-local rank");
+    return (int)value;
+  }
+  return -1;
+}
+
+// One GPU per rank: the node-local rank's, else the global rank's modulo
+// the GPUs this process sees.
+int selectDevice() {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    std::string reason = status == cudaSuccess || status == cudaErrorNoDevice
+                             ? ""
+                             : std::string(" (") +
+                                   cudaGetErrorString(status) + ")";
+    throw std::runtime_error(
+        "no CUDA device: this program was compiled for --target cuda" +
+        reason);
+  }
+  int local = localRankFromEnvironment();
+  if (local < 0)
+    return rt::commRank() % count;
+  if (local < count)
+    return local;
+  // A launcher that binds each rank to its own GPU leaves one visible.
+  if (count == 1)
+    return 0;
+  throw std::runtime_error("node-local rank " + std::to_string(local) +
+                           " has no GPU of its own: this node has " +
+                           std::to_string(count) +
+                           " visible CUDA devices; start at most one rank "
+                           "per GPU");
+}
+
+// cudaMalloc of `count` elements, zeroed; null for none.
+template <typename T> T *allocate(int64_t count, const char *what) {
+  if (count <= 0)
+    return nullptr;
+  size_t bytes = (size_t)count * sizeof(T);
+  void *data = nullptr;
+  cudaError_t status = cudaMalloc(&data, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t freeBytes = 0, totalBytes = 0;
+    cudaMemGetInfo(&freeBytes, &totalBytes);
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "out of GPU memory: %s need %.1f MiB, %.1f of %.1f MiB are "
+                  "free on GPU %d",
+                  what, bytes / 1048576.0, freeBytes / 1048576.0,
+                  totalBytes / 1048576.0, state().device);
+    throw std::runtime_error(text);
+  }
+  check(status, what);
+  check(cudaMemset(data, 0, bytes), "cudaMemset");
+  return (T *)data;
+}
+
+void startDevice(const rt::Program &program, const float *hostParams,
+                 rt::StepContext &ctx) {
+  DeviceState &s = state();
+  if (s.started)
+    throw std::runtime_error("the CUDA device is already started");
+  const DeviceProgram &device = s.program;
+
+  s.device = selectDevice();
+  check(cudaSetDevice(s.device), "cudaSetDevice");
+  cudaDeviceProp prop;
+  check(cudaGetDeviceProperties(&prop, s.device), "cudaGetDeviceProperties");
+  int arch = prop.major * 10 + prop.minor;
+  if (arch < device.cudaArch)
+    throw std::runtime_error(
+        "GPU " + std::to_string(s.device) + " (" + prop.name +
+        ") has compute capability sm_" + std::to_string(arch) +
+        ", older than sm_" + std::to_string(device.cudaArch) +
+        " that this program was built for");
+  // "NVIDIA H200 (sm_90, 140 GiB), bf16 mixed precision"
+  s.description = std::string(prop.name) + " (sm_" + std::to_string(arch) +
+                  ", " +
+                  std::to_string((long long)std::llround(
+                      prop.totalGlobalMem / 1073741824.0)) +
+                  " GiB), " + (device.bf16 ? "bf16 mixed precision" : "fp32");
+
+  // From here on stop() releases whatever was created.
+  s.started = true;
+  check(cudaStreamCreateWithFlags(&s.compute, cudaStreamNonBlocking),
+        "cudaStreamCreateWithFlags");
+  check(cudaStreamCreateWithFlags(&s.comm, cudaStreamNonBlocking),
+        "cudaStreamCreateWithFlags");
+  check(cudaMallocHost(&s.hostScalars, 2 * sizeof(float)), "cudaMallocHost");
+  detail::gemmInit();
+  detail::commStart(device, s.device);
+
+  const rt::TrainConfig &config = program.config;
+  s.paramElems = program.paramElems;
+  s.batchElems = config.batch * config.seqLen;
+  s.params = allocate<float>(s.paramElems, "the parameters");
+  s.grads = allocate<float>(s.paramElems, "the gradients");
+  s.adamM = allocate<float>(s.paramElems, "the AdamW first moments");
+  s.adamV = allocate<float>(s.paramElems, "the AdamW second moments");
+  // Microbatched and pipelined steps accumulate gradients.
+  if (program.microbatches > 1 || program.meshShape[rt::AxisPP] > 1)
+    s.gradAccum = allocate<float>(s.paramElems, "the gradient accumulators");
+  s.activations = allocate<char>(program.activationBytes, "the activations");
+  s.tokens = allocate<int32_t>(s.batchElems, "the batch's tokens");
+  s.targets = allocate<int32_t>(s.batchElems, "the batch's targets");
+  DeviceBuffers &b = s.buffers;
+  if (device.bf16)
+    b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
+  b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
+  b.scalars = allocate<float>(16, "the step's scalars");
+  b.normAcc = allocate<double>(16, "the norm accumulators");
+
+  if (s.paramElems > 0 && hostParams)
+    check(cudaMemcpy(s.params, hostParams, (size_t)s.paramElems * sizeof(float),
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy (parameters)");
+  if (b.paramShadow) {
+    toBf16Kernel<<<detail::blocksFor(s.paramElems), 256, 0, s.compute>>>(
+        s.params, b.paramShadow, s.paramElems);
+    check(cudaGetLastError(), "toBf16Kernel");
+  }
+  check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
+
+  ctx.params = s.params;
+  ctx.grads = s.grads;
+  ctx.adamM = s.adamM;
+  ctx.adamV = s.adamV;
+  ctx.activations = s.activations;
+  ctx.gradAccum = s.gradAccum;
+  ctx.tokens = s.tokens;
+  ctx.targets = s.targets;
+}
+
+void loadBatch(rt::StepContext &, const int32_t *tokens,
+               const int32_t *targets, int64_t count) {
+  DeviceState &s = state();
+  if (!s.started)
+    throw std::runtime_error("loadBatch before the CUDA device was started");
+  if (count < 0 || count > s.batchElems)
+    throw std::runtime_error("loadBatch of " + std::to_string(count) +
+                             " tokens into a batch of " +
+                             std::to_string(s.batchElems));
+  // From pageable memory the copy returns once the host data has been
+  // staged, so the caller may refill its buffers right away.
+  size_t bytes = (size_t)count * sizeof(int32_t);
+  check(cudaMemcpyAsync(s.tokens, tokens, bytes, cudaMemcpyHostToDevice,
+                        s.compute),
+        "cudaMemcpyAsync (tokens)");
+  check(cudaMemcpyAsync(s.targets, targets, bytes, cudaMemcpyHostToDevice,
+                        s.compute),
+        "cudaMemcpyAsync (targets)");
+}
+
+void download(const rt::Program &program, float *hostParams) {
+  DeviceState &s = state();
+  if (!s.started)
+    throw std::runtime_error("download before the CUDA device was started");
+  if (program.paramElems != s.paramElems)
+    throw std::runtime_error("download of " +
+                             std::to_string(program.paramElems) +
+                             " parameters from a device holding " +
+                             std::to_string(s.paramElems));
+  check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
+  if (s.paramElems > 0)
+    check(cudaMemcpy(hostParams, s.params, (size_t)s.paramElems * sizeof(float),
+                     cudaMemcpyDeviceToHost),
+          "cudaMemcpy (parameters)");
+}
+
+void stopDevice() {
+  DeviceState &s = state();
+  if (!s.started)
+    return;
+  if (s.compute)
+    check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
+  if (s.comm)
+    check(cudaStreamSynchronize(s.comm), "cudaStreamSynchronize");
+  s.started = false;
+  detail::commStop();
+  detail::gemmShutdown();
+  DeviceBuffers &b = s.buffers;
+  void *buffers[] = {s.params,      s.grads,         s.adamM,
+                     s.adamV,       s.gradAccum,     s.activations,
+                     s.tokens,      s.targets,       b.paramShadow,
+                     b.scratch,     b.scalars,       b.normAcc};
+  for (void *data : buffers)
+    if (data)
+      cudaFree(data);
+  s.params = s.grads = s.adamM = s.adamV = s.gradAccum = nullptr;
+  s.activations = nullptr;
+  s.tokens = s.targets = nullptr;
+  b = DeviceBuffers();
+  if (s.hostScalars)
+    cudaFreeHost(s.hostScalars);
+  s.hostScalars = nullptr;
+  for (cudaStream_t *stream : {&s.compute, &s.comm}) {
+    if (*stream)
+      cudaStreamDestroy(*stream);
+    *stream = nullptr;
+  }
+}
+
+const char *describe() { return state().description.c_str(); }
+
+} // namespace
+
+void checkCuda(cudaError_t status, const char *what, const char *file,
+               int line) {
+  if (status == cudaSuccess)
+    return;
+  const char *slash = std::strrchr(file, '/');
+  throw std::runtime_error(std::string("CUDA error in ") + what + " at " +
+                           (slash ? slash + 1 : file) + ":" +
+                           std::to_string(line) + ": " +
+                           cudaGetErrorString(status));
+}
+
+// Before start (kernel tests) both are the legacy default stream.
+cudaStream_t computeStream() { return state().compute; }
+cudaStream_t detail::commStream() { return state().comm; }
+
+const DeviceBuffers &deviceBuffers() { return state().buffers; }
+
+const rt::DeviceHooks *deviceHooks(const DeviceProgram &program) {
+  DeviceState &s = state();
+  s.commAxes.assign(program.commAxes,
+                    program.commAxes + std::max(program.numCommAxes, 0));
+  s.program = program;
+  s.program.commAxes = s.commAxes.data();
+  s.program.numCommAxes = (int)s.commAxes.size();
+  static const rt::DeviceHooks hooks = {&startDevice, &loadBatch, &download,
+                                        &stopDevice, &describe};
+  return &hooks;
+}
+
+void finishStep(rt::StepContext &ctx, const float *loss, const float *norm) {
+  DeviceState &s = state();
+  if (!s.started)
+    throw std::runtime_error("finishStep before the CUDA device was started");
+  if (loss)
+    check(cudaMemcpyAsync(&s.hostScalars[0], loss, sizeof(float),
+                          cudaMemcpyDeviceToHost, s.compute),
+          "cudaMemcpyAsync (loss)");
+  if (norm)
+    check(cudaMemcpyAsync(&s.hostScalars[1], norm, sizeof(float),
+                          cudaMemcpyDeviceToHost, s.compute),
+          "cudaMemcpyAsync (gradient norm)");
+  cudaError_t status = cudaStreamSynchronize(s.compute);
+  // A collective that failed explains a failed step better than CUDA can.
+  std::string failure = detail::commFailure();
+  if (!failure.empty())
+    throw std::runtime_error(failure);
+  check(status, "cudaStreamSynchronize (end of step)");
+  ctx.loss = loss ? s.hostScalars[0] : NAN;
+  ctx.gradNorm = norm ? s.hostScalars[1] : NAN;
+}
+
+} // namespace tessel::cuda

@@ -1,0 +1,573 @@
+//===- Elementwise.cu - Pointwise, layout and embedding kernels -----------===//
+//
+// The CUDA counterparts of lib/Runtime/Kernels/{Elementwise,Layout,
+// Embedding,VocabParallel}.cpp. Pointwise kernels are grid-stride loops over
+// 64-bit indices that load the storage type, compute in fp32 and store the
+// output type.
+//
+// The two reductions are deterministic: their order depends only on the
+// shape, never on thread timing.
+//  - reduceSumLeading: a block owns 32 columns; its 32 row lanes each sum
+//    every 32nd row in ascending order, then the 32 lane sums are added in
+//    lane order.
+//  - embeddingBackward: a block owns 32 table rows by 256 columns with fp32
+//    accumulators in shared memory; each thread owns its columns, and its
+//    warp scans all ids in ascending order, so every table entry receives
+//    its contributions in ascending i (the CPU kernel's order, so fp32
+//    results equal the CPU's bitwise). Every entry of the table is written
+//    once at the end, which also zeroes the rows no id touches.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+namespace tessel::cuda {
+
+using detail::blocksFor;
+using detail::fromFloat;
+using detail::toFloat;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline int64_t gridStart() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline int64_t gridStride() {
+  return int64_t(blockDim.x) * gridDim.x;
+}
+
+// exp-based tanh, the formula the CPU float kernels use, so that both sides
+// round alike. Saturates correctly: exp overflow gives 1, underflow -1.
+__device__ inline float tanhViaExp(float x) {
+  return 1.0f - 2.0f / (1.0f + expf(2.0f * x));
+}
+
+__device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+//===--- Pointwise --------------------------------------------------------===//
+
+template <typename TA, typename TB, typename TO>
+__global__ void addBroadcastKernel(const TA *a, const TB *b, TO *out, int64_t n,
+                                   int64_t nb) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const int64_t j = nb == n ? i : i % nb;
+    out[i] = fromFloat<TO>(toFloat(a[i]) + toFloat(b[j]));
+  }
+}
+
+template <typename TA, typename TB, typename TO>
+__global__ void mulBroadcastKernel(const TA *a, const TB *b, TO *out, int64_t n,
+                                   int64_t nb) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const int64_t j = nb == n ? i : i % nb;
+    out[i] = fromFloat<TO>(toFloat(a[i]) * toFloat(b[j]));
+  }
+}
+
+template <typename TI, typename TO>
+__global__ void scaleKernel(const TI *x, TO *out, int64_t n, float s) {
+  for (int64_t i = gridStart(); i < n; i += gridStride())
+    out[i] = fromFloat<TO>(toFloat(x[i]) * s);
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))).
+constexpr float kGeluC = float(0.7978845608028654); // sqrt(2/pi)
+constexpr float kGeluA = float(0.044715);
+
+template <typename TI, typename TO>
+__global__ void geluForwardKernel(const TI *x, TO *out, int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const float xi = toFloat(x[i]);
+    const float u = kGeluC * (xi + kGeluA * xi * xi * xi);
+    out[i] = fromFloat<TO>(0.5f * xi * (1.0f + tanhViaExp(u)));
+  }
+}
+
+template <typename TI, typename TG, typename TO>
+__global__ void geluBackwardKernel(const TI *x, const TG *dout, TO *dx,
+                                   int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const float xi = toFloat(x[i]);
+    const float x2 = xi * xi;
+    const float th = tanhViaExp(kGeluC * (xi + kGeluA * x2 * xi));
+    const float du = kGeluC * (1.0f + 3.0f * kGeluA * x2); // du/dx
+    const float d = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
+    dx[i] = fromFloat<TO>(toFloat(dout[i]) * d);
+  }
+}
+
+template <typename TI, typename TO>
+__global__ void siluForwardKernel(const TI *x, TO *out, int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const float xi = toFloat(x[i]);
+    out[i] = fromFloat<TO>(xi / (1.0f + expf(-xi)));
+  }
+}
+
+// silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
+template <typename TI, typename TG, typename TO>
+__global__ void siluBackwardKernel(const TI *x, const TG *dout, TO *dx,
+                                   int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const float xi = toFloat(x[i]);
+    const float s = sigmoid(xi);
+    dx[i] = fromFloat<TO>(toFloat(dout[i]) * (s * (1.0f + xi * (1.0f - s))));
+  }
+}
+
+template <typename TI, typename TO>
+__global__ void swigluForwardKernel(const TI *gate, const TI *up, TO *out,
+                                    TO *siluOut, int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride()) {
+    const float g = toFloat(gate[i]);
+    const float s = g / (1.0f + expf(-g));
+    out[i] = fromFloat<TO>(s * toFloat(up[i]));
+    if (siluOut)
+      siluOut[i] = fromFloat<TO>(s);
+  }
+}
+
+template <typename TI, typename TO>
+__global__ void copyKernel(const TI *x, TO *out, int64_t n) {
+  for (int64_t i = gridStart(); i < n; i += gridStride())
+    out[i] = fromFloat<TO>(toFloat(x[i]));
+}
+
+template <typename TO>
+__global__ void fillKernel(TO *out, int64_t n, float value) {
+  const TO v = fromFloat<TO>(value);
+  for (int64_t i = gridStart(); i < n; i += gridStride())
+    out[i] = v;
+}
+
+template <typename TI>
+__global__ void accumulateKernel(const TI *src, float *acc, int64_t n,
+                                 bool first) {
+  for (int64_t i = gridStart(); i < n; i += gridStride())
+    acc[i] = first ? toFloat(src[i]) : acc[i] + toFloat(src[i]);
+}
+
+//===--- Column sums ------------------------------------------------------===//
+
+constexpr int kSumCols = 32;  // columns per block (one warp wide)
+constexpr int kSumLanes = 32; // row lanes per block
+
+template <typename TI, typename TO>
+__global__ void reduceSumLeadingKernel(const TI *x, TO *out, int64_t rows,
+                                       int64_t cols) {
+  __shared__ float lane[kSumLanes][kSumCols + 1];
+  const int64_t c = int64_t(blockIdx.x) * kSumCols + threadIdx.x;
+  float s = 0.0f;
+  if (c < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += kSumLanes)
+      s += toFloat(x[r * cols + c]);
+  lane[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = 0.0f;
+    for (int k = 0; k < kSumLanes; ++k)
+      total += lane[k][threadIdx.x];
+    out[c] = fromFloat<TO>(total);
+  }
+}
+
+//===--- Layout -----------------------------------------------------------===//
+
+constexpr int kMaxRank = 6;
+
+// Output dimensions (outermost first) with the input stride of each; passed
+// by value as a kernel argument.
+struct PermutedDims {
+  int64_t size[kMaxRank];
+  int64_t stride[kMaxRank];
+  int rank;
+};
+
+template <typename TI, typename TO>
+__global__ void transposeKernel(const TI *x, TO *out, int64_t total,
+                                PermutedDims dims) {
+  for (int64_t i = gridStart(); i < total; i += gridStride()) {
+    int64_t idx = i, off = 0;
+    // Unrolled over the fixed maximum rank so that `dims` stays in
+    // registers (a runtime index would copy it to local memory).
+#pragma unroll
+    for (int d = kMaxRank - 1; d >= 0; --d)
+      if (d < dims.rank) {
+        off += (idx % dims.size[d]) * dims.stride[d];
+        idx /= dims.size[d];
+      }
+    out[i] = fromFloat<TO>(toFloat(x[off]));
+  }
+}
+
+// out[o, j, :] = x[o, start + j, :] over the [outer, len, inner] output.
+template <typename TI, typename TO>
+__global__ void sliceAxisKernel(const TI *x, TO *out, int64_t outer,
+                                int64_t srcAxis, int64_t inner, int64_t start,
+                                int64_t len) {
+  const int64_t run = len * inner;
+  const int64_t total = outer * run;
+  for (int64_t i = gridStart(); i < total; i += gridStride()) {
+    const int64_t o = i / run, rem = i % run;
+    out[i] = fromFloat<TO>(toFloat(x[(o * srcAxis + start) * inner + rem]));
+  }
+}
+
+// out[o, start + j, :] = x[o, j, :] over the [outer, len, inner] input.
+template <typename TI, typename TO>
+__global__ void insertAxisKernel(const TI *x, TO *out, int64_t outer,
+                                 int64_t dstAxis, int64_t inner, int64_t start,
+                                 int64_t len) {
+  const int64_t run = len * inner;
+  const int64_t total = outer * run;
+  for (int64_t i = gridStart(); i < total; i += gridStride()) {
+    const int64_t o = i / run, rem = i % run;
+    out[(o * dstAxis + start) * inner + rem] = fromFloat<TO>(toFloat(x[i]));
+  }
+}
+
+//===--- Embedding --------------------------------------------------------===//
+
+// out[i, :] = table[ids[i] - vStart, :] when that row is in [0, Vl), else 0.
+template <typename TT, typename TO>
+__global__ void embeddingForwardKernel(const TT *table, const int32_t *ids,
+                                       TO *out, int64_t n, int64_t vStart,
+                                       int64_t Vl, int64_t C) {
+  const int64_t total = n * C;
+  for (int64_t k = gridStart(); k < total; k += gridStride()) {
+    const int64_t i = k / C, c = k % C;
+    const int64_t row = int64_t(ids[i]) - vStart;
+    out[k] = row >= 0 && row < Vl ? fromFloat<TO>(toFloat(table[row * C + c]))
+                                  : fromFloat<TO>(0.0f);
+  }
+}
+
+constexpr int kEmbThreads = 64; // two warps
+constexpr int kEmbColsPerThread = 4;
+constexpr int kEmbCols = kEmbThreads * kEmbColsPerThread; // per block
+constexpr int kEmbRows = 32; // table rows per block: 32 KiB of fp32
+
+// Block (x, y) owns table rows [x * kEmbRows, ...) and columns
+// [y * kEmbCols, ...); thread t owns columns t + j * kEmbThreads of the
+// block, whose accumulators only it touches (no synchronisation needed).
+// Each warp reads the ids 32 at a time, finds those in its rows with a
+// ballot and applies them lowest lane (smallest i) first.
+template <typename TG, typename TO>
+__global__ void __launch_bounds__(kEmbThreads)
+    embeddingBackwardKernel(const int32_t *ids, const TG *dout, TO *dtable,
+                            int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+  __shared__ float acc[kEmbRows][kEmbCols];
+  const int64_t v0 = int64_t(blockIdx.x) * kEmbRows;
+  const int64_t c0 = int64_t(blockIdx.y) * kEmbCols;
+  const int64_t rowsHere = Vl - v0 < kEmbRows ? Vl - v0 : kEmbRows;
+  const int lane = threadIdx.x & 31;
+
+  for (int r = 0; r < kEmbRows; ++r)
+    for (int j = 0; j < kEmbColsPerThread; ++j)
+      acc[r][threadIdx.x + j * kEmbThreads] = 0.0f;
+
+  for (int64_t i0 = 0; i0 < n; i0 += 32) {
+    int row = -1;
+    if (i0 + lane < n) {
+      const int64_t r = int64_t(ids[i0 + lane]) - vStart - v0;
+      if (r >= 0 && r < rowsHere)
+        row = int(r);
+    }
+    unsigned hits = __ballot_sync(0xffffffffu, row >= 0);
+    while (hits) {
+      const int k = __ffs(hits) - 1; // the smallest remaining i
+      hits &= hits - 1;
+      const int r = __shfl_sync(0xffffffffu, row, k);
+      const TG *src = dout + (i0 + k) * C;
+      for (int j = 0; j < kEmbColsPerThread; ++j) {
+        const int64_t c = c0 + threadIdx.x + j * kEmbThreads;
+        if (c < C)
+          acc[r][threadIdx.x + j * kEmbThreads] += toFloat(src[c]);
+      }
+    }
+  }
+
+  for (int64_t r = 0; r < rowsHere; ++r)
+    for (int j = 0; j < kEmbColsPerThread; ++j) {
+      const int64_t c = c0 + threadIdx.x + j * kEmbThreads;
+      if (c < C)
+        dtable[(v0 + r) * C + c] =
+            fromFloat<TO>(acc[r][threadIdx.x + j * kEmbThreads]);
+    }
+}
+
+template <typename TG, typename TO>
+void launchEmbeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
+                             int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+  if (Vl <= 0 || C <= 0)
+    return;
+  const int64_t rowBlocks = (Vl + kEmbRows - 1) / kEmbRows;
+  const int64_t colBlocks = (C + kEmbCols - 1) / kEmbCols;
+  if (rowBlocks > 0x7fffffff || colBlocks > 65535)
+    throw std::runtime_error("embeddingBackward: table too large");
+  const dim3 grid{unsigned(rowBlocks), unsigned(colBlocks)};
+  embeddingBackwardKernel<<<grid, kEmbThreads, 0, computeStream()>>>(
+      ids, dout, dtable, n < 0 ? 0 : n, vStart, Vl, C);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace
+
+//===--- Launchers --------------------------------------------------------===//
+
+template <typename TA, typename TB, typename TO>
+void addBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb) {
+  if (n <= 0)
+    return;
+  addBroadcastKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(a, b, out,
+                                                                     n, nb);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TA, typename TB, typename TO>
+void mulBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb) {
+  if (n <= 0)
+    return;
+  mulBroadcastKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(a, b, out,
+                                                                     n, nb);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void reduceSumLeading(const TI *x, TO *out, int64_t rows, int64_t cols) {
+  if (cols <= 0)
+    return;
+  const int64_t blocks = (cols + kSumCols - 1) / kSumCols;
+  if (blocks > 0x7fffffff)
+    throw std::runtime_error("reduceSumLeading: too many columns");
+  reduceSumLeadingKernel<<<unsigned(blocks), dim3(kSumCols, kSumLanes), 0,
+                           computeStream()>>>(x, out, rows < 0 ? 0 : rows,
+                                              cols);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void scale(const TI *x, TO *out, int64_t n, float s) {
+  if (n <= 0)
+    return;
+  scaleKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n, s);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void geluForward(const TI *x, TO *out, int64_t n) {
+  if (n <= 0)
+    return;
+  geluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TG, typename TO>
+void geluBackward(const TI *x, const TG *dout, TO *dx, int64_t n) {
+  if (n <= 0)
+    return;
+  geluBackwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, dout,
+                                                                     dx, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void siluForward(const TI *x, TO *out, int64_t n) {
+  if (n <= 0)
+    return;
+  siluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TG, typename TO>
+void siluBackward(const TI *x, const TG *dout, TO *dx, int64_t n) {
+  if (n <= 0)
+    return;
+  siluBackwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, dout,
+                                                                     dx, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
+                   int64_t n) {
+  if (n <= 0)
+    return;
+  swigluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(
+      gate, up, out, siluOut, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO> void copy(const TI *x, TO *out, int64_t n) {
+  if (n <= 0)
+    return;
+  if constexpr (std::is_same_v<TI, TO>) {
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(out, x, size_t(n) * sizeof(TO),
+                                      cudaMemcpyDeviceToDevice,
+                                      computeStream()));
+  } else {
+    copyKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
+    TESSEL_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+template <typename TO> void fill(TO *out, int64_t n, float value) {
+  if (n <= 0)
+    return;
+  fillKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(out, n, value);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void transpose(const TI *x, TO *out, const int64_t *shape, const int64_t *perm,
+               int rank) {
+  int64_t total = 1;
+  for (int d = 0; d < rank; ++d)
+    total *= shape[d];
+  if (total <= 0)
+    return;
+  std::vector<int64_t> inStride(size_t(rank > 0 ? rank : 1), 1);
+  for (int d = rank - 2; d >= 0; --d)
+    inStride[size_t(d)] = inStride[size_t(d + 1)] * shape[d + 1];
+
+  // Drop size-1 dimensions and merge output dimensions that are also
+  // adjacent in the input (as the CPU kernel does), which bounds the rank
+  // the kernel sees and shortens its index arithmetic.
+  PermutedDims dims{};
+  std::vector<int64_t> sizes, strides;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t size = shape[perm[i]], stride = inStride[size_t(perm[i])];
+    if (size == 1)
+      continue;
+    if (!sizes.empty() && strides.back() == stride * size) {
+      sizes.back() *= size;
+      strides.back() = stride;
+      continue;
+    }
+    sizes.push_back(size);
+    strides.push_back(stride);
+  }
+  if (sizes.empty() || (sizes.size() == 1 && strides[0] == 1)) {
+    copy(x, out, total);
+    return;
+  }
+  if (sizes.size() > size_t(kMaxRank))
+    throw std::runtime_error("transpose: more than 6 dimensions after merging");
+  dims.rank = int(sizes.size());
+  for (int d = 0; d < dims.rank; ++d) {
+    dims.size[d] = sizes[size_t(d)];
+    dims.stride[d] = strides[size_t(d)];
+  }
+  transposeKernel<<<blocksFor(total), kThreads, 0, computeStream()>>>(
+      x, out, total, dims);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void sliceAxis(const TI *x, TO *out, int64_t outer, int64_t srcAxis,
+               int64_t inner, int64_t start, int64_t len) {
+  const int64_t total = outer * len * inner;
+  if (outer <= 0 || len <= 0 || inner <= 0)
+    return;
+  sliceAxisKernel<<<blocksFor(total), kThreads, 0, computeStream()>>>(
+      x, out, outer, srcAxis, inner, start, len);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TO>
+void insertAxis(const TI *x, TO *out, int64_t outer, int64_t dstAxis,
+                int64_t inner, int64_t start, int64_t len) {
+  const int64_t total = outer * len * inner;
+  if (outer <= 0 || len <= 0 || inner <= 0)
+    return;
+  insertAxisKernel<<<blocksFor(total), kThreads, 0, computeStream()>>>(
+      x, out, outer, dstAxis, inner, start, len);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TT, typename TO>
+void embeddingForward(const TT *table, const int32_t *ids, TO *out, int64_t n,
+                      int64_t V, int64_t C) {
+  embeddingForwardRange(table, ids, out, n, 0, V, C);
+}
+
+template <typename TG, typename TO>
+void embeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
+                       int64_t n, int64_t V, int64_t C) {
+  launchEmbeddingBackward(ids, dout, dtable, n, 0, V, C);
+}
+
+template <typename TT, typename TO>
+void embeddingForwardRange(const TT *table, const int32_t *ids, TO *out,
+                           int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+  if (n <= 0 || C <= 0)
+    return;
+  embeddingForwardKernel<<<blocksFor(n * C), kThreads, 0, computeStream()>>>(
+      table, ids, out, n, vStart, Vl, C);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TG, typename TO>
+void embeddingBackwardRange(const int32_t *ids, const TG *dout, TO *dtable,
+                            int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+  launchEmbeddingBackward(ids, dout, dtable, n, vStart, Vl, C);
+}
+
+template <typename TI>
+void accumulateInto(const TI *src, float *acc, int64_t n, bool first) {
+  if (n <= 0)
+    return;
+  accumulateKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(src, acc, n,
+                                                                   first);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+//===--- Instantiations ---------------------------------------------------===//
+
+#define TESSEL_INSTANTIATE3(A, B, C)                                           \
+  template void addBroadcast<A, B, C>(const A *, const B *, C *, int64_t,      \
+                                      int64_t);                                \
+  template void mulBroadcast<A, B, C>(const A *, const B *, C *, int64_t,      \
+                                      int64_t);                                \
+  template void geluBackward<A, B, C>(const A *, const B *, C *, int64_t);     \
+  template void siluBackward<A, B, C>(const A *, const B *, C *, int64_t);
+TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
+#undef TESSEL_INSTANTIATE3
+
+#define TESSEL_INSTANTIATE2(A, B)                                              \
+  template void reduceSumLeading<A, B>(const A *, B *, int64_t, int64_t);      \
+  template void scale<A, B>(const A *, B *, int64_t, float);                   \
+  template void geluForward<A, B>(const A *, B *, int64_t);                    \
+  template void siluForward<A, B>(const A *, B *, int64_t);                    \
+  template void swigluForward<A, B>(const A *, const A *, B *, B *, int64_t);  \
+  template void copy<A, B>(const A *, B *, int64_t);                           \
+  template void transpose<A, B>(const A *, B *, const int64_t *,               \
+                                const int64_t *, int);                         \
+  template void sliceAxis<A, B>(const A *, B *, int64_t, int64_t, int64_t,     \
+                                int64_t, int64_t);                             \
+  template void insertAxis<A, B>(const A *, B *, int64_t, int64_t, int64_t,    \
+                                 int64_t, int64_t);                            \
+  template void embeddingForward<A, B>(const A *, const int32_t *, B *,        \
+                                       int64_t, int64_t, int64_t);             \
+  template void embeddingBackward<A, B>(const int32_t *, const A *, B *,       \
+                                        int64_t, int64_t, int64_t);            \
+  template void embeddingForwardRange<A, B>(                                   \
+      const A *, const int32_t *, B *, int64_t, int64_t, int64_t, int64_t);    \
+  template void embeddingBackwardRange<A, B>(                                  \
+      const int32_t *, const A *, B *, int64_t, int64_t, int64_t, int64_t);
+TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
+#undef TESSEL_INSTANTIATE2
+
+#define TESSEL_INSTANTIATE1(A)                                                 \
+  template void fill<A>(A *, int64_t, float);                                  \
+  template void accumulateInto<A>(const A *, float *, int64_t, bool);
+TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE1)
+#undef TESSEL_INSTANTIATE1
+
+} // namespace tessel::cuda

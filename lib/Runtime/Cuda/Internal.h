@@ -1,0 +1,56 @@
+//===- Internal.h - Shared pieces of the CUDA runtime's files ---*- C++ -*-===//
+#ifndef TESSEL_RUNTIME_CUDA_INTERNAL_H
+#define TESSEL_RUNTIME_CUDA_INTERNAL_H
+
+#include "tessel/Runtime/Cuda/Kernels.h"
+
+#include <cstdint>
+
+namespace tessel::cuda::detail {
+
+// Gemm.cu: the cuBLASLt handle and its workspace, created once by the
+// device start (no allocation happens in a step) and destroyed at stop.
+void gemmInit();
+void gemmShutdown();
+
+// Device.cu: streams (created at start).
+cudaStream_t commStream();
+
+// Grid size for a grid-stride loop over n elements.
+inline unsigned blocksFor(int64_t n, int threads = 256) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1)
+    b = 1;
+  return b > 65535 * 8 ? 65535u * 8u : (unsigned)b;
+}
+
+// fp32 arithmetic whatever the storage type.
+__host__ __device__ inline float toFloat(float x) { return x; }
+__host__ __device__ inline float toFloat(bf16 x) { return __bfloat162float(x); }
+__host__ __device__ inline double toFloat(double x) { return x; }
+template <typename T> __host__ __device__ inline T fromFloat(float x);
+template <> __host__ __device__ inline float fromFloat<float>(float x) {
+  return x;
+}
+template <> __host__ __device__ inline bf16 fromFloat<bf16>(float x) {
+  return __float2bfloat16(x);
+}
+
+} // namespace tessel::cuda::detail
+
+// Explicit instantiation over storage types. Each macro calls X once per
+// combination of float and bf16 for its number of type parameters.
+#define TESSEL_CUDA_TYPES1(X) X(float) X(::tessel::cuda::bf16)
+#define TESSEL_CUDA_TYPES2(X)                                                  \
+  X(float, float) X(float, ::tessel::cuda::bf16)                               \
+  X(::tessel::cuda::bf16, float) X(::tessel::cuda::bf16, ::tessel::cuda::bf16)
+#define TESSEL_CUDA_TYPES3(X)                                                  \
+  X(float, float, float) X(float, float, ::tessel::cuda::bf16)                 \
+  X(float, ::tessel::cuda::bf16, float)                                        \
+  X(float, ::tessel::cuda::bf16, ::tessel::cuda::bf16)                         \
+  X(::tessel::cuda::bf16, float, float)                                        \
+  X(::tessel::cuda::bf16, float, ::tessel::cuda::bf16)                         \
+  X(::tessel::cuda::bf16, ::tessel::cuda::bf16, float)                         \
+  X(::tessel::cuda::bf16, ::tessel::cuda::bf16, ::tessel::cuda::bf16)
+
+#endif // TESSEL_RUNTIME_CUDA_INTERNAL_H

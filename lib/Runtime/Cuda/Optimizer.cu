@@ -1,0 +1,201 @@
+//===- Optimizer.cu - Gradient norm, AdamW and scalar accumulation --------===//
+//
+// sumSquaresInto is deterministic: a fixed grid of kNormBlocks blocks
+// (independent of the device and of n) writes one fp64 partial sum per
+// block into a fixed device array, and a single block then adds the
+// partials in a fixed order into acc[0]. The partial array is shared by all
+// calls, which is safe because every kernel runs on the one compute stream.
+//
+// adamwUpdate follows lib/Runtime/Optimizer.cpp (PyTorch's
+// _single_tensor_adamw): the scalars are computed on the host in double from
+// the shortest decimal of each float hyperparameter, then the element-wise
+// update is fp32 with every product and sum rounded separately (no fused
+// multiply-add), as the CPU evaluates it. The clip coefficient is computed
+// on the device from the global norm, so nothing waits for the host.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Internal.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace tessel::cuda {
+
+using detail::blocksFor;
+using detail::toFloat;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kNormBlocks = 1024;
+constexpr int kMaxWarps = 32;
+
+__device__ double normPartials[kNormBlocks];
+
+// Lanes by a fixed butterfly, then warps in ascending order; every thread
+// of the block returns the same value.
+__device__ inline double blockSum(double v, double *scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0)
+    scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  double s = scratch[0];
+  for (unsigned w = 1; w < blockDim.x / 32; ++w)
+    s += scratch[w];
+  return s;
+}
+
+// Launched with exactly kNormBlocks blocks.
+template <typename TI>
+__global__ void sumSquaresPartialKernel(const TI *x, int64_t n) {
+  __shared__ double scratch[kMaxWarps];
+  double s = 0.0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x) {
+    const double v = double(toFloat(x[i]));
+    s += v * v;
+  }
+  s = blockSum(s, scratch);
+  if (threadIdx.x == 0)
+    normPartials[blockIdx.x] = s;
+}
+
+// One block of kNormBlocks threads.
+__global__ void sumSquaresFinalKernel(double *acc) {
+  __shared__ double scratch[kMaxWarps];
+  const double s = blockSum(normPartials[threadIdx.x], scratch);
+  if (threadIdx.x == 0)
+    acc[0] += s;
+}
+
+// The partial sums are added in ascending order from 0, as the CPU program
+// adds its per-axis-set parts.
+__global__ void sqrtKernel(const double *acc, int parts, float *out) {
+  double s = 0.0;
+  for (int k = 0; k < parts; ++k)
+    s += acc[k];
+  out[0] = float(sqrt(s));
+}
+
+// The per-step scalars of AdamW (see Optimizer.cpp).
+struct AdamScalars {
+  float decay;         // 1 - lr * weightDecay
+  float stepSize;      // lr / (1 - beta1^step)
+  float bc2Sqrt;       // sqrt(1 - beta2^step)
+  float oneMinusBeta1; // 1 - beta1
+  float oneMinusBeta2; // 1 - beta2
+  float beta2, eps, maxNorm;
+};
+
+__global__ void adamwKernel(float *p, bf16 *shadow, const float *g, float *m,
+                            float *v, int64_t n, AdamScalars k,
+                            const float *norm) {
+  // torch.nn.utils.clip_grad_norm_'s coefficient, as
+  // tessel::rt::clipCoefficient computes it (in double).
+  float gradScale = 1.0f;
+  if (k.maxNorm > 0.0f)
+    gradScale = float(fmin(1.0, double(k.maxNorm) / (double(norm[0]) + 1e-6)));
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x) {
+    const float grad = __fmul_rn(g[i], gradScale);
+    const float param = __fmul_rn(p[i], k.decay);
+    // exp_avg.lerp_(grad, 1 - beta1), with torch's two lerp forms.
+    const float mi =
+        k.oneMinusBeta1 < 0.5f
+            ? __fadd_rn(m[i], __fmul_rn(k.oneMinusBeta1, __fsub_rn(grad, m[i])))
+            : __fsub_rn(grad, __fmul_rn(__fsub_rn(grad, m[i]),
+                                        __fsub_rn(1.0f, k.oneMinusBeta1)));
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2).
+    const float vi =
+        __fadd_rn(__fmul_rn(v[i], k.beta2),
+                  __fmul_rn(__fmul_rn(k.oneMinusBeta2, grad), grad));
+    // denom = exp_avg_sq.sqrt() / sqrt(bc2) + eps;
+    // param.addcdiv_(exp_avg, denom, value=-step_size).
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2Sqrt), k.eps);
+    const float pi =
+        __fsub_rn(param, __fdiv_rn(__fmul_rn(k.stepSize, mi), denom));
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (shadow)
+      shadow[i] = __float2bfloat16(pi);
+  }
+}
+
+__global__ void scalarAccumulateKernel(const float *x, float *acc, bool first) {
+  acc[0] = first ? x[0] : acc[0] + x[0];
+}
+
+// The double nearest to the shortest decimal that rounds to `x` (0.999f ->
+// 0.999): the Python double PyTorch would use. Must agree with the helper of
+// the same name in lib/Runtime/Optimizer.cpp.
+double shortestDecimal(float x) {
+  if (!std::isfinite(x))
+    return x;
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, (double)x);
+    double d = std::strtod(buf, nullptr);
+    if ((float)d == x)
+      return d;
+  }
+  return x;
+}
+
+} // namespace
+
+template <typename TI>
+void sumSquaresInto(const TI *x, int64_t n, double *acc) {
+  if (n < 0)
+    n = 0;
+  sumSquaresPartialKernel<<<kNormBlocks, kThreads, 0, computeStream()>>>(x, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+  sumSquaresFinalKernel<<<1, kNormBlocks, 0, computeStream()>>>(acc);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+void sqrtInto(const double *acc, int parts, float *out) {
+  sqrtKernel<<<1, 1, 0, computeStream()>>>(acc, parts, out);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
+                 int64_t n, float lr, float beta1, float beta2, float eps,
+                 float weightDecay, int64_t step, const float *norm,
+                 float maxNorm) {
+  if (n <= 0)
+    return;
+  const double lrD = shortestDecimal(lr), beta1D = shortestDecimal(beta1);
+  const double beta2D = shortestDecimal(beta2);
+  const double wdD = shortestDecimal(weightDecay);
+  const double bc1 = 1.0 - std::pow(beta1D, (double)step);
+  const double bc2 = 1.0 - std::pow(beta2D, (double)step);
+  AdamScalars k;
+  k.decay = (float)(1.0 - lrD * wdD);
+  k.stepSize = (float)(lrD / bc1);
+  k.bc2Sqrt = (float)std::sqrt(bc2);
+  k.oneMinusBeta1 = (float)(1.0 - beta1D);
+  k.oneMinusBeta2 = (float)(1.0 - beta2D);
+  k.beta2 = beta2;
+  k.eps = eps;
+  k.maxNorm = maxNorm;
+  adamwKernel<<<blocksFor(n, kThreads), kThreads, 0, computeStream()>>>(
+      p, shadow, g, m, v, n, k, norm);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+void scalarAccumulate(const float *x, float *acc, bool first) {
+  scalarAccumulateKernel<<<1, 1, 0, computeStream()>>>(x, acc, first);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+#define TESSEL_INSTANTIATE(A)                                                  \
+  template void sumSquaresInto<A>(const A *, int64_t, double *);
+TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
+#undef TESSEL_INSTANTIATE
+
+} // namespace tessel::cuda

@@ -1,0 +1,213 @@
+//===- AttentionTest.cu - CUDA flash attention against the CPU kernels ----===//
+//
+// attentionForward and attentionBackward on random inputs, compared with the
+// CPU kernels in fp32 on the same (storage-rounded) inputs: causal or not,
+// sequence lengths that are not multiples of the tiles, grouped KV heads,
+// head dimensions from 8 to 128 (multiples of 16, of 4 only, of neither),
+// unaligned tensors. The backward is also run twice and must agree bitwise.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaTest.h"
+
+#include "tessel/Runtime/Kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace tessel::cuda::test {
+namespace {
+
+struct Shape {
+  int64_t B, T, H, Hkv, D;
+  bool causal;
+};
+
+std::string describe(const Shape &s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+         " H=" + std::to_string(s.H) + " Hkv=" + std::to_string(s.Hkv) +
+         " D=" + std::to_string(s.D) + (s.causal ? " causal" : " full");
+}
+
+// Absolute tolerance: a fraction of the largest reference value, for the
+// elements of a gradient that nearly cancel (fp32 sums in another order;
+// in bf16, P and dS are rounded to bf16 before their products).
+template <typename T> double atolFor(const std::vector<float> &want) {
+  float largest = 0.f;
+  for (float x : want)
+    largest = std::max(largest, std::fabs(x));
+  return (std::is_same_v<T, float> ? 1e-5 : 1e-2) * largest;
+}
+
+struct Reference {
+  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+};
+
+// Random inputs rounded to T (queries spread wider than keys, so that rows
+// of probabilities are far from uniform) and the CPU results on them.
+template <typename T> Reference reference(const Shape &s) {
+  const size_t nq = size_t(s.B * s.T * s.H * s.D);
+  const size_t nk = size_t(s.B * s.T * s.Hkv * s.D);
+  Reference r;
+  r.q = roundTo<T>(randomVector(nq, 1, -2.f, 2.f));
+  r.k = roundTo<T>(randomVector(nk, 2));
+  r.v = roundTo<T>(randomVector(nk, 3));
+  r.dout = roundTo<T>(randomVector(nq, 4));
+  r.out.resize(nq);
+  r.dq.resize(nq);
+  r.dk.resize(nk);
+  r.dv.resize(nk);
+  rt::attentionForward<float>(r.q.data(), r.k.data(), r.v.data(),
+                              r.out.data(), s.B, s.T, s.H, s.Hkv, s.D,
+                              s.causal);
+  rt::attentionBackward<float>(r.q.data(), r.k.data(), r.v.data(),
+                               r.dout.data(), r.dq.data(), r.dk.data(),
+                               r.dv.data(), s.B, s.T, s.H, s.Hkv, s.D,
+                               s.causal);
+  return r;
+}
+
+// Device copies of the inputs, `offset` elements into their allocations (an
+// offset of 1 makes every tensor unaligned for vector loads).
+template <typename T> struct DeviceInputs {
+  DeviceArray<T> q, k, v, dout;
+  int64_t offset;
+  DeviceInputs(const Reference &r, int64_t offset)
+      : q(padded(r.q, offset)), k(padded(r.k, offset)), v(padded(r.v, offset)),
+        dout(padded(r.dout, offset)), offset(offset) {}
+  static std::vector<float> padded(const std::vector<float> &x,
+                                   int64_t offset) {
+    std::vector<float> y(size_t(offset), 0.f);
+    y.insert(y.end(), x.begin(), x.end());
+    return y;
+  }
+};
+
+std::vector<float> dropFront(std::vector<float> x, int64_t n) {
+  x.erase(x.begin(), x.begin() + n);
+  return x;
+}
+
+template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
+  SCOPED_TRACE(describe(s) + (offset ? " unaligned" : ""));
+  const Reference r = reference<T>(s);
+  const DeviceInputs<T> in(r, offset);
+  const size_t nq = r.q.size(), nk = r.k.size();
+  DeviceArray<T> out(nq + size_t(offset)), dq(nq + size_t(offset)),
+      dk(nk + size_t(offset)), dv(nk + size_t(offset));
+  DeviceArray<unsigned char> scratch(size_t(
+      attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  const int64_t o = offset;
+
+  attentionForward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
+                      out.get() + o, s.B, s.T, s.H, s.Hkv, s.D, s.causal);
+  attentionBackward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
+                       in.dout.get() + o, dq.get() + o, dk.get() + o,
+                       dv.get() + o, s.B, s.T, s.H, s.Hkv, s.D, s.causal,
+                       scratch.get());
+
+  const double rtol = rtolFor<T>();
+  expectClose(dropFront(out.download(), o), r.out, rtol, atolFor<T>(r.out),
+              "out");
+  expectClose(dropFront(dq.download(), o), r.dq, rtol, atolFor<T>(r.dq),
+              "dq");
+  expectClose(dropFront(dk.download(), o), r.dk, rtol, atolFor<T>(r.dk),
+              "dk");
+  expectClose(dropFront(dv.download(), o), r.dv, rtol, atolFor<T>(r.dv),
+              "dv");
+}
+
+// Tiles are 64 query rows (32 in the fp32 backward) and 32 or 64 keys: 77,
+// 150 and 45 leave partial tiles; 1 is a single row. Head dimensions: 16, 64
+// and 128 fill the tensor-core tiles, 20 and 100 are padded to 32 and 112,
+// 30 and 8 are not multiples of 4 or 16.
+const Shape kShapes[] = {
+    {2, 77, 4, 4, 16, true},   {2, 77, 4, 4, 16, false},
+    {2, 77, 4, 2, 64, true},   {2, 77, 4, 2, 64, false},
+    {2, 77, 4, 1, 128, true},  {2, 77, 4, 1, 128, false},
+    {2, 150, 4, 2, 128, true}, {1, 150, 2, 1, 64, false},
+    {2, 45, 2, 1, 20, true},   {2, 33, 2, 2, 30, false},
+    {1, 70, 3, 1, 100, true},  {1, 1, 1, 1, 8, true},
+    {1, 1, 1, 1, 8, false},
+};
+
+TEST(CudaAttention, MatchesCpuFloat) {
+  for (const Shape &s : kShapes)
+    checkAgainstCpu<float>(s);
+}
+
+TEST(CudaAttention, MatchesCpuBf16) {
+  for (const Shape &s : kShapes)
+    checkAgainstCpu<bf16>(s);
+}
+
+// Tensors that are not 16-byte aligned take the element-wise loads.
+TEST(CudaAttention, UnalignedTensors) {
+  checkAgainstCpu<float>({2, 77, 4, 2, 64, true}, 1);
+  checkAgainstCpu<bf16>({2, 77, 4, 2, 64, true}, 1);
+}
+
+// Bitwise equal gradients from two runs: dK and dV of a shared KV head are
+// summed over its query heads in a fixed order, nothing atomically.
+template <typename T> void checkDeterministic(const Shape &s) {
+  SCOPED_TRACE(describe(s));
+  const Reference r = reference<T>(s);
+  const DeviceInputs<T> in(r, 0);
+  DeviceArray<unsigned char> scratch(size_t(
+      attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  std::vector<float> first[3];
+  for (int run = 0; run < 2; ++run) {
+    DeviceArray<T> dq(r.q.size()), dk(r.k.size()), dv(r.k.size());
+    attentionBackward<T>(in.q.get(), in.k.get(), in.v.get(), in.dout.get(),
+                         dq.get(), dk.get(), dv.get(), s.B, s.T, s.H, s.Hkv,
+                         s.D, s.causal, scratch.get());
+    const std::vector<float> got[3] = {dq.download(), dk.download(),
+                                       dv.download()};
+    for (int i = 0; i < 3; ++i) {
+      if (run == 0) {
+        first[i] = got[i];
+        continue;
+      }
+      ASSERT_EQ(got[i].size(), first[i].size());
+      EXPECT_EQ(std::memcmp(got[i].data(), first[i].data(),
+                            got[i].size() * sizeof(float)),
+                0)
+          << "gradient " << "qkv"[i] << " differs between runs";
+    }
+  }
+}
+
+TEST(CudaAttention, BackwardIsDeterministic) {
+  checkDeterministic<float>({2, 200, 8, 2, 64, true});
+  checkDeterministic<bf16>({2, 200, 8, 2, 64, true});
+  checkDeterministic<bf16>({2, 200, 4, 1, 128, false});
+}
+
+TEST(CudaAttention, RejectsUnsupportedShapes) {
+  // Checked before anything is launched, so null tensors do.
+  const float *none = nullptr;
+  float *out = nullptr;
+  char scratch[1];
+  EXPECT_THROW(attentionForward<float>(none, none, none, out, 1, 8, 2, 2, 136,
+                                       true),
+               std::runtime_error);
+  EXPECT_THROW(attentionForward<float>(none, none, none, out, 1, 8, 3, 2, 64,
+                                       true),
+               std::runtime_error);
+  EXPECT_THROW(attentionBackward<float>(none, none, none, none, out, out, out,
+                                        1, 8, 2, 1, 129, false, scratch),
+               std::runtime_error);
+  EXPECT_THROW(attentionBackward<float>(none, none, none, none, out, out, out,
+                                        1, 8, 4, 3, 64, false, scratch),
+               std::runtime_error);
+}
+
+TEST(CudaAttention, ScratchRegionsAreAligned) {
+  const int64_t bytes = attentionScratchBytes(3, 77, 5, 1, 64, 2);
+  EXPECT_EQ(bytes % 256, 0);
+  EXPECT_GE(bytes, 2 * 3 * 77 * 5 * int64_t(sizeof(float)));
+}
+
+} // namespace
+} // namespace tessel::cuda::test

@@ -1,0 +1,239 @@
+//===- CrossEntropyTest.cu - CUDA fused softmax + cross-entropy -----------===//
+//
+// The full-vocabulary kernels against the CPU kernels of the same name, on
+// a small vocabulary and a GPT-2 sized one; both run twice and must agree
+// bitwise. The vocab-parallel kernels run on a group of one rank (the tensor
+// axis of a one-rank mesh): holding the whole vocabulary they must give the
+// full cross-entropy, and holding a slice they must give the slice's
+// statistics (target logits counted only when the slice holds the target),
+// checked against a loop on the host.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaTest.h"
+
+#include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/Kernels.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace tessel::cuda::test {
+namespace {
+
+void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void expectBitwiseEqual(const std::vector<float> &a,
+                        const std::vector<float> &b, const char *what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+      << what << ": two runs differ";
+}
+
+std::vector<int32_t> randomTargets(size_t n, int32_t V, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, V - 1);
+  std::vector<int32_t> t(n);
+  for (int32_t &x : t)
+    x = dist(gen);
+  return t;
+}
+
+class DeviceTargets {
+public:
+  explicit DeviceTargets(const std::vector<int32_t> &t) : array(t.size()) {
+    TESSEL_CUDA_CHECK(cudaMemcpy(array.get(), t.data(),
+                                 t.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice));
+  }
+  const int32_t *get() const { return array.get(); }
+
+private:
+  DeviceArray<int32_t> array;
+};
+
+// Logits and gradient storage types of one test instance.
+template <typename TLogits, typename TGrad> struct Storage {
+  using L = TLogits;
+  using G = TGrad;
+};
+
+template <typename S> class CrossEntropy : public ::testing::Test {};
+using StorageTypes =
+    ::testing::Types<Storage<float, float>, Storage<bf16, bf16>,
+                     Storage<bf16, float>>;
+TYPED_TEST_SUITE(CrossEntropy, StorageTypes);
+
+struct Shape {
+  int64_t rows, V;
+};
+const Shape kShapes[] = {{67, 1000}, {33, 50257}};
+
+std::string shapeName(const Shape &s) {
+  return "rows=" + std::to_string(s.rows) + " V=" + std::to_string(s.V);
+}
+
+std::vector<float> logitsFor(size_t n, uint32_t seed) {
+  return randomVector(n, seed, -4.0f, 4.0f);
+}
+
+constexpr float kDloss = 2.5f;
+// A single group of one rank whatever the mesh of the test process.
+constexpr unsigned kOneRank = rt::axisBit(rt::AxisTP);
+
+// Gradients are g * p with g = dloss / rows and p down to exp(-8) / V, so
+// the absolute tolerance is a fraction of g.
+double gradAtol(int64_t rows) { return 1e-5 * kDloss / double(rows); }
+
+TYPED_TEST(CrossEntropy, Forward) {
+  using TL = typename TypeParam::L;
+  uint32_t seed = 700;
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(shapeName(s));
+    const std::vector<float> x = roundTo<TL>(logitsFor(s.rows * s.V, seed++));
+    const std::vector<int32_t> t = randomTargets(s.rows, s.V, seed++);
+    DeviceArray<TL> dx(x);
+    DeviceTargets dt(t);
+    DeviceArray<float> loss1(1), loss2(1);
+    sync();
+    crossEntropyForward(dx.get(), dt.get(), loss1.get(), s.rows, s.V);
+    crossEntropyForward(dx.get(), dt.get(), loss2.get(), s.rows, s.V);
+    float want = 0;
+    rt::crossEntropyForward(x.data(), t.data(), &want, s.rows, s.V);
+    const std::vector<float> got = loss1.download();
+    expectClose(got, {want}, 1e-5, 1e-5, "loss");
+    expectBitwiseEqual(got, loss2.download(), "loss");
+  }
+}
+
+TYPED_TEST(CrossEntropy, Backward) {
+  using TL = typename TypeParam::L;
+  using TG = typename TypeParam::G;
+  uint32_t seed = 800;
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(shapeName(s));
+    const int64_t n = s.rows * s.V;
+    const std::vector<float> x = roundTo<TL>(logitsFor(n, seed++));
+    const std::vector<int32_t> t = randomTargets(s.rows, s.V, seed++);
+    DeviceArray<TL> dx(x);
+    DeviceTargets dt(t);
+    DeviceArray<float> dDloss(std::vector<float>{kDloss});
+    DeviceArray<TG> g1(n), g2(n);
+    sync();
+    crossEntropyBackward(dx.get(), dt.get(), dDloss.get(), g1.get(), s.rows,
+                         s.V);
+    crossEntropyBackward(dx.get(), dt.get(), dDloss.get(), g2.get(), s.rows,
+                         s.V);
+    std::vector<float> want(n);
+    rt::crossEntropyBackward(x.data(), t.data(), &kDloss, want.data(), s.rows,
+                             s.V);
+    const std::vector<float> got = g1.download();
+    expectClose(got, want, rtolFor<TG>(), gradAtol(s.rows), "dlogits");
+    expectBitwiseEqual(got, g2.download(), "dlogits");
+  }
+}
+
+TYPED_TEST(CrossEntropy, VocabParallelWholeVocabularyIsTheFullLoss) {
+  using TL = typename TypeParam::L;
+  using TG = typename TypeParam::G;
+  uint32_t seed = 900;
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(shapeName(s));
+    const int64_t n = s.rows * s.V;
+    const std::vector<float> x = roundTo<TL>(logitsFor(n, seed++));
+    const std::vector<int32_t> t = randomTargets(s.rows, s.V, seed++);
+    DeviceArray<TL> dx(x);
+    DeviceTargets dt(t);
+    DeviceArray<float> loss(1), dDloss(std::vector<float>{kDloss});
+    DeviceArray<TG> grad(n);
+    DeviceArray<char> scratch(crossEntropyScratchBytes(s.rows));
+    sync();
+    crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), s.rows,
+                                     s.V, 0, kOneRank, scratch.get());
+    crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
+                                      grad.get(), s.rows, s.V, 0, kOneRank,
+                                      scratch.get());
+    float wantLoss = 0;
+    rt::crossEntropyForward(x.data(), t.data(), &wantLoss, s.rows, s.V);
+    std::vector<float> wantGrad(n);
+    rt::crossEntropyBackward(x.data(), t.data(), &kDloss, wantGrad.data(),
+                             s.rows, s.V);
+    expectClose(loss.download(), {wantLoss}, 1e-5, 1e-5, "loss");
+    expectClose(grad.download(), wantGrad, rtolFor<TG>(), gradAtol(s.rows),
+                "dlogits");
+  }
+}
+
+// A slice [vStart, vStart + Vl) of a vocabulary of V on a one-rank group:
+// the loss and gradient of the slice's own statistics, as VocabParallel.cpp
+// defines them, computed here in double.
+TYPED_TEST(CrossEntropy, VocabParallelSlice) {
+  using TL = typename TypeParam::L;
+  using TG = typename TypeParam::G;
+  const int64_t rows = 45, V = 1000, vStart = 300, Vl = 500;
+  const std::vector<float> x = roundTo<TL>(logitsFor(rows * Vl, 1000));
+  // Targets over the whole vocabulary: some in the slice, some not.
+  const std::vector<int32_t> t = randomTargets(rows, V, 1001);
+  DeviceArray<TL> dx(x);
+  DeviceTargets dt(t);
+  DeviceArray<float> loss(1), dDloss(std::vector<float>{kDloss});
+  DeviceArray<TG> grad(rows * Vl);
+  DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
+  sync();
+  crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), rows, Vl,
+                                   vStart, kOneRank, scratch.get());
+  crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
+                                    grad.get(), rows, Vl, vStart, kOneRank,
+                                    scratch.get());
+
+  double total = 0;
+  const double scale = double(kDloss) / double(rows);
+  std::vector<float> wantGrad(rows * Vl);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x.data() + r * Vl;
+    const double m = *std::max_element(xr, xr + Vl);
+    double sum = 0;
+    for (int64_t j = 0; j < Vl; ++j)
+      sum += std::exp(double(xr[j]) - m);
+    const int64_t local = int64_t(t[r]) - vStart;
+    const bool held = local >= 0 && local < Vl;
+    total += std::log(sum) + m - (held ? double(xr[local]) : 0.0);
+    for (int64_t j = 0; j < Vl; ++j)
+      wantGrad[r * Vl + j] = float(scale * std::exp(double(xr[j]) - m) / sum -
+                                   (held && j == local ? scale : 0.0));
+  }
+  expectClose(loss.download(), {float(total / double(rows))}, 1e-5, 1e-5,
+              "loss");
+  expectClose(grad.download(), wantGrad, rtolFor<TG>(), gradAtol(rows),
+              "dlogits");
+}
+
+TEST(CrossEntropyLimits, OutOfRangeTargetGivesNaN) {
+  const int64_t rows = 4, V = 16;
+  DeviceArray<float> dx(randomVector(rows * V, 1100));
+  DeviceTargets dt({0, 3, int32_t(V), 5});
+  DeviceArray<float> loss(1);
+  sync();
+  crossEntropyForward(dx.get(), dt.get(), loss.get(), rows, V);
+  EXPECT_TRUE(std::isnan(loss.download()[0]));
+}
+
+TEST(CrossEntropyLimits, ForwardRefusesRowsBeyondItsBuffer) {
+  // Checked before anything is launched, so no buffers are needed.
+  EXPECT_THROW(crossEntropyForward<float>(nullptr, nullptr, nullptr,
+                                          (int64_t(1) << 20) + 1, 8),
+               std::runtime_error);
+}
+
+TEST(CrossEntropyLimits, ScratchCoversTheRowStatistics) {
+  for (int64_t rows : {1, 7, 1000, 131072}) {
+    const int64_t bytes = crossEntropyScratchBytes(rows);
+    EXPECT_GE(bytes, 3 * rows * int64_t(sizeof(float)));
+    EXPECT_EQ(bytes % 256, 0);
+  }
+}
+
+} // namespace
+} // namespace tessel::cuda::test
