@@ -121,16 +121,22 @@ public:
       return "T";
     if (bufferOf(v).space != BufferSpace::Arena)
       return "float";
+    if (!cast<RankedTensorType>(v.getType()).getElementType().isF32())
+      return "int32_t";
     if (lowPrecision && !fp32Values->contains(v))
       return "bf16";
     return "float";
   }
-  bool isFloat(Value v) const { return storageType(v) != "bf16"; }
+  // fp32 storage (T is float in CPU programs).
+  bool isFloat(Value v) const {
+    std::string type = storageType(v);
+    return type == "float" || type == "T";
+  }
   int64_t elementBytes(Value v) const {
     BufferRef ref = bufferOf(v);
     if (lowPrecision && ref.space == BufferSpace::Param)
       return 2; // sent and multiplied through the bf16 shadow
-    return ref.space == BufferSpace::Arena && !isFloat(v) ? 2 : 4;
+    return ref.space == BufferSpace::Arena && storageType(v) == "bf16" ? 2 : 4;
   }
 
   // Microbatch loss accumulation: on the host for CPU programs, in a device
@@ -621,15 +627,16 @@ public:
   // Whether the planned storage of two values overlaps. The planner lets an
   // op's output reuse an input that dies there, which a fused call that
   // reads after writing must not see.
-  static bool overlaps(Value a, Value b) {
+  bool overlaps(Value a, Value b) const {
     BufferRef x = bufferOf(a), y = bufferOf(b);
     if (x.space != y.space)
       return false;
-    int64_t unit = x.space == BufferSpace::Arena ? 4 : 1;
-    return x.offset < y.offset + numel(b) * unit &&
-           y.offset < x.offset + numel(a) * unit;
+    auto size = [&](Value v) {
+      return numel(v) * (x.space == BufferSpace::Arena ? elementBytes(v) : 1);
+    };
+    return x.offset < y.offset + size(b) && y.offset < x.offset + size(a);
   }
-  static bool anyOverlap(ArrayRef<Value> outputs, ArrayRef<Value> inputs) {
+  bool anyOverlap(ArrayRef<Value> outputs, ArrayRef<Value> inputs) const {
     for (Value out : outputs)
       for (Value in : inputs)
         if (overlaps(out, in))
@@ -731,9 +738,25 @@ public:
       }
       return false;
     }
+    if (auto mul = dyn_cast<MulOp>(op)) {
+      auto it = deferredSilu.find(mul);
+      if (it == deferredSilu.end())
+        return false;
+      SiluOp silu = it->second;
+      Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
+      call("swigluForward", {ptr(silu.getInput()), ptr(up), ptr(mul),
+                             ptr(silu), i(numel(mul))});
+      os << "  // (fused: the silu deferred to here)\n";
+      return true;
+    }
     if (auto silu = dyn_cast<SiluOp>(op)) {
       auto mul = dyn_cast_or_null<MulOp>(nextEmitted(op));
-      if (!mul || numel(mul.getLhs()) != numel(mul.getRhs()))
+      // Llama's up projection runs between the two: defer the SiLU to the
+      // product when nothing reads its result before and the gate is still
+      // live there.
+      if (!mul)
+        return deferSilu(silu);
+      if (numel(mul.getLhs()) != numel(mul.getRhs()))
         return false;
       Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
       if (up == silu.getResult() ||
@@ -751,6 +774,41 @@ public:
       return true;
     }
     return false;
+  }
+
+  bool deferSilu(SiluOp silu) {
+    Block *block = silu->getBlock();
+    MulOp mul;
+    // The first product that reads it (the backward's come later).
+    for (Operation *user : silu.getResult().getUsers())
+      if (auto m = dyn_cast<MulOp>(user);
+          m && m->getBlock() == block &&
+          (!mul || m->isBeforeInBlock(mul)) &&
+          m->getAttr("tessel.phase") == silu->getAttr("tessel.phase") &&
+          m->getAttr("tessel.chunk") == silu->getAttr("tessel.chunk"))
+        mul = m;
+    if (!mul || numel(mul.getLhs()) != numel(mul.getRhs()) ||
+        mul.getLhs() == mul.getRhs())
+      return false;
+    Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
+    // Every other reader of the SiLU comes after the product; the gate is
+    // read after it too (by the SiLU's gradient), so its buffer is intact.
+    for (Operation *user : silu.getResult().getUsers())
+      if (user != mul && user->getBlock() == block &&
+          !mul->isBeforeInBlock(user))
+        return false;
+    bool gateLive = false;
+    for (Operation *user : silu.getInput().getUsers())
+      gateLive |= user->getBlock() == block && mul->isBeforeInBlock(user);
+    if (!gateLive || storageType(up) != storageType(silu.getInput()) ||
+        storageType(mul) != storageType(silu) ||
+        anyOverlap({silu.getResult(), mul.getResult()},
+                   {silu.getInput(), up}) ||
+        overlaps(silu, mul))
+      return false;
+    deferredSilu[mul] = silu;
+    os << "  // (deferred: fused with the gating product below)\n";
+    return true;
   }
 
   static unsigned vocabAxes(Operation *op) {
@@ -841,6 +899,8 @@ public:
   }
 
   DenseMap<Value, std::string> requests;
+  // Gating products that emit the SiLU deferred to them (SwiGLU).
+  llvm::DenseMap<Operation *, SiluOp> deferredSilu;
   // Ops emitted as part of a fused call of the op before them.
   llvm::SmallPtrSet<Operation *, 16> fused;
   // Per message tag: the position of its receive in the receiving
@@ -859,91 +919,6 @@ public:
   std::vector<CollectiveCall> *calls;
   int counter = 0;
 };
-
-// The values a bf16 program keeps in fp32: everything that becomes a
-// parameter's gradient (so that gradients are produced, reduced and
-// accumulated in fp32), losses and norms. Storage is shared along reshapes
-// and collectives, and a value sent to another pipeline stage has one type
-// on both sides, so the set is closed over those links across every
-// function of the module.
-llvm::DenseSet<Value> fp32ValuesOf(ModuleOp module) {
-  llvm::DenseSet<Value> fp32;
-  SmallVector<Value> work;
-  auto add = [&](Value v) {
-    if (isa<RankedTensorType>(v.getType()) && fp32.insert(v).second)
-      work.push_back(v);
-  };
-  llvm::DenseMap<int64_t, dist::SendOp> sends;
-  llvm::DenseMap<int64_t, dist::RecvOp> recvs;
-  module.walk([&](Operation *op) {
-    if (auto send = dyn_cast<dist::SendOp>(op))
-      sends[send.getTag()] = send;
-    if (auto recv = dyn_cast<dist::RecvOp>(op))
-      recvs[recv.getTag()] = recv;
-    if (auto adamw = dyn_cast<AdamWOp>(op))
-      add(adamw.getGrad());
-    if (auto norm = dyn_cast<GlobalNormOp>(op))
-      for (Value v : norm.getInputs())
-        add(v);
-    if (auto ret = dyn_cast<func::ReturnOp>(op))
-      for (Value v : ret.getOperands())
-        add(v);
-    if (auto n = dyn_cast<LayerNormGradOp>(op)) {
-      add(n.getWeightGrad());
-      add(n.getBiasGrad());
-    }
-    if (auto n = dyn_cast<RmsNormGradOp>(op))
-      add(n.getWeightGrad());
-    for (Value r : op->getResults())
-      if (auto t = dyn_cast<RankedTensorType>(r.getType());
-          t && t.getNumElements() == 1)
-        add(r);
-  });
-  // Operand i and result i of a collective share a type.
-  auto linkCollective = [&](Operation *op, Value v) {
-    if (isa<dist::AllReduceOp, dist::AllReduceStartOp>(op)) {
-      for (auto [in, out] : llvm::zip(op->getOperands(), op->getResults()))
-        if (in == v || out == v) {
-          add(in);
-          add(out);
-        }
-      return true;
-    }
-    if (isa<dist::AllGatherOp, dist::ReduceScatterOp, ReshapeOp,
-            dist::LocalSliceOp, dist::LocalInsertOp, TransposeOp>(op)) {
-      add(op->getOperand(0));
-      add(op->getResult(0));
-      return true;
-    }
-    return false;
-  };
-  while (!work.empty()) {
-    Value v = work.pop_back_val();
-    if (Operation *def = v.getDefiningOp()) {
-      if (!linkCollective(def, v)) {
-        if (auto a = dyn_cast<AddOp>(def)) {
-          // A sum of gradient contributions.
-          add(a.getLhs());
-          add(a.getRhs());
-        } else if (auto c = dyn_cast<ConcatOp>(def)) {
-          for (Value in : c.getInputs())
-            add(in);
-        } else if (auto recv = dyn_cast<dist::RecvOp>(def)) {
-          if (auto send = sends.lookup(recv.getTag()))
-            add(send.getInput());
-        }
-      }
-    }
-    for (Operation *user : v.getUsers()) {
-      if (isa<ReshapeOp, dist::AllReduceOp, dist::AllReduceStartOp>(user))
-        linkCollective(user, v);
-      if (auto send = dyn_cast<dist::SendOp>(user))
-        if (auto recv = recvs.lookup(send.getTag()))
-          add(recv.getResult());
-    }
-  }
-  return fp32;
-}
 
 std::string meshShapeInit(ModuleOp module) {
   dist::Mesh mesh = dist::Mesh::of(module);
@@ -1270,6 +1245,15 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
        << "  (void)PB; (void)S; (void)LS;\n";
   ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
   llvm::DenseSet<Value> fp32Values;
+  if (cuda && cuda->bf16 != module->hasAttr(kBf16ActivationsAttr))
+    return module.emitError("the buffer plan was made for ")
+           << (cuda->bf16 ? "fp32" : "bf16")
+           << " activations; run tessel-plan-buffers with bf16-activations="
+           << (cuda->bf16 ? "true" : "false");
+  if (!cuda && module->hasAttr(kBf16ActivationsAttr))
+    return module.emitError("a CPU program needs a buffer plan with fp32 "
+                            "activations (tessel-plan-buffers "
+                            "bf16-activations=false)");
   if (cuda) {
     emitter.cuda = true;
     emitter.lowPrecision = cuda->bf16;
@@ -1474,4 +1458,81 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
         "%.3e\\n\", (long long)checked, worst);\n"
      << "  return worst < 1e-5 ? 0 : 1;\n}\n";
   return success();
+}
+
+llvm::Error tessel::checkPipelineMessageOrder(
+    ModuleOp module, const std::vector<std::vector<ScheduledStep>> &schedules) {
+  struct Message {
+    int64_t tag, microbatch;
+    bool operator!=(const Message &o) const {
+      return tag != o.tag || microbatch != o.microbatch;
+    }
+  };
+  // (from, to) -> the messages in the order each side issues them.
+  std::map<std::pair<int64_t, int64_t>, std::vector<Message>> sent, received;
+  // The position of each receive in its program (as the emitter orders).
+  llvm::DenseMap<int64_t, int64_t> recvPosition;
+  module.walk([&](func::FuncOp f) {
+    int64_t position = 0;
+    f.walk([&](Operation *op) {
+      if (auto recv = dyn_cast<dist::RecvOp>(op))
+        recvPosition[recv.getTag()] = position;
+      ++position;
+    });
+  });
+  auto attrOf = [](Operation *op, StringRef name, int64_t fallback) {
+    auto attr = op->getAttrOfType<IntegerAttr>(name);
+    return attr ? attr.getInt() : fallback;
+  };
+  for (auto [rank, steps] : llvm::enumerate(schedules)) {
+    auto func = module.lookupSymbol<func::FuncOp>("stage_" + std::to_string(rank));
+    if (!func)
+      return llvm::createStringError("no @stage_" + std::to_string(rank));
+    for (const ScheduledStep &step : steps) {
+      StringRef phase = step.backward ? "backward" : "forward";
+      SmallVector<std::pair<int64_t, dist::SendOp>> sends;
+      for (Operation &op : func.getBody().front()) {
+        auto opPhase = op.getAttrOfType<StringAttr>("tessel.phase");
+        if (!opPhase || opPhase.getValue() != phase ||
+            attrOf(&op, "tessel.chunk", 0) != step.chunk)
+          continue;
+        if (auto recv = dyn_cast<dist::RecvOp>(op))
+          received[{(int64_t)rank + recv.getOffset(), (int64_t)rank}].push_back(
+              {recv.getTag(), step.microbatch});
+        if (auto send = dyn_cast<dist::SendOp>(op))
+          sends.push_back({recvPosition.lookup(send.getTag()), send});
+      }
+      llvm::stable_sort(sends, [](auto &a, auto &b) { return a.first < b.first; });
+      for (auto &[position, send] : sends)
+        sent[{(int64_t)rank, (int64_t)rank + send.getOffset()}].push_back(
+            {send.getTag(), step.microbatch});
+    }
+  }
+  for (auto &entry : received)
+    sent[entry.first]; // channels that only receive are compared too
+  for (auto &[channel, messages] : sent) {
+    const std::vector<Message> &other = received[channel];
+    size_t n = std::min(messages.size(), other.size());
+    for (size_t k = 0; k <= n; ++k) {
+      if (k == n && messages.size() == other.size())
+        break;
+      if (k < n && !(messages[k] != other[k]))
+        continue;
+      std::string what =
+          k < n ? "message " + std::to_string(k) + " is tag " +
+                      std::to_string(messages[k].tag) + " of microbatch " +
+                      std::to_string(messages[k].microbatch) +
+                      " when sent but tag " + std::to_string(other[k].tag) +
+                      " of microbatch " + std::to_string(other[k].microbatch) +
+                      " when received"
+                : std::to_string(messages.size()) + " messages are sent and " +
+                      std::to_string(other.size()) + " received";
+      return llvm::createStringError(
+          "pipeline stage " + std::to_string(channel.first) + " -> stage " +
+          std::to_string(channel.second) +
+          ": NCCL would match the messages out of order (" + what +
+          "); this schedule cannot run on the CUDA target");
+    }
+  }
+  return llvm::Error::success();
 }

@@ -27,9 +27,11 @@ namespace {
 
 constexpr int64_t kAlignment = 64;
 
-int64_t bytesOf(Value v) {
+// f32 and i32 take 4 bytes; in a bf16 plan, values outside `fp32` take 2.
+int64_t bytesOf(Value v, const llvm::DenseSet<Value> *fp32) {
   auto type = cast<RankedTensorType>(v.getType());
-  return type.getNumElements() * 4; // f32 and i32
+  bool bf16 = fp32 && !fp32->contains(v) && type.getElementType().isF32();
+  return type.getNumElements() * (bf16 ? 2 : 4);
 }
 
 // First-fit allocator over one arena, merging neighbours on free.
@@ -73,7 +75,8 @@ private:
   int64_t top_ = 0;
 };
 
-LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
+LogicalResult planBuffers(ModuleOp module, func::FuncOp func,
+                          const llvm::DenseSet<Value> *fp32) {
   Block &body = func.getBody().front();
   MLIRContext *ctx = module.getContext();
 
@@ -133,7 +136,7 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
       Value r = rootOf(result);
       if (r != result || place.count(r) || !isa<RankedTensorType>(r.getType()))
         continue;
-      place[r] = {BufferSpace::Arena, arena.allocate(bytesOf(r))};
+      place[r] = {BufferSpace::Arena, arena.allocate(bytesOf(r, fp32))};
     }
     // Free the roots whose last use is this op (or results never used).
     SmallVector<Value> dying;
@@ -150,7 +153,7 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
       BufferRef ref = place[v];
       if (ref.space == BufferSpace::Arena &&
           freed.insert(v.getAsOpaquePointer()).second)
-        arena.release(ref.offset, bytesOf(v));
+        arena.release(ref.offset, bytesOf(v, fp32));
     }
   }
 
@@ -178,6 +181,7 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func) {
 }
 
 struct PlanBuffersPass : tessel::impl::PlanBuffersBase<PlanBuffersPass> {
+  using PlanBuffersBase::PlanBuffersBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
     // The training step, or one function per pipeline stage.
@@ -191,8 +195,14 @@ struct PlanBuffersPass : tessel::impl::PlanBuffersBase<PlanBuffersPass> {
                        "(run tessel-autodiff first)");
       return signalPassFailure();
     }
+    llvm::DenseSet<Value> fp32;
+    if (bf16Activations) {
+      fp32 = fp32ValuesOf(module);
+      module->setAttr(kBf16ActivationsAttr, UnitAttr::get(module.getContext()));
+    }
     for (auto func : steps)
-      if (!func.getBody().hasOneBlock() || failed(planBuffers(module, func)))
+      if (!func.getBody().hasOneBlock() ||
+          failed(planBuffers(module, func, bf16Activations ? &fp32 : nullptr)))
         return signalPassFailure();
   }
 };

@@ -73,7 +73,7 @@ struct DiagnosticCollector {
   std::string messages;
 };
 
-json memoryReport(func::FuncOp func, int64_t arenaSlots) {
+json memoryReport(func::FuncOp func, int64_t arenaSlots, bool bf16Shadow) {
   int64_t paramElems =
       func->getAttrOfType<IntegerAttr>(kParamElemsAttr).getInt();
   int64_t arena =
@@ -83,7 +83,13 @@ json memoryReport(func::FuncOp func, int64_t arenaSlots) {
   m["grads_bytes"] = paramElems * 4;
   m["optimizer_bytes"] = paramElems * 8;
   m["activation_bytes"] = arena;
-  m["total_bytes"] = paramElems * 16 + arena;
+  int64_t total = paramElems * 16 + arena;
+  if (bf16Shadow) {
+    // bf16 programs multiply with a bf16 copy of the parameters.
+    m["param_shadow_bytes"] = paramElems * 2;
+    total += paramElems * 2;
+  }
+  m["total_bytes"] = total;
   return m;
 }
 
@@ -174,11 +180,14 @@ json planJson(const Spec &spec, ModuleOp module,
     }
     plan["programs"][program.name] = {
         {"binary", "bin/" + program.name},
-        {"source", "src/" + program.name + ".cpp"},
+        {"source", "src/" + program.name +
+                       (options.target == "cuda" ? ".cu" : ".cpp")},
         {"ranks", programs.size() == 1 ? world : perStage},
         {"parameters", params},
         {"parameter_tensors", paramCount},
-        {"memory", memoryReport(func, par.pp > 1 ? par.microbatches : 1)},
+        {"memory",
+         memoryReport(func, par.pp > 1 ? par.microbatches : 1,
+                      module->hasAttr(kBf16ActivationsAttr))},
         {"comm", commReport(program.calls)}};
   }
   const TrainSpec &t = spec.train;
@@ -344,7 +353,11 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   bucketing.overlap = spec.parallel.microbatches <= 1;
   if (spec.parallel.pp <= 1)
     plan.addPass(createBucketGradients(bucketing));
-  plan.addPass(createPlanBuffers());
+  PlanBuffersOptions planning;
+  // bf16 programs store activations in 2 bytes.
+  planning.bf16Activations =
+      options.target == "cuda" && spec.train.precision == "bf16";
+  plan.addPass(createPlanBuffers(planning));
   if (failed(plan.run(*module)))
     return diagnostics.error("buffer planning failed");
   return stage("04-planned.mlir");
@@ -432,6 +445,9 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   } else {
     programs.push_back({"program0", "train_step", {}});
   }
+  if (options.target == "cuda" && !schedules.empty())
+    if (llvm::Error err = checkPipelineMessageOrder(*module, schedules))
+      return err;
   for (auto [k, program] : llvm::enumerate(programs)) {
     std::string source;
     llvm::raw_string_ostream sourceStream(source);

@@ -58,13 +58,11 @@ template <typename T> Reference reference(const Shape &s) {
   r.dq.resize(nq);
   r.dk.resize(nk);
   r.dv.resize(nk);
-  rt::attentionForward<float>(r.q.data(), r.k.data(), r.v.data(),
-                              r.out.data(), s.B, s.T, s.H, s.Hkv, s.D,
-                              s.causal);
-  rt::attentionBackward<float>(r.q.data(), r.k.data(), r.v.data(),
-                               r.dout.data(), r.dq.data(), r.dk.data(),
-                               r.dv.data(), s.B, s.T, s.H, s.Hkv, s.D,
-                               s.causal);
+  rt::attentionForward<float>(r.q.data(), r.k.data(), r.v.data(), r.out.data(),
+                              s.B, s.T, s.H, s.Hkv, s.D, s.causal);
+  rt::attentionBackward<float>(
+      r.q.data(), r.k.data(), r.v.data(), r.dout.data(), r.dq.data(),
+      r.dk.data(), r.dv.data(), s.B, s.T, s.H, s.Hkv, s.D, s.causal);
   return r;
 }
 
@@ -72,10 +70,9 @@ template <typename T> Reference reference(const Shape &s) {
 // offset of 1 makes every tensor unaligned for vector loads).
 template <typename T> struct DeviceInputs {
   DeviceArray<T> q, k, v, dout;
-  int64_t offset;
   DeviceInputs(const Reference &r, int64_t offset)
       : q(padded(r.q, offset)), k(padded(r.k, offset)), v(padded(r.v, offset)),
-        dout(padded(r.dout, offset)), offset(offset) {}
+        dout(padded(r.dout, offset)) {}
   static std::vector<float> padded(const std::vector<float> &x,
                                    int64_t offset) {
     std::vector<float> y(size_t(offset), 0.f);
@@ -96,8 +93,8 @@ template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
   const size_t nq = r.q.size(), nk = r.k.size();
   DeviceArray<T> out(nq + size_t(offset)), dq(nq + size_t(offset)),
       dk(nk + size_t(offset)), dv(nk + size_t(offset));
-  DeviceArray<unsigned char> scratch(size_t(
-      attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  DeviceArray<unsigned char> scratch(
+      size_t(attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
   const int64_t o = offset;
 
   attentionForward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
@@ -110,18 +107,16 @@ template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
   const double rtol = rtolFor<T>();
   expectClose(dropFront(out.download(), o), r.out, rtol, atolFor<T>(r.out),
               "out");
-  expectClose(dropFront(dq.download(), o), r.dq, rtol, atolFor<T>(r.dq),
-              "dq");
-  expectClose(dropFront(dk.download(), o), r.dk, rtol, atolFor<T>(r.dk),
-              "dk");
-  expectClose(dropFront(dv.download(), o), r.dv, rtol, atolFor<T>(r.dv),
-              "dv");
+  expectClose(dropFront(dq.download(), o), r.dq, rtol, atolFor<T>(r.dq), "dq");
+  expectClose(dropFront(dk.download(), o), r.dk, rtol, atolFor<T>(r.dk), "dk");
+  expectClose(dropFront(dv.download(), o), r.dv, rtol, atolFor<T>(r.dv), "dv");
 }
 
 // Tiles are 64 query rows (32 in the fp32 backward) and 32 or 64 keys: 77,
-// 150 and 45 leave partial tiles; 1 is a single row. Head dimensions: 16, 64
-// and 128 fill the tensor-core tiles, 20 and 100 are padded to 32 and 112,
-// 30 and 8 are not multiples of 4 or 16.
+// 150, 70, 45 and 33 leave partial tiles; 1 is a single row. Head dimensions:
+// 16, 64 and 128 fill the tensor-core tiles; 8, 20 and 100 are padded to 16,
+// 32 and 112; 20 and 30 take element-wise bf16 loads (not multiples of 8), 30
+// element-wise fp32 loads (not a multiple of 4).
 const Shape kShapes[] = {
     {2, 77, 4, 4, 16, true},   {2, 77, 4, 4, 16, false},
     {2, 77, 4, 2, 64, true},   {2, 77, 4, 2, 64, false},
@@ -154,8 +149,9 @@ template <typename T> void checkDeterministic(const Shape &s) {
   SCOPED_TRACE(describe(s));
   const Reference r = reference<T>(s);
   const DeviceInputs<T> in(r, 0);
-  DeviceArray<unsigned char> scratch(size_t(
-      attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  DeviceArray<unsigned char> scratch(
+      size_t(attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  const char *const names[3] = {"dq", "dk", "dv"};
   std::vector<float> first[3];
   for (int run = 0; run < 2; ++run) {
     DeviceArray<T> dq(r.q.size()), dk(r.k.size()), dv(r.k.size());
@@ -173,7 +169,7 @@ template <typename T> void checkDeterministic(const Shape &s) {
       EXPECT_EQ(std::memcmp(got[i].data(), first[i].data(),
                             got[i].size() * sizeof(float)),
                 0)
-          << "gradient " << "qkv"[i] << " differs between runs";
+          << names[i] << " differs between runs";
     }
   }
 }
@@ -185,16 +181,16 @@ TEST(CudaAttention, BackwardIsDeterministic) {
 }
 
 TEST(CudaAttention, RejectsUnsupportedShapes) {
-  // Checked before anything is launched, so null tensors do.
+  // The shape is checked before anything is launched: null tensors do.
   const float *none = nullptr;
   float *out = nullptr;
   char scratch[1];
-  EXPECT_THROW(attentionForward<float>(none, none, none, out, 1, 8, 2, 2, 136,
-                                       true),
-               std::runtime_error);
-  EXPECT_THROW(attentionForward<float>(none, none, none, out, 1, 8, 3, 2, 64,
-                                       true),
-               std::runtime_error);
+  EXPECT_THROW(
+      attentionForward<float>(none, none, none, out, 1, 8, 2, 2, 136, true),
+      std::runtime_error);
+  EXPECT_THROW(
+      attentionForward<float>(none, none, none, out, 1, 8, 3, 2, 64, true),
+      std::runtime_error);
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, out, out, out,
                                         1, 8, 2, 1, 129, false, scratch),
                std::runtime_error);

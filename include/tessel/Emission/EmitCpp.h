@@ -61,6 +61,16 @@ emitCudaProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
                 llvm::StringRef funcName = "train_step",
                 const std::vector<ScheduledStep> *schedule = nullptr);
 
+// NCCL matches point-to-point messages between two ranks in the order they
+// are issued. Replays the schedules of all pipeline stages (`schedules[r]`
+// is stage function @stage_r's) with the CUDA emitter's order (each step's
+// sends issued by their position at the receiver, receives in program
+// order) and fails, naming the stages and the message, unless every
+// channel's sends and receives come in the same order.
+llvm::Error
+checkPipelineMessageOrder(mlir::ModuleOp module,
+                          const std::vector<std::vector<ScheduledStep>> &schedules);
+
 // Writes a standalone float64 program that runs the planned step without the
 // optimizer on random parameters and tokens, and compares the gradient of
 // every parameter (sampled entries) with central finite differences of the

@@ -105,6 +105,13 @@ def PlanBuffers : Pass<"tessel-plan-buffers", "mlir::ModuleOp"> {
     the gradient store (elements), 3 an input.
   }];
   let dependentDialects = ["::tessel::graph::GraphDialect"];
+  let options = [
+    Option<"bf16Activations", "bf16-activations", "bool", "false",
+           "Plan 2-byte slots for the arena values a bf16 program stores in "
+           "bf16 (all but parameter gradients, losses and norms; see "
+           "fp32ValuesOf in BufferPlan.h) and mark the module "
+           "tessel.bf16_activations">,
+  ];
 }
 
 #endif // TESSEL_TRANSFORMS_PASSES

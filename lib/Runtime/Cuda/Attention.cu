@@ -35,7 +35,6 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 namespace tessel::cuda {
 namespace {
@@ -48,8 +47,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // What every kernel needs of the problem. Element (b, t, h, d) of q is at
-// ((b * T + t) * H + h) * D + d, of k at ((b * T + t) * Hkv + h) * D + d; LSE
-// and Dvec are [B, H, T].
+// ((b * T + t) * H + h) * D + d, element (b, t, g, d) of k (KV head g) at
+// ((b * T + t) * Hkv + g) * D + d; LSE and Dvec are [B, H, T].
 struct Dims {
   int T, H, Hkv, D;
   int group;       // H / Hkv: query heads per KV head
@@ -77,9 +76,9 @@ __device__ __forceinline__ unsigned smemAddress(const void *p) {
 // 16 bytes global -> shared without waiting; srcBytes = 0 writes zeros.
 __device__ __forceinline__ void cpAsync16(void *dst, const void *src,
                                           int srcBytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                   smemAddress(dst)),
-               "l"(src), "r"(srcBytes));
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddress(dst)),
+      "l"(src), "r"(srcBytes));
 }
 __device__ __forceinline__ void cpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -201,9 +200,8 @@ constexpr int kSimtRowsBwd = 32;                    // backward tiles (both)
 
 inline int64_t simtForwardSmem(int D) {
   const int S = ((D + 3) & ~3) + 4;
-  return int64_t(sizeof(float)) *
-         ((kSimtRowsFwd + 2 * kSimtKeysFwd) * S +
-          kSimtRowsFwd * (kSimtKeysFwd + 4));
+  return int64_t(sizeof(float)) * ((kSimtRowsFwd + 2 * kSimtKeysFwd) * S +
+                                   kSimtRowsFwd * (kSimtKeysFwd + 4));
 }
 inline int64_t simtBackwardSmem(int D) {
   const int S = ((D + 3) & ~3) + 4;
@@ -291,7 +289,8 @@ __global__ void __launch_bounds__(256)
 
   l = quadSum(l);
   const float inv = 1.f / l;
-  const int64_t rowOffset = (int64_t(b) * s.T + row) * qStride + int64_t(h) * s.D;
+  const int64_t rowOffset =
+      (int64_t(b) * s.T + row) * qStride + int64_t(h) * s.D;
   float dot = 0.f;
 #pragma unroll
   for (int i = 0; i < CH; ++i)
@@ -531,8 +530,7 @@ __device__ void loadTileBf16(bf16 *tile, int stride, const bf16 *head,
 //   B operands of column tiles n0 and n0 + 8 from a [k][n] tile (.trans):
 //   r0 r1 for n0, r2 r3 for n0 + 8;
 __device__ __forceinline__ const bf16 *fragRowsA(const bf16 *tile, int stride,
-                                                 int row0, int col0,
-                                                 int lane) {
+                                                 int row0, int col0, int lane) {
   return tile + (row0 + (lane & 15)) * stride + col0 + (lane >> 4) * 8;
 }
 // - the B operands of column tiles n0 and n0 + 8 (r0 r1 and r2 r3) from a
@@ -635,7 +633,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[nt][e] * s.scaleLog2;
-        if (edge && masked(s, row0 + (e >> 1) * 8, k0 + nt * 8 + 2 * tq + (e & 1)))
+        if (edge &&
+            masked(s, row0 + (e >> 1) * 8, k0 + nt * 8 + 2 * tq + (e & 1)))
           x = -INFINITY;
         sc[nt][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -939,10 +938,9 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e >> 1;
-        const float pr =
-            masked(s, row0 + i * 8, k0 + nt * 8 + 2 * tq + (e & 1))
-                ? 0.f
-                : exp2f(sc[nt][e] * s.scaleLog2 - lse2[i]);
+        const float pr = masked(s, row0 + i * 8, k0 + nt * 8 + 2 * tq + (e & 1))
+                             ? 0.f
+                             : exp2f(sc[nt][e] * s.scaleLog2 - lse2[i]);
         sc[nt][e] = pr * (dp[nt][e] - dvecRow[i]);
       }
 #pragma unroll
@@ -991,8 +989,8 @@ bool aligned16(const void *p) {
 
 // Validates the shape (throws for what the kernels cannot do) and fills
 // Dims; returns false when there is nothing to compute.
-bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H,
-              int64_t Hkv, int64_t D, bool causal, Dims &s) {
+bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+              int64_t D, bool causal, Dims &s) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return false;
   const std::string name = std::string("CUDA ") + what + ": ";
@@ -1001,13 +999,13 @@ bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H,
                              " exceeds " + std::to_string(kMaxHeadDim) +
                              ", the largest the kernels support");
   if (Hkv <= 0 || H % Hkv != 0)
-    throw std::runtime_error(name + std::to_string(H) +
-                             " query heads do not divide into " +
+    throw std::runtime_error(name + "H = " + std::to_string(H) +
+                             " query heads are not a multiple of Hkv = " +
                              std::to_string(Hkv) + " KV heads");
   if (Tlen > INT32_MAX / 2 || H > 65535 || B > 65535)
-    throw std::runtime_error(name + "B = " + std::to_string(B) + ", T = " +
-                             std::to_string(Tlen) + ", H = " +
-                             std::to_string(H) +
+    throw std::runtime_error(name + "B = " + std::to_string(B) +
+                             ", T = " + std::to_string(Tlen) +
+                             ", H = " + std::to_string(H) +
                              " exceed the grid (T < 2^30, B and H <= 65535)");
   s.T = int(Tlen);
   s.H = int(H);
@@ -1022,8 +1020,8 @@ bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H,
 }
 
 template <typename... KernelArgs, typename... Args>
-void launch(void (*kernel)(KernelArgs...), dim3 grid, int threads,
-            int64_t smem, Args... args) {
+void launch(void (*kernel)(KernelArgs...), dim3 grid, int threads, int64_t smem,
+            Args... args) {
   if (smem > 48 * 1024)
     TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1044,20 +1042,19 @@ void forward(const float *q, const float *k, const float *v, float *out,
   else if (s.D <= 64)
     launch(forwardSimt<64>, grid, 256, smem, q, k, v, out, lse, dout, dvec, s);
   else
-    launch(forwardSimt<128>, grid, 256, smem, q, k, v, out, lse, dout, dvec,
-           s);
+    launch(forwardSimt<128>, grid, 256, smem, q, k, v, out, lse, dout, dvec, s);
 }
 
-void forward(const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out,
-             float *lse, const bf16 *dout, float *dvec, int64_t B, Dims s) {
+void forward(const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
+             const bf16 *dout, float *dvec, int64_t B, Dims s) {
   s.vec = s.D % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
   const dim3 grid(tiles(s.T, kMmaRows), unsigned(s.H), unsigned(B));
   if (s.D <= 64)
     launch(forwardMma<64>, grid, 128, mmaForwardSmem<64>(), q, k, v, out, lse,
            dout, dvec, s);
   else
-    launch(forwardMma<128>, grid, 128, mmaForwardSmem<128>(), q, k, v, out,
-           lse, dout, dvec, s);
+    launch(forwardMma<128>, grid, 128, mmaForwardSmem<128>(), q, k, v, out, lse,
+           dout, dvec, s);
 }
 
 void backwardGrads(const float *q, const float *k, const float *v,
@@ -1090,11 +1087,11 @@ void backwardGrads(const bf16 *q, const bf16 *k, const bf16 *v,
   if (s.D <= 64) {
     launch(backwardKvMma<64>, kvGrid, 128, mmaBackwardKvSmem<64>(), q, k, v,
            dout, lse, dvec, dk, dv, s);
-    launch(backwardQMma<64>, qGrid, 128, mmaBackwardQSmem<64>(), q, k, v,
-           dout, lse, dvec, dq, s);
+    launch(backwardQMma<64>, qGrid, 128, mmaBackwardQSmem<64>(), q, k, v, dout,
+           lse, dvec, dq, s);
   } else {
-    launch(backwardKvMma<128>, kvGrid, 128, mmaBackwardKvSmem<128>(), q, k,
-           v, dout, lse, dvec, dk, dv, s);
+    launch(backwardKvMma<128>, kvGrid, 128, mmaBackwardKvSmem<128>(), q, k, v,
+           dout, lse, dvec, dk, dv, s);
     launch(backwardQMma<128>, qGrid, 128, mmaBackwardQSmem<128>(), q, k, v,
            dout, lse, dvec, dq, s);
   }
@@ -1118,8 +1115,8 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
 }
 
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal, void *scratch) {
   Dims s;
   if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, s))
@@ -1135,11 +1132,11 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
   backwardGrads(q, k, v, dout, lse, dvec, dq, dk, dv, B, s);
 }
 
-int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                              int64_t D, int elementBytes) {
-  (void)Hkv;
-  (void)D;
-  (void)elementBytes;
+// Only the row statistics are kept, whatever the KV heads, head dimension
+// and element size.
+int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H,
+                              int64_t /*Hkv*/, int64_t /*D*/,
+                              int /*elementBytes*/) {
   return 2 * statBytes(B, Tlen, H);
 }
 
@@ -1147,10 +1144,9 @@ int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
                                     int64_t, int64_t, int64_t, int64_t,        \
                                     int64_t, bool);                            \
-  template void attentionBackward<T>(const T *, const T *, const T *,          \
-                                     const T *, T *, T *, T *, int64_t,        \
-                                     int64_t, int64_t, int64_t, int64_t, bool, \
-                                     void *);
+  template void attentionBackward<T>(                                          \
+      const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
+      int64_t, int64_t, int64_t, int64_t, bool, void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

@@ -22,6 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BlockReduce.cuh"
 #include "Internal.h"
 
 #include "tessel/Runtime/Comm.h"
@@ -37,6 +38,9 @@ using detail::blocksFor;
 using detail::fromFloat;
 using detail::toFloat;
 
+using detail::blockReduce;
+using detail::Sum;
+
 namespace {
 
 constexpr int kRowThreads = 512;
@@ -48,6 +52,10 @@ __device__ float gRowLoss[kMaxRows];
 // A running max and the sum of exp(x - max) over the elements seen.
 struct MaxSum {
   float max, sum;
+  __device__ MaxSum shuffleDown(int offset) const {
+    return {__shfl_down_sync(0xffffffffu, max, offset),
+            __shfl_down_sync(0xffffffffu, sum, offset)};
+  }
 };
 
 __device__ inline MaxSum combine(MaxSum a, MaxSum b) {
@@ -75,50 +83,6 @@ struct Combine {
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
-
-__device__ inline float shuffleDown(float v, int offset) {
-  return __shfl_down_sync(0xffffffffu, v, offset);
-}
-__device__ inline double shuffleDown(double v, int offset) {
-  return __shfl_down_sync(0xffffffffu, v, offset);
-}
-__device__ inline MaxSum shuffleDown(MaxSum v, int offset) {
-  return {__shfl_down_sync(0xffffffffu, v.max, offset),
-          __shfl_down_sync(0xffffffffu, v.sum, offset)};
-}
-
-// Reduces v over the block (blockDim.x a multiple of 32) and returns the
-// result to every thread: a shuffle tree per warp, then the warp results in
-// warp order, so the order depends on blockDim only. Every thread of the
-// block must call it.
-template <typename T, typename Op>
-__device__ T blockReduce(T v, Op op, T identity) {
-  __shared__ T warpResults[32];
-  __shared__ T result;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = op(v, shuffleDown(v, offset));
-  // A previous call's readers of `result` are done before it is rewritten.
-  __syncthreads();
-  if (lane == 0)
-    warpResults[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? warpResults[lane] : identity;
-    for (int offset = 16; offset > 0; offset /= 2)
-      v = op(v, shuffleDown(v, offset));
-    if (lane == 0)
-      result = v;
-  }
-  __syncthreads();
-  return result;
-}
-
 // The row's max and sum of exp(x - max), in one pass.
 template <typename TL>
 __device__ MaxSum rowStatistics(const TL *xr, int64_t V) {

@@ -22,6 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BlockReduce.cuh"
 #include "Internal.h"
 
 #include <algorithm>
@@ -34,6 +35,9 @@ using detail::blocksFor;
 using detail::fromFloat;
 using detail::toFloat;
 
+using detail::blockReduce;
+using detail::Sum;
+
 namespace {
 
 constexpr int kForwardThreads = 256;
@@ -45,49 +49,6 @@ constexpr int64_t kMaxRowBlocks = 256;
 constexpr int64_t kPartialFloats = int64_t(1) << 21; // 8 MiB
 
 __device__ float gNormPartials[kPartialFloats];
-
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
-  __device__ float2 operator()(float2 a, float2 b) const {
-    return make_float2(a.x + b.x, a.y + b.y);
-  }
-};
-
-__device__ inline float shuffleDown(float v, int offset) {
-  return __shfl_down_sync(0xffffffffu, v, offset);
-}
-__device__ inline float2 shuffleDown(float2 v, int offset) {
-  return make_float2(__shfl_down_sync(0xffffffffu, v.x, offset),
-                     __shfl_down_sync(0xffffffffu, v.y, offset));
-}
-
-// Reduces v over the block (blockDim.x a multiple of 32) and returns the
-// result to every thread: a shuffle tree per warp, then the warp results in
-// warp order. The order depends on blockDim only. Every thread of the block
-// must call it.
-template <typename T, typename Op>
-__device__ T blockReduce(T v, Op op, T identity) {
-  __shared__ T warpResults[32];
-  __shared__ T result;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = op(v, shuffleDown(v, offset));
-  // A previous call's readers of `result` are done before it is rewritten.
-  __syncthreads();
-  if (lane == 0)
-    warpResults[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? warpResults[lane] : identity;
-    for (int offset = 16; offset > 0; offset /= 2)
-      v = op(v, shuffleDown(v, offset));
-    if (lane == 0)
-      result = v;
-  }
-  __syncthreads();
-  return result;
-}
 
 __device__ inline float blockSum(float v) {
   return blockReduce(v, Sum{}, 0.0f);

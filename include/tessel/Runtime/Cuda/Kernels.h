@@ -170,8 +170,9 @@ template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
                       int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
                       bool causal);
-// Recomputes the forward (output and row log-sum-exp) into `scratch`, then
-// the flash-attention backward. dk and dv of a KV head shared by several
+// Recomputes the forward's row log-sum-exp and rowsum(dout * out) into
+// `scratch` (the output itself is not stored), then the flash-attention
+// backward: a pass over key tiles (dK, dV) and one over query tiles (dQ). dk and dv of a KV head shared by several
 // query heads are summed in fp32. `scratch` must hold
 // attentionScratchBytes(...) bytes.
 template <typename T>
