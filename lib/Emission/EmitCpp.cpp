@@ -537,13 +537,24 @@ public:
           return success();
         })
         .Case<dist::SendOp>([&](dist::SendOp send) {
-          if (cuda)
+          if (cuda) {
             // NCCL matches point-to-point messages in order, not by tag:
-            // sends are issued (flushSends) in the order the peer receives.
+            // each message carries its place in the peer's receive order,
+            // and the runtime issues them in that order.
+            auto it = sendOrders ? sendOrders->find(send.getTag())
+                                 : SendOrders::const_iterator();
+            if (!sendOrders || it == sendOrders->end())
+              return LogicalResult(send.emitOpError(
+                  "has no place in the receive order (no pipeline schedule)"));
+            std::string table = "kSendOrder" + std::to_string(send.getTag());
+            os << "  static const int64_t " << table << "[] = {";
+            for (auto [k, order] : llvm::enumerate(it->second))
+              os << (k ? ", " : "") << order;
+            os << "};\n";
             call("sendTo", {lowPtr(send.getInput()),
                             i(numel(send.getInput())), "AxisPP",
-                            i(send.getOffset()),
-                            i(recvOrder.lookup(send.getTag()))});
+                            i(send.getOffset()), table + "[mb]"});
+          }
           else
             call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
                             "AxisPP", i(send.getOffset()),
@@ -903,9 +914,8 @@ public:
   llvm::DenseMap<Operation *, SiluOp> deferredSilu;
   // Ops emitted as part of a fused call of the op before them.
   llvm::SmallPtrSet<Operation *, 16> fused;
-  // Per message tag: the position of its receive in the receiving
-  // program (CUDA sends are issued in that order).
-  llvm::DenseMap<int64_t, int64_t> recvOrder;
+  // Per message tag and microbatch: its place in the receiver's order.
+  const SendOrders *sendOrders = nullptr;
   // Every axis set a collective of the step runs over.
   std::set<unsigned> commAxes;
   // How often the ops being emitted run per step (once per microbatch in a
@@ -1260,14 +1270,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
     if (cuda->bf16)
       fp32Values = fp32ValuesOf(module);
     emitter.fp32Values = &fp32Values;
-    module.walk([&](func::FuncOp f) {
-      int64_t position = 0;
-      f.walk([&](Operation *op) {
-        if (auto recv = dyn_cast<dist::RecvOp>(op))
-          emitter.recvOrder[recv.getTag()] = position;
-        ++position;
-      });
-    });
+    emitter.sendOrders = &cuda->sendOrders;
   }
   auto microbatchesAttr = module->getAttrOfType<IntegerAttr>(kMicrobatchesAttr);
   int64_t microbatches = microbatchesAttr ? microbatchesAttr.getInt() : 1;
@@ -1339,10 +1342,21 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
        << "  device.scratchBytes = std::max<int64_t>({0";
     for (const std::string &e : emitter.scratch)
       os << ", " << e;
+    // Every pipeline offset any stage sends with: point-to-point channels
+    // are created by all ranks together.
+    std::set<int64_t> offsets;
+    module.walk([&](dist::SendOp send) { offsets.insert(send.getOffset()); });
     os << "});\n  device.cudaArch = " << cuda->arch << ";\n"
        << "  device.commAxes = kCommAxes;\n"
-       << "  device.numCommAxes = " << axes.size() << ";\n"
-       << "  program.device = deviceHooks(device);\n"
+       << "  device.numCommAxes = " << axes.size() << ";\n";
+    if (!offsets.empty()) {
+      os << "  static const int kP2POffsets[] = {";
+      for (auto [k, o] : llvm::enumerate(offsets))
+        os << (k ? ", " : "") << o;
+      os << "};\n  device.p2pOffsets = kP2POffsets;\n"
+         << "  device.numP2POffsets = " << offsets.size() << ";\n";
+    }
+    os << "  program.device = deviceHooks(device);\n"
        << "  return tessel::rt::runMain(argc, argv, program);\n}\n";
   } else {
     os << "  return runMain(argc, argv, program);\n}\n";
@@ -1460,79 +1474,60 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
   return success();
 }
 
-llvm::Error tessel::checkPipelineMessageOrder(
+llvm::Expected<SendOrders> tessel::pipelineSendOrders(
     ModuleOp module, const std::vector<std::vector<ScheduledStep>> &schedules) {
-  struct Message {
-    int64_t tag, microbatch;
-    bool operator!=(const Message &o) const {
-      return tag != o.tag || microbatch != o.microbatch;
-    }
-  };
-  // (from, to) -> the messages in the order each side issues them.
+  using Message = std::pair<int64_t, int64_t>; // tag, microbatch
+  // (from, to) -> the messages in the order the sender produces them and
+  // the order the receiver takes them.
   std::map<std::pair<int64_t, int64_t>, std::vector<Message>> sent, received;
-  // The position of each receive in its program (as the emitter orders).
-  llvm::DenseMap<int64_t, int64_t> recvPosition;
-  module.walk([&](func::FuncOp f) {
-    int64_t position = 0;
-    f.walk([&](Operation *op) {
-      if (auto recv = dyn_cast<dist::RecvOp>(op))
-        recvPosition[recv.getTag()] = position;
-      ++position;
-    });
-  });
-  auto attrOf = [](Operation *op, StringRef name, int64_t fallback) {
-    auto attr = op->getAttrOfType<IntegerAttr>(name);
-    return attr ? attr.getInt() : fallback;
-  };
   for (auto [rank, steps] : llvm::enumerate(schedules)) {
-    auto func = module.lookupSymbol<func::FuncOp>("stage_" + std::to_string(rank));
+    auto func =
+        module.lookupSymbol<func::FuncOp>("stage_" + std::to_string(rank));
     if (!func)
       return llvm::createStringError("no @stage_" + std::to_string(rank));
     for (const ScheduledStep &step : steps) {
       StringRef phase = step.backward ? "backward" : "forward";
-      SmallVector<std::pair<int64_t, dist::SendOp>> sends;
       for (Operation &op : func.getBody().front()) {
         auto opPhase = op.getAttrOfType<StringAttr>("tessel.phase");
+        auto chunk = op.getAttrOfType<IntegerAttr>("tessel.chunk");
         if (!opPhase || opPhase.getValue() != phase ||
-            attrOf(&op, "tessel.chunk", 0) != step.chunk)
+            (chunk ? chunk.getInt() : 0) != step.chunk)
           continue;
         if (auto recv = dyn_cast<dist::RecvOp>(op))
-          received[{(int64_t)rank + recv.getOffset(), (int64_t)rank}].push_back(
-              {recv.getTag(), step.microbatch});
+          received[{(int64_t)rank + recv.getOffset(), (int64_t)rank}]
+              .push_back({recv.getTag(), step.microbatch});
         if (auto send = dyn_cast<dist::SendOp>(op))
-          sends.push_back({recvPosition.lookup(send.getTag()), send});
+          sent[{(int64_t)rank, (int64_t)rank + send.getOffset()}].push_back(
+              {send.getTag(), step.microbatch});
       }
-      llvm::stable_sort(sends, [](auto &a, auto &b) { return a.first < b.first; });
-      for (auto &[position, send] : sends)
-        sent[{(int64_t)rank, (int64_t)rank + send.getOffset()}].push_back(
-            {send.getTag(), step.microbatch});
     }
   }
   for (auto &entry : received)
     sent[entry.first]; // channels that only receive are compared too
+  SendOrders orders;
   for (auto &[channel, messages] : sent) {
-    const std::vector<Message> &other = received[channel];
-    size_t n = std::min(messages.size(), other.size());
-    for (size_t k = 0; k <= n; ++k) {
-      if (k == n && messages.size() == other.size())
-        break;
-      if (k < n && !(messages[k] != other[k]))
-        continue;
-      std::string what =
-          k < n ? "message " + std::to_string(k) + " is tag " +
-                      std::to_string(messages[k].tag) + " of microbatch " +
-                      std::to_string(messages[k].microbatch) +
-                      " when sent but tag " + std::to_string(other[k].tag) +
-                      " of microbatch " + std::to_string(other[k].microbatch) +
-                      " when received"
-                : std::to_string(messages.size()) + " messages are sent and " +
-                      std::to_string(other.size()) + " received";
+    // A message's order is its place in the receiver's sequence.
+    std::map<Message, int64_t> place;
+    for (auto [k, m] : llvm::enumerate(received[channel]))
+      place.emplace(m, k);
+    std::string where = "pipeline stage " + std::to_string(channel.first) +
+                        " -> stage " + std::to_string(channel.second) + ": ";
+    if (messages.size() != received[channel].size() ||
+        place.size() != messages.size())
       return llvm::createStringError(
-          "pipeline stage " + std::to_string(channel.first) + " -> stage " +
-          std::to_string(channel.second) +
-          ": NCCL would match the messages out of order (" + what +
-          "); this schedule cannot run on the CUDA target");
+          where + std::to_string(messages.size()) + " messages are sent and " +
+          std::to_string(received[channel].size()) + " received");
+    for (const Message &m : messages) {
+      auto it = place.find(m);
+      if (it == place.end())
+        return llvm::createStringError(
+            where + "message " + std::to_string(m.first) + " of microbatch " +
+            std::to_string(m.second) + " is sent but never received");
+      std::vector<int64_t> &perMicrobatch = orders[m.first];
+      if ((int64_t)perMicrobatch.size() <= m.second)
+        perMicrobatch.resize(m.second + 1, -1);
+      perMicrobatch[m.second] = it->second;
     }
   }
-  return llvm::Error::success();
+  return orders;
 }

@@ -445,9 +445,12 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   } else {
     programs.push_back({"program0", "train_step", {}});
   }
-  if (options.target == "cuda" && !schedules.empty())
-    if (llvm::Error err = checkPipelineMessageOrder(*module, schedules))
-      return err;
+  if (options.target == "cuda" && !schedules.empty()) {
+    llvm::Expected<SendOrders> orders = pipelineSendOrders(*module, schedules);
+    if (!orders)
+      return orders.takeError();
+    cudaTarget.sendOrders = std::move(*orders);
+  }
   for (auto [k, program] : llvm::enumerate(programs)) {
     std::string source;
     llvm::raw_string_ostream sourceStream(source);

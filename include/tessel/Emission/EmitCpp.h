@@ -7,6 +7,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,26 @@ emitCpuProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
                llvm::StringRef funcName = "train_step",
                const std::vector<ScheduledStep> *schedule = nullptr);
 
-// The CUDA target: storage precision and the GPU architecture (sm_<arch>).
+// Pipeline messages: per tag, per microbatch, the message's place among
+// everything its sender sends to that receiver in a step, counted in the
+// order the receiver takes them.
+using SendOrders = std::map<int64_t, std::vector<int64_t>>;
+
+// NCCL matches point-to-point messages between two ranks in the order they
+// are issued, without tags. Replays every stage's schedule (`schedules[r]`
+// is the steps of @stage_r) and returns the receive order of every message,
+// which CUDA programs issue their sends in; fails, naming the stages, when
+// sends and receives do not pair up.
+llvm::Expected<SendOrders>
+pipelineSendOrders(mlir::ModuleOp module,
+                   const std::vector<std::vector<ScheduledStep>> &schedules);
+
+// The CUDA target: storage precision, the GPU architecture (sm_<arch>) and,
+// for pipelines, the order of the messages.
 struct CudaTarget {
   bool bf16 = true;
   int arch = 90;
+  SendOrders sendOrders;
 };
 
 // Writes the CUDA C++ source of one rank program: the same step as
@@ -60,16 +77,6 @@ emitCudaProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
                 std::vector<CollectiveCall> *calls = nullptr,
                 llvm::StringRef funcName = "train_step",
                 const std::vector<ScheduledStep> *schedule = nullptr);
-
-// NCCL matches point-to-point messages between two ranks in the order they
-// are issued. Replays the schedules of all pipeline stages (`schedules[r]`
-// is stage function @stage_r's) with the CUDA emitter's order (each step's
-// sends issued by their position at the receiver, receives in program
-// order) and fails, naming the stages and the message, unless every
-// channel's sends and receives come in the same order.
-llvm::Error
-checkPipelineMessageOrder(mlir::ModuleOp module,
-                          const std::vector<std::vector<ScheduledStep>> &schedules);
 
 // Writes a standalone float64 program that runs the planned step without the
 // optimizer on random parameters and tokens, and compares the gradient of

@@ -17,21 +17,43 @@
 // stages are different programs whose lists may differ. Splits run in
 // increasing mask order.
 //
-// Point-to-point channels. Point-to-point runs along pp only, on two more
-// communicators over the pp groups (split after the axis sets, with the pp
-// set's color and key, so NCCL rank = pp coordinate) and two streams of
-// their own: channel UP carries data going to a higher pp coordinate
-// (sendTo with offset > 0, recvFrom with offset < 0), channel DOWN data
-// going to a lower one. NCCL matches the messages between two ranks of a
-// communicator in issue order, without tags; on a channel every pair of
-// ranks has one sender and one receiver, so the messages match as long as
-// both sides issue them in the same order, and traffic in one direction
-// never waits behind traffic in the other (one stream carrying both can
-// deadlock in 1F1B: each rank blocked in a send to the other). sendTo
-// copies the data into a send buffer on the compute stream and queues the
-// send; flushSends issues the queued sends sorted by their `order` (the
-// position at which the receiver receives them), so that the sender's
-// issue order is the receiver's.
+// Point-to-point channels. Point-to-point runs along pp only. NCCL matches
+// the messages between two ranks of a communicator in issue order, without
+// tags; the operations on one stream run in order, and an ncclSend may
+// block its stream until the peer has posted the matching receive. A
+// stream that carries operations with several peers can therefore close a
+// cycle: with pp >= 3 a send waiting for a far stage (the tied embedding
+// table from the first stage to the last, the wrap-around of an
+// interleaved schedule) holds back a later send to, or receive from, a
+// near stage that the far one indirectly waits for. So every stream
+// carries the operations of one directed edge only, and a blocked send
+// waits for its own receiver alone.
+//
+// A message sent from pp coordinate c with offset o (to c + o) travels on
+// channel (o, parity), parity = (c / |o|) % 2. Its receiver, at c + o,
+// calls recvFrom with offset -o and computes the same key from its own
+// coordinate. c / |o| and (c + o) / |o| differ by exactly one, so on a
+// channel every rank either sends to one peer (c + o) or receives from one
+// (c - o), never both: a channel's pairs are disjoint, and each of its
+// streams holds the sends of one edge or the receives of one edge. Every
+// channel has an NCCL communicator over the pp groups (split after the
+// axis sets, with the pp set's color and key, so NCCL rank = pp
+// coordinate) and a non-blocking stream of its own. The channels are those
+// of the offsets in DeviceProgram::p2pOffsets (the offsets any stage sends
+// with; {+1, -1} if a program lists none), united over all ranks with an
+// MPI_Allreduce since the splits are collective, each with both parities,
+// split in increasing (offset, parity) order; a key that no pair of
+// coordinates of the mesh can use is left out on every rank alike.
+//
+// sendTo copies the data into a send buffer on the compute stream and
+// queues the send; `order` is the message's index among everything this
+// rank sends to that peer in a training step, counted in the order the
+// peer receives them. flushSends (after every pipeline step) issues, per
+// peer, the queued sends whose turn has come, so the sender's issue order
+// is the receiver's even when a message is consumed after messages
+// produced later (the compiler computes the orders from the schedules);
+// waitSends (once per step) checks that every message went out and starts
+// counting again.
 //
 // Ordering. Collectives run on the communication stream. Each one first
 // makes that stream wait for the compute stream (an event), so it sees
@@ -76,10 +98,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace tessel::cuda {
@@ -94,14 +118,13 @@ constexpr unsigned kAllAxes = kNumAxisSets - 1;
 // Events the watchdog pool starts with; it grows if more are in flight.
 constexpr int kInitialEvents = 256;
 
-// The axis point-to-point runs along, and its channels (see the top).
+// The axis point-to-point runs along (see the top).
 constexpr rt::MeshAxis kP2PAxis = rt::AxisPP;
-enum Channel : int { kUp = 0, kDown = 1, kNumChannels = 2 };
-// The streams the watchdog follows: each runs its operations in order.
-enum Queue : int { kCommQueue = 0, kUpQueue = 1, kDownQueue = 2, kNumQueues };
-constexpr Queue queueOf(Channel channel) {
-  return channel == kUp ? kUpQueue : kDownQueue;
-}
+// The streams the watchdog follows, each of which runs its operations in
+// order: the communication stream's list comes first, then one per
+// point-to-point channel, in the channels' order.
+constexpr int kCommQueue = 0;
+constexpr int queueOf(int channel) { return 1 + channel; }
 
 // One enqueued operation, as the watchdog sees it.
 struct InFlight {
@@ -130,12 +153,19 @@ struct QueuedSend {
   ncclDataType_t type;
   int peer;
   int offset;
-  Channel channel;
+  int channel; // index into CommState::channels
 };
 
-// A point-to-point channel: its communicator over the pp group and its
-// stream.
+// A point-to-point channel, the messages sent with `offset` from the
+// coordinates c with (c / |offset|) % 2 == parity (see the top): its
+// communicator over the pp group and its stream.
 struct P2PChannel {
+  int offset = 0;
+  int parity = 0;
+  // "pp+3 channel (parity 0)", for messages; the watchdog's name of a
+  // beginP2P/endP2P group on it. Neither changes once the channels exist.
+  std::string name;
+  std::string groupName;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   // Sends issued on the stream since the last waitSends; sendsDone is
@@ -170,11 +200,16 @@ struct CommState {
   std::vector<bool> requestInUse;
   std::vector<bool> requestHasWork;
 
-  // Point-to-point.
-  P2PChannel channels[kNumChannels];
+  // Point-to-point: the channels in increasing (offset, parity) order, set
+  // up by commStart and left as they are until commStop (the watchdog
+  // reads them), and their indices by (offset, parity).
+  std::vector<P2PChannel> channels;
+  std::map<std::pair<int, int>, int> channelIndex;
   bool inGroup = false;
-  // Sends queued by sendTo until flushSends.
+  // Sends queued by sendTo until their turn (see flushSends).
   std::vector<QueuedSend> queuedSends;
+  // Per (channel, peer): the order of the next message it receives.
+  std::map<std::pair<int, int>, int64_t> nextOrder;
   // Sends copy their data here, in order, one buffer per send since the
   // last waitSends; the schedule repeats every step, so after the first
   // step the buffers are reused as they are.
@@ -184,7 +219,10 @@ struct CommState {
   // Watchdog; `mutex` guards everything below.
   std::mutex mutex;
   std::condition_variable wake;
-  std::deque<InFlight> inFlight[kNumQueues]; // by Queue
+  // By queue (kCommQueue, queueOf(channel)); sized by commStart, before
+  // the watchdog starts, and not resized while it runs.
+  std::vector<std::deque<InFlight>> inFlight =
+      std::vector<std::deque<InFlight>>(1);
   std::vector<cudaEvent_t> eventPool;
   std::thread watchdog;
   bool stopWatchdog = false;
@@ -322,7 +360,7 @@ void commAfterCompute() { afterCompute(detail::commStream()); }
 // Records the completion of what was just enqueued on `stream`, the stream
 // of `queue`, and hands `entry` to the watchdog. With `computeWaits`, the
 // compute stream waits for it (before the watchdog may recycle the event).
-void operationEnqueued(Queue queue, cudaStream_t stream, InFlight entry,
+void operationEnqueued(int queue, cudaStream_t stream, InFlight entry,
                        bool computeWaits) {
   CommState &s = state();
   cudaEvent_t done;
@@ -468,7 +506,7 @@ std::string pollCollectives(CommState &s) {
   }
   // The asynchronous error of `comm`, whose operations run on the stream of
   // `queue`, or an empty string.
-  auto asyncFailure = [&](ncclComm_t comm, Queue queue) -> std::string {
+  auto asyncFailure = [&](ncclComm_t comm, int queue) -> std::string {
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
         async == ncclSuccess || async == ncclInProgress)
@@ -489,14 +527,14 @@ std::string pollCollectives(CommState &s) {
       return "NCCL reported an error on the communicator over " +
              axesName(axes) + ": " + failure;
   }
-  for (int c = 0; c < kNumChannels; c++) {
-    if (!s.channels[c].comm)
+  for (size_t c = 0; c < s.channels.size(); c++) {
+    const P2PChannel &channel = s.channels[c];
+    if (!channel.comm)
       continue;
-    std::string failure = asyncFailure(s.channels[c].comm, queueOf((Channel)c));
+    std::string failure = asyncFailure(channel.comm, queueOf((int)c));
     if (!failure.empty())
-      return std::string("NCCL reported an error on the ") +
-             rt::meshAxisName(kP2PAxis) + (c == kUp ? " up" : " down") +
-             " channel's communicator: " + failure;
+      return "NCCL reported an error on the communicator of the " +
+             channel.name + ": " + failure;
   }
   return "";
 }
@@ -594,24 +632,35 @@ int p2pPeer(int64_t n, rt::MeshAxis axis, int offset, const char *what) {
   return (int)peer;
 }
 
-// The channel of a send or a receive with `offset`: UP carries data to a
-// higher coordinate, DOWN to a lower one.
-Channel channelOf(int offset, bool isRecv) {
-  bool up = isRecv ? offset < 0 : offset > 0;
-  return up ? kUp : kDown;
+// "+3", "-1": a pipeline offset in messages.
+std::string signedOffset(int offset) {
+  return (offset > 0 ? "+" : "") + std::to_string(offset);
 }
 
-// The channel, checked to exist (the peer exists, so pp has size > 1 and
-// commStart split the channels unless it did not run).
-P2PChannel &channelFor(Channel channel, const char *what) {
-  P2PChannel &c = state().channels[channel];
-  if (!c.comm || !c.stream)
+// The parity of the channel of a message sent from coordinate `sender`
+// with `offset` (see the top).
+int channelParity(int64_t sender, int offset) {
+  return (int)((sender / std::abs(offset)) % 2);
+}
+
+// The channel of a send (sendTo) or a receive (recvFrom) of this rank with
+// `offset`, whose peer p2pPeer has checked: the key of the message's
+// sender offset and the sender's coordinate.
+int channelFor(int offset, bool isRecv, const char *what) {
+  CommState &s = state();
+  int64_t coord = rt::meshCoord(kP2PAxis);
+  int sendOffset = isRecv ? -offset : offset;
+  int64_t sender = isRecv ? coord + offset : coord;
+  auto found =
+      s.channelIndex.find({sendOffset, channelParity(sender, sendOffset)});
+  if (found == s.channelIndex.end())
     throw std::runtime_error(
         std::string(what) + " along " + rt::meshAxisName(kP2PAxis) +
-        " has no NCCL channel: " +
-        (state().started ? "the channels were not set up"
-                         : "the device was not started"));
-  return c;
+        " with offset " + signedOffset(offset) + " has no NCCL channel: " +
+        (s.started ? "pipeline offset " + signedOffset(sendOffset) +
+                         " was not declared in DeviceProgram::p2pOffsets"
+                   : std::string("the device was not started")));
+  return found->second;
 }
 
 // A send or receive just issued on `channel` (NCCL call made). Outside
@@ -619,7 +668,7 @@ P2PChannel &channelFor(Channel channel, const char *what) {
 // watchdog, and a receive blocks the compute stream until the data has
 // arrived, as recvFrom blocks on the CPU; a send is waited for by
 // waitSends. Inside a group, endP2P does this once per channel.
-void p2pEnqueued(Channel channel, bool isRecv, int offset, int64_t n) {
+void p2pEnqueued(int channel, bool isRecv, int offset, int64_t n) {
   CommState &s = state();
   P2PChannel &c = s.channels[channel];
   if (!isRecv)
@@ -666,8 +715,6 @@ void commStart(const DeviceProgram &program, int device) {
   s.device = device;
   s.timeoutSeconds = timeoutFromEnvironment();
   s.computeReady = newEvent();
-  for (P2PChannel &channel : s.channels)
-    channel.sendsDone = newEvent();
   for (int i = 0; i < kInitialEvents; i++)
     s.eventPool.push_back(newEvent());
   s.started = true;
@@ -694,6 +741,37 @@ void commStart(const DeviceProgram &program, int device) {
                          MPI_COMM_WORLD),
            "MPI_Allreduce");
 
+  // The pipeline offsets that get channels: those any rank sends with.
+  if (program.numP2POffsets > 0 && !program.p2pOffsets)
+    throw std::runtime_error("DeviceProgram::p2pOffsets is null");
+  std::vector<int> declared;
+  for (int i = 0; i < program.numP2POffsets; i++) {
+    if (program.p2pOffsets[i] == 0)
+      throw std::runtime_error(
+          "DeviceProgram::p2pOffsets holds the offset 0 (a rank does not "
+          "send to itself)");
+    declared.push_back(program.p2pOffsets[i]);
+  }
+  // Programs generated before the offsets were listed send to neighbours
+  // only.
+  if (declared.empty())
+    declared = {+1, -1};
+  // Entry o + ppSize - 1: some rank sends with offset o. The mesh, hence
+  // ppSize, is the same on every rank, so all of them reduce or none; an
+  // offset beyond the axis has no peer (sendTo rejects it) and no channel.
+  int64_t ppSize = rt::meshSize(kP2PAxis);
+  std::vector<int> offsetWanted;
+  if (ppSize > 1) {
+    offsetWanted.assign((size_t)(2 * ppSize - 1), 0);
+    for (int offset : declared)
+      if (std::abs((int64_t)offset) < ppSize)
+        offsetWanted[(size_t)(offset + ppSize - 1)] = 1;
+    checkMpi(MPI_Allreduce(MPI_IN_PLACE, offsetWanted.data(),
+                           (int)offsetWanted.size(), MPI_INT, MPI_MAX,
+                           MPI_COMM_WORLD),
+             "MPI_Allreduce");
+  }
+
   ncclUniqueId id;
   if (rank == 0)
     checkNcclCall(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -717,17 +795,42 @@ void commStart(const DeviceProgram &program, int device) {
   for (unsigned axes = 1; axes < kNumAxisSets; axes++)
     if (wanted & (1u << axes))
       split(axes, &s.comms[axes], axesName(axes));
-  // The point-to-point channels, whenever the pipeline has stages: the mesh
-  // is the same on every rank, so every rank splits them, UP then DOWN.
-  if (rt::meshSize(kP2PAxis) > 1)
-    for (int c = 0; c < kNumChannels; c++) {
-      P2PChannel &channel = s.channels[c];
-      split(rt::axisBit(kP2PAxis), &channel.comm,
-            std::string(rt::meshAxisName(kP2PAxis)) +
-                (c == kUp ? " up" : " down") + " channel");
+  // The point-to-point channels, in increasing (offset, parity) order on
+  // every rank, including those this rank never uses: each split is
+  // collective. A key no pair of coordinates can use is skipped, alike on
+  // every rank since it depends on the mesh only.
+  auto channelUsed = [&](int offset, int parity) {
+    for (int64_t c = 0; c < ppSize; c++)
+      if (c + offset >= 0 && c + offset < ppSize &&
+          channelParity(c, offset) == parity)
+        return true;
+    return false;
+  };
+  for (size_t i = 0; i < offsetWanted.size(); i++) {
+    if (!offsetWanted[i])
+      continue;
+    int offset = (int)((int64_t)i - (ppSize - 1));
+    for (int parity = 0; parity < 2; parity++) {
+      if (!channelUsed(offset, parity))
+        continue;
+      // In the list first, so that commStop releases what was created even
+      // if a later step fails.
+      s.channelIndex[{offset, parity}] = (int)s.channels.size();
+      s.channels.emplace_back();
+      P2PChannel &channel = s.channels.back();
+      channel.offset = offset;
+      channel.parity = parity;
+      channel.name = std::string(rt::meshAxisName(kP2PAxis)) +
+                     signedOffset(offset) + " channel (parity " +
+                     std::to_string(parity) + ")";
+      channel.groupName = "send/recv group on the " + channel.name;
+      channel.sendsDone = newEvent();
       check(cudaStreamCreateWithFlags(&channel.stream, cudaStreamNonBlocking),
             "cudaStreamCreateWithFlags (point-to-point channel)");
+      split(rt::axisBit(kP2PAxis), &channel.comm, channel.name);
     }
+  }
+  s.inFlight.resize(1 + s.channels.size());
 
   s.stopWatchdog = false;
   s.watchdog = std::thread(watchdogLoop);
@@ -766,8 +869,9 @@ void commStop() {
       cudaStreamDestroy(channel.stream);
     if (channel.sendsDone)
       cudaEventDestroy(channel.sendsDone);
-    channel = P2PChannel();
   }
+  s.channels.clear();
+  s.channelIndex.clear();
   if (s.world) {
     ncclCommDestroy(s.world);
     s.world = nullptr;
@@ -782,11 +886,10 @@ void commStop() {
   s.nextSendBuffer = 0;
   s.queuedSends.clear();
   s.inGroup = false;
-  for (std::deque<InFlight> &inFlight : s.inFlight) {
+  for (std::deque<InFlight> &inFlight : s.inFlight)
     for (const InFlight &f : inFlight)
       cudaEventDestroy(f.done);
-    inFlight.clear();
-  }
+  s.inFlight.assign(1, std::deque<InFlight>());
   for (cudaEvent_t event : s.eventPool)
     cudaEventDestroy(event);
   s.eventPool.clear();
@@ -1020,31 +1123,39 @@ void commWait(CommRequest request) {
 
 //===--- Point-to-point ----------------------------------------------------===//
 
-namespace {
-
-// The watchdog's names of a beginP2P/endP2P group, by channel.
-const char *const kGroupNames[kNumChannels] = {
-    "send/recv group on the pp up channel",
-    "send/recv group on the pp down channel"};
-
-} // namespace
-
 void flushSends() {
   CommState &s = state();
   if (s.queuedSends.empty())
     return;
-  // The receiver receives in the order of `order`: issue in that order, so
-  // that NCCL's in-order matching pairs every send with its receive.
+  // Each peer receives in the order of `order`: issue, per peer, the queued
+  // sends that come next, so that NCCL's in-order matching pairs every send
+  // with its receive. The others wait for the messages before them. (A
+  // peer is reached through one channel only: its offset and this rank's
+  // coordinate fix the key.)
   std::stable_sort(s.queuedSends.begin(), s.queuedSends.end(),
                    [](const QueuedSend &a, const QueuedSend &b) {
-                     return a.order < b.order;
+                     return std::make_tuple(a.channel, a.peer, a.order) <
+                            std::make_tuple(b.channel, b.peer, b.order);
                    });
+  std::vector<QueuedSend> ready, waiting;
+  for (const QueuedSend &send : s.queuedSends) {
+    int64_t &next = s.nextOrder[{send.channel, send.peer}];
+    if (send.order == next) {
+      ready.push_back(send);
+      ++next;
+    } else {
+      waiting.push_back(send);
+    }
+  }
+  s.queuedSends = std::move(waiting);
+  if (ready.empty())
+    return;
   // The sends read the copies sendTo enqueued on the compute stream.
   check(cudaEventRecord(s.computeReady, computeStream()), "cudaEventRecord");
-  bool waited[kNumChannels] = {};
+  std::vector<bool> waited(s.channels.size(), false);
   unsigned axes = rt::axisBit(kP2PAxis);
-  for (const QueuedSend &send : s.queuedSends) {
-    P2PChannel &channel = channelFor(send.channel, "sendTo");
+  for (const QueuedSend &send : ready) {
+    P2PChannel &channel = s.channels[send.channel];
     if (!waited[send.channel]) {
       check(cudaStreamWaitEvent(channel.stream, s.computeReady, 0),
             "cudaStreamWaitEvent");
@@ -1056,7 +1167,6 @@ void flushSends() {
     p2pEnqueued(send.channel, /*isRecv=*/false, send.offset,
                 (int64_t)send.count);
   }
-  s.queuedSends.clear();
 }
 
 void beginP2P() {
@@ -1087,12 +1197,12 @@ void endP2P() {
   // this call, once per channel.
   checkNccl(ncclGroupEnd(), rt::collectiveName(CollectiveKind::SendRecv),
             rt::axisBit(kP2PAxis), elements);
-  for (int c = 0; c < kNumChannels; c++) {
+  for (size_t c = 0; c < s.channels.size(); c++) {
     P2PChannel &channel = s.channels[c];
     if (!channel.groupUsed)
       continue;
-    operationEnqueued(queueOf((Channel)c), channel.stream,
-                      {InFlight::Group, kGroupNames[c],
+    operationEnqueued(queueOf((int)c), channel.stream,
+                      {InFlight::Group, channel.groupName.c_str(),
                        rt::axisBit(kP2PAxis), 0, channel.groupElements,
                        nullptr, Clock::time_point()},
                       /*computeWaits=*/channel.groupHasRecv);
@@ -1104,8 +1214,7 @@ void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
             int64_t order) {
   int peer = p2pPeer(n, axis, offset, "sendTo");
   count(CollectiveKind::SendRecv, n, n * (int64_t)sizeof(T));
-  Channel channel = channelOf(offset, /*isRecv=*/false);
-  channelFor(channel, "sendTo");
+  int channel = channelFor(offset, /*isRecv=*/false, "sendTo");
   // The caller's buffer lives in an arena that later kernels reuse right
   // away (as on the CPU): send from a copy that lives until waitSends().
   T *copy = (T *)nextSendBuffer((size_t)n * sizeof(T));
@@ -1117,8 +1226,8 @@ void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
 template <typename T>
 void recvFrom(T *buffer, int64_t n, rt::MeshAxis axis, int offset) {
   int peer = p2pPeer(n, axis, offset, "recvFrom");
-  Channel channel = channelOf(offset, /*isRecv=*/true);
-  P2PChannel &c = channelFor(channel, "recvFrom");
+  int channel = channelFor(offset, /*isRecv=*/true, "recvFrom");
+  P2PChannel &c = state().channels[channel];
   // The receive overwrites `buffer`: after every kernel enqueued so far.
   afterCompute(c.stream);
   checkNccl(ncclRecv(buffer, (size_t)n, ncclType<T>(), peer, c.comm, c.stream),
@@ -1130,6 +1239,18 @@ void waitSends() {
   CommState &s = state();
   checkNotInGroup("waitSends()");
   flushSends();
+  if (!s.queuedSends.empty()) {
+    const QueuedSend &send = s.queuedSends.front();
+    throw std::runtime_error(
+        "rank " + std::to_string(rt::commRank()) + ": " +
+        std::to_string(s.queuedSends.size()) +
+        " pipeline sends were never issued (the next to pp" +
+        (send.offset > 0 ? "+" : "") + std::to_string(send.offset) +
+        " has order " + std::to_string(send.order) + ", expected " +
+        std::to_string(s.nextOrder[{send.channel, send.peer}]) +
+        "): the program's send orders do not match its schedule");
+  }
+  s.nextOrder.clear();
   s.nextSendBuffer = 0;
   for (P2PChannel &channel : s.channels) {
     if (!channel.sendsPending)

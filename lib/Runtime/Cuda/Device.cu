@@ -38,9 +38,10 @@ std::string commFailure();
 namespace {
 
 struct DeviceState {
-  // Set by deviceHooks(); commAxes owns the program's list.
+  // Set by deviceHooks(); commAxes and p2pOffsets own the program's lists.
   DeviceProgram program;
   std::vector<unsigned> commAxes;
+  std::vector<int> p2pOffsets;
 
   bool started = false;
   int device = -1;
@@ -321,6 +322,16 @@ const rt::DeviceHooks *deviceHooks(const DeviceProgram &program) {
   s.program = program;
   s.program.commAxes = s.commAxes.data();
   s.program.numCommAxes = (int)s.commAxes.size();
+  // A null list with a count is left as it is, for commStart to report.
+  if (program.p2pOffsets) {
+    s.p2pOffsets.assign(program.p2pOffsets,
+                        program.p2pOffsets +
+                            std::max(program.numP2POffsets, 0));
+    s.program.p2pOffsets = s.p2pOffsets.data();
+    s.program.numP2POffsets = (int)s.p2pOffsets.size();
+  } else {
+    s.p2pOffsets.clear();
+  }
   static const rt::DeviceHooks hooks = {&startDevice, &loadBatch, &download,
                                         &stopDevice, &describe};
   return &hooks;

@@ -13,6 +13,8 @@
 //     (collectives). A collective waits for the compute stream with an event;
 //     blocking collectives make the compute stream wait for them; started
 //     ones (allReduceSumStart) let backward go on until commWait;
+//   - pipeline point-to-point on channels of its own, one communicator and
+//     stream per directed edge class (see sendTo below);
 //   - every NCCL call is checked; a watchdog thread turns a collective that
 //     has not completed after TESSEL_NCCL_TIMEOUT seconds (default 600) or
 //     an asynchronous NCCL error into a clear error naming the collective,
@@ -62,11 +64,16 @@ void commWait(CommRequest request);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue
-// order, without tags, so each direction has a channel of its own (an NCCL
-// communicator over the pp groups and a stream): UP carries data to a
-// higher coordinate (sendTo with offset > 0, recvFrom with offset < 0),
-// DOWN data to a lower one. On a channel a pair of ranks has one sender and
-// one receiver, and the two directions never wait for each other.
+// order, without tags, runs a stream's operations in order, and a send may
+// block its stream until the peer receives; a stream shared by several
+// peers could then close a cycle (a send to a far stage holding back one
+// to a near stage). So each directed edge class has a channel of its own
+// (an NCCL communicator over the pp groups and a stream): a message sent
+// from coordinate c with offset o travels on channel (o, (c / |o|) % 2),
+// which its receiver (recvFrom with offset -o) finds alike. On a channel a
+// rank only sends to one peer or only receives from one, so every stream
+// carries one edge's operations. The channels are those of
+// DeviceProgram::p2pOffsets; using another offset is an error.
 //
 // sendTo copies `buffer` into a send buffer on the compute stream (the
 // caller may overwrite it right after the call) and queues the send.
@@ -82,7 +89,7 @@ void commWait(CommRequest request);
 // buffers are reused only after it (it is called once per step).
 //
 // Operations between beginP2P() and endP2P() form one NCCL group, which may
-// span both channels: the receives issued in it and the sends flushSends
+// span several channels: the receives issued in it and the sends flushSends
 // issues in it, or that are still queued at endP2P, start together at
 // endP2P. Outside a group each operation is its own. No collective and no
 // waitSends inside a group.
@@ -115,6 +122,12 @@ struct DeviceProgram {
   // Axis sets (masks) that collectives of this program run over.
   const unsigned *commAxes = nullptr;
   int numCommAxes = 0;
+  // Pipeline offsets (nonzero) that any stage program of the job sends
+  // with, e.g. {+1, -1, +3}: each gets point-to-point channels, created
+  // collectively at start from the union over all ranks. None listed with
+  // pp > 1 means {+1, -1}.
+  const int *p2pOffsets = nullptr;
+  int numP2POffsets = 0;
 };
 
 // The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
