@@ -154,6 +154,28 @@ public:
       os << "  " << ptr(loss) << "[0] = static_cast<T>(lossSum);\n";
   }
 
+  // The element type a matmul reads `v` as (lowPtr's).
+  std::string operandType(Value v) const {
+    BufferRef ref = bufferOf(v);
+    if (ref.space == BufferSpace::Param)
+      return lowPrecision ? "bf16" : "float";
+    return storageType(v);
+  }
+  // cuBLASLt multiplies two operands of one type, and fp32 operands give an
+  // fp32 result: anything else would only fail when the program runs.
+  bool gemmTypesOk(Value a, Value b, Value c) const {
+    std::string ta = operandType(a), tb = operandType(b), tc = storageType(c);
+    return !cuda || (ta == tb && (ta == "bf16" || tc == "float"));
+  }
+  LogicalResult checkGemmTypes(Operation *op, Value a, Value b, Value c) {
+    if (gemmTypesOk(a, b, c))
+      return success();
+    std::string ta = operandType(a), tb = operandType(b), tc = storageType(c);
+    return op->emitOpError("has operands stored as ")
+           << ta << " and " << tb << " and a result stored as " << tc
+           << ", which cuBLASLt cannot multiply";
+  }
+
   // A matmul operand or a sent value: in bf16 programs parameters are read
   // through their bf16 shadow copy.
   std::string lowPtr(Value v) {
@@ -690,6 +712,9 @@ public:
       auto gelu = dyn_cast_or_null<GeluOp>(nextEmitted(add));
       if (gelu && gelu.getInput() != add.getResult())
         gelu = nullptr;
+      if (!gemmTypesOk(m.getLhs(), m.getRhs(), add) ||
+          (gelu && storageType(gelu) != storageType(add)))
+        return false; // the plain matmul reports the types
       SmallVector<Value> outputs = {add.getResult()};
       if (gelu)
         outputs.push_back(gelu.getResult());
@@ -903,6 +928,8 @@ public:
     int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
     int64_t batch = product(out.drop_back(2));
     int64_t strideB = rhs.size() == 2 ? 0 : K * N;
+    if (failed(checkGemmTypes(m, m.getLhs(), m.getRhs(), m)))
+      return failure();
     call("matmul<T>", {lowPtr(m.getLhs()), lowPtr(m.getRhs()), ptr(m), i(batch),
                            i(M), i(N), i(K), boolStr(tl), boolStr(tr),
                            i(M * K), i(strideB), i(M * N)});
