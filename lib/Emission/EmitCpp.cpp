@@ -1504,9 +1504,15 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
 llvm::Expected<SendOrders> tessel::pipelineSendOrders(
     ModuleOp module, const std::vector<std::vector<ScheduledStep>> &schedules) {
   using Message = std::pair<int64_t, int64_t>; // tag, microbatch
+  using Channel = std::pair<int64_t, int64_t>; // from, to
   // (from, to) -> the messages in the order the sender produces them and
   // the order the receiver takes them.
-  std::map<std::pair<int64_t, int64_t>, std::vector<Message>> sent, received;
+  std::map<Channel, std::vector<Message>> sent, received;
+  // Per rank, per step: what it receives and what it sends.
+  struct StepMessages {
+    SmallVector<std::pair<Channel, Message>> receives, sends;
+  };
+  std::vector<std::vector<StepMessages>> stepMessages(schedules.size());
   for (auto [rank, steps] : llvm::enumerate(schedules)) {
     auto func =
         module.lookupSymbol<func::FuncOp>("stage_" + std::to_string(rank));
@@ -1514,18 +1520,25 @@ llvm::Expected<SendOrders> tessel::pipelineSendOrders(
       return llvm::createStringError("no @stage_" + std::to_string(rank));
     for (const ScheduledStep &step : steps) {
       StringRef phase = step.backward ? "backward" : "forward";
+      StepMessages &messages = stepMessages[rank].emplace_back();
       for (Operation &op : func.getBody().front()) {
         auto opPhase = op.getAttrOfType<StringAttr>("tessel.phase");
         auto chunk = op.getAttrOfType<IntegerAttr>("tessel.chunk");
         if (!opPhase || opPhase.getValue() != phase ||
             (chunk ? chunk.getInt() : 0) != step.chunk)
           continue;
-        if (auto recv = dyn_cast<dist::RecvOp>(op))
-          received[{(int64_t)rank + recv.getOffset(), (int64_t)rank}]
-              .push_back({recv.getTag(), step.microbatch});
-        if (auto send = dyn_cast<dist::SendOp>(op))
-          sent[{(int64_t)rank, (int64_t)rank + send.getOffset()}].push_back(
-              {send.getTag(), step.microbatch});
+        if (auto recv = dyn_cast<dist::RecvOp>(op)) {
+          Channel channel = {(int64_t)rank + recv.getOffset(), (int64_t)rank};
+          Message m = {recv.getTag(), step.microbatch};
+          received[channel].push_back(m);
+          messages.receives.push_back({channel, m});
+        }
+        if (auto send = dyn_cast<dist::SendOp>(op)) {
+          Channel channel = {(int64_t)rank, (int64_t)rank + send.getOffset()};
+          Message m = {send.getTag(), step.microbatch};
+          sent[channel].push_back(m);
+          messages.sends.push_back({channel, m});
+        }
       }
     }
   }
@@ -1555,6 +1568,49 @@ llvm::Expected<SendOrders> tessel::pipelineSendOrders(
         perMicrobatch.resize(m.second + 1, -1);
       perMicrobatch[m.second] = it->second;
     }
+  }
+
+  // Runs the ranks as the CUDA runtime will: a step goes once every message
+  // it receives has been issued; its sends are queued and, after the step,
+  // each channel issues its queued messages in order while the next one is
+  // there. Every rank finishing shows the protocol cannot deadlock (each
+  // channel is its own stream, so nothing else waits on a send).
+  std::map<Channel, int64_t> issued;
+  std::map<Channel, std::set<int64_t>> queued;
+  std::vector<size_t> next(schedules.size(), 0);
+  auto orderOf = [&](const Message &m) { return orders[m.first][m.second]; };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t rank = 0; rank < schedules.size(); ++rank) {
+      while (next[rank] < stepMessages[rank].size()) {
+        const StepMessages &step = stepMessages[rank][next[rank]];
+        if (!llvm::all_of(step.receives, [&](auto &r) {
+              return orderOf(r.second) < issued[r.first];
+            }))
+          break;
+        for (auto &[channel, m] : step.sends) {
+          std::set<int64_t> &q = queued[channel];
+          q.insert(orderOf(m));
+          while (q.count(issued[channel]))
+            q.erase(issued[channel]++);
+        }
+        ++next[rank];
+        progress = true;
+      }
+    }
+  }
+  for (size_t rank = 0; rank < schedules.size(); ++rank) {
+    if (next[rank] == stepMessages[rank].size())
+      continue;
+    const ScheduledStep &step = schedules[rank][next[rank]];
+    for (auto &[channel, m] : stepMessages[rank][next[rank]].receives)
+      if (orderOf(m) >= issued[channel])
+        return llvm::createStringError(
+            "pipeline stage " + std::to_string(rank) + " would wait forever "
+            "on the CUDA target: its " + (step.backward ? "backward" : "forward") +
+            " of microbatch " + std::to_string(step.microbatch) +
+            " receives message " + std::to_string(m.first) + " from stage " +
+            std::to_string(channel.first) + ", which is never sent in turn");
   }
   return orders;
 }
