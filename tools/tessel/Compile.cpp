@@ -201,7 +201,7 @@ json planJson(const Spec &spec, ModuleOp module,
 
 // launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
 // launch/slurm.sbatch with its srun --multi-prog configuration.
-llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
+llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                              const std::vector<ProgramOut> &programs) {
   const ParallelSpec &par = spec.parallel;
   int64_t world = par.dp * par.tp * par.pp;
@@ -241,6 +241,7 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec,
   return writeFile(
       sbatch, "#!/bin/bash\n#SBATCH --job-name=" + spec.name +
                   "\n#SBATCH --ntasks=" + np +
+                  (cuda ? "\n#SBATCH --gpus-per-task=1" : "") +
                   "\n# Tessel orders ranks tp innermost, pp outermost: keep "
                   "a tp group on one node.\n"
                   "cd \"$SLURM_SUBMIT_DIR\" || exit 1\n"
@@ -483,7 +484,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err =
           writeFile(planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
     return err;
-  return writeLaunchFiles(out, spec, programs);
+  return writeLaunchFiles(out, spec, options.target == "cuda", programs);
 }
 
 } // namespace
