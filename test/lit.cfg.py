@@ -40,8 +40,13 @@ except (OSError, subprocess.CalledProcessError):
 if getattr(config, "tessel_cuda", 0):
     config.available_features.add("cuda")
     try:
-        subprocess.run(["nvidia-smi", "-L"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        config.available_features.add("gpu")
+        gpus = subprocess.run(["nvidia-smi", "-L"], check=True, text=True,
+                              capture_output=True).stdout.count("GPU ")
+        if gpus >= 1:
+            config.available_features.add("gpu")
+        # Multi-GPU layouts need one GPU per rank.
+        for n in (2, 4, 8):
+            if gpus >= n:
+                config.available_features.add("gpus-%d" % n)
     except (OSError, subprocess.CalledProcessError):
         pass
