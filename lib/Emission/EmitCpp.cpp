@@ -774,6 +774,8 @@ public:
       }
       return false;
     }
+    if (isa<LayerNormGradOp, RmsNormGradOp>(op))
+      return emitNormGradAdd(op);
     if (auto mul = dyn_cast<MulOp>(op)) {
       auto it = deferredSilu.find(mul);
       if (it == deferredSilu.end())
@@ -810,6 +812,45 @@ public:
       return true;
     }
     return false;
+  }
+
+  // A norm's input gradient summed with the residual stream's gradient (the
+  // add autodiff forms right after it): one kernel writes the sum.
+  bool emitNormGradAdd(Operation *op) {
+    auto layer = dyn_cast<LayerNormGradOp>(op);
+    auto rms = dyn_cast<RmsNormGradOp>(op);
+    Value x = layer ? layer.getInput() : rms.getInput();
+    Value w = layer ? layer.getWeight() : rms.getWeight();
+    Value dout = layer ? layer.getGrad() : rms.getGrad();
+    Value dx = layer ? layer.getInputGrad() : rms.getInputGrad();
+    auto add = dyn_cast_or_null<AddOp>(nextEmitted(op));
+    if (!add || numel(add.getLhs()) != numel(add.getRhs()) ||
+        (add.getLhs() != dx && add.getRhs() != dx) ||
+        add.getLhs() == add.getRhs() || !onlyUsedBy(dx, add))
+      return false;
+    Value dres = add.getLhs() == dx ? add.getRhs() : add.getLhs();
+    // The kernel writes each element after reading it from every input, so
+    // the sum may be exactly an input but must not overlap one otherwise.
+    if (storageType(dres) != storageType(add) ||
+        !sameOrDisjoint(add, {x, dout, dres}) ||
+        anyOverlap({add.getResult()}, {w}))
+      return false;
+    int64_t C = shapeOf(x).back();
+    SmallVector<std::string> args = {ptr(x), ptr(w), ptr(dout), ptr(dres),
+                                     ptr(add)};
+    if (layer) {
+      args.append({ptr(layer.getWeightGrad()), ptr(layer.getBiasGrad()),
+                   i(numel(x) / C), i(C),
+                   num(layer.getEpsilon().convertToDouble())});
+      call("layerNormBackwardAdd", args);
+    } else {
+      args.append({ptr(rms.getWeightGrad()), i(numel(x) / C), i(C),
+                   num(rms.getEpsilon().convertToDouble())});
+      call("rmsNormBackwardAdd", args);
+    }
+    os << "  // (fused: the residual gradient add that follows)\n";
+    fused.insert(add);
+    return true;
   }
 
   bool deferSilu(SiluOp silu) {

@@ -226,6 +226,49 @@ TYPED_TEST(Norms, RmsNormBackward) {
   }
 }
 
+// The fused backward with the residual stream's gradient equals the norm's
+// backward followed by the add, also written in place over dres.
+TYPED_TEST(Norms, BackwardAddMatchesBackwardThenAdd) {
+  using TI = typename TypeParam::I;
+  using TO = typename TypeParam::O;
+  uint32_t seed = 700;
+  for (const Shape &s : kShapes) {
+    SCOPED_TRACE(shapeName(s));
+    const int64_t n = s.rows * s.C;
+    const std::vector<float> x = roundTo<TI>(activations(n, seed++));
+    const std::vector<float> dout = roundTo<TI>(randomVector(n, seed++));
+    const std::vector<float> dres = roundTo<TO>(randomVector(n, seed++));
+    const std::vector<float> w = randomVector(s.C, seed++, 0.5f, 1.5f);
+    DeviceArray<TI> dX(x), dDout(dout);
+    DeviceArray<TO> dRes(dres), dRes2(dres), dx(n);
+    DeviceArray<float> dW(w), dw(s.C), db(s.C), dw2(s.C);
+    sync();
+    std::vector<float> lnDx(n), wantDw(s.C), wantDb(s.C), want(n);
+    rt::layerNormBackward(x.data(), w.data(), dout.data(), lnDx.data(),
+                          wantDw.data(), wantDb.data(), s.rows, s.C, kEps);
+    rt::addBroadcast(lnDx.data(), dres.data(), want.data(), n, n);
+    layerNormBackwardAdd(dX.get(), dW.get(), dDout.get(), dRes.get(), dx.get(),
+                         dw.get(), db.get(), s.rows, s.C, kEps);
+    expectClose(dx.download(), want, rtolFor<TO>(), atolFor<TO>(), "dx");
+    expectClose(dw.download(), wantDw, kParamRtol, kParamAtol, "dw");
+    expectClose(db.download(), wantDb, kParamRtol, kParamAtol, "db");
+    // In place: dx is dres.
+    layerNormBackwardAdd(dX.get(), dW.get(), dDout.get(), dRes2.get(),
+                         dRes2.get(), dw2.get(), db.get(), s.rows, s.C, kEps);
+    expectBitwiseEqual(dRes2.download(), dx.download(), "dx in place");
+
+    std::vector<float> rmsDx(n), wantRmsDw(s.C), wantRms(n);
+    rt::rmsNormBackward(x.data(), w.data(), dout.data(), rmsDx.data(),
+                        wantRmsDw.data(), s.rows, s.C, kEps);
+    rt::addBroadcast(rmsDx.data(), dres.data(), wantRms.data(), n, n);
+    rmsNormBackwardAdd(dX.get(), dW.get(), dDout.get(), dRes.get(), dx.get(),
+                       dw.get(), s.rows, s.C, kEps);
+    expectClose(dx.download(), wantRms, rtolFor<TO>(), atolFor<TO>(),
+                "rms dx");
+    expectClose(dw.download(), wantRmsDw, kParamRtol, kParamAtol, "rms dw");
+  }
+}
+
 TEST(NormsLimits, BackwardRefusesColumnsBeyondThePartialBuffer) {
   // Checked before anything is launched, so no buffers are needed.
   const int64_t C = (int64_t(1) << 21) + 1;

@@ -167,8 +167,9 @@ __device__ inline void rowRange(int64_t rows, int64_t &first, int64_t &last) {
 // The block's partials: dw at [2 C blockIdx.x, +C), db right after.
 template <typename TI, typename TG, typename TO>
 __global__ void __launch_bounds__(kBackwardThreads)
-    layerNormBackwardKernel(const TI *x, const float *w, const TG *dout, TO *dx,
-                            int64_t rows, int64_t C, double eps) {
+    layerNormBackwardKernel(const TI *x, const float *w, const TG *dout,
+                            const TO *dres, TO *dx, int64_t rows, int64_t C,
+                            double eps) {
   int64_t first, last;
   rowRange(rows, first, last);
   float *pdw = gNormPartials + 2 * C * int64_t(blockIdx.x);
@@ -205,7 +206,8 @@ __global__ void __launch_bounds__(kBackwardThreads)
       const float xhat = (toFloat(xr[j]) - mean) * rstd;
       const float d = toFloat(dr[j]);
       const float g = d * w[j];
-      dxr[j] = fromFloat<TO>(rstd * (g - gMean - xhat * gxMean));
+      const float res = dres ? toFloat(dres[r * C + j]) : 0.0f;
+      dxr[j] = fromFloat<TO>(rstd * (g - gMean - xhat * gxMean) + res);
       pdw[j] += d * xhat;
       pdb[j] += d;
     }
@@ -218,8 +220,9 @@ __global__ void __launch_bounds__(kBackwardThreads)
 // The block's dw partials are at [C blockIdx.x, +C).
 template <typename TI, typename TG, typename TO>
 __global__ void __launch_bounds__(kBackwardThreads)
-    rmsNormBackwardKernel(const TI *x, const float *w, const TG *dout, TO *dx,
-                          int64_t rows, int64_t C, double eps) {
+    rmsNormBackwardKernel(const TI *x, const float *w, const TG *dout,
+                          const TO *dres, TO *dx, int64_t rows, int64_t C,
+                          double eps) {
   int64_t first, last;
   rowRange(rows, first, last);
   float *pdw = gNormPartials + C * int64_t(blockIdx.x);
@@ -242,7 +245,8 @@ __global__ void __launch_bounds__(kBackwardThreads)
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
       const float xv = toFloat(xr[j]);
       const float d = toFloat(dr[j]);
-      dxr[j] = fromFloat<TO>(rstd * (d * w[j]) - xv * k);
+      const float res = dres ? toFloat(dres[r * C + j]) : 0.0f;
+      dxr[j] = fromFloat<TO>(rstd * (d * w[j]) - xv * k + res);
       pdw[j] += d * (xv * rstd);
     }
   }
@@ -301,9 +305,9 @@ void addLayerNormForward(const TA *a, const TR *r, TO *sum, const float *w,
 }
 
 template <typename TI, typename TG, typename TO>
-void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
-                       float *dw, float *db, int64_t rows, int64_t C,
-                       double eps) {
+void layerNormBackwardAdd(const TI *x, const float *w, const TG *dout,
+                          const TO *dres, TO *dx, float *dw, float *db,
+                          int64_t rows, int64_t C, double eps) {
   if (C <= 0)
     return;
   if (rows <= 0) {
@@ -315,7 +319,8 @@ void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
   }
   const int64_t blocks = rowBlocks("layerNormBackward", rows, C, 2);
   layerNormBackwardKernel<<<unsigned(blocks), kBackwardThreads, 0,
-                            computeStream()>>>(x, w, dout, dx, rows, C, eps);
+                            computeStream()>>>(x, w, dout, dres, dx, rows, C,
+                                               eps);
   TESSEL_CUDA_CHECK(cudaGetLastError());
   sumPartialsKernel<<<blocksFor(C, kSumThreads), kSumThreads, 0,
                       computeStream()>>>(dw, blocks, 2 * C, 0, C);
@@ -346,8 +351,9 @@ void addRmsNormForward(const TA *a, const TR *r, TO *sum, const float *w,
 }
 
 template <typename TI, typename TG, typename TO>
-void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
-                     float *dw, int64_t rows, int64_t C, double eps) {
+void rmsNormBackwardAdd(const TI *x, const float *w, const TG *dout,
+                        const TO *dres, TO *dx, float *dw, int64_t rows,
+                        int64_t C, double eps) {
   if (C <= 0)
     return;
   if (rows <= 0) {
@@ -357,11 +363,27 @@ void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
   }
   const int64_t blocks = rowBlocks("rmsNormBackward", rows, C, 1);
   rmsNormBackwardKernel<<<unsigned(blocks), kBackwardThreads, 0,
-                          computeStream()>>>(x, w, dout, dx, rows, C, eps);
+                          computeStream()>>>(x, w, dout, dres, dx, rows, C,
+                                             eps);
   TESSEL_CUDA_CHECK(cudaGetLastError());
   sumPartialsKernel<<<blocksFor(C, kSumThreads), kSumThreads, 0,
                       computeStream()>>>(dw, blocks, C, 0, C);
   TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename TI, typename TG, typename TO>
+void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
+                       float *dw, float *db, int64_t rows, int64_t C,
+                       double eps) {
+  layerNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw,
+                       db, rows, C, eps);
+}
+
+template <typename TI, typename TG, typename TO>
+void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
+                     float *dw, int64_t rows, int64_t C, double eps) {
+  rmsNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw,
+                     rows, C, eps);
 }
 
 //===--- Instantiations ---------------------------------------------------===//
@@ -378,7 +400,13 @@ void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
                                            int64_t, double);                   \
   template void rmsNormBackward<A, B, C>(const A *, const float *, const B *,  \
                                          C *, float *, int64_t, int64_t,       \
-                                         double);
+                                         double);                              \
+  template void layerNormBackwardAdd<A, B, C>(                                 \
+      const A *, const float *, const B *, const C *, C *, float *, float *,   \
+      int64_t, int64_t, double);                                               \
+  template void rmsNormBackwardAdd<A, B, C>(const A *, const float *,          \
+                                            const B *, const C *, C *,         \
+                                            float *, int64_t, int64_t, double);
 TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
 #undef TESSEL_INSTANTIATE3
 

@@ -151,6 +151,14 @@ template <typename TI, typename TG, typename TO>
 void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
                        float *dw, float *db, int64_t rows, int64_t C,
                        double eps);
+// Fused with the residual stream's gradient: dx = the LayerNorm backward's
+// dx + dres (the sum autodiff forms for a value read by the norm and by the
+// residual add). Each element of dx is written after its row of x, dout and
+// dres has been read by the same thread, so dx may be exactly any of them.
+template <typename TI, typename TG, typename TO>
+void layerNormBackwardAdd(const TI *x, const float *w, const TG *dout,
+                          const TO *dres, TO *dx, float *dw, float *db,
+                          int64_t rows, int64_t C, double eps);
 template <typename TI, typename TO>
 void rmsNormForward(const TI *x, const float *w, TO *out, int64_t rows,
                     int64_t C, double eps);
@@ -160,6 +168,10 @@ void addRmsNormForward(const TA *a, const TR *r, TO *sum, const float *w,
 template <typename TI, typename TG, typename TO>
 void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
                      float *dw, int64_t rows, int64_t C, double eps);
+template <typename TI, typename TG, typename TO>
+void rmsNormBackwardAdd(const TI *x, const float *w, const TG *dout,
+                        const TO *dres, TO *dx, float *dw, int64_t rows,
+                        int64_t C, double eps);
 
 //===--- Attention.cu: flash attention ------------------------------------===//
 
