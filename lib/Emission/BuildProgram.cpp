@@ -117,11 +117,14 @@ Error tessel::buildCpuProgram(StringRef sourcePath, StringRef binaryPath,
                       {runtimeLibrary()}, verbose);
 }
 
-bool tessel::cudaTargetAvailable() {
+Error tessel::checkCudaTarget() {
 #ifdef TESSEL_HAVE_CUDA
-  return true;
+  return Error::success();
 #else
-  return false;
+  return createStringError(
+      "--target cuda: this build of tessel has no CUDA runtime (nvcc was not "
+      "found when it was built; install the CUDA toolkit at /usr/local/cuda "
+      "and rebuild)");
 #endif
 }
 
@@ -153,10 +156,7 @@ Error tessel::buildCudaProgram(StringRef sourcePath, StringRef binaryPath,
   (void)binaryPath;
   (void)arch;
   (void)verbose;
-  return createStringError(
-      "--target cuda: this build of tessel has no CUDA runtime (nvcc was not "
-      "found when it was built; install the CUDA toolkit at /usr/local/cuda "
-      "and rebuild)");
+  return checkCudaTarget();
 #endif
 }
 

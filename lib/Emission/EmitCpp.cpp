@@ -81,9 +81,9 @@ public:
   // stay fp32 (gradients of parameters, losses, norms).
   bool lowPrecision = false;
   const llvm::DenseSet<Value> *fp32Values = nullptr;
-  // Expressions for the device scratch each op needs (the largest is
-  // allocated once).
-  std::vector<std::string> scratch;
+  // Expressions for the device scratch the ops need, each once (the largest
+  // is allocated at start).
+  std::set<std::string> scratch;
 
   void record(const char *kind, unsigned axes, int64_t elements,
               int64_t bytesSent, Operation *op, int64_t elementBytes = 4) {
@@ -339,7 +339,7 @@ public:
           call("attentionBackward<T>", args);
           if (cuda) {
             // The backward recomputes the forward into device scratch.
-            scratch.push_back("attentionScratchBytes(" + i(q[0]) + ", " +
+            scratch.insert("attentionScratchBytes(" + i(q[0]) + ", " +
                               i(q[1]) + ", " + i(q[2]) + ", " +
                               i(shapeOf(a.getKey())[2]) + ", " + i(q[3]) +
                               ", " + (isFloat(a.getQuery()) ? "4" : "2") +
@@ -369,7 +369,7 @@ public:
                 i(V), vocabStart(v, V), mask(v)};
             if (cuda) {
               args.push_back("S");
-              scratch.push_back("crossEntropyScratchBytes(" + i(rows) + ")");
+              scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
             }
             call("crossEntropyVocabParallelForward", args);
             int64_t g = mesh.groupSize(v);
@@ -392,7 +392,7 @@ public:
                 ptr(c), i(rows), i(V), vocabStart(v, V), mask(v)};
             if (cuda) {
               args.push_back("S");
-              scratch.push_back("crossEntropyScratchBytes(" + i(rows) + ")");
+              scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
             }
             call("crossEntropyVocabParallelBackward", args);
             int64_t g = mesh.groupSize(v);

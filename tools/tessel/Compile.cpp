@@ -379,11 +379,9 @@ llvm::Expected<CudaTarget> cudaTargetOf(const CompileOptions &options) {
     return llvm::createStringError("--cuda-arch " + options.cudaArch +
                                    ": expected sm_NN, e.g. sm_90 (H100/H200) "
                                    "or sm_80 (A100)");
-  if (!cudaTargetAvailable() && !options.emitOnly)
-    return llvm::createStringError(
-        "--target cuda: this build of tessel has no CUDA runtime (nvcc was "
-        "not found when it was built; install the CUDA toolkit at "
-        "/usr/local/cuda and rebuild)");
+  if (!options.emitOnly)
+    if (llvm::Error err = checkCudaTarget())
+      return std::move(err);
   target.arch = number;
   return target;
 }

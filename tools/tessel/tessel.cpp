@@ -150,15 +150,6 @@ static int checkCommandLine(int argc, char **argv) {
   options.target = target;
   options.cudaArch = cudaArch;
   options.tolerance = tolerance;
-  if (tolerance < 0) {
-    // bf16 rounds activations to 8 bits of mantissa: losses agree to about
-    // 1e-2, fp32 CUDA kernels to the CPU's rounding.
-    bool bf16 = true;
-    for (const std::string &set : options.overrides)
-      if (StringRef(set).starts_with("train.precision"))
-        bf16 = StringRef(set).contains("bf16");
-    options.tolerance = target != "cuda" ? 1e-5 : bf16 ? 3e-2 : 1e-4;
-  }
   auto layout = [&](const char *key, int value) {
     if (value > 0)
       options.layout.push_back(std::string("parallel.") + key + "=" +

@@ -23,15 +23,6 @@
 namespace tessel::cuda::test {
 namespace {
 
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-void expectBitwiseEqual(const std::vector<float> &a,
-                        const std::vector<float> &b, const char *what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-      << what << ": two runs differ";
-}
-
 std::vector<int32_t> randomTargets(size_t n, int32_t V, uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int32_t> dist(0, V - 1);

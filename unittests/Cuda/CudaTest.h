@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -98,6 +99,21 @@ inline void expectClose(const std::vector<float> &got,
   EXPECT_LE(worstExcess, 0.0)
       << what << ": element " << worst << " is " << got[worst] << ", want "
       << want[worst] << " (rtol " << rtol << ", atol " << atol << ")";
+}
+
+// Waits for every kernel (checks that read results synchronise anyway).
+inline void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+template <typename T> const char *typeName() {
+  return std::is_same_v<T, float> ? "f32" : "bf16";
+}
+
+// Bitwise equality (determinism checks).
+inline void expectBitwiseEqual(const std::vector<float> &a,
+                               const std::vector<float> &b, const char *what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+      << what << ": two runs differ";
 }
 
 // Tolerances per storage type: fp32 kernels match the CPU to rounding;

@@ -21,20 +21,6 @@ namespace {
 
 // DeviceArray copies on the default stream, which the compute stream need
 // not be ordered with: inputs are synchronised before kernels read them.
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <typename T> const char *typeName() {
-  return std::is_same_v<T, float> ? "f32" : "bf16";
-}
-
-// Bitwise equality (determinism checks).
-void expectBitwiseEqual(const std::vector<float> &a,
-                        const std::vector<float> &b, const char *what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-      << what << ": two runs differ";
-}
-
 class DeviceIds {
 public:
   explicit DeviceIds(const std::vector<int32_t> &ids) : array(ids.size()) {

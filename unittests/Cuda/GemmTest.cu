@@ -25,8 +25,6 @@ void gemmInit();
 namespace test {
 namespace {
 
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
 // Operand and result storage types of one test instance.
 template <typename TOperand, typename TResult> struct Storage {
   using AB = TOperand;

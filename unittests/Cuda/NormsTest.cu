@@ -19,15 +19,6 @@
 namespace tessel::cuda::test {
 namespace {
 
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-void expectBitwiseEqual(const std::vector<float> &a,
-                        const std::vector<float> &b, const char *what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-      << what << ": two runs differ";
-}
-
 // Input and output storage types of one test instance.
 template <typename TIn, typename TOut> struct Storage {
   using I = TIn;

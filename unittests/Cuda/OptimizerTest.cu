@@ -19,8 +19,6 @@ namespace {
 
 // DeviceArray copies on the default stream, which the compute stream need
 // not be ordered with: inputs are synchronised before kernels read them.
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
 // One double on the device (DeviceArray reads back through float).
 class DeviceDouble {
 public:

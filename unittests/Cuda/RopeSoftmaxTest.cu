@@ -17,12 +17,6 @@ namespace {
 
 // DeviceArray copies on the default stream, which the compute stream need
 // not be ordered with: inputs are synchronised before kernels read them.
-void sync() { TESSEL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-template <typename T> const char *typeName() {
-  return std::is_same_v<T, float> ? "f32" : "bf16";
-}
-
 template <typename TI, typename TO>
 void checkRope(int64_t B, int64_t T, int64_t H, int64_t D, double theta,
                bool inverse) {

@@ -97,9 +97,9 @@ std::string cppStringLiteral(llvm::StringRef text);
 llvm::Error buildCpuProgram(llvm::StringRef sourcePath,
                             llvm::StringRef binaryPath, bool verbose);
 
-// Whether this build has the CUDA runtime (nvcc was found when Tessel was
-// built).
-bool cudaTargetAvailable();
+// Fails, saying how to fix it, when this build has no CUDA runtime (nvcc
+// was not found when Tessel was built).
+llvm::Error checkCudaTarget();
 // Compiles a generated CUDA program with nvcc for sm_<arch> against
 // libtessel_cuda_rt, cuBLASLt, NCCL and libtessel_rt; cached like CPU
 // programs. No GPU is needed to build.

@@ -35,6 +35,10 @@ struct Sum {
   }
 };
 
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
 // Reduces v over the block (blockDim.x a multiple of 32) and returns the
 // result to every thread. Every thread of the block must call it.
 template <typename T, typename Op>

@@ -39,6 +39,7 @@ using detail::fromFloat;
 using detail::toFloat;
 
 using detail::blockReduce;
+using detail::Max;
 using detail::Sum;
 
 namespace {
@@ -79,9 +80,6 @@ struct Combine {
   __device__ MaxSum operator()(MaxSum a, MaxSum b) const {
     return combine(a, b);
   }
-};
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 // The row's max and sum of exp(x - max), in one pass.
 template <typename TL>

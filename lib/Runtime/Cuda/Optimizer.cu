@@ -15,6 +15,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "BlockReduce.cuh"
 #include "Internal.h"
 
 #include <cmath>
@@ -23,51 +24,35 @@
 
 namespace tessel::cuda {
 
+using detail::blockReduce;
 using detail::blocksFor;
+using detail::Sum;
 using detail::toFloat;
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kNormBlocks = 1024;
-constexpr int kMaxWarps = 32;
 
 __device__ double normPartials[kNormBlocks];
-
-// Lanes by a fixed butterfly, then warps in ascending order; every thread
-// of the block returns the same value.
-__device__ inline double blockSum(double v, double *scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0)
-    scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  double s = scratch[0];
-  for (unsigned w = 1; w < blockDim.x / 32; ++w)
-    s += scratch[w];
-  return s;
-}
 
 // Launched with exactly kNormBlocks blocks.
 template <typename TI>
 __global__ void sumSquaresPartialKernel(const TI *x, int64_t n) {
-  __shared__ double scratch[kMaxWarps];
   double s = 0.0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(blockDim.x) * gridDim.x) {
     const double v = double(toFloat(x[i]));
     s += v * v;
   }
-  s = blockSum(s, scratch);
+  s = blockReduce(s, Sum{}, 0.0);
   if (threadIdx.x == 0)
     normPartials[blockIdx.x] = s;
 }
 
 // One block of kNormBlocks threads.
 __global__ void sumSquaresFinalKernel(double *acc) {
-  __shared__ double scratch[kMaxWarps];
-  const double s = blockSum(normPartials[threadIdx.x], scratch);
+  const double s = blockReduce(normPartials[threadIdx.x], Sum{}, 0.0);
   if (threadIdx.x == 0)
     acc[0] += s;
 }

@@ -3,67 +3,39 @@
 // One block per row (a grid-stride loop over rows), as lib/Runtime/Kernels/
 // Softmax.cpp: the row max is subtracted before exponentiating, and the
 // backward is dx = y * (dy - sum(dy * y)). Statistics are fp32; block
-// reductions combine lanes by a fixed butterfly and warps in ascending
-// order, so results do not depend on timing. Rows of at most 32 columns get
+// reductions (BlockReduce.cuh) have a fixed order, so results do not depend
+// on timing. Rows of at most 32 columns get
 // one warp, others 256 threads.
 //
 //===----------------------------------------------------------------------===//
 
+#include "BlockReduce.cuh"
 #include "Internal.h"
 
 namespace tessel::cuda {
 
+using detail::blockReduce;
 using detail::fromFloat;
+using detail::Max;
+using detail::Sum;
 using detail::toFloat;
 
 namespace {
 
-constexpr int kMaxWarps = 32;
-
-// Every lane of every warp receives the same value, so all threads of the
-// block return the same result. `scratch` has kMaxWarps entries; the leading
-// barrier lets a previous reduction's readers finish before it is reused.
-__device__ inline float blockSum(float v, float *scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0)
-    scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  float s = scratch[0];
-  for (unsigned w = 1; w < blockDim.x / 32; ++w)
-    s += scratch[w];
-  return s;
-}
-
-__device__ inline float blockMax(float v, float *scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0)
-    scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = scratch[0];
-  for (unsigned w = 1; w < blockDim.x / 32; ++w)
-    m = fmaxf(m, scratch[w]);
-  return m;
-}
-
 template <typename TI, typename TO>
 __global__ void softmaxForwardKernel(const TI *x, TO *out, int64_t rows,
                                      int64_t cols) {
-  __shared__ float scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TI *xr = x + r * cols;
     TO *outr = out + r * cols;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       m = fmaxf(m, toFloat(xr[j]));
-    m = blockMax(m, scratch);
+    m = blockReduce(m, Max{}, -INFINITY);
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       s += expf(toFloat(xr[j]) - m);
-    s = blockSum(s, scratch);
+    s = blockReduce(s, Sum{}, 0.0f);
     const float inv = 1.0f / s;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       outr[j] = fromFloat<TO>(expf(toFloat(xr[j]) - m) * inv);
@@ -73,7 +45,6 @@ __global__ void softmaxForwardKernel(const TI *x, TO *out, int64_t rows,
 template <typename TY, typename TG, typename TO>
 __global__ void softmaxBackwardKernel(const TY *y, const TG *dy, TO *dx,
                                       int64_t rows, int64_t cols) {
-  __shared__ float scratch[kMaxWarps];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TY *yr = y + r * cols;
     const TG *dyr = dy + r * cols;
@@ -81,7 +52,7 @@ __global__ void softmaxBackwardKernel(const TY *y, const TG *dy, TO *dx,
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       s += toFloat(dyr[j]) * toFloat(yr[j]);
-    s = blockSum(s, scratch);
+    s = blockReduce(s, Sum{}, 0.0f);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       dxr[j] = fromFloat<TO>(toFloat(yr[j]) * (toFloat(dyr[j]) - s));
   }
