@@ -21,10 +21,66 @@ def Dist_Dialect : Dialect {
   }];
   let useDefaultAttributePrinterParser = 1;
   let useDefaultTypePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
+  let extraClassDeclaration = [{
+    // The module attribute holding the mesh (a MeshAttr).
+    static constexpr ::llvm::StringLiteral kMeshAttrName = "dist.mesh";
+  }];
 }
 
 class Dist_Op<string mnemonic, list<Trait> traits = []>
     : Op<Dist_Dialect, mnemonic, traits>;
+
+def Dist_AxisAttr : AttrDef<Dist_Dialect, "Axis"> {
+  let mnemonic = "axis";
+  let summary = "One mesh axis: dp, tp, pp, cp or ep";
+  let description = [{
+    ```mlir
+    #dist.axis<pp>
+    ```
+  }];
+  let parameters = (ins "::tessel::MeshAxis":$value);
+  let assemblyFormat = "`<` custom<AxisName>($value) `>`";
+  let returnType = "::tessel::MeshAxis";
+  let convertFromStorage = "$_self.getValue()";
+  let constBuilderCall = "::tessel::dist::AxisAttr::get($_builder.getContext(), $0)";
+}
+
+def Dist_AxesAttr : AttrDef<Dist_Dialect, "Axes"> {
+  let mnemonic = "axes";
+  let summary = "A set of mesh axes";
+  let description = [{
+    The group of a collective over these axes is the ranks whose mesh
+    coordinates differ only along them.
+
+    ```mlir
+    #dist.axes<dp, tp>
+    ```
+  }];
+  let parameters = (ins "::tessel::AxisSet":$value);
+  let assemblyFormat = "`<` custom<AxisList>($value) `>`";
+  let returnType = "::tessel::AxisSet";
+  let convertFromStorage = "$_self.getValue()";
+  let constBuilderCall = "::tessel::dist::AxesAttr::get($_builder.getContext(), $0)";
+}
+
+def Dist_MeshAttr : AttrDef<Dist_Dialect, "Mesh"> {
+  let mnemonic = "mesh";
+  let summary = "The device mesh of a program: the size of each named axis";
+  let description = [{
+    Sizes of the axes larger than one, outermost first in rank order (pp,
+    dp, ep, cp, tp; see tessel/Support/MeshLayout.h); the others are 1. A
+    module's mesh is its `dist.mesh` attribute; without one the program
+    runs on one rank.
+
+    ```mlir
+    module attributes {dist.mesh = #dist.mesh<pp = 2, dp = 2, tp = 4>} {}
+    ```
+  }];
+  let parameters = (ins "::tessel::MeshShape":$shape);
+  let assemblyFormat = "`<` custom<MeshSizes>($shape) `>`";
+  let genVerifyDecl = 1;
+}
 
 def Dist_ShardingAttr : AttrDef<Dist_Dialect, "Sharding"> {
   let mnemonic = "sharding";
@@ -39,13 +95,14 @@ def Dist_ShardingAttr : AttrDef<Dist_Dialect, "Sharding"> {
     and v columns of its own heads.
 
     ```mlir
-    #dist.sharding<[["dp"], [], []], partial = ["tp"]>
-    #dist.sharding<[[], ["tp"]], partial = [], blocks = array<i64: 1, 3>>
+    #dist.sharding<[[dp], [], []], partial = [tp]>
+    #dist.sharding<[[], [tp]], partial = [], blocks = [1, 3]>
     ```
   }];
-  let parameters = (ins "::mlir::ArrayAttr":$dims, "::mlir::ArrayAttr":$partial,
-                    OptionalParameter<"::mlir::DenseI64ArrayAttr">:$blocks);
-  let assemblyFormat = "`<` $dims `,` `partial` `=` $partial (`,` `blocks` `=` $blocks^)? `>`";
+  let parameters = (ins ArrayRefParameter<"::tessel::AxisSet">:$dims,
+                    "::tessel::AxisSet":$partial,
+                    OptionalArrayRefParameter<"int64_t">:$blocks);
+  let hasCustomAssemblyFormat = 1;
   let genVerifyDecl = 1;
 }
 

@@ -10,6 +10,90 @@
 using namespace mlir;
 using namespace tessel::dist;
 
+//===--- Assembly of the typed attributes ---------------------------------===//
+
+static ParseResult parseAxisName(AsmParser &parser, tessel::MeshAxis &axis) {
+  StringRef name;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseKeyword(&name))
+    return failure();
+  std::optional<tessel::MeshAxis> parsed = tessel::parseMeshAxis(name);
+  if (!parsed)
+    return parser.emitError(loc, "unknown mesh axis '")
+           << name << "' (axes: dp, tp, pp, cp, ep)";
+  axis = *parsed;
+  return success();
+}
+static void printAxisName(AsmPrinter &printer, tessel::MeshAxis axis) {
+  printer << tessel::meshAxisName(axis);
+}
+
+// `dp, tp` (possibly empty), each axis once.
+static ParseResult parseAxisList(AsmParser &parser, tessel::AxisSet &axes) {
+  axes = tessel::AxisSet();
+  tessel::MeshAxis axis;
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef name;
+  if (failed(parser.parseOptionalKeyword(&name)))
+    return success(); // no axes
+  std::optional<tessel::MeshAxis> parsed = tessel::parseMeshAxis(name);
+  if (!parsed)
+    return parser.emitError(loc, "unknown mesh axis '")
+           << name << "' (axes: dp, tp, pp, cp, ep)";
+  axes |= *parsed;
+  while (succeeded(parser.parseOptionalComma())) {
+    loc = parser.getCurrentLocation();
+    if (parseAxisName(parser, axis))
+      return failure();
+    if (axes.contains(axis))
+      return parser.emitError(loc, "mesh axis '")
+             << tessel::meshAxisName(axis) << "' appears twice";
+    axes |= axis;
+  }
+  return success();
+}
+static void printAxisList(AsmPrinter &printer, tessel::AxisSet axes) {
+  bool first = true;
+  for (tessel::MeshAxis axis : tessel::kMeshAxes)
+    if (axes.contains(axis)) {
+      printer << (first ? "" : ", ") << tessel::meshAxisName(axis);
+      first = false;
+    }
+}
+
+// `pp = 2, dp = 4` (possibly empty): the axes larger than one.
+static ParseResult parseMeshSizes(AsmParser &parser, tessel::MeshShape &shape) {
+  shape = tessel::MeshShape();
+  bool first = true;
+  do {
+    SMLoc loc = parser.getCurrentLocation();
+    StringRef name;
+    if (first && failed(parser.parseOptionalKeyword(&name)))
+      return success(); // `#dist.mesh<>`: one rank
+    if (!first && parser.parseKeyword(&name))
+      return failure();
+    first = false;
+    std::optional<tessel::MeshAxis> axis = tessel::parseMeshAxis(name);
+    if (!axis)
+      return parser.emitError(loc, "unknown mesh axis '")
+             << name << "' (axes: dp, tp, pp, cp, ep)";
+    int64_t size;
+    if (parser.parseEqual() || parser.parseInteger(size))
+      return failure();
+    shape[*axis] = size;
+  } while (succeeded(parser.parseOptionalComma()));
+  return success();
+}
+static void printMeshSizes(AsmPrinter &printer, const tessel::MeshShape &shape) {
+  bool first = true;
+  for (tessel::MeshAxis axis : tessel::kRankOrder)
+    if (shape[axis] != 1) {
+      printer << (first ? "" : ", ") << tessel::meshAxisName(axis) << " = "
+              << shape[axis];
+      first = false;
+    }
+}
+
 #include "dialects/Dist/DistDialect.cpp.inc"
 #define GET_ATTRDEF_CLASSES
 #include "dialects/Dist/DistAttrs.cpp.inc"
@@ -31,150 +115,151 @@ void DistDialect::initialize() {
       >();
 }
 
+LogicalResult DistDialect::verifyOperationAttribute(Operation *op,
+                                                    NamedAttribute attr) {
+  if (attr.getName() == kMeshAttrName) {
+    if (!isa<ModuleOp>(op))
+      return op->emitOpError("dist.mesh is a module attribute");
+    if (!isa<MeshAttr>(attr.getValue()))
+      return op->emitOpError("dist.mesh must be a #dist.mesh<...>");
+  }
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "dialects/Dist/DistOps.cpp.inc"
 
-int tessel::dist::axisId(StringRef name) {
-  for (int i = 0; i < kNumAxes; ++i)
-    if (name == kAxisNames[i])
-      return i;
-  return -1;
+//===--- Shardings and meshes ---------------------------------------------===//
+
+Attribute ShardingAttr::parse(AsmParser &parser, Type) {
+  SmallVector<tessel::AxisSet> dims;
+  tessel::AxisSet partial;
+  SmallVector<int64_t> blocks;
+  auto parseBracketed = [&](tessel::AxisSet &axes) {
+    return failure(parser.parseLSquare() || parseAxisList(parser, axes) ||
+                   parser.parseRSquare());
+  };
+  if (parser.parseLess() ||
+      parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
+                                     [&]() -> ParseResult {
+                                       tessel::AxisSet axes;
+                                       if (failed(parseBracketed(axes)))
+                                         return failure();
+                                       dims.push_back(axes);
+                                       return success();
+                                     }) ||
+      parser.parseComma() || parser.parseKeyword("partial") ||
+      parser.parseEqual() || failed(parseBracketed(partial)))
+    return {};
+  if (succeeded(parser.parseOptionalComma())) {
+    if (parser.parseKeyword("blocks") || parser.parseEqual() ||
+        parser.parseCommaSeparatedList(AsmParser::Delimiter::Square,
+                                       [&]() -> ParseResult {
+                                         int64_t b;
+                                         if (parser.parseInteger(b))
+                                           return failure();
+                                         blocks.push_back(b);
+                                         return success();
+                                       }))
+      return {};
+  }
+  if (parser.parseGreater())
+    return {};
+  return parser.getChecked<ShardingAttr>(parser.getContext(), dims, partial,
+                                         blocks);
 }
 
-ArrayAttr tessel::dist::axesAttr(MLIRContext *ctx, unsigned axes) {
-  SmallVector<Attribute> names;
-  for (int i = 0; i < kNumAxes; ++i)
-    if (axes & (1u << i))
-      names.push_back(StringAttr::get(ctx, kAxisNames[i]));
-  return ArrayAttr::get(ctx, names);
+void ShardingAttr::print(AsmPrinter &printer) const {
+  printer << "<[";
+  for (auto [i, axes] : llvm::enumerate(getDims())) {
+    printer << (i ? ", [" : "[");
+    printAxisList(printer, axes);
+    printer << "]";
+  }
+  printer << "], partial = [";
+  printAxisList(printer, getPartial());
+  printer << "]";
+  if (!getBlocks().empty()) {
+    printer << ", blocks = [";
+    llvm::interleaveComma(getBlocks(), printer);
+    printer << "]";
+  }
+  printer << ">";
 }
 
-unsigned tessel::dist::axesMask(ArrayAttr axes) {
-  unsigned mask = 0;
-  for (Attribute a : axes)
-    if (auto s = dyn_cast<StringAttr>(a); s && axisId(s.getValue()) >= 0)
-      mask |= 1u << axisId(s.getValue());
-  return mask;
-}
-
-std::string tessel::dist::axesString(unsigned axes) {
-  std::string s;
-  for (int i = 0; i < kNumAxes; ++i)
-    if (axes & (1u << i))
-      s += (s.empty() ? "" : ",") + std::string(kAxisNames[i]);
-  return s.empty() ? "-" : s;
+LogicalResult MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               tessel::MeshShape shape) {
+  for (tessel::MeshAxis axis : tessel::kMeshAxes)
+    if (shape[axis] < 1)
+      return emitError() << "mesh axis " << tessel::meshAxisName(axis)
+                         << " must have size >= 1";
+  return success();
 }
 
 Sharding Sharding::fromAttr(ShardingAttr attr) {
   Sharding s;
-  for (Attribute dim : attr.getDims())
-    s.dims.push_back(axesMask(cast<ArrayAttr>(dim)));
-  s.partial = axesMask(attr.getPartial());
-  if (attr.getBlocks())
-    for (auto [d, count] : llvm::enumerate(attr.getBlocks().asArrayRef()))
-      s.setBlocks(d, count);
+  s.dims.assign(attr.getDims().begin(), attr.getDims().end());
+  s.partial = attr.getPartial();
+  for (auto [d, count] : llvm::enumerate(attr.getBlocks()))
+    s.setBlocks(d, count);
   return s;
 }
 
 ShardingAttr Sharding::toAttr(MLIRContext *ctx) const {
-  SmallVector<Attribute> dimAttrs;
-  for (unsigned d : dims)
-    dimAttrs.push_back(axesAttr(ctx, d));
-  return ShardingAttr::get(ctx, ArrayAttr::get(ctx, dimAttrs),
-                           axesAttr(ctx, partial),
-                           blocks.empty() ? DenseI64ArrayAttr()
-                                          : DenseI64ArrayAttr::get(ctx, blocks));
+  return ShardingAttr::get(ctx, dims, partial, blocks);
 }
 
-unsigned Sharding::allAxes() const {
-  unsigned all = partial;
-  for (unsigned d : dims)
+tessel::AxisSet Sharding::allAxes() const {
+  tessel::AxisSet all = partial;
+  for (tessel::AxisSet d : dims)
     all |= d;
   return all;
 }
 
-Mesh Mesh::of(Operation *op) {
-  Mesh mesh;
+tessel::AxisSet Sharding::leadingAxes(size_t count) const {
+  tessel::AxisSet axes;
+  for (size_t d = 0; d < count && d < dims.size(); ++d)
+    axes |= dims[d];
+  return axes;
+}
+
+tessel::MeshShape tessel::dist::meshOf(Operation *op) {
   auto module = isa<ModuleOp>(op) ? cast<ModuleOp>(op)
                                    : op->getParentOfType<ModuleOp>();
   if (!module)
-    return mesh;
-  for (auto meshOp : module.getOps<MeshOp>())
-    for (auto [name, size] : llvm::zip(meshOp.getAxes(), meshOp.getShape()))
-      mesh.size[axisId(cast<StringAttr>(name).getValue())] = size;
-  return mesh;
+    return {};
+  if (auto mesh = module->getAttrOfType<MeshAttr>(DistDialect::kMeshAttrName))
+    return mesh.getShape();
+  return {};
 }
 
-int64_t Mesh::groupSize(unsigned axes) const {
-  int64_t g = 1;
-  for (int i = 0; i < kNumAxes; ++i)
-    if (axes & (1u << i))
-      g *= size[i];
-  return g;
-}
-
-static LogicalResult verifyAxes(function_ref<InFlightDiagnostic()> emitError,
-                                ArrayAttr axes, bool allowEmpty) {
-  unsigned seen = 0;
-  for (Attribute a : axes) {
-    auto name = dyn_cast<StringAttr>(a);
-    if (!name || axisId(name.getValue()) < 0)
-      return emitError() << "unknown mesh axis " << a
-                         << " (axes: dp, tp, pp, cp, ep)";
-    unsigned bit = 1u << axisId(name.getValue());
-    if (seen & bit)
-      return emitError() << "mesh axis " << a << " appears twice";
-    seen |= bit;
-  }
-  if (!allowEmpty && axes.empty())
-    return emitError() << "needs at least one mesh axis";
-  return success();
+void tessel::dist::setMesh(ModuleOp module, const tessel::MeshShape &shape) {
+  module->setAttr(DistDialect::kMeshAttrName,
+                  MeshAttr::get(module.getContext(), shape));
 }
 
 LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                   ArrayAttr dims, ArrayAttr partial,
-                                   DenseI64ArrayAttr blocks) {
-  if (blocks && (blocks.size() != (int64_t)dims.size() ||
-                 llvm::any_of(blocks.asArrayRef(),
-                              [](int64_t b) { return b < 1; })))
+                                   ArrayRef<tessel::AxisSet> dims,
+                                   tessel::AxisSet partial,
+                                   ArrayRef<int64_t> blocks) {
+  if (!blocks.empty() &&
+      (blocks.size() != dims.size() ||
+       llvm::any_of(blocks, [](int64_t b) { return b < 1; })))
     return emitError() << "blocks must give a count >= 1 for each dimension";
-  unsigned seen = 0;
-  auto check = [&](ArrayAttr axes) -> LogicalResult {
-    if (failed(verifyAxes(emitError, axes, true)))
-      return failure();
-    unsigned mask = axesMask(axes);
-    if (seen & mask)
+  tessel::AxisSet seen = partial;
+  for (tessel::AxisSet axes : dims) {
+    if (seen.intersects(axes))
       return emitError() << "a mesh axis is used twice in one sharding";
-    seen |= mask;
-    return success();
-  };
-  for (Attribute dim : dims) {
-    auto axes = dyn_cast<ArrayAttr>(dim);
-    if (!axes)
-      return emitError() << "each dimension's entry must be a list of axes";
-    if (failed(check(axes)))
-      return failure();
+    seen |= axes;
   }
-  return check(partial);
-}
-
-LogicalResult MeshOp::verify() {
-  if (getAxes().size() != getShape().size())
-    return emitOpError("has ") << getAxes().size() << " axes but "
-                               << getShape().size() << " sizes";
-  if (failed(verifyAxes([&] { return emitOpError(); }, getAxes(), false)))
-    return failure();
-  for (int64_t s : getShape())
-    if (s < 1)
-      return emitOpError("axis sizes must be >= 1");
   return success();
 }
 
 // Checks the axes and returns the group size of the collective.
-static FailureOr<int64_t> groupOf(Operation *op, ArrayAttr axes) {
-  if (failed(verifyAxes([&] { return op->emitOpError(); }, axes, false)))
-    return failure();
-  return Mesh::of(op).groupSize(axesMask(axes));
+static FailureOr<int64_t> groupOf(Operation *op, tessel::AxisSet axes) {
+  if (axes.empty())
+    return op->emitOpError("needs at least one mesh axis");
+  return meshOf(op).groupSize(axes);
 }
 
 LogicalResult AllReduceOp::verify() {

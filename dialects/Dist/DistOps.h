@@ -5,10 +5,24 @@
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "tessel/Support/MeshLayout.h"
+#include "llvm/ADT/Hashing.h"
+
+namespace tessel {
+// Attribute parameters are hashed and compared.
+inline llvm::hash_code hash_value(AxisSet axes) {
+  return llvm::hash_value(axes.bits());
+}
+inline llvm::hash_code hash_value(const MeshShape &shape) {
+  return llvm::hash_combine_range(shape.size, shape.size + kNumMeshAxes);
+}
+} // namespace tessel
 
 #include "dialects/Dist/DistDialect.h.inc"
 
@@ -21,17 +35,11 @@
 
 namespace tessel::dist {
 
-// Mesh axes in rank order, innermost last: the runtime's MeshAxis numbering
-// (dp=0, tp=1, pp=2, cp=3, ep=4) is used for bit masks.
-constexpr const char *kAxisNames[] = {"dp", "tp", "pp", "cp", "ep"};
-constexpr int kNumAxes = 5;
-// The axis id of `name`, or -1.
-int axisId(llvm::StringRef name);
-
-// A sharding in C++ form: per dimension a bit mask of axes, plus partial axes.
+// A sharding in C++ form: per dimension the axes splitting it, plus the
+// axes over which the value is a partial sum.
 struct Sharding {
-  llvm::SmallVector<unsigned> dims;
-  unsigned partial = 0;
+  llvm::SmallVector<AxisSet> dims;
+  AxisSet partial;
   // Per dimension, the number of separately split blocks; empty when all 1.
   llvm::SmallVector<int64_t> blocks;
 
@@ -48,28 +56,24 @@ struct Sharding {
   }
 
   static Sharding replicated(int64_t rank) {
-    return Sharding{llvm::SmallVector<unsigned>(rank, 0u), 0};
+    return Sharding{llvm::SmallVector<AxisSet>(rank), AxisSet(), {}};
   }
   static Sharding fromAttr(ShardingAttr attr);
   ShardingAttr toAttr(mlir::MLIRContext *ctx) const;
-  unsigned allAxes() const;
+  // Every axis that splits a dimension or is partial.
+  AxisSet allAxes() const;
+  // The axes splitting one of the first `count` dimensions.
+  AxisSet leadingAxes(size_t count) const;
   bool operator==(const Sharding &o) const {
     return dims == o.dims && partial == o.partial && blocks == o.blocks;
   }
   bool operator!=(const Sharding &o) const { return !(*this == o); }
 };
 
-// The mesh sizes of the module (from its dist.mesh op), all 1 when absent.
-struct Mesh {
-  int64_t size[kNumAxes] = {1, 1, 1, 1, 1};
-  static Mesh of(mlir::Operation *op);
-  int64_t groupSize(unsigned axes) const;
-  int64_t worldSize() const { return groupSize((1u << kNumAxes) - 1); }
-};
-
-mlir::ArrayAttr axesAttr(mlir::MLIRContext *ctx, unsigned axes);
-unsigned axesMask(mlir::ArrayAttr axes);
-std::string axesString(unsigned axes);
+// The mesh of the module around `op` (its dist.mesh attribute); one rank
+// when there is none.
+MeshShape meshOf(mlir::Operation *op);
+void setMesh(mlir::ModuleOp module, const MeshShape &shape);
 
 } // namespace tessel::dist
 

@@ -5,23 +5,6 @@
 include "DistDialect.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
-def Dist_AxesAttr : TypedArrayAttrBase<StrAttr, "mesh axis names">;
-
-def Dist_MeshOp : Dist_Op<"mesh"> {
-  let summary = "The device mesh of the program";
-  let description = [{
-    Axis names and sizes, outermost first as ranks are numbered (`pp`
-    outermost, `tp` innermost).
-
-    ```mlir
-    dist.mesh {axes = ["dp", "tp"], shape = array<i64: 2, 4>}
-    ```
-  }];
-  let arguments = (ins Dist_AxesAttr:$axes, DenseI64ArrayAttr:$shape);
-  let assemblyFormat = "attr-dict";
-  let hasVerifier = 1;
-}
-
 class Dist_CollectiveOp<string mnemonic, list<Trait> traits = []>
     : Dist_Op<mnemonic, traits> {
   let hasVerifier = 1;
@@ -36,7 +19,7 @@ def Dist_ReshardOp : Dist_Op<"reshard", [Pure, AllTypesMatch<["input", "result"]
     are global.
 
     ```mlir
-    %r = dist.reshard %x {from = #dist.sharding<[["dp"], []], partial = ["tp"]>, to = #dist.sharding<[["dp"], []], partial = []>} : tensor<8x64xf32>
+    %r = dist.reshard %x {from = #dist.sharding<[[dp], []], partial = [tp]>, to = #dist.sharding<[[dp], []], partial = []>} : tensor<8x64xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_ShardingAttr:$from,
@@ -59,7 +42,7 @@ def Dist_LocalSliceOp : Dist_Op<"local_slice", [Pure]> {
     replicated over tensor parallelism.
 
     ```mlir
-    %k1 = dist.local_slice %k {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x64x1x16xf32>
+    %k1 = dist.local_slice %k {axes = #dist.axes<tp>, dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x2x16xf32>) -> tensor<8x64x1x16xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim,
@@ -77,7 +60,7 @@ def Dist_LocalInsertOp : Dist_Op<"local_insert", [Pure]> {
     the input. Summed over the group it assembles the whole tensor.
 
     ```mlir
-    %dk = dist.local_insert %dk1 {axes = ["tp"], dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x1x16xf32>) -> tensor<8x64x2x16xf32>
+    %dk = dist.local_insert %dk1 {axes = #dist.axes<tp>, dim = 2 : i64, numerator = 1 : i64, denominator = 2 : i64} : (tensor<8x64x1x16xf32>) -> tensor<8x64x2x16xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim,
@@ -94,7 +77,7 @@ def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce", [Pure]> {
     it is contiguous. Each result has its operand's type.
 
     ```mlir
-    %g0, %g1 = dist.all_reduce %a, %b {axes = ["dp"]} : (tensor<64x64xf32>, tensor<64xf32>) -> (tensor<64x64xf32>, tensor<64xf32>)
+    %g0, %g1 = dist.all_reduce %a, %b {axes = #dist.axes<dp>} : (tensor<64x64xf32>, tensor<64xf32>) -> (tensor<64x64xf32>, tensor<64xf32>)
     ```
   }];
   let arguments = (ins Variadic<AnyRankedTensor>:$inputs, Dist_AxesAttr:$axes);
@@ -106,7 +89,7 @@ def Dist_AllReduceStartOp : Dist_CollectiveOp<"all_reduce_start"> {
   let summary = "Starts an all_reduce; its results are valid after dist.wait";
   let description = [{
     ```mlir
-    %g0, %r = dist.all_reduce_start %a {axes = ["dp"]} : (tensor<64x64xf32>) -> (tensor<64x64xf32>, !dist.request)
+    %g0, %r = dist.all_reduce_start %a {axes = #dist.axes<dp>} : (tensor<64x64xf32>) -> (tensor<64x64xf32>, !dist.request)
     dist.wait %r
     ```
   }];
@@ -130,7 +113,7 @@ def Dist_AllGatherOp : Dist_CollectiveOp<"all_gather", [Pure]> {
   let summary = "Concatenates the group's pieces along a dimension";
   let description = [{
     ```mlir
-    %full = dist.all_gather %x {axes = ["tp"], dim = 1 : i64} : (tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
+    %full = dist.all_gather %x {axes = #dist.axes<tp>, dim = 1 : i64} : (tensor<2x16x64xf32>) -> tensor<2x64x64xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim);
@@ -142,7 +125,7 @@ def Dist_ReduceScatterOp : Dist_CollectiveOp<"reduce_scatter", [Pure]> {
   let summary = "Sums over the group and keeps this rank's piece of a dimension";
   let description = [{
     ```mlir
-    %part = dist.reduce_scatter %x {axes = ["tp"], dim = 1 : i64} : (tensor<2x64x64xf32>) -> tensor<2x16x64xf32>
+    %part = dist.reduce_scatter %x {axes = #dist.axes<tp>, dim = 1 : i64} : (tensor<2x64x64xf32>) -> tensor<2x16x64xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$dim);
@@ -154,7 +137,7 @@ def Dist_AllToAllOp : Dist_CollectiveOp<"all_to_all", [Pure]> {
   let summary = "Re-splits a tensor from one dimension to another over a group";
   let description = [{
     ```mlir
-    %y = dist.all_to_all %x {axes = ["ep"], split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<8x4xf32>) -> tensor<4x8xf32>
+    %y = dist.all_to_all %x {axes = #dist.axes<ep>, split_dim = 0 : i64, concat_dim = 1 : i64} : (tensor<8x4xf32>) -> tensor<4x8xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes,
@@ -167,7 +150,7 @@ def Dist_BroadcastOp : Dist_CollectiveOp<"broadcast", [Pure]> {
   let summary = "Copies the group root's tensor to every rank of the group";
   let description = [{
     ```mlir
-    %y = dist.broadcast %x {axes = ["dp"], root = 0 : i64} : (tensor<8xf32>) -> tensor<8xf32>
+    %y = dist.broadcast %x {axes = #dist.axes<dp>, root = 0 : i64} : (tensor<8xf32>) -> tensor<8xf32>
     ```
   }];
   let arguments = (ins AnyRankedTensor:$input, Dist_AxesAttr:$axes, I64Attr:$root);
@@ -179,11 +162,11 @@ def Dist_SendOp : Dist_Op<"send", [MemoryEffects<[MemWrite]>]> {
   let summary = "Sends a tensor to the next (offset +1) or previous rank along an axis";
   let description = [{
     ```mlir
-    dist.send %x {axis = "pp", offset = 1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
+    dist.send %x {axis = #dist.axis<pp>, offset = 1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
     ```
   }];
-  let arguments = (ins AnyRankedTensor:$input, StrAttr:$axis, I64Attr:$offset,
-                   I64Attr:$tag);
+  let arguments = (ins AnyRankedTensor:$input, Dist_AxisAttr:$axis,
+                   I64Attr:$offset, I64Attr:$tag);
   let assemblyFormat = "$input attr-dict `:` type($input)";
 }
 
@@ -191,10 +174,10 @@ def Dist_RecvOp : Dist_Op<"recv", [MemoryEffects<[MemRead]>]> {
   let summary = "Receives a tensor from the rank at an offset along an axis";
   let description = [{
     ```mlir
-    %x = dist.recv {axis = "pp", offset = -1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
+    %x = dist.recv {axis = #dist.axis<pp>, offset = -1 : i64, tag = 0 : i64} : tensor<2x64x64xf32>
     ```
   }];
-  let arguments = (ins StrAttr:$axis, I64Attr:$offset, I64Attr:$tag);
+  let arguments = (ins Dist_AxisAttr:$axis, I64Attr:$offset, I64Attr:$tag);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
 }

@@ -55,7 +55,7 @@ struct RankVerifier {
   llvm::DenseSet<StepKey> &forwards, &backwards;
   llvm::DenseSet<StepKey> recvActivations, recvGradients;
 
-  int64_t owner(int64_t stage) const { return stageOwner(stage, numRanks); }
+  int64_t owner(int64_t stage) const { return pipelineLayout(numRanks).stageOwner(stage); }
 
   LogicalResult checkIds(Operation *op, int64_t stage, int64_t microbatch) {
     if (stage >= numStages)
@@ -230,11 +230,11 @@ LogicalResult ScheduleOp::verifyRegions() {
       if (!forwards.contains({s, mb}))
         return emitOpError("has no forward of stage ")
                << s << " microbatch " << mb << " (on rank "
-               << stageOwner(s, getRanks()) << ")";
+               << pipelineLayout(getRanks()).stageOwner(s) << ")";
       if (!backwards.contains({s, mb}))
         return emitOpError("has no backward of stage ")
                << s << " microbatch " << mb << " (on rank "
-               << stageOwner(s, getRanks()) << ")";
+               << pipelineLayout(getRanks()).stageOwner(s) << ")";
     }
   return success();
 }

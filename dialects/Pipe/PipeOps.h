@@ -7,6 +7,7 @@
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
+#include "tessel/Support/MeshLayout.h"
 
 #include "dialects/Pipe/PipeDialect.h.inc"
 
@@ -15,15 +16,12 @@
 
 namespace tessel::pipe {
 
-// The one place that knows the stage layout: stage `s` runs on rank
-// `s % ranks`, so with virtual stages rank `r` holds the model chunks
-// r, r + ranks, ... (Megatron's interleaved layout).
-inline int64_t stageOwner(int64_t stage, int64_t ranks) {
-  return stage % ranks;
-}
-// Which of its rank's model chunks stage `s` is.
-inline int64_t stageChunk(int64_t stage, int64_t ranks) {
-  return stage / ranks;
+// Where stages run is MeshLayout's (tessel/Support/MeshLayout.h): the
+// layout of `ranks` pipeline ranks holding `virtualStages` chunks each.
+inline MeshLayout pipelineLayout(int64_t ranks, int64_t virtualStages = 1) {
+  MeshShape shape;
+  shape[MeshAxis::PP] = ranks;
+  return MeshLayout(shape, virtualStages);
 }
 
 constexpr const char *kScheduleKinds[] = {"gpipe", "1f1b", "interleaved"};

@@ -25,6 +25,9 @@
 using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
+using tessel::AxisSet;
+using tessel::MeshAxis;
+using tessel::MeshShape;
 
 std::string tessel::cppStringLiteral(llvm::StringRef text) {
   std::string out = "\"";
@@ -69,7 +72,7 @@ std::string boolStr(bool b) { return b ? "true" : "false"; }
 class ProgramEmitter {
 public:
   ProgramEmitter(raw_ostream &os, int arenaScale = 1, bool withOptimizer = true,
-                 dist::Mesh mesh = {},
+                 MeshShape mesh = {},
                  std::vector<CollectiveCall> *calls = nullptr)
       : os(os), arenaScale(arenaScale), withOptimizer(withOptimizer),
         mesh(mesh), calls(calls) {}
@@ -94,7 +97,7 @@ public:
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       what += " @ " + loc.getName().getValue().str();
     for (int64_t k = 0; k < repeat; ++k)
-      calls->push_back({kind, axes, mesh.groupSize(axes), elements,
+      calls->push_back({kind, AxisSet::fromBits(axes), groupSize(axes), elements,
                         elementBytes, bytesSent, what});
   }
 
@@ -372,7 +375,7 @@ public:
               scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
             }
             call("crossEntropyVocabParallelForward", args);
-            int64_t g = mesh.groupSize(v);
+            int64_t g = groupSize(v);
             record("all_reduce", v, rows, rt::allReduceBytesSent(rows, g), c);
             record("all_reduce", v, 2 * rows,
                    rt::allReduceBytesSent(2 * rows, g), c);
@@ -395,7 +398,7 @@ public:
               scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
             }
             call("crossEntropyVocabParallelBackward", args);
-            int64_t g = mesh.groupSize(v);
+            int64_t g = groupSize(v);
             for (int k = 0; k < 2; ++k)
               record("all_reduce", v, rows, rt::allReduceBytesSent(rows, g), c);
             return success();
@@ -450,10 +453,11 @@ public:
             return success();
           // Squares of gradients split over some axes are summed over them
           // (in one double all-reduce per distinct axis set).
-          auto axes = g->getAttrOfType<DenseI64ArrayAttr>("dist.norm_axes");
+          auto axes = g->getAttrOfType<ArrayAttr>("dist.norm_axes");
           std::map<int64_t, SmallVector<Value>> byAxes;
           for (auto [k, v] : llvm::enumerate(g.getInputs()))
-            byAxes[axes ? axes[k] : 0].push_back(v);
+            byAxes[axes ? cast<dist::AxesAttr>(axes[k]).getValue().bits() : 0]
+                .push_back(v);
           if (cuda) {
             // One fp64 partial sum per axis set, on the device; the norm
             // never visits the host.
@@ -486,7 +490,7 @@ public:
                 os << "    allReduceSum(acc + " << part << ", 1, " << m
                    << "u);\n";
                 record("all_reduce", m, 1,
-                       rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g, 8);
+                       rt::allReduceBytesSent(1, groupSize(m), 8), g, 8);
               }
               ++part;
             }
@@ -503,7 +507,7 @@ public:
             if (m) {
               os << "      allReduceSumDouble(&part, 1, " << m << "u);\n";
               record("all_reduce", m, 1,
-                     rt::allReduceBytesSent(1, mesh.groupSize(m), 8), g, 8);
+                     rt::allReduceBytesSent(1, groupSize(m), 8), g, 8);
             }
             os << "      sumSq += part;\n    }\n";
           }
@@ -574,12 +578,12 @@ public:
               os << (k ? ", " : "") << order;
             os << "};\n";
             call("sendTo", {lowPtr(send.getInput()),
-                            i(numel(send.getInput())), "AxisPP",
+                            i(numel(send.getInput())), "MeshAxis::PP",
                             i(send.getOffset()), table + "[mb]"});
           }
           else
             call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
-                            "AxisPP", i(send.getOffset()),
+                            "MeshAxis::PP", i(send.getOffset()),
                             i(send.getTag() * microbatchTags) + " + mb"});
           record("send_recv", 1u << 2, numel(send.getInput()),
                  numel(send.getInput()) * elementBytes(send.getInput()), send);
@@ -587,10 +591,10 @@ public:
         })
         .Case<dist::RecvOp>([&](dist::RecvOp recv) {
           if (cuda)
-            call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
+            call("recvFrom", {ptr(recv), i(numel(recv)), "MeshAxis::PP",
                               i(recv.getOffset())});
           else
-            call("recvFrom", {ptr(recv), i(numel(recv)), "AxisPP",
+            call("recvFrom", {ptr(recv), i(numel(recv)), "MeshAxis::PP",
                               i(recv.getOffset()),
                               i(recv.getTag() * microbatchTags) + " + mb"});
           return success();
@@ -616,10 +620,10 @@ public:
           auto [outer, len, inner] = around(g.getInput(), g.getDim());
           call("allGatherAlong", {ptr(g.getInput()), ptr(g), i(outer), i(len),
                                   i(inner), mask(g.getAxes())});
-          unsigned axes = dist::axesMask(g.getAxes());
+          unsigned axes = g.getAxes().bits();
           int64_t n = outer * len * inner;
           record("all_gather", axes, n,
-                 rt::allGatherBytesSent(n, mesh.groupSize(axes),
+                 rt::allGatherBytesSent(n, groupSize(axes),
                                         elementBytes(g.getInput())),
                  g, elementBytes(g.getInput()));
           return success();
@@ -628,8 +632,8 @@ public:
           auto [outer, len, inner] = around(r.getResult(), r.getDim());
           call("reduceScatterAlong", {ptr(r.getInput()), ptr(r), i(outer),
                                       i(len), i(inner), mask(r.getAxes())});
-          unsigned axes = dist::axesMask(r.getAxes());
-          int64_t g = mesh.groupSize(axes), n = outer * len * inner;
+          unsigned axes = r.getAxes().bits();
+          int64_t g = groupSize(axes), n = outer * len * inner;
           record("reduce_scatter", axes, g * n,
                  rt::reduceScatterBytesSent(n, g, elementBytes(r.getInput())),
                  r, elementBytes(r.getInput()));
@@ -889,20 +893,23 @@ public:
   }
 
   static unsigned vocabAxes(Operation *op) {
-    auto attr = op->getAttrOfType<IntegerAttr>("dist.vocab_axes");
-    return attr ? attr.getInt() : 0;
+    auto attr = op->getAttrOfType<dist::AxesAttr>("dist.vocab_axes");
+    return attr ? attr.getValue().bits() : 0;
+  }
+  int64_t groupSize(unsigned axes) const {
+    return mesh.groupSize(AxisSet::fromBits(axes));
   }
   static std::string mask(unsigned axes) { return std::to_string(axes) + "u"; }
   // First global vocabulary row of this rank's slice of `local` rows.
   static std::string vocabStart(unsigned axes, int64_t local) {
     return "groupRank(" + mask(axes) + ") * " + std::to_string(local);
   }
-  static std::string pieceStart(ArrayAttr axes, int64_t num, int64_t den) {
+  static std::string pieceStart(AxisSet axes, int64_t num, int64_t den) {
     return "groupRank(" + mask(axes) + ") * " + std::to_string(num) + " / " +
            std::to_string(den);
   }
-  static std::string mask(ArrayAttr axes) {
-    return std::to_string(dist::axesMask(axes)) + "u";
+  static std::string mask(AxisSet axes) {
+    return std::to_string(axes.bits()) + "u";
   }
   // A dimension's extent and the element counts before and after it.
   static std::tuple<int64_t, int64_t, int64_t> around(Value v, int64_t dim) {
@@ -914,7 +921,7 @@ public:
   // One sum over the group per contiguous run of the results' storage (a
   // bucket of gradients laid out side by side is a single call). Results
   // that do not alias their operand get a copy first.
-  void emitAllReduce(ValueRange inputs, ValueRange results, ArrayAttr axes,
+  void emitAllReduce(ValueRange inputs, ValueRange results, AxisSet axes,
                      const std::string &requestArray, Operation *op) {
     struct Piece {
       BufferSpace space;
@@ -946,10 +953,10 @@ public:
         ++end;
       }
       std::string buffer = ptr(pieces[k].value);
-      unsigned m = dist::axesMask(axes);
+      unsigned m = axes.bits();
       int64_t bytes = isFloat(pieces[k].value) ? 4 : 2;
       record("all_reduce", m, elements,
-             rt::allReduceBytesSent(elements, mesh.groupSize(m), bytes), op,
+             rt::allReduceBytesSent(elements, groupSize(m), bytes), op,
              bytes);
       if (requestArray.empty())
         call("allReduceSum", {buffer, i(elements), mask(axes)});
@@ -993,18 +1000,19 @@ public:
   raw_ostream &os;
   int arenaScale;
   bool withOptimizer;
-  dist::Mesh mesh;
+  MeshShape mesh;
   std::vector<CollectiveCall> *calls;
   int counter = 0;
 };
 
 std::string meshShapeInit(ModuleOp module) {
-  dist::Mesh mesh = dist::Mesh::of(module);
+  MeshShape mesh = dist::meshOf(module);
   std::string text;
-  for (int a = 0; a < dist::kNumAxes; ++a)
-    text += "  program.meshShape[" + std::to_string(a) +
-            "] = " + std::to_string(mesh.size[a]) + "; // " +
-            dist::kAxisNames[a] + "\n";
+  for (MeshAxis axis : tessel::kMeshAxes)
+    if (mesh[axis] != 1)
+      text += std::string("  program.mesh[MeshAxis::") +
+              llvm::StringRef(meshAxisName(axis)).upper() +
+              "] = " + std::to_string(mesh[axis]) + ";\n";
   return text;
 }
 
@@ -1233,8 +1241,8 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
   func.walk([&](CrossEntropyOp ce) {
     // The global vocabulary: a vocab-parallel loss sees its slice.
     vocab = cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
-    if (auto axes = ce->getAttrOfType<IntegerAttr>("dist.vocab_axes"))
-      vocab *= dist::Mesh::of(module).groupSize(axes.getInt());
+    if (auto axes = ce->getAttrOfType<dist::AxesAttr>("dist.vocab_axes"))
+      vocab *= dist::meshOf(module).groupSize(axes.getValue());
   });
   // A pipeline stage without the inputs or the loss still reads the data
   // (the runtime checks every token): take the shapes from the spec.
@@ -1257,7 +1265,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
        << "#include \"tessel/Runtime/Trace.h\"\n\n"
        << "#include <algorithm>\n#include <cmath>\n\n"
        << "using namespace tessel::cuda;\n"
-       << "using tessel::rt::AxisPP;\nusing tessel::rt::groupRank;\n"
+       << "using tessel::MeshAxis;\nusing tessel::rt::groupRank;\n"
        << "using tessel::rt::InitKind;\nusing tessel::rt::LrDecay;\n"
        << "using tessel::rt::ParamInfo;\nusing tessel::rt::Program;\n"
        << "using tessel::rt::StepContext;\nusing tessel::rt::TraceSpan;\n"
@@ -1275,23 +1283,24 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
        << "using namespace tessel::rt;\n\nnamespace {\n\nusing T = float;\n\n"
        << "const ParamInfo kParams[] = {\n";
   int numParams = 0;
-  dist::Mesh mesh = dist::Mesh::of(module);
+  MeshShape mesh = dist::meshOf(module);
   for (ParamOp p : func.getOps<ParamOp>()) {
     // The table holds the global (checkpoint) shape and how this rank's
     // shard is cut from it.
     SmallVector<int64_t> shape(p.getType().getShape());
-    int shardDim = -1, shardAxis = 0, shardBlocks = 1;
+    int shardDim = -1, shardBlocks = 1;
+    MeshAxis shardAxis = MeshAxis::DP;
     if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
       dist::Sharding s =
           dist::Sharding::fromAttr(cast<dist::ShardingAttr>(attrs[0]));
       for (auto [d, axes] : llvm::enumerate(s.dims)) {
-        if (!axes)
+        if (axes.empty())
           continue;
-        if (shardDim >= 0 || llvm::popcount(axes) != 1)
+        if (shardDim >= 0 || !axes.single())
           return p.emitOpError("parameters split along more than one "
                                "dimension or axis are not supported yet");
         shardDim = d;
-        shardAxis = llvm::countr_zero(axes);
+        shardAxis = *axes.single();
         shardBlocks = s.blocksOf(d);
         shape[d] *= mesh.groupSize(axes);
       }
@@ -1308,8 +1317,9 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
                             : "InitKind::Normal")
        << ", " << flt(p.getMean().convertToDouble()) << ", "
        << flt(p.getStd().convertToDouble()) << ", "
-       << boolStr(shape.size() >= 2) << ", " << shardDim << ", " << shardAxis
-       << ", " << shardBlocks << "},\n";
+       << boolStr(shape.size() >= 2) << ", " << shardDim << ", MeshAxis::"
+       << llvm::StringRef(meshAxisName(shardAxis)).upper() << ", "
+       << shardBlocks << "},\n";
     ++numParams;
   }
   os << "};\n\nvoid trainStep(StepContext &ctx) {\n"
@@ -1321,7 +1331,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
        << "  char *S = deviceBuffers().scratch;\n"
        << "  float *LS = deviceBuffers().scalars; // the loss over microbatches\n"
        << "  (void)PB; (void)S; (void)LS;\n";
-  ProgramEmitter emitter(os, 1, true, dist::Mesh::of(module), calls);
+  ProgramEmitter emitter(os, 1, true, dist::meshOf(module), calls);
   llvm::DenseSet<Value> fp32Values;
   if (cuda && cuda->bf16 != module->hasAttr(kBf16ActivationsAttr))
     return module.emitError("the buffer plan was made for ")

@@ -20,6 +20,8 @@
 using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
+using tessel::MeshAxis;
+using tessel::MeshShape;
 
 namespace {
 
@@ -33,9 +35,11 @@ public:
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
     b.setInsertionPointToEnd(module->getBody());
     const ParallelSpec &par = spec.parallel;
-    dist::MeshOp::create(
-        b, loc, b.getStrArrayAttr({"pp", "dp", "tp"}),
-        b.getDenseI64ArrayAttr({par.pp, par.dp, par.tp}));
+    MeshShape mesh;
+    mesh[MeshAxis::PP] = par.pp;
+    mesh[MeshAxis::DP] = par.dp;
+    mesh[MeshAxis::TP] = par.tp;
+    dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());
     if (par.microbatches > 1)
@@ -103,7 +107,7 @@ private:
         dist::Sharding s = dist::Sharding::replicated(o.dims.size());
         for (auto [d, axis] : llvm::enumerate(o.dims))
           if (axis == "tp")
-            s.dims[d] = 1u << 1;
+            s.dims[d] = MeshAxis::TP;
         p->setAttr("dist.param_sharding", s.toAttr(&ctx));
       }
       if (!matched)
@@ -120,7 +124,7 @@ private:
       return p;
     auto param = p.getDefiningOp<ParamOp>();
     dist::Sharding s = dist::Sharding::replicated(param.getType().getRank());
-    s.dims[dim] = 1u << 1; // tp
+    s.dims[dim] = MeshAxis::TP;
     s.setBlocks(dim, blocks);
     param->setAttr("dist.param_sharding", s.toAttr(&ctx));
     return p;

@@ -152,7 +152,7 @@ struct RankSteps {
   int rank, ranks, numStages;
   std::vector<Step> &out;
 
-  int owner(int stage) const { return pipe::stageOwner(stage, ranks); }
+  int owner(int stage) const { return pipe::pipelineLayout(ranks).stageOwner(stage); }
   bool remote(int stage) const {
     return stage >= 0 && stage < numStages && owner(stage) != rank;
   }
@@ -388,7 +388,7 @@ static std::string stepLabel(const Schedule &schedule, const Step &step) {
   std::string label =
       (step.kind == StepKind::Forward ? "F" : "B") + std::to_string(step.microbatch);
   if (schedule.virtualStages > 1)
-    label += "." + std::to_string(pipe::stageChunk(step.stage, schedule.ranks));
+    label += "." + std::to_string(pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage));
   return label;
 }
 
@@ -473,7 +473,7 @@ std::string tessel::pipeline::scheduleSvg(const Schedule &schedule,
       bool forward = step.kind == StepKind::Forward;
       // Later model chunks are drawn lighter.
       double opacity =
-          1.0 - 0.45 * pipe::stageChunk(step.stage, schedule.ranks) /
+          1.0 - 0.45 * pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage) /
                     std::max(1, schedule.virtualStages - 1);
       double x = left + time.start * unit;
       double w = (time.end - time.start) * unit;

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,8 +42,8 @@ struct CommState {
   bool startedMpi = false; // MPI_Init was called by commInit
   int rank = 0;
   int worldSize = 1;
-  int64_t shape[kNumMeshAxes] = {1, 1, 1, 1, 1};
-  int64_t coord[kNumMeshAxes] = {0, 0, 0, 0, 0};
+  MeshLayout layout;
+  MeshCoords coord;
   MPI_Comm comms[kNumAxisSets];
   CollectiveCounter counters[kNumCollectiveKinds];
   std::vector<MPI_Request> requests; // indexed by CommRequest
@@ -57,29 +58,9 @@ CommState &state() {
   return s;
 }
 
-// Axes from outermost to innermost in the rank order of Comm.h.
-constexpr MeshAxis kRankOrder[kNumMeshAxes] = {AxisPP, AxisDP, AxisEP, AxisCP,
-                                               AxisTP};
-
-std::string describeMesh(const int64_t shape[kNumMeshAxes]) {
-  std::string text;
-  for (MeshAxis axis : {AxisDP, AxisTP, AxisPP, AxisCP, AxisEP}) {
-    if (shape[axis] == 1)
-      continue;
-    if (!text.empty())
-      text += ' ';
-    text += std::string(meshAxisName(axis)) + "=" + std::to_string(shape[axis]);
-  }
-  return text;
-}
-
 // `axes` restricted to the axes of size > 1: equal masks mean equal groups.
 unsigned effectiveAxes(unsigned axes) {
-  unsigned effective = 0;
-  for (int axis = 0; axis < kNumMeshAxes; axis++)
-    if ((axes & (1u << axis)) && state().shape[axis] > 1)
-      effective |= 1u << axis;
-  return effective;
+  return (AxisSet::fromBits(axes) & state().layout.shape().activeAxes()).bits();
 }
 
 void checkAxes(unsigned axes, const char *what) {
@@ -119,22 +100,6 @@ void checkMpi(int result, const char *what) {
 
 } // namespace
 
-const char *meshAxisName(int axis) {
-  switch (axis) {
-  case AxisDP:
-    return "dp";
-  case AxisTP:
-    return "tp";
-  case AxisPP:
-    return "pp";
-  case AxisCP:
-    return "cp";
-  case AxisEP:
-    return "ep";
-  }
-  return "?";
-}
-
 const char *collectiveName(CollectiveKind kind) {
   switch (kind) {
   case CollectiveKind::AllReduce:
@@ -153,25 +118,25 @@ const char *collectiveName(CollectiveKind kind) {
   return "?";
 }
 
-void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]) {
+void commInit(int *argc, char ***argv, const MeshShape &meshShape) {
   CommState &s = state();
   if (s.initialized)
     throw std::runtime_error("the communicator is already set up");
   int64_t ranks = 1;
-  for (int axis = 0; axis < kNumMeshAxes; axis++) {
+  for (MeshAxis axis : kMeshAxes) {
     if (meshShape[axis] < 1 || meshShape[axis] > INT_MAX)
       throw std::runtime_error("the program has an invalid mesh size " +
                                std::to_string(meshShape[axis]) + " for " +
                                meshAxisName(axis));
-    s.shape[axis] = meshShape[axis];
     ranks *= meshShape[axis];
     if (ranks > INT_MAX)
       throw std::runtime_error("the program's mesh has too many ranks");
   }
+  s.layout = MeshLayout(meshShape);
   for (unsigned axes = 0; axes < kNumAxisSets; axes++)
     s.comms[axes] = MPI_COMM_NULL;
 
-  std::string mesh = describeMesh(s.shape);
+  std::string mesh = meshShape.describe();
   std::string launch = ranks == 1
                            ? "run it directly, without mpirun"
                            : "launch it with 'tessel run DIR' or 'mpirun -np " +
@@ -210,23 +175,15 @@ void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]) {
                              std::to_string(s.worldSize) + "; " + launch);
   }
 
-  int64_t rest = s.rank;
-  for (int i = kNumMeshAxes - 1; i >= 0; i--) {
-    MeshAxis axis = kRankOrder[i];
-    s.coord[axis] = rest % s.shape[axis];
-    rest /= s.shape[axis];
-  }
+  s.coord = s.layout.coordsOf(s.rank);
 
   // The group of `axes` is the ranks that agree on every other coordinate:
   // color them by those coordinates and order them by world rank, which is
-  // the group order of the rank formula.
+  // the layout's group order.
   for (unsigned axes = 1; axes < kNumAxisSets; axes++) {
     if (effectiveAxes(axes) != axes)
       continue;
-    int color = 0;
-    for (MeshAxis axis : kRankOrder)
-      if (!(axes & axisBit(axis)))
-        color = color * (int)s.shape[axis] + (int)s.coord[axis];
+    int color = (int)s.layout.groupColor(s.rank, AxisSet::fromBits(axes));
     checkMpi(MPI_Comm_split(MPI_COMM_WORLD, color, s.rank, &s.comms[axes]),
              "MPI_Comm_split");
   }
@@ -263,26 +220,16 @@ void commAbort(int code) {
 int commRank() { return state().rank; }
 int commWorldSize() { return state().worldSize; }
 
+const MeshLayout &meshLayout() { return state().layout; }
 int64_t meshCoord(MeshAxis axis) { return state().coord[axis]; }
-int64_t meshSize(MeshAxis axis) { return state().shape[axis]; }
+int64_t meshSize(MeshAxis axis) { return state().layout.size(axis); }
 
 int64_t groupSize(unsigned axes) {
-  int64_t size = 1;
-  for (int axis = 0; axis < kNumMeshAxes; axis++)
-    if (axes & (1u << axis))
-      size *= state().shape[axis];
-  return size;
+  return state().layout.shape().groupSize(AxisSet::fromBits(axes));
 }
 
 int64_t groupRank(unsigned axes) {
-  // Axes from outermost to innermost in the rank order of Comm.h.
-  static const int order[kNumMeshAxes] = {AxisPP, AxisDP, AxisEP, AxisCP,
-                                          AxisTP};
-  int64_t index = 0;
-  for (int axis : order)
-    if (axes & (1u << axis))
-      index = index * state().shape[axis] + state().coord[axis];
-  return index;
+  return state().layout.groupRank(state().rank, AxisSet::fromBits(axes));
 }
 
 // Every blocking all-reduce: counted, then reduced in place in int-sized
@@ -387,15 +334,14 @@ void commWait(CommRequest request) {
 }
 
 // The world rank at this rank's coordinates with `offset` added along
-// `axis` (rank order of Comm.h), after checking the arguments of sendTo or
-// recvFrom.
+// `axis`, after checking the arguments of sendTo or recvFrom.
 static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
                     const char *what) {
   const CommState &s = state();
   if (!s.initialized)
     throw std::runtime_error(std::string(what) +
                              " called before the communicator was set up");
-  if ((int)axis < 0 || (int)axis >= kNumMeshAxes)
+  if ((int)axis < 0 || (int)axis >= tessel::kNumMeshAxes)
     throw std::runtime_error(std::string(what) + " called with invalid axis " +
                              std::to_string((int)axis));
   if (n < 0 || n > INT_MAX)
@@ -407,7 +353,8 @@ static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
                              std::to_string(tag) +
                              ", outside the supported range [0, 32767)");
   int64_t peer = s.coord[axis] + offset;
-  if (offset == 0 || peer < 0 || peer >= s.shape[axis])
+  std::optional<int64_t> peerRank = s.layout.peer(s.rank, axis, offset);
+  if (offset == 0 || !peerRank)
     throw std::runtime_error(
         std::string(what) + " along " + meshAxisName(axis) + " with offset " +
         std::to_string(offset) + " from coordinate " +
@@ -415,11 +362,8 @@ static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
         (offset == 0 ? std::string("the peer is this rank itself")
                      : "no rank has coordinate " + std::to_string(peer) +
                            " (" + meshAxisName(axis) + " size " +
-                           std::to_string(s.shape[axis]) + ")"));
-  int64_t rank = 0;
-  for (MeshAxis a : kRankOrder)
-    rank = rank * s.shape[a] + (a == axis ? peer : s.coord[a]);
-  return (int)rank;
+                           std::to_string(s.layout.size(axis)) + ")"));
+  return (int)*peerRank;
 }
 
 void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,

@@ -210,9 +210,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
 ShardLayout shardLayoutOf(const ParamInfo &p) {
   if (p.shardDim < 0)
     return makeShardLayout(p.shape, p.rank, -1, 1, 1, 0);
-  MeshAxis axis = (MeshAxis)p.shardAxis;
   return makeShardLayout(p.shape, p.rank, p.shardDim, p.shardBlocks,
-                         meshSize(axis), meshCoord(axis));
+                         meshSize(p.shardAxis), meshCoord(p.shardAxis));
 }
 
 bool isSplit(const ShardLayout &layout) { return layout.parts > 1; }
@@ -237,9 +236,10 @@ void validateProgram(const Program &program) {
     std::string name = p.name ? p.name : "#" + std::to_string(i);
     if (!p.name || p.rank < 0 || p.rank > 4)
       fail("parameter " + inQuotes(name) + " has an invalid name or rank");
-    if (p.shardDim >= 0 && (p.shardAxis < 0 || p.shardAxis >= kNumMeshAxes))
+    if (p.shardDim >= 0 &&
+        ((int)p.shardAxis < 0 || (int)p.shardAxis >= kNumMeshAxes))
       fail("parameter " + inQuotes(name) + " is sharded along an invalid " +
-           "mesh axis " + std::to_string(p.shardAxis));
+           "mesh axis " + std::to_string((int)p.shardAxis));
     int64_t numel = 0;
     try {
       numel = shardLayoutOf(p).numel();
@@ -343,17 +343,16 @@ void initParams(const Program &program, uint64_t seed, float *params) {
 constexpr int kSaveSizeTag = 32000, kSaveHeaderTag = 32001,
               kSaveDataTag = 32002;
 
-// Whether this rank leads its pipeline stage: every coordinate but pp is 0.
+// Whether this rank leads its pipeline stage: the first rank of its program.
 bool isStageLeader() {
-  for (MeshAxis axis : {AxisDP, AxisTP, AxisCP, AxisEP})
-    if (meshCoord(axis) != 0)
-      return false;
-  return true;
+  const MeshLayout &layout = meshLayout();
+  return commRank() ==
+         layout.firstRankOfProgram(layout.programOf(commRank()));
 }
 
-// The world rank of the leader of pipeline stage `stage` (pp is outermost).
+// The world rank of the leader of pipeline stage `stage`.
 int stageLeaderRank(int64_t stage) {
-  return (int)(stage * (commWorldSize() / meshSize(AxisPP)));
+  return (int)meshLayout().firstRankOfProgram(stage);
 }
 
 // Floats travel in int-sized chunks (MPI counts are int).
@@ -488,7 +487,7 @@ void saveParams(const Program &program, const std::string &path,
     ShardLayout layout = shardLayoutOf(p);
     if (isSplit(layout)) {
       std::vector<float> pieces(layout.parts * p.numel);
-      allGather(data, pieces.data(), p.numel, axisBit((MeshAxis)p.shardAxis));
+      allGather(data, pieces.data(), p.numel, AxisSet(p.shardAxis).bits());
       if (stageLeader) {
         std::vector<float> &global = gathered[i];
         global.resize(layout.globalNumel());
@@ -509,7 +508,7 @@ void saveParams(const Program &program, const std::string &path,
     return;
   }
   std::vector<std::vector<StageTensor>> stages;
-  for (int64_t stage = 1; stage < meshSize(AxisPP); stage++)
+  for (int64_t stage = 1; stage < meshSize(MeshAxis::PP); stage++)
     stages.push_back(recvStageTensors(stageLeaderRank(stage)));
   for (const std::vector<StageTensor> &tensors : stages)
     for (const StageTensor &t : tensors)
@@ -561,16 +560,7 @@ void writeCommReport(const std::string &path, int64_t steps,
 }
 
 // "dp=2 tp=2" for messages.
-std::string describeMesh() {
-  std::string text;
-  for (MeshAxis axis : {AxisDP, AxisTP, AxisPP, AxisCP, AxisEP}) {
-    if (meshSize(axis) == 1)
-      continue;
-    text += std::string(text.empty() ? "" : " ") + meshAxisName(axis) + "=" +
-            std::to_string(meshSize(axis));
-  }
-  return text;
-}
+std::string describeMesh() { return meshLayout().shape().describe(); }
 
 // Fails early, before any training, when `path` cannot be created.
 void checkWritable(const std::string &path, const char *what) {
@@ -601,9 +591,9 @@ int train(const Program &program, const Options &opts) {
   const int64_t B = config.batch, T = config.seqLen;
   // Data-parallel rank d trains on rows [d * B, (d + 1) * B) of each global
   // batch of B * dp sequences, so every layout sees the one-rank data.
-  const int64_t dataRanks = meshSize(AxisDP);
+  const int64_t dataRanks = meshSize(MeshAxis::DP);
   const int64_t globalB = B * dataRanks;
-  const int64_t firstRow = meshCoord(AxisDP) * B;
+  const int64_t firstRow = meshCoord(MeshAxis::DP) * B;
   const bool leader = commRank() == 0;
   const bool multiRank = commWorldSize() > 1;
 
@@ -653,7 +643,7 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer activations = allocateZeroed(
       device ? 0 : program.activationBytes, "activations");
   // Microbatched and pipelined steps accumulate gradients.
-  bool accumulates = program.microbatches > 1 || program.meshShape[AxisPP] > 1;
+  bool accumulates = program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1;
   AlignedBuffer gradAccum =
       allocateZeroed(accumulates ? hostBytes : 0, "gradient accumulation");
   std::vector<int32_t> tokens(B * T), targets(B * T);
@@ -684,7 +674,7 @@ int train(const Program &program, const Options &opts) {
           " elements on rank 0), batch %" PRId64 " x %" PRId64 " (%" PRId64
           " per data-parallel rank), %" PRId64 " steps, %d threads per rank\n",
           name, commWorldSize(), describeMesh().c_str(), program.numParams,
-          meshSize(AxisPP) > 1 ? " in pipeline stage 0" : "",
+          meshSize(MeshAxis::PP) > 1 ? " in pipeline stage 0" : "",
           program.paramElems, globalB, T, B, opts.steps, omp_get_max_threads());
   }
   std::fflush(stdout);
@@ -832,7 +822,7 @@ int runMain(int argc, char **argv, const Program &program) {
     return 0;
   }
   try {
-    commInit(&argc, &argv, program.meshShape);
+    commInit(&argc, &argv, program.mesh);
     int code = train(program, opts);
     commFinalize();
     return code;

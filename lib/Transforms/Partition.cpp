@@ -20,13 +20,15 @@ using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
 using tessel::dist::Sharding;
+using tessel::AxisSet;
+using tessel::MeshShape;
 
 namespace {
 
 class Partitioner {
 public:
   Partitioner(ModuleOp module)
-      : ctx(module.getContext()), mesh(dist::Mesh::of(module)) {}
+      : ctx(module.getContext()), mesh(dist::meshOf(module)) {}
 
   LogicalResult run(func::FuncOp func);
 
@@ -47,7 +49,7 @@ private:
       if (shape[d] % g != 0) {
         op->emitOpError("dimension ")
             << d << " of size " << shape[d] << " cannot be split over "
-            << dist::axesString(axes) << " (" << g << " ranks)";
+            << axes.str() << " (" << g << " ranks)";
         return failure();
       }
       shape[d] /= g;
@@ -57,15 +59,14 @@ private:
   LogicalResult lowerReshard(dist::ReshardOp reshard);
   void selectKVHead(Operation *op);
   // The local op works on this rank's slice of the vocabulary.
-  void markVocabSplit(Operation *op, unsigned axes) {
-    if (axes)
-      op->setAttr("dist.vocab_axes",
-                  IntegerAttr::get(IntegerType::get(ctx, 64), axes));
+  void markVocabSplit(Operation *op, AxisSet axes) {
+    if (!axes.empty())
+      op->setAttr("dist.vocab_axes", dist::AxesAttr::get(ctx, axes));
   }
   void scaleCrossEntropy(Operation *op);
 
   MLIRContext *ctx;
-  dist::Mesh mesh;
+  MeshShape mesh;
 };
 
 LogicalResult Partitioner::run(func::FuncOp func) {
@@ -101,10 +102,11 @@ LogicalResult Partitioner::run(func::FuncOp func) {
       markVocabSplit(op, shardingOf(e.getResult()).dims[0]);
     if (auto norm = dyn_cast<GlobalNormOp>(op)) {
       // A split gradient's squares are summed over the axes that split it.
-      SmallVector<int64_t> axes;
+      SmallVector<Attribute> axes;
       for (Value g : norm.getInputs())
-        axes.push_back(shardingOf(g).allAxes() & ~shardingOf(g).partial);
-      norm->setAttr("dist.norm_axes", DenseI64ArrayAttr::get(ctx, axes));
+        axes.push_back(dist::AxesAttr::get(
+            ctx, shardingOf(g).allAxes() - shardingOf(g).partial));
+      norm->setAttr("dist.norm_axes", ArrayAttr::get(ctx, axes));
     }
   }
   return success();
@@ -115,7 +117,7 @@ LogicalResult Partitioner::run(func::FuncOp func) {
 // of k and v; under the gradient, place dk and dv back into zeros (a partial
 // sum over the group).
 void Partitioner::selectKVHead(Operation *op) {
-  unsigned axes = op->getAttrOfType<IntegerAttr>("dist.kv_replicated").getInt();
+  AxisSet axes = op->getAttrOfType<dist::AxesAttr>("dist.kv_replicated").getValue();
   auto q = cast<RankedTensorType>(op->getOperand(0).getType());
   auto k = cast<RankedTensorType>(op->getOperand(1).getType());
   int64_t localHeads = q.getDimSize(2);
@@ -131,7 +133,7 @@ void Partitioner::selectKVHead(Operation *op) {
   };
   for (unsigned i : {1u, 2u}) {
     auto slice = dist::LocalSliceOp::create(
-        b, loc, one, op->getOperand(i), dist::axesAttr(ctx, axes),
+        b, loc, one, op->getOperand(i), dist::AxesAttr::get(ctx, axes),
         b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
         b.getI64IntegerAttr(queriesPerKV));
     attrs(slice);
@@ -145,7 +147,7 @@ void Partitioner::selectKVHead(Operation *op) {
     Type whole = grad.getType();
     grad.setType(one);
     auto insert = dist::LocalInsertOp::create(
-        b, loc, whole, grad, dist::axesAttr(ctx, axes), b.getI64IntegerAttr(2),
+        b, loc, whole, grad, dist::AxesAttr::get(ctx, axes), b.getI64IntegerAttr(2),
         b.getI64IntegerAttr(localHeads), b.getI64IntegerAttr(queriesPerKV));
     auto resultAttrs = op->getAttrOfType<ArrayAttr>("dist.sharding");
     insert->setAttr("dist.sharding", ArrayAttr::get(ctx, {resultAttrs[i]}));
@@ -159,9 +161,7 @@ void Partitioner::selectKVHead(Operation *op) {
 // scale the local mean by 1 / pieces.
 void Partitioner::scaleCrossEntropy(Operation *op) {
   Sharding targets = shardingOf(op->getOperand(1));
-  unsigned axes = 0;
-  for (unsigned d : targets.dims)
-    axes |= d;
+  AxisSet axes = targets.leadingAxes(targets.dims.size());
   // Microbatches split the batch in time as dp splits it in space.
   auto module = op->getParentOfType<ModuleOp>();
   auto microbatches = module->getAttrOfType<IntegerAttr>("tessel.microbatches");
@@ -200,51 +200,49 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
   auto annotate = [&](Operation *op) {
     op->setAttr("dist.sharding", ArrayAttr::get(ctx, {current.toAttr(ctx)}));
   };
-  if (to.partial & ~from.partial)
+  if (!(to.partial - from.partial).empty())
     return reshard.emitOpError("cannot make a value partial over ")
-           << dist::axesString(to.partial & ~from.partial);
-  unsigned reduce = from.partial & ~to.partial;
+           << (to.partial - from.partial).str();
+  AxisSet reduce = from.partial - to.partial;
   // Partial axes that the target splits a dimension by: reduce-scatter.
   for (size_t d = 0; d < to.dims.size(); ++d) {
-    unsigned scatter = to.dims[d] & reduce & ~from.dims[d];
-    if (!scatter)
+    AxisSet scatter = (to.dims[d] & reduce) - from.dims[d];
+    if (scatter.empty())
       continue;
     current.dims[d] |= scatter;
-    current.partial &= ~scatter;
-    reduce &= ~scatter;
+    current.partial -= scatter;
+    reduce -= scatter;
     FailureOr<RankedTensorType> type = localType(
         reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
       return failure();
     auto rs = dist::ReduceScatterOp::create(
-        b, loc, *type, v, dist::axesAttr(ctx, scatter), b.getI64IntegerAttr(d));
+        b, loc, *type, v, dist::AxesAttr::get(ctx, scatter), b.getI64IntegerAttr(d));
     annotate(rs);
     v = rs.getResult();
   }
-  if (reduce) {
-    current.partial &= ~reduce;
+  if (!reduce.empty()) {
+    current.partial -= reduce;
     auto ar = dist::AllReduceOp::create(b, loc, TypeRange{v.getType()},
-                                        ValueRange{v},
-                                        dist::axesAttr(ctx, reduce));
+                                        ValueRange{v}, reduce);
     annotate(ar);
     v = ar.getResult(0);
   }
   // Split dimensions the target needs whole (or split otherwise): gather.
   for (size_t d = 0; d < to.dims.size(); ++d) {
-    unsigned gather = current.dims[d] & ~to.dims[d];
-    if (!gather)
+    AxisSet gather = current.dims[d] - to.dims[d];
+    if (gather.empty())
       continue;
     if (current.blocksOf(d) != 1)
       return reshard.emitOpError("cannot gather dimension ")
              << d << ", which is split in " << current.blocksOf(d)
              << " blocks";
-    current.dims[d] &= ~gather;
+    current.dims[d] -= gather;
     FailureOr<RankedTensorType> type = localType(
         reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
       return failure();
-    auto ag = dist::AllGatherOp::create(b, loc, *type, v,
-                                        dist::axesAttr(ctx, gather),
+    auto ag = dist::AllGatherOp::create(b, loc, *type, v, dist::AxesAttr::get(ctx, gather),
                                         b.getI64IntegerAttr(d));
     annotate(ag);
     v = ag.getResult();
@@ -252,8 +250,8 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
   // Dimensions the target splits that nothing split before: every rank
   // holds the whole dimension already and keeps its piece.
   for (size_t d = 0; d < to.dims.size(); ++d) {
-    unsigned split = to.dims[d] & ~current.dims[d];
-    if (!split || current.dims[d])
+    AxisSet split = to.dims[d] - current.dims[d];
+    if (split.empty() || !current.dims[d].empty())
       continue;
     current.dims[d] = split;
     FailureOr<RankedTensorType> type = localType(
@@ -261,7 +259,7 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     if (failed(type))
       return failure();
     auto slice = dist::LocalSliceOp::create(
-        b, loc, *type, v, dist::axesAttr(ctx, split), b.getI64IntegerAttr(d),
+        b, loc, *type, v, dist::AxesAttr::get(ctx, split), b.getI64IntegerAttr(d),
         b.getI64IntegerAttr(type->getDimSize(d)), b.getI64IntegerAttr(1));
     annotate(slice);
     v = slice.getResult();

@@ -22,31 +22,25 @@ using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
 using tessel::dist::Sharding;
+using tessel::AxisSet;
+using tessel::MeshAxis;
+using tessel::MeshShape;
 
 namespace {
 
-constexpr unsigned kDP = 1u << 0, kTP = 1u << 1;
+const AxisSet kDP = MeshAxis::DP, kTP = MeshAxis::TP;
 
 int64_t rankOf(Value v) { return cast<RankedTensorType>(v.getType()).getRank(); }
 ArrayRef<int64_t> shapeOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
-unsigned leadingAxes(const Sharding &s, size_t count) {
-  unsigned m = 0;
-  for (size_t d = 0; d < count && d < s.dims.size(); ++d)
-    m |= s.dims[d];
-  return m;
-}
 
 class Propagator {
 public:
   Propagator(ModuleOp module)
-      : ctx(module.getContext()), mesh(dist::Mesh::of(module)),
-        sequenceParallel(module->hasAttr("dist.sequence_parallel")) {
-    for (int a = 0; a < dist::kNumAxes; ++a)
-      if (mesh.size[a] > 1)
-        active |= 1u << a;
-  }
+      : ctx(module.getContext()), mesh(dist::meshOf(module)),
+        active(mesh.activeAxes()),
+        sequenceParallel(module->hasAttr("dist.sequence_parallel")) {}
 
   LogicalResult run(func::FuncOp func) {
     SmallVector<Operation *> ops;
@@ -101,16 +95,16 @@ private:
   // [batch, seq, hidden] split along the sequence over tp.
   Sharding reduced(Value v) {
     Sharding s = get(v);
-    unsigned partial = s.partial;
-    s.partial = 0;
-    if (sequenceParallel && (partial & kTP) && s.dims.size() == 3 &&
-        !(s.allAxes() & kTP) && shapeOf(v)[1] % mesh.size[1] == 0)
+    AxisSet partial = s.partial;
+    s.partial = {};
+    if (sequenceParallel && partial.intersects(kTP) && s.dims.size() == 3 &&
+        !s.allAxes().intersects(kTP) && shapeOf(v)[1] % mesh[MeshAxis::TP] == 0)
       s.dims[1] = kTP;
     return s;
   }
   static Sharding whole(Sharding s, std::initializer_list<int64_t> dims) {
     for (int64_t d : dims)
-      s.dims[d < 0 ? s.dims.size() + d : d] = 0;
+      s.dims[d < 0 ? s.dims.size() + d : d] = {};
     return s;
   }
 
@@ -120,14 +114,14 @@ private:
   LogicalResult visitAttention(Operation *op, bool grad);
 
   MLIRContext *ctx;
-  dist::Mesh mesh;
+  MeshShape mesh;
+  AxisSet active;
   bool sequenceParallel;
-  unsigned active = 0;
   DenseMap<Value, Sharding> shardings;
   DenseMap<std::pair<Value, Attribute>, Value> reshards;
   // The vocabulary split of the table each token-id tensor is looked up in,
   // for the embedding's gradient.
-  DenseMap<Value, unsigned> vocabAxes;
+  DenseMap<Value, AxisSet> vocabAxes;
 };
 
 LogicalResult Propagator::visit(Operation *op) {
@@ -144,7 +138,7 @@ LogicalResult Propagator::visit(Operation *op) {
         Sharding s = Sharding::replicated(p.getType().getRank());
         if (auto attr = p->getAttrOfType<dist::ShardingAttr>("dist.param_sharding"))
           s = Sharding::fromAttr(attr);
-        for (unsigned &d : s.dims)
+        for (AxisSet &d : s.dims)
           d &= active;
         set(p.getResult(), s);
         return success();
@@ -185,7 +179,7 @@ LogicalResult Propagator::visit(Operation *op) {
         Sharding in = get(r.getInput()), out;
         size_t lead = in.dims.size() - rankOf(r.getResult());
         out.dims.assign(in.dims.begin() + lead, in.dims.end());
-        out.partial = in.partial | leadingAxes(in, lead);
+        out.partial = in.partial | in.leadingAxes(lead);
         for (size_t d = 0; d < out.dims.size(); ++d)
           out.setBlocks(d, in.blocksOf(lead + d));
         set(r.getResult(), out);
@@ -206,7 +200,7 @@ LogicalResult Propagator::visit(Operation *op) {
         require(op, 2, s);
         set(op->getResult(0), s);
         Sharding w = Sharding::replicated(1);
-        w.partial = leadingAxes(s, s.dims.size() - 1);
+        w.partial = s.leadingAxes(s.dims.size() - 1);
         for (unsigned i = 1; i < op->getNumResults(); ++i)
           set(op->getResult(i), w);
         return success();
@@ -227,7 +221,7 @@ LogicalResult Propagator::visit(Operation *op) {
           set(op->getResult(0), l);
         } else {
           Sharding loss = Sharding::replicated(0);
-          loss.partial = leadingAxes(t, t.dims.size());
+          loss.partial = t.leadingAxes(t.dims.size());
           set(op->getResult(0), loss);
         }
         return success();
@@ -238,7 +232,7 @@ LogicalResult Propagator::visit(Operation *op) {
         Sharding table = whole(reduced(e.getTable()), {1});
         require(op, 0, table);
         Sharding out = get(e.getIds());
-        out.dims.push_back(0);
+        out.dims.push_back({});
         out.partial = table.dims[0];
         vocabAxes[e.getIds()] = table.dims[0];
         set(e.getResult(), out);
@@ -252,7 +246,7 @@ LogicalResult Propagator::visit(Operation *op) {
         require(op, 1, dy);
         Sharding out = Sharding::replicated(2);
         out.dims[0] = vocabAxes.lookup(e.getIds());
-        out.partial = leadingAxes(ids, ids.dims.size());
+        out.partial = ids.leadingAxes(ids.dims.size());
         set(e.getResult(), out);
         return success();
       })
@@ -275,7 +269,7 @@ LogicalResult Propagator::visit(Operation *op) {
         Sharding in = reduced(sp.getInput());
         bool equal = llvm::all_equal(llvm::map_range(
             sp.getResults(), [&](Value r) { return shapeOf(r)[axis]; }));
-        if (!(in.dims[axis] && equal &&
+        if (!(!in.dims[axis].empty() && equal &&
               in.blocksOf(axis) == (int64_t)sp.getNumResults()))
           in = whole(in, {axis});
         require(op, 0, in);
@@ -291,15 +285,15 @@ LogicalResult Propagator::visit(Operation *op) {
         bool same = llvm::all_equal(c.getInputs().getTypes()) &&
                     llvm::all_of(c.getInputs(), [&](Value v) {
                       Sharding o = get(v);
-                      o.partial = 0;
+                      o.partial = {};
                       return o == s;
                     });
-        if (!(s.dims[axis] && s.blocksOf(axis) == 1 && same))
+        if (!(!s.dims[axis].empty() && s.blocksOf(axis) == 1 && same))
           s = whole(s, {axis});
         for (unsigned i = 0; i < op->getNumOperands(); ++i)
           require(op, i, s);
         Sharding out = s;
-        if (out.dims[axis])
+        if (!out.dims[axis].empty())
           out.setBlocks(axis, c.getInputs().size());
         set(c.getResult(), out);
         return success();
@@ -333,15 +327,15 @@ LogicalResult Propagator::visitMatmul(MatmulOp m) {
   int64_t rK = tr ? rr - 1 : rr - 2, rN = tr ? rr - 2 : rr - 1;
   Sharding l = reduced(m.getLhs()), r = reduced(m.getRhs());
   // Contract over the axes both sides split K by; gather the others.
-  unsigned k = l.dims[lK] & r.dims[rK];
+  AxisSet k = l.dims[lK] & r.dims[rK];
   l.dims[lK] = r.dims[rK] = k;
   // An axis cannot split both the rows and the columns of the result: the
   // rows (the activation) are gathered, as before Megatron's column-parallel
   // matmul under sequence parallelism.
-  unsigned n = r.dims[rN];
+  AxisSet n = r.dims[rN];
   for (int64_t d = 0; d < lr; ++d)
     if (d != lK)
-      l.dims[d] &= ~n;
+      l.dims[d] -= n;
   if (rr == lr)
     for (int64_t d = 0; d < lr - 2; ++d)
       r.dims[d] = l.dims[d];
@@ -365,7 +359,7 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
   Sharding s = get(r.getInput());
   Sharding result;
   result.partial = s.partial;
-  result.dims.assign(out.size(), 0);
+  result.dims.assign(out.size(), AxisSet());
   bool mappable = true;
   size_t i = 0, o = 0;
   while (i < in.size() || o < out.size()) {
@@ -379,20 +373,20 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
       else
         break;
     }
-    unsigned axes = 0;
+    AxisSet axes;
     int sharded = 0;
     for (size_t d = i0; d < i; ++d)
-      if (s.dims[d]) {
+      if (!s.dims[d].empty()) {
         axes |= s.dims[d];
         ++sharded;
       }
-    if (!axes)
+    if (axes.empty())
       continue;
     // Only a split of the group's outermost dimension is a split into
     // contiguous blocks of the merged or re-split dimension; anything else
     // (say the sequence split under a merged [batch * seq]) would permute
     // rows, so it is gathered first.
-    bool onlyOuter = sharded == 1 && s.dims[i0] && s.blocksOf(i0) == 1;
+    bool onlyOuter = sharded == 1 && !s.dims[i0].empty() && s.blocksOf(i0) == 1;
     if (onlyOuter && out[o0] % mesh.groupSize(axes) == 0)
       result.dims[o0] = axes;
     else
@@ -412,21 +406,20 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
 LogicalResult Propagator::visitAttention(Operation *op, bool grad) {
   Value q = op->getOperand(0), k = op->getOperand(1);
   Sharding sq = whole(reduced(q), {1, 3});
-  unsigned heads = sq.dims[2];
+  AxisSet heads = sq.dims[2];
   Sharding sk = whole(reduced(k), {1, 3});
   sk.dims[0] = sq.dims[0];
   int64_t kvHeads = shapeOf(k)[2], group = mesh.groupSize(heads);
-  bool replicateKV = heads && kvHeads % group != 0;
+  bool replicateKV = !heads.empty() && kvHeads % group != 0;
   if (replicateKV && group % kvHeads != 0)
     return op->emitOpError("kv heads (")
            << kvHeads << ") neither divide nor are a multiple of the "
-           << dist::axesString(heads) << " group of " << group;
+           << heads.str() << " group of " << group;
   // Fewer KV heads than ranks: every rank holds all KV heads and reads the
   // one its query heads use (the partition pass selects it).
-  sk.dims[2] = replicateKV ? 0 : heads;
+  sk.dims[2] = replicateKV ? AxisSet() : heads;
   if (replicateKV)
-    op->setAttr("dist.kv_replicated",
-                IntegerAttr::get(IntegerType::get(ctx, 64), heads));
+    op->setAttr("dist.kv_replicated", dist::AxesAttr::get(ctx, heads));
   require(op, 0, sq);
   require(op, 1, sk);
   require(op, 2, sk);

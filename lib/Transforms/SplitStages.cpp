@@ -28,7 +28,7 @@ using namespace tessel::graph;
 
 namespace {
 
-constexpr unsigned kPPBit = 1u << 2;
+const tessel::AxisSet kPP = tessel::MeshAxis::PP;
 
 // The layer a location names ("h.3.", "model.layers.3."), or -1.
 int64_t layerOf(StringRef name) {
@@ -66,10 +66,11 @@ class Splitter {
 public:
   // `stages` = ranks x virtual stages; stage s runs on rank s % ranks (the
   // interleaved layout), and each rank gets one function with all its stages.
-  Splitter(ModuleOp module, func::FuncOp step, int64_t ranks, int64_t stages,
+  Splitter(ModuleOp module, func::FuncOp step, tessel::MeshLayout layout,
            ArrayRef<int64_t> layerStages)
-      : module(module), step(step), ctx(module.getContext()), ranks(ranks),
-        stages(stages), layers(layerStages) {}
+      : module(module), step(step), ctx(module.getContext()), layout(layout),
+        ranks(layout.pipelineRanks()), stages(layout.numStages()),
+        layers(layerStages) {}
 
   LogicalResult run();
 
@@ -81,9 +82,11 @@ private:
   ModuleOp module;
   func::FuncOp step;
   MLIRContext *ctx;
+  tessel::MeshLayout layout;
   int64_t ranks, stages;
   ArrayRef<int64_t> layers; // the stage of each layer
-  int64_t rankOf(int64_t stage) const { return stage % ranks; }
+  int64_t rankOf(int64_t stage) const { return layout.stageOwner(stage); }
+  int64_t chunkOf(int64_t stage) const { return layout.stageChunk(stage); }
   DenseMap<Operation *, int64_t> stageOf;
   DenseMap<Operation *, int64_t> position;
   int64_t seedPosition = -1, updatePosition = -1;
@@ -163,7 +166,7 @@ Value Splitter::lookup(Value v, int64_t s, Operation *user) {
   if (isa<InputOp, FillOp>(def)) {
     Operation *clone = b.clone(*def);
     clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(user)));
-    clone->setAttr("tessel.chunk", b.getI64IntegerAttr(s / ranks));
+    clone->setAttr("tessel.chunk", b.getI64IntegerAttr(chunkOf(s)));
     maps[r].map(v, clone->getResult(0));
     return clone->getResult(0);
   }
@@ -176,14 +179,14 @@ Value Splitter::lookup(Value v, int64_t s, Operation *user) {
   OpBuilder sb(ctx);
   Value sent = maps[fromRank].lookup(v);
   sb.setInsertionPointAfter(sent.getDefiningOp());
-  auto send = dist::SendOp::create(sb, def->getLoc(), sent, "pp",
-                                   r - fromRank, tag);
+  auto send = dist::SendOp::create(sb, def->getLoc(), sent,
+                                   tessel::MeshAxis::PP, r - fromRank, tag);
   send->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
-  send->setAttr("tessel.chunk", sb.getI64IntegerAttr(from / ranks));
-  auto recv = dist::RecvOp::create(b, def->getLoc(), v.getType(), "pp",
-                                   fromRank - r, tag);
+  send->setAttr("tessel.chunk", sb.getI64IntegerAttr(chunkOf(from)));
+  auto recv = dist::RecvOp::create(b, def->getLoc(), v.getType(),
+                                   tessel::MeshAxis::PP, fromRank - r, tag);
   recv->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(def)));
-  recv->setAttr("tessel.chunk", b.getI64IntegerAttr(s / ranks));
+  recv->setAttr("tessel.chunk", b.getI64IntegerAttr(chunkOf(s)));
   this->received[key] = recv.getResult();
   maps[r].map(v, recv.getResult());
   return recv.getResult();
@@ -210,19 +213,22 @@ LogicalResult Splitter::run() {
       continue; // cloned where used
     if (auto norm = dyn_cast<GlobalNormOp>(op)) {
       // Each stage's gradients, summed over pp as well.
-      auto axes = norm->getAttrOfType<DenseI64ArrayAttr>("dist.norm_axes");
+      auto axes = norm->getAttrOfType<ArrayAttr>("dist.norm_axes");
       for (int64_t s = 0; s < ranks; ++s) {
         SmallVector<Value> grads;
-        SmallVector<int64_t> gradAxes;
+        SmallVector<Attribute> gradAxes;
         for (auto [k, g] : llvm::enumerate(norm.getInputs()))
           if (rankOf(stageOf.lookup(g.getDefiningOp())) == s) {
             grads.push_back(maps[s].lookup(g));
-            gradAxes.push_back((axes ? axes[k] : 0) | kPPBit);
+            tessel::AxisSet split =
+                axes ? cast<dist::AxesAttr>(axes[k]).getValue()
+                     : tessel::AxisSet();
+            gradAxes.push_back(dist::AxesAttr::get(ctx, split | kPP));
           }
         OpBuilder sb(ctx);
         sb.setInsertionPointToEnd(&funcs[s].getBody().front());
         auto local = GlobalNormOp::create(sb, norm.getLoc(), scalar, grads);
-        local->setAttr("dist.norm_axes", DenseI64ArrayAttr::get(ctx, gradAxes));
+        local->setAttr("dist.norm_axes", ArrayAttr::get(ctx, gradAxes));
         local->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
         maps[s].map(norm.getResult(), local.getResult());
       }
@@ -244,7 +250,7 @@ LogicalResult Splitter::run() {
         }
         auto ar = dist::AllReduceOp::create(sb, ret.getLoc(),
                                             TypeRange{scalar}, ValueRange{loss},
-                                            dist::axesAttr(ctx, kPPBit));
+                                            kPP);
         ar->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
         func::ReturnOp::create(
             sb, ret.getLoc(),
@@ -259,7 +265,7 @@ LogicalResult Splitter::run() {
     sb.setInsertionPointToEnd(&funcs[rankOf(s)].getBody().front());
     Operation *clone = sb.clone(op, maps[rankOf(s)]);
     clone->setAttr("tessel.phase", StringAttr::get(ctx, phaseOf(&op)));
-    clone->setAttr("tessel.chunk", sb.getI64IntegerAttr(s / ranks));
+    clone->setAttr("tessel.chunk", sb.getI64IntegerAttr(chunkOf(s)));
   }
   step.erase();
   return success();
@@ -268,12 +274,13 @@ LogicalResult Splitter::run() {
 struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    int64_t ranks = dist::Mesh::of(module).size[2];
-    if (ranks <= 1)
-      return;
     auto virtualStages =
         module->getAttrOfType<IntegerAttr>("tessel.virtual_stages");
-    int64_t stages = ranks * (virtualStages ? virtualStages.getInt() : 1);
+    tessel::MeshLayout layout(dist::meshOf(module),
+                              virtualStages ? virtualStages.getInt() : 1);
+    if (layout.pipelineRanks() <= 1)
+      return;
+    int64_t stages = layout.numStages();
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
     // The stage of each layer: given, or contiguous equal groups.
     SmallVector<int64_t> layerStages;
@@ -287,7 +294,7 @@ struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
                        "module's tessel.layers or tessel.layer_stages");
       return signalPassFailure();
     }
-    if (failed(Splitter(module, step, ranks, stages, layerStages).run()))
+    if (failed(Splitter(module, step, layout, layerStages).run()))
       signalPassFailure();
   }
 };

@@ -17,23 +17,23 @@
 // CHECK: graph.cross_entropy_grad %{{.*}}, %{{.*}}, %[[DLOSS]]
 // The weight gradient contracts the local tokens only.
 // CHECK: graph.matmul {{.*}}transpose_lhs = true} : (tensor<12x32xf32>, tensor<12x16xf32>) -> tensor<32x16xf32>
-// CHECK: %[[GW:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
-// CHECK: %[[GB:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<8xf32>) -> tensor<8xf32>
-// CHECK: %[[GE:.*]] = dist.all_reduce %{{.*}} {axes = ["dp"]{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf32>
-// CHECK: graph.global_norm %[[GW]], %[[GB]], %[[GE]] {dist.norm_axes = array<i64: 0, 0, 0>
-// CHECK: %[[L:.*]] = dist.all_reduce %[[SCALED]] {axes = ["dp"]
+// CHECK: %[[GW:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
+// CHECK: %[[GB:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<8xf32>) -> tensor<8xf32>
+// CHECK: %[[GE:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf32>
+// CHECK: graph.global_norm %[[GW]], %[[GB]], %[[GE]] {dist.norm_axes = [#dist.axes<>, #dist.axes<>, #dist.axes<>]
+// CHECK: %[[L:.*]] = dist.all_reduce %[[SCALED]] {axes = #dist.axes<dp>
 // CHECK: return %[[L]]
 
 // One bucket holds all three gradients, started when the last is final.
 // BUCKET: graph.embedding_grad
 // BUCKET-NEXT: graph.add
-// BUCKET-NEXT: %{{.*}}:3, %[[REQ:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}}, %{{.*}} {axes = ["dp"]
+// BUCKET-NEXT: %{{.*}}:3, %[[REQ:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}}, %{{.*}} {axes = #dist.axes<dp>
 // BUCKET-NEXT: dist.wait %[[REQ]]
 // BUCKET-NEXT: graph.global_norm
 
 // With 600-byte buckets the first gradients to become final (b: 32 bytes,
 // then w: 512) start while the rest of backward still runs.
-// SMALL: %{{.*}}:2, %[[R0:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}} {axes = ["dp"]{{.*}} : (tensor<8xf32>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<16x8xf32>, !dist.request)
+// SMALL: %{{.*}}:2, %[[R0:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<8xf32>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<16x8xf32>, !dist.request)
 // SMALL: graph.embedding_grad
 // SMALL: dist.all_reduce_start
 // SMALL: dist.wait %[[R0]]

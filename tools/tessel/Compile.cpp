@@ -93,12 +93,13 @@ json memoryReport(func::FuncOp func, int64_t arenaSlots, bool bf16Shadow) {
   return m;
 }
 
-// Rank order: tp innermost, then dp, with pp outermost (Megatron's).
-struct RankCoords {
-  int64_t pp, dp, tp;
-};
-RankCoords coordsOf(const ParallelSpec &p, int64_t rank) {
-  return {rank / (p.dp * p.tp), (rank / p.tp) % p.dp, rank % p.tp};
+
+// The layout of the compiled module: its mesh and virtual stages.
+MeshLayout layoutOf(ModuleOp module) {
+  auto virtualStages =
+      module->getAttrOfType<IntegerAttr>("tessel.virtual_stages");
+  return MeshLayout(dist::meshOf(module),
+                    virtualStages ? virtualStages.getInt() : 1);
 }
 
 json commReport(const std::vector<CollectiveCall> &calls) {
@@ -106,7 +107,7 @@ json commReport(const std::vector<CollectiveCall> &calls) {
   json totals = json::object();
   for (const CollectiveCall &c : calls) {
     perStep.push_back({{"collective", c.kind},
-                       {"axes", dist::axesString(c.axes)},
+                       {"axes", c.axes.str()},
                        {"group", c.groupSize},
                        {"elements", c.elements},
                        {"element_bytes", c.elementBytes},
@@ -133,8 +134,8 @@ json planJson(const Spec &spec, ModuleOp module,
               const std::vector<ProgramOut> &programs,
               const CompileOptions &options) {
   const ParallelSpec &par = spec.parallel;
-  int64_t world = par.dp * par.tp * par.pp;
-  int64_t perStage = par.dp * par.tp;
+  MeshLayout layout = layoutOf(module);
+  int64_t world = layout.worldSize();
   json plan;
   plan["name"] = spec.name;
   plan["target"] = options.target;
@@ -145,7 +146,12 @@ json planJson(const Spec &spec, ModuleOp module,
     plan["precision"] = "fp32";
   }
   plan["world_size"] = world;
-  plan["mesh"] = {{"pp", par.pp}, {"dp", par.dp}, {"tp", par.tp}};
+  json mesh = json::object();
+  for (MeshAxis axis : kRankOrder)
+    if (axis == MeshAxis::PP || axis == MeshAxis::DP || axis == MeshAxis::TP ||
+        layout.size(axis) > 1)
+      mesh[meshAxisName(axis)] = layout.size(axis);
+  plan["mesh"] = mesh;
   plan["sequence_parallel"] = par.sequenceParallel;
   plan["microbatches"] = par.microbatches;
   if (par.pp > 1) {
@@ -154,10 +160,13 @@ json planJson(const Spec &spec, ModuleOp module,
   }
   json ranks = json::array();
   for (int64_t r = 0; r < world; ++r) {
-    RankCoords c = coordsOf(par, r);
+    MeshCoords c = layout.coordsOf(r);
+    json coords = json::object();
+    for (auto &[name, size] : mesh.items())
+      coords[name] = c[*parseMeshAxis(name)];
     ranks.push_back({{"rank", r},
-                     {"program", programs[programs.size() == 1 ? 0 : c.pp].name},
-                     {"coords", {{"pp", c.pp}, {"dp", c.dp}, {"tp", c.tp}}}});
+                     {"program", programs[layout.programOf(r)].name},
+                     {"coords", coords}});
   }
   plan["ranks"] = ranks;
   json paramList = json::array();
@@ -182,7 +191,7 @@ json planJson(const Spec &spec, ModuleOp module,
         {"binary", "bin/" + program.name},
         {"source", "src/" + program.name +
                        (options.target == "cuda" ? ".cu" : ".cpp")},
-        {"ranks", programs.size() == 1 ? world : perStage},
+        {"ranks", layout.ranksPerProgram()},
         {"parameters", params},
         {"parameter_tensors", paramCount},
         {"memory",
@@ -202,11 +211,10 @@ json planJson(const Spec &spec, ModuleOp module,
 // launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
 // launch/slurm.sbatch with its srun --multi-prog configuration.
 llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
+                             const MeshLayout &layout,
                              const std::vector<ProgramOut> &programs) {
-  const ParallelSpec &par = spec.parallel;
-  int64_t world = par.dp * par.tp * par.pp;
-  int64_t perProgram = world / programs.size();
-  std::string np = std::to_string(world);
+  int64_t perProgram = layout.ranksPerProgram();
+  std::string np = std::to_string(layout.worldSize());
   llvm::SmallString<256> mpirun(out), sbatch(out), conf(out);
   llvm::sys::path::append(mpirun, "launch", "mpirun.sh");
   llvm::sys::path::append(sbatch, "launch", "slurm.sbatch");
@@ -217,7 +225,8 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
     segments += std::string(k ? " : " : "") + "-np " +
                 std::to_string(perProgram) + " bin/" + program.name +
                 " \"$@\"";
-    int64_t first = k * perProgram, last = first + perProgram - 1;
+    int64_t first = layout.firstRankOfProgram(k),
+            last = first + perProgram - 1;
     confLines += std::to_string(first) + "-" + std::to_string(last) + " bin/" +
                  program.name + "\n";
   }
@@ -482,7 +491,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err =
           writeFile(planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
     return err;
-  return writeLaunchFiles(out, spec, options.target == "cuda", programs);
+  return writeLaunchFiles(out, spec, options.target == "cuda",
+                          layoutOf(*module), programs);
 }
 
 } // namespace

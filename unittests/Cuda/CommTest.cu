@@ -42,7 +42,7 @@ template <typename T> class OneRankComm : public ::testing::Test {};
 using StorageTypes = ::testing::Types<float, bf16, double>;
 TYPED_TEST_SUITE(OneRankComm, StorageTypes);
 
-constexpr unsigned kTP = rt::axisBit(rt::AxisTP);
+constexpr unsigned kTP = AxisSet(MeshAxis::TP).bits();
 
 TYPED_TEST(OneRankComm, AllGatherAlongCopies) {
   using T = TypeParam;
@@ -72,7 +72,7 @@ TYPED_TEST(OneRankComm, AllReduceAndBroadcastKeepData) {
   using T = TypeParam;
   std::vector<float> in = randomVector(33, 4);
   DeviceArray<T> x(in);
-  allReduceSum(x.get(), (int64_t)in.size(), kTP | rt::axisBit(rt::AxisDP));
+  allReduceSum(x.get(), (int64_t)in.size(), kTP | AxisSet(MeshAxis::DP).bits());
   broadcast(x.get(), (int64_t)in.size(), 0, kTP);
   CommRequest request = allReduceSumStart(x.get(), (int64_t)in.size(), kTP);
   commWait(request);
@@ -105,7 +105,7 @@ TEST(OneRankCommCount, CountsLikeTheCpuRuntime) {
 TEST(OneRankCommP2P, PeerOutsideTheMeshIsAnError) {
   DeviceArray<float> x(4);
   try {
-    sendTo(x.get(), 4, rt::AxisPP, 1, /*order=*/0);
+    sendTo(x.get(), 4, MeshAxis::PP, 1, /*order=*/0);
     FAIL() << "sendTo to a missing stage did not throw";
   } catch (const std::runtime_error &e) {
     EXPECT_NE(std::string(e.what()).find("no rank has coordinate 1"),
@@ -118,7 +118,7 @@ TEST(OneRankCommP2P, PeerOutsideTheMeshIsAnError) {
 TEST(OneRankCommP2P, OtherAxesAreAnError) {
   DeviceArray<float> x(4);
   try {
-    recvFrom(x.get(), 4, rt::AxisTP, 1);
+    recvFrom(x.get(), 4, MeshAxis::TP, 1);
     FAIL() << "recvFrom along tp did not throw";
   } catch (const std::runtime_error &e) {
     EXPECT_NE(std::string(e.what()).find("point-to-point only along pp"),

@@ -72,7 +72,7 @@ std::vector<float> logitsFor(size_t n, uint32_t seed) {
 
 constexpr float kDloss = 2.5f;
 // A single group of one rank whatever the mesh of the test process.
-constexpr unsigned kOneRank = rt::axisBit(rt::AxisTP);
+constexpr unsigned kOneRank = AxisSet(MeshAxis::TP).bits();
 
 // Gradients are g * p with g = dloss / rows and p down to exp(-8) / V, so
 // the absolute tolerance is a fraction of g.

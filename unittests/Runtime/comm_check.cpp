@@ -58,18 +58,18 @@ void checkCounters(const char *after) {
   }
 }
 
-int64_t DP = 1, TP = 1;
+int64_t meshDP = 1, meshTP = 1;
 
 // World ranks of the group of `axes` containing this rank, in group order.
 std::vector<int> groupRanks(unsigned axes) {
-  int64_t d = meshCoord(AxisDP), t = meshCoord(AxisTP);
+  int64_t d = meshCoord(MeshAxis::DP), t = meshCoord(MeshAxis::TP);
   std::vector<int> ranks;
-  for (int64_t dd = 0; dd < DP; dd++)
-    for (int64_t tt = 0; tt < TP; tt++) {
+  for (int64_t dd = 0; dd < meshDP; dd++)
+    for (int64_t tt = 0; tt < meshTP; tt++) {
       bool sameDp = dd == d, sameTp = tt == t;
-      if ((sameDp || (axes & axisBit(AxisDP))) &&
-          (sameTp || (axes & axisBit(AxisTP))))
-        ranks.push_back((int)(dd * TP + tt));
+      if ((sameDp || (axes & AxisSet(MeshAxis::DP).bits())) &&
+          (sameTp || (axes & AxisSet(MeshAxis::TP).bits())))
+        ranks.push_back((int)(dd * meshTP + tt));
     }
   return ranks;
 }
@@ -83,13 +83,7 @@ int indexIn(const std::vector<int> &ranks, int rank) {
 
 float valueOf(int rank, int64_t i) { return (float)(rank * 1000 + i); }
 
-std::string axesName(unsigned axes) {
-  std::string name;
-  for (int a = 0; a < kNumMeshAxes; a++)
-    if (axes & (1u << a))
-      name += std::string(name.empty() ? "" : "|") + meshAxisName(a);
-  return name;
-}
+std::string axesName(unsigned axes) { return AxisSet::fromBits(axes).str(); }
 
 void checkAllReduce(unsigned axes, bool nonBlocking) {
   const int64_t n = 7;
@@ -176,7 +170,7 @@ void checkReduceScatter(unsigned axes) {
 // every rank holds the same bits.
 void checkBitwiseIdentical() {
   const int64_t n = 64;
-  unsigned all = axisBit(AxisDP) | axisBit(AxisTP);
+  unsigned all = AxisSet(MeshAxis::DP).bits() | AxisSet(MeshAxis::TP).bits();
   int64_t g = groupSize(all);
   std::vector<float> a(n);
   for (int64_t i = 0; i < n; i++)
@@ -200,11 +194,11 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "usage: %s DP TP\n", argv[0]);
     return 2;
   }
-  DP = std::atoll(argv[1]);
-  TP = std::atoll(argv[2]);
-  int64_t mesh[kNumMeshAxes] = {1, 1, 1, 1, 1};
-  mesh[AxisDP] = DP;
-  mesh[AxisTP] = TP;
+  meshDP = std::atoll(argv[1]);
+  meshTP = std::atoll(argv[2]);
+  MeshShape mesh;
+  mesh[MeshAxis::DP] = meshDP;
+  mesh[MeshAxis::TP] = meshTP;
   try {
     commInit(&argc, &argv, mesh);
   } catch (const std::exception &e) {
@@ -213,19 +207,19 @@ int main(int argc, char **argv) {
   }
 
   try {
-    check(commWorldSize() == DP * TP, "world size");
-    int64_t d = commRank() / TP, t = commRank() % TP;
-    check(meshCoord(AxisDP) == d && meshCoord(AxisTP) == t,
-          "coordinates (dp " + std::to_string(meshCoord(AxisDP)) + ", tp " +
-              std::to_string(meshCoord(AxisTP)) + "), want (dp " +
+    check(commWorldSize() == meshDP * meshTP, "world size");
+    int64_t d = commRank() / meshTP, t = commRank() % meshTP;
+    check(meshCoord(MeshAxis::DP) == d && meshCoord(MeshAxis::TP) == t,
+          "coordinates (dp " + std::to_string(meshCoord(MeshAxis::DP)) + ", tp " +
+              std::to_string(meshCoord(MeshAxis::TP)) + "), want (dp " +
               std::to_string(d) + ", tp " + std::to_string(t) + ")");
-    for (MeshAxis axis : {AxisPP, AxisCP, AxisEP})
+    for (MeshAxis axis : {MeshAxis::PP, MeshAxis::CP, MeshAxis::EP})
       check(meshCoord(axis) == 0 && meshSize(axis) == 1,
             std::string(meshAxisName(axis)) + " coordinate or size");
-    check(meshSize(AxisDP) == DP && meshSize(AxisTP) == TP, "mesh sizes");
+    check(meshSize(MeshAxis::DP) == meshDP && meshSize(MeshAxis::TP) == meshTP, "mesh sizes");
     checkCounters("start");
 
-    unsigned dp = axisBit(AxisDP), tp = axisBit(AxisTP), pp = axisBit(AxisPP);
+    unsigned dp = AxisSet(MeshAxis::DP).bits(), tp = AxisSet(MeshAxis::TP).bits(), pp = AxisSet(MeshAxis::PP).bits();
     for (unsigned axes : {tp, dp, dp | tp, dp | pp}) {
       checkAllReduce(axes, false);
       checkAllReduce(axes, true);
@@ -249,7 +243,7 @@ int main(int argc, char **argv) {
   }
   if (commRank() == 0)
     std::printf("comm check passed: %d ranks (dp=%lld tp=%lld)\n",
-                commWorldSize(), (long long)DP, (long long)TP);
+                commWorldSize(), (long long)meshDP, (long long)meshTP);
   commFinalize();
   return 0;
 }

@@ -1,6 +1,7 @@
 //===- driver_check.cpp - A toy program for multi-rank driver tests -------===//
 //
-// A hand-written Program on a mesh of dp = DP, tp = TP (compile definitions)
+// A hand-written Program on a mesh of dp = MESH_DP, tp = MESH_TP (compile
+// definitions)
 // with one tp-sharded parameter in 3 blocks and one replicated parameter.
 // Its step fits each row of `w` to the targets with plain SGD, all-reducing
 // the loss over dp|tp and the gradient over dp. ctest launches it on several
@@ -18,7 +19,8 @@ using namespace tessel::rt;
 
 namespace {
 
-constexpr int64_t kRows = 4, kCols = 6, kLocalCols = kCols / TP;
+constexpr int64_t kDP = MESH_DP, kTP = MESH_TP;
+constexpr int64_t kRows = 4, kCols = 6, kLocalCols = kCols / kTP;
 constexpr int64_t kGlobalBatch = 4, kSeqLen = 8;
 constexpr int64_t kW = kRows * kLocalCols, kB = kCols;
 
@@ -32,14 +34,14 @@ const ParamInfo kParams[] = {
      0.0f,
      0.5f,
      true,
-     TP > 1 ? 1 : -1,
-     AxisTP,
+     kTP > 1 ? 1 : -1,
+     MeshAxis::TP,
      3},
-    {"b", 1, {kCols}, kB, kW, InitKind::Normal, 0.1f, 0.3f, false, -1, 0, 1},
+    {"b", 1, {kCols}, kB, kW, InitKind::Normal, 0.1f, 0.3f, false, -1, MeshAxis::DP, 1},
 };
 
 void step(StepContext &ctx) {
-  const int64_t batch = kGlobalBatch / DP;
+  const int64_t batch = kGlobalBatch / kDP;
   float *w = ctx.params, *b = ctx.params + kW;
   float *gw = ctx.grads, *gb = ctx.grads + kW;
   for (int64_t i = 0; i < kW + kB; i++)
@@ -55,12 +57,12 @@ void step(StepContext &ctx) {
       gw[row * kLocalCols + j] += 2.0f * d * scale;
     }
   }
-  allReduceSum(&loss, 1, axisBit(AxisDP) | axisBit(AxisTP));
-  commWait(allReduceSumStart(gw, kW, axisBit(AxisDP)));
+  allReduceSum(&loss, 1, AxisSet(MeshAxis::DP).bits() | AxisSet(MeshAxis::TP).bits());
+  commWait(allReduceSumStart(gw, kW, AxisSet(MeshAxis::DP).bits()));
   float squares = 0.0f;
   for (int64_t i = 0; i < kW; i++)
     squares += gw[i] * gw[i];
-  allReduceSum(&squares, 1, axisBit(AxisTP));
+  allReduceSum(&squares, 1, AxisSet(MeshAxis::TP).bits());
   for (int64_t j = 0; j < kB; j++) {
     loss += 0.1f * b[j] * b[j];
     gb[j] = 0.2f * b[j];
@@ -76,7 +78,7 @@ void step(StepContext &ctx) {
 
 int main(int argc, char **argv) {
   TrainConfig config{};
-  config.batch = kGlobalBatch / DP;
+  config.batch = kGlobalBatch / kDP;
   config.seqLen = kSeqLen;
   config.vocab = 50;
   config.steps = 3;
@@ -90,8 +92,9 @@ int main(int argc, char **argv) {
   program.paramElems = kW + kB;
   program.config = config;
   program.step = step;
-  const int64_t mesh[kNumMeshAxes] = {DP, TP, 1, 1, 1};
-  for (int axis = 0; axis < kNumMeshAxes; axis++)
-    program.meshShape[axis] = mesh[axis];
+  MeshShape mesh;
+  mesh[MeshAxis::DP] = kDP;
+  mesh[MeshAxis::TP] = kTP;
+  program.mesh = mesh;
   return runMain(argc, argv, program);
 }

@@ -37,14 +37,14 @@ constexpr uint64_t kSeed = 7;
 constexpr int kForwardTag = 7, kBackwardTag = 8;
 
 constexpr ParamInfo kParamA = {"a",  2,    {2, 3}, kA, 0,  InitKind::Normal,
-                               0.0f, 0.5f, true,   -1, 0,  1};
+                               0.0f, 0.5f, true,   -1, MeshAxis::DP,  1};
 constexpr ParamInfo kParamB = {"b",  1,     {kB}, kB, 0, InitKind::Normal,
-                               0.1f, 0.3f,  false, -1, 0, 1};
+                               0.1f, 0.3f,  false, -1, MeshAxis::DP, 1};
 
 #if STAGE < 0
 const ParamInfo kParams[] = {kParamA,
                              {"b", 1, {kB}, kB, kA, InitKind::Normal, 0.1f,
-                              0.3f, false, -1, 0, 1}};
+                              0.3f, false, -1, MeshAxis::DP, 1}};
 constexpr int kNumParams = 2;
 constexpr int64_t kElems = kA + kB;
 #elif STAGE == 0
@@ -86,7 +86,7 @@ void step(StepContext &ctx) {
 #if STAGE < 0
   if (badSend()) {
     float x = 0.0f;
-    sendTo(&x, 1, AxisPP, 1, kForwardTag);
+    sendTo(&x, 1, MeshAxis::PP, 1, kForwardTag);
   }
   ctx.loss = decayA(ctx.params, ctx.lr) + decayB(ctx.params + kA, ctx.lr);
 #elif STAGE == 0
@@ -94,8 +94,8 @@ void step(StepContext &ctx) {
   static float sent[kA];
   float back[kA];
   std::memcpy(sent, ctx.params, sizeof(sent));
-  sendTo(sent, kA, AxisPP, 1, kForwardTag);
-  recvFrom(back, kA, AxisPP, 1, kBackwardTag);
+  sendTo(sent, kA, MeshAxis::PP, 1, kForwardTag);
+  recvFrom(back, kA, MeshAxis::PP, 1, kBackwardTag);
   for (int64_t i = 0; i < kA; i++)
     if (back[i] != sent[i] + 1.0f)
       throw std::runtime_error("stage 0 received wrong data at step " +
@@ -110,7 +110,7 @@ void step(StepContext &ctx) {
     initRange("a", kParamA.init, kParamA.initMean, kParamA.initStd, kSeed, 0,
               kA, expected);
   float received[kA];
-  recvFrom(received, kA, AxisPP, -1, kForwardTag);
+  recvFrom(received, kA, MeshAxis::PP, -1, kForwardTag);
   for (int64_t i = 0; i < kA; i++)
     if (received[i] != expected[i])
       throw std::runtime_error("stage 1 received wrong data at step " +
@@ -120,14 +120,14 @@ void step(StepContext &ctx) {
   decayA(expected, ctx.lr);
   for (int64_t i = 0; i < kA; i++)
     back[i] = received[i] + 1.0f;
-  sendTo(back, kA, AxisPP, -1, kBackwardTag);
+  sendTo(back, kA, MeshAxis::PP, -1, kBackwardTag);
   if (badSend())
-    sendTo(back, kA, AxisPP, 1, kForwardTag);
+    sendTo(back, kA, MeshAxis::PP, 1, kForwardTag);
   waitSends();
   ctx.loss = decayB(ctx.params, ctx.lr);
 #endif
 #if STAGE >= 0
-  allReduceSum(&ctx.loss, 1, axisBit(AxisPP));
+  allReduceSum(&ctx.loss, 1, AxisSet(MeshAxis::PP).bits());
 #endif
   ctx.gradNorm = 0.0f;
 }
@@ -150,8 +150,8 @@ int main(int argc, char **argv) {
   program.paramElems = kElems;
   program.config = config;
   program.step = step;
-  const int64_t mesh[kNumMeshAxes] = {1, 1, STAGE < 0 ? 1 : 2, 1, 1};
-  for (int axis = 0; axis < kNumMeshAxes; axis++)
-    program.meshShape[axis] = mesh[axis];
+  MeshShape mesh;
+  mesh[MeshAxis::PP] = STAGE < 0 ? 1 : 2;
+  program.mesh = mesh;
   return runMain(argc, argv, program);
 }

@@ -3,6 +3,7 @@
 #define TESSEL_EMISSION_EMITCPP_H
 
 #include "tessel/Frontend/Spec.h"
+#include "tessel/Support/MeshLayout.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
@@ -16,7 +17,7 @@ namespace tessel {
 // One collective call of the emitted step, as the runtime will count it.
 struct CollectiveCall {
   std::string kind; // all_reduce, all_gather, reduce_scatter
-  unsigned axes;    // mesh-axis bit mask (dp=1, tp=2, pp=4, ...)
+  AxisSet axes;
   int64_t groupSize;
   int64_t elements;  // as counted by the runtime (see Comm.h)
   int64_t elementBytes;

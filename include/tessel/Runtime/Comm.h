@@ -1,13 +1,10 @@
 //===- Comm.h - Collectives over mesh axes (CPU: MPI) -----------*- C++ -*-===//
 //
-// A rank program runs on a device mesh with named axes. Rank order puts tp
-// innermost, then cp, ep, dp, with pp outermost (as Megatron does):
-//
-//   rank = (((pp * dp + dp_coord) * ep + ep_coord) * cp + cp_coord) * tp + tp_coord
-//
-// A collective runs over a set of axes (a bit mask of MeshAxis): the group of
-// ranks whose coordinates differ only along those axes. One communicator per
-// axis set is built once at start (MPI_Comm_split). All buffers are float32.
+// A rank program runs on a device mesh with named axes; where each rank sits
+// is tessel::MeshLayout's (tessel/Support/MeshLayout.h). A collective runs
+// over a set of axes, passed as AxisSet::bits(): the group of ranks whose
+// coordinates differ only along those axes. One communicator per axis set is
+// built once at start (MPI_Comm_split). All buffers are float32.
 //
 // Every call is counted (calls, elements passed, and the bytes each rank
 // sends under the textbook ring algorithms), so the run can be checked
@@ -17,16 +14,16 @@
 #ifndef TESSEL_RUNTIME_COMM_H
 #define TESSEL_RUNTIME_COMM_H
 
+#include "tessel/Support/MeshLayout.h"
+
 #include <cstdint>
 
 namespace tessel::rt {
 
-enum MeshAxis : int { AxisDP = 0, AxisTP = 1, AxisPP = 2, AxisCP = 3, AxisEP = 4 };
-constexpr int kNumMeshAxes = 5;
-constexpr unsigned axisBit(MeshAxis axis) { return 1u << axis; }
-
-// Names used in plans and messages: "dp", "tp", "pp", "cp", "ep".
-const char *meshAxisName(int axis);
+using tessel::AxisSet;
+using tessel::MeshAxis;
+using tessel::MeshLayout;
+using tessel::MeshShape;
 
 enum class CollectiveKind : int {
   AllReduce = 0,
@@ -45,23 +42,23 @@ struct CollectiveCounter {
 };
 
 // Starts MPI when the mesh has more than one rank, checks that the world size
-// and this rank match `meshShape` (sizes per MeshAxis), and builds the
-// communicators. Throws std::runtime_error with a clear message otherwise.
-// With a one-rank mesh nothing is started and every collective is a no-op
-// copy.
-void commInit(int *argc, char ***argv, const int64_t meshShape[kNumMeshAxes]);
+// and this rank match `mesh`, and builds the communicators. Throws
+// std::runtime_error with a clear message otherwise. With a one-rank mesh
+// nothing is started and every collective is a no-op copy.
+void commInit(int *argc, char ***argv, const MeshShape &mesh);
 void commFinalize();
 // Aborts every rank (after a fatal error on one of them).
 [[noreturn]] void commAbort(int code);
 
 int commRank();
 int commWorldSize();
+// The layout the communicators were built for.
+const MeshLayout &meshLayout();
 int64_t meshCoord(MeshAxis axis);
 int64_t meshSize(MeshAxis axis);
 // Size of the group spanned by `axes`.
 int64_t groupSize(unsigned axes);
-// This rank's index within that group (the order of MPI_Comm_split by world
-// rank: outer axes first).
+// This rank's index within that group (MeshLayout::groupRank).
 int64_t groupRank(unsigned axes);
 
 // In-place sum over the group. buffer: n elements. Counts n elements and

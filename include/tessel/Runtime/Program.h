@@ -10,6 +10,8 @@
 #ifndef TESSEL_RUNTIME_PROGRAM_H
 #define TESSEL_RUNTIME_PROGRAM_H
 
+#include "tessel/Support/MeshLayout.h"
+
 #include <cstdint>
 
 namespace tessel::rt {
@@ -33,8 +35,8 @@ struct ParamInfo {
   // into meshSize(shardAxis) equal pieces; the shard is the concatenation,
   // in block order, of the pieces at this rank's coordinate along shardAxis.
   // (Blocks keep a fused [q|k|v] projection's pieces together per rank.)
-  int shardDim;   // -1: replicated
-  int shardAxis;  // a tessel::rt::MeshAxis
+  int shardDim; // -1: replicated
+  MeshAxis shardAxis;
   int shardBlocks;
 };
 
@@ -103,11 +105,10 @@ struct Program {
   int64_t activationBytes; // size of the activation arena
   TrainConfig config;
   void (*step)(StepContext &);
-  // Mesh sizes per tessel::rt::MeshAxis (dp, tp, pp, cp, ep); all 1 for a
-  // one-rank program. The runtime checks the launch against it, and data
-  // parallel rank d reads rows [d * batch, (d + 1) * batch) of each global
-  // batch.
-  int64_t meshShape[5];
+  // Mesh sizes; all 1 for a one-rank program. The runtime checks the launch
+  // against it, and data parallel rank d reads rows [d * batch,
+  // (d + 1) * batch) of each global batch.
+  MeshShape mesh;
   // Microbatches per step (gradient accumulation); TrainConfig::batch is
   // the rank's rows of all of them together.
   int64_t microbatches;

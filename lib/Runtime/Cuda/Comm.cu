@@ -113,13 +113,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using rt::CollectiveKind;
 
-constexpr unsigned kNumAxisSets = 1u << rt::kNumMeshAxes;
+constexpr unsigned kNumAxisSets = 1u << tessel::kNumMeshAxes;
 constexpr unsigned kAllAxes = kNumAxisSets - 1;
 // Events the watchdog pool starts with; it grows if more are in flight.
 constexpr int kInitialEvents = 256;
 
 // The axis point-to-point runs along (see the top).
-constexpr rt::MeshAxis kP2PAxis = rt::AxisPP;
+constexpr MeshAxis kP2PAxis = MeshAxis::PP;
 // The streams the watchdog follows, each of which runs its operations in
 // order: the communication stream's list comes first, then one per
 // point-to-point channel, in the channels' order.
@@ -241,22 +241,13 @@ void check(cudaError_t status, const char *what) {
   checkCuda(status, what, __FILE__, __LINE__);
 }
 
-// "dp", "dp+tp": axis sets in messages.
-std::string axesName(unsigned axes) {
-  std::string text;
-  for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
-    if (axes & (1u << axis))
-      text += std::string(text.empty() ? "" : "+") + rt::meshAxisName(axis);
-  return text.empty() ? "no axes" : text;
-}
+// "dp", "dp,tp": axis sets in messages.
+std::string axesName(unsigned axes) { return AxisSet::fromBits(axes).str(); }
 
 // `axes` restricted to the axes of size > 1: equal masks mean equal groups.
 unsigned effectiveAxes(unsigned axes) {
-  unsigned effective = 0;
-  for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
-    if ((axes & (1u << axis)) && rt::meshSize((rt::MeshAxis)axis) > 1)
-      effective |= 1u << axis;
-  return effective;
+  return (AxisSet::fromBits(axes) & rt::meshLayout().shape().activeAxes())
+      .bits();
 }
 
 void checkAxes(unsigned axes, const char *what) {
@@ -607,27 +598,27 @@ void regroup(const T *src, T *dst, int64_t g, int64_t outer, int64_t len,
 // Peer of a point-to-point call: the coordinate along `axis`, which is also
 // the NCCL rank in the channels' communicators (see Comm.cpp's peerRank for
 // the rules; a peer outside the axis is an error, not a wrap-around).
-int p2pPeer(int64_t n, rt::MeshAxis axis, int offset, const char *what) {
-  if ((int)axis < 0 || (int)axis >= rt::kNumMeshAxes)
+int p2pPeer(int64_t n, MeshAxis axis, int offset, const char *what) {
+  if ((int)axis < 0 || (int)axis >= tessel::kNumMeshAxes)
     throw std::runtime_error(std::string(what) + " called with invalid axis " +
                              std::to_string((int)axis));
   if (axis != kP2PAxis)
     throw std::runtime_error(std::string(what) + " along " +
-                             rt::meshAxisName(axis) +
+                             tessel::meshAxisName(axis) +
                              ": the CUDA runtime sends point-to-point only "
                              "along " +
-                             rt::meshAxisName(kP2PAxis));
+                             tessel::meshAxisName(kP2PAxis));
   checkCount(n, what);
   int64_t coord = rt::meshCoord(axis), size = rt::meshSize(axis);
   int64_t peer = coord + offset;
   if (offset == 0 || peer < 0 || peer >= size)
     throw std::runtime_error(
-        std::string(what) + " along " + rt::meshAxisName(axis) +
+        std::string(what) + " along " + tessel::meshAxisName(axis) +
         " with offset " + std::to_string(offset) + " from coordinate " +
         std::to_string(coord) + ": " +
         (offset == 0 ? std::string("the peer is this rank itself")
                      : "no rank has coordinate " + std::to_string(peer) +
-                           " (" + rt::meshAxisName(axis) + " size " +
+                           " (" + tessel::meshAxisName(axis) + " size " +
                            std::to_string(size) + ")"));
   return (int)peer;
 }
@@ -655,7 +646,7 @@ int channelFor(int offset, bool isRecv, const char *what) {
       s.channelIndex.find({sendOffset, channelParity(sender, sendOffset)});
   if (found == s.channelIndex.end())
     throw std::runtime_error(
-        std::string(what) + " along " + rt::meshAxisName(kP2PAxis) +
+        std::string(what) + " along " + tessel::meshAxisName(kP2PAxis) +
         " with offset " + signedOffset(offset) + " has no NCCL channel: " +
         (s.started ? "pipeline offset " + signedOffset(sendOffset) +
                          " was not declared in DeviceProgram::p2pOffsets"
@@ -681,7 +672,7 @@ void p2pEnqueued(int channel, bool isRecv, int offset, int64_t n) {
   }
   operationEnqueued(queueOf(channel), c.stream,
                     {InFlight::PointToPoint, isRecv ? "recv from" : "send to",
-                     rt::axisBit(kP2PAxis), offset, n, nullptr,
+                     AxisSet(kP2PAxis).bits(), offset, n, nullptr,
                      Clock::time_point()},
                     /*computeWaits=*/isRecv);
 }
@@ -782,11 +773,7 @@ void commStart(const DeviceProgram &program, int device) {
   // A communicator over this rank's group of `axes`.
   auto split = [&](unsigned axes, ncclComm_t *comm, const std::string &what) {
     // The ranks of one group agree on every coordinate outside `axes`.
-    int color = 0;
-    for (int axis = 0; axis < rt::kNumMeshAxes; axis++)
-      if (!(axes & (1u << axis)))
-        color = color * (int)rt::meshSize((rt::MeshAxis)axis) +
-                (int)rt::meshCoord((rt::MeshAxis)axis);
+    int color = (int)rt::meshLayout().groupColor(rank, AxisSet::fromBits(axes));
     std::string call = "ncclCommSplit (" + what + ")";
     checkNcclCall(
         ncclCommSplit(s.world, color, (int)rt::groupRank(axes), comm, nullptr),
@@ -820,14 +807,14 @@ void commStart(const DeviceProgram &program, int device) {
       P2PChannel &channel = s.channels.back();
       channel.offset = offset;
       channel.parity = parity;
-      channel.name = std::string(rt::meshAxisName(kP2PAxis)) +
+      channel.name = std::string(tessel::meshAxisName(kP2PAxis)) +
                      signedOffset(offset) + " channel (parity " +
                      std::to_string(parity) + ")";
       channel.groupName = "send/recv group on the " + channel.name;
       channel.sendsDone = newEvent();
       check(cudaStreamCreateWithFlags(&channel.stream, cudaStreamNonBlocking),
             "cudaStreamCreateWithFlags (point-to-point channel)");
-      split(rt::axisBit(kP2PAxis), &channel.comm, channel.name);
+      split(AxisSet(kP2PAxis).bits(), &channel.comm, channel.name);
     }
   }
   s.inFlight.resize(1 + s.channels.size());
@@ -1153,7 +1140,7 @@ void flushSends() {
   // The sends read the copies sendTo enqueued on the compute stream.
   check(cudaEventRecord(s.computeReady, computeStream()), "cudaEventRecord");
   std::vector<bool> waited(s.channels.size(), false);
-  unsigned axes = rt::axisBit(kP2PAxis);
+  unsigned axes = AxisSet(kP2PAxis).bits();
   for (const QueuedSend &send : ready) {
     P2PChannel &channel = s.channels[send.channel];
     if (!waited[send.channel]) {
@@ -1196,21 +1183,21 @@ void endP2P() {
   // may span communicators and streams), so completions are recorded after
   // this call, once per channel.
   checkNccl(ncclGroupEnd(), rt::collectiveName(CollectiveKind::SendRecv),
-            rt::axisBit(kP2PAxis), elements);
+            AxisSet(kP2PAxis).bits(), elements);
   for (size_t c = 0; c < s.channels.size(); c++) {
     P2PChannel &channel = s.channels[c];
     if (!channel.groupUsed)
       continue;
     operationEnqueued(queueOf((int)c), channel.stream,
                       {InFlight::Group, channel.groupName.c_str(),
-                       rt::axisBit(kP2PAxis), 0, channel.groupElements,
+                       AxisSet(kP2PAxis).bits(), 0, channel.groupElements,
                        nullptr, Clock::time_point()},
                       /*computeWaits=*/channel.groupHasRecv);
   }
 }
 
 template <typename T>
-void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
+void sendTo(const T *buffer, int64_t n, MeshAxis axis, int offset,
             int64_t order) {
   int peer = p2pPeer(n, axis, offset, "sendTo");
   count(CollectiveKind::SendRecv, n, n * (int64_t)sizeof(T));
@@ -1224,14 +1211,14 @@ void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
 }
 
 template <typename T>
-void recvFrom(T *buffer, int64_t n, rt::MeshAxis axis, int offset) {
+void recvFrom(T *buffer, int64_t n, MeshAxis axis, int offset) {
   int peer = p2pPeer(n, axis, offset, "recvFrom");
   int channel = channelFor(offset, /*isRecv=*/true, "recvFrom");
   P2PChannel &c = state().channels[channel];
   // The receive overwrites `buffer`: after every kernel enqueued so far.
   afterCompute(c.stream);
   checkNccl(ncclRecv(buffer, (size_t)n, ncclType<T>(), peer, c.comm, c.stream),
-            "recv", rt::axisBit(kP2PAxis), n);
+            "recv", AxisSet(kP2PAxis).bits(), n);
   p2pEnqueued(channel, /*isRecv=*/true, offset, n);
 }
 
@@ -1277,8 +1264,8 @@ void waitSends() {
   template void allToAll<T>(const T *, T *, int64_t, unsigned);                \
   template void broadcast<T>(T *, int64_t, int, unsigned);                     \
   template CommRequest allReduceSumStart<T>(T *, int64_t, unsigned);           \
-  template void sendTo<T>(const T *, int64_t, rt::MeshAxis, int, int64_t);     \
-  template void recvFrom<T>(T *, int64_t, rt::MeshAxis, int);                  \
+  template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);     \
+  template void recvFrom<T>(T *, int64_t, MeshAxis, int);                  \
   template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \
                                           int64_t, int64_t, cudaStream_t);     \
   template void detail::tensorToBlocks<T>(const T *, T *, int64_t, int64_t,    \

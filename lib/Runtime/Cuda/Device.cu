@@ -192,7 +192,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.adamM = allocate<float>(s.paramElems, "the AdamW first moments");
   s.adamV = allocate<float>(s.paramElems, "the AdamW second moments");
   // Microbatched and pipelined steps accumulate gradients.
-  if (program.microbatches > 1 || program.meshShape[rt::AxisPP] > 1)
+  if (program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1)
     s.gradAccum = allocate<float>(s.paramElems, "the gradient accumulators");
   s.activations = allocate<char>(program.activationBytes, "the activations");
   s.tokens = allocate<int32_t>(s.batchElems, "the batch's tokens");

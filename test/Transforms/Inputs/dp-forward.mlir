@@ -1,5 +1,5 @@
 // A small model on a dp=2 mesh, for the sharding tests.
-dist.mesh {axes = ["pp", "dp", "tp"], shape = array<i64: 1, 2, 1>}
+module attributes {dist.mesh = #dist.mesh<dp = 2>} {
 func.func @forward() -> tensor<f32> {
   %w = graph.param "w" : tensor<16x8xf32>
   %b = graph.param "b" {init = "zeros"} : tensor<8xf32>
@@ -14,4 +14,5 @@ func.func @forward() -> tensor<f32> {
   %l = graph.matmul %h, %e {transpose_rhs = true} : (tensor<4x6x16xf32>, tensor<32x16xf32>) -> tensor<4x6x32xf32>
   %loss = graph.cross_entropy %l, %t : (tensor<4x6x32xf32>, tensor<4x6xi32>) -> tensor<f32>
   return %loss : tensor<f32>
+}
 }

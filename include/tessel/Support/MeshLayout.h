@@ -1,0 +1,264 @@
+//===- MeshLayout.h - Ranks, mesh coordinates and pipeline stages -*- C++ -*-===//
+//
+// The one place that knows how ranks are laid out on the device mesh and
+// where pipeline stages run. The compiler (sharding, stage splitting,
+// plan.json, launch files) and the runtime (communicators, peers, data
+// slices) both ask it, so the two can never disagree.
+//
+// Axes are named: dp (data), tp (tensor), pp (pipeline), cp (context) and
+// ep (expert). Ranks are numbered with tp innermost, then cp, ep, dp, and pp
+// outermost, as Megatron-LM does, so that a tensor-parallel group is a run of
+// consecutive ranks (one node) and a pipeline stage is a contiguous block:
+//
+//   rank = (((pp * DP + dp) * EP + ep) * CP + cp) * TP + tp
+//
+// Header-only and free of MLIR so that generated programs and the runtime
+// can include it.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_SUPPORT_MESHLAYOUT_H
+#define TESSEL_SUPPORT_MESHLAYOUT_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tessel {
+
+enum class MeshAxis : int { DP = 0, TP = 1, PP = 2, CP = 3, EP = 4 };
+inline constexpr int kNumMeshAxes = 5;
+
+// Every axis, in the order sizes are listed (dp, tp, pp, cp, ep).
+inline constexpr MeshAxis kMeshAxes[kNumMeshAxes] = {
+    MeshAxis::DP, MeshAxis::TP, MeshAxis::PP, MeshAxis::CP, MeshAxis::EP};
+// Rank order, outermost first.
+inline constexpr MeshAxis kRankOrder[kNumMeshAxes] = {
+    MeshAxis::PP, MeshAxis::DP, MeshAxis::EP, MeshAxis::CP, MeshAxis::TP};
+
+constexpr const char *meshAxisName(MeshAxis axis) {
+  switch (axis) {
+  case MeshAxis::DP:
+    return "dp";
+  case MeshAxis::TP:
+    return "tp";
+  case MeshAxis::PP:
+    return "pp";
+  case MeshAxis::CP:
+    return "cp";
+  case MeshAxis::EP:
+    return "ep";
+  }
+  return "?";
+}
+
+inline std::optional<MeshAxis> parseMeshAxis(std::string_view name) {
+  for (MeshAxis axis : kMeshAxes)
+    if (name == meshAxisName(axis))
+      return axis;
+  return std::nullopt;
+}
+
+// A set of mesh axes. Collectives run over one: the group of ranks whose
+// coordinates differ only along those axes. `bits()` is the form the
+// runtime's collectives take (bit i for axis i).
+class AxisSet {
+public:
+  constexpr AxisSet() = default;
+  constexpr AxisSet(MeshAxis axis) : bits_(1u << static_cast<int>(axis)) {}
+  static constexpr AxisSet fromBits(unsigned bits) {
+    AxisSet set;
+    set.bits_ = bits & ((1u << kNumMeshAxes) - 1);
+    return set;
+  }
+  static constexpr AxisSet all() { return fromBits(~0u); }
+
+  constexpr unsigned bits() const { return bits_; }
+  constexpr bool empty() const { return bits_ == 0; }
+  constexpr bool contains(MeshAxis axis) const {
+    return bits_ & AxisSet(axis).bits_;
+  }
+  constexpr bool intersects(AxisSet other) const {
+    return bits_ & other.bits_;
+  }
+  int size() const { return __builtin_popcount(bits_); }
+  // The axis when the set has exactly one.
+  std::optional<MeshAxis> single() const {
+    if (size() != 1)
+      return std::nullopt;
+    return static_cast<MeshAxis>(__builtin_ctz(bits_));
+  }
+
+  constexpr AxisSet operator|(AxisSet o) const { return fromBits(bits_ | o.bits_); }
+  constexpr AxisSet operator&(AxisSet o) const { return fromBits(bits_ & o.bits_); }
+  // The axes of this set that are not in `o`.
+  constexpr AxisSet operator-(AxisSet o) const { return fromBits(bits_ & ~o.bits_); }
+  AxisSet &operator|=(AxisSet o) { return *this = *this | o; }
+  AxisSet &operator&=(AxisSet o) { return *this = *this & o; }
+  AxisSet &operator-=(AxisSet o) { return *this = *this - o; }
+  constexpr bool operator==(AxisSet o) const { return bits_ == o.bits_; }
+  constexpr bool operator!=(AxisSet o) const { return bits_ != o.bits_; }
+  constexpr bool operator<(AxisSet o) const { return bits_ < o.bits_; }
+
+  // "dp,tp", or "-" for the empty set.
+  std::string str() const {
+    std::string text;
+    for (MeshAxis axis : kMeshAxes)
+      if (contains(axis))
+        text += (text.empty() ? "" : ",") + std::string(meshAxisName(axis));
+    return text.empty() ? "-" : text;
+  }
+
+private:
+  unsigned bits_ = 0;
+};
+
+// Axis sizes. A one-rank program has every size 1.
+struct MeshShape {
+  int64_t size[kNumMeshAxes] = {1, 1, 1, 1, 1};
+
+  int64_t &operator[](MeshAxis axis) { return size[static_cast<int>(axis)]; }
+  int64_t operator[](MeshAxis axis) const {
+    return size[static_cast<int>(axis)];
+  }
+  int64_t groupSize(AxisSet axes) const {
+    int64_t g = 1;
+    for (MeshAxis axis : kMeshAxes)
+      if (axes.contains(axis))
+        g *= (*this)[axis];
+    return g;
+  }
+  int64_t worldSize() const { return groupSize(AxisSet::all()); }
+  // The axes with more than one rank: a group over the others is the rank
+  // alone, so two sets with the same active axes are the same group.
+  AxisSet activeAxes() const {
+    AxisSet active;
+    for (MeshAxis axis : kMeshAxes)
+      if ((*this)[axis] > 1)
+        active |= axis;
+    return active;
+  }
+  bool operator==(const MeshShape &o) const {
+    for (MeshAxis axis : kMeshAxes)
+      if ((*this)[axis] != o[axis])
+        return false;
+    return true;
+  }
+  bool operator!=(const MeshShape &o) const { return !(*this == o); }
+  // "dp=2 tp=4" (axes of size 1 left out; "1 rank" when all are).
+  std::string describe() const {
+    std::string text;
+    for (MeshAxis axis : kMeshAxes)
+      if ((*this)[axis] > 1)
+        text += (text.empty() ? "" : " ") + std::string(meshAxisName(axis)) +
+                "=" + std::to_string((*this)[axis]);
+    return text.empty() ? "1 rank" : text;
+  }
+};
+
+struct MeshCoords {
+  int64_t coord[kNumMeshAxes] = {0, 0, 0, 0, 0};
+  int64_t &operator[](MeshAxis axis) { return coord[static_cast<int>(axis)]; }
+  int64_t operator[](MeshAxis axis) const {
+    return coord[static_cast<int>(axis)];
+  }
+};
+
+// Where every rank sits on the mesh, and where pipeline stages run: with
+// `virtualStages` model chunks per pipeline rank there are
+// pp * virtualStages stages, and stage s runs on pipeline coordinate
+// s % pp as that rank's chunk s / pp (Megatron's interleaved layout; with
+// one chunk per rank, stage s is pipeline coordinate s).
+//
+// Ranks that run the same pipeline coordinate run the same program, so a
+// plan has one distinct program per pipeline coordinate.
+class MeshLayout {
+public:
+  MeshLayout() = default;
+  explicit MeshLayout(MeshShape shape, int64_t virtualStages = 1)
+      : shape_(shape), virtualStages_(virtualStages) {}
+
+  const MeshShape &shape() const { return shape_; }
+  int64_t size(MeshAxis axis) const { return shape_[axis]; }
+  int64_t worldSize() const { return shape_.worldSize(); }
+
+  MeshCoords coordsOf(int64_t rank) const {
+    MeshCoords c;
+    for (int i = kNumMeshAxes - 1; i >= 0; --i) {
+      MeshAxis axis = kRankOrder[i];
+      c[axis] = rank % shape_[axis];
+      rank /= shape_[axis];
+    }
+    return c;
+  }
+  int64_t rankOf(const MeshCoords &c) const {
+    int64_t rank = 0;
+    for (MeshAxis axis : kRankOrder)
+      rank = rank * shape_[axis] + c[axis];
+    return rank;
+  }
+
+  // This rank's index in its group over `axes`: the group's ranks ordered
+  // by world rank (outer axes vary slowest).
+  int64_t groupRank(int64_t rank, AxisSet axes) const {
+    MeshCoords c = coordsOf(rank);
+    int64_t index = 0;
+    for (MeshAxis axis : kRankOrder)
+      if (axes.contains(axis))
+        index = index * shape_[axis] + c[axis];
+    return index;
+  }
+  // Equal for exactly the ranks of one group over `axes` (their
+  // coordinates along every other axis).
+  int64_t groupColor(int64_t rank, AxisSet axes) const {
+    MeshCoords c = coordsOf(rank);
+    int64_t color = 0;
+    for (MeshAxis axis : kRankOrder)
+      if (!axes.contains(axis))
+        color = color * shape_[axis] + c[axis];
+    return color;
+  }
+  // The rank whose coordinate along `axis` is `rank`'s plus `offset`, all
+  // others equal; none when that leaves the mesh.
+  std::optional<int64_t> peer(int64_t rank, MeshAxis axis,
+                              int64_t offset) const {
+    MeshCoords c = coordsOf(rank);
+    c[axis] += offset;
+    if (c[axis] < 0 || c[axis] >= shape_[axis])
+      return std::nullopt;
+    return rankOf(c);
+  }
+
+  //===--- Pipeline stages ------------------------------------------------===//
+
+  int64_t pipelineRanks() const { return shape_[MeshAxis::PP]; }
+  int64_t virtualStages() const { return virtualStages_; }
+  int64_t numStages() const { return pipelineRanks() * virtualStages_; }
+  // The pipeline coordinate stage `stage` runs on, and which of that rank's
+  // chunks it is.
+  int64_t stageOwner(int64_t stage) const { return stage % pipelineRanks(); }
+  int64_t stageChunk(int64_t stage) const { return stage / pipelineRanks(); }
+  // The stage a pipeline coordinate runs as its chunk `chunk`.
+  int64_t stageOf(int64_t pipelineCoord, int64_t chunk) const {
+    return chunk * pipelineRanks() + pipelineCoord;
+  }
+
+  // Distinct programs: one per pipeline coordinate. Program p runs on the
+  // ranks [p * ranksPerProgram(), (p + 1) * ranksPerProgram()).
+  int64_t numPrograms() const { return pipelineRanks(); }
+  int64_t ranksPerProgram() const { return worldSize() / numPrograms(); }
+  int64_t programOf(int64_t rank) const {
+    return coordsOf(rank)[MeshAxis::PP];
+  }
+  int64_t firstRankOfProgram(int64_t program) const {
+    return program * ranksPerProgram();
+  }
+
+private:
+  MeshShape shape_;
+  int64_t virtualStages_ = 1;
+};
+
+} // namespace tessel
+
+#endif // TESSEL_SUPPORT_MESHLAYOUT_H
