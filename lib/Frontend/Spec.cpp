@@ -22,6 +22,8 @@ using json = nlohmann::json;
 
 namespace {
 
+constexpr const char *kScheduleNames[] = {"gpipe", "1f1b", "interleaved"};
+
 // The first problem found, with its JSON path.
 struct Problems {
   std::string first;
@@ -168,7 +170,8 @@ llvm::Error applyOverride(json &doc, const std::string &assignment) {
   return llvm::Error::success();
 }
 
-void readModel(Section s, ModelSpec &m, Problems &problems) {
+void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
+               Problems &problems) {
   m.family = s.choice("family", "", {"gpt", "llama"});
   if (!s.has("family"))
     problems.report(s.at("family"), "is required (\"gpt\" or \"llama\")");
@@ -176,6 +179,12 @@ void readModel(Section s, ModelSpec &m, Problems &problems) {
   m.vocabSize = s.integer("vocab_size", 256, 2);
   m.seqLen = s.integer("seq_len", 64, 1);
   m.layers = s.integer("layers", 2, 1);
+  if (layout.layers) {
+    m.layers = *layout.layers;
+    if (m.layers < 1)
+      problems.report(s.at("layers"),
+                      "must be >= 1, got " + std::to_string(m.layers));
+  }
   m.hidden = s.integer("hidden", 64, 1);
   m.heads = s.integer("heads", 4, 1);
   m.kvHeads = s.integer("kv_heads", m.heads, 1);
@@ -254,8 +263,36 @@ void readData(Section s, DataSpec &d, llvm::StringRef specDir,
   s.rejectUnknown();
 }
 
+// Replaces the fields the command line gives, with the spec's checks.
+void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
+                 Problems &problems) {
+  auto count = [&](const char *key, std::optional<int64_t> value,
+                   int64_t &field) {
+    if (!value)
+      return;
+    field = *value;
+    if (field < 1)
+      problems.report(s.at(key),
+                      "must be >= 1, got " + std::to_string(field));
+  };
+  count("dp", layout.dp, p.dp);
+  count("tp", layout.tp, p.tp);
+  count("pp", layout.pp, p.pp);
+  count("microbatches", layout.microbatches, p.microbatches);
+  count("virtual_stages", layout.virtualStages, p.virtualStages);
+  if (layout.sequenceParallel)
+    p.sequenceParallel = *layout.sequenceParallel;
+  if (layout.schedule) {
+    p.schedule = *layout.schedule;
+    if (!llvm::is_contained(kScheduleNames, p.schedule))
+      problems.report(s.at("schedule"),
+                      "must be one of \"gpipe\", \"1f1b\", \"interleaved\", "
+                      "got \"" + p.schedule + "\"");
+  }
+}
+
 void readParallel(Section s, ParallelSpec &p, const Spec &spec,
-                  Problems &problems) {
+                  const LayoutOverrides &layout, Problems &problems) {
   p.dp = s.integer("dp", 1, 1);
   p.tp = s.integer("tp", 1, 1);
   p.pp = s.integer("pp", 1, 1);
@@ -263,6 +300,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
   p.virtualStages = s.integer("virtual_stages", 1, 1);
+  applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   if (const json *stages = s.raw("stage_layers")) {
     bool ok = stages->is_array();
@@ -372,7 +410,8 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
 } // namespace
 
 llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
-                                      llvm::ArrayRef<std::string> overrides) {
+                                      llvm::ArrayRef<std::string> overrides,
+                                      const LayoutOverrides &layout) {
   auto buffer = llvm::MemoryBuffer::getFile(path);
   if (!buffer)
     return llvm::createStringError(path + ": cannot read: " +
@@ -394,7 +433,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   Section root(&doc, "", problems);
   if (!root.has("model"))
     problems.report("model", "is required");
-  readModel(root.child("model"), spec.model, problems);
+  readModel(root.child("model"), spec.model, layout, problems);
   readTrain(root.child("train"), spec.train, problems);
   llvm::SmallString<256> dir(path);
   llvm::sys::path::remove_filename(dir);
@@ -403,12 +442,43 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   llvm::sys::fs::make_absolute(dir);
   readData(root.child("data"), spec.data, dir, problems);
   if (!problems.any())
-    readParallel(root.child("parallel"), spec.parallel, spec, problems);
+    readParallel(root.child("parallel"), spec.parallel, spec, layout,
+                 problems);
   spec.name = root.string("name", spec.name);
   root.rejectUnknown();
   if (problems.any())
     return llvm::createStringError(path + ": " + problems.first);
   return spec;
+}
+
+LayoutOverrides LayoutOverrides::oneRank() {
+  LayoutOverrides one;
+  one.dp = one.tp = one.pp = one.microbatches = one.virtualStages = 1;
+  one.schedule = "1f1b";
+  one.sequenceParallel = false;
+  return one;
+}
+
+std::string LayoutOverrides::describe() const {
+  std::string text;
+  auto add = [&](const std::string &item) {
+    text += (text.empty() ? "" : " ") + item;
+  };
+  auto count = [&](const char *name, std::optional<int64_t> value) {
+    if (value)
+      add(std::string(name) + "=" + std::to_string(*value));
+  };
+  count("dp", dp);
+  count("tp", tp);
+  count("pp", pp);
+  count("microbatches", microbatches);
+  if (sequenceParallel && *sequenceParallel)
+    add("sp");
+  if (schedule)
+    add("schedule=" + *schedule);
+  count("virtual_stages", virtualStages);
+  count("layers", layers);
+  return text.empty() ? "as in the spec" : text;
 }
 
 Spec tessel::defaultSpecForIR(llvm::StringRef name) {

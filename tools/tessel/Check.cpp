@@ -25,6 +25,7 @@
 #include <map>
 
 using namespace llvm;
+using tessel::LayoutOverrides;
 
 namespace {
 
@@ -127,16 +128,12 @@ int tessel::checkCommand(const CheckOptions &options) {
   ref.input = options.input;
   ref.output = std::string(refDir);
   ref.overrides = options.overrides;
-  for (const char *field : {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1",
-                            "parallel.microbatches=1", "parallel.virtual_stages=1",
-                            "parallel.schedule=\"1f1b\"",
-                            "parallel.sequence_parallel=false"})
-    ref.overrides.push_back(field);
+  ref.layout = LayoutOverrides::oneRank();
+  ref.layout.layers = options.layers;
   CompileOptions layout = ref;
   layout.output = std::string(layDir);
-  layout.overrides = options.overrides;
-  layout.overrides.insert(layout.overrides.end(), options.layout.begin(),
-                          options.layout.end());
+  layout.layout = options.layout;
+  layout.layout.layers = options.layers;
   layout.target = options.target;
   layout.cudaArch = options.cudaArch;
   for (CompileOptions *o : {&ref, &layout})
@@ -183,9 +180,8 @@ int tessel::checkCommand(const CheckOptions &options) {
                                          : 1e-4;
   }
   bool ok = c->lossDiff <= tolerance && c->paramDiff <= tolerance;
-  outs() << "tessel check: " << options.input << ", layout";
-  for (const std::string &l : options.layout)
-    outs() << " " << l;
+  outs() << "tessel check: " << options.input << ", layout "
+         << options.layout.describe();
   if (options.target != "cpu")
     outs() << " on " << options.target;
   outs() << " vs one rank on the cpu, " << options.steps << " steps\n"

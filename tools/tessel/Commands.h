@@ -2,6 +2,8 @@
 #ifndef TESSEL_TOOLS_TESSEL_COMMANDS_H
 #define TESSEL_TOOLS_TESSEL_COMMANDS_H
 
+#include "tessel/Frontend/Spec.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include <string>
 #include <vector>
@@ -14,7 +16,8 @@ int dataCommand(llvm::ArrayRef<std::string> args);
 struct CheckOptions {
   std::string input;
   std::vector<std::string> overrides; // applied to both programs
-  std::vector<std::string> layout;    // parallel.* overrides of the layout
+  LayoutOverrides layout;             // the layout checked
+  std::optional<int64_t> layers;      // shrink the model (both programs)
   int64_t steps = 20;
   double tolerance = -1; // < 0: by what the layout computes in (Check.cpp)
   std::string target = "cpu"; // the layout's backend; the reference is cpu

@@ -291,7 +291,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     if (!module)
       return diagnostics.error(options.input + ": cannot parse");
   } else {
-    llvm::Expected<Spec> loaded = loadSpec(options.input, options.overrides);
+    llvm::Expected<Spec> loaded = loadSpec(options.input, options.overrides, options.layout);
     if (!loaded)
       return loaded.takeError();
     spec = std::move(*loaded);

@@ -2,6 +2,8 @@
 #ifndef TESSEL_TOOLS_TESSEL_COMPILE_H
 #define TESSEL_TOOLS_TESSEL_COMPILE_H
 
+#include "tessel/Frontend/Spec.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
@@ -12,7 +14,8 @@ namespace tessel {
 struct CompileOptions {
   std::string input;  // .json spec or .mlir graph program
   std::string output; // output directory
-  std::vector<std::string> overrides;
+  std::vector<std::string> overrides; // --set key=value
+  LayoutOverrides layout;             // --dp, --tp, ...
   std::string target = "cpu";
   std::string cudaArch = "sm_90"; // --target cuda: the GPU architecture
   bool emitOnly = false; // write sources and the plan, build no binaries

@@ -18,6 +18,31 @@
 
 using namespace llvm;
 
+// The layout flags common to compile and check, as typed values: a flag
+// not given leaves the spec's field alone.
+static tessel::LayoutOverrides
+layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
+                const cl::opt<int> &pp, const cl::opt<int> &microbatches,
+                const cl::opt<int> &virtualStages,
+                const cl::opt<std::string> &schedule, const cl::opt<bool> &sp) {
+  tessel::LayoutOverrides layout;
+  auto count = [](const cl::opt<int> &flag) -> std::optional<int64_t> {
+    if (!flag.getNumOccurrences())
+      return std::nullopt;
+    return (int64_t)flag;
+  };
+  layout.dp = count(dp);
+  layout.tp = count(tp);
+  layout.pp = count(pp);
+  layout.microbatches = count(microbatches);
+  layout.virtualStages = count(virtualStages);
+  if (schedule.getNumOccurrences())
+    layout.schedule = schedule;
+  if (sp.getNumOccurrences())
+    layout.sequenceParallel = (bool)sp;
+  return layout;
+}
+
 static int compileCommand(int argc, char **argv) {
   cl::OptionCategory category("tessel compile options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
@@ -73,20 +98,8 @@ static int compileCommand(int argc, char **argv) {
   options.dumpIR = dumpIR;
   options.verbose = verbose;
   options.overrides.assign(sets.begin(), sets.end());
-  auto layout = [&](const char *key, int value) {
-    if (value > 0)
-      options.overrides.push_back(std::string("parallel.") + key + "=" +
-                                  std::to_string(value));
-  };
-  layout("dp", dp);
-  layout("tp", tp);
-  layout("pp", pp);
-  layout("microbatches", microbatches);
-  layout("virtual_stages", virtualStages);
-  if (!schedule.empty())
-    options.overrides.push_back("parallel.schedule=\"" + schedule + "\"");
-  if (sp)
-    options.overrides.push_back("parallel.sequence_parallel=true");
+  options.layout = layoutFromFlags(dp, tp, pp, microbatches, virtualStages,
+                                   schedule, sp);
   if (Error err = tessel::compile(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;
@@ -144,26 +157,14 @@ static int checkCommandLine(int argc, char **argv) {
   tessel::CheckOptions options;
   options.input = input;
   options.overrides.assign(sets.begin(), sets.end());
-  if (layers > 0)
-    options.overrides.push_back("model.layers=" + std::to_string(layers));
+  if (layers.getNumOccurrences())
+    options.layers = layers;
   options.steps = steps;
   options.target = target;
   options.cudaArch = cudaArch;
   options.tolerance = tolerance;
-  auto layout = [&](const char *key, int value) {
-    if (value > 0)
-      options.layout.push_back(std::string("parallel.") + key + "=" +
-                               std::to_string(value));
-  };
-  layout("dp", dp);
-  layout("tp", tp);
-  layout("pp", pp);
-  layout("microbatches", microbatches);
-  if (sp)
-    options.layout.push_back("parallel.sequence_parallel=true");
-  if (!schedule.empty())
-    options.layout.push_back("parallel.schedule=\"" + schedule + "\"");
-  layout("virtual_stages", virtualStages);
+  options.layout = layoutFromFlags(dp, tp, pp, microbatches, virtualStages,
+                                   schedule, sp);
   return tessel::checkCommand(options);
 }
 

@@ -13,6 +13,7 @@
 #include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,10 +75,27 @@ struct Spec {
   ParallelSpec parallel;
 };
 
+// Layout fields given on the command line (--dp, --tp, ..., and tessel
+// check's --layers): typed values that replace the spec's and are validated
+// with it, so that errors still name the spec field (parallel.tp, ...).
+struct LayoutOverrides {
+  std::optional<int64_t> dp, tp, pp, microbatches, virtualStages;
+  std::optional<std::string> schedule;
+  std::optional<bool> sequenceParallel;
+  std::optional<int64_t> layers; // model.layers
+
+  // One rank, one microbatch: the program every layout is checked against.
+  static LayoutOverrides oneRank();
+  // "dp=2 tp=2 sp", in the order of the command-line flags.
+  std::string describe() const;
+};
+
 // Reads and validates a spec file. `overrides` are "dotted.path=value" strings
-// applied before validation (the value is JSON, or a bare string).
+// applied before validation (the value is JSON, or a bare string); `layout`
+// replaces layout fields after them.
 llvm::Expected<Spec> loadSpec(llvm::StringRef path,
-                              llvm::ArrayRef<std::string> overrides = {});
+                              llvm::ArrayRef<std::string> overrides = {},
+                              const LayoutOverrides &layout = {});
 
 // The training recipe with its defaults, for programs given as .mlir files.
 Spec defaultSpecForIR(llvm::StringRef name);
