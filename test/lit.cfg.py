@@ -26,6 +26,7 @@ for var in ["HOME", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"]:
 config.substitutions.append(("%src", config.tessel_src_root))
 config.substitutions.append(("%examples", os.path.join(config.tessel_src_root, "examples")))
 config.substitutions.append(("%python", "/usr/bin/python3"))
+config.substitutions.append(("%obj", config.tessel_obj_root))
 
 # PyTorch (Debian's python3-torch) is the independent reference for e2e tests.
 try:

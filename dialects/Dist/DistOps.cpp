@@ -77,7 +77,7 @@ static ParseResult parseMeshSizes(AsmParser &parser, tessel::MeshShape &shape) {
     if (!axis)
       return parser.emitError(loc, "unknown mesh axis '")
              << name << "' (axes: dp, tp, pp, cp, ep)";
-    int64_t size;
+    int64_t size = 0;
     if (parser.parseEqual() || parser.parseInteger(size))
       return failure();
     shape[*axis] = size;
@@ -339,7 +339,8 @@ LogicalResult BroadcastOp::verify() {
     return failure();
   if (getInput().getType() != getResult().getType())
     return emitOpError("result type must equal the operand type");
-  if (getRoot() < 0 || getRoot() >= *group)
+  int64_t root = static_cast<int64_t>(getRoot());
+  if (root < 0 || root >= *group)
     return emitOpError("root ") << getRoot() << " is outside the group of "
                                 << *group;
   return success();

@@ -31,13 +31,37 @@ std::string envOr(const char *name, const std::string &fallback) {
   return value && *value ? value : fallback;
 }
 
+// The root of the runtime generated programs build against: the
+// TESSEL_RUNTIME_DIR environment variable, else the tree this tessel is
+// installed in (<prefix>/bin/tessel beside <prefix>/include/tessel/Runtime
+// and <prefix>/lib/libtessel_rt.a), else none (a tessel in its build tree
+// uses the paths it was built with).
+std::string runtimeRoot() {
+  static const std::string root = [] {
+    std::string dir = envOr("TESSEL_RUNTIME_DIR", "");
+    if (!dir.empty())
+      return dir;
+    static int anchor;
+    SmallString<256> prefix(sys::fs::getMainExecutable(nullptr, &anchor));
+    sys::path::remove_filename(prefix); // bin
+    sys::path::remove_filename(prefix); // the prefix
+    SmallString<256> header(prefix), library(prefix);
+    sys::path::append(header, "include", "tessel", "Runtime", "Program.h");
+    sys::path::append(library, "lib", "libtessel_rt.a");
+    if (!prefix.empty() && sys::fs::exists(header) && sys::fs::exists(library))
+      return std::string(prefix);
+    return std::string();
+  }();
+  return root;
+}
+
 std::string runtimeInclude() {
-  std::string dir = envOr("TESSEL_RUNTIME_DIR", "");
-  return dir.empty() ? TESSEL_RUNTIME_INCLUDE : dir + "/include";
+  std::string root = runtimeRoot();
+  return root.empty() ? TESSEL_RUNTIME_INCLUDE : root + "/include";
 }
 std::string runtimeLibrary() {
-  std::string dir = envOr("TESSEL_RUNTIME_DIR", "");
-  return dir.empty() ? TESSEL_RUNTIME_LIB : dir + "/lib/libtessel_rt.a";
+  std::string root = runtimeRoot();
+  return root.empty() ? TESSEL_RUNTIME_LIB : root + "/lib/libtessel_rt.a";
 }
 
 std::string cacheDir() {
@@ -73,9 +97,9 @@ std::vector<std::string> compileArgs(StringRef source, StringRef output) {
 
 #ifdef TESSEL_HAVE_CUDA
 std::string cudaRuntimeLibrary() {
-  std::string dir = envOr("TESSEL_RUNTIME_DIR", "");
-  return dir.empty() ? TESSEL_CUDA_RUNTIME_LIB
-                     : dir + "/lib/libtessel_cuda_rt.a";
+  std::string root = runtimeRoot();
+  return root.empty() ? TESSEL_CUDA_RUNTIME_LIB
+                      : root + "/lib/libtessel_cuda_rt.a";
 }
 #endif
 
