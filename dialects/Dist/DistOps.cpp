@@ -84,7 +84,8 @@ static ParseResult parseMeshSizes(AsmParser &parser, tessel::MeshShape &shape) {
   } while (succeeded(parser.parseOptionalComma()));
   return success();
 }
-static void printMeshSizes(AsmPrinter &printer, const tessel::MeshShape &shape) {
+static void printMeshSizes(AsmPrinter &printer,
+                           const tessel::MeshShape &shape) {
   bool first = true;
   for (tessel::MeshAxis axis : tessel::kRankOrder)
     if (shape[axis] != 1) {
@@ -224,8 +225,8 @@ tessel::AxisSet Sharding::leadingAxes(size_t count) const {
 }
 
 tessel::MeshShape tessel::dist::meshOf(Operation *op) {
-  auto module = isa<ModuleOp>(op) ? cast<ModuleOp>(op)
-                                   : op->getParentOfType<ModuleOp>();
+  auto module =
+      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
   if (!module)
     return {};
   if (auto mesh = module->getAttrOfType<MeshAttr>(DistDialect::kMeshAttrName))
@@ -287,9 +288,9 @@ static LogicalResult checkScaled(Operation *op, RankedTensorType small,
   for (int64_t d = 0; d < small.getRank(); ++d) {
     int64_t expect = small.getDimSize(d) * (d == dim ? group : 1);
     if (big.getDimSize(d) != expect)
-      return op->emitOpError(what) << " dimension " << d << " must be "
-                                   << expect << " for a group of " << group
-                                   << ", got " << big.getDimSize(d);
+      return op->emitOpError(what)
+             << " dimension " << d << " must be " << expect
+             << " for a group of " << group << ", got " << big.getDimSize(d);
   }
   return success();
 }
@@ -325,8 +326,8 @@ LogicalResult AllToAllOp::verify() {
       expect /= *group;
     if (d == c && d != s)
       expect *= *group;
-    if (out.getDimSize(d) != expect || (d == s && d != c &&
-                                        in.getDimSize(d) % *group != 0))
+    if (out.getDimSize(d) != expect ||
+        (d == s && d != c && in.getDimSize(d) % *group != 0))
       return emitOpError("result dimension ")
              << d << " must be " << expect << ", got " << out.getDimSize(d);
   }
@@ -341,8 +342,8 @@ LogicalResult BroadcastOp::verify() {
     return emitOpError("result type must equal the operand type");
   int64_t root = static_cast<int64_t>(getRoot());
   if (root < 0 || root >= *group)
-    return emitOpError("root ") << getRoot() << " is outside the group of "
-                                << *group;
+    return emitOpError("root ")
+           << getRoot() << " is outside the group of " << *group;
   return success();
 }
 

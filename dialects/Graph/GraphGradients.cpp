@@ -27,25 +27,26 @@ static Value matmul(OpBuilder &b, Location loc, Value lhs, Value rhs, bool tl,
 static Value collapseBatch(OpBuilder &b, Location loc, Value v) {
   auto type = cast<RankedTensorType>(v.getType());
   int64_t rows = type.getNumElements() / type.getShape().back();
-  return ReshapeOp::create(
-      b, loc, RankedTensorType::get({rows, type.getShape().back()},
-                                    type.getElementType()),
-      v);
+  return ReshapeOp::create(b, loc,
+                           RankedTensorType::get({rows, type.getShape().back()},
+                                                 type.getElementType()),
+                           v);
 }
 
-LogicalResult MatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+LogicalResult MatmulOp::buildGradients(OpBuilder &b,
+                                       ArrayRef<Value> resultGrads,
                                        SmallVectorImpl<Value> &operandGrads) {
   Location loc = getLoc();
   Value dC = resultGrads[0], A = getLhs(), B = getRhs();
   bool tA = getTransposeLhs(), tB = getTransposeRhs();
-  bool broadcastRhs = getRhs().getType().getRank() == 2 &&
-                      getLhs().getType().getRank() > 2;
+  bool broadcastRhs =
+      getRhs().getType().getRank() == 2 && getLhs().getType().getRank() > 2;
   if (tA && broadcastRhs)
     return emitOpError("no gradient rule for a transposed batched lhs with a "
                        "broadcast rhs");
   // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC.
-  Value dA = tA ? matmul(b, loc, B, dC, tB, true)
-                : matmul(b, loc, dC, B, false, !tB);
+  Value dA =
+      tA ? matmul(b, loc, B, dC, tB, true) : matmul(b, loc, dC, B, false, !tB);
   // A broadcast rhs sees every batch entry: fold the batch into the rows.
   Value A2 = broadcastRhs ? collapseBatch(b, loc, A) : A;
   Value dC2 = broadcastRhs ? collapseBatch(b, loc, dC) : dC;
@@ -58,8 +59,7 @@ LogicalResult MatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads
 LogicalResult AddOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                                     SmallVectorImpl<Value> &operandGrads) {
   Value dC = resultGrads[0];
-  operandGrads.append(
-      {dC, reduceToType(b, getLoc(), dC, getRhs().getType())});
+  operandGrads.append({dC, reduceToType(b, getLoc(), dC, getRhs().getType())});
   return success();
 }
 
@@ -88,16 +88,17 @@ LogicalResult SiluOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   return success();
 }
 
-LogicalResult LayerNormOp::buildGradients(OpBuilder &b,
-                                          ArrayRef<Value> resultGrads,
-                                          SmallVectorImpl<Value> &operandGrads) {
+LogicalResult
+LayerNormOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                            SmallVectorImpl<Value> &operandGrads) {
   auto grad = LayerNormGradOp::create(b, getLoc(), getInput(), getWeight(),
                                       resultGrads[0], getEpsilonAttr());
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();
 }
 
-LogicalResult RmsNormOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+LogicalResult RmsNormOp::buildGradients(OpBuilder &b,
+                                        ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {
   auto grad = RmsNormGradOp::create(b, getLoc(), getInput(), getWeight(),
                                     resultGrads[0], getEpsilonAttr());
@@ -114,51 +115,53 @@ LogicalResult RopeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   return success();
 }
 
-LogicalResult AttentionOp::buildGradients(OpBuilder &b,
-                                          ArrayRef<Value> resultGrads,
-                                          SmallVectorImpl<Value> &operandGrads) {
-  auto grad = AttentionGradOp::create(b, getLoc(), getQuery(), getKey(),
-                                      getValue(), resultGrads[0],
-                                      getCausalAttr());
+LogicalResult
+AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                            SmallVectorImpl<Value> &operandGrads) {
+  auto grad =
+      AttentionGradOp::create(b, getLoc(), getQuery(), getKey(), getValue(),
+                              resultGrads[0], getCausalAttr());
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();
 }
 
-LogicalResult SoftmaxOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+LogicalResult SoftmaxOp::buildGradients(OpBuilder &b,
+                                        ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(
       SoftmaxGradOp::create(b, getLoc(), getResult(), resultGrads[0]));
   return success();
 }
 
-LogicalResult CrossEntropyOp::buildGradients(OpBuilder &b,
-                                             ArrayRef<Value> resultGrads,
-                                             SmallVectorImpl<Value> &operandGrads) {
+LogicalResult
+CrossEntropyOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                               SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(CrossEntropyGradOp::create(
       b, getLoc(), getLogits(), getTargets(), resultGrads[0]));
   operandGrads.push_back(Value()); // token ids have no gradient
   return success();
 }
 
-LogicalResult EmbeddingOp::buildGradients(OpBuilder &b,
-                                          ArrayRef<Value> resultGrads,
-                                          SmallVectorImpl<Value> &operandGrads) {
+LogicalResult
+EmbeddingOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                            SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(EmbeddingGradOp::create(
       b, getLoc(), getTable().getType(), getIds(), resultGrads[0]));
   operandGrads.push_back(Value());
   return success();
 }
 
-LogicalResult ReshapeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+LogicalResult ReshapeOp::buildGradients(OpBuilder &b,
+                                        ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {
-  operandGrads.push_back(ReshapeOp::create(b, getLoc(), getInput().getType(),
-                                           resultGrads[0]));
+  operandGrads.push_back(
+      ReshapeOp::create(b, getLoc(), getInput().getType(), resultGrads[0]));
   return success();
 }
 
-LogicalResult TransposeOp::buildGradients(OpBuilder &b,
-                                          ArrayRef<Value> resultGrads,
-                                          SmallVectorImpl<Value> &operandGrads) {
+LogicalResult
+TransposeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                            SmallVectorImpl<Value> &operandGrads) {
   ArrayRef<int64_t> perm = getPermutation();
   SmallVector<int64_t> inverse(perm.size());
   for (auto [i, p] : llvm::enumerate(perm))
@@ -173,13 +176,15 @@ LogicalResult SplitOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   SmallVector<Value> pieces;
   for (auto [grad, result] : llvm::zip(resultGrads, getResults()))
     pieces.push_back(grad ? grad
-                          : FillOp::create(b, getLoc(), result.getType(), b.getF64FloatAttr(0.0))
+                          : FillOp::create(b, getLoc(), result.getType(),
+                                           b.getF64FloatAttr(0.0))
                                 .getResult());
   operandGrads.push_back(ConcatOp::create(b, getLoc(), pieces, getAxis()));
   return success();
 }
 
-LogicalResult ConcatOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+LogicalResult ConcatOp::buildGradients(OpBuilder &b,
+                                       ArrayRef<Value> resultGrads,
                                        SmallVectorImpl<Value> &operandGrads) {
   auto split = SplitOp::create(b, getLoc(), getInputs().getTypes(),
                                resultGrads[0], getAxis());

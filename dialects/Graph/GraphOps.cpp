@@ -84,7 +84,8 @@ LogicalResult InputOp::verify() {
 // Forward math
 //===----------------------------------------------------------------------===//
 
-LogicalResult EmbeddingOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult EmbeddingOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &types) {
   auto table = shapeOf(adaptor.getTable());
@@ -97,7 +98,8 @@ LogicalResult EmbeddingOp::inferReturnTypes(MLIRContext *, std::optional<Locatio
   return success();
 }
 
-LogicalResult MatmulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &types) {
   auto lhs = shapeOf(adaptor.getLhs());
@@ -135,12 +137,14 @@ static LogicalResult inferBroadcast(std::optional<Location> loc, Value lhs,
   types.push_back(lhs.getType());
   return success();
 }
-LogicalResult AddOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult AddOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> loc,
                                       Adaptor adaptor,
                                       SmallVectorImpl<Type> &types) {
   return inferBroadcast(loc, adaptor.getLhs(), adaptor.getRhs(), types);
 }
-LogicalResult MulOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult MulOp::inferReturnTypes(MLIRContext *,
+                                      std::optional<Location> loc,
                                       Adaptor adaptor,
                                       SmallVectorImpl<Type> &types) {
   return inferBroadcast(loc, adaptor.getLhs(), adaptor.getRhs(), types);
@@ -158,7 +162,8 @@ LogicalResult SiluOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
   types.push_back(adaptor.getInput().getType());
   return success();
 }
-LogicalResult SoftmaxOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
+LogicalResult SoftmaxOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location>,
                                           Adaptor adaptor,
                                           SmallVectorImpl<Type> &types) {
   types.push_back(adaptor.getInput().getType());
@@ -175,31 +180,38 @@ static LogicalResult checkNormWeight(std::optional<Location> loc, Value input,
                          shapeStr(shapeOf(weight)));
   return success();
 }
-LogicalResult LayerNormOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult LayerNormOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &types) {
-  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(), "weight")) ||
-      failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getBias(), "bias")))
+  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(),
+                             "weight")) ||
+      failed(
+          checkNormWeight(loc, adaptor.getInput(), adaptor.getBias(), "bias")))
     return failure();
   types.push_back(adaptor.getInput().getType());
   return success();
 }
-LogicalResult RmsNormOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult RmsNormOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location> loc,
                                           Adaptor adaptor,
                                           SmallVectorImpl<Type> &types) {
-  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(), "weight")))
+  if (failed(checkNormWeight(loc, adaptor.getInput(), adaptor.getWeight(),
+                             "weight")))
     return failure();
   types.push_back(adaptor.getInput().getType());
   return success();
 }
 
-LogicalResult RopeOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult RopeOp::inferReturnTypes(MLIRContext *,
+                                       std::optional<Location> loc,
                                        Adaptor adaptor,
                                        SmallVectorImpl<Type> &types) {
   auto x = shapeOf(adaptor.getInput());
   if (x.size() != 4 || x[3] % 2 != 0)
     return fail(loc, "rope input must be [batch, seq, heads, head_dim] with "
-                     "an even head_dim, got " + shapeStr(x));
+                     "an even head_dim, got " +
+                         shapeStr(x));
   types.push_back(adaptor.getInput().getType());
   return success();
 }
@@ -208,36 +220,42 @@ static LogicalResult checkAttention(std::optional<Location> loc, Value q,
                                     Value k, Value v) {
   auto qs = shapeOf(q), ks = shapeOf(k), vs = shapeOf(v);
   if (qs.size() != 4 || ks.size() != 4)
-    return fail(loc, "attention operands must be [batch, seq, heads, head_dim]");
+    return fail(loc,
+                "attention operands must be [batch, seq, heads, head_dim]");
   if (ks != vs)
     return fail(loc, "attention key and value shapes differ: " + shapeStr(ks) +
                          " vs " + shapeStr(vs));
   if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3])
     return fail(loc, "attention query " + shapeStr(qs) + " and key " +
-                         shapeStr(ks) + " must agree on batch, seq and head_dim");
+                         shapeStr(ks) +
+                         " must agree on batch, seq and head_dim");
   if (ks[2] == 0 || qs[2] % ks[2] != 0)
     return fail(loc, "attention heads (" + Twine(qs[2]) +
-                         ") must be a multiple of kv heads (" + Twine(ks[2]) + ")");
+                         ") must be a multiple of kv heads (" + Twine(ks[2]) +
+                         ")");
   return success();
 }
-LogicalResult AttentionOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &types) {
-  if (failed(checkAttention(loc, adaptor.getQuery(), adaptor.getKey(), adaptor.getValue())))
+  if (failed(checkAttention(loc, adaptor.getQuery(), adaptor.getKey(),
+                            adaptor.getValue())))
     return failure();
   types.push_back(adaptor.getQuery().getType());
   return success();
 }
 
-static LogicalResult checkCrossEntropy(std::optional<Location> loc, Value logits,
-                                       Value targets) {
+static LogicalResult checkCrossEntropy(std::optional<Location> loc,
+                                       Value logits, Value targets) {
   auto l = shapeOf(logits), t = shapeOf(targets);
   if (l.size() < 2 || l.drop_back(1) != t)
     return fail(loc, "targets " + shapeStr(t) +
                          " must be the leading shape of logits " + shapeStr(l));
   return success();
 }
-LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *ctx, std::optional<Location> loc,
+LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *ctx,
+                                               std::optional<Location> loc,
                                                Adaptor adaptor,
                                                SmallVectorImpl<Type> &types) {
   if (failed(checkCrossEntropy(loc, adaptor.getLogits(), adaptor.getTargets())))
@@ -259,7 +277,8 @@ LogicalResult ReshapeOp::verify() {
   return success();
 }
 
-LogicalResult TransposeOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult TransposeOp::inferReturnTypes(MLIRContext *,
+                                            std::optional<Location> loc,
                                             Adaptor adaptor,
                                             SmallVectorImpl<Type> &types) {
   auto x = shapeOf(adaptor.getInput());
@@ -315,7 +334,8 @@ LogicalResult SplitOp::verify() {
   return success();
 }
 
-LogicalResult ConcatOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+LogicalResult ConcatOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
                                          Adaptor adaptor,
                                          SmallVectorImpl<Type> &types) {
   if (adaptor.getInputs().empty())
@@ -354,44 +374,57 @@ static LogicalResult sameShapeGrad(std::optional<Location> loc, Value x,
   types.push_back(x.getType());
   return success();
 }
-LogicalResult GeluGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                           Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult GeluGradOp::inferReturnTypes(MLIRContext *,
+                                           std::optional<Location> loc,
+                                           Adaptor a,
+                                           SmallVectorImpl<Type> &types) {
   return sameShapeGrad(loc, a.getInput(), a.getGrad(), types);
 }
-LogicalResult SiluGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                           Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult SiluGradOp::inferReturnTypes(MLIRContext *,
+                                           std::optional<Location> loc,
+                                           Adaptor a,
+                                           SmallVectorImpl<Type> &types) {
   return sameShapeGrad(loc, a.getInput(), a.getGrad(), types);
 }
-LogicalResult SoftmaxGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                              Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult SoftmaxGradOp::inferReturnTypes(MLIRContext *,
+                                              std::optional<Location> loc,
+                                              Adaptor a,
+                                              SmallVectorImpl<Type> &types) {
   return sameShapeGrad(loc, a.getOutput(), a.getGrad(), types);
 }
-LogicalResult LayerNormGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                                Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult LayerNormGradOp::inferReturnTypes(MLIRContext *,
+                                                std::optional<Location> loc,
+                                                Adaptor a,
+                                                SmallVectorImpl<Type> &types) {
   if (failed(checkNormWeight(loc, a.getInput(), a.getWeight(), "weight")) ||
       failed(sameShapeGrad(loc, a.getInput(), a.getGrad(), types)))
     return failure();
   types.append({a.getWeight().getType(), a.getWeight().getType()});
   return success();
 }
-LogicalResult RmsNormGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                              Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult RmsNormGradOp::inferReturnTypes(MLIRContext *,
+                                              std::optional<Location> loc,
+                                              Adaptor a,
+                                              SmallVectorImpl<Type> &types) {
   if (failed(checkNormWeight(loc, a.getInput(), a.getWeight(), "weight")) ||
       failed(sameShapeGrad(loc, a.getInput(), a.getGrad(), types)))
     return failure();
   types.push_back(a.getWeight().getType());
   return success();
 }
-LogicalResult AttentionGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                                Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult AttentionGradOp::inferReturnTypes(MLIRContext *,
+                                                std::optional<Location> loc,
+                                                Adaptor a,
+                                                SmallVectorImpl<Type> &types) {
   if (failed(checkAttention(loc, a.getQuery(), a.getKey(), a.getValue())) ||
       failed(sameShapeGrad(loc, a.getQuery(), a.getGrad(), types)))
     return failure();
   types.append({a.getKey().getType(), a.getValue().getType()});
   return success();
 }
-LogicalResult CrossEntropyGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
-                                                   Adaptor a, SmallVectorImpl<Type> &types) {
+LogicalResult
+CrossEntropyGradOp::inferReturnTypes(MLIRContext *, std::optional<Location> loc,
+                                     Adaptor a, SmallVectorImpl<Type> &types) {
   if (failed(checkCrossEntropy(loc, a.getLogits(), a.getTargets())))
     return failure();
   types.push_back(a.getLogits().getType());

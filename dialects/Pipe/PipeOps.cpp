@@ -33,7 +33,8 @@ LogicalResult ScheduleOp::verify() {
 
 static LogicalResult verifyTransferKind(Operation *op, StringRef kind) {
   if (kind != kActivation && kind != kGradient)
-    return op->emitOpError("kind must be \"activation\" or \"gradient\", got \"")
+    return op->emitOpError(
+               "kind must be \"activation\" or \"gradient\", got \"")
            << kind << "\"";
   return success();
 }
@@ -55,7 +56,9 @@ struct RankVerifier {
   llvm::DenseSet<StepKey> &forwards, &backwards;
   llvm::DenseSet<StepKey> recvActivations, recvGradients;
 
-  int64_t owner(int64_t stage) const { return pipelineLayout(numRanks).stageOwner(stage); }
+  int64_t owner(int64_t stage) const {
+    return pipelineLayout(numRanks).stageOwner(stage);
+  }
 
   LogicalResult checkIds(Operation *op, int64_t stage, int64_t microbatch) {
     if (stage >= numStages)
@@ -141,8 +144,8 @@ struct RankVerifier {
       return failure();
     int64_t next = consumer(op.getKind(), s);
     if (next < 0)
-      return op.emitOpError("sends the ")
-             << op.getKind() << " of stage " << s << ", which no stage consumes";
+      return op.emitOpError("sends the ") << op.getKind() << " of stage " << s
+                                          << ", which no stage consumes";
     if (owner(next) != static_cast<int64_t>(op.getToRank()))
       return op.emitOpError("sends to rank ")
              << op.getToRank() << ", but the consuming stage " << next
@@ -167,8 +170,8 @@ struct RankVerifier {
     int64_t next = consumer(op.getKind(), s);
     if (next < 0 || owner(next) != rank)
       return op.emitOpError("receives the ")
-             << op.getKind() << " of stage " << s
-             << ", which no stage of rank " << rank << " consumes";
+             << op.getKind() << " of stage " << s << ", which no stage of rank "
+             << rank << " consumes";
     auto &received =
         op.getKind() == kActivation ? recvActivations : recvGradients;
     if (!received.insert({s, mb}).second)
@@ -190,8 +193,8 @@ LogicalResult ScheduleOp::verifyRegions() {
       ranks.push_back(rank);
     }
   if (ranks.size() != getRanks())
-    return emitOpError("has ") << ranks.size() << " pipe.rank ops but "
-                               << getRanks() << " ranks";
+    return emitOpError("has ")
+           << ranks.size() << " pipe.rank ops but " << getRanks() << " ranks";
   for (auto [index, rank] : llvm::enumerate(ranks))
     if (rank.getRank() != index)
       return rank.emitOpError("is rank ")

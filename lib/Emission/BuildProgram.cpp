@@ -13,11 +13,11 @@
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/Program.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/xxhash.h"
 
 #include <cstdlib>
@@ -87,10 +87,16 @@ void appendFlags(std::vector<std::string> &args, StringRef flags) {
 }
 
 std::vector<std::string> compileArgs(StringRef source, StringRef output) {
-  std::vector<std::string> args = {envOr("CXX", TESSEL_CXX), "-O2",
-                                   "-march=native", "-std=c++17", "-fopenmp",
-                                   "-I" + runtimeInclude(), source.str(),
-                                   "-o", output.str(), runtimeLibrary()};
+  std::vector<std::string> args = {envOr("CXX", TESSEL_CXX),
+                                   "-O2",
+                                   "-march=native",
+                                   "-std=c++17",
+                                   "-fopenmp",
+                                   "-I" + runtimeInclude(),
+                                   source.str(),
+                                   "-o",
+                                   output.str(),
+                                   runtimeLibrary()};
   appendFlags(args, TESSEL_BLAS_LINK);
   return args;
 }
@@ -166,11 +172,18 @@ Error tessel::buildCudaProgram(StringRef sourcePath, StringRef binaryPath,
             .str());
   SmallString<256> tmpBinary(binaryPath);
   tmpBinary += ".tmp";
-  std::vector<std::string> args = {
-      envOr("NVCC", TESSEL_NVCC), "-O2", "-std=c++17",
-      "-arch=sm_" + std::to_string(arch), "-I" + runtimeInclude(),
-      sourcePath.str(), "-o", tmpBinary.str().str(), cudaRuntimeLibrary(),
-      runtimeLibrary(), "-Xcompiler=-fopenmp", "-lgomp"};
+  std::vector<std::string> args = {envOr("NVCC", TESSEL_NVCC),
+                                   "-O2",
+                                   "-std=c++17",
+                                   "-arch=sm_" + std::to_string(arch),
+                                   "-I" + runtimeInclude(),
+                                   sourcePath.str(),
+                                   "-o",
+                                   tmpBinary.str().str(),
+                                   cudaRuntimeLibrary(),
+                                   runtimeLibrary(),
+                                   "-Xcompiler=-fopenmp",
+                                   "-lgomp"};
   appendFlags(args, TESSEL_CUDA_LINK);
   appendFlags(args, TESSEL_BLAS_LINK);
   return buildProgram(sourcePath, binaryPath, args, tmpBinary,
@@ -189,8 +202,7 @@ namespace {
 Error buildProgram(StringRef sourcePath, StringRef binaryPath,
                    const std::vector<std::string> &args, StringRef tmpBinary,
                    ArrayRef<std::string> libraries, bool verbose) {
-  Expected<uint64_t> hash =
-      hashInputs(sourcePath, tmpBinary, args, libraries);
+  Expected<uint64_t> hash = hashInputs(sourcePath, tmpBinary, args, libraries);
   if (!hash)
     return hash.takeError();
 
@@ -198,9 +210,9 @@ Error buildProgram(StringRef sourcePath, StringRef binaryPath,
   SmallString<256> cached(cache);
   if (!cache.empty()) {
     sys::path::append(cached, formatv("{0:x16}", *hash).str());
-    if (sys::fs::exists(cached) &&
-        !sys::fs::copy_file(cached, tmpBinary) &&
-        !sys::fs::setPermissions(tmpBinary, sys::fs::all_exe | sys::fs::owner_all) &&
+    if (sys::fs::exists(cached) && !sys::fs::copy_file(cached, tmpBinary) &&
+        !sys::fs::setPermissions(tmpBinary,
+                                 sys::fs::all_exe | sys::fs::owner_all) &&
         !sys::fs::rename(tmpBinary, binaryPath)) {
       if (verbose)
         errs() << "tessel: " << binaryPath << " from cache\n";
@@ -236,7 +248,8 @@ Error buildProgram(StringRef sourcePath, StringRef binaryPath,
       sys::fs::rename(tmpCached, cached);
   }
   if (std::error_code ec = sys::fs::rename(tmpBinary, binaryPath))
-    return createStringError("cannot write " + binaryPath + ": " + ec.message());
+    return createStringError("cannot write " + binaryPath + ": " +
+                             ec.message());
   return Error::success();
 }
 

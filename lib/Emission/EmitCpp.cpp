@@ -15,8 +15,8 @@
 #include "tessel/Transforms/BufferPlan.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Format.h"
 
 #include <map>
@@ -97,8 +97,8 @@ public:
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       what += " @ " + loc.getName().getValue().str();
     for (int64_t k = 0; k < repeat; ++k)
-      calls->push_back({kind, AxisSet::fromBits(axes), groupSize(axes), elements,
-                        elementBytes, bytesSent, what});
+      calls->push_back({kind, AxisSet::fromBits(axes), groupSize(axes),
+                        elements, elementBytes, bytesSent, what});
   }
 
   // The C++ expression for the storage of `v`.
@@ -213,8 +213,8 @@ public:
           return success(); // storage only; reshapes alias their input
         })
         .Case<FillOp>([&](FillOp f) {
-          call("fill<T>", {ptr(f), i(numel(f)),
-                           scalar(f.getValue().convertToDouble())});
+          call("fill<T>",
+               {ptr(f), i(numel(f)), scalar(f.getValue().convertToDouble())});
           return success();
         })
         .Case<EmbeddingOp>([&](EmbeddingOp e) {
@@ -225,9 +225,9 @@ public:
                   i(numel(e.getIds())), vocabStart(v, t[0]), i(t[0]), i(t[1])});
             return success();
           }
-          call("embeddingForward<T>", {ptr(e.getTable()), ptr(e.getIds()),
-                                           ptr(e), i(numel(e.getIds())),
-                                           i(t[0]), i(t[1])});
+          call("embeddingForward<T>",
+               {ptr(e.getTable()), ptr(e.getIds()), ptr(e),
+                i(numel(e.getIds())), i(t[0]), i(t[1])});
           return success();
         })
         .Case<EmbeddingGradOp>([&](EmbeddingGradOp e) {
@@ -239,28 +239,25 @@ public:
             return success();
           }
           call("embeddingBackward<T>",
-               {ptr(e.getIds()), ptr(e.getGrad()), ptr(e),
-                i(numel(e.getIds())), i(t[0]), i(t[1])});
+               {ptr(e.getIds()), ptr(e.getGrad()), ptr(e), i(numel(e.getIds())),
+                i(t[0]), i(t[1])});
           return success();
         })
         .Case<MatmulOp>([&](MatmulOp m) { return emitMatmul(m); })
         .Case<AddOp>([&](AddOp a) {
-          call("addBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()),
-                                       ptr(a), i(numel(a.getLhs())),
-                                       i(numel(a.getRhs()))});
+          call("addBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()), ptr(a),
+                                   i(numel(a.getLhs())), i(numel(a.getRhs()))});
           return success();
         })
         .Case<MulOp>([&](MulOp a) {
-          call("mulBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()),
-                                       ptr(a), i(numel(a.getLhs())),
-                                       i(numel(a.getRhs()))});
+          call("mulBroadcast<T>", {ptr(a.getLhs()), ptr(a.getRhs()), ptr(a),
+                                   i(numel(a.getLhs())), i(numel(a.getRhs()))});
           return success();
         })
         .Case<ReduceSumOp>([&](ReduceSumOp r) {
           int64_t cols = numel(r);
           call("reduceSumLeading<T>", {ptr(r.getInput()), ptr(r),
-                                           i(numel(r.getInput()) / cols),
-                                           i(cols)});
+                                       i(numel(r.getInput()) / cols), i(cols)});
           return success();
         })
         .Case<GeluOp>([&](GeluOp g) {
@@ -284,9 +281,8 @@ public:
         .Case<LayerNormOp>([&](LayerNormOp n) {
           int64_t C = shapeOf(n).back();
           call("layerNormForward<T>",
-               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getBias()),
-                ptr(n), i(numel(n) / C), i(C),
-                num(n.getEpsilon().convertToDouble())});
+               {ptr(n.getInput()), ptr(n.getWeight()), ptr(n.getBias()), ptr(n),
+                i(numel(n) / C), i(C), num(n.getEpsilon().convertToDouble())});
           return success();
         })
         .Case<LayerNormGradOp>([&](LayerNormGradOp n) {
@@ -316,10 +312,9 @@ public:
         })
         .Case<RopeOp>([&](RopeOp r) {
           auto s = shapeOf(r);
-          call("rope<T>", {ptr(r.getInput()), ptr(r), i(s[0]), i(s[1]),
-                               i(s[2]), i(s[3]),
-                               num(r.getTheta().convertToDouble()),
-                               boolStr(r.getInverse())});
+          call("rope<T>",
+               {ptr(r.getInput()), ptr(r), i(s[0]), i(s[1]), i(s[2]), i(s[3]),
+                num(r.getTheta().convertToDouble()), boolStr(r.getInverse())});
           return success();
         })
         .Case<AttentionOp>([&](AttentionOp a) {
@@ -332,44 +327,54 @@ public:
         })
         .Case<AttentionGradOp>([&](AttentionGradOp a) {
           auto q = shapeOf(a.getQuery());
-          SmallVector<std::string> args = {
-              ptr(a.getQuery()), ptr(a.getKey()), ptr(a.getValue()),
-              ptr(a.getGrad()), ptr(a.getQueryGrad()), ptr(a.getKeyGrad()),
-              ptr(a.getValueGrad()), i(q[0]), i(q[1]), i(q[2]),
-              i(shapeOf(a.getKey())[2]), i(q[3]), boolStr(a.getCausal())};
+          SmallVector<std::string> args = {ptr(a.getQuery()),
+                                           ptr(a.getKey()),
+                                           ptr(a.getValue()),
+                                           ptr(a.getGrad()),
+                                           ptr(a.getQueryGrad()),
+                                           ptr(a.getKeyGrad()),
+                                           ptr(a.getValueGrad()),
+                                           i(q[0]),
+                                           i(q[1]),
+                                           i(q[2]),
+                                           i(shapeOf(a.getKey())[2]),
+                                           i(q[3]),
+                                           boolStr(a.getCausal())};
           if (cuda)
             args.push_back("S");
           call("attentionBackward<T>", args);
           if (cuda) {
             // The backward recomputes the forward into device scratch.
-            scratch.insert("attentionScratchBytes(" + i(q[0]) + ", " +
-                              i(q[1]) + ", " + i(q[2]) + ", " +
-                              i(shapeOf(a.getKey())[2]) + ", " + i(q[3]) +
-                              ", " + (isFloat(a.getQuery()) ? "4" : "2") +
-                              ")");
+            scratch.insert("attentionScratchBytes(" + i(q[0]) + ", " + i(q[1]) +
+                           ", " + i(q[2]) + ", " + i(shapeOf(a.getKey())[2]) +
+                           ", " + i(q[3]) + ", " +
+                           (isFloat(a.getQuery()) ? "4" : "2") + ")");
           }
           return success();
         })
         .Case<SoftmaxOp>([&](SoftmaxOp s) {
           int64_t cols = shapeOf(s).back();
-          call("softmaxForward<T>", {ptr(s.getInput()), ptr(s),
-                                         i(numel(s) / cols), i(cols)});
+          call("softmaxForward<T>",
+               {ptr(s.getInput()), ptr(s), i(numel(s) / cols), i(cols)});
           return success();
         })
         .Case<SoftmaxGradOp>([&](SoftmaxGradOp s) {
           int64_t cols = shapeOf(s).back();
-          call("softmaxBackward<T>",
-               {ptr(s.getOutput()), ptr(s.getGrad()), ptr(s),
-                i(numel(s) / cols), i(cols)});
+          call("softmaxBackward<T>", {ptr(s.getOutput()), ptr(s.getGrad()),
+                                      ptr(s), i(numel(s) / cols), i(cols)});
           return success();
         })
         .Case<CrossEntropyOp>([&](CrossEntropyOp c) {
           int64_t V = shapeOf(c.getLogits()).back();
           if (unsigned v = vocabAxes(c)) {
             int64_t rows = numel(c.getTargets());
-            SmallVector<std::string> args = {
-                ptr(c.getLogits()), ptr(c.getTargets()), ptr(c), i(rows),
-                i(V), vocabStart(v, V), mask(v)};
+            SmallVector<std::string> args = {ptr(c.getLogits()),
+                                             ptr(c.getTargets()),
+                                             ptr(c),
+                                             i(rows),
+                                             i(V),
+                                             vocabStart(v, V),
+                                             mask(v)};
             if (cuda) {
               args.push_back("S");
               scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
@@ -390,9 +395,14 @@ public:
           int64_t V = shapeOf(c.getLogits()).back();
           if (unsigned v = vocabAxes(c)) {
             int64_t rows = numel(c.getTargets());
-            SmallVector<std::string> args = {
-                ptr(c.getLogits()), ptr(c.getTargets()), ptr(c.getGrad()),
-                ptr(c), i(rows), i(V), vocabStart(v, V), mask(v)};
+            SmallVector<std::string> args = {ptr(c.getLogits()),
+                                             ptr(c.getTargets()),
+                                             ptr(c.getGrad()),
+                                             ptr(c),
+                                             i(rows),
+                                             i(V),
+                                             vocabStart(v, V),
+                                             mask(v)};
             if (cuda) {
               args.push_back("S");
               scratch.insert("crossEntropyScratchBytes(" + i(rows) + ")");
@@ -418,8 +428,8 @@ public:
           for (auto [k, d] : llvm::enumerate(t.getPermutation()))
             os << (k ? ", " : "") << d;
           os << "};\n";
-          call("transpose<T>", {ptr(t.getInput()), ptr(t), name,
-                                    name + "Perm", i(s.size())});
+          call("transpose<T>",
+               {ptr(t.getInput()), ptr(t), name, name + "Perm", i(s.size())});
           return success();
         })
         .Case<SplitOp>([&](SplitOp s) {
@@ -430,7 +440,7 @@ public:
           for (Value r : s.getResults()) {
             int64_t len = shapeOf(r)[axis];
             call("sliceAxis<T>", {ptr(s.getInput()), ptr(r), i(outer),
-                                      i(in[axis]), i(inner), i(start), i(len)});
+                                  i(in[axis]), i(inner), i(start), i(len)});
             start += len;
           }
           return success();
@@ -443,7 +453,7 @@ public:
           for (Value in : c.getInputs()) {
             int64_t len = shapeOf(in)[axis];
             call("insertAxis<T>", {ptr(in), ptr(c), i(outer), i(out[axis]),
-                                       i(inner), i(start), i(len)});
+                                   i(inner), i(start), i(len)});
             start += len;
           }
           return success();
@@ -462,7 +472,8 @@ public:
             // One fp64 partial sum per axis set, on the device; the norm
             // never visits the host.
             os << "  {\n    double *acc = deviceBuffers().normAcc;\n"
-               << "    TESSEL_CUDA_CHECK(cudaMemsetAsync(acc, 0, sizeof(double) * "
+               << "    TESSEL_CUDA_CHECK(cudaMemsetAsync(acc, 0, "
+                  "sizeof(double) * "
                << byAxes.size() << ", computeStream()));\n";
             int part = 0;
             for (auto &[m, values] : byAxes) {
@@ -494,16 +505,15 @@ public:
               }
               ++part;
             }
-            os << "    sqrtInto(acc, " << part << ", " << ptr(g)
-               << ");\n  }\n";
+            os << "    sqrtInto(acc, " << part << ", " << ptr(g) << ");\n  }\n";
             return success();
           }
           os << "  {\n    double sumSq = 0.0;\n";
           for (auto &[m, values] : byAxes) {
             os << "    {\n      double part = 0.0;\n";
             for (Value v : values)
-              os << "      part += sumSquares<T>(" << ptr(v) << ", "
-                 << numel(v) << ");\n";
+              os << "      part += sumSquares<T>(" << ptr(v) << ", " << numel(v)
+                 << ");\n";
             if (m) {
               os << "      allReduceSumDouble(&part, 1, " << m << "u);\n";
               record("all_reduce", m, 1,
@@ -511,7 +521,8 @@ public:
             }
             os << "      sumSq += part;\n    }\n";
           }
-          os << "    " << ptr(g) << "[0] = static_cast<T>(std::sqrt(sumSq));\n  }\n";
+          os << "    " << ptr(g)
+             << "[0] = static_cast<T>(std::sqrt(sumSq));\n  }\n";
           return success();
         })
         .Case<AdamWOp>([&](AdamWOp a) {
@@ -523,14 +534,13 @@ public:
             call("adamwUpdate",
                  {ptr(a.getParam()),
                   lowPrecision ? "PB + " + off : std::string("nullptr"),
-                  ptr(a.getGrad()), "ctx.adamM + " + off,
-                  "ctx.adamV + " + off, i(numel(a.getParam())), "ctx.lr",
+                  ptr(a.getGrad()), "ctx.adamM + " + off, "ctx.adamV + " + off,
+                  i(numel(a.getParam())), "ctx.lr",
                   flt(a.getBeta1().convertToDouble()),
                   flt(a.getBeta2().convertToDouble()),
                   flt(a.getEps().convertToDouble()),
                   flt(a.getWeightDecay().convertToDouble()), "ctx.step + 1",
-                  ptr(a.getNorm()),
-                  flt(a.getMaxGradNorm().convertToDouble())});
+                  ptr(a.getNorm()), flt(a.getMaxGradNorm().convertToDouble())});
             return success();
           }
           call("adamwUpdate",
@@ -553,7 +563,8 @@ public:
           requests[ar.getRequest()] = name;
           os << "  CommRequest " << name << "[" << ar.getInputs().size()
              << "];\n  int " << name << "Count = 0;\n";
-          emitAllReduce(ar.getInputs(), ar.getResults(), ar.getAxes(), name, ar);
+          emitAllReduce(ar.getInputs(), ar.getResults(), ar.getAxes(), name,
+                        ar);
           return success();
         })
         .Case<dist::WaitOp>([&](dist::WaitOp w) {
@@ -577,11 +588,10 @@ public:
             for (auto [k, order] : llvm::enumerate(it->second))
               os << (k ? ", " : "") << order;
             os << "};\n";
-            call("sendTo", {lowPtr(send.getInput()),
-                            i(numel(send.getInput())), "MeshAxis::PP",
-                            i(send.getOffset()), table + "[mb]"});
-          }
-          else
+            call("sendTo",
+                 {lowPtr(send.getInput()), i(numel(send.getInput())),
+                  "MeshAxis::PP", i(send.getOffset()), table + "[mb]"});
+          } else
             call("sendTo", {ptr(send.getInput()), i(numel(send.getInput())),
                             "MeshAxis::PP", i(send.getOffset()),
                             i(send.getTag() * microbatchTags) + " + mb"});
@@ -693,8 +703,7 @@ public:
     return true;
   }
   static bool onlyUsedBy(Value v, Operation *user) {
-    return llvm::all_of(v.getUsers(),
-                        [&](Operation *u) { return u == user; });
+    return llvm::all_of(v.getUsers(), [&](Operation *u) { return u == user; });
   }
 
   // CUDA fusions of an op with the one emitted right after it, so that no
@@ -725,13 +734,11 @@ public:
       if (anyOverlap(outputs, {m.getLhs(), m.getRhs(), add.getRhs()}) ||
           (gelu && overlaps(gelu, add)))
         return false;
-      call("matmulBias", {lowPtr(m.getLhs()), lowPtr(m.getRhs()),
-                          ptr(add.getRhs()), ptr(add),
-                          gelu ? ptr(gelu)
-                               : "static_cast<" + storageType(add) +
-                                     " *>(nullptr)",
-                          i(numel(m) / N), i(N),
-                          i(K), boolStr(m.getTransposeRhs())});
+      call("matmulBias",
+           {lowPtr(m.getLhs()), lowPtr(m.getRhs()), ptr(add.getRhs()), ptr(add),
+            gelu ? ptr(gelu)
+                 : "static_cast<" + storageType(add) + " *>(nullptr)",
+            i(numel(m) / N), i(N), i(K), boolStr(m.getTransposeRhs())});
       os << "  // (fused: bias add" << (gelu ? " and GELU" : "") << ")\n";
       fused.insert(add);
       if (gelu)
@@ -765,8 +772,7 @@ public:
             anyOverlap({a.getResult()},
                        {a.getLhs(), a.getRhs(), n.getWeight()}) ||
             !sameOrDisjoint(n, {a.getLhs(), a.getRhs()}) ||
-            anyOverlap({n.getResult()}, {n.getWeight()}) ||
-            overlaps(a, n))
+            anyOverlap({n.getResult()}, {n.getWeight()}) || overlaps(a, n))
           return false;
         call("addRmsNormForward",
              {ptr(a.getLhs()), ptr(a.getRhs()), ptr(a), ptr(n.getWeight()),
@@ -786,8 +792,8 @@ public:
         return false;
       SiluOp silu = it->second;
       Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
-      call("swigluForward", {ptr(silu.getInput()), ptr(up), ptr(mul),
-                             ptr(silu), i(numel(mul))});
+      call("swigluForward",
+           {ptr(silu.getInput()), ptr(up), ptr(mul), ptr(silu), i(numel(mul))});
       os << "  // (fused: the silu deferred to here)\n";
       return true;
     }
@@ -802,15 +808,16 @@ public:
         return false;
       Value up = mul.getLhs() == silu.getResult() ? mul.getRhs() : mul.getLhs();
       if (up == silu.getResult() ||
-          (mul.getLhs() != silu.getResult() && mul.getRhs() != silu.getResult()) ||
+          (mul.getLhs() != silu.getResult() &&
+           mul.getRhs() != silu.getResult()) ||
           storageType(up) != storageType(silu.getInput()) ||
           storageType(mul) != storageType(silu) ||
           anyOverlap({silu.getResult(), mul.getResult()},
                      {silu.getInput(), up}) ||
           overlaps(silu, mul))
         return false;
-      call("swigluForward", {ptr(silu.getInput()), ptr(up), ptr(mul),
-                             ptr(silu), i(numel(mul))});
+      call("swigluForward",
+           {ptr(silu.getInput()), ptr(up), ptr(mul), ptr(silu), i(numel(mul))});
       os << "  // (fused: the mul that follows)\n";
       fused.insert(mul);
       return true;
@@ -863,8 +870,7 @@ public:
     // The first product that reads it (the backward's come later).
     for (Operation *user : silu.getResult().getUsers())
       if (auto m = dyn_cast<MulOp>(user);
-          m && m->getBlock() == block &&
-          (!mul || m->isBeforeInBlock(mul)) &&
+          m && m->getBlock() == block && (!mul || m->isBeforeInBlock(mul)) &&
           m->getAttr("tessel.phase") == silu->getAttr("tessel.phase") &&
           m->getAttr("tessel.chunk") == silu->getAttr("tessel.chunk"))
         mul = m;
@@ -956,8 +962,7 @@ public:
       unsigned m = axes.bits();
       int64_t bytes = isFloat(pieces[k].value) ? 4 : 2;
       record("all_reduce", m, elements,
-             rt::allReduceBytesSent(elements, groupSize(m), bytes), op,
-             bytes);
+             rt::allReduceBytesSent(elements, groupSize(m), bytes), op, bytes);
       if (requestArray.empty())
         call("allReduceSum", {buffer, i(elements), mask(axes)});
       else
@@ -969,8 +974,7 @@ public:
   }
 
   LogicalResult emitMatmul(MatmulOp m) {
-    auto lhs = shapeOf(m.getLhs()), rhs = shapeOf(m.getRhs()),
-         out = shapeOf(m);
+    auto lhs = shapeOf(m.getLhs()), rhs = shapeOf(m.getRhs()), out = shapeOf(m);
     bool tl = m.getTransposeLhs(), tr = m.getTransposeRhs();
     int64_t M = out[out.size() - 2], N = out.back();
     int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
@@ -978,9 +982,9 @@ public:
     int64_t strideB = rhs.size() == 2 ? 0 : K * N;
     if (failed(checkGemmTypes(m, m.getLhs(), m.getRhs(), m)))
       return failure();
-    call("matmul<T>", {lowPtr(m.getLhs()), lowPtr(m.getRhs()), ptr(m), i(batch),
-                           i(M), i(N), i(K), boolStr(tl), boolStr(tr),
-                           i(M * K), i(strideB), i(M * N)});
+    call("matmul<T>",
+         {lowPtr(m.getLhs()), lowPtr(m.getRhs()), ptr(m), i(batch), i(M), i(N),
+          i(K), boolStr(tl), boolStr(tr), i(M * K), i(strideB), i(M * N)});
     return success();
   }
 
@@ -1025,7 +1029,8 @@ FailureOr<Operation *> updateStart(func::FuncOp func) {
   // they read (gradient synchronisation, which must happen once per step).
   llvm::SmallPtrSet<Operation *, 32> update;
   for (Operation &op : llvm::reverse(body)) {
-    bool isUpdate = isa<GlobalNormOp, AdamWOp, dist::WaitOp, func::ReturnOp>(op);
+    bool isUpdate =
+        isa<GlobalNormOp, AdamWOp, dist::WaitOp, func::ReturnOp>(op);
     if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op))
       isUpdate = llvm::all_of(op.getUsers(), [&](Operation *user) {
         return update.contains(user);
@@ -1087,18 +1092,18 @@ LogicalResult emitMicrobatchLoop(func::FuncOp func, ProgramEmitter &emitter,
   for (auto adamw : body.getOps<AdamWOp>())
     grads.push_back({adamw, beforeSync(adamw.getGrad())});
   for (auto [adamw, grad] : grads)
-    emitter.call("accumulateInto",
-                 {emitter.ptr(grad),
-                  "ctx.gradAccum + " +
-                      std::to_string(bufferOf(adamw.getParam()).offset),
-                  std::to_string(numel(grad)), "mb == 0"});
+    emitter.call(
+        "accumulateInto",
+        {emitter.ptr(grad),
+         "ctx.gradAccum + " + std::to_string(bufferOf(adamw.getParam()).offset),
+         std::to_string(numel(grad)), "mb == 0"});
   emitter.addLoss(loss, "mb == 0");
   os << "  }\n";
   for (auto [adamw, grad] : grads)
-    emitter.call("copy<T>",
-                 {"ctx.gradAccum + " +
-                      std::to_string(bufferOf(adamw.getParam()).offset),
-                  emitter.ptr(grad), std::to_string(numel(grad))});
+    emitter.call(
+        "copy<T>",
+        {"ctx.gradAccum + " + std::to_string(bufferOf(adamw.getParam()).offset),
+         emitter.ptr(grad), std::to_string(numel(grad))});
   emitter.storeLoss(loss);
   for (Operation &op : llvm::make_range(Block::iterator(*update),
                                         body.without_terminator().end()))
@@ -1122,8 +1127,8 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
   };
   auto ret = cast<func::ReturnOp>(body.getTerminator());
   Value loss = beforeSync(ret.getOperand(0));
-  bool hasLoss = loss.getDefiningOp() &&
-                 phase(*loss.getDefiningOp()) == "forward";
+  bool hasLoss =
+      loss.getDefiningOp() && phase(*loss.getDefiningOp()) == "forward";
   auto chunkOf = [](Operation &op) -> int64_t {
     auto attr = op.getAttrOfType<IntegerAttr>("tessel.chunk");
     return attr ? attr.getInt() : 0;
@@ -1133,8 +1138,8 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
     chunks = std::max<int64_t>(chunks, step.chunk + 1);
   emitter.microbatchTags = microbatches;
   emitter.repeat = microbatches;
-  os << "  double lossSum = 0.0;\n  (void)lossSum;\n  int64_t backwardsDone[" << chunks
-     << "] = {};\n";
+  os << "  double lossSum = 0.0;\n  (void)lossSum;\n  int64_t backwardsDone["
+     << chunks << "] = {};\n";
   // One forward and one backward per stage this rank holds (its chunks).
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     for (StringRef part : {"forward", "backward"}) {
@@ -1148,7 +1153,8 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
         if (phase(op) == part && chunkOf(op) == chunk &&
             failed(emitter.emitOp(&op)))
           return failure();
-      if (part == "forward" && hasLoss && chunkOf(*loss.getDefiningOp()) == chunk)
+      if (part == "forward" && hasLoss &&
+          chunkOf(*loss.getDefiningOp()) == chunk)
         emitter.addLoss(loss, "mb == 0");
       if (emitter.cuda)
         os << "  flushSends();\n";
@@ -1191,11 +1197,11 @@ LogicalResult emitStageSchedule(func::FuncOp func, ProgramEmitter &emitter,
      << "  const int64_t mb = 0; // the update uses microbatch 0's slot\n"
      << "  (void)mb;\n";
   for (auto adamw : body.getOps<AdamWOp>())
-    emitter.call("copy<T>",
-                 {"ctx.gradAccum + " +
-                      std::to_string(bufferOf(adamw.getParam()).offset),
-                  emitter.ptr(beforeSync(adamw.getGrad())),
-                  std::to_string(numel(adamw.getGrad()))});
+    emitter.call(
+        "copy<T>",
+        {"ctx.gradAccum + " + std::to_string(bufferOf(adamw.getParam()).offset),
+         emitter.ptr(beforeSync(adamw.getGrad())),
+         std::to_string(numel(adamw.getGrad()))});
   if (hasLoss)
     emitter.storeLoss(loss);
   for (Operation &op : body.without_terminator())
@@ -1317,9 +1323,9 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
                             : "InitKind::Normal")
        << ", " << flt(p.getMean().convertToDouble()) << ", "
        << flt(p.getStd().convertToDouble()) << ", "
-       << boolStr(shape.size() >= 2) << ", " << shardDim << ", MeshAxis::"
-       << llvm::StringRef(meshAxisName(shardAxis)).upper() << ", "
-       << shardBlocks << "},\n";
+       << boolStr(shape.size() >= 2) << ", " << shardDim
+       << ", MeshAxis::" << llvm::StringRef(meshAxisName(shardAxis)).upper()
+       << ", " << shardBlocks << "},\n";
     ++numParams;
   }
   os << "};\n\nvoid trainStep(StepContext &ctx) {\n"
@@ -1329,7 +1335,8 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
   if (cuda)
     os << "  bf16 *PB = deviceBuffers().paramShadow; // bf16 weights\n"
        << "  char *S = deviceBuffers().scratch;\n"
-       << "  float *LS = deviceBuffers().scalars; // the loss over microbatches\n"
+       << "  float *LS = deviceBuffers().scalars; // the loss over "
+          "microbatches\n"
        << "  (void)PB; (void)S; (void)LS;\n";
   ProgramEmitter emitter(os, 1, true, dist::meshOf(module), calls);
   llvm::DenseSet<Value> fp32Values;
@@ -1358,7 +1365,8 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
                                  microbatches)))
       return failure();
   } else if (microbatches > 1) {
-    if (failed(emitMicrobatchLoop(func, emitter, os, microbatches, batch * seqLen)))
+    if (failed(emitMicrobatchLoop(func, emitter, os, microbatches,
+                                  batch * seqLen)))
       return failure();
   } else {
     os << "  const int32_t *tokens = ctx.tokens;\n"
@@ -1403,8 +1411,8 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
      << arenaBytes.getInt() * (schedule ? microbatches : 1) << ";\n"
      << "  program.config = config;\n"
      << "  program.step = trainStep;\n"
-     << meshShapeInit(module)
-     << "  program.microbatches = " << microbatches << ";\n";
+     << meshShapeInit(module) << "  program.microbatches = " << microbatches
+     << ";\n";
   if (cuda) {
     os << "  // The device side: precision, scratch, the axis sets of the\n"
        << "  // collectives (one NCCL communicator each).\n"
@@ -1444,19 +1452,18 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
 
 } // namespace
 
-LogicalResult tessel::emitCpuProgram(ModuleOp module, const Spec &spec,
-                                     raw_ostream &os,
-                                     std::vector<CollectiveCall> *calls,
-                                     StringRef funcName,
-                                     const std::vector<ScheduledStep> *schedule) {
+LogicalResult
+tessel::emitCpuProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
+                       std::vector<CollectiveCall> *calls, StringRef funcName,
+                       const std::vector<ScheduledStep> *schedule) {
   return emitProgram(module, spec, os, calls, funcName, schedule, nullptr);
 }
 
-LogicalResult tessel::emitCudaProgram(ModuleOp module, const Spec &spec,
-                                      raw_ostream &os, const CudaTarget &target,
-                                      std::vector<CollectiveCall> *calls,
-                                      StringRef funcName,
-                                      const std::vector<ScheduledStep> *schedule) {
+LogicalResult
+tessel::emitCudaProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
+                        const CudaTarget &target,
+                        std::vector<CollectiveCall> *calls, StringRef funcName,
+                        const std::vector<ScheduledStep> *schedule) {
   return emitProgram(module, spec, os, calls, funcName, schedule, &target);
 }
 
@@ -1484,8 +1491,8 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
      << "const Param kParams[] = {\n";
   for (ParamOp p : func.getOps<ParamOp>())
     os << "    {" << cppStringLiteral(p.getName()) << ", "
-       << bufferOf(p.getResult()).offset << ", "
-       << p.getType().getNumElements() << "},\n";
+       << bufferOf(p.getResult()).offset << ", " << p.getType().getNumElements()
+       << "},\n";
   os << "};\n\n"
      << "// The planned step without the optimizer: loss and every gradient.\n"
      << "T lossAndGradients(T *P, T *G, char *A, const int32_t *tokens,\n"
@@ -1510,8 +1517,7 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
      << "} // namespace\n\n"
      << "int main() {\n"
      << "  std::vector<T> P(" << paramElems.getInt() << "), G(P.size());\n"
-     << "  std::vector<double> arena(" << arenaBytes.getInt() / 4 + 16
-     << ");\n"
+     << "  std::vector<double> arena(" << arenaBytes.getInt() / 4 + 16 << ");\n"
      << "  char *A = reinterpret_cast<char *>(arena.data());\n"
      << "  uint64_t state = 0x9E3779B97F4A7C15ull;\n"
      << "  auto next = [&] { state ^= state << 13; state ^= state >> 7;\n"
@@ -1523,7 +1529,8 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
      << "  for (size_t i = 0; i < tokens.size(); ++i) {\n"
      << "    tokens[i] = next() % " << vocab << ";\n"
      << "    targets[i] = next() % " << vocab << ";\n  }\n"
-     << "  lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "  lossAndGradients(P.data(), G.data(), A, tokens.data(), "
+        "targets.data());\n"
      << "  const std::vector<T> analytic = G;\n"
      << "  const T h = 1e-5;\n"
      << "  double worst = 0;\n  int64_t checked = 0;\n"
@@ -1534,9 +1541,11 @@ LogicalResult tessel::emitGradientCheckProgram(ModuleOp module,
      << "      int64_t i = p.offset + k * p.numel / samples;\n"
      << "      T saved = P[i];\n"
      << "      P[i] = saved + h;\n"
-     << "      T plus = lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "      T plus = lossAndGradients(P.data(), G.data(), A, tokens.data(), "
+        "targets.data());\n"
      << "      P[i] = saved - h;\n"
-     << "      T minus = lossAndGradients(P.data(), G.data(), A, tokens.data(), targets.data());\n"
+     << "      T minus = lossAndGradients(P.data(), G.data(), A, "
+        "tokens.data(), targets.data());\n"
      << "      P[i] = saved;\n"
      << "      T numeric = (plus - minus) / (2 * h);\n"
      << "      // Central differences in double: error ~1e-10 at these sizes.\n"
@@ -1657,10 +1666,12 @@ llvm::Expected<SendOrders> tessel::pipelineSendOrders(
     for (auto &[channel, m] : stepMessages[rank][next[rank]].receives)
       if (orderOf(m) >= issued[channel])
         return llvm::createStringError(
-            "pipeline stage " + std::to_string(rank) + " would wait forever "
-            "on the CUDA target: its " + (step.backward ? "backward" : "forward") +
-            " of microbatch " + std::to_string(step.microbatch) +
-            " receives message " + std::to_string(m.first) + " from stage " +
+            "pipeline stage " + std::to_string(rank) +
+            " would wait forever "
+            "on the CUDA target: its " +
+            (step.backward ? "backward" : "forward") + " of microbatch " +
+            std::to_string(step.microbatch) + " receives message " +
+            std::to_string(m.first) + " from stage " +
             std::to_string(channel.first) + ", which is never sent in turn");
   }
   return orders;

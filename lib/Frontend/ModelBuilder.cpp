@@ -49,19 +49,19 @@ public:
     if (par.virtualStages > 1)
       (*module)->setAttr("tessel.virtual_stages",
                          b.getI64IntegerAttr(par.virtualStages));
-    auto func = func::FuncOp::create(
-        b, loc, "forward", b.getFunctionType({}, {scalarType()}));
+    auto func = func::FuncOp::create(b, loc, "forward",
+                                     b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;
-    func->setAttr("graph.optimizer",
-                  b.getDictionaryAttr({
-                      b.getNamedAttr("name", b.getStringAttr(t.optimizer)),
-                      b.getNamedAttr("beta1", b.getF64FloatAttr(t.beta1)),
-                      b.getNamedAttr("beta2", b.getF64FloatAttr(t.beta2)),
-                      b.getNamedAttr("eps", b.getF64FloatAttr(t.eps)),
-                      b.getNamedAttr("weight_decay",
-                                     b.getF64FloatAttr(t.weightDecay)),
-                      b.getNamedAttr("grad_clip", b.getF64FloatAttr(t.gradClip)),
-                  }));
+    func->setAttr(
+        "graph.optimizer",
+        b.getDictionaryAttr({
+            b.getNamedAttr("name", b.getStringAttr(t.optimizer)),
+            b.getNamedAttr("beta1", b.getF64FloatAttr(t.beta1)),
+            b.getNamedAttr("beta2", b.getF64FloatAttr(t.beta2)),
+            b.getNamedAttr("eps", b.getF64FloatAttr(t.eps)),
+            b.getNamedAttr("weight_decay", b.getF64FloatAttr(t.weightDecay)),
+            b.getNamedAttr("grad_clip", b.getF64FloatAttr(t.gradClip)),
+        }));
     b.setInsertionPointToEnd(func.addEntryBlock());
     // Global shapes: the partition pass splits the batch over dp.
     int64_t B = t.globalBatch / spec.parallel.microbatches;
@@ -189,26 +189,29 @@ private:
       std::string name = p + "attn.c_attn";
       Value w = splitOverTP(param(name + ".weight", {C, 3 * C}), 1, 3);
       Value bias = splitOverTP(param(name + ".bias", {3 * C}, "zeros"), 0, 3);
-      auto ws = SplitOp::create(b, at(name), TypeRange{f32({C, C}), f32({C, C}), f32({C, C})}, w, 1);
-      auto bs = SplitOp::create(b, at(name), TypeRange{f32({C}), f32({C}), f32({C})}, bias, 0);
+      auto ws = SplitOp::create(
+          b, at(name), TypeRange{f32({C, C}), f32({C, C}), f32({C, C})}, w, 1);
+      auto bs = SplitOp::create(
+          b, at(name), TypeRange{f32({C}), f32({C}), f32({C})}, bias, 0);
       auto project = [&](int i) {
-        Value y = MatmulOp::create(b, at(name), h, ws.getResult(i), false, false);
+        Value y =
+            MatmulOp::create(b, at(name), h, ws.getResult(i), false, false);
         y = AddOp::create(b, at(name), y, bs.getResult(i));
         return reshape(y, {B, T, H, D});
       };
       Value q = project(0), k = project(1), v = project(2);
       Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true);
       a = reshape(a, {B, T, C});
-      x = AddOp::create(b, at(p + "attn"), x,
-                        conv1d(a, p + "attn.c_proj", C, C, Parallel::Row,
-                               projStd));
+      x = AddOp::create(
+          b, at(p + "attn"), x,
+          conv1d(a, p + "attn.c_proj", C, C, Parallel::Row, projStd));
       h = layerNorm(x, p + "ln_2", C);
       Value f = GeluOp::create(
           b, at(p + "mlp"),
           conv1d(h, p + "mlp.c_fc", C, m.ffnHidden, Parallel::Column));
-      x = AddOp::create(b, at(p + "mlp"), x,
-                        conv1d(f, p + "mlp.c_proj", m.ffnHidden, C,
-                               Parallel::Row, projStd));
+      x = AddOp::create(
+          b, at(p + "mlp"), x,
+          conv1d(f, p + "mlp.c_proj", m.ffnHidden, C, Parallel::Row, projStd));
     }
     return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
   }
@@ -238,8 +241,10 @@ private:
                         {B, T, Hkv, D});
       Value v = reshape(linear(h, p + "self_attn.v_proj", C, Hkv * D, col),
                         {B, T, Hkv, D});
-      q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta, b.getBoolAttr(false));
-      k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta, b.getBoolAttr(false));
+      q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta,
+                         b.getBoolAttr(false));
+      k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
+                         b.getBoolAttr(false));
       Value a = AttentionOp::create(b, at(p + "self_attn"), q, k, v, true);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,

@@ -101,7 +101,8 @@ public:
     for (const char *a : allowed)
       if (v == a)
         return v;
-    problems.report(at(key), "must be one of " + options + ", got \"" + v + "\"");
+    problems.report(at(key),
+                    "must be one of " + options + ", got \"" + v + "\"");
     return fallback;
   }
   std::string string(const std::string &key, const std::string &fallback) {
@@ -196,15 +197,14 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
   if (problems.any())
     return;
   if (m.hidden % m.heads != 0)
-    problems.report(s.at("hidden"),
-                    "hidden = " + std::to_string(m.hidden) +
-                        " is not divisible by model.heads = " +
-                        std::to_string(m.heads));
+    problems.report(s.at("hidden"), "hidden = " + std::to_string(m.hidden) +
+                                        " is not divisible by model.heads = " +
+                                        std::to_string(m.heads));
   else if (m.heads % m.kvHeads != 0)
-    problems.report(s.at("kv_heads"),
-                    "model.heads = " + std::to_string(m.heads) +
-                        " is not a multiple of kv_heads = " +
-                        std::to_string(m.kvHeads));
+    problems.report(
+        s.at("kv_heads"),
+        "model.heads = " + std::to_string(m.heads) +
+            " is not a multiple of kv_heads = " + std::to_string(m.kvHeads));
   else if (gpt && m.kvHeads != m.heads)
     problems.report(s.at("kv_heads"),
                     "the gpt family has no grouped KV heads; kv_heads must "
@@ -272,8 +272,7 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
       return;
     field = *value;
     if (field < 1)
-      problems.report(s.at(key),
-                      "must be >= 1, got " + std::to_string(field));
+      problems.report(s.at(key), "must be >= 1, got " + std::to_string(field));
   };
   count("dp", layout.dp, p.dp);
   count("tp", layout.tp, p.tp);
@@ -287,7 +286,8 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
     if (!llvm::is_contained(kScheduleNames, p.schedule))
       problems.report(s.at("schedule"),
                       "must be one of \"gpipe\", \"1f1b\", \"interleaved\", "
-                      "got \"" + p.schedule + "\"");
+                      "got \"" +
+                          p.schedule + "\"");
   }
 }
 
@@ -359,11 +359,10 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   // The layout checks that hold for any backend come first, so that a user
   // learns about a bad layout before learning what is not built yet.
   if (spec.train.globalBatch % (p.dp * p.microbatches) != 0)
-    problems.report(s.at("dp"),
-                    "parallel.dp * parallel.microbatches = " +
-                        std::to_string(p.dp * p.microbatches) +
-                        " does not divide train.global_batch = " +
-                        std::to_string(spec.train.globalBatch));
+    problems.report(s.at("dp"), "parallel.dp * parallel.microbatches = " +
+                                    std::to_string(p.dp * p.microbatches) +
+                                    " does not divide train.global_batch = " +
+                                    std::to_string(spec.train.globalBatch));
   else if (spec.model.heads % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +
@@ -399,12 +398,11 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                     "the interleaved schedule needs parallel.virtual_stages "
                     ">= 2");
   else if (p.pp * p.virtualStages > spec.model.layers && p.pp > 1)
-    problems.report(s.at("virtual_stages"),
-                    "parallel.pp * parallel.virtual_stages = " +
-                        std::to_string(p.pp * p.virtualStages) +
-                        " exceeds model.layers = " +
-                        std::to_string(spec.model.layers));
-
+    problems.report(
+        s.at("virtual_stages"),
+        "parallel.pp * parallel.virtual_stages = " +
+            std::to_string(p.pp * p.virtualStages) +
+            " exceeds model.layers = " + std::to_string(spec.model.layers));
 }
 
 } // namespace
@@ -414,8 +412,8 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
                                       const LayoutOverrides &layout) {
   auto buffer = llvm::MemoryBuffer::getFile(path);
   if (!buffer)
-    return llvm::createStringError(path + ": cannot read: " +
-                                   buffer.getError().message());
+    return llvm::createStringError(
+        path + ": cannot read: " + buffer.getError().message());
   json doc = json::parse((*buffer)->getBuffer().begin(),
                          (*buffer)->getBuffer().end(), nullptr,
                          /*allow_exceptions=*/false);
@@ -442,8 +440,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   llvm::sys::fs::make_absolute(dir);
   readData(root.child("data"), spec.data, dir, problems);
   if (!problems.any())
-    readParallel(root.child("parallel"), spec.parallel, spec, layout,
-                 problems);
+    readParallel(root.child("parallel"), spec.parallel, spec, layout, problems);
   spec.name = root.string("name", spec.name);
   root.rejectUnknown();
   if (problems.any())

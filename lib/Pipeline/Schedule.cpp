@@ -36,8 +36,8 @@ tessel::pipeline::balanceStages(const std::vector<double> &layerCost,
                          n, stages));
   for (auto [layer, cost] : llvm::enumerate(layerCost))
     if (!(cost >= 0))
-      return error(formatv("layer {0} has cost {1}; costs must be >= 0",
-                           layer, cost));
+      return error(
+          formatv("layer {0} has cost {1}; costs must be >= 0", layer, cost));
 
   std::vector<double> prefix(n + 1, 0);
   for (int i = 0; i < n; ++i)
@@ -69,8 +69,9 @@ llvm::Expected<std::vector<int>> tessel::pipeline::stagesFromLayerLists(
     const std::vector<std::vector<int>> &stageLayers, int numLayers,
     int stages) {
   if (static_cast<int>(stageLayers.size()) != stages)
-    return error(formatv("stage_layers lists {0} stages but the pipeline has {1}",
-                         stageLayers.size(), stages));
+    return error(
+        formatv("stage_layers lists {0} stages but the pipeline has {1}",
+                stageLayers.size(), stages));
   std::vector<int> stageOf(numLayers, -1);
   for (auto [stage, layers] : llvm::enumerate(stageLayers)) {
     if (layers.empty())
@@ -152,7 +153,9 @@ struct RankSteps {
   int rank, ranks, numStages;
   std::vector<Step> &out;
 
-  int owner(int stage) const { return pipe::pipelineLayout(ranks).stageOwner(stage); }
+  int owner(int stage) const {
+    return pipe::pipelineLayout(ranks).stageOwner(stage);
+  }
   bool remote(int stage) const {
     return stage >= 0 && stage < numStages && owner(stage) != rank;
   }
@@ -168,8 +171,8 @@ struct RankSteps {
   }
   void backward(int stage, int mb) {
     if (remote(stage + 1))
-      out.push_back({StepKind::Recv, stage + 1, mb, Payload::Gradient,
-                     owner(stage + 1)});
+      out.push_back(
+          {StepKind::Recv, stage + 1, mb, Payload::Gradient, owner(stage + 1)});
     out.push_back({StepKind::Backward, stage, mb});
     if (remote(stage - 1))
       out.push_back(
@@ -214,9 +217,10 @@ static void interleavedRank(RankSteps &rank, int microbatches, int chunks) {
     return chunk * p + rank.rank;
   };
   // With exactly p microbatches Megatron runs all forwards first.
-  int warmup = microbatches == p
-                   ? total
-                   : std::min((p - rank.rank - 1) * 2 + (chunks - 1) * p, total);
+  int warmup =
+      microbatches == p
+          ? total
+          : std::min((p - rank.rank - 1) * 2 + (chunks - 1) * p, total);
   int steady = total - warmup;
   for (int k = 0; k < warmup; ++k)
     rank.forward(stageOf(k, true), microbatchOf(k));
@@ -228,12 +232,13 @@ static void interleavedRank(RankSteps &rank, int microbatches, int chunks) {
     rank.backward(stageOf(k, false), microbatchOf(k));
 }
 
-llvm::Expected<Schedule>
-tessel::pipeline::generateSchedule(ScheduleKind kind, int ranks,
-                                   int microbatches, int virtualStages) {
+llvm::Expected<Schedule> tessel::pipeline::generateSchedule(ScheduleKind kind,
+                                                            int ranks,
+                                                            int microbatches,
+                                                            int virtualStages) {
   if (ranks < 1)
-    return error(formatv("the number of pipeline ranks must be >= 1, got {0}",
-                         ranks));
+    return error(
+        formatv("the number of pipeline ranks must be >= 1, got {0}", ranks));
   if (microbatches < 1)
     return error(formatv("the number of microbatches must be >= 1, got {0}",
                          microbatches));
@@ -385,10 +390,12 @@ llvm::Expected<Timeline> tessel::pipeline::simulate(const Schedule &schedule,
 //===--- Drawing ----------------------------------------------------------===//
 
 static std::string stepLabel(const Schedule &schedule, const Step &step) {
-  std::string label =
-      (step.kind == StepKind::Forward ? "F" : "B") + std::to_string(step.microbatch);
+  std::string label = (step.kind == StepKind::Forward ? "F" : "B") +
+                      std::to_string(step.microbatch);
   if (schedule.virtualStages > 1)
-    label += "." + std::to_string(pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage));
+    label +=
+        "." + std::to_string(
+                  pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage));
   return label;
 }
 
@@ -422,8 +429,8 @@ std::string tessel::pipeline::textTimeline(const Schedule &schedule,
   size_t width = 0;
   for (int r = 0; r < schedule.ranks; ++r)
     for (const StepTime &time : timeline.ranks[r])
-      width = std::max(width,
-                       stepLabel(schedule, schedule.steps[r][time.step]).size());
+      width = std::max(
+          width, stepLabel(schedule, schedule.steps[r][time.step]).size());
   ++width;
   int cells = static_cast<int>(timeline.makespan + 0.5);
   std::string text = formatv("timeline ({0}, {1} ranks, {2} microbatches, {3} "
@@ -473,8 +480,9 @@ std::string tessel::pipeline::scheduleSvg(const Schedule &schedule,
       bool forward = step.kind == StepKind::Forward;
       // Later model chunks are drawn lighter.
       double opacity =
-          1.0 - 0.45 * pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage) /
-                    std::max(1, schedule.virtualStages - 1);
+          1.0 -
+          0.45 * pipe::pipelineLayout(schedule.ranks).stageChunk(step.stage) /
+              std::max(1, schedule.virtualStages - 1);
       double x = left + time.start * unit;
       double w = (time.end - time.start) * unit;
       svg += formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" "
@@ -561,7 +569,8 @@ Schedule tessel::pipeline::scheduleFromOp(pipe::ScheduleOp op) {
       else if (auto s = llvm::dyn_cast<pipe::SendOp>(stepOp))
         steps.push_back({StepKind::Send, static_cast<int>(s.getStage()),
                          static_cast<int>(s.getMicrobatch()),
-                         payload(s.getKind()), static_cast<int>(s.getToRank())});
+                         payload(s.getKind()),
+                         static_cast<int>(s.getToRank())});
       else if (auto r = llvm::dyn_cast<pipe::RecvOp>(stepOp))
         steps.push_back({StepKind::Recv, static_cast<int>(r.getStage()),
                          static_cast<int>(r.getMicrobatch()),

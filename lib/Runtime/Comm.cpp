@@ -22,10 +22,10 @@
 
 #include <algorithm>
 #include <climits>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,7 +86,6 @@ void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
   c.elements += elements;
   c.bytesSent += bytesSent;
 }
-
 
 void checkMpi(int result, const char *what) {
   if (result == MPI_SUCCESS)
@@ -360,8 +359,8 @@ static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
         std::to_string(offset) + " from coordinate " +
         std::to_string(s.coord[axis]) + ": " +
         (offset == 0 ? std::string("the peer is this rank itself")
-                     : "no rank has coordinate " + std::to_string(peer) +
-                           " (" + meshAxisName(axis) + " size " +
+                     : "no rank has coordinate " + std::to_string(peer) + " (" +
+                           meshAxisName(axis) + " size " +
                            std::to_string(s.layout.size(axis)) + ")"));
   return (int)*peerRank;
 }
@@ -386,9 +385,9 @@ void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
   TraceSpan span("recv", tag);
   int peer = peerRank(n, axis, offset, tag, "recvFrom");
   MPI_Status status;
-  checkMpi(MPI_Recv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
-                    &status),
-           "MPI_Recv");
+  checkMpi(
+      MPI_Recv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &status),
+      "MPI_Recv");
   int received = 0;
   MPI_Get_count(&status, MPI_FLOAT, &received);
   if (received != n)
@@ -405,9 +404,9 @@ void waitSends() {
     return;
   std::vector<MPI_Request> pending;
   pending.swap(sends);
-  checkMpi(MPI_Waitall((int)pending.size(), pending.data(),
-                       MPI_STATUSES_IGNORE),
-           "MPI_Waitall");
+  checkMpi(
+      MPI_Waitall((int)pending.size(), pending.data(), MPI_STATUSES_IGNORE),
+      "MPI_Waitall");
   state().sendCopies.clear();
 }
 

@@ -33,8 +33,8 @@ void allGatherAlong(const float *in, float *out, int64_t outer, int64_t len,
     insertAxis(blocks + r * n, out, outer, g * len, inner, r * len, len);
 }
 
-void reduceScatterAlong(const float *in, float *out, int64_t outer,
-                        int64_t len, int64_t inner, unsigned axes) {
+void reduceScatterAlong(const float *in, float *out, int64_t outer, int64_t len,
+                        int64_t inner, unsigned axes) {
   int64_t g = groupSize(axes), n = outer * len * inner;
   if (outer == 1) {
     reduceScatterSum(in, out, n, axes);

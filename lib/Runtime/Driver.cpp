@@ -17,12 +17,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Comm.h"
-#include "tessel/Runtime/Trace.h"
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
 #include "tessel/Runtime/Program.h"
 #include "tessel/Runtime/Safetensors.h"
 #include "tessel/Runtime/Sharding.h"
+#include "tessel/Runtime/Trace.h"
 
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
@@ -96,7 +96,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms\n"
       "  --comm-report FILE     write each rank's collective counts as JSON\n"
-      "  --trace FILE           write each rank's Chrome trace (FILE.rankR.json)\n"
+      "  --trace FILE           write each rank's Chrome trace "
+      "(FILE.rankR.json)\n"
       "                         to FILE with .rank<R> before the extension\n"
       "  --seed N               parameter initialisation seed (default "
       "%" PRIu64 ")\n"
@@ -160,11 +161,10 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.help = true;
       continue;
     }
-    bool takesValue = flag == "--steps" || flag == "--data" ||
-                      flag == "--init-from" || flag == "--save-final" ||
-                      flag == "--metrics" || flag == "--seed" ||
-                      flag == "--threads" || flag == "--comm-report" ||
-                      flag == "--trace";
+    bool takesValue =
+        flag == "--steps" || flag == "--data" || flag == "--init-from" ||
+        flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
+        flag == "--threads" || flag == "--comm-report" || flag == "--trace";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -346,8 +346,7 @@ constexpr int kSaveSizeTag = 32000, kSaveHeaderTag = 32001,
 // Whether this rank leads its pipeline stage: the first rank of its program.
 bool isStageLeader() {
   const MeshLayout &layout = meshLayout();
-  return commRank() ==
-         layout.firstRankOfProgram(layout.programOf(commRank()));
+  return commRank() == layout.firstRankOfProgram(layout.programOf(commRank()));
 }
 
 // The world rank of the leader of pipeline stage `stage`.
@@ -640,8 +639,8 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer grads = allocateZeroed(hostBytes, "gradients");
   AlignedBuffer adamM = allocateZeroed(hostBytes, "AdamW first moments");
   AlignedBuffer adamV = allocateZeroed(hostBytes, "AdamW second moments");
-  AlignedBuffer activations = allocateZeroed(
-      device ? 0 : program.activationBytes, "activations");
+  AlignedBuffer activations =
+      allocateZeroed(device ? 0 : program.activationBytes, "activations");
   // Microbatched and pipelined steps accumulate gradients.
   bool accumulates = program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1;
   AlignedBuffer gradAccum =

@@ -72,8 +72,8 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
 
   OpBuilder b(ret);
   DenseMap<Value, Value> grads;
-  grads[loss] = FillOp::create(b, loss.getLoc(), loss.getType(),
-                               b.getF64FloatAttr(1.0));
+  grads[loss] =
+      FillOp::create(b, loss.getLoc(), loss.getType(), b.getF64FloatAttr(1.0));
 
   for (Operation *op : llvm::reverse(forwardOps)) {
     SmallVector<Value> resultGrads;
@@ -104,20 +104,19 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
                             b.getF64FloatAttr(0.0));
     paramGrads.push_back(grad);
   }
-  Value norm = GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads);
+  Value norm =
+      GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads);
   for (auto [param, grad] : llvm::zip(params, paramGrads)) {
     // Decoupled weight decay on matrices only, as in GPT-2/Llama recipes.
     double decay = param.getType().getRank() >= 2 ? settings.weightDecay : 0.0;
-    AdamWOp::create(b, param.getLoc(), param, grad, norm,
-                    b.getF64FloatAttr(settings.beta1),
-                    b.getF64FloatAttr(settings.beta2),
-                    b.getF64FloatAttr(settings.eps), b.getF64FloatAttr(decay),
-                    b.getF64FloatAttr(settings.gradClip));
+    AdamWOp::create(
+        b, param.getLoc(), param, grad, norm, b.getF64FloatAttr(settings.beta1),
+        b.getF64FloatAttr(settings.beta2), b.getF64FloatAttr(settings.eps),
+        b.getF64FloatAttr(decay), b.getF64FloatAttr(settings.gradClip));
   }
   func::ReturnOp::create(b, ret.getLoc(), ValueRange{loss, norm});
   ret.erase();
-  func.setFunctionType(
-      b.getFunctionType({}, {loss.getType(), norm.getType()}));
+  func.setFunctionType(b.getFunctionType({}, {loss.getType(), norm.getType()}));
   func.setSymName("train_step");
   return success();
 }

@@ -52,7 +52,8 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
   SmallVector<SmallVector<dist::AllReduceOp>> buckets;
   int64_t bytes = 0;
   for (dist::AllReduceOp ar : syncs) {
-    bool fits = !buckets.empty() && bytes + bytesOf(ar.getResult(0)) <= bucketBytes &&
+    bool fits = !buckets.empty() &&
+                bytes + bytesOf(ar.getResult(0)) <= bucketBytes &&
                 buckets.back().front().getAxes() == ar.getAxes();
     if (!fits) {
       buckets.emplace_back();
@@ -84,8 +85,8 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
       b.setInsertionPointAfter(last);
     else
       b.setInsertionPointToStart(&body);
-    Location loc = NameLoc::get(StringAttr::get(
-        ctx, "gradient bucket " + std::to_string(index)));
+    Location loc = NameLoc::get(
+        StringAttr::get(ctx, "gradient bucket " + std::to_string(index)));
     if (!overlap) {
       // One blocking all-reduce per bucket, where the first gradient is read.
       Operation *firstUser = nullptr;

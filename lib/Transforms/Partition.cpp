@@ -19,9 +19,9 @@ namespace tessel {
 using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
-using tessel::dist::Sharding;
 using tessel::AxisSet;
 using tessel::MeshShape;
+using tessel::dist::Sharding;
 
 namespace {
 
@@ -36,7 +36,8 @@ private:
   Sharding shardingOf(Value v) {
     auto result = dyn_cast<OpResult>(v);
     if (result)
-      if (auto attrs = result.getOwner()->getAttrOfType<ArrayAttr>("dist.sharding"))
+      if (auto attrs =
+              result.getOwner()->getAttrOfType<ArrayAttr>("dist.sharding"))
         return Sharding::fromAttr(
             cast<dist::ShardingAttr>(attrs[result.getResultNumber()]));
     return Sharding::replicated(cast<RankedTensorType>(v.getType()).getRank());
@@ -104,8 +105,8 @@ LogicalResult Partitioner::run(func::FuncOp func) {
       // A split gradient's squares are summed over the axes that split it.
       SmallVector<Attribute> axes;
       for (Value g : norm.getInputs())
-        axes.push_back(dist::AxesAttr::get(
-            ctx, shardingOf(g).allAxes() - shardingOf(g).partial));
+        axes.push_back(dist::AxesAttr::get(ctx, shardingOf(g).allAxes() -
+                                                    shardingOf(g).partial));
       norm->setAttr("dist.norm_axes", ArrayAttr::get(ctx, axes));
     }
   }
@@ -117,7 +118,8 @@ LogicalResult Partitioner::run(func::FuncOp func) {
 // of k and v; under the gradient, place dk and dv back into zeros (a partial
 // sum over the group).
 void Partitioner::selectKVHead(Operation *op) {
-  AxisSet axes = op->getAttrOfType<dist::AxesAttr>("dist.kv_replicated").getValue();
+  AxisSet axes =
+      op->getAttrOfType<dist::AxesAttr>("dist.kv_replicated").getValue();
   auto q = cast<RankedTensorType>(op->getOperand(0).getType());
   auto k = cast<RankedTensorType>(op->getOperand(1).getType());
   int64_t localHeads = q.getDimSize(2);
@@ -147,8 +149,9 @@ void Partitioner::selectKVHead(Operation *op) {
     Type whole = grad.getType();
     grad.setType(one);
     auto insert = dist::LocalInsertOp::create(
-        b, loc, whole, grad, dist::AxesAttr::get(ctx, axes), b.getI64IntegerAttr(2),
-        b.getI64IntegerAttr(localHeads), b.getI64IntegerAttr(queriesPerKV));
+        b, loc, whole, grad, dist::AxesAttr::get(ctx, axes),
+        b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
+        b.getI64IntegerAttr(queriesPerKV));
     auto resultAttrs = op->getAttrOfType<ArrayAttr>("dist.sharding");
     insert->setAttr("dist.sharding", ArrayAttr::get(ctx, {resultAttrs[i]}));
     grad.replaceAllUsesExcept(insert, insert);
@@ -165,7 +168,8 @@ void Partitioner::scaleCrossEntropy(Operation *op) {
   // Microbatches split the batch in time as dp splits it in space.
   auto module = op->getParentOfType<ModuleOp>();
   auto microbatches = module->getAttrOfType<IntegerAttr>("tessel.microbatches");
-  int64_t group = mesh.groupSize(axes) * (microbatches ? microbatches.getInt() : 1);
+  int64_t group =
+      mesh.groupSize(axes) * (microbatches ? microbatches.getInt() : 1);
   if (group == 1)
     return;
   Location loc = op->getLoc();
@@ -212,12 +216,13 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     current.dims[d] |= scatter;
     current.partial -= scatter;
     reduce -= scatter;
-    FailureOr<RankedTensorType> type = localType(
-        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    FailureOr<RankedTensorType> type =
+        localType(reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
       return failure();
-    auto rs = dist::ReduceScatterOp::create(
-        b, loc, *type, v, dist::AxesAttr::get(ctx, scatter), b.getI64IntegerAttr(d));
+    auto rs = dist::ReduceScatterOp::create(b, loc, *type, v,
+                                            dist::AxesAttr::get(ctx, scatter),
+                                            b.getI64IntegerAttr(d));
     annotate(rs);
     v = rs.getResult();
   }
@@ -235,14 +240,14 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
       continue;
     if (current.blocksOf(d) != 1)
       return reshard.emitOpError("cannot gather dimension ")
-             << d << ", which is split in " << current.blocksOf(d)
-             << " blocks";
+             << d << ", which is split in " << current.blocksOf(d) << " blocks";
     current.dims[d] -= gather;
-    FailureOr<RankedTensorType> type = localType(
-        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    FailureOr<RankedTensorType> type =
+        localType(reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
       return failure();
-    auto ag = dist::AllGatherOp::create(b, loc, *type, v, dist::AxesAttr::get(ctx, gather),
+    auto ag = dist::AllGatherOp::create(b, loc, *type, v,
+                                        dist::AxesAttr::get(ctx, gather),
                                         b.getI64IntegerAttr(d));
     annotate(ag);
     v = ag.getResult();
@@ -254,13 +259,14 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     if (split.empty() || !current.dims[d].empty())
       continue;
     current.dims[d] = split;
-    FailureOr<RankedTensorType> type = localType(
-        reshard, cast<RankedTensorType>(reshard.getType()), current);
+    FailureOr<RankedTensorType> type =
+        localType(reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
       return failure();
     auto slice = dist::LocalSliceOp::create(
-        b, loc, *type, v, dist::AxesAttr::get(ctx, split), b.getI64IntegerAttr(d),
-        b.getI64IntegerAttr(type->getDimSize(d)), b.getI64IntegerAttr(1));
+        b, loc, *type, v, dist::AxesAttr::get(ctx, split),
+        b.getI64IntegerAttr(d), b.getI64IntegerAttr(type->getDimSize(d)),
+        b.getI64IntegerAttr(1));
     annotate(slice);
     v = slice.getResult();
   }

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tessel/Transforms/Passes.h"
 #include "tessel/Transforms/BufferPlan.h"
+#include "tessel/Transforms/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -166,7 +166,8 @@ LogicalResult planBuffers(ModuleOp module, func::FuncOp func,
       if (it == place.end()) // a request, not storage
         pairs.append({-1, 0});
       else
-        pairs.append({static_cast<int64_t>(it->second.space), it->second.offset});
+        pairs.append(
+            {static_cast<int64_t>(it->second.space), it->second.offset});
     }
     op.setAttr(kBufferAttr, DenseI64ArrayAttr::get(ctx, pairs));
   }

@@ -21,16 +21,18 @@ namespace tessel {
 using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
-using tessel::dist::Sharding;
 using tessel::AxisSet;
 using tessel::MeshAxis;
 using tessel::MeshShape;
+using tessel::dist::Sharding;
 
 namespace {
 
 const AxisSet kDP = MeshAxis::DP, kTP = MeshAxis::TP;
 
-int64_t rankOf(Value v) { return cast<RankedTensorType>(v.getType()).getRank(); }
+int64_t rankOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getRank();
+}
 ArrayRef<int64_t> shapeOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getShape();
 }
@@ -80,9 +82,8 @@ private:
       return;
     }
     OpBuilder b(op);
-    auto reshard = dist::ReshardOp::create(b, op->getLoc(), v,
-                                           current.toAttr(ctx),
-                                           target.toAttr(ctx));
+    auto reshard = dist::ReshardOp::create(
+        b, op->getLoc(), v, current.toAttr(ctx), target.toAttr(ctx));
     reshard->setAttr("dist.sharding",
                      ArrayAttr::get(ctx, {target.toAttr(ctx)}));
     set(reshard.getResult(), target);
@@ -136,7 +137,8 @@ LogicalResult Propagator::visit(Operation *op) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case<ParamOp>([&](ParamOp p) {
         Sharding s = Sharding::replicated(p.getType().getRank());
-        if (auto attr = p->getAttrOfType<dist::ShardingAttr>("dist.param_sharding"))
+        if (auto attr =
+                p->getAttrOfType<dist::ShardingAttr>("dist.param_sharding"))
           s = Sharding::fromAttr(attr);
         for (AxisSet &d : s.dims)
           d &= active;
@@ -155,7 +157,9 @@ LogicalResult Propagator::visit(Operation *op) {
       .Case<SoftmaxOp, SoftmaxGradOp>(
           [&](Operation *) { return elementwise({-1}); })
       // The position of a token must be whole to rotate it.
-      .Case<RopeOp>([&](Operation *) { return elementwise({1, 3}); })
+      .Case<RopeOp>([&](Operation *) {
+        return elementwise({1, 3});
+      })
       .Case<AddOp, MulOp>([&](Operation *) {
         Value lhs = op->getOperand(0), rhs = op->getOperand(1);
         Sharding l = get(lhs), r = get(rhs);
@@ -206,26 +210,28 @@ LogicalResult Propagator::visit(Operation *op) {
         return success();
       })
       .Case<AttentionOp>([&](Operation *) { return visitAttention(op, false); })
-      .Case<AttentionGradOp>([&](Operation *) { return visitAttention(op, true); })
-      .Case<CrossEntropyOp, CrossEntropyGradOp>([&](Operation *) -> LogicalResult {
-        // Logits may be split along the vocabulary (vocab-parallel loss:
-        // the full logits are never gathered); tokens follow the targets.
-        Value logits = op->getOperand(0), targets = op->getOperand(1);
-        Sharding t = get(targets);
-        Sharding l = reduced(logits);
-        for (size_t d = 0; d < t.dims.size(); ++d)
-          l.dims[d] = t.dims[d];
-        require(op, 0, l);
-        if (isa<CrossEntropyGradOp>(op)) {
-          require(op, 2, Sharding::replicated(0));
-          set(op->getResult(0), l);
-        } else {
-          Sharding loss = Sharding::replicated(0);
-          loss.partial = t.leadingAxes(t.dims.size());
-          set(op->getResult(0), loss);
-        }
-        return success();
-      })
+      .Case<AttentionGradOp>(
+          [&](Operation *) { return visitAttention(op, true); })
+      .Case<CrossEntropyOp, CrossEntropyGradOp>(
+          [&](Operation *) -> LogicalResult {
+            // Logits may be split along the vocabulary (vocab-parallel loss:
+            // the full logits are never gathered); tokens follow the targets.
+            Value logits = op->getOperand(0), targets = op->getOperand(1);
+            Sharding t = get(targets);
+            Sharding l = reduced(logits);
+            for (size_t d = 0; d < t.dims.size(); ++d)
+              l.dims[d] = t.dims[d];
+            require(op, 0, l);
+            if (isa<CrossEntropyGradOp>(op)) {
+              require(op, 2, Sharding::replicated(0));
+              set(op->getResult(0), l);
+            } else {
+              Sharding loss = Sharding::replicated(0);
+              loss.partial = t.leadingAxes(t.dims.size());
+              set(op->getResult(0), loss);
+            }
+            return success();
+          })
       .Case<EmbeddingOp>([&](EmbeddingOp e) -> LogicalResult {
         // A table split along the vocabulary gives each rank the rows of its
         // own tokens and zeros elsewhere: a partial sum.
@@ -364,7 +370,8 @@ LogicalResult Propagator::visitReshape(ReshapeOp r) {
   size_t i = 0, o = 0;
   while (i < in.size() || o < out.size()) {
     size_t i0 = i, o0 = o;
-    int64_t pi = i < in.size() ? in[i++] : 1, po = o < out.size() ? out[o++] : 1;
+    int64_t pi = i < in.size() ? in[i++] : 1,
+            po = o < out.size() ? out[o++] : 1;
     while (pi != po) {
       if (pi < po && i < in.size())
         pi *= in[i++];

@@ -44,14 +44,14 @@ int64_t layerOf(StringRef name) {
   return -1;
 }
 
-std::optional<int64_t> stageFromLocation(Location loc,
-                                         ArrayRef<int64_t> layerStages,
-                                         int64_t stages) {
+std::optional<int64_t>
+stageFromLocation(Location loc, ArrayRef<int64_t> layerStages, int64_t stages) {
   auto name = dyn_cast<NameLoc>(loc);
   if (!name)
     return std::nullopt;
   StringRef n = name.getName().getValue();
-  if (int64_t layer = layerOf(n); layer >= 0 && layer < (int64_t)layerStages.size())
+  if (int64_t layer = layerOf(n);
+      layer >= 0 && layer < (int64_t)layerStages.size())
     return layerStages[layer];
   for (StringRef first : {"wte", "wpe", "model.embed_tokens"})
     if (n.starts_with(first))
@@ -199,9 +199,9 @@ LogicalResult Splitter::run() {
   b.setInsertionPoint(step);
   auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
   for (int64_t s = 0; s < ranks; ++s) {
-    auto func = func::FuncOp::create(
-        b, step.getLoc(), ("stage_" + std::to_string(s)),
-        b.getFunctionType({}, {scalar, scalar}));
+    auto func =
+        func::FuncOp::create(b, step.getLoc(), ("stage_" + std::to_string(s)),
+                             b.getFunctionType({}, {scalar, scalar}));
     func->setAttr("tessel.stage", b.getI64IntegerAttr(s));
     func.addEntryBlock();
     funcs.push_back(func);
@@ -244,13 +244,13 @@ LogicalResult Splitter::run() {
         if (s == rankOf(stages - 1)) {
           loss = lookup(ret.getOperand(0), stages - 1, &op);
         } else {
-          loss = FillOp::create(sb, ret.getLoc(), scalar, sb.getF64FloatAttr(0.0));
+          loss =
+              FillOp::create(sb, ret.getLoc(), scalar, sb.getF64FloatAttr(0.0));
           loss.getDefiningOp()->setAttr("tessel.phase",
                                         StringAttr::get(ctx, "update"));
         }
-        auto ar = dist::AllReduceOp::create(sb, ret.getLoc(),
-                                            TypeRange{scalar}, ValueRange{loss},
-                                            kPP);
+        auto ar = dist::AllReduceOp::create(sb, ret.getLoc(), TypeRange{scalar},
+                                            ValueRange{loss}, kPP);
         ar->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
         func::ReturnOp::create(
             sb, ret.getLoc(),
@@ -284,7 +284,8 @@ struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
     // The stage of each layer: given, or contiguous equal groups.
     SmallVector<int64_t> layerStages;
-    if (auto given = module->getAttrOfType<DenseI64ArrayAttr>("tessel.layer_stages"))
+    if (auto given =
+            module->getAttrOfType<DenseI64ArrayAttr>("tessel.layer_stages"))
       layerStages.assign(given.asArrayRef().begin(), given.asArrayRef().end());
     else if (auto layers = module->getAttrOfType<IntegerAttr>("tessel.layers"))
       for (int64_t l = 0; l < layers.getInt(); ++l)

@@ -15,16 +15,16 @@
 #include "tessel/Pipeline/Schedule.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/raw_ostream.h"
-#include "mlir/Support/FileUtilities.h"
-#include "mlir/IR/Diagnostics.h"
 
 using namespace llvm;
 using namespace tessel;
@@ -35,17 +35,20 @@ static cl::opt<int> pp("pp", cl::desc("Pipeline ranks"), cl::init(1),
                        cl::cat(category));
 static cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
                                  cl::init(1), cl::cat(category));
-static cl::opt<std::string>
-    scheduleName("schedule", cl::desc("gpipe, 1f1b or interleaved"),
-                 cl::init("1f1b"), cl::cat(category));
-static cl::opt<int> virtualStages("virtual-stages",
-                                  cl::desc("Model chunks per rank (interleaved)"),
-                                  cl::init(1), cl::cat(category));
-static cl::opt<std::string> svgPath("svg", cl::desc("Write the timeline as SVG"),
+static cl::opt<std::string> scheduleName("schedule",
+                                         cl::desc("gpipe, 1f1b or interleaved"),
+                                         cl::init("1f1b"), cl::cat(category));
+static cl::opt<int>
+    virtualStages("virtual-stages",
+                  cl::desc("Model chunks per rank (interleaved)"), cl::init(1),
+                  cl::cat(category));
+static cl::opt<std::string> svgPath("svg",
+                                    cl::desc("Write the timeline as SVG"),
                                     cl::value_desc("file"), cl::cat(category));
 static cl::opt<std::string>
-    checkPath("check", cl::desc("Verify and simulate the pipe.schedule ops of "
-                                "an MLIR file ('-' for stdin)"),
+    checkPath("check",
+              cl::desc("Verify and simulate the pipe.schedule ops of "
+                       "an MLIR file ('-' for stdin)"),
               cl::value_desc("file"), cl::cat(category));
 static cl::list<double>
     layerCosts("layer-costs", cl::CommaSeparated,

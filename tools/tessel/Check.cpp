@@ -114,7 +114,8 @@ Expected<Comparison> compareRuns(StringRef refDir, StringRef layoutDir) {
 
 int tessel::checkCommand(const CheckOptions &options) {
   SmallString<256> work;
-  if (std::error_code ec = sys::fs::createUniqueDirectory("tessel-check", work)) {
+  if (std::error_code ec =
+          sys::fs::createUniqueDirectory("tessel-check", work)) {
     errs() << "tessel: error: cannot create a temporary directory: "
            << ec.message() << "\n";
     return 1;
@@ -145,10 +146,13 @@ int tessel::checkCommand(const CheckOptions &options) {
     SmallString<256> metrics(dir), weights(dir);
     sys::path::append(metrics, "check-metrics.jsonl");
     sys::path::append(weights, "check-final.safetensors");
-    std::vector<std::string> args = {dir.str(), "--steps",
+    std::vector<std::string> args = {dir.str(),
+                                     "--steps",
                                      std::to_string(options.steps),
-                                     "--metrics", std::string(metrics),
-                                     "--save-final", std::string(weights),
+                                     "--metrics",
+                                     std::string(metrics),
+                                     "--save-final",
+                                     std::string(weights),
                                      "--quiet"};
     if (int rc = runCommand(args)) {
       errs() << "tessel: error: the run of " << dir << " failed\n";
@@ -168,10 +172,10 @@ int tessel::checkCommand(const CheckOptions &options) {
     SmallString<256> planPath(layDir);
     sys::path::append(planPath, "plan.json");
     auto text = MemoryBuffer::getFile(planPath);
-    auto plan = text ? nlohmann::json::parse((*text)->getBuffer().begin(),
-                                             (*text)->getBuffer().end(),
-                                             nullptr, false)
-                     : nlohmann::json();
+    auto plan =
+        text ? nlohmann::json::parse((*text)->getBuffer().begin(),
+                                     (*text)->getBuffer().end(), nullptr, false)
+             : nlohmann::json();
     std::string precision = plan.is_object()
                                 ? plan.value("precision", std::string("fp32"))
                                 : "fp32";
@@ -189,6 +193,7 @@ int tessel::checkCommand(const CheckOptions &options) {
                    c->lossDiff, (long long)c->lossStep)
          << format("  largest relative parameter difference %.3e (%s)\n",
                    c->paramDiff, c->paramName.c_str())
-         << (ok ? "  OK" : "  FAILED") << format(" (tolerance %.1e)\n", tolerance);
+         << (ok ? "  OK" : "  FAILED")
+         << format(" (tolerance %.1e)\n", tolerance);
   return ok ? 0 : 1;
 }

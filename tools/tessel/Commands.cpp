@@ -7,14 +7,14 @@
 
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/Program.h"
-#include "llvm/Support/FormatVariadic.h"
 
-#include <unistd.h>
 #include "llvm/Support/raw_ostream.h"
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -126,7 +126,8 @@ int tessel::runCommand(ArrayRef<std::string> args) {
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
-                      "--source | --comm | --schedule)\n  stages: graph, train, sharded, partitioned, planned\n";
+                      "--source | --comm | --schedule)\n  stages: graph, "
+                      "train, sharded, partitioned, planned\n";
   if (args.size() < 2) {
     errs() << usage;
     return 2;
@@ -176,16 +177,14 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
       outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
              << " ranks): collectives per rank and step\n";
       outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
-                        "collective", "axes", "group", "elements",
-                        "bytes sent", "op");
+                        "collective", "axes", "group", "elements", "bytes sent",
+                        "op");
       for (const json &c : program["comm"]["per_step"])
-        outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
-                          c["collective"].get<std::string>(),
-                          c["axes"].get<std::string>(),
-                          c["group"].get<int64_t>(),
-                          c["elements"].get<int64_t>(),
-                          c["bytes_sent"].get<int64_t>(),
-                          c["op"].get<std::string>());
+        outs() << formatv(
+            "  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
+            c["collective"].get<std::string>(), c["axes"].get<std::string>(),
+            c["group"].get<int64_t>(), c["elements"].get<int64_t>(),
+            c["bytes_sent"].get<int64_t>(), c["op"].get<std::string>());
       if (program["comm"]["per_step"].empty())
         outs() << "  (none)\n";
     }

@@ -19,7 +19,7 @@ struct CheckOptions {
   LayoutOverrides layout;             // the layout checked
   std::optional<int64_t> layers;      // shrink the model (both programs)
   int64_t steps = 20;
-  double tolerance = -1; // < 0: by what the layout computes in (Check.cpp)
+  double tolerance = -1;      // < 0: by what the layout computes in (Check.cpp)
   std::string target = "cpu"; // the layout's backend; the reference is cpu
   std::string cudaArch = "sm_90";
 };

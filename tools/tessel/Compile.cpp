@@ -8,12 +8,12 @@
 
 #include "Compile.h"
 
-#include "dialects/Graph/GraphOps.h"
 #include "dialects/Dist/DistOps.h"
+#include "dialects/Graph/GraphOps.h"
 #include "tessel/Emission/EmitCpp.h"
-#include "tessel/Pipeline/Schedule.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/Frontend/Spec.h"
+#include "tessel/Pipeline/Schedule.h"
 #include "tessel/Transforms/BufferPlan.h"
 #include "tessel/Transforms/Passes.h"
 
@@ -43,7 +43,8 @@ llvm::Error writeFile(llvm::StringRef path, llvm::StringRef text) {
   std::error_code ec;
   llvm::raw_fd_ostream os(path, ec);
   if (ec)
-    return llvm::createStringError("cannot write " + path + ": " + ec.message());
+    return llvm::createStringError("cannot write " + path + ": " +
+                                   ec.message());
   os << text;
   return llvm::Error::success();
 }
@@ -57,17 +58,19 @@ std::string printModule(ModuleOp module) {
 
 // Collects diagnostics so they can be returned as one error.
 struct DiagnosticCollector {
-  DiagnosticCollector(MLIRContext &ctx) : handler(&ctx, [this](Diagnostic &d) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    os << d.getLocation() << ": " << d;
-    for (Diagnostic &note : d.getNotes())
-      os << "\n  note: " << note;
-    messages += (messages.empty() ? "" : "\n") + text;
-    return success();
-  }) {}
+  DiagnosticCollector(MLIRContext &ctx)
+      : handler(&ctx, [this](Diagnostic &d) {
+          std::string text;
+          llvm::raw_string_ostream os(text);
+          os << d.getLocation() << ": " << d;
+          for (Diagnostic &note : d.getNotes())
+            os << "\n  note: " << note;
+          messages += (messages.empty() ? "" : "\n") + text;
+          return success();
+        }) {}
   llvm::Error error(const llvm::Twine &what) {
-    return llvm::createStringError(what + (messages.empty() ? "" : ":\n" + messages));
+    return llvm::createStringError(what +
+                                   (messages.empty() ? "" : ":\n" + messages));
   }
   ScopedDiagnosticHandler handler;
   std::string messages;
@@ -92,7 +95,6 @@ json memoryReport(func::FuncOp func, int64_t arenaSlots, bool bf16Shadow) {
   m["total_bytes"] = total;
   return m;
 }
-
 
 // The layout of the compiled module: its mesh and virtual stages.
 MeshLayout layoutOf(ModuleOp module) {
@@ -189,19 +191,21 @@ json planJson(const Spec &spec, ModuleOp module,
     }
     plan["programs"][program.name] = {
         {"binary", "bin/" + program.name},
-        {"source", "src/" + program.name +
-                       (options.target == "cuda" ? ".cu" : ".cpp")},
+        {"source",
+         "src/" + program.name + (options.target == "cuda" ? ".cu" : ".cpp")},
         {"ranks", layout.ranksPerProgram()},
         {"parameters", params},
         {"parameter_tensors", paramCount},
-        {"memory",
-         memoryReport(func, par.pp > 1 ? par.microbatches : 1,
-                      module->hasAttr(kBf16ActivationsAttr))},
+        {"memory", memoryReport(func, par.pp > 1 ? par.microbatches : 1,
+                                module->hasAttr(kBf16ActivationsAttr))},
         {"comm", commReport(program.calls)}};
   }
   const TrainSpec &t = spec.train;
-  plan["train"] = {{"global_batch", t.globalBatch}, {"seq_len", spec.model.seqLen},
-                   {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr},
+  plan["train"] = {{"global_batch", t.globalBatch},
+                   {"seq_len", spec.model.seqLen},
+                   {"steps", t.steps},
+                   {"seed", t.seed},
+                   {"lr", t.lr},
                    {"decay", t.decay}};
   plan["data"] = {{"format", spec.data.format}, {"path", spec.data.path}};
   plan["parameters"] = paramList;
@@ -223,21 +227,20 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
   std::string segments, confLines;
   for (auto [k, program] : llvm::enumerate(programs)) {
     segments += std::string(k ? " : " : "") + "-np " +
-                std::to_string(perProgram) + " bin/" + program.name +
-                " \"$@\"";
-    int64_t first = layout.firstRankOfProgram(k),
-            last = first + perProgram - 1;
+                std::to_string(perProgram) + " bin/" + program.name + " \"$@\"";
+    int64_t first = layout.firstRankOfProgram(k), last = first + perProgram - 1;
     confLines += std::to_string(first) + "-" + std::to_string(last) + " bin/" +
                  program.name + "\n";
   }
-  std::string script =
-      "#!/bin/sh\n# Launches all " + np + " ranks of this plan (MPMD):\n"
-      "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
-      "cd \"$(dirname \"$0\")/..\" || exit 1\n"
-      "extra=\"\"\n"
-      "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
-      "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
-      "exec mpirun $extra --oversubscribe " + segments + "\n";
+  std::string script = "#!/bin/sh\n# Launches all " + np +
+                       " ranks of this plan (MPMD):\n"
+                       "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
+                       "cd \"$(dirname \"$0\")/..\" || exit 1\n"
+                       "extra=\"\"\n"
+                       "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
+                       "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
+                       "exec mpirun $extra --oversubscribe " +
+                       segments + "\n";
   if (llvm::Error err = writeFile(mpirun, script))
     return err;
   llvm::sys::fs::setPermissions(mpirun, llvm::sys::fs::all_read |
@@ -271,7 +274,8 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
           dir + " exists and is not a tessel output directory (no plan.json); "
                 "refusing to overwrite it");
     if (std::error_code err = llvm::sys::fs::remove_directories(dir))
-      return llvm::createStringError("cannot replace " + dir + ": " + err.message());
+      return llvm::createStringError("cannot replace " + dir + ": " +
+                                     err.message());
   }
   if (std::error_code ec = llvm::sys::fs::rename(staging, dir))
     return llvm::createStringError("cannot write " + dir + ": " + ec.message());
@@ -291,13 +295,15 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     if (!module)
       return diagnostics.error(options.input + ": cannot parse");
   } else {
-    llvm::Expected<Spec> loaded = loadSpec(options.input, options.overrides, options.layout);
+    llvm::Expected<Spec> loaded =
+        loadSpec(options.input, options.overrides, options.layout);
     if (!loaded)
       return loaded.takeError();
     spec = std::move(*loaded);
     module = buildModel(context, spec);
     if (!module)
-      return diagnostics.error(options.input + ": the parallel plan is invalid");
+      return diagnostics.error(options.input +
+                               ": the parallel plan is invalid");
     if (failed(verify(*module)))
       return diagnostics.error(options.input + ": the model does not verify");
   }
@@ -346,9 +352,9 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     }
     module->getOperation()->setAttr(
         "tessel.layer_stages",
-        DenseI64ArrayAttr::get(&context, llvm::SmallVector<int64_t>(
-                                             layerStages->begin(),
-                                             layerStages->end())));
+        DenseI64ArrayAttr::get(&context,
+                               llvm::SmallVector<int64_t>(layerStages->begin(),
+                                                          layerStages->end())));
     PassManager split(&context);
     split.addPass(createSplitStages());
     if (failed(split.run(*module)))
@@ -401,15 +407,16 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     return targetOr.takeError();
   CudaTarget cudaTarget = *targetOr;
   MLIRContext context;
-  context.loadDialect<graph::GraphDialect, dist::DistDialect,
-                      func::FuncDialect>();
+  context
+      .loadDialect<graph::GraphDialect, dist::DistDialect, func::FuncDialect>();
   DiagnosticCollector diagnostics(context);
 
   for (const char *dir : {"ir", "src", "bin", "launch"}) {
     llvm::SmallString<256> path(out);
     llvm::sys::path::append(path, dir);
     if (std::error_code ec = llvm::sys::fs::create_directories(path))
-      return llvm::createStringError("cannot create " + path + ": " + ec.message());
+      return llvm::createStringError("cannot create " + path + ": " +
+                                     ec.message());
   }
   Spec spec;
   OwningOpRef<ModuleOp> module;
@@ -421,7 +428,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     llvm::sys::path::append(path, "ir", file);
     return writeFile(path, text);
   };
-  if (llvm::Error err = lower(options, context, diagnostics, spec, module, stage))
+  if (llvm::Error err =
+          lower(options, context, diagnostics, spec, module, stage))
     return err;
   cudaTarget.bf16 = spec.train.precision == "bf16";
 
@@ -432,16 +440,16 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     auto kind = pipeline::parseScheduleKind(spec.parallel.schedule);
     if (!kind)
       return kind.takeError();
-    auto schedule = pipeline::generateSchedule(
-        *kind, spec.parallel.pp, spec.parallel.microbatches,
-        spec.parallel.virtualStages);
+    auto schedule = pipeline::generateSchedule(*kind, spec.parallel.pp,
+                                               spec.parallel.microbatches,
+                                               spec.parallel.virtualStages);
     if (!schedule)
       return schedule.takeError();
     if (auto timeline = pipeline::simulate(*schedule); !timeline)
       return timeline.takeError();
     for (int64_t s = 0; s < spec.parallel.pp; ++s) {
-      programs.push_back({"stage" + std::to_string(s),
-                          "stage_" + std::to_string(s), {}});
+      programs.push_back(
+          {"stage" + std::to_string(s), "stage_" + std::to_string(s), {}});
       std::vector<ScheduledStep> steps;
       for (const pipeline::Step &step : schedule->steps[s])
         if (step.isCompute())
@@ -488,8 +496,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
 
   llvm::SmallString<256> planPath(out);
   llvm::sys::path::append(planPath, "plan.json");
-  if (llvm::Error err =
-          writeFile(planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
+  if (llvm::Error err = writeFile(
+          planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
     return err;
   return writeLaunchFiles(out, spec, options.target == "cuda",
                           layoutOf(*module), programs);
@@ -511,13 +519,14 @@ llvm::Error tessel::compile(const CompileOptions &options) {
 
 llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   MLIRContext context;
-  context.loadDialect<graph::GraphDialect, dist::DistDialect,
-                      func::FuncDialect>();
+  context
+      .loadDialect<graph::GraphDialect, dist::DistDialect, func::FuncDialect>();
   DiagnosticCollector diagnostics(context);
   Spec spec;
   OwningOpRef<ModuleOp> module;
   auto noStage = [](const char *) { return llvm::Error::success(); };
-  if (llvm::Error err = lower(options, context, diagnostics, spec, module, noStage))
+  if (llvm::Error err =
+          lower(options, context, diagnostics, spec, module, noStage))
     return err;
   std::string source;
   llvm::raw_string_ostream sourceStream(source);
@@ -525,8 +534,10 @@ llvm::Error tessel::gradientCheck(const CompileOptions &options) {
     return diagnostics.error("emitting the gradient check failed");
 
   llvm::SmallString<256> dir;
-  if (std::error_code ec = llvm::sys::fs::createUniqueDirectory("tessel-gradcheck", dir))
-    return llvm::createStringError("cannot create a temporary directory: " + ec.message());
+  if (std::error_code ec =
+          llvm::sys::fs::createUniqueDirectory("tessel-gradcheck", dir))
+    return llvm::createStringError("cannot create a temporary directory: " +
+                                   ec.message());
   llvm::SmallString<256> sourcePath(dir), binaryPath(dir);
   llvm::sys::path::append(sourcePath, "gradcheck.cpp");
   llvm::sys::path::append(binaryPath, "gradcheck");
@@ -537,7 +548,8 @@ llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   std::string message;
   if (!err) {
     llvm::StringRef argv[] = {binaryPath};
-    rc = llvm::sys::ExecuteAndWait(binaryPath, argv, std::nullopt, {}, 0, 0, &message);
+    rc = llvm::sys::ExecuteAndWait(binaryPath, argv, std::nullopt, {}, 0, 0,
+                                   &message);
   }
   llvm::sys::fs::remove_directories(dir);
   if (err)

@@ -1,4 +1,5 @@
-//===- Compile.h - `tessel compile` ------------------------------*- C++ -*-===//
+//===- Compile.h - `tessel compile` ------------------------------*- C++
+//-*-===//
 #ifndef TESSEL_TOOLS_TESSEL_COMPILE_H
 #define TESSEL_TOOLS_TESSEL_COMPILE_H
 
@@ -12,14 +13,14 @@
 namespace tessel {
 
 struct CompileOptions {
-  std::string input;  // .json spec or .mlir graph program
-  std::string output; // output directory
+  std::string input;                  // .json spec or .mlir graph program
+  std::string output;                 // output directory
   std::vector<std::string> overrides; // --set key=value
   LayoutOverrides layout;             // --dp, --tp, ...
   std::string target = "cpu";
   std::string cudaArch = "sm_90"; // --target cuda: the GPU architecture
   bool emitOnly = false; // write sources and the plan, build no binaries
-  bool dumpIR = false; // also print every stage to stdout
+  bool dumpIR = false;   // also print every stage to stdout
   bool verbose = false;
 };
 

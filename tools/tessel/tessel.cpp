@@ -98,8 +98,8 @@ static int compileCommand(int argc, char **argv) {
   options.dumpIR = dumpIR;
   options.verbose = verbose;
   options.overrides.assign(sets.begin(), sets.end());
-  options.layout = layoutFromFlags(dp, tp, pp, microbatches, virtualStages,
-                                   schedule, sp);
+  options.layout =
+      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;
@@ -163,8 +163,8 @@ static int checkCommandLine(int argc, char **argv) {
   options.target = target;
   options.cudaArch = cudaArch;
   options.tolerance = tolerance;
-  options.layout = layoutFromFlags(dp, tp, pp, microbatches, virtualStages,
-                                   schedule, sp);
+  options.layout =
+      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   return tessel::checkCommand(options);
 }
 
@@ -198,7 +198,8 @@ static int gradcheckCommand(int argc, char **argv) {
 int main(int argc, char **argv) {
   const char *usage =
       "usage: tessel <command> ...\n"
-      "  compile SPEC -o DIR   compile a spec (.json) or graph program (.mlir)\n"
+      "  compile SPEC -o DIR   compile a spec (.json) or graph program "
+      "(.mlir)\n"
       "  run DIR               train with a compiled output\n"
       "  inspect DIR --ir STAGE | --plan | --source\n"
       "  data encode|synth     make llm.c token files\n"

@@ -46,7 +46,8 @@ public:
     TESSEL_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
     TESSEL_CUDA_CHECK(cudaMemset(ptr, 0, std::max<size_t>(n, 1) * sizeof(T)));
   }
-  explicit DeviceArray(const std::vector<float> &host) : DeviceArray(host.size()) {
+  explicit DeviceArray(const std::vector<float> &host)
+      : DeviceArray(host.size()) {
     upload(host);
   }
   DeviceArray(const DeviceArray &) = delete;
@@ -63,8 +64,8 @@ public:
   std::vector<float> download() const {
     TESSEL_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<T> tmp(n);
-    TESSEL_CUDA_CHECK(cudaMemcpy(tmp.data(), ptr, n * sizeof(T),
-                                 cudaMemcpyDeviceToHost));
+    TESSEL_CUDA_CHECK(
+        cudaMemcpy(tmp.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     std::vector<float> out(n);
     for (size_t i = 0; i < n; ++i)
       out[i] = float(tmp[i]);

@@ -254,8 +254,7 @@ TYPED_TEST(Norms, BackwardAddMatchesBackwardThenAdd) {
     rt::addBroadcast(rmsDx.data(), dres.data(), wantRms.data(), n, n);
     rmsNormBackwardAdd(dX.get(), dW.get(), dDout.get(), dRes.get(), dx.get(),
                        dw.get(), s.rows, s.C, kEps);
-    expectClose(dx.download(), wantRms, rtolFor<TO>(), atolFor<TO>(),
-                "rms dx");
+    expectClose(dx.download(), wantRms, rtolFor<TO>(), atolFor<TO>(), "rms dx");
     expectClose(dw.download(), wantRmsDw, kParamRtol, kParamAtol, "rms dw");
   }
 }

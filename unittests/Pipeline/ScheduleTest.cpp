@@ -8,9 +8,11 @@ using namespace tessel::pipeline;
 
 static Timeline simulated(ScheduleKind kind, int p, int m, int v = 1) {
   llvm::Expected<Schedule> schedule = generateSchedule(kind, p, m, v);
-  EXPECT_TRUE(static_cast<bool>(schedule)) << llvm::toString(schedule.takeError());
+  EXPECT_TRUE(static_cast<bool>(schedule))
+      << llvm::toString(schedule.takeError());
   llvm::Expected<Timeline> timeline = simulate(*schedule);
-  EXPECT_TRUE(static_cast<bool>(timeline)) << llvm::toString(timeline.takeError());
+  EXPECT_TRUE(static_cast<bool>(timeline))
+      << llvm::toString(timeline.takeError());
   return *timeline;
 }
 
@@ -50,7 +52,8 @@ TEST(PipelineSchedule, InterleavedRefusesUnevenMicrobatches) {
 }
 
 TEST(PipelineSchedule, BalanceMinimisesTheLargestStage) {
-  llvm::Expected<std::vector<int>> stages = balanceStages({4, 1, 1, 1, 1, 4}, 3);
+  llvm::Expected<std::vector<int>> stages =
+      balanceStages({4, 1, 1, 1, 1, 4}, 3);
   ASSERT_TRUE(static_cast<bool>(stages));
   EXPECT_EQ(*stages, (std::vector<int>{0, 1, 1, 1, 1, 2}));
   stages = balanceStages({1, 1, 1, 1}, 4);

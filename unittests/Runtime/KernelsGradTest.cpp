@@ -60,8 +60,8 @@ double gradError(const Fn &f, Vec x, const Vec &r, const Vec &analytic) {
   return worst;
 }
 
-void checkGrad(const std::string &what, const Fn &f, const Vec &x,
-               const Vec &r, const Vec &analytic) {
+void checkGrad(const std::string &what, const Fn &f, const Vec &x, const Vec &r,
+               const Vec &analytic) {
   ASSERT_EQ(f(x).size(), r.size()) << what;
   EXPECT_LT(gradError(f, x, r, analytic), kTol) << what;
 }
@@ -92,21 +92,23 @@ TEST(KernelGradCheck, GeluSilu) {
   Vec x = randVec(n, gen, -4, 4), r = randVec(n, gen);
   Vec g(n);
   rt::geluBackward(x.data(), r.data(), g.data(), n);
-  checkGrad("gelu",
-            [&](const Vec &in) {
-              Vec out(n);
-              rt::geluForward(in.data(), out.data(), n);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "gelu",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::geluForward(in.data(), out.data(), n);
+        return out;
+      },
+      x, r, g);
   rt::siluBackward(x.data(), r.data(), g.data(), n);
-  checkGrad("silu",
-            [&](const Vec &in) {
-              Vec out(n);
-              rt::siluForward(in.data(), out.data(), n);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "silu",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::siluForward(in.data(), out.data(), n);
+        return out;
+      },
+      x, r, g);
 }
 
 TEST(KernelGradCheck, LayerNorm) {
@@ -124,12 +126,12 @@ TEST(KernelGradCheck, LayerNorm) {
                          eps);
     return out;
   };
-  checkGrad("layerNorm dx", [&](const Vec &in) { return fwd(in, w, b); }, x, r,
-            dx);
-  checkGrad("layerNorm dw", [&](const Vec &in) { return fwd(x, in, b); }, w, r,
-            dw);
-  checkGrad("layerNorm db", [&](const Vec &in) { return fwd(x, w, in); }, b, r,
-            db);
+  checkGrad(
+      "layerNorm dx", [&](const Vec &in) { return fwd(in, w, b); }, x, r, dx);
+  checkGrad(
+      "layerNorm dw", [&](const Vec &in) { return fwd(x, in, b); }, w, r, dw);
+  checkGrad(
+      "layerNorm db", [&](const Vec &in) { return fwd(x, w, in); }, b, r, db);
 }
 
 TEST(KernelGradCheck, RMSNorm) {
@@ -145,8 +147,10 @@ TEST(KernelGradCheck, RMSNorm) {
     rt::rmsNormForward(xx.data(), ww.data(), out.data(), rows, C, eps);
     return out;
   };
-  checkGrad("rmsNorm dx", [&](const Vec &in) { return fwd(in, w); }, x, r, dx);
-  checkGrad("rmsNorm dw", [&](const Vec &in) { return fwd(x, in); }, w, r, dw);
+  checkGrad(
+      "rmsNorm dx", [&](const Vec &in) { return fwd(in, w); }, x, r, dx);
+  checkGrad(
+      "rmsNorm dw", [&](const Vec &in) { return fwd(x, in); }, w, r, dw);
 }
 
 TEST(KernelGradCheck, RopeInverseIsAdjoint) {
@@ -155,13 +159,14 @@ TEST(KernelGradCheck, RopeInverseIsAdjoint) {
     const int64_t B = 2, T = 5, H = 3, n = B * T * H * D;
     Vec x = randVec(n, gen), r = randVec(n, gen), g(n);
     rt::rope(r.data(), g.data(), B, T, H, D, 500.0, /*inverse=*/true);
-    checkGrad("rope D=" + std::to_string(D),
-              [&](const Vec &in) {
-                Vec out(n);
-                rt::rope(in.data(), out.data(), B, T, H, D, 500.0, false);
-                return out;
-              },
-              x, r, g);
+    checkGrad(
+        "rope D=" + std::to_string(D),
+        [&](const Vec &in) {
+          Vec out(n);
+          rt::rope(in.data(), out.data(), B, T, H, D, 500.0, false);
+          return out;
+        },
+        x, r, g);
   }
 }
 
@@ -180,15 +185,18 @@ void attentionGrad(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                          Hkv, D, causal);
     return out;
   };
-  const std::string tag = " H=" + std::to_string(H) + " Hkv=" +
-                          std::to_string(Hkv) +
+  const std::string tag = " H=" + std::to_string(H) +
+                          " Hkv=" + std::to_string(Hkv) +
                           " causal=" + std::to_string(causal);
-  checkGrad("attention dq" + tag, [&](const Vec &in) { return fwd(in, k, v); },
-            q, r, dq);
-  checkGrad("attention dk" + tag, [&](const Vec &in) { return fwd(q, in, v); },
-            k, r, dk);
-  checkGrad("attention dv" + tag, [&](const Vec &in) { return fwd(q, k, in); },
-            v, r, dv);
+  checkGrad(
+      "attention dq" + tag, [&](const Vec &in) { return fwd(in, k, v); }, q, r,
+      dq);
+  checkGrad(
+      "attention dk" + tag, [&](const Vec &in) { return fwd(q, in, v); }, k, r,
+      dk);
+  checkGrad(
+      "attention dv" + tag, [&](const Vec &in) { return fwd(q, k, in); }, v, r,
+      dv);
 }
 } // namespace
 
@@ -207,13 +215,14 @@ TEST(KernelGradCheck, Softmax) {
   Vec x = randVec(n, gen, -3, 3), r = randVec(n, gen), y(n), g(n);
   rt::softmaxForward(x.data(), y.data(), rows, cols);
   rt::softmaxBackward(y.data(), r.data(), g.data(), rows, cols);
-  checkGrad("softmax",
-            [&](const Vec &in) {
-              Vec out(n);
-              rt::softmaxForward(in.data(), out.data(), rows, cols);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "softmax",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::softmaxForward(in.data(), out.data(), rows, cols);
+        return out;
+      },
+      x, r, g);
 }
 
 TEST(KernelGradCheck, CrossEntropy) {
@@ -224,14 +233,15 @@ TEST(KernelGradCheck, CrossEntropy) {
   Vec r = {0.83}, g(n);
   rt::crossEntropyBackward(logits.data(), targets.data(), r.data(), g.data(),
                            rows, V);
-  checkGrad("crossEntropy",
-            [&](const Vec &in) {
-              Vec loss(1);
-              rt::crossEntropyForward(in.data(), targets.data(), loss.data(),
-                                      rows, V);
-              return loss;
-            },
-            logits, r, g);
+  checkGrad(
+      "crossEntropy",
+      [&](const Vec &in) {
+        Vec loss(1);
+        rt::crossEntropyForward(in.data(), targets.data(), loss.data(), rows,
+                                V);
+        return loss;
+      },
+      logits, r, g);
 }
 
 TEST(KernelGradCheck, Embedding) {
@@ -240,13 +250,14 @@ TEST(KernelGradCheck, Embedding) {
   std::vector<int32_t> ids = {3, 0, 3, 10, 7, 3, 0, 5, 10};
   Vec table = randVec(V * C, gen), r = randVec(n * C, gen), g(V * C);
   rt::embeddingBackward(ids.data(), r.data(), g.data(), n, V, C);
-  checkGrad("embedding",
-            [&](const Vec &in) {
-              Vec out(n * C);
-              rt::embeddingForward(in.data(), ids.data(), out.data(), n, V, C);
-              return out;
-            },
-            table, r, g);
+  checkGrad(
+      "embedding",
+      [&](const Vec &in) {
+        Vec out(n * C);
+        rt::embeddingForward(in.data(), ids.data(), out.data(), n, V, C);
+        return out;
+      },
+      table, r, g);
 }
 
 namespace {
@@ -284,13 +295,13 @@ void matmulGrad(bool tA, bool tB, bool broadcastB, std::mt19937 &gen) {
       rt::matmul(r.data() + b * sC, A.data() + b * sA, dst, 1, N, K, M, true,
                  tA, 0, 0, 0, acc);
   }
-  const std::string tag = " tA=" + std::to_string(tA) + " tB=" +
-                          std::to_string(tB) + " bcB=" +
-                          std::to_string(broadcastB);
-  checkGrad("matmul dA" + tag, [&](const Vec &in) { return fwd(in, B); }, A, r,
-            dA);
-  checkGrad("matmul dB" + tag, [&](const Vec &in) { return fwd(A, in); }, B, r,
-            dB);
+  const std::string tag = " tA=" + std::to_string(tA) +
+                          " tB=" + std::to_string(tB) +
+                          " bcB=" + std::to_string(broadcastB);
+  checkGrad(
+      "matmul dA" + tag, [&](const Vec &in) { return fwd(in, B); }, A, r, dA);
+  checkGrad(
+      "matmul dB" + tag, [&](const Vec &in) { return fwd(A, in); }, B, r, dB);
 }
 } // namespace
 
@@ -318,15 +329,19 @@ TEST(KernelGradCheck, BroadcastAddMul) {
   };
   Vec db(nb);
   rt::reduceSumLeading(r.data(), db.data(), rows, nb);
-  checkGrad("add da", [&](const Vec &in) { return add(in, b); }, a, r, r);
-  checkGrad("add db", [&](const Vec &in) { return add(a, in); }, b, r, db);
+  checkGrad(
+      "add da", [&](const Vec &in) { return add(in, b); }, a, r, r);
+  checkGrad(
+      "add db", [&](const Vec &in) { return add(a, in); }, b, r, db);
   // mul: da = r * b (broadcast), db = reduceSumLeading(r * a).
   Vec da(n), ra(n);
   rt::mulBroadcast(r.data(), b.data(), da.data(), n, nb);
   rt::mulBroadcast(r.data(), a.data(), ra.data(), n, n);
   rt::reduceSumLeading(ra.data(), db.data(), rows, nb);
-  checkGrad("mul da", [&](const Vec &in) { return mul(in, b); }, a, r, da);
-  checkGrad("mul db", [&](const Vec &in) { return mul(a, in); }, b, r, db);
+  checkGrad(
+      "mul da", [&](const Vec &in) { return mul(in, b); }, a, r, da);
+  checkGrad(
+      "mul db", [&](const Vec &in) { return mul(a, in); }, b, r, db);
 }
 
 TEST(KernelGradCheck, Scale) {
@@ -334,13 +349,14 @@ TEST(KernelGradCheck, Scale) {
   const int64_t n = 17;
   Vec x = randVec(n, gen), r = randVec(n, gen), g(n);
   rt::scale(r.data(), g.data(), n, -1.7);
-  checkGrad("scale",
-            [&](const Vec &in) {
-              Vec out(n);
-              rt::scale(in.data(), out.data(), n, -1.7);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "scale",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::scale(in.data(), out.data(), n, -1.7);
+        return out;
+      },
+      x, r, g);
 }
 
 TEST(KernelGradCheck, Transpose) {
@@ -355,13 +371,14 @@ TEST(KernelGradCheck, Transpose) {
   }
   Vec x = randVec(n, gen), r = randVec(n, gen), g(n);
   rt::transpose(r.data(), g.data(), outShape, inv, 4);
-  checkGrad("transpose",
-            [&](const Vec &in) {
-              Vec out(n);
-              rt::transpose(in.data(), out.data(), shape, perm, 4);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "transpose",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::transpose(in.data(), out.data(), shape, perm, 4);
+        return out;
+      },
+      x, r, g);
 }
 
 TEST(KernelGradCheck, SliceInsert) {
@@ -371,23 +388,23 @@ TEST(KernelGradCheck, SliceInsert) {
   // slice: gradient is the upstream gradient inserted into zeros.
   Vec x = randVec(nFull, gen), r = randVec(nPart, gen), g(nFull, 0.0);
   rt::insertAxis(r.data(), g.data(), outer, axis, inner, start, len);
-  checkGrad("sliceAxis",
-            [&](const Vec &in) {
-              Vec out(nPart);
-              rt::sliceAxis(in.data(), out.data(), outer, axis, inner, start,
-                            len);
-              return out;
-            },
-            x, r, g);
+  checkGrad(
+      "sliceAxis",
+      [&](const Vec &in) {
+        Vec out(nPart);
+        rt::sliceAxis(in.data(), out.data(), outer, axis, inner, start, len);
+        return out;
+      },
+      x, r, g);
   // insert (into zeros): gradient is the slice of the upstream gradient.
   Vec y = randVec(nPart, gen), r2 = randVec(nFull, gen), g2(nPart);
   rt::sliceAxis(r2.data(), g2.data(), outer, axis, inner, start, len);
-  checkGrad("insertAxis",
-            [&](const Vec &in) {
-              Vec out(nFull, 0.0);
-              rt::insertAxis(in.data(), out.data(), outer, axis, inner, start,
-                             len);
-              return out;
-            },
-            y, r2, g2);
+  checkGrad(
+      "insertAxis",
+      [&](const Vec &in) {
+        Vec out(nFull, 0.0);
+        rt::insertAxis(in.data(), out.data(), outer, axis, inner, start, len);
+        return out;
+      },
+      y, r2, g2);
 }

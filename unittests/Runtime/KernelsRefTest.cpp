@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tessel/Runtime/Kernels.h"
 #include "tessel/Runtime/KernelsRef.h"
+#include "tessel/Runtime/Kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -70,8 +70,10 @@ void runMatmul(const MatmulCase &c, std::mt19937 &gen) {
   const int64_t sA = c.broadcastA ? 0 : c.M * c.K;
   const int64_t sB = c.broadcastB ? 0 : c.K * c.N;
   const int64_t sC = c.M * c.N + c.padC;
-  auto A = randVec(static_cast<size_t>(c.broadcastA ? c.M * c.K : c.batch * c.M * c.K), gen);
-  auto B = randVec(static_cast<size_t>(c.broadcastB ? c.K * c.N : c.batch * c.K * c.N), gen);
+  auto A = randVec(
+      static_cast<size_t>(c.broadcastA ? c.M * c.K : c.batch * c.M * c.K), gen);
+  auto B = randVec(
+      static_cast<size_t>(c.broadcastB ? c.K * c.N : c.batch * c.K * c.N), gen);
   auto C0 = randVec(static_cast<size_t>(c.batch * sC), gen);
   auto got = C0, want = C0;
   rt::matmul(A.data(), B.data(), got.data(), c.batch, c.M, c.N, c.K, c.transA,
@@ -129,11 +131,17 @@ TEST(KernelMatmul, LargerAndDegenerate) {
 
 TEST(KernelElementwise, BroadcastAddMul) {
   std::mt19937 gen(4);
-  for (auto [n, nb] : std::vector<std::pair<int64_t, int64_t>>{
-           {7 * 13, 13}, {7 * 13, 1}, {91, 91}, {300 * 257, 257},
-           {100001, 1}, {70000, 70000}}) {
-    auto a = randVec(static_cast<size_t>(n), gen), b = randVec(static_cast<size_t>(nb), gen);
-    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+  for (auto [n, nb] :
+       std::vector<std::pair<int64_t, int64_t>>{{7 * 13, 13},
+                                                {7 * 13, 1},
+                                                {91, 91},
+                                                {300 * 257, 257},
+                                                {100001, 1},
+                                                {70000, 70000}}) {
+    auto a = randVec(static_cast<size_t>(n), gen),
+         b = randVec(static_cast<size_t>(nb), gen);
+    std::vector<float> got(static_cast<size_t>(n)),
+        want(static_cast<size_t>(n));
     rt::addBroadcast(a.data(), b.data(), got.data(), n, nb);
     rt::ref::addBroadcast(a.data(), b.data(), want.data(), n, nb);
     expectClose(got, want, "addBroadcast nb=" + std::to_string(nb));
@@ -148,7 +156,8 @@ TEST(KernelElementwise, ReduceSumLeading) {
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
            {7, 13}, {1, 5}, {50, 1000}, {300, 257}}) {
     auto x = randVec(static_cast<size_t>(rows * cols), gen);
-    std::vector<float> got(static_cast<size_t>(cols), 99.f), want(static_cast<size_t>(cols));
+    std::vector<float> got(static_cast<size_t>(cols), 99.f),
+        want(static_cast<size_t>(cols));
     rt::reduceSumLeading(x.data(), got.data(), rows, cols);
     rt::ref::reduceSumLeading(x.data(), want.data(), rows, cols);
     expectClose(got, want, "reduceSumLeading");
@@ -160,7 +169,8 @@ TEST(KernelElementwise, Pointwise) {
   for (int64_t n : {int64_t(1001), int64_t(100003)}) {
     auto x = randVec(static_cast<size_t>(n), gen, -4.f, 4.f);
     auto dy = randVec(static_cast<size_t>(n), gen);
-    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    std::vector<float> got(static_cast<size_t>(n)),
+        want(static_cast<size_t>(n));
     rt::scale(x.data(), got.data(), n, 0.37f);
     rt::ref::scale(x.data(), want.data(), n, 0.37f);
     expectClose(got, want, "scale");
@@ -205,19 +215,24 @@ TEST(KernelElementwise, SumSquares) {
 
 TEST(KernelNorms, LayerNorm) {
   std::mt19937 gen(8);
-  for (auto [rows, C] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 13}, {1, 3}, {64, 300}}) {
+  for (auto [rows, C] :
+       std::vector<std::pair<int64_t, int64_t>>{{7, 13}, {1, 3}, {64, 300}}) {
     auto x = randVec(static_cast<size_t>(rows * C), gen, -2.f, 3.f);
-    auto w = randVec(static_cast<size_t>(C), gen), b = randVec(static_cast<size_t>(C), gen);
+    auto w = randVec(static_cast<size_t>(C), gen),
+         b = randVec(static_cast<size_t>(C), gen);
     auto dy = randVec(static_cast<size_t>(rows * C), gen);
     const double eps = 1e-5;
-    std::vector<float> got(static_cast<size_t>(rows * C)), want(static_cast<size_t>(rows * C));
-    rt::layerNormForward(x.data(), w.data(), b.data(), got.data(), rows, C, eps);
+    std::vector<float> got(static_cast<size_t>(rows * C)),
+        want(static_cast<size_t>(rows * C));
+    rt::layerNormForward(x.data(), w.data(), b.data(), got.data(), rows, C,
+                         eps);
     rt::ref::layerNormForward(x.data(), w.data(), b.data(), want.data(), rows,
                               C, eps);
     expectClose(got, want, "layerNormForward");
-    std::vector<float> dx(static_cast<size_t>(rows * C)), dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
-    std::vector<float> rdx(static_cast<size_t>(rows * C)), rdw(static_cast<size_t>(C)), rdb(static_cast<size_t>(C));
+    std::vector<float> dx(static_cast<size_t>(rows * C)),
+        dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+    std::vector<float> rdx(static_cast<size_t>(rows * C)),
+        rdw(static_cast<size_t>(C)), rdb(static_cast<size_t>(C));
     rt::layerNormBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(),
                           db.data(), rows, C, eps);
     rt::ref::layerNormBackward(x.data(), w.data(), dy.data(), rdx.data(),
@@ -230,18 +245,21 @@ TEST(KernelNorms, LayerNorm) {
 
 TEST(KernelNorms, RMSNorm) {
   std::mt19937 gen(9);
-  for (auto [rows, C] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 13}, {1, 3}, {64, 300}}) {
+  for (auto [rows, C] :
+       std::vector<std::pair<int64_t, int64_t>>{{7, 13}, {1, 3}, {64, 300}}) {
     auto x = randVec(static_cast<size_t>(rows * C), gen, -2.f, 3.f);
     auto w = randVec(static_cast<size_t>(C), gen);
     auto dy = randVec(static_cast<size_t>(rows * C), gen);
     const double eps = 1e-6;
-    std::vector<float> got(static_cast<size_t>(rows * C)), want(static_cast<size_t>(rows * C));
+    std::vector<float> got(static_cast<size_t>(rows * C)),
+        want(static_cast<size_t>(rows * C));
     rt::rmsNormForward(x.data(), w.data(), got.data(), rows, C, eps);
     rt::ref::rmsNormForward(x.data(), w.data(), want.data(), rows, C, eps);
     expectClose(got, want, "rmsNormForward");
-    std::vector<float> dx(static_cast<size_t>(rows * C)), dw(static_cast<size_t>(C));
-    std::vector<float> rdx(static_cast<size_t>(rows * C)), rdw(static_cast<size_t>(C));
+    std::vector<float> dx(static_cast<size_t>(rows * C)),
+        dw(static_cast<size_t>(C));
+    std::vector<float> rdx(static_cast<size_t>(rows * C)),
+        rdw(static_cast<size_t>(C));
     rt::rmsNormBackward(x.data(), w.data(), dy.data(), dx.data(), dw.data(),
                         rows, C, eps);
     rt::ref::rmsNormBackward(x.data(), w.data(), dy.data(), rdx.data(),
@@ -259,7 +277,8 @@ TEST(KernelRope, MatchesReference) {
     for (bool inverse : {false, true}) {
       const int64_t B = 2, T = 5, H = 4, n = B * T * H * D;
       auto x = randVec(static_cast<size_t>(n), gen);
-      std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+      std::vector<float> got(static_cast<size_t>(n)),
+          want(static_cast<size_t>(n));
       rt::rope(x.data(), got.data(), B, T, H, D, 10000.0, inverse);
       rt::ref::rope(x.data(), want.data(), B, T, H, D, 10000.0, inverse);
       expectClose(got, want, "rope D=" + std::to_string(D));
@@ -284,18 +303,21 @@ void runAttention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
   auto k = randVec(static_cast<size_t>(nk), gen, -2.f, 2.f);
   auto v = randVec(static_cast<size_t>(nk), gen);
   auto dout = randVec(static_cast<size_t>(nq), gen);
-  const std::string tag = " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                          " H=" + std::to_string(H) + " Hkv=" +
-                          std::to_string(Hkv) + " D=" + std::to_string(D) +
-                          " causal=" + std::to_string(causal);
-  std::vector<float> out(static_cast<size_t>(nq)), rout(static_cast<size_t>(nq));
+  const std::string tag =
+      " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+      " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+      " D=" + std::to_string(D) + " causal=" + std::to_string(causal);
+  std::vector<float> out(static_cast<size_t>(nq)),
+      rout(static_cast<size_t>(nq));
   rt::attentionForward(q.data(), k.data(), v.data(), out.data(), B, T, H, Hkv,
                        D, causal);
   rt::ref::attentionForward(q.data(), k.data(), v.data(), rout.data(), B, T, H,
                             Hkv, D, causal);
   expectClose(out, rout, "attentionForward" + tag);
-  std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
-  std::vector<float> rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nk)), rdv(static_cast<size_t>(nk));
+  std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)),
+      dv(static_cast<size_t>(nk));
+  std::vector<float> rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nk)),
+      rdv(static_cast<size_t>(nk));
   rt::attentionBackward(q.data(), k.data(), v.data(), dout.data(), dq.data(),
                         dk.data(), dv.data(), B, T, H, Hkv, D, causal);
   rt::ref::attentionBackward(q.data(), k.data(), v.data(), dout.data(),
@@ -310,9 +332,9 @@ void runAttention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
 TEST(KernelAttention, MatchesReference) {
   std::mt19937 gen(11);
   for (bool causal : {true, false}) {
-    runAttention(2, 5, 4, 2, 6, causal, gen); // GQA
-    runAttention(2, 5, 4, 4, 6, causal, gen); // MHA
-    runAttention(1, 7, 3, 1, 5, causal, gen); // MQA
+    runAttention(2, 5, 4, 2, 6, causal, gen);   // GQA
+    runAttention(2, 5, 4, 4, 6, causal, gen);   // MHA
+    runAttention(1, 7, 3, 1, 5, causal, gen);   // MQA
     runAttention(2, 33, 4, 2, 16, causal, gen); // multi-threaded
   }
 }
@@ -321,15 +343,17 @@ TEST(KernelAttention, MatchesReference) {
 
 TEST(KernelSoftmax, MatchesReference) {
   std::mt19937 gen(12);
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 13}, {1, 1}, {64, 300}}) {
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{7, 13}, {1, 1}, {64, 300}}) {
     auto x = randVec(static_cast<size_t>(rows * cols), gen, -5.f, 5.f);
     auto dy = randVec(static_cast<size_t>(rows * cols), gen);
-    std::vector<float> y(static_cast<size_t>(rows * cols)), ry(static_cast<size_t>(rows * cols));
+    std::vector<float> y(static_cast<size_t>(rows * cols)),
+        ry(static_cast<size_t>(rows * cols));
     rt::softmaxForward(x.data(), y.data(), rows, cols);
     rt::ref::softmaxForward(x.data(), ry.data(), rows, cols);
     expectClose(y, ry, "softmaxForward");
-    std::vector<float> dx(static_cast<size_t>(rows * cols)), rdx(static_cast<size_t>(rows * cols));
+    std::vector<float> dx(static_cast<size_t>(rows * cols)),
+        rdx(static_cast<size_t>(rows * cols));
     rt::softmaxBackward(ry.data(), dy.data(), dx.data(), rows, cols);
     rt::ref::softmaxBackward(ry.data(), dy.data(), rdx.data(), rows, cols);
     expectClose(dx, rdx, "softmaxBackward");
@@ -344,16 +368,18 @@ TEST(KernelSoftmax, MatchesReference) {
 
 TEST(KernelCrossEntropy, MatchesReference) {
   std::mt19937 gen(13);
-  for (auto [rows, V] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 11}, {1, 2}, {64, 500}}) {
+  for (auto [rows, V] :
+       std::vector<std::pair<int64_t, int64_t>>{{7, 11}, {1, 2}, {64, 500}}) {
     auto logits = randVec(static_cast<size_t>(rows * V), gen, -4.f, 4.f);
     auto targets = randIds(static_cast<size_t>(rows), int32_t(V), gen);
     float loss = 0, rloss = 0;
     rt::crossEntropyForward(logits.data(), targets.data(), &loss, rows, V);
-    rt::ref::crossEntropyForward(logits.data(), targets.data(), &rloss, rows, V);
+    rt::ref::crossEntropyForward(logits.data(), targets.data(), &rloss, rows,
+                                 V);
     EXPECT_NEAR(loss, rloss, 1e-5 * std::fabs(rloss));
     const float dloss = 0.7f;
-    std::vector<float> d(static_cast<size_t>(rows * V)), rd(static_cast<size_t>(rows * V));
+    std::vector<float> d(static_cast<size_t>(rows * V)),
+        rd(static_cast<size_t>(rows * V));
     rt::crossEntropyBackward(logits.data(), targets.data(), &dloss, d.data(),
                              rows, V);
     rt::ref::crossEntropyBackward(logits.data(), targets.data(), &dloss,
@@ -377,11 +403,13 @@ TEST(KernelEmbedding, MatchesReference) {
     auto table = randVec(static_cast<size_t>(V * C), gen);
     auto ids = randIds(static_cast<size_t>(n), int32_t(V), gen);
     auto dout = randVec(static_cast<size_t>(n * C), gen);
-    std::vector<float> out(static_cast<size_t>(n * C)), rout(static_cast<size_t>(n * C));
+    std::vector<float> out(static_cast<size_t>(n * C)),
+        rout(static_cast<size_t>(n * C));
     rt::embeddingForward(table.data(), ids.data(), out.data(), n, V, C);
     rt::ref::embeddingForward(table.data(), ids.data(), rout.data(), n, V, C);
     EXPECT_EQ(out, rout);
-    std::vector<float> dt(static_cast<size_t>(V * C), 42.f), rdt(static_cast<size_t>(V * C));
+    std::vector<float> dt(static_cast<size_t>(V * C), 42.f),
+        rdt(static_cast<size_t>(V * C));
     rt::embeddingBackward(ids.data(), dout.data(), dt.data(), n, V, C);
     rt::ref::embeddingBackward(ids.data(), dout.data(), rdt.data(), n, V, C);
     expectClose(dt, rdt, "embeddingBackward");
@@ -409,13 +437,13 @@ TEST(KernelLayout, TransposeShapes) {
     std::vector<int64_t> shape, perm;
   };
   const std::vector<Case> cases = {
-      {{37, 45}, {1, 0}},              // tiled matrix transpose
-      {{300, 257}, {1, 0}},            // multi-threaded tiled
-      {{3, 70, 65}, {0, 2, 1}},        // batched matrix transpose
+      {{37, 45}, {1, 0}},                 // tiled matrix transpose
+      {{300, 257}, {1, 0}},               // multi-threaded tiled
+      {{3, 70, 65}, {0, 2, 1}},           // batched matrix transpose
       {{4, 1, 6, 1, 5}, {4, 2, 0, 1, 3}}, // size-1 dims
-      {{2, 33, 4, 16}, {0, 2, 1, 3}},  // [B,T,H,D] -> [B,H,T,D]
-      {{6, 7, 8}, {2, 0, 1}},          // strided innermost gather
-      {{64, 48, 40}, {1, 2, 0}},       // same, multi-threaded
+      {{2, 33, 4, 16}, {0, 2, 1, 3}},     // [B,T,H,D] -> [B,H,T,D]
+      {{6, 7, 8}, {2, 0, 1}},             // strided innermost gather
+      {{64, 48, 40}, {1, 2, 0}},          // same, multi-threaded
       {{5}, {0}},
       {{3, 4}, {0, 1}}};
   for (const Case &c : cases) {
@@ -423,7 +451,8 @@ TEST(KernelLayout, TransposeShapes) {
     for (int64_t s : c.shape)
       n *= s;
     auto x = randVec(static_cast<size_t>(n), gen);
-    std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    std::vector<float> got(static_cast<size_t>(n)),
+        want(static_cast<size_t>(n));
     rt::transpose(x.data(), got.data(), c.shape.data(), c.perm.data(),
                   int(c.shape.size()));
     rt::ref::transpose(x.data(), want.data(), c.shape.data(), c.perm.data(),
@@ -436,7 +465,9 @@ TEST(KernelLayout, SliceAndInsert) {
   std::mt19937 gen(17);
   for (auto [outer, axis, inner, start, len] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
-           {3, 7, 5, 2, 4}, {1, 9, 1, 0, 9}, {5, 4, 3, 3, 1},
+           {3, 7, 5, 2, 4},
+           {1, 9, 1, 0, 9},
+           {5, 4, 3, 3, 1},
            {64, 12, 128, 4, 4}}) {
     auto x = randVec(static_cast<size_t>(outer * axis * inner), gen);
     std::vector<float> got(static_cast<size_t>(outer * len * inner)),

@@ -210,16 +210,20 @@ int main(int argc, char **argv) {
     check(commWorldSize() == meshDP * meshTP, "world size");
     int64_t d = commRank() / meshTP, t = commRank() % meshTP;
     check(meshCoord(MeshAxis::DP) == d && meshCoord(MeshAxis::TP) == t,
-          "coordinates (dp " + std::to_string(meshCoord(MeshAxis::DP)) + ", tp " +
-              std::to_string(meshCoord(MeshAxis::TP)) + "), want (dp " +
-              std::to_string(d) + ", tp " + std::to_string(t) + ")");
+          "coordinates (dp " + std::to_string(meshCoord(MeshAxis::DP)) +
+              ", tp " + std::to_string(meshCoord(MeshAxis::TP)) +
+              "), want (dp " + std::to_string(d) + ", tp " + std::to_string(t) +
+              ")");
     for (MeshAxis axis : {MeshAxis::PP, MeshAxis::CP, MeshAxis::EP})
       check(meshCoord(axis) == 0 && meshSize(axis) == 1,
             std::string(meshAxisName(axis)) + " coordinate or size");
-    check(meshSize(MeshAxis::DP) == meshDP && meshSize(MeshAxis::TP) == meshTP, "mesh sizes");
+    check(meshSize(MeshAxis::DP) == meshDP && meshSize(MeshAxis::TP) == meshTP,
+          "mesh sizes");
     checkCounters("start");
 
-    unsigned dp = AxisSet(MeshAxis::DP).bits(), tp = AxisSet(MeshAxis::TP).bits(), pp = AxisSet(MeshAxis::PP).bits();
+    unsigned dp = AxisSet(MeshAxis::DP).bits(),
+             tp = AxisSet(MeshAxis::TP).bits(),
+             pp = AxisSet(MeshAxis::PP).bits();
     for (unsigned axes : {tp, dp, dp | tp, dp | pp}) {
       checkAllReduce(axes, false);
       checkAllReduce(axes, true);

@@ -37,7 +37,18 @@ const ParamInfo kParams[] = {
      kTP > 1 ? 1 : -1,
      MeshAxis::TP,
      3},
-    {"b", 1, {kCols}, kB, kW, InitKind::Normal, 0.1f, 0.3f, false, -1, MeshAxis::DP, 1},
+    {"b",
+     1,
+     {kCols},
+     kB,
+     kW,
+     InitKind::Normal,
+     0.1f,
+     0.3f,
+     false,
+     -1,
+     MeshAxis::DP,
+     1},
 };
 
 void step(StepContext &ctx) {
@@ -57,7 +68,8 @@ void step(StepContext &ctx) {
       gw[row * kLocalCols + j] += 2.0f * d * scale;
     }
   }
-  allReduceSum(&loss, 1, AxisSet(MeshAxis::DP).bits() | AxisSet(MeshAxis::TP).bits());
+  allReduceSum(&loss, 1,
+               AxisSet(MeshAxis::DP).bits() | AxisSet(MeshAxis::TP).bits());
   commWait(allReduceSumStart(gw, kW, AxisSet(MeshAxis::DP).bits()));
   float squares = 0.0f;
   for (int64_t i = 0; i < kW; i++)

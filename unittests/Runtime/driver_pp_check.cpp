@@ -36,15 +36,27 @@ constexpr int64_t kA = 6, kB = 4;
 constexpr uint64_t kSeed = 7;
 constexpr int kForwardTag = 7, kBackwardTag = 8;
 
-constexpr ParamInfo kParamA = {"a",  2,    {2, 3}, kA, 0,  InitKind::Normal,
-                               0.0f, 0.5f, true,   -1, MeshAxis::DP,  1};
-constexpr ParamInfo kParamB = {"b",  1,     {kB}, kB, 0, InitKind::Normal,
-                               0.1f, 0.3f,  false, -1, MeshAxis::DP, 1};
+constexpr ParamInfo kParamA = {
+    "a",  2,    {2, 3}, kA,           0, InitKind::Normal, 0.0f,
+    0.5f, true, -1,     MeshAxis::DP, 1};
+constexpr ParamInfo kParamB = {
+    "b",  1,     {kB}, kB,           0, InitKind::Normal, 0.1f,
+    0.3f, false, -1,   MeshAxis::DP, 1};
 
 #if STAGE < 0
 const ParamInfo kParams[] = {kParamA,
-                             {"b", 1, {kB}, kB, kA, InitKind::Normal, 0.1f,
-                              0.3f, false, -1, MeshAxis::DP, 1}};
+                             {"b",
+                              1,
+                              {kB},
+                              kB,
+                              kA,
+                              InitKind::Normal,
+                              0.1f,
+                              0.3f,
+                              false,
+                              -1,
+                              MeshAxis::DP,
+                              1}};
 constexpr int kNumParams = 2;
 constexpr int64_t kElems = kA + kB;
 #elif STAGE == 0

@@ -1,4 +1,5 @@
-//===- EmitCpp.h - Planned graph IR to a C++ rank program --------*- C++ -*-===//
+//===- EmitCpp.h - Planned graph IR to a C++ rank program --------*- C++
+//-*-===//
 #ifndef TESSEL_EMISSION_EMITCPP_H
 #define TESSEL_EMISSION_EMITCPP_H
 
@@ -19,7 +20,7 @@ struct CollectiveCall {
   std::string kind; // all_reduce, all_gather, reduce_scatter
   AxisSet axes;
   int64_t groupSize;
-  int64_t elements;  // as counted by the runtime (see Comm.h)
+  int64_t elements; // as counted by the runtime (see Comm.h)
   int64_t elementBytes;
   int64_t bytesSent; // textbook volume (CommVolume.h)
   std::string what;  // the op it implements

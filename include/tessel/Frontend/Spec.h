@@ -1,4 +1,5 @@
-//===- Spec.h - The JSON training spec ---------------------------*- C++ -*-===//
+//===- Spec.h - The JSON training spec ---------------------------*- C++
+//-*-===//
 //
 // A spec says what to train (model), with which recipe (train), on what data
 // (data) and how to spread it (parallel). `loadSpec` validates every field

@@ -84,8 +84,8 @@ void allGatherAlong(const float *in, float *out, int64_t outer, int64_t len,
                     int64_t inner, unsigned axes);
 // Reduce-scatter along one dimension: in is [outer, g * len, inner], out this
 // rank's [outer, len, inner] piece of the sum. Counted as one reduce-scatter.
-void reduceScatterAlong(const float *in, float *out, int64_t outer,
-                        int64_t len, int64_t inner, unsigned axes);
+void reduceScatterAlong(const float *in, float *out, int64_t outer, int64_t len,
+                        int64_t inner, unsigned axes);
 
 // Non-blocking all-reduce (MPI_Iallreduce); wait before reading the buffer.
 using CommRequest = int;

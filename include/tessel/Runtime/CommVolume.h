@@ -21,8 +21,7 @@ inline int64_t allGatherBytesSent(int64_t n, int64_t g, int64_t bytes = 4) {
   return (g - 1) * n * bytes;
 }
 // Reduce-scatter to n elements per rank: (g-1) * n * bytes.
-inline int64_t reduceScatterBytesSent(int64_t n, int64_t g,
-                                      int64_t bytes = 4) {
+inline int64_t reduceScatterBytesSent(int64_t n, int64_t g, int64_t bytes = 4) {
   return (g - 1) * n * bytes;
 }
 

@@ -54,8 +54,8 @@ void siluBackward(const T *x, const T *dout, T *dx, int64_t n);
 // LayerNorm over the last dimension C of a [rows, C] tensor, biased variance,
 // as torch.nn.LayerNorm: out = (x - mean) / sqrt(var + eps) * w + b.
 template <typename T>
-void layerNormForward(const T *x, const T *w, const T *b, T *out,
-                      int64_t rows, int64_t C, double eps);
+void layerNormForward(const T *x, const T *w, const T *b, T *out, int64_t rows,
+                      int64_t C, double eps);
 // Recomputes the statistics from x. Writes dx [rows, C], dw [C], db [C].
 template <typename T>
 void layerNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
@@ -87,8 +87,8 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
                       bool causal);
 // Recomputes the probabilities. Writes dq, dk, dv (same shapes as q, k, v).
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal);
 
 // Softmax over the last dimension of [rows, cols].
@@ -116,8 +116,8 @@ void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
 // dtable = 0, then dtable[ids[i], :] += dout[i, :] in ascending i (a fixed,
 // thread-count independent order so that runs are bitwise reproducible).
 template <typename T>
-void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
-                       int64_t n, int64_t V, int64_t C);
+void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
+                       int64_t V, int64_t C);
 
 // General transpose: out = permute(x, perm), x has shape[rank].
 // out's dimension i is x's dimension perm[i].

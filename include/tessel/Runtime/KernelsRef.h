@@ -34,8 +34,8 @@ template <typename T>
 void siluBackward(const T *x, const T *dout, T *dx, int64_t n);
 
 template <typename T>
-void layerNormForward(const T *x, const T *w, const T *b, T *out,
-                      int64_t rows, int64_t C, double eps);
+void layerNormForward(const T *x, const T *w, const T *b, T *out, int64_t rows,
+                      int64_t C, double eps);
 template <typename T>
 void layerNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
                        T *db, int64_t rows, int64_t C, double eps);
@@ -55,8 +55,8 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
                       int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
                       bool causal);
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal);
 
 template <typename T>
@@ -76,8 +76,8 @@ template <typename T>
 void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
                       int64_t V, int64_t C);
 template <typename T>
-void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
-                       int64_t n, int64_t V, int64_t C);
+void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
+                       int64_t V, int64_t C);
 
 template <typename T>
 void transpose(const T *x, T *out, const int64_t *shape, const int64_t *perm,

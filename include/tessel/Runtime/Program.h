@@ -1,4 +1,5 @@
-//===- Program.h - What a generated rank program hands the runtime -*- C++ -*-===//
+//===- Program.h - What a generated rank program hands the runtime -*- C++
+//-*-===//
 //
 // A generated program is a statically scheduled training step plus a
 // description of its parameters and recipe. It fills a `Program` and calls
@@ -43,12 +44,12 @@ struct ParamInfo {
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };
 
 struct TrainConfig {
-  int64_t batch;   // sequences per step on this rank (global / dp)
-  int64_t seqLen;  // tokens per sequence
-  int64_t vocab;   // token ids must be < vocab
-  int64_t steps;   // default run length and schedule horizon
-  uint64_t seed;   // parameter initialisation seed
-  float gradClip;  // max global gradient norm; <= 0 disables clipping
+  int64_t batch;  // sequences per step on this rank (global / dp)
+  int64_t seqLen; // tokens per sequence
+  int64_t vocab;  // token ids must be < vocab
+  int64_t steps;  // default run length and schedule horizon
+  uint64_t seed;  // parameter initialisation seed
+  float gradClip; // max global gradient norm; <= 0 disables clipping
   float lr, beta1, beta2, eps, weightDecay;
   int64_t warmupSteps;
   LrDecay decay;
@@ -118,8 +119,7 @@ struct Program {
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup
 // lr * (step + 1) / warmupSteps, then decay from lr to minLr over the rest.
-float learningRate(const TrainConfig &config, int64_t step,
-                   int64_t totalSteps);
+float learningRate(const TrainConfig &config, int64_t step, int64_t totalSteps);
 // torch.nn.utils.clip_grad_norm_: min(1, maxNorm / (totalNorm + 1e-6)),
 // or 1 when maxNorm <= 0.
 float clipCoefficient(double totalNorm, float maxNorm);

@@ -1,4 +1,5 @@
-//===- VocabParallel.h - Embedding and loss over a split vocabulary -*- C++ -*-===//
+//===- VocabParallel.h - Embedding and loss over a split vocabulary -*- C++
+//-*-===//
 //
 // Megatron's vocab-parallel layers: a rank holds rows [vStart, vStart + Vl)
 // of the token embedding (and of the tied or untied LM head), so it computes
@@ -38,8 +39,8 @@ void crossEntropyVocabParallelForward(const float *logits,
 void crossEntropyVocabParallelBackward(const float *logits,
                                        const int32_t *targets,
                                        const float *dloss, float *dlogits,
-                                       int64_t rows, int64_t Vl,
-                                       int64_t vStart, unsigned axes);
+                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       unsigned axes);
 
 } // namespace tessel::rt
 

@@ -1,4 +1,5 @@
-//===- MeshLayout.h - Ranks, mesh coordinates and pipeline stages -*- C++ -*-===//
+//===- MeshLayout.h - Ranks, mesh coordinates and pipeline stages -*- C++
+//-*-===//
 //
 // The one place that knows how ranks are laid out on the device mesh and
 // where pipeline stages run. The compiler (sharding, stage splitting,
@@ -78,9 +79,7 @@ public:
   constexpr bool contains(MeshAxis axis) const {
     return bits_ & AxisSet(axis).bits_;
   }
-  constexpr bool intersects(AxisSet other) const {
-    return bits_ & other.bits_;
-  }
+  constexpr bool intersects(AxisSet other) const { return bits_ & other.bits_; }
   int size() const { return __builtin_popcount(bits_); }
   // The axis when the set has exactly one.
   std::optional<MeshAxis> single() const {
@@ -89,10 +88,16 @@ public:
     return static_cast<MeshAxis>(__builtin_ctz(bits_));
   }
 
-  constexpr AxisSet operator|(AxisSet o) const { return fromBits(bits_ | o.bits_); }
-  constexpr AxisSet operator&(AxisSet o) const { return fromBits(bits_ & o.bits_); }
+  constexpr AxisSet operator|(AxisSet o) const {
+    return fromBits(bits_ | o.bits_);
+  }
+  constexpr AxisSet operator&(AxisSet o) const {
+    return fromBits(bits_ & o.bits_);
+  }
   // The axes of this set that are not in `o`.
-  constexpr AxisSet operator-(AxisSet o) const { return fromBits(bits_ & ~o.bits_); }
+  constexpr AxisSet operator-(AxisSet o) const {
+    return fromBits(bits_ & ~o.bits_);
+  }
   AxisSet &operator|=(AxisSet o) { return *this = *this | o; }
   AxisSet &operator&=(AxisSet o) { return *this = *this & o; }
   AxisSet &operator-=(AxisSet o) { return *this = *this - o; }
@@ -247,9 +252,7 @@ public:
   // ranks [p * ranksPerProgram(), (p + 1) * ranksPerProgram()).
   int64_t numPrograms() const { return pipelineRanks(); }
   int64_t ranksPerProgram() const { return worldSize() / numPrograms(); }
-  int64_t programOf(int64_t rank) const {
-    return coordsOf(rank)[MeshAxis::PP];
-  }
+  int64_t programOf(int64_t rank) const { return coordsOf(rank)[MeshAxis::PP]; }
   int64_t firstRankOfProgram(int64_t program) const {
     return program * ranksPerProgram();
   }

@@ -44,8 +44,8 @@ llvm::DenseSet<mlir::Value> fp32ValuesOf(mlir::ModuleOp module);
 // The planned place of `value` (an op result carrying kBufferAttr).
 inline BufferRef bufferOf(mlir::Value value) {
   auto result = mlir::cast<mlir::OpResult>(value);
-  auto pairs = result.getOwner()->getAttrOfType<mlir::DenseI64ArrayAttr>(
-      kBufferAttr);
+  auto pairs =
+      result.getOwner()->getAttrOfType<mlir::DenseI64ArrayAttr>(kBufferAttr);
   int64_t i = result.getResultNumber() * 2;
   return {static_cast<BufferSpace>(pairs[i]), pairs[i + 1]};
 }

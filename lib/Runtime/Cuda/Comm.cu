@@ -330,7 +330,8 @@ ncclComm_t commFor(unsigned axes, const char *collective) {
   return comm;
 }
 
-//===--- Stream ordering and the watchdog's list ---------------------------===//
+//===--- Stream ordering and the watchdog's list
+//---------------------------===//
 
 cudaEvent_t newEvent() {
   cudaEvent_t event = nullptr;
@@ -366,8 +367,7 @@ void operationEnqueued(int queue, cudaStream_t stream, InFlight entry,
   }
   check(cudaEventRecord(done, stream), "cudaEventRecord");
   if (computeWaits)
-    check(cudaStreamWaitEvent(computeStream(), done, 0),
-          "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(computeStream(), done, 0), "cudaStreamWaitEvent");
   entry.done = done;
   entry.since = Clock::now();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -400,8 +400,7 @@ void blockingCollective(const char *name, unsigned axes, int64_t elements,
   collectiveEnqueued(name, axes, elements, /*computeWaits=*/true);
 }
 
-template <typename T>
-void copyOnCompute(T *out, const T *in, int64_t n) {
+template <typename T> void copyOnCompute(T *out, const T *in, int64_t n) {
   if (out != in && n > 0)
     check(cudaMemcpyAsync(out, in, (size_t)n * sizeof(T),
                           cudaMemcpyDeviceToDevice, computeStream()),
@@ -425,15 +424,15 @@ void *staging(size_t bytes) {
   return s.staging;
 }
 
-//===--- Watchdog ----------------------------------------------------------===//
+//===--- Watchdog
+//----------------------------------------------------------===//
 
 // Reports `message` as this rank's fatal error, aborts the communicators (so
 // that kernels blocked in a collective return) and then the job.
 [[noreturn]] void abortJob(const std::string &message) {
   CommState &s = state();
   std::fflush(stdout);
-  std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(),
-               message.c_str());
+  std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(), message.c_str());
   std::fflush(stderr);
   for (unsigned axes = 0; axes < kNumAxisSets; axes++)
     if (s.comms[axes])
@@ -481,10 +480,9 @@ std::string pollCollectives(CommState &s) {
         continue;
       }
       if (status != cudaErrorNotReady)
-        return describeOperation(oldest) + " failed: " +
-               cudaGetErrorString(status);
-      double waited =
-          std::chrono::duration<double>(now - oldest.since).count();
+        return describeOperation(oldest) +
+               " failed: " + cudaGetErrorString(status);
+      double waited = std::chrono::duration<double>(now - oldest.since).count();
       if (waited > s.timeoutSeconds) {
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%.0f", waited);
@@ -562,7 +560,8 @@ double timeoutFromEnvironment() {
   return seconds;
 }
 
-//===--- Layout of collectives along a dimension ---------------------------===//
+//===--- Layout of collectives along a dimension
+//---------------------------===//
 
 // blocks [g, outer, len, inner] (NCCL's rank-major layout) and a tensor
 // [outer, g * len, inner]; `piece` is len * inner. Copies blocks into the
@@ -617,8 +616,8 @@ int p2pPeer(int64_t n, MeshAxis axis, int offset, const char *what) {
         " with offset " + std::to_string(offset) + " from coordinate " +
         std::to_string(coord) + ": " +
         (offset == 0 ? std::string("the peer is this rank itself")
-                     : "no rank has coordinate " + std::to_string(peer) +
-                           " (" + tessel::meshAxisName(axis) + " size " +
+                     : "no rank has coordinate " + std::to_string(peer) + " (" +
+                           tessel::meshAxisName(axis) + " size " +
                            std::to_string(size) + ")"));
   return (int)peer;
 }
@@ -695,7 +694,8 @@ void *nextSendBuffer(size_t bytes) {
 
 } // namespace
 
-//===--- Start and stop (called by Device.cu) ------------------------------===//
+//===--- Start and stop (called by Device.cu)
+//------------------------------===//
 
 namespace detail {
 
@@ -913,7 +913,8 @@ void tensorToBlocks(const T *in, T *blocks, int64_t g, int64_t outer,
 
 } // namespace detail
 
-//===--- Collectives -------------------------------------------------------===//
+//===--- Collectives
+//-------------------------------------------------------===//
 
 namespace {
 
@@ -1026,9 +1027,9 @@ void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
     for (int peer = 0; peer < (int)g; peer++) {
       if (peer == me)
         continue;
-      checkNccl(ncclSend(in + peer * n, (size_t)n, ncclType<T>(), peer, comm,
-                         stream),
-                name, axes, g * n);
+      checkNccl(
+          ncclSend(in + peer * n, (size_t)n, ncclType<T>(), peer, comm, stream),
+          name, axes, g * n);
       checkNccl(ncclRecv(out + peer * n, (size_t)n, ncclType<T>(), peer, comm,
                          stream),
                 name, axes, g * n);
@@ -1108,7 +1109,8 @@ void commWait(CommRequest request) {
   s.requestInUse[request] = false;
 }
 
-//===--- Point-to-point ----------------------------------------------------===//
+//===--- Point-to-point
+//----------------------------------------------------===//
 
 void flushSends() {
   CommState &s = state();
@@ -1253,7 +1255,8 @@ void waitSends() {
   }
 }
 
-//===--- Instantiations ----------------------------------------------------===//
+//===--- Instantiations
+//----------------------------------------------------===//
 
 #define TESSEL_CUDA_COMM_INSTANTIATE(T)                                        \
   template void allReduceSum<T>(T *, int64_t, unsigned);                       \
@@ -1264,8 +1267,8 @@ void waitSends() {
   template void allToAll<T>(const T *, T *, int64_t, unsigned);                \
   template void broadcast<T>(T *, int64_t, int, unsigned);                     \
   template CommRequest allReduceSumStart<T>(T *, int64_t, unsigned);           \
-  template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);     \
-  template void recvFrom<T>(T *, int64_t, MeshAxis, int);                  \
+  template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);         \
+  template void recvFrom<T>(T *, int64_t, MeshAxis, int);                      \
   template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \
                                           int64_t, int64_t, cudaStream_t);     \
   template void detail::tensorToBlocks<T>(const T *, T *, int64_t, int64_t,    \

@@ -102,13 +102,12 @@ int selectDevice() {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     cudaGetLastError();
-    std::string reason = status == cudaSuccess || status == cudaErrorNoDevice
-                             ? ""
-                             : std::string(" (") +
-                                   cudaGetErrorString(status) + ")";
+    std::string reason =
+        status == cudaSuccess || status == cudaErrorNoDevice
+            ? ""
+            : std::string(" (") + cudaGetErrorString(status) + ")";
     throw std::runtime_error(
-        "no CUDA device: this program was compiled for --target cuda" +
-        reason);
+        "no CUDA device: this program was compiled for --target cuda" + reason);
   }
   int local = localRankFromEnvironment();
   if (local < 0)
@@ -162,17 +161,17 @@ void startDevice(const rt::Program &program, const float *hostParams,
   check(cudaGetDeviceProperties(&prop, s.device), "cudaGetDeviceProperties");
   int arch = prop.major * 10 + prop.minor;
   if (arch < device.cudaArch)
-    throw std::runtime_error(
-        "GPU " + std::to_string(s.device) + " (" + prop.name +
-        ") has compute capability sm_" + std::to_string(arch) +
-        ", older than sm_" + std::to_string(device.cudaArch) +
-        " that this program was built for");
+    throw std::runtime_error("GPU " + std::to_string(s.device) + " (" +
+                             prop.name + ") has compute capability sm_" +
+                             std::to_string(arch) + ", older than sm_" +
+                             std::to_string(device.cudaArch) +
+                             " that this program was built for");
   // "NVIDIA H200 (sm_90, 140 GiB), bf16 mixed precision"
-  s.description = std::string(prop.name) + " (sm_" + std::to_string(arch) +
-                  ", " +
-                  std::to_string((long long)std::llround(
-                      prop.totalGlobalMem / 1073741824.0)) +
-                  " GiB), " + (device.bf16 ? "bf16 mixed precision" : "fp32");
+  s.description =
+      std::string(prop.name) + " (sm_" + std::to_string(arch) + ", " +
+      std::to_string(
+          (long long)std::llround(prop.totalGlobalMem / 1073741824.0)) +
+      " GiB), " + (device.bf16 ? "bf16 mixed precision" : "fp32");
 
   // From here on stop() releases whatever was created.
   s.started = true;
@@ -225,8 +224,8 @@ void startDevice(const rt::Program &program, const float *hostParams,
   ctx.targets = s.targets;
 }
 
-void loadBatch(rt::StepContext &, const int32_t *tokens,
-               const int32_t *targets, int64_t count) {
+void loadBatch(rt::StepContext &, const int32_t *tokens, const int32_t *targets,
+               int64_t count) {
   DeviceState &s = state();
   if (!s.started)
     throw std::runtime_error("loadBatch before the CUDA device was started");
@@ -250,10 +249,9 @@ void download(const rt::Program &program, float *hostParams) {
   if (!s.started)
     throw std::runtime_error("download before the CUDA device was started");
   if (program.paramElems != s.paramElems)
-    throw std::runtime_error("download of " +
-                             std::to_string(program.paramElems) +
-                             " parameters from a device holding " +
-                             std::to_string(s.paramElems));
+    throw std::runtime_error(
+        "download of " + std::to_string(program.paramElems) +
+        " parameters from a device holding " + std::to_string(s.paramElems));
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
   if (s.paramElems > 0)
     check(cudaMemcpy(hostParams, s.params, (size_t)s.paramElems * sizeof(float),
@@ -273,10 +271,9 @@ void stopDevice() {
   detail::commStop();
   detail::gemmShutdown();
   DeviceBuffers &b = s.buffers;
-  void *buffers[] = {s.params,      s.grads,         s.adamM,
-                     s.adamV,       s.gradAccum,     s.activations,
-                     s.tokens,      s.targets,       b.paramShadow,
-                     b.scratch,     b.scalars,       b.normAcc};
+  void *buffers[] = {s.params,      s.grads,       s.adamM,   s.adamV,
+                     s.gradAccum,   s.activations, s.tokens,  s.targets,
+                     b.paramShadow, b.scratch,     b.scalars, b.normAcc};
   for (void *data : buffers)
     if (data)
       cudaFree(data);

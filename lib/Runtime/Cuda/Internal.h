@@ -42,15 +42,17 @@ template <> __host__ __device__ inline bf16 fromFloat<bf16>(float x) {
 // combination of float and bf16 for its number of type parameters.
 #define TESSEL_CUDA_TYPES1(X) X(float) X(::tessel::cuda::bf16)
 #define TESSEL_CUDA_TYPES2(X)                                                  \
-  X(float, float) X(float, ::tessel::cuda::bf16)                               \
-  X(::tessel::cuda::bf16, float) X(::tessel::cuda::bf16, ::tessel::cuda::bf16)
+  X(float, float)                                                              \
+  X(float, ::tessel::cuda::bf16) X(::tessel::cuda::bf16, float)                \
+      X(::tessel::cuda::bf16, ::tessel::cuda::bf16)
 #define TESSEL_CUDA_TYPES3(X)                                                  \
-  X(float, float, float) X(float, float, ::tessel::cuda::bf16)                 \
-  X(float, ::tessel::cuda::bf16, float)                                        \
-  X(float, ::tessel::cuda::bf16, ::tessel::cuda::bf16)                         \
-  X(::tessel::cuda::bf16, float, float)                                        \
-  X(::tessel::cuda::bf16, float, ::tessel::cuda::bf16)                         \
-  X(::tessel::cuda::bf16, ::tessel::cuda::bf16, float)                         \
-  X(::tessel::cuda::bf16, ::tessel::cuda::bf16, ::tessel::cuda::bf16)
+  X(float, float, float)                                                       \
+  X(float, float, ::tessel::cuda::bf16) X(float, ::tessel::cuda::bf16, float)  \
+      X(float, ::tessel::cuda::bf16, ::tessel::cuda::bf16)                     \
+          X(::tessel::cuda::bf16, float, float)                                \
+              X(::tessel::cuda::bf16, float, ::tessel::cuda::bf16)             \
+                  X(::tessel::cuda::bf16, ::tessel::cuda::bf16, float)         \
+                      X(::tessel::cuda::bf16, ::tessel::cuda::bf16,            \
+                        ::tessel::cuda::bf16)
 
 #endif // TESSEL_RUNTIME_CUDA_INTERNAL_H

@@ -375,15 +375,15 @@ template <typename TI, typename TG, typename TO>
 void layerNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
                        float *dw, float *db, int64_t rows, int64_t C,
                        double eps) {
-  layerNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw,
-                       db, rows, C, eps);
+  layerNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw, db,
+                       rows, C, eps);
 }
 
 template <typename TI, typename TG, typename TO>
 void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
                      float *dw, int64_t rows, int64_t C, double eps) {
-  rmsNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw,
-                     rows, C, eps);
+  rmsNormBackwardAdd(x, w, dout, static_cast<const TO *>(nullptr), dx, dw, rows,
+                     C, eps);
 }
 
 //===--- Instantiations ---------------------------------------------------===//
@@ -404,9 +404,9 @@ void rmsNormBackward(const TI *x, const float *w, const TG *dout, TO *dx,
   template void layerNormBackwardAdd<A, B, C>(                                 \
       const A *, const float *, const B *, const C *, C *, float *, float *,   \
       int64_t, int64_t, double);                                               \
-  template void rmsNormBackwardAdd<A, B, C>(const A *, const float *,          \
-                                            const B *, const C *, C *,         \
-                                            float *, int64_t, int64_t, double);
+  template void rmsNormBackwardAdd<A, B, C>(                                   \
+      const A *, const float *, const B *, const C *, C *, float *, int64_t,   \
+      int64_t, double);
 TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
 #undef TESSEL_INSTANTIATE3
 

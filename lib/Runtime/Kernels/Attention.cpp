@@ -26,7 +26,6 @@ using detail::kLanes;
 using detail::maxOf;
 using detail::sumOf;
 
-
 // y += a * x
 template <typename T> inline void axpy(T a, const T *x, T *y, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
@@ -88,8 +87,8 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),
 //   dQ = scale * dS K,  dK = scale * dS^T Q.
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
@@ -191,9 +190,9 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
                                     int64_t, int64_t, int64_t, int64_t,        \
                                     int64_t, bool);                            \
-  template void attentionBackward<T>(const T *, const T *, const T *,          \
-                                     const T *, T *, T *, T *, int64_t,        \
-                                     int64_t, int64_t, int64_t, int64_t, bool);
+  template void attentionBackward<T>(                                          \
+      const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
+      int64_t, int64_t, int64_t, int64_t, bool);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

@@ -84,8 +84,7 @@ void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
 
 template <typename T>
 void crossEntropyBackward(const T *logits, const int32_t *targets,
-                          const T *dloss, T *dlogits, int64_t rows,
-                          int64_t V) {
+                          const T *dloss, T *dlogits, int64_t rows, int64_t V) {
   if (rows <= 0)
     return;
   const double g = double(dloss[0]) / double(rows);

@@ -23,12 +23,13 @@ void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
   (void)V;
 #pragma omp parallel for schedule(static) if (n * C >= (1 << 15))
   for (int64_t i = 0; i < n; ++i)
-    std::memcpy(out + i * C, table + int64_t(ids[i]) * C, size_t(C) * sizeof(T));
+    std::memcpy(out + i * C, table + int64_t(ids[i]) * C,
+                size_t(C) * sizeof(T));
 }
 
 template <typename T>
-void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
-                       int64_t n, int64_t V, int64_t C) {
+void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
+                       int64_t V, int64_t C) {
   if (V <= 0 || C <= 0)
     return;
   const bool par = (n + V) * C >= (1 << 15);

@@ -42,9 +42,7 @@ template <typename T> inline T sumSqDev(const T *x, T m, int64_t n) {
   return s;
 }
 
-template <typename T> struct RowStats {
-  T mean, rstd;
-};
+template <typename T> struct RowStats { T mean, rstd; };
 
 template <typename T>
 inline RowStats<T> layerNormStats(const T *x, int64_t C, double eps) {
@@ -56,8 +54,8 @@ inline RowStats<T> layerNormStats(const T *x, int64_t C, double eps) {
 } // namespace
 
 template <typename T>
-void layerNormForward(const T *x, const T *w, const T *b, T *out,
-                      int64_t rows, int64_t C, double eps) {
+void layerNormForward(const T *x, const T *w, const T *b, T *out, int64_t rows,
+                      int64_t C, double eps) {
 #pragma omp parallel for schedule(static) if (rows * C >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = x + r * C;
@@ -133,7 +131,8 @@ void rmsNormForward(const T *x, const T *w, T *out, int64_t rows, int64_t C,
 }
 
 // With rstd = 1 / sqrt(mean(x^2) + eps) and g = dout * w:
-//   dx = rstd * g - x * rstd^3 * sum(g * x) / C,   dw = sum_rows dout * x * rstd.
+//   dx = rstd * g - x * rstd^3 * sum(g * x) / C,   dw = sum_rows dout * x *
+//   rstd.
 template <typename T>
 void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
                      int64_t rows, int64_t C, double eps) {

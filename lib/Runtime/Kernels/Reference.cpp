@@ -101,8 +101,8 @@ void siluBackward(const T *x, const T *dout, T *dx, int64_t n) {
 }
 
 template <typename T>
-void layerNormForward(const T *x, const T *w, const T *b, T *out,
-                      int64_t rows, int64_t C, double eps) {
+void layerNormForward(const T *x, const T *w, const T *b, T *out, int64_t rows,
+                      int64_t C, double eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double mean = 0, var = 0;
     for (int64_t j = 0; j < C; ++j)
@@ -112,7 +112,8 @@ void layerNormForward(const T *x, const T *w, const T *b, T *out,
       var += (x[r * C + j] - mean) * (x[r * C + j] - mean);
     var /= double(C);
     for (int64_t j = 0; j < C; ++j)
-      out[r * C + j] = T((x[r * C + j] - mean) / std::sqrt(var + eps) * w[j] + b[j]);
+      out[r * C + j] =
+          T((x[r * C + j] - mean) / std::sqrt(var + eps) * w[j] + b[j]);
   }
 }
 
@@ -182,8 +183,9 @@ void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
       dwAcc[size_t(j)] += double(dout[r * C + j]) * x[r * C + j] * rstd;
     }
     for (int64_t j = 0; j < C; ++j)
-      dx[r * C + j] = T(rstd * double(dout[r * C + j]) * w[j] -
-                        double(x[r * C + j]) * rstd * rstd * rstd * gx / double(C));
+      dx[r * C + j] =
+          T(rstd * double(dout[r * C + j]) * w[j] -
+            double(x[r * C + j]) * rstd * rstd * rstd * gx / double(C));
   }
   for (int64_t j = 0; j < C; ++j)
     dw[j] = T(dwAcc[size_t(j)]);
@@ -198,7 +200,8 @@ void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
       for (int64_t h = 0; h < H; ++h) {
         const int64_t base = ((b * Tlen + t) * H + h) * D;
         for (int64_t i = 0; i < half; ++i) {
-          double angle = double(t) * std::pow(theta, -2.0 * double(i) / double(D));
+          double angle =
+              double(t) * std::pow(theta, -2.0 * double(i) / double(D));
           if (inverse)
             angle = -angle;
           const double x1 = x[base + i], x2 = x[base + i + half];
@@ -253,15 +256,16 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
         for (int64_t d = 0; d < D; ++d) {
           double s = 0;
           for (int64_t j = 0; j < Tlen; ++j)
-            s += P[size_t(t * Tlen + j)] * v[((b * Tlen + j) * Hkv + g) * D + d];
+            s +=
+                P[size_t(t * Tlen + j)] * v[((b * Tlen + j) * Hkv + g) * D + d];
           out[((b * Tlen + t) * H + h) * D + d] = T(s);
         }
     }
 }
 
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal) {
   const double scale = 1.0 / std::sqrt(double(D));
   std::vector<double> dkAcc(size_t(B * Tlen * Hkv * D), 0.0);
@@ -380,8 +384,8 @@ void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
 }
 
 template <typename T>
-void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
-                       int64_t n, int64_t V, int64_t C) {
+void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
+                       int64_t V, int64_t C) {
   for (int64_t i = 0; i < V * C; ++i)
     dtable[i] = T(0);
   for (int64_t i = 0; i < n; ++i)
@@ -392,7 +396,8 @@ void embeddingBackward(const int32_t *ids, const T *dout, T *dtable,
 template <typename T>
 void transpose(const T *x, T *out, const int64_t *shape, const int64_t *perm,
                int rank) {
-  std::vector<int64_t> inStride(size_t(rank), 1), outShape(static_cast<size_t>(rank));
+  std::vector<int64_t> inStride(size_t(rank), 1),
+      outShape(static_cast<size_t>(rank));
   for (int d = rank - 2; d >= 0; --d)
     inStride[size_t(d)] = inStride[size_t(d + 1)] * shape[d + 1];
   int64_t total = 1;
@@ -418,7 +423,8 @@ void sliceAxis(const T *x, T *out, int64_t outer, int64_t srcAxis,
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t a = 0; a < len; ++a)
       for (int64_t i = 0; i < inner; ++i)
-        out[(o * len + a) * inner + i] = x[(o * srcAxis + start + a) * inner + i];
+        out[(o * len + a) * inner + i] =
+            x[(o * srcAxis + start + a) * inner + i];
 }
 
 template <typename T>
@@ -427,7 +433,8 @@ void insertAxis(const T *x, T *out, int64_t outer, int64_t dstAxis,
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t a = 0; a < len; ++a)
       for (int64_t i = 0; i < inner; ++i)
-        out[(o * dstAxis + start + a) * inner + i] = x[(o * len + a) * inner + i];
+        out[(o * dstAxis + start + a) * inner + i] =
+            x[(o * len + a) * inner + i];
 }
 
 template <typename T> void copy(const T *x, T *out, int64_t n) {
@@ -472,9 +479,9 @@ template <typename T> double sumSquares(const T *x, int64_t n) {
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
                                     int64_t, int64_t, int64_t, int64_t,        \
                                     int64_t, bool);                            \
-  template void attentionBackward<T>(const T *, const T *, const T *,          \
-                                     const T *, T *, T *, T *, int64_t,        \
-                                     int64_t, int64_t, int64_t, int64_t, bool); \
+  template void attentionBackward<T>(                                          \
+      const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
+      int64_t, int64_t, int64_t, int64_t, bool);                               \
   template void softmaxForward<T>(const T *, T *, int64_t, int64_t);           \
   template void softmaxBackward<T>(const T *, const T *, T *, int64_t,         \
                                    int64_t);                                   \

@@ -25,7 +25,8 @@ void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
     for (int64_t t = 0; t < Tlen; ++t) {
       const double angle = double(t) * invFreq;
       cosT[size_t(t * half + i)] = T(std::cos(angle));
-      sinT[size_t(t * half + i)] = T(inverse ? -std::sin(angle) : std::sin(angle));
+      sinT[size_t(t * half + i)] =
+          T(inverse ? -std::sin(angle) : std::sin(angle));
     }
   }
   const int64_t rowsBT = B * Tlen;

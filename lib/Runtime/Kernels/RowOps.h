@@ -1,4 +1,5 @@
-//===- RowOps.h - Fixed-order row reductions shared by the kernels -*- C++ -*-===//
+//===- RowOps.h - Fixed-order row reductions shared by the kernels -*- C++
+//-*-===//
 //
 // Internal to lib/Runtime/Kernels. Sums use kLanes interleaved accumulators:
 // they vectorise, and their order is fixed (independent of threads), which

@@ -56,8 +56,7 @@ void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
 
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void softmaxForward<T>(const T *, T *, int64_t, int64_t);           \
-  template void softmaxBackward<T>(const T *, const T *, T *, int64_t,         \
-                                   int64_t);
+  template void softmaxBackward<T>(const T *, const T *, T *, int64_t, int64_t);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

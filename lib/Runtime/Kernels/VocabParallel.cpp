@@ -44,10 +44,9 @@ namespace {
 // Row maxima over the whole vocabulary, then each row's sum of exp(x - max)
 // over it. `extra` rows of the sum buffer (the target logits) ride along in
 // the same all-reduce.
-void rowStatistics(const float *logits, int64_t rows, int64_t Vl,
-                   unsigned axes, std::vector<float> &maxima,
-                   std::vector<float> &sums, const int32_t *targets,
-                   int64_t vStart) {
+void rowStatistics(const float *logits, int64_t rows, int64_t Vl, unsigned axes,
+                   std::vector<float> &maxima, std::vector<float> &sums,
+                   const int32_t *targets, int64_t vStart) {
   maxima.resize(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -92,8 +91,8 @@ void crossEntropyVocabParallelForward(const float *logits,
 void crossEntropyVocabParallelBackward(const float *logits,
                                        const int32_t *targets,
                                        const float *dloss, float *dlogits,
-                                       int64_t rows, int64_t Vl,
-                                       int64_t vStart, unsigned axes) {
+                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       unsigned axes) {
   static std::vector<float> maxima, sums;
   rowStatistics(logits, rows, Vl, axes, maxima, sums, nullptr, vStart);
   float scale = dloss[0] / rows;

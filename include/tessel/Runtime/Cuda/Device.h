@@ -116,9 +116,9 @@ const DeviceBuffers &deviceBuffers();
 
 // What a generated CUDA program adds to its Program.
 struct DeviceProgram {
-  bool bf16 = false;           // train.precision
-  int64_t scratchBytes = 0;    // largest attention / cross-entropy scratch
-  int cudaArch = 90;           // the arch the program was built for
+  bool bf16 = false;        // train.precision
+  int64_t scratchBytes = 0; // largest attention / cross-entropy scratch
+  int cudaArch = 90;        // the arch the program was built for
   // Axis sets (masks) that collectives of this program run over.
   const unsigned *commAxes = nullptr;
   int numCommAxes = 0;

@@ -55,8 +55,8 @@ void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
 // receives gelu_tanh(out) while `out` keeps the pre-activation (which the
 // GELU backward reads). A is [M, K] row-major, no batch.
 template <typename TA, typename TB, typename TC>
-void matmulBias(const TA *A, const TB *B, const float *bias, TC *out,
-                TC *gelu, int64_t M, int64_t N, int64_t K, bool transB);
+void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
+                int64_t M, int64_t N, int64_t K, bool transB);
 
 //===--- Elementwise.cu ---------------------------------------------------===//
 
@@ -82,8 +82,7 @@ void siluBackward(const TI *x, const TG *dout, TO *dx, int64_t n);
 template <typename TI, typename TO>
 void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
                    int64_t n);
-template <typename TI, typename TO>
-void copy(const TI *x, TO *out, int64_t n);
+template <typename TI, typename TO> void copy(const TI *x, TO *out, int64_t n);
 template <typename TO> void fill(TO *out, int64_t n, float value);
 
 // out = permute(x, perm); shape and perm are host arrays of `rank` entries.
@@ -184,12 +183,12 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
                       bool causal);
 // Recomputes the forward's row log-sum-exp and rowsum(dout * out) into
 // `scratch` (the output itself is not stored), then the flash-attention
-// backward: a pass over key tiles (dK, dV) and one over query tiles (dQ). dk and dv of a KV head shared by several
-// query heads are summed in fp32. `scratch` must hold
-// attentionScratchBytes(...) bytes.
+// backward: a pass over key tiles (dK, dV) and one over query tiles (dQ). dk
+// and dv of a KV head shared by several query heads are summed in fp32.
+// `scratch` must hold attentionScratchBytes(...) bytes.
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout,
-                       T *dq, T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
+void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
+                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal, void *scratch);
 int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                               int64_t D, int elementBytes);
@@ -216,19 +215,16 @@ void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
                                       int64_t vStart, unsigned axes,
                                       void *scratch);
 template <typename TL, typename TO>
-void crossEntropyVocabParallelBackward(const TL *logits,
-                                       const int32_t *targets,
+void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        const float *dloss, TO *dlogits,
-                                       int64_t rows, int64_t Vl,
-                                       int64_t vStart, unsigned axes,
-                                       void *scratch);
+                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       unsigned axes, void *scratch);
 int64_t crossEntropyScratchBytes(int64_t rows);
 
 //===--- Optimizer.cu -----------------------------------------------------===//
 
 // acc[0] += sum of x^2 (fp64), deterministic.
-template <typename TI>
-void sumSquaresInto(const TI *x, int64_t n, double *acc);
+template <typename TI> void sumSquaresInto(const TI *x, int64_t n, double *acc);
 // out[0] = sqrt(acc[0] + ... + acc[parts - 1]) (fp32): the global norm from
 // its partial sums (one per set of mesh axes the gradients are split over).
 void sqrtInto(const double *acc, int parts, float *out);
