@@ -13,18 +13,82 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/TypeUtilities.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace tessel::graph;
 
 #include "dialects/Graph/GraphDialect.cpp.inc"
+#include "dialects/Graph/GraphEnums.cpp.inc"
 #include "dialects/Graph/GraphInterfaces.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Graph/GraphAttrs.cpp.inc"
 
 void GraphDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/Graph/GraphAttrs.cpp.inc"
+      >();
   addOperations<
 #define GET_OP_LIST
 #include "dialects/Graph/GraphOps.cpp.inc"
       >();
+}
+
+LogicalResult GraphDialect::verifyOperationAttribute(Operation *op,
+                                                     NamedAttribute attr) {
+  if (attr.getName() == kLayerAttrName && !isa<LayerAttr>(attr.getValue()))
+    return op->emitOpError("graph.layer must be a #graph.layer<...>");
+  if (attr.getName() == kPhaseAttrName && !isa<PhaseAttr>(attr.getValue()))
+    return op->emitOpError("graph.phase must be a #graph.phase<...>");
+  return success();
+}
+
+Attribute LayerAttr::parse(AsmParser &parser, Type) {
+  StringRef keyword;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseLess() || parser.parseKeyword(&keyword))
+    return {};
+  std::optional<LayerKind> kind = symbolizeLayerKind(keyword);
+  if (!kind) {
+    parser.emitError(loc, "expected embedding, block N or head");
+    return {};
+  }
+  int64_t index = 0;
+  if (*kind == LayerKind::Block && parser.parseInteger(index))
+    return {};
+  if (parser.parseGreater())
+    return {};
+  return LayerAttr::get(parser.getContext(), *kind, index);
+}
+
+void LayerAttr::print(AsmPrinter &printer) const {
+  printer << "<" << stringifyLayerKind(getKind());
+  if (getKind() == LayerKind::Block)
+    printer << " " << getIndex();
+  printer << ">";
+}
+
+LayerAttr tessel::graph::layerOf(Operation *op) {
+  return op->getAttrOfType<LayerAttr>(GraphDialect::kLayerAttrName);
+}
+std::optional<Phase> tessel::graph::phaseOf(Operation *op) {
+  if (auto phase = op->getAttrOfType<PhaseAttr>(GraphDialect::kPhaseAttrName))
+    return phase.getValue();
+  return std::nullopt;
+}
+void tessel::graph::setLayer(Operation *op, LayerAttr layer) {
+  op->setAttr(GraphDialect::kLayerAttrName, layer);
+}
+void tessel::graph::setPhase(Operation *op, Phase phase) {
+  op->setAttr(GraphDialect::kPhaseAttrName,
+              PhaseAttr::get(op->getContext(), phase));
+}
+void tessel::graph::copyPlacement(Operation *from, Operation *op) {
+  if (LayerAttr layer = layerOf(from))
+    setLayer(op, layer);
+  if (std::optional<Phase> phase = phaseOf(from))
+    setPhase(op, *phase);
 }
 
 #define GET_OP_CLASSES

@@ -2,6 +2,7 @@
 
 #include "dialects/Pipe/PipeOps.h"
 
+#include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -12,12 +13,57 @@ using namespace mlir;
 using namespace tessel::pipe;
 
 #include "dialects/Pipe/PipeDialect.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Pipe/PipeAttrs.cpp.inc"
 
 void PipeDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/Pipe/PipeAttrs.cpp.inc"
+      >();
   addOperations<
 #define GET_OP_LIST
 #include "dialects/Pipe/PipeOps.cpp.inc"
       >();
+}
+
+LogicalResult PipeDialect::verifyOperationAttribute(Operation *op,
+                                                    NamedAttribute attr) {
+  if (attr.getName() == kLayoutAttrName &&
+      (!isa<ModuleOp>(op) || !isa<LayoutAttr>(attr.getValue())))
+    return op->emitOpError("pipe.layout must be a #pipe.layout<...> on a "
+                           "module");
+  return success();
+}
+
+LogicalResult LayoutAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 int64_t microbatches, StringRef schedule,
+                                 int64_t virtualStages,
+                                 ArrayRef<int64_t> layerStages) {
+  if (microbatches < 1 || virtualStages < 1)
+    return emitError() << "microbatches and virtual_stages must be >= 1";
+  if (!llvm::is_contained(kScheduleKinds, schedule))
+    return emitError() << "schedule must be \"gpipe\", \"1f1b\" or "
+                          "\"interleaved\", got \""
+                       << schedule << "\"";
+  for (auto [layer, stage] : llvm::enumerate(layerStages))
+    if (stage < 0 || (layer > 0 && stage < layerStages[layer - 1]))
+      return emitError() << "layer_stages must be non-decreasing and >= 0";
+  return success();
+}
+
+LayoutAttr tessel::pipe::layoutOf(Operation *op) {
+  auto module =
+      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
+  if (module)
+    if (auto layout =
+            module->getAttrOfType<LayoutAttr>(PipeDialect::kLayoutAttrName))
+      return layout;
+  return LayoutAttr::get(op->getContext(), 1, "1f1b", 1, {});
+}
+
+void tessel::pipe::setLayout(ModuleOp module, LayoutAttr layout) {
+  module->setAttr(PipeDialect::kLayoutAttrName, layout);
 }
 
 #define GET_OP_CLASSES

@@ -5,11 +5,14 @@
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
 #include "tessel/Support/MeshLayout.h"
 
 #include "dialects/Pipe/PipeDialect.h.inc"
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Pipe/PipeAttrs.h.inc"
 
 #define GET_OP_CLASSES
 #include "dialects/Pipe/PipeOps.h.inc"
@@ -25,6 +28,11 @@ inline MeshLayout pipelineLayout(int64_t ranks, int64_t virtualStages = 1) {
 }
 
 constexpr const char *kScheduleKinds[] = {"gpipe", "1f1b", "interleaved"};
+
+// The module's pipeline settings; one microbatch, 1F1B, one chunk per rank
+// when it has none.
+LayoutAttr layoutOf(mlir::Operation *op);
+void setLayout(mlir::ModuleOp module, LayoutAttr layout);
 constexpr const char *kActivation = "activation";
 constexpr const char *kGradient = "gradient";
 

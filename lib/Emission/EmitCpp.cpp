@@ -11,6 +11,7 @@
 
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
+#include "dialects/Pipe/PipeOps.h"
 #include "tessel/Runtime/CommVolume.h"
 #include "tessel/Transforms/BufferPlan.h"
 
@@ -1357,8 +1358,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
     emitter.fp32Values = &fp32Values;
     emitter.sendOrders = &cuda->sendOrders;
   }
-  auto microbatchesAttr = module->getAttrOfType<IntegerAttr>(kMicrobatchesAttr);
-  int64_t microbatches = microbatchesAttr ? microbatchesAttr.getInt() : 1;
+  int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
   if (schedule) {
     if (failed(emitStageSchedule(func, emitter, os, *schedule,
                                  arenaBytes.getInt(), batch * seqLen,

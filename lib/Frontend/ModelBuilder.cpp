@@ -11,6 +11,8 @@
 
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
+#include "dialects/Pipe/PipeOps.h"
+#include "tessel/Pipeline/Schedule.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/Support/GlobPattern.h"
@@ -42,13 +44,20 @@ public:
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());
-    if (par.microbatches > 1)
-      (*module)->setAttr("tessel.microbatches",
-                         b.getI64IntegerAttr(par.microbatches));
-    (*module)->setAttr("tessel.layers", b.getI64IntegerAttr(m.layers));
-    if (par.virtualStages > 1)
-      (*module)->setAttr("tessel.virtual_stages",
-                         b.getI64IntegerAttr(par.virtualStages));
+    SmallVector<int64_t> layerStages;
+    if (!par.stageLayers.empty() && par.pp > 1) {
+      llvm::Expected<std::vector<int>> stages = pipeline::stagesFromLayerLists(
+          par.stageLayers, m.layers, par.pp * par.virtualStages);
+      if (!stages) {
+        emitError(loc) << "parallel.stage_layers: "
+                       << llvm::toString(stages.takeError());
+        return nullptr;
+      }
+      layerStages.assign(stages->begin(), stages->end());
+    }
+    pipe::setLayout(*module,
+                    pipe::LayoutAttr::get(&ctx, par.microbatches, par.schedule,
+                                          par.virtualStages, layerStages));
     auto func = func::FuncOp::create(b, loc, "forward",
                                      b.getFunctionType({}, {scalarType()}));
     const TrainSpec &t = spec.train;
@@ -67,7 +76,10 @@ public:
     int64_t B = t.globalBatch / spec.parallel.microbatches;
     tokens = input("tokens", B);
     targets = input("targets", B);
+    // Every op of the model is stamped with its layer as it is created.
+    b.setListener(&placement);
     Value loss = m.family == "llama" ? llama() : gpt();
+    b.setListener(nullptr);
     func::ReturnOp::create(b, loc, loss);
     if (failed(applyShardOverrides(func)))
       return nullptr;
@@ -118,10 +130,15 @@ private:
     return success();
   }
 
-  // `blocks` > 1 splits each of that many equal blocks separately.
+  // The part of the model the ops built next belong to.
+  void enter(graph::LayerKind kind, int64_t index = 0) {
+    placement.layer = graph::LayerAttr::get(&ctx, kind, index);
+  }
+
+  // Megatron's tensor-parallel plan, whatever the mesh: on a mesh without a
+  // tp axis it splits nothing. `blocks` > 1 splits each of that many equal
+  // blocks separately.
   Value splitOverTP(Value p, int64_t dim, int64_t blocks = 1) {
-    if (spec.parallel.tp <= 1)
-      return p;
     auto param = p.getDefiningOp<ParamOp>();
     dist::Sharding s = dist::Sharding::replicated(param.getType().getRank());
     s.dims[dim] = MeshAxis::TP;
@@ -164,6 +181,7 @@ private:
   }
   Value lmHead(Value h, Value embedding, const std::string &untiedName) {
     // Vocab-parallel head: each rank computes the logits of its slice.
+    enter(graph::LayerKind::Head);
     Value w = m.tieEmbeddings
                   ? embedding
                   : splitOverTP(param(untiedName, {m.vocabSize, m.hidden}), 0);
@@ -176,11 +194,13 @@ private:
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
     int64_t T = m.seqLen, C = m.hidden, H = m.heads, D = m.headDim();
     double projStd = 0.02 / std::sqrt(2.0 * m.layers);
+    enter(graph::LayerKind::Embedding);
     Value wte = splitOverTP(param("wte.weight", {m.vocabSize, C}), 0);
     Value wpe = param("wpe.weight", {T, C});
     Value x = EmbeddingOp::create(b, at("wte"), wte, tokens);
     x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
     for (int64_t l = 0; l < m.layers; ++l) {
+      enter(graph::LayerKind::Block, l);
       std::string p = "h." + std::to_string(l) + ".";
       Value h = layerNorm(x, p + "ln_1", C);
       // The fused [q | k | v] projection, column-parallel per block: the
@@ -213,6 +233,7 @@ private:
           b, at(p + "mlp"), x,
           conv1d(f, p + "mlp.c_proj", m.ffnHidden, C, Parallel::Row, projStd));
     }
+    enter(graph::LayerKind::Head);
     return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
   }
   Value layerNorm(Value x, const std::string &name, int64_t C) {
@@ -227,11 +248,13 @@ private:
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
     int64_t T = m.seqLen, C = m.hidden, H = m.heads, Hkv = m.kvHeads,
             D = m.headDim(), F = m.ffnHidden;
+    enter(graph::LayerKind::Embedding);
     Value embed =
         splitOverTP(param("model.embed_tokens.weight", {m.vocabSize, C}), 0);
     Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens);
     auto theta = b.getF64FloatAttr(m.ropeTheta);
     for (int64_t l = 0; l < m.layers; ++l) {
+      enter(graph::LayerKind::Block, l);
       std::string p = "model.layers." + std::to_string(l) + ".";
       Value h = rmsNorm(x, p + "input_layernorm", C);
       const Parallel col = Parallel::Column, row = Parallel::Row;
@@ -257,6 +280,7 @@ private:
       x = AddOp::create(b, at(p + "mlp"), x,
                         linear(act, p + "mlp.down_proj", F, C, row));
     }
+    enter(graph::LayerKind::Head);
     return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
   }
   Value rmsNorm(Value x, const std::string &name, int64_t C) {
@@ -265,6 +289,7 @@ private:
   }
 
   MLIRContext &ctx;
+  graph::PlacementListener placement;
   OpBuilder b;
   const Spec &spec;
   const ModelSpec &m;

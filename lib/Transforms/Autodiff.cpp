@@ -70,7 +70,15 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
       params.push_back(param);
   }
 
+  for (Operation *op : forwardOps)
+    setPhase(op, Phase::Forward);
+  // Gradient ops take the layer of the op they differentiate.
+  PlacementListener placement;
+  placement.phase = Phase::Backward;
   OpBuilder b(ret);
+  b.setListener(&placement);
+  if (Operation *def = loss.getDefiningOp())
+    placement.layer = layerOf(def);
   DenseMap<Value, Value> grads;
   grads[loss] =
       FillOp::create(b, loss.getLoc(), loss.getType(), b.getF64FloatAttr(1.0));
@@ -89,24 +97,35 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
       return op->emitOpError("has no gradient rule but lies on the path to "
                              "the loss");
     SmallVector<Value> operandGrads;
+    placement.layer = layerOf(op);
     if (failed(rule.buildGradients(b, resultGrads, operandGrads)))
       return failure();
     for (auto [operand, grad] : llvm::zip(op->getOperands(), operandGrads))
-      if (grad)
+      if (grad) {
+        // A sum of contributions belongs with the value they are for.
+        if (Operation *def = operand.getDefiningOp())
+          placement.layer = layerOf(def);
         accumulate(b, grads, operand, grad);
+      }
   }
 
   SmallVector<Value> paramGrads;
   for (ParamOp param : params) {
     Value grad = grads.lookup(param.getResult());
+    placement.layer = layerOf(param);
     if (!grad)
       grad = FillOp::create(b, param.getLoc(), param.getType(),
                             b.getF64FloatAttr(0.0));
     paramGrads.push_back(grad);
   }
+  // The update: the norm of all gradients, then one AdamW per parameter
+  // (in the parameter's layer).
+  placement.phase = Phase::Update;
+  placement.layer = nullptr;
   Value norm =
       GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads);
   for (auto [param, grad] : llvm::zip(params, paramGrads)) {
+    placement.layer = layerOf(param);
     // Decoupled weight decay on matrices only, as in GPT-2/Llama recipes.
     double decay = param.getType().getRank() >= 2 ? settings.weightDecay : 0.0;
     AdamWOp::create(
@@ -114,6 +133,7 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
         b.getF64FloatAttr(settings.beta2), b.getF64FloatAttr(settings.eps),
         b.getF64FloatAttr(decay), b.getF64FloatAttr(settings.gradClip));
   }
+  b.setListener(nullptr);
   func::ReturnOp::create(b, ret.getLoc(), ValueRange{loss, norm});
   ret.erase();
   func.setFunctionType(b.getFunctionType({}, {loss.getType(), norm.getType()}));

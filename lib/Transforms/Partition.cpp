@@ -8,6 +8,8 @@
 
 #include "tessel/Transforms/Passes.h"
 
+#include "dialects/Pipe/PipeOps.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
@@ -129,6 +131,8 @@ void Partitioner::selectKVHead(Operation *op) {
       k.getElementType());
   Location loc = op->getLoc();
   OpBuilder b(op);
+  PlacementListener placement = PlacementListener::of(op);
+  b.setListener(&placement);
   auto attrs = [&](Operation *piece) {
     piece->setAttr("dist.sharding",
                    ArrayAttr::get(ctx, {Sharding::replicated(4).toAttr(ctx)}));
@@ -167,9 +171,8 @@ void Partitioner::scaleCrossEntropy(Operation *op) {
   AxisSet axes = targets.leadingAxes(targets.dims.size());
   // Microbatches split the batch in time as dp splits it in space.
   auto module = op->getParentOfType<ModuleOp>();
-  auto microbatches = module->getAttrOfType<IntegerAttr>("tessel.microbatches");
   int64_t group =
-      mesh.groupSize(axes) * (microbatches ? microbatches.getInt() : 1);
+      mesh.groupSize(axes) * pipe::layoutOf(module).getMicrobatches();
   if (group == 1)
     return;
   Location loc = op->getLoc();
@@ -177,6 +180,8 @@ void Partitioner::scaleCrossEntropy(Operation *op) {
   auto replicated = ArrayAttr::get(ctx, {Sharding::replicated(0).toAttr(ctx)});
   if (isa<CrossEntropyGradOp>(op)) {
     OpBuilder b(op);
+    PlacementListener placement = PlacementListener::of(op);
+    b.setListener(&placement);
     auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
     scale->setAttr("dist.sharding", replicated);
     auto dloss = MulOp::create(b, loc, op->getOperand(2), scale);
@@ -185,6 +190,8 @@ void Partitioner::scaleCrossEntropy(Operation *op) {
     return;
   }
   OpBuilder b(op->getContext());
+  PlacementListener placement = PlacementListener::of(op);
+  b.setListener(&placement);
   b.setInsertionPointAfter(op);
   auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
   scale->setAttr("dist.sharding", replicated);
@@ -199,6 +206,8 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
   Sharding to = Sharding::fromAttr(reshard.getTo());
   Location loc = reshard.getLoc();
   OpBuilder b(reshard);
+  PlacementListener placement = PlacementListener::of(reshard);
+  b.setListener(&placement);
   Value v = reshard.getInput();
   Sharding current = from;
   auto annotate = [&](Operation *op) {

@@ -82,6 +82,8 @@ private:
       return;
     }
     OpBuilder b(op);
+    PlacementListener placement = PlacementListener::of(op);
+    b.setListener(&placement);
     auto reshard = dist::ReshardOp::create(
         b, op->getLoc(), v, current.toAttr(ctx), target.toAttr(ctx));
     reshard->setAttr("dist.sharding",
@@ -140,8 +142,12 @@ LogicalResult Propagator::visit(Operation *op) {
         if (auto attr =
                 p->getAttrOfType<dist::ShardingAttr>("dist.param_sharding"))
           s = Sharding::fromAttr(attr);
-        for (AxisSet &d : s.dims)
-          d &= active;
+        // The plan names axes the mesh may not have: those split nothing.
+        for (auto [d, axes] : llvm::enumerate(s.dims)) {
+          axes &= active;
+          if (axes.empty())
+            s.setBlocks(d, 1);
+        }
         set(p.getResult(), s);
         return success();
       })

@@ -13,6 +13,9 @@
 
 #include "tessel/Transforms/Passes.h"
 
+#include "dialects/Pipe/PipeOps.h"
+#include "tessel/Pipeline/Schedule.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -30,38 +33,6 @@ namespace {
 
 const tessel::AxisSet kPP = tessel::MeshAxis::PP;
 
-// The layer a location names ("h.3.", "model.layers.3."), or -1.
-int64_t layerOf(StringRef name) {
-  for (StringRef prefix : {"h.", "model.layers."}) {
-    if (!name.starts_with(prefix))
-      continue;
-    StringRef rest = name.drop_front(prefix.size());
-    StringRef digits = rest.take_while([](char c) { return isdigit(c); });
-    int64_t layer;
-    if (!digits.empty() && !digits.getAsInteger(10, layer))
-      return layer;
-  }
-  return -1;
-}
-
-std::optional<int64_t>
-stageFromLocation(Location loc, ArrayRef<int64_t> layerStages, int64_t stages) {
-  auto name = dyn_cast<NameLoc>(loc);
-  if (!name)
-    return std::nullopt;
-  StringRef n = name.getName().getValue();
-  if (int64_t layer = layerOf(n);
-      layer >= 0 && layer < (int64_t)layerStages.size())
-    return layerStages[layer];
-  for (StringRef first : {"wte", "wpe", "model.embed_tokens"})
-    if (n.starts_with(first))
-      return 0;
-  for (StringRef last : {"ln_f", "model.norm", "lm_head", "loss"})
-    if (n.starts_with(last))
-      return stages - 1;
-  return std::nullopt;
-}
-
 class Splitter {
 public:
   // `stages` = ranks x virtual stages; stage s runs on rank s % ranks (the
@@ -78,6 +49,8 @@ private:
   LogicalResult assignStages();
   Value lookup(Value v, int64_t s, Operation *user);
   StringRef phaseOf(Operation *op);
+  // The stage a part of the model runs on (none: not a model part).
+  std::optional<int64_t> stageOfLayer(LayerAttr layer) const;
 
   ModuleOp module;
   func::FuncOp step;
@@ -88,8 +61,6 @@ private:
   int64_t rankOf(int64_t stage) const { return layout.stageOwner(stage); }
   int64_t chunkOf(int64_t stage) const { return layout.stageChunk(stage); }
   DenseMap<Operation *, int64_t> stageOf;
-  DenseMap<Operation *, int64_t> position;
-  int64_t seedPosition = -1, updatePosition = -1;
   // Collectives whose results only the update reads: gradient
   // synchronisation, run once per step rather than per microbatch.
   llvm::SmallPtrSet<Operation *, 32> syncOps;
@@ -100,23 +71,30 @@ private:
 };
 
 StringRef Splitter::phaseOf(Operation *op) {
-  int64_t p = position.lookup(op);
-  if ((updatePosition >= 0 && p >= updatePosition) || syncOps.contains(op))
+  if (syncOps.contains(op))
     return "update";
-  return p > seedPosition ? "backward" : "forward";
+  std::optional<Phase> phase = graph::phaseOf(op);
+  return stringifyPhase(phase.value_or(Phase::Update));
+}
+
+std::optional<int64_t> Splitter::stageOfLayer(LayerAttr layer) const {
+  if (!layer)
+    return std::nullopt;
+  switch (layer.getKind()) {
+  case LayerKind::Embedding:
+    return 0;
+  case LayerKind::Head:
+    return stages - 1;
+  case LayerKind::Block:
+    if (layer.getIndex() < (int64_t)layers.size())
+      return layers[layer.getIndex()];
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 LogicalResult Splitter::assignStages() {
   Block &body = step.getBody().front();
-  for (Operation &op : body) {
-    position[&op] = position.size();
-    if (auto fill = dyn_cast<FillOp>(op);
-        fill && seedPosition < 0 && fill.getValue().convertToDouble() == 1.0 &&
-        fill.getType().getRank() == 0)
-      seedPosition = position[&op];
-    if (isa<GlobalNormOp>(op) && updatePosition < 0)
-      updatePosition = position[&op];
-  }
   llvm::SmallPtrSet<Operation *, 32> update;
   for (Operation &op : llvm::reverse(body)) {
     bool isUpdate = isa<GlobalNormOp, AdamWOp, func::ReturnOp>(op);
@@ -134,12 +112,10 @@ LogicalResult Splitter::assignStages() {
     if (isa<func::ReturnOp, GlobalNormOp, InputOp, FillOp>(op))
       continue;
     std::optional<int64_t> s;
-    if (auto param = dyn_cast<ParamOp>(op))
-      s = stageFromLocation(NameLoc::get(param.getNameAttr()), layers, stages);
-    else if (auto adamw = dyn_cast<AdamWOp>(op))
+    if (auto adamw = dyn_cast<AdamWOp>(op))
       s = stageOf.lookup(adamw.getParam().getDefiningOp());
     else if (!isa<dist::DistDialect>(op.getDialect()))
-      s = stageFromLocation(op.getLoc(), layers, stages);
+      s = stageOfLayer(layerOf(&op));
     // Collectives run where their operand is.
     if (!s) {
       // No layer of its own: where its operands are (the latest stage).
@@ -271,31 +247,66 @@ LogicalResult Splitter::run() {
   return success();
 }
 
+// A matmul's multiply-adds: what a layer costs, to balance stages.
+double matmulWork(MatmulOp m) {
+  auto lhs = cast<RankedTensorType>(m.getLhs().getType()).getShape();
+  int64_t K = m.getTransposeLhs() ? lhs[lhs.size() - 2] : lhs.back();
+  return double(cast<RankedTensorType>(m.getType()).getNumElements()) * K;
+}
+
+// The stage of each transformer block: the layout's `layer_stages`, else
+// contiguous runs balanced by the forward matmul work of each block (the
+// head's counted with the last block, which shares its stage).
+FailureOr<SmallVector<int64_t>> layerStagesOf(ModuleOp module,
+                                              func::FuncOp step,
+                                              int64_t stages) {
+  pipe::LayoutAttr layout = pipe::layoutOf(module);
+  if (!layout.getLayerStages().empty())
+    return SmallVector<int64_t>(layout.getLayerStages());
+  std::vector<double> costs;
+  double head = 0;
+  step.walk([&](MatmulOp m) {
+    LayerAttr layer = layerOf(m);
+    if (!layer || phaseOf(m) != Phase::Forward)
+      return;
+    if (layer.getKind() == LayerKind::Head)
+      head += matmulWork(m);
+    if (layer.getKind() != LayerKind::Block)
+      return;
+    if ((int64_t)costs.size() <= layer.getIndex())
+      costs.resize(layer.getIndex() + 1, 0.0);
+    costs[layer.getIndex()] += matmulWork(m);
+  });
+  if (costs.empty())
+    return module.emitError("tessel-split-stages: the step has no "
+                            "transformer blocks (graph.layer) to cut into "
+                            "pipeline stages");
+  costs.back() += head;
+  llvm::Expected<std::vector<int>> balanced =
+      pipeline::balanceStages(costs, stages);
+  if (!balanced)
+    return module.emitError("tessel-split-stages: ")
+           << llvm::toString(balanced.takeError());
+  return SmallVector<int64_t>(balanced->begin(), balanced->end());
+}
+
 struct SplitStagesPass : tessel::impl::SplitStagesBase<SplitStagesPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto virtualStages =
-        module->getAttrOfType<IntegerAttr>("tessel.virtual_stages");
     tessel::MeshLayout layout(dist::meshOf(module),
-                              virtualStages ? virtualStages.getInt() : 1);
+                              pipe::layoutOf(module).getVirtualStages());
     if (layout.pipelineRanks() <= 1)
       return;
-    int64_t stages = layout.numStages();
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
-    // The stage of each layer: given, or contiguous equal groups.
-    SmallVector<int64_t> layerStages;
-    if (auto given =
-            module->getAttrOfType<DenseI64ArrayAttr>("tessel.layer_stages"))
-      layerStages.assign(given.asArrayRef().begin(), given.asArrayRef().end());
-    else if (auto layers = module->getAttrOfType<IntegerAttr>("tessel.layers"))
-      for (int64_t l = 0; l < layers.getInt(); ++l)
-        layerStages.push_back(l * stages / layers.getInt());
-    if (!step || layerStages.empty()) {
-      module.emitError("tessel-split-stages: needs @train_step and the "
-                       "module's tessel.layers or tessel.layer_stages");
+    if (!step) {
+      module.emitError("tessel-split-stages: no @train_step");
       return signalPassFailure();
     }
-    if (failed(Splitter(module, step, layout, layerStages).run()))
+    FailureOr<SmallVector<int64_t>> layerStages =
+        layerStagesOf(module, step, layout.numStages());
+    if (failed(layerStages))
+      return signalPassFailure();
+    if (failed(Splitter(module, step, layout, *layerStages).run()))
       signalPassFailure();
   }
 };

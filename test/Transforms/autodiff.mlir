@@ -18,24 +18,24 @@ func.func @forward() -> tensor<f32> attributes {graph.optimizer = {beta1 = 0.8 :
   %y = graph.matmul %x, %w : (tensor<2x4x16xf32>, tensor<16x8xf32>) -> tensor<2x4x8xf32>
   %z = graph.add %y, %b : (tensor<2x4x8xf32>, tensor<8xf32>) -> tensor<2x4x8xf32>
   %h = graph.matmul %z, %w {transpose_rhs = true} : (tensor<2x4x8xf32>, tensor<16x8xf32>) -> tensor<2x4x16xf32>
-  // CHECK: %[[LOGITS:.*]] = graph.matmul %{{.*}}, %[[E]] {transpose_rhs = true}
+  // CHECK: %[[LOGITS:.*]] = graph.matmul %{{.*}}, %[[E]] {graph.phase = #graph.phase<forward>, transpose_rhs = true}
   %l = graph.matmul %h, %e {transpose_rhs = true} : (tensor<2x4x16xf32>, tensor<32x16xf32>) -> tensor<2x4x32xf32>
   // CHECK: %[[LOSS:.*]] = graph.cross_entropy
   %loss = graph.cross_entropy %l, %t : (tensor<2x4x32xf32>, tensor<2x4xi32>) -> tensor<f32>
   // The seed dL/dL = 1, then the backward in reverse order.
-  // CHECK: %[[SEED:.*]] = graph.fill {value = 1.000000e+00 : f64} : tensor<f32>
+  // CHECK: %[[SEED:.*]] = graph.fill {graph.phase = #graph.phase<backward>, value = 1.000000e+00 : f64} : tensor<f32>
   // CHECK: %[[DL:.*]] = graph.cross_entropy_grad %[[LOGITS]], %{{.*}}, %[[SEED]]
   // dH = dL E (the head's rhs was transposed, so no transpose here)
-  // CHECK: %[[DH:.*]] = graph.matmul %[[DL]], %[[E]] :
+  // CHECK: %[[DH:.*]] = graph.matmul %[[DL]], %[[E]] {graph.phase = #graph.phase<backward>} :
   // dE (head part) = dL^T H, over the collapsed batch
-  // CHECK: %[[DE1:.*]] = graph.matmul {{.*}} {transpose_lhs = true} : (tensor<8x32xf32>, tensor<8x16xf32>) -> tensor<32x16xf32>
+  // CHECK: %[[DE1:.*]] = graph.matmul {{.*}} {graph.phase = #graph.phase<backward>, transpose_lhs = true} : (tensor<8x32xf32>, tensor<8x16xf32>) -> tensor<32x16xf32>
   // The bias gradient sums over batch and sequence.
   // CHECK: %[[DB:.*]] = graph.reduce_sum {{.*}} : (tensor<2x4x8xf32>) -> tensor<8xf32>
   // CHECK: %[[DE2:.*]] = graph.embedding_grad
   // CHECK: %[[DE:.*]] = graph.add %[[DE1]], %[[DE2]]
-  // CHECK: %[[NORM:.*]] = graph.global_norm %[[DW:.*]], %[[DB]], %[[DE]]
+  // CHECK: %[[NORM:.*]] = graph.global_norm %[[DW:.*]], %[[DB]], %[[DE]] {graph.phase = #graph.phase<update>}
   // Weight decay only on matrices; settings from graph.optimizer.
-  // CHECK: graph.adamw %[[W]], %[[DW]], %[[NORM]] {beta1 = 8.000000e-01 : f64, {{.*}}max_grad_norm = 2.000000e+00 : f64, weight_decay = 5.000000e-01 : f64}
+  // CHECK: graph.adamw %[[W]], %[[DW]], %[[NORM]] {beta1 = 8.000000e-01 : f64, {{.*}}graph.phase = #graph.phase<update>, max_grad_norm = 2.000000e+00 : f64, weight_decay = 5.000000e-01 : f64}
   // CHECK: graph.adamw %[[B]], %[[DB]], %[[NORM]] {{.*}}weight_decay = 0.000000e+00 : f64}
   // CHECK: graph.adamw %[[E]], %[[DE]], %[[NORM]] {{.*}}weight_decay = 5.000000e-01 : f64}
   // CHECK: return %[[LOSS]], %[[NORM]] : tensor<f32>, tensor<f32>

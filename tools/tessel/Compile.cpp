@@ -9,9 +9,11 @@
 #include "Compile.h"
 
 #include "dialects/Dist/DistOps.h"
+#include "dialects/Pipe/PipeOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "tessel/Emission/EmitCpp.h"
 #include "tessel/Frontend/ModelBuilder.h"
+#include "tessel/InitAllDialects.h"
 #include "tessel/Frontend/Spec.h"
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Transforms/BufferPlan.h"
@@ -98,10 +100,8 @@ json memoryReport(func::FuncOp func, int64_t arenaSlots, bool bf16Shadow) {
 
 // The layout of the compiled module: its mesh and virtual stages.
 MeshLayout layoutOf(ModuleOp module) {
-  auto virtualStages =
-      module->getAttrOfType<IntegerAttr>("tessel.virtual_stages");
   return MeshLayout(dist::meshOf(module),
-                    virtualStages ? virtualStages.getInt() : 1);
+                    pipe::layoutOf(module).getVirtualStages());
 }
 
 json commReport(const std::vector<CollectiveCall> &calls) {
@@ -328,33 +328,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   if (llvm::Error err = stage("03-partitioned.mlir"))
     return err;
   if (spec.parallel.pp > 1) {
-    // Layers per stage: the user's stage_layers, or balanced by estimated
-    // cost (a layer's matmul FLOPs; the last stage also runs the LM head).
-    const ModelSpec &m = spec.model;
-    llvm::Expected<std::vector<int>> layerStages = std::vector<int>();
-    int64_t stages = spec.parallel.pp * spec.parallel.virtualStages;
-    if (!spec.parallel.stageLayers.empty()) {
-      layerStages = pipeline::stagesFromLayerLists(spec.parallel.stageLayers,
-                                                   m.layers, stages);
-      if (!layerStages)
-        return llvm::createStringError(options.input +
-                                       ": parallel.stage_layers: " +
-                                       llvm::toString(layerStages.takeError()));
-    } else {
-      double kv = double(m.kvHeads) / m.heads;
-      double layer = m.hidden * m.hidden * (2 + 2 * kv) +
-                     m.hidden * m.ffnHidden * (m.family == "llama" ? 3 : 2);
-      std::vector<double> costs(m.layers, layer);
-      costs.back() += double(m.hidden) * m.vocabSize;
-      layerStages = pipeline::balanceStages(costs, stages);
-      if (!layerStages)
-        return layerStages.takeError();
-    }
-    module->getOperation()->setAttr(
-        "tessel.layer_stages",
-        DenseI64ArrayAttr::get(&context,
-                               llvm::SmallVector<int64_t>(layerStages->begin(),
-                                                          layerStages->end())));
     PassManager split(&context);
     split.addPass(createSplitStages());
     if (failed(split.run(*module)))
@@ -407,8 +380,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     return targetOr.takeError();
   CudaTarget cudaTarget = *targetOr;
   MLIRContext context;
-  context
-      .loadDialect<graph::GraphDialect, dist::DistDialect, func::FuncDialect>();
+  loadAllDialects(context);
   DiagnosticCollector diagnostics(context);
 
   for (const char *dir : {"ir", "src", "bin", "launch"}) {
@@ -519,8 +491,7 @@ llvm::Error tessel::compile(const CompileOptions &options) {
 
 llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   MLIRContext context;
-  context
-      .loadDialect<graph::GraphDialect, dist::DistDialect, func::FuncDialect>();
+  loadAllDialects(context);
   DiagnosticCollector diagnostics(context);
   Spec spec;
   OwningOpRef<ModuleOp> module;

@@ -26,8 +26,6 @@ struct BufferRef {
 constexpr const char *kBufferAttr = "tessel.buffer";
 constexpr const char *kArenaBytesAttr = "tessel.arena_bytes";
 constexpr const char *kParamElemsAttr = "tessel.param_elems";
-// Microbatches per step (module attribute, set by the frontend).
-constexpr const char *kMicrobatchesAttr = "tessel.microbatches";
 
 // Module attribute: the arena was planned with 2-byte slots for bf16
 // activations (tessel-plan-buffers bf16-activations=true).

@@ -55,7 +55,7 @@ def Partition : Pass<"tessel-partition", "mlir::ModuleOp"> {
     scaled so that its partial sum is the global mean; `graph.global_norm`
     records over which axes each gradient's squares must be summed.
   }];
-  let dependentDialects = ["::tessel::dist::DistDialect"];
+  let dependentDialects = ["::tessel::dist::DistDialect", "::tessel::pipe::PipeDialect"];
 }
 
 def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
@@ -71,7 +71,7 @@ def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
     all-reduced over pp. The result is `@stage_0` ... `@stage_{pp-1}`; every
     op carries `tessel.phase` (forward, backward, update) for the schedule.
   }];
-  let dependentDialects = ["::tessel::dist::DistDialect"];
+  let dependentDialects = ["::tessel::dist::DistDialect", "::tessel::pipe::PipeDialect"];
 }
 
 def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {

@@ -1,0 +1,36 @@
+//===- InitAllDialects.h - Every dialect a Tessel compile uses --*- C++ -*-===//
+//
+// The dialects of the training pipeline, Tessel's own and the upstream ones
+// it lowers through, registered once for every tool.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_INITALLDIALECTS_H
+#define TESSEL_INITALLDIALECTS_H
+
+#include "dialects/Dist/DistOps.h"
+#include "dialects/Graph/GraphOps.h"
+#include "dialects/Pipe/PipeOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/IR/MLIRContext.h"
+
+namespace tessel {
+
+inline void registerAllDialects(mlir::DialectRegistry &registry) {
+  registry.insert<graph::GraphDialect, dist::DistDialect, pipe::PipeDialect,
+                  mlir::func::FuncDialect>();
+}
+
+// A context with every dialect loaded (the compiler builds IR in all of
+// them, so none is loaded lazily).
+inline void loadAllDialects(mlir::MLIRContext &context) {
+  mlir::DialectRegistry registry;
+  registerAllDialects(registry);
+  context.appendDialectRegistry(registry);
+  context.loadAllAvailableDialects();
+}
+
+} // namespace tessel
+
+#endif // TESSEL_INITALLDIALECTS_H
