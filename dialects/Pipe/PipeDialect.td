@@ -50,7 +50,11 @@ def Pipe_LayoutAttr : AttrDef<Pipe_Dialect, "Layout"> {
   let parameters = (ins "int64_t":$microbatches, StringRefParameter<>:$schedule,
                     "int64_t":$virtual_stages,
                     OptionalArrayRefParameter<"int64_t">:$layer_stages);
-  let assemblyFormat = "`<` struct(params) `>`";
+  let assemblyFormat = [{
+    `<` `microbatches` `=` $microbatches `,` `schedule` `=` $schedule `,`
+    `virtual_stages` `=` $virtual_stages
+    (`,` `layer_stages` `=` `[` $layer_stages^ `]`)? `>`
+  }];
   let genVerifyDecl = 1;
 }
 

@@ -99,6 +99,7 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
                                               group.front().getAxes());
       if (shardings.size() == group.size())
         reduce->setAttr("dist.sharding", ArrayAttr::get(ctx, shardings));
+      setPhase(reduce, Phase::Update);
       for (auto [ar, result] : llvm::zip(group, reduce.getResults())) {
         ar.getResult(0).replaceAllUsesWith(result);
         ar.erase();
@@ -110,6 +111,8 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
         group.front().getAxes());
     if (shardings.size() == group.size())
       start->setAttr("dist.sharding", ArrayAttr::get(ctx, shardings));
+    // Started during backward; the results are read in the update.
+    setPhase(start, Phase::Backward);
     // Wait before the first reader of any result.
     Operation *firstUser = nullptr;
     for (auto [ar, result] : llvm::zip(group, start.getResults())) {
@@ -120,7 +123,8 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
       ar.erase();
     }
     b.setInsertionPoint(firstUser ? firstUser : body.getTerminator());
-    dist::WaitOp::create(b, start.getLoc(), start.getRequest());
+    auto wait = dist::WaitOp::create(b, start.getLoc(), start.getRequest());
+    setPhase(wait, Phase::Update);
   }
 }
 
@@ -130,11 +134,10 @@ struct BucketGradientsPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto func = module.lookupSymbol<func::FuncOp>("train_step");
-    if (!func) {
-      module.emitError("tessel-bucket-gradients: no @train_step");
-      return signalPassFailure();
-    }
-    bucket(func, bucketBytes, overlap);
+    if (!func)
+      return; // pipeline stages: synchronised in each stage's update
+    bucket(func, bucketBytes,
+           overlap && pipe::layoutOf(module).getMicrobatches() == 1);
   }
 };
 

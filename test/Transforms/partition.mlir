@@ -1,6 +1,4 @@
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition | FileCheck %s
-// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients | FileCheck %s --check-prefix=BUCKET
-// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 | FileCheck %s --check-prefix=SMALL
 
 // Each rank holds half of the batch; reshards become all-reduces; the
 // cross-entropy's local mean is scaled by 1/2 so that the sum over ranks is
@@ -24,17 +22,3 @@
 // CHECK: %[[L:.*]] = dist.all_reduce %[[SCALED]] {axes = #dist.axes<dp>
 // CHECK: return %[[L]]
 
-// One bucket holds all three gradients, started when the last is final.
-// BUCKET: graph.embedding_grad
-// BUCKET-NEXT: graph.add
-// BUCKET-NEXT: %{{.*}}:3, %[[REQ:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}}, %{{.*}} {axes = #dist.axes<dp>
-// BUCKET-NEXT: dist.wait %[[REQ]]
-// BUCKET-NEXT: graph.global_norm
-
-// With 600-byte buckets the first gradients to become final (b: 32 bytes,
-// then w: 512) start while the rest of backward still runs.
-// SMALL: %{{.*}}:2, %[[R0:.*]] = dist.all_reduce_start %{{.*}}, %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<8xf32>, tensor<16x8xf32>) -> (tensor<8xf32>, tensor<16x8xf32>, !dist.request)
-// SMALL: graph.embedding_grad
-// SMALL: dist.all_reduce_start
-// SMALL: dist.wait %[[R0]]
-// SMALL: graph.global_norm

@@ -1,6 +1,6 @@
 //===- tessel-opt.cpp - mlir-opt with every Tessel dialect and pass ------===//
 #include "tessel/InitAllDialects.h"
-#include "tessel/Transforms/Passes.h"
+#include "tessel/InitAllPasses.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -9,7 +9,7 @@
 
 int main(int argc, char **argv) {
   mlir::registerTransformsPasses();
-  tessel::registerTesselPasses();
+  tessel::registerAllPasses();
   mlir::DialectRegistry registry;
   tessel::registerAllDialects(registry);
   return mlir::asMainReturnCode(

@@ -127,7 +127,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
                       "--source | --comm | --schedule)\n  stages: graph, "
-                      "train, sharded, partitioned, planned\n";
+                      "train, sharded, partitioned, stages, planned\n";
   if (args.size() < 2) {
     errs() << usage;
     return 2;
@@ -206,19 +206,26 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   } else if (args[1] == "--ir" || StringRef(args[1]).starts_with("--ir=")) {
     std::string stage = args[1] == "--ir" ? (args.size() > 2 ? args[2] : "")
                                           : args[1].substr(5);
-    static const std::pair<const char *, const char *> stages[] = {
-        {"graph", "00-graph.mlir"},
-        {"train", "01-train.mlir"},
-        {"sharded", "02-sharded.mlir"},
-        {"partitioned", "03-partitioned.mlir"},
-        {"planned", "04-planned.mlir"}};
-    const char *file = nullptr;
-    for (auto [name, f] : stages)
-      if (stage == name)
+    // The stages are what the compile wrote: ir/NN-<stage>.mlir, in order.
+    SmallString<256> irDir(path);
+    sys::path::append(irDir, "ir");
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (sys::fs::directory_iterator it(irDir, ec), end; it != end && !ec;
+         it.increment(ec))
+      if (StringRef(it->path()).ends_with(".mlir"))
+        files.push_back(sys::path::filename(it->path()).str());
+    llvm::sort(files);
+    std::string names, file;
+    for (const std::string &f : files) {
+      StringRef name = StringRef(f).drop_front(3).drop_back(5); // NN-....mlir
+      names += (names.empty() ? "" : ", ") + name.str();
+      if (name == stage)
         file = f;
-    if (!file)
-      return fail("--ir: unknown stage '" + stage +
-                  "' (stages: graph, train, sharded, partitioned, planned)");
+    }
+    if (file.empty())
+      return fail("--ir: unknown stage '" + stage + "' (stages: " + names +
+                  ")");
     sys::path::append(path, "ir", file);
   } else {
     errs() << usage;

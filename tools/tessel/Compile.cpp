@@ -14,6 +14,7 @@
 #include "tessel/Emission/EmitCpp.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/InitAllDialects.h"
+#include "tessel/Pipelines/TrainPipeline.h"
 #include "tessel/Frontend/Spec.h"
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Transforms/BufferPlan.h"
@@ -282,7 +283,26 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
   return llvm::Error::success();
 }
 
-// The front half of the pipeline: spec or .mlir to the planned training step.
+// Writes the IR of each stage of the training pipeline as the pass that
+// ends it finishes (ir/NN-name.mlir), and names a pass that fails.
+class StageDumper : public PassInstrumentation {
+public:
+  explicit StageDumper(llvm::function_ref<llvm::Error(const char *)> write)
+      : write(write) {}
+  void runAfterPass(Pass *pass, Operation *) override {
+    for (const PipelineStage &stage : trainPipelineStages())
+      if (pass->getArgument() == stage.pass && !error)
+        error = write(stage.file);
+  }
+  void runAfterPassFailed(Pass *pass, Operation *) override {
+    failedPass = pass->getArgument().str();
+  }
+  llvm::function_ref<llvm::Error(const char *)> write;
+  llvm::Error error = llvm::Error::success();
+  std::string failedPass = "compilation";
+};
+
+// The front half of the compile: spec or .mlir to the planned training step.
 // `stage` sees the module after each stage.
 llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   DiagnosticCollector &diagnostics, Spec &spec,
@@ -309,47 +329,21 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   }
   if (llvm::Error err = stage("00-graph.mlir"))
     return err;
-  PassManager autodiff(&context);
-  autodiff.addPass(createAutodiff());
-  if (failed(autodiff.run(*module)))
-    return diagnostics.error("automatic differentiation failed");
-  if (llvm::Error err = stage("01-train.mlir"))
-    return err;
-  PassManager sharding(&context);
-  sharding.addPass(createPropagateSharding());
-  if (failed(sharding.run(*module)))
-    return diagnostics.error("sharding propagation failed");
-  if (llvm::Error err = stage("02-sharded.mlir"))
-    return err;
-  PassManager partition(&context);
-  partition.addPass(createPartition());
-  if (failed(partition.run(*module)))
-    return diagnostics.error("partitioning failed");
-  if (llvm::Error err = stage("03-partitioned.mlir"))
-    return err;
-  if (spec.parallel.pp > 1) {
-    PassManager split(&context);
-    split.addPass(createSplitStages());
-    if (failed(split.run(*module)))
-      return diagnostics.error("splitting into pipeline stages failed");
-  }
-  PassManager plan(&context);
-  BucketGradientsOptions bucketing;
-  bucketing.bucketBytes =
-      static_cast<int64_t>(spec.parallel.bucketMB * (1 << 20));
-  // With microbatches the gradients are synchronised once, after the last
-  // microbatch, so there is nothing to overlap them with.
-  bucketing.overlap = spec.parallel.microbatches <= 1;
-  if (spec.parallel.pp <= 1)
-    plan.addPass(createBucketGradients(bucketing));
-  PlanBuffersOptions planning;
-  // bf16 programs store activations in 2 bytes.
-  planning.bf16Activations =
-      options.target == "cuda" && spec.train.precision == "bf16";
-  plan.addPass(createPlanBuffers(planning));
-  if (failed(plan.run(*module)))
-    return diagnostics.error("buffer planning failed");
-  return stage("04-planned.mlir");
+  TrainPipelineOptions pipeline;
+  pipeline.target = options.target;
+  pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
+  pipeline.bucketMB = spec.parallel.bucketMB;
+  PassManager pm(&context);
+  buildTrainPipeline(pm, pipeline);
+  auto dumper = std::make_unique<StageDumper>(stage);
+  StageDumper &stages = *dumper;
+  pm.addInstrumentation(std::move(dumper));
+  LogicalResult result = pm.run(*module);
+  if (stages.error)
+    return std::move(stages.error);
+  if (failed(result))
+    return diagnostics.error(stages.failedPass + " failed");
+  return llvm::Error::success();
 }
 
 // The target named on the command line, checked before any work is done.

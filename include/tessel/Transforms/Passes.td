@@ -4,6 +4,33 @@
 
 include "mlir/Pass/PassBase.td"
 
+def SetLayout : Pass<"tessel-set-layout", "mlir::ModuleOp"> {
+  let summary = "Sets the mesh and pipeline layout the passes compile for";
+  let description = [{
+    Writes the module's `dist.mesh`, `dist.sequence_parallel` and
+    `pipe.layout` from the options given; an option left at its default
+    keeps what the module says. The sharding plan (`dist.param_sharding`,
+    Megatron's, written by the frontend) names mesh axes whatever their
+    size, so any mesh can be chosen here. The number of microbatches is
+    fixed by the graph's batch shape and can only be restated.
+  }];
+  let dependentDialects = ["::tessel::dist::DistDialect",
+                           "::tessel::pipe::PipeDialect"];
+  let options = [
+    Option<"dp", "dp", "int64_t", "0", "Data-parallel degree (0: keep)">,
+    Option<"tp", "tp", "int64_t", "0", "Tensor-parallel degree (0: keep)">,
+    Option<"pp", "pp", "int64_t", "0", "Pipeline ranks (0: keep)">,
+    Option<"sp", "sp", "std::string", "\"\"",
+           "Sequence parallelism: true or false (empty: keep)">,
+    Option<"microbatches", "microbatches", "int64_t", "0",
+           "Microbatches per step (0: keep; must match the graph)">,
+    Option<"virtualStages", "virtual-stages", "int64_t", "0",
+           "Model chunks per pipeline rank (0: keep)">,
+    Option<"schedule", "schedule", "std::string", "\"\"",
+           "Pipeline schedule: gpipe, 1f1b or interleaved (empty: keep)">,
+  ];
+}
+
 def Autodiff : Pass<"tessel-autodiff", "mlir::ModuleOp"> {
   let summary = "Builds the training step from the forward program";
   let description = [{
@@ -81,6 +108,10 @@ def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
     order their gradients become final into buckets of at most
     `bucket-bytes` each; a bucket's all-reduce is started right after its
     last gradient is produced and waited for before the gradient norm.
+    With several microbatches (`pipe.layout`) gradients are synchronised
+    once, after the last one, so the buckets are reduced right before the
+    norm instead. Pipeline stages (no `@train_step` left) keep one
+    collective per gradient.
   }];
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", "25 << 20",

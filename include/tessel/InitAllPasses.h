@@ -1,0 +1,17 @@
+//===- InitAllPasses.h - Every pass and pipeline of Tessel ------*- C++ -*-===//
+#ifndef TESSEL_INITALLPASSES_H
+#define TESSEL_INITALLPASSES_H
+
+#include "tessel/Pipelines/TrainPipeline.h"
+#include "tessel/Transforms/Passes.h"
+
+namespace tessel {
+
+inline void registerAllPasses() {
+  registerTesselPasses();
+  registerTrainPipeline();
+}
+
+} // namespace tessel
+
+#endif // TESSEL_INITALLPASSES_H

@@ -1,0 +1,71 @@
+//===- TrainPipeline.h - The registered training pipeline -------*- C++ -*-===//
+//
+// `tessel-opt --tessel-train-pipeline="tp=2 pp=2 ..."` and `tessel compile`
+// run the same passes, built here: from the forward graph to the planned
+// per-rank programs.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_PIPELINES_TRAINPIPELINE_H
+#define TESSEL_PIPELINES_TRAINPIPELINE_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+#include <string>
+#include <vector>
+
+namespace tessel {
+
+struct TrainPipelineOptions
+    : public mlir::PassPipelineOptions<TrainPipelineOptions> {
+  // The layout (tessel-set-layout): 0 or empty keeps the module's.
+  Option<int64_t> dp{*this, "dp", llvm::cl::desc("Data-parallel degree"),
+                     llvm::cl::init(0)};
+  Option<int64_t> tp{*this, "tp", llvm::cl::desc("Tensor-parallel degree"),
+                     llvm::cl::init(0)};
+  Option<int64_t> pp{*this, "pp", llvm::cl::desc("Pipeline ranks"),
+                     llvm::cl::init(0)};
+  Option<std::string> sp{*this, "sp",
+                         llvm::cl::desc("Sequence parallelism: true or false"),
+                         llvm::cl::init("")};
+  Option<int64_t> microbatches{
+      *this, "microbatches",
+      llvm::cl::desc("Microbatches per step (must match the graph)"),
+      llvm::cl::init(0)};
+  Option<int64_t> virtualStages{
+      *this, "virtual-stages",
+      llvm::cl::desc("Model chunks per pipeline rank"), llvm::cl::init(0)};
+  Option<std::string> schedule{
+      *this, "schedule",
+      llvm::cl::desc("Pipeline schedule: gpipe, 1f1b, interleaved"),
+      llvm::cl::init("")};
+  // Communication and the target.
+  Option<double> bucketMB{*this, "bucket-mb",
+                          llvm::cl::desc("Gradient all-reduce bucket (MiB)"),
+                          llvm::cl::init(25.0)};
+  Option<std::string> target{*this, "target",
+                             llvm::cl::desc("cpu or cuda"),
+                             llvm::cl::init("cpu")};
+  Option<std::string> precision{
+      *this, "precision",
+      llvm::cl::desc("fp32 or bf16 (bf16 only on the cuda target)"),
+      llvm::cl::init("fp32")};
+};
+
+void buildTrainPipeline(mlir::OpPassManager &pm,
+                        const TrainPipelineOptions &options);
+
+// The IR worth keeping after a pass: `ir/<file>` is written after the pass
+// whose argument is `pass`.
+struct PipelineStage {
+  const char *pass;
+  const char *file;
+};
+// In pipeline order; the graph itself is 00-graph.mlir.
+const std::vector<PipelineStage> &trainPipelineStages();
+
+void registerTrainPipeline();
+
+} // namespace tessel
+
+#endif // TESSEL_PIPELINES_TRAINPIPELINE_H

@@ -1,0 +1,53 @@
+//===- TrainPipeline.cpp - The registered training pipeline ---------------===//
+
+#include "tessel/Pipelines/TrainPipeline.h"
+
+#include "tessel/Transforms/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+
+using namespace mlir;
+
+void tessel::buildTrainPipeline(OpPassManager &pm,
+                                const TrainPipelineOptions &options) {
+  SetLayoutOptions layout;
+  layout.dp = options.dp;
+  layout.tp = options.tp;
+  layout.pp = options.pp;
+  layout.sp = options.sp;
+  layout.microbatches = options.microbatches;
+  layout.virtualStages = options.virtualStages;
+  layout.schedule = options.schedule;
+  pm.addPass(createSetLayout(layout));
+  pm.addPass(createAutodiff());
+  pm.addPass(createPropagateSharding());
+  pm.addPass(createPartition());
+  pm.addPass(createSplitStages());
+  BucketGradientsOptions bucketing;
+  bucketing.bucketBytes = static_cast<int64_t>(options.bucketMB * (1 << 20));
+  pm.addPass(createBucketGradients(bucketing));
+  PlanBuffersOptions planning;
+  // bf16 programs store activations in 2 bytes.
+  planning.bf16Activations =
+      options.target == "cuda" && options.precision == "bf16";
+  pm.addPass(createPlanBuffers(planning));
+}
+
+const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
+  static const std::vector<PipelineStage> stages = {
+      {"tessel-autodiff", "01-train.mlir"},
+      {"tessel-propagate-sharding", "02-sharded.mlir"},
+      {"tessel-partition", "03-partitioned.mlir"},
+      {"tessel-split-stages", "04-stages.mlir"},
+      {"tessel-plan-buffers", "05-planned.mlir"},
+  };
+  return stages;
+}
+
+void tessel::registerTrainPipeline() {
+  PassPipelineRegistration<TrainPipelineOptions>(
+      "tessel-train-pipeline",
+      "The whole training compile: from the forward graph (@forward) to the "
+      "planned per-rank programs",
+      buildTrainPipeline);
+}
