@@ -5,6 +5,8 @@
 include "mlir/IR/OpBase.td"
 include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/EnumAttr.td"
+include "mlir/IR/OpBase.td"
+include "GraphInterfaces.td"
 
 def Graph_Dialect : Dialect {
   let name = "graph";
@@ -75,7 +77,13 @@ def Graph_PhaseAttr : EnumAttr<Graph_Dialect, Graph_Phase, "phase"> {
   let assemblyFormat = "`<` $value `>`";
 }
 
-class Graph_Op<string mnemonic, list<Trait> traits = []>
-    : Op<Graph_Dialect, mnemonic, traits>;
+// Every graph op has a sharding rule; `rules` names the optional methods of
+// ShardingRuleOpInterface the op implements too (e.g. "localize").
+class Graph_Op<string mnemonic, list<Trait> traits = [],
+               list<string> rules = []>
+    : Op<Graph_Dialect, mnemonic,
+         !listconcat(traits,
+                     [DeclareOpInterfaceMethods<ShardingRuleOpInterface,
+                                                rules>])>;
 
 #endif // TESSEL_GRAPH_DIALECT

@@ -120,7 +120,8 @@ AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                             SmallVectorImpl<Value> &operandGrads) {
   auto grad =
       AttentionGradOp::create(b, getLoc(), getQuery(), getKey(), getValue(),
-                              resultGrads[0], getCausalAttr());
+                              resultGrads[0], getCausalAttr(),
+                              /*kv_replicated=*/nullptr);
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();
 }
@@ -137,7 +138,8 @@ LogicalResult
 CrossEntropyOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                                SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(CrossEntropyGradOp::create(
-      b, getLoc(), getLogits(), getTargets(), resultGrads[0]));
+      b, getLoc(), getLogits(), getTargets(), resultGrads[0],
+      /*vocab_axes=*/nullptr));
   operandGrads.push_back(Value()); // token ids have no gradient
   return success();
 }
@@ -146,7 +148,8 @@ LogicalResult
 EmbeddingOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                             SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(EmbeddingGradOp::create(
-      b, getLoc(), getTable().getType(), getIds(), resultGrads[0]));
+      b, getLoc(), getTable().getType(), getIds(), resultGrads[0],
+      /*vocab_axes=*/nullptr));
   operandGrads.push_back(Value());
   return success();
 }

@@ -10,6 +10,8 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include "dialects/Dist/ShardingContext.h"
+
 #include "dialects/Graph/GraphDialect.h.inc"
 #include "dialects/Graph/GraphEnums.h.inc"
 #define GET_ATTRDEF_CLASSES

@@ -4,6 +4,7 @@
 
 include "GraphDialect.td"
 include "GraphInterfaces.td"
+include "dialects/Dist/DistDialect.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 
@@ -11,19 +12,24 @@ def Graph_F32Tensor : RankedTensorOf<[F32]>;
 def Graph_I32Tensor : RankedTensorOf<[I32]>;
 def Graph_F32Scalar : 0DTensorOf<[F32]>;
 
-class Graph_PureOp<string mnemonic, list<Trait> traits = []>
-    : Graph_Op<mnemonic, !listconcat([Pure], traits)> {
+class Graph_PureOp<string mnemonic, list<Trait> traits = [],
+                   list<string> rules = []>
+    : Graph_Op<mnemonic, !listconcat([Pure], traits), rules> {
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 // An op whose result type follows from its operands and attributes.
-class Graph_InferOp<string mnemonic, list<Trait> traits = []>
-    : Graph_PureOp<mnemonic, !listconcat([InferTypeOpAdaptor], traits)> {
+class Graph_InferOp<string mnemonic, list<Trait> traits = [],
+                    list<string> rules = []>
+    : Graph_PureOp<mnemonic, !listconcat([InferTypeOpAdaptor], traits),
+                   rules> {
   let hasVerifier = 0;
 }
-class Graph_DiffOp<string mnemonic, list<Trait> traits = []>
+class Graph_DiffOp<string mnemonic, list<Trait> traits = [],
+                   list<string> rules = []>
     : Graph_InferOp<mnemonic,
-        !listconcat([DeclareOpInterfaceMethods<GradientOpInterface>], traits)>;
+        !listconcat([DeclareOpInterfaceMethods<GradientOpInterface>], traits),
+        rules>;
 
 //===----------------------------------------------------------------------===//
 // Leaves
@@ -81,16 +87,20 @@ def Graph_FillOp : Graph_Op<"fill", [Pure]> {
 // Forward math
 //===----------------------------------------------------------------------===//
 
-def Graph_EmbeddingOp : Graph_DiffOp<"embedding"> {
+def Graph_EmbeddingOp : Graph_DiffOp<"embedding", [], ["localize"]> {
   let summary = "Row lookup in a [vocab, hidden] table";
   let description = [{
-    `result[..., :] = table[ids[...], :]`.
+    `result[..., :] = table[ids[...], :]`. With `vocab_axes` (set by the
+    partition pass) the table is this rank's slice of the vocabulary, rows
+    `[groupRank * V, (groupRank + 1) * V)` of the global table over those
+    axes; ids outside it give zeros, so the result is a partial sum.
 
     ```mlir
     %x = graph.embedding %wte, %ids : (tensor<256x64xf32>, tensor<8x64xi32>) -> tensor<8x64x64xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$table, Graph_I32Tensor:$ids);
+  let arguments = (ins Graph_F32Tensor:$table, Graph_I32Tensor:$ids,
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
   let results = (outs Graph_F32Tensor:$result);
 }
 
@@ -205,20 +215,25 @@ def Graph_RopeOp : Graph_DiffOp<"rope"> {
   let results = (outs Graph_F32Tensor:$result);
 }
 
-def Graph_AttentionOp : Graph_DiffOp<"attention"> {
+def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
   let summary = "Scaled dot-product attention with grouped KV heads";
   let description = [{
     `query` is `[batch, seq, heads, head_dim]`, `key` and `value` are
     `[batch, seq, kv_heads, head_dim]`; `heads` must be a multiple of
     `kv_heads`, and query head `h` reads KV head `h / (heads / kv_heads)`.
     Scale `1/sqrt(head_dim)`; causal unless `causal = false`.
+    `kv_replicated` (set by sharding propagation) names the axes that split
+    the query heads while every rank holds all KV heads (fewer KV heads than
+    ranks); the partition pass then gives the op the one KV head its query
+    heads read.
 
     ```mlir
     %o = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> tensor<8x64x4x16xf32>
     ```
   }];
   let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
-                   DefaultValuedAttr<BoolAttr, "true">:$causal);
+                   DefaultValuedAttr<BoolAttr, "true">:$causal,
+                   OptionalAttr<Dist_AxesAttr>:$kv_replicated);
   let results = (outs Graph_F32Tensor:$result);
 }
 
@@ -233,17 +248,21 @@ def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
   let results = (outs Graph_F32Tensor:$result);
 }
 
-def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy"> {
+def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy", [], ["localize"]> {
   let summary = "Mean token cross-entropy of logits against target ids";
   let description = [{
     `logits` is `[..., vocab]`, `targets` has the leading shape `[...]`; the
     result is the mean over all tokens of `-log softmax(logits)[target]`.
+    With `vocab_axes` the logits are this rank's slice of the vocabulary
+    (see `graph.embedding`); the softmax statistics are reduced over those
+    axes.
 
     ```mlir
     %loss = graph.cross_entropy %logits, %targets : (tensor<8x64x256xf32>, tensor<8x64xi32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets);
+  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets,
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
   let results = (outs Graph_F32Scalar:$result);
 }
 
@@ -369,7 +388,7 @@ def Graph_RmsNormGradOp : Graph_InferOp<"rms_norm_grad"> {
   let results = (outs Graph_F32Tensor:$input_grad, Graph_F32Tensor:$weight_grad);
 }
 
-def Graph_AttentionGradOp : Graph_InferOp<"attention_grad"> {
+def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
   let summary = "Gradients of attention for query, key and value";
   let description = [{
     Recomputes the attention probabilities from query and key.
@@ -379,7 +398,8 @@ def Graph_AttentionGradOp : Graph_InferOp<"attention_grad"> {
     ```
   }];
   let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
-                   Graph_F32Tensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal);
+                   Graph_F32Tensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
+                   OptionalAttr<Dist_AxesAttr>:$kv_replicated);
   let results = (outs Graph_F32Tensor:$query_grad, Graph_F32Tensor:$key_grad,
                  Graph_F32Tensor:$value_grad);
 }
@@ -395,18 +415,19 @@ def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
   let results = (outs Graph_F32Tensor:$result);
 }
 
-def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad"> {
+def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad", [], ["localize"]> {
   let summary = "Gradient of cross_entropy with respect to the logits";
   let description = [{
     ```mlir
     %dl = graph.cross_entropy_grad %logits, %targets, %dloss : (tensor<8x64x256xf32>, tensor<8x64xi32>, tensor<f32>) -> tensor<8x64x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets, Graph_F32Scalar:$grad);
+  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets, Graph_F32Scalar:$grad,
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
   let results = (outs Graph_F32Tensor:$result);
 }
 
-def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad"> {
+def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad", [], ["localize"]> {
   let summary = "Gradient of embedding with respect to the table";
   let description = [{
     Scatter-adds the rows of the gradient into a zeroed `[vocab, hidden]`
@@ -416,7 +437,8 @@ def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad"> {
     %dt = graph.embedding_grad %ids, %dy : (tensor<8x64xi32>, tensor<8x64x64xf32>) -> tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Graph_I32Tensor:$ids, Graph_F32Tensor:$grad);
+  let arguments = (ins Graph_I32Tensor:$ids, Graph_F32Tensor:$grad,
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
   let results = (outs Graph_F32Tensor:$result);
 }
 
@@ -424,14 +446,18 @@ def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad"> {
 // Optimizer
 //===----------------------------------------------------------------------===//
 
-def Graph_GlobalNormOp : Graph_Op<"global_norm", [Pure]> {
+def Graph_GlobalNormOp : Graph_Op<"global_norm", [Pure], ["localize"]> {
   let summary = "The L2 norm of all gradients together";
   let description = [{
+    `reduce_axes` (set by the partition pass) gives, per input, the mesh
+    axes over which its squares are summed: those that split it.
+
     ```mlir
     %n = graph.global_norm %g0, %g1 : (tensor<256x64xf32>, tensor<64xf32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs);
+  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs,
+                   OptionalAttr<TypedArrayAttrBase<Dist_AxesAttr, "per input">>:$reduce_axes);
   let results = (outs Graph_F32Scalar:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }

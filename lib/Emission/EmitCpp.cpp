@@ -464,7 +464,7 @@ public:
             return success();
           // Squares of gradients split over some axes are summed over them
           // (in one double all-reduce per distinct axis set).
-          auto axes = g->getAttrOfType<ArrayAttr>("dist.norm_axes");
+          ArrayAttr axes = g.getReduceAxesAttr();
           std::map<int64_t, SmallVector<Value>> byAxes;
           for (auto [k, v] : llvm::enumerate(g.getInputs()))
             byAxes[axes ? cast<dist::AxesAttr>(axes[k]).getValue().bits() : 0]
@@ -900,7 +900,7 @@ public:
   }
 
   static unsigned vocabAxes(Operation *op) {
-    auto attr = op->getAttrOfType<dist::AxesAttr>("dist.vocab_axes");
+    auto attr = op->getAttrOfType<dist::AxesAttr>("vocab_axes");
     return attr ? attr.getValue().bits() : 0;
   }
   int64_t groupSize(unsigned axes) const {
@@ -1248,7 +1248,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
   func.walk([&](CrossEntropyOp ce) {
     // The global vocabulary: a vocab-parallel loss sees its slice.
     vocab = cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
-    if (auto axes = ce->getAttrOfType<dist::AxesAttr>("dist.vocab_axes"))
+    if (auto axes = ce.getVocabAxesAttr())
       vocab *= dist::meshOf(module).groupSize(axes.getValue());
   });
   // A pipeline stage without the inputs or the loss still reads the data

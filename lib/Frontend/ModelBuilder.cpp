@@ -186,7 +186,8 @@ private:
                   ? embedding
                   : splitOverTP(param(untiedName, {m.vocabSize, m.hidden}), 0);
     Value logits = MatmulOp::create(b, at("lm_head"), h, w, false, true);
-    return CrossEntropyOp::create(b, at("loss"), logits, targets);
+    return CrossEntropyOp::create(b, at("loss"), logits, targets,
+                                  /*vocab_axes=*/nullptr);
   }
 
   // Hugging Face GPT2LMHeadModel (names without the "transformer." prefix).
@@ -197,7 +198,7 @@ private:
     enter(graph::LayerKind::Embedding);
     Value wte = splitOverTP(param("wte.weight", {m.vocabSize, C}), 0);
     Value wpe = param("wpe.weight", {T, C});
-    Value x = EmbeddingOp::create(b, at("wte"), wte, tokens);
+    Value x = EmbeddingOp::create(b, at("wte"), wte, tokens, nullptr);
     x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
@@ -220,7 +221,7 @@ private:
         return reshape(y, {B, T, H, D});
       };
       Value q = project(0), k = project(1), v = project(2);
-      Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true);
+      Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true, nullptr);
       a = reshape(a, {B, T, C});
       x = AddOp::create(
           b, at(p + "attn"), x,
@@ -251,7 +252,8 @@ private:
     enter(graph::LayerKind::Embedding);
     Value embed =
         splitOverTP(param("model.embed_tokens.weight", {m.vocabSize, C}), 0);
-    Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens);
+    Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens,
+                                  nullptr);
     auto theta = b.getF64FloatAttr(m.ropeTheta);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
@@ -268,7 +270,8 @@ private:
                          b.getBoolAttr(false));
       k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
                          b.getBoolAttr(false));
-      Value a = AttentionOp::create(b, at(p + "self_attn"), q, k, v, true);
+      Value a =
+          AttentionOp::create(b, at(p + "self_attn"), q, k, v, true, nullptr);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,
                         linear(a, p + "self_attn.o_proj", H * D, C, row));

@@ -123,7 +123,8 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
   placement.phase = Phase::Update;
   placement.layer = nullptr;
   Value norm =
-      GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads);
+      GlobalNormOp::create(b, loss.getLoc(), loss.getType(), paramGrads,
+                           /*reduce_axes=*/nullptr);
   for (auto [param, grad] : llvm::zip(params, paramGrads)) {
     placement.layer = layerOf(param);
     // Decoupled weight decay on matrices only, as in GPT-2/Llama recipes.

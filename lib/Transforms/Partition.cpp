@@ -13,6 +13,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include <list>
+
 namespace tessel {
 #define GEN_PASS_DEF_PARTITION
 #include "tessel/Transforms/Passes.h.inc"
@@ -27,15 +29,15 @@ using tessel::dist::Sharding;
 
 namespace {
 
-class Partitioner {
+class Partitioner : public dist::PartitionContext {
 public:
   Partitioner(ModuleOp module)
-      : ctx(module.getContext()), mesh(dist::meshOf(module)) {}
+      : ctx(module.getContext()), meshShape(dist::meshOf(module)),
+        microbatchCount(pipe::layoutOf(module).getMicrobatches()) {}
 
   LogicalResult run(func::FuncOp func);
 
-private:
-  Sharding shardingOf(Value v) {
+  Sharding shardingOf(Value v) override {
     auto result = dyn_cast<OpResult>(v);
     if (result)
       if (auto attrs =
@@ -44,11 +46,31 @@ private:
             cast<dist::ShardingAttr>(attrs[result.getResultNumber()]));
     return Sharding::replicated(cast<RankedTensorType>(v.getType()).getRank());
   }
+  const MeshShape &mesh() const override { return meshShape; }
+  int64_t microbatches() const override { return microbatchCount; }
+  OpBuilder builderBefore(Operation *anchor) override {
+    OpBuilder b(anchor);
+    b.setListener(placementOf(anchor));
+    return b;
+  }
+  OpBuilder builderAfter(Operation *anchor) override {
+    OpBuilder b(anchor->getContext(), placementOf(anchor));
+    b.setInsertionPointAfter(anchor);
+    return b;
+  }
+  void annotate(Operation *op, ArrayRef<Sharding> shardings) override {
+    SmallVector<Attribute> attrs;
+    for (const Sharding &s : shardings)
+      attrs.push_back(s.toAttr(ctx));
+    op->setAttr("dist.sharding", ArrayAttr::get(ctx, attrs));
+  }
+
+private:
   FailureOr<RankedTensorType> localType(Operation *op, RankedTensorType type,
                                         const Sharding &s) {
     SmallVector<int64_t> shape(type.getShape());
     for (auto [d, axes] : llvm::enumerate(s.dims)) {
-      int64_t g = mesh.groupSize(axes);
+      int64_t g = meshShape.groupSize(axes);
       if (shape[d] % g != 0) {
         op->emitOpError("dimension ")
             << d << " of size " << shape[d] << " cannot be split over "
@@ -60,16 +82,15 @@ private:
     return RankedTensorType::get(shape, type.getElementType());
   }
   LogicalResult lowerReshard(dist::ReshardOp reshard);
-  void selectKVHead(Operation *op);
-  // The local op works on this rank's slice of the vocabulary.
-  void markVocabSplit(Operation *op, AxisSet axes) {
-    if (!axes.empty())
-      op->setAttr("dist.vocab_axes", dist::AxesAttr::get(ctx, axes));
+  PlacementListener *placementOf(Operation *anchor) {
+    listeners.push_back(PlacementListener::of(anchor));
+    return &listeners.back();
   }
-  void scaleCrossEntropy(Operation *op);
 
   MLIRContext *ctx;
-  MeshShape mesh;
+  MeshShape meshShape;
+  int64_t microbatchCount;
+  std::list<PlacementListener> listeners;
 };
 
 LogicalResult Partitioner::run(func::FuncOp func) {
@@ -83,7 +104,7 @@ LogicalResult Partitioner::run(func::FuncOp func) {
         return failure();
       continue;
     }
-    // Local types first, so that rewrites below see local operands.
+    // Local types first, so that the op's rule sees local operands.
     for (Value r : op->getResults()) {
       auto type = dyn_cast<RankedTensorType>(r.getType());
       if (!type)
@@ -93,112 +114,11 @@ LogicalResult Partitioner::run(func::FuncOp func) {
         return failure();
       r.setType(*local);
     }
-    if (op->hasAttr("dist.kv_replicated"))
-      selectKVHead(op);
-    if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
-      scaleCrossEntropy(op);
-      markVocabSplit(op, shardingOf(op->getOperand(0)).dims.back());
-    }
-    if (auto e = dyn_cast<EmbeddingOp>(op))
-      markVocabSplit(op, shardingOf(e.getTable()).dims[0]);
-    if (auto e = dyn_cast<EmbeddingGradOp>(op))
-      markVocabSplit(op, shardingOf(e.getResult()).dims[0]);
-    if (auto norm = dyn_cast<GlobalNormOp>(op)) {
-      // A split gradient's squares are summed over the axes that split it.
-      SmallVector<Attribute> axes;
-      for (Value g : norm.getInputs())
-        axes.push_back(dist::AxesAttr::get(ctx, shardingOf(g).allAxes() -
-                                                    shardingOf(g).partial));
-      norm->setAttr("dist.norm_axes", ArrayAttr::get(ctx, axes));
-    }
+    if (auto rule = dyn_cast<ShardingRuleOpInterface>(op))
+      if (failed(rule.localize(*this)))
+        return failure();
   }
   return success();
-}
-
-// KV heads replicated over a group larger than their number: this rank's
-// query heads [r*Hl, (r+1)*Hl) all read KV head r*Hl / (H/Hkv). Slice it out
-// of k and v; under the gradient, place dk and dv back into zeros (a partial
-// sum over the group).
-void Partitioner::selectKVHead(Operation *op) {
-  AxisSet axes =
-      op->getAttrOfType<dist::AxesAttr>("dist.kv_replicated").getValue();
-  auto q = cast<RankedTensorType>(op->getOperand(0).getType());
-  auto k = cast<RankedTensorType>(op->getOperand(1).getType());
-  int64_t localHeads = q.getDimSize(2);
-  int64_t queriesPerKV = localHeads * mesh.groupSize(axes) / k.getDimSize(2);
-  auto one = RankedTensorType::get(
-      {k.getDimSize(0), k.getDimSize(1), 1, k.getDimSize(3)},
-      k.getElementType());
-  Location loc = op->getLoc();
-  OpBuilder b(op);
-  PlacementListener placement = PlacementListener::of(op);
-  b.setListener(&placement);
-  auto attrs = [&](Operation *piece) {
-    piece->setAttr("dist.sharding",
-                   ArrayAttr::get(ctx, {Sharding::replicated(4).toAttr(ctx)}));
-  };
-  for (unsigned i : {1u, 2u}) {
-    auto slice = dist::LocalSliceOp::create(
-        b, loc, one, op->getOperand(i), dist::AxesAttr::get(ctx, axes),
-        b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
-        b.getI64IntegerAttr(queriesPerKV));
-    attrs(slice);
-    op->setOperand(i, slice);
-  }
-  if (!isa<AttentionGradOp>(op))
-    return;
-  b.setInsertionPointAfter(op);
-  for (unsigned i : {1u, 2u}) {
-    Value grad = op->getResult(i);
-    Type whole = grad.getType();
-    grad.setType(one);
-    auto insert = dist::LocalInsertOp::create(
-        b, loc, whole, grad, dist::AxesAttr::get(ctx, axes),
-        b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
-        b.getI64IntegerAttr(queriesPerKV));
-    auto resultAttrs = op->getAttrOfType<ArrayAttr>("dist.sharding");
-    insert->setAttr("dist.sharding", ArrayAttr::get(ctx, {resultAttrs[i]}));
-    grad.replaceAllUsesExcept(insert, insert);
-  }
-}
-
-// A cross-entropy over tokens split across ranks (and microbatches) computes,
-// per rank and microbatch, the sum of its tokens' losses divided by the
-// global token count, so that the sum of the pieces is the global mean:
-// scale the local mean by 1 / pieces.
-void Partitioner::scaleCrossEntropy(Operation *op) {
-  Sharding targets = shardingOf(op->getOperand(1));
-  AxisSet axes = targets.leadingAxes(targets.dims.size());
-  // Microbatches split the batch in time as dp splits it in space.
-  auto module = op->getParentOfType<ModuleOp>();
-  int64_t group =
-      mesh.groupSize(axes) * pipe::layoutOf(module).getMicrobatches();
-  if (group == 1)
-    return;
-  Location loc = op->getLoc();
-  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
-  auto replicated = ArrayAttr::get(ctx, {Sharding::replicated(0).toAttr(ctx)});
-  if (isa<CrossEntropyGradOp>(op)) {
-    OpBuilder b(op);
-    PlacementListener placement = PlacementListener::of(op);
-    b.setListener(&placement);
-    auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
-    scale->setAttr("dist.sharding", replicated);
-    auto dloss = MulOp::create(b, loc, op->getOperand(2), scale);
-    dloss->setAttr("dist.sharding", replicated);
-    op->setOperand(2, dloss);
-    return;
-  }
-  OpBuilder b(op->getContext());
-  PlacementListener placement = PlacementListener::of(op);
-  b.setListener(&placement);
-  b.setInsertionPointAfter(op);
-  auto scale = FillOp::create(b, loc, scalar, b.getF64FloatAttr(1.0 / group));
-  scale->setAttr("dist.sharding", replicated);
-  Value loss = op->getResult(0);
-  auto scaled = MulOp::create(b, loc, loss, scale);
-  scaled->setAttr("dist.sharding", op->getAttr("dist.sharding"));
-  loss.replaceAllUsesExcept(scaled, scaled);
 }
 
 LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {

@@ -189,7 +189,7 @@ LogicalResult Splitter::run() {
       continue; // cloned where used
     if (auto norm = dyn_cast<GlobalNormOp>(op)) {
       // Each stage's gradients, summed over pp as well.
-      auto axes = norm->getAttrOfType<ArrayAttr>("dist.norm_axes");
+      ArrayAttr axes = norm.getReduceAxesAttr();
       for (int64_t s = 0; s < ranks; ++s) {
         SmallVector<Value> grads;
         SmallVector<Attribute> gradAxes;
@@ -203,8 +203,8 @@ LogicalResult Splitter::run() {
           }
         OpBuilder sb(ctx);
         sb.setInsertionPointToEnd(&funcs[s].getBody().front());
-        auto local = GlobalNormOp::create(sb, norm.getLoc(), scalar, grads);
-        local->setAttr("dist.norm_axes", ArrayAttr::get(ctx, gradAxes));
+        auto local = GlobalNormOp::create(sb, norm.getLoc(), scalar, grads,
+                                          ArrayAttr::get(ctx, gradAxes));
         local->setAttr("tessel.phase", StringAttr::get(ctx, "update"));
         maps[s].map(norm.getResult(), local.getResult());
       }

@@ -18,7 +18,7 @@
 // CHECK: %[[GW:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
 // CHECK: %[[GB:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<8xf32>) -> tensor<8xf32>
 // CHECK: %[[GE:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf32>
-// CHECK: graph.global_norm %[[GW]], %[[GB]], %[[GE]] {dist.norm_axes = [#dist.axes<>, #dist.axes<>, #dist.axes<>]
+// CHECK: graph.global_norm %[[GW]], %[[GB]], %[[GE]] {{.*}}reduce_axes = [#dist.axes<>, #dist.axes<>, #dist.axes<>]
 // CHECK: %[[L:.*]] = dist.all_reduce %[[SCALED]] {axes = #dist.axes<dp>
 // CHECK: return %[[L]]
 

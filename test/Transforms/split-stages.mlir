@@ -14,7 +14,7 @@
 // CHECK-NEXT: dist.send %[[A]] {axis = #dist.axis<pp>, offset = 1 : i64, tag = [[FWD:[0-9]+]] : i64, {{.*}}tessel.phase = "forward"}
 // CHECK: %[[DA:.*]] = dist.recv {axis = #dist.axis<pp>, offset = 1 : i64, tag = [[BWD:[0-9]+]] : i64, {{.*}}tessel.phase = "backward"}
 // CHECK: graph.gelu_grad %{{.*}}, %[[DA]]
-// CHECK: %[[N0:.*]] = graph.global_norm {{.*}}dist.norm_axes = [#dist.axes<pp>, #dist.axes<pp>]
+// CHECK: %[[N0:.*]] = graph.global_norm {{.*}}reduce_axes = [#dist.axes<pp>, #dist.axes<pp>]
 // CHECK: %[[Z:.*]] = graph.fill
 // CHECK: %[[L0:.*]] = dist.all_reduce %[[Z]] {axes = #dist.axes<pp>
 // CHECK: return %[[L0]], %[[N0]]

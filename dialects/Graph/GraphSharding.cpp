@@ -1,0 +1,572 @@
+//===- GraphSharding.cpp - Sharding rules of the graph ops ---------------===//
+//
+// One rule per op (ShardingRuleOpInterface): how its results are split given
+// its operands' shardings, which shardings it needs of them, and, once the
+// partition pass has given everything its local type, how the op computes
+// this rank's piece. Partial sums are reduced as late as possible: a rule
+// that is linear in an operand lets the partial axes through.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/Graph/GraphOps.h"
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+using tessel::dist::PartitionContext;
+using tessel::dist::Sharding;
+using tessel::dist::ShardingContext;
+
+namespace {
+
+int64_t rankOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getRank();
+}
+ArrayRef<int64_t> shapeOf(Value v) {
+  return cast<RankedTensorType>(v.getType()).getShape();
+}
+
+// Same-shape operands, the result like the first: elementwise ops and their
+// gradients. `wholeDims` must not be split (a softmax row, a rotated token).
+LogicalResult elementwise(Operation *op, ShardingContext &ctx,
+                          std::initializer_list<int64_t> wholeDims) {
+  Sharding s = ShardingContext::whole(ctx.reduced(op->getOperand(0)), wholeDims);
+  for (unsigned i = 0; i < op->getNumOperands(); ++i)
+    ctx.require(op, i, s);
+  ctx.set(op->getResult(0), s);
+  return success();
+}
+
+// The axes that split the vocabulary of a lookup table or of logits.
+void recordVocabSlice(Operation *op, AxisSet axes) {
+  if (!axes.empty())
+    op->setAttr("vocab_axes", dist::AxesAttr::get(op->getContext(), axes));
+}
+
+// A loss over tokens split across ranks (and microbatches) is, per rank and
+// microbatch, the sum of its tokens' losses over the global token count, so
+// that the pieces add up to the global mean: the local mean scaled by
+// 1 / pieces. The gradient is scaled alike.
+LogicalResult scaleOverSplitTokens(Operation *op, PartitionContext &ctx,
+                                   bool isGradient) {
+  Sharding targets = ctx.shardingOf(op->getOperand(1));
+  AxisSet axes = targets.leadingAxes(targets.dims.size());
+  int64_t pieces = ctx.mesh().groupSize(axes) * ctx.microbatches();
+  if (pieces == 1)
+    return success();
+  auto scalar = RankedTensorType::get({}, Float32Type::get(op->getContext()));
+  Sharding replicated = Sharding::replicated(0);
+  if (isGradient) {
+    OpBuilder b = ctx.builderBefore(op);
+    auto scale =
+        FillOp::create(b, op->getLoc(), scalar, b.getF64FloatAttr(1.0 / pieces));
+    auto dloss = MulOp::create(b, op->getLoc(), op->getOperand(2), scale);
+    ctx.annotate(scale, {replicated});
+    ctx.annotate(dloss, {replicated});
+    op->setOperand(2, dloss);
+    return success();
+  }
+  OpBuilder b = ctx.builderAfter(op);
+  auto scale =
+      FillOp::create(b, op->getLoc(), scalar, b.getF64FloatAttr(1.0 / pieces));
+  Value loss = op->getResult(0);
+  auto scaled = MulOp::create(b, op->getLoc(), loss, scale);
+  ctx.annotate(scale, {replicated});
+  ctx.annotate(scaled, {ctx.shardingOf(loss)});
+  loss.replaceAllUsesExcept(scaled, scaled);
+  return success();
+}
+
+// KV heads replicated over a group larger than their number: this rank's
+// query heads [r*Hl, (r+1)*Hl) all read KV head r*Hl / (H/Hkv). Slice it out
+// of k and v; under the gradient, place dk and dv back into zeros (a partial
+// sum over the group).
+LogicalResult selectKVHead(Operation *op, AxisSet axes, PartitionContext &ctx) {
+  auto q = cast<RankedTensorType>(op->getOperand(0).getType());
+  auto k = cast<RankedTensorType>(op->getOperand(1).getType());
+  int64_t localHeads = q.getDimSize(2);
+  int64_t queriesPerKV =
+      localHeads * ctx.mesh().groupSize(axes) / k.getDimSize(2);
+  auto one = RankedTensorType::get(
+      {k.getDimSize(0), k.getDimSize(1), 1, k.getDimSize(3)},
+      k.getElementType());
+  auto axesAttr = dist::AxesAttr::get(op->getContext(), axes);
+  OpBuilder b = ctx.builderBefore(op);
+  for (unsigned i : {1u, 2u}) {
+    auto slice = dist::LocalSliceOp::create(
+        b, op->getLoc(), one, op->getOperand(i), axesAttr,
+        b.getI64IntegerAttr(2), b.getI64IntegerAttr(localHeads),
+        b.getI64IntegerAttr(queriesPerKV));
+    ctx.annotate(slice, {Sharding::replicated(4)});
+    op->setOperand(i, slice);
+  }
+  if (!isa<AttentionGradOp>(op))
+    return success();
+  OpBuilder after = ctx.builderAfter(op);
+  for (unsigned i : {1u, 2u}) {
+    Value grad = op->getResult(i);
+    Type whole = grad.getType();
+    Sharding sharding = ctx.shardingOf(grad);
+    grad.setType(one);
+    auto insert = dist::LocalInsertOp::create(
+        after, op->getLoc(), whole, grad, axesAttr, after.getI64IntegerAttr(2),
+        after.getI64IntegerAttr(localHeads),
+        after.getI64IntegerAttr(queriesPerKV));
+    ctx.annotate(insert, {sharding});
+    grad.replaceAllUsesExcept(insert, insert);
+  }
+  return success();
+}
+
+// Attention and its gradient: batch and heads may be split, the sequence and
+// the head dimension must be whole.
+LogicalResult propagateAttention(Operation *op, ShardingContext &ctx,
+                                 bool grad) {
+  Value q = op->getOperand(0), k = op->getOperand(1);
+  Sharding sq = ShardingContext::whole(ctx.reduced(q), {1, 3});
+  AxisSet heads = sq.dims[2];
+  Sharding sk = ShardingContext::whole(ctx.reduced(k), {1, 3});
+  sk.dims[0] = sq.dims[0];
+  int64_t kvHeads = shapeOf(k)[2], group = ctx.mesh().groupSize(heads);
+  bool replicateKV = !heads.empty() && kvHeads % group != 0;
+  if (replicateKV && group % kvHeads != 0)
+    return op->emitOpError("kv heads (")
+           << kvHeads << ") neither divide nor are a multiple of the "
+           << heads.str() << " group of " << group;
+  // Fewer KV heads than ranks: every rank holds all KV heads and reads the
+  // one its query heads use (localize selects it).
+  sk.dims[2] = replicateKV ? AxisSet() : heads;
+  if (replicateKV)
+    op->setAttr("kv_replicated", dist::AxesAttr::get(op->getContext(), heads));
+  else
+    op->removeAttr("kv_replicated");
+  ctx.require(op, 0, sq);
+  ctx.require(op, 1, sk);
+  ctx.require(op, 2, sk);
+  if (grad)
+    ctx.require(op, 3, sq);
+  ctx.set(op->getResult(0), sq);
+  if (grad) {
+    // With replicated KV heads each rank contributes to its KV head only.
+    Sharding dk = sk;
+    if (replicateKV)
+      dk.partial |= heads;
+    ctx.set(op->getResult(1), dk);
+    ctx.set(op->getResult(2), dk);
+  }
+  return success();
+}
+
+// Logits may be split along the vocabulary (vocab-parallel loss: the full
+// logits are never gathered); tokens follow the targets.
+Sharding logitsFor(Operation *op, ShardingContext &ctx) {
+  Sharding t = ctx.get(op->getOperand(1));
+  Sharding l = ctx.reduced(op->getOperand(0));
+  for (size_t d = 0; d < t.dims.size(); ++d)
+    l.dims[d] = t.dims[d];
+  return l;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Leaves
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParamOp::propagateSharding(ShardingContext &ctx) {
+  Sharding s = Sharding::replicated(getType().getRank());
+  if (auto attr = (*this)->getAttrOfType<dist::ShardingAttr>(
+          "dist.param_sharding"))
+    s = Sharding::fromAttr(attr);
+  // The plan names axes the mesh may not have: those split nothing.
+  for (auto [d, axes] : llvm::enumerate(s.dims)) {
+    axes &= ctx.activeAxes();
+    if (axes.empty())
+      s.setBlocks(d, 1);
+  }
+  ctx.set(getResult(), s);
+  return success();
+}
+
+LogicalResult InputOp::propagateSharding(ShardingContext &ctx) {
+  // Token ids are split along the batch over dp.
+  Sharding s = Sharding::replicated(2);
+  s.dims[0] = ctx.activeAxes() & AxisSet(MeshAxis::DP);
+  ctx.set(getResult(), s);
+  return success();
+}
+
+LogicalResult FillOp::propagateSharding(ShardingContext &) {
+  return success(); // replicated
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+LogicalResult GeluOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {});
+}
+LogicalResult SiluOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {});
+}
+LogicalResult GeluGradOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {});
+}
+LogicalResult SiluGradOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {});
+}
+LogicalResult SoftmaxOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {-1});
+}
+LogicalResult SoftmaxGradOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {-1});
+}
+LogicalResult RopeOp::propagateSharding(ShardingContext &ctx) {
+  // The position of a token must be whole to rotate it.
+  return elementwise(*this, ctx, {1, 3});
+}
+
+// An operand broadcast over leading dimensions is split like the trailing
+// dimensions of the other.
+static LogicalResult propagateBroadcast(Operation *op, ShardingContext &ctx) {
+  Value lhs = op->getOperand(0), rhs = op->getOperand(1);
+  Sharding lt = ctx.reduced(lhs);
+  Sharding rt;
+  size_t lead = lt.dims.size() - rankOf(rhs);
+  rt.dims.assign(lt.dims.begin() + lead, lt.dims.end());
+  for (size_t d = 0; d < rt.dims.size(); ++d)
+    rt.setBlocks(d, lt.blocksOf(lead + d));
+  ctx.require(op, 0, lt);
+  ctx.require(op, 1, rt);
+  ctx.set(op->getResult(0), lt);
+  return success();
+}
+
+LogicalResult AddOp::propagateSharding(ShardingContext &ctx) {
+  // A sum of partial sums stays partial: reduced once, later.
+  Sharding l = ctx.get(getLhs()), r = ctx.get(getRhs());
+  if (getLhs().getType() == getRhs().getType() && l == r) {
+    ctx.set(getResult(), l);
+    return success();
+  }
+  return propagateBroadcast(*this, ctx);
+}
+
+LogicalResult MulOp::propagateSharding(ShardingContext &ctx) {
+  return propagateBroadcast(*this, ctx);
+}
+
+LogicalResult ReduceSumOp::propagateSharding(ShardingContext &ctx) {
+  // Summing over split leading dimensions leaves a partial sum.
+  Sharding in = ctx.get(getInput()), out;
+  size_t lead = in.dims.size() - rankOf(getResult());
+  out.dims.assign(in.dims.begin() + lead, in.dims.end());
+  out.partial = in.partial | in.leadingAxes(lead);
+  for (size_t d = 0; d < out.dims.size(); ++d)
+    out.setBlocks(d, in.blocksOf(lead + d));
+  ctx.set(getResult(), out);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Norms
+//===----------------------------------------------------------------------===//
+
+// The normalised dimension is whole; the weights are replicated.
+static LogicalResult propagateNorm(Operation *op, ShardingContext &ctx) {
+  Sharding s = ShardingContext::whole(ctx.reduced(op->getOperand(0)), {-1});
+  ctx.require(op, 0, s);
+  for (unsigned i = 1; i < op->getNumOperands(); ++i)
+    ctx.require(op, i, Sharding::replicated(1));
+  ctx.set(op->getResult(0), s);
+  return success();
+}
+
+// The weight gradients sum over the rows: partial over the axes splitting
+// them.
+static LogicalResult propagateNormGrad(Operation *op, ShardingContext &ctx) {
+  Sharding s = ShardingContext::whole(ctx.reduced(op->getOperand(0)), {-1});
+  ctx.require(op, 0, s);
+  ctx.require(op, 1, Sharding::replicated(1));
+  ctx.require(op, 2, s);
+  ctx.set(op->getResult(0), s);
+  Sharding w = Sharding::replicated(1);
+  w.partial = s.leadingAxes(s.dims.size() - 1);
+  for (unsigned i = 1; i < op->getNumResults(); ++i)
+    ctx.set(op->getResult(i), w);
+  return success();
+}
+
+LogicalResult LayerNormOp::propagateSharding(ShardingContext &ctx) {
+  return propagateNorm(*this, ctx);
+}
+LogicalResult RmsNormOp::propagateSharding(ShardingContext &ctx) {
+  return propagateNorm(*this, ctx);
+}
+LogicalResult LayerNormGradOp::propagateSharding(ShardingContext &ctx) {
+  return propagateNormGrad(*this, ctx);
+}
+LogicalResult RmsNormGradOp::propagateSharding(ShardingContext &ctx) {
+  return propagateNormGrad(*this, ctx);
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+LogicalResult AttentionOp::propagateSharding(ShardingContext &ctx) {
+  return propagateAttention(*this, ctx, /*grad=*/false);
+}
+LogicalResult AttentionGradOp::propagateSharding(ShardingContext &ctx) {
+  return propagateAttention(*this, ctx, /*grad=*/true);
+}
+LogicalResult AttentionOp::localize(PartitionContext &ctx) {
+  if (auto axes = getKvReplicatedAttr())
+    return selectKVHead(*this, axes.getValue(), ctx);
+  return success();
+}
+LogicalResult AttentionGradOp::localize(PartitionContext &ctx) {
+  if (auto axes = getKvReplicatedAttr())
+    return selectKVHead(*this, axes.getValue(), ctx);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Loss and embedding
+//===----------------------------------------------------------------------===//
+
+LogicalResult CrossEntropyOp::propagateSharding(ShardingContext &ctx) {
+  ctx.require(*this, 0, logitsFor(*this, ctx));
+  // The mean over split tokens is a partial sum over the axes splitting
+  // them.
+  Sharding t = ctx.get(getTargets());
+  Sharding loss = Sharding::replicated(0);
+  loss.partial = t.leadingAxes(t.dims.size());
+  ctx.set(getResult(), loss);
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding l = logitsFor(*this, ctx);
+  ctx.require(*this, 0, l);
+  ctx.require(*this, 2, Sharding::replicated(0));
+  ctx.set(getResult(), l);
+  return success();
+}
+
+LogicalResult CrossEntropyOp::localize(PartitionContext &ctx) {
+  recordVocabSlice(*this, ctx.shardingOf(getLogits()).dims.back());
+  return scaleOverSplitTokens(*this, ctx, /*isGradient=*/false);
+}
+
+LogicalResult CrossEntropyGradOp::localize(PartitionContext &ctx) {
+  recordVocabSlice(*this, ctx.shardingOf(getLogits()).dims.back());
+  return scaleOverSplitTokens(*this, ctx, /*isGradient=*/true);
+}
+
+LogicalResult EmbeddingOp::propagateSharding(ShardingContext &ctx) {
+  // A table split along the vocabulary gives each rank the rows of its own
+  // tokens and zeros elsewhere: a partial sum.
+  Sharding table = ShardingContext::whole(ctx.reduced(getTable()), {1});
+  ctx.require(*this, 0, table);
+  Sharding out = ctx.get(getIds());
+  out.dims.push_back({});
+  out.partial = table.dims[0];
+  ctx.set(getResult(), out);
+  return success();
+}
+
+LogicalResult EmbeddingOp::localize(PartitionContext &ctx) {
+  recordVocabSlice(*this, ctx.shardingOf(getTable()).dims[0]);
+  return success();
+}
+
+LogicalResult EmbeddingGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding ids = ctx.get(getIds());
+  Sharding dy = ShardingContext::whole(ctx.reduced(getGrad()), {-1});
+  for (size_t d = 0; d < ids.dims.size(); ++d)
+    dy.dims[d] = ids.dims[d];
+  ctx.require(*this, 1, dy);
+  // The table gradient is split along the vocabulary as the table the ids
+  // were looked up in, and partial over the axes splitting the tokens.
+  Sharding out = Sharding::replicated(2);
+  for (Operation *user : getIds().getUsers())
+    if (auto lookup = dyn_cast<EmbeddingOp>(user))
+      out.dims[0] = ctx.get(lookup.getTable()).dims[0];
+  out.partial = ids.leadingAxes(ids.dims.size());
+  ctx.set(getResult(), out);
+  return success();
+}
+
+LogicalResult EmbeddingGradOp::localize(PartitionContext &ctx) {
+  recordVocabSlice(*this, ctx.shardingOf(getResult()).dims[0]);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Matmul and layout
+//===----------------------------------------------------------------------===//
+
+LogicalResult MatmulOp::propagateSharding(ShardingContext &ctx) {
+  bool tl = getTransposeLhs(), tr = getTransposeRhs();
+  int64_t lr = rankOf(getLhs()), rr = rankOf(getRhs());
+  int64_t lM = tl ? lr - 1 : lr - 2, lK = tl ? lr - 2 : lr - 1;
+  int64_t rK = tr ? rr - 1 : rr - 2, rN = tr ? rr - 2 : rr - 1;
+  Sharding l = ctx.reduced(getLhs()), r = ctx.reduced(getRhs());
+  // Contract over the axes both sides split K by; gather the others.
+  AxisSet k = l.dims[lK] & r.dims[rK];
+  l.dims[lK] = r.dims[rK] = k;
+  // An axis cannot split both the rows and the columns of the result: the
+  // rows (the activation) are gathered, as before Megatron's column-parallel
+  // matmul under sequence parallelism.
+  AxisSet n = r.dims[rN];
+  for (int64_t d = 0; d < lr; ++d)
+    if (d != lK)
+      l.dims[d] -= n;
+  if (rr == lr)
+    for (int64_t d = 0; d < lr - 2; ++d)
+      r.dims[d] = l.dims[d];
+  ctx.require(*this, 0, l);
+  ctx.require(*this, 1, r);
+  Sharding out;
+  for (int64_t d = 0; d < lr - 2; ++d)
+    out.dims.push_back(l.dims[d]);
+  out.dims.append({l.dims[lM], n});
+  out.partial = k;
+  out.setBlocks(lr - 1, r.blocksOf(rN));
+  ctx.set(getResult(), out);
+  return success();
+}
+
+// Maps a sharding through a reshape. Dimensions are matched in groups of
+// equal products; a split of a group's outermost dimension stays on the
+// outermost dimension of the result's group. Anything else is gathered first.
+LogicalResult ReshapeOp::propagateSharding(ShardingContext &ctx) {
+  ArrayRef<int64_t> in = shapeOf(getInput()), out = shapeOf(getResult());
+  Sharding s = ctx.get(getInput());
+  Sharding result;
+  result.partial = s.partial;
+  result.dims.assign(out.size(), AxisSet());
+  bool mappable = true;
+  size_t i = 0, o = 0;
+  while (i < in.size() || o < out.size()) {
+    size_t i0 = i, o0 = o;
+    int64_t pi = i < in.size() ? in[i++] : 1,
+            po = o < out.size() ? out[o++] : 1;
+    while (pi != po) {
+      if (pi < po && i < in.size())
+        pi *= in[i++];
+      else if (o < out.size())
+        po *= out[o++];
+      else
+        break;
+    }
+    AxisSet axes;
+    int sharded = 0;
+    for (size_t d = i0; d < i; ++d)
+      if (!s.dims[d].empty()) {
+        axes |= s.dims[d];
+        ++sharded;
+      }
+    if (axes.empty())
+      continue;
+    // Only a split of the group's outermost dimension is a split into
+    // contiguous blocks of the merged or re-split dimension; anything else
+    // (say the sequence split under a merged [batch * seq]) would permute
+    // rows, so it is gathered first.
+    bool onlyOuter =
+        sharded == 1 && !s.dims[i0].empty() && s.blocksOf(i0) == 1;
+    if (onlyOuter && out[o0] % ctx.mesh().groupSize(axes) == 0)
+      result.dims[o0] = axes;
+    else
+      mappable = false;
+  }
+  if (!mappable) {
+    Sharding gathered = Sharding::replicated(in.size());
+    gathered.partial = s.partial;
+    ctx.require(*this, 0, gathered);
+    result = Sharding::replicated(out.size());
+    result.partial = s.partial;
+  }
+  ctx.set(getResult(), result);
+  return success();
+}
+
+LogicalResult TransposeOp::propagateSharding(ShardingContext &ctx) {
+  Sharding in = ctx.get(getInput()), out = in;
+  out.blocks.clear();
+  for (auto [i, p] : llvm::enumerate(getPermutation())) {
+    out.dims[i] = in.dims[p];
+    out.setBlocks(i, in.blocksOf(p));
+  }
+  ctx.set(getResult(), out);
+  return success();
+}
+
+LogicalResult SplitOp::propagateSharding(ShardingContext &ctx) {
+  // A dimension split in as many blocks as there are equal pieces (GPT-2's
+  // fused q|k|v) splits into pieces split the same way.
+  int64_t axis = getAxis();
+  Sharding in = ctx.reduced(getInput());
+  bool equal = llvm::all_equal(
+      llvm::map_range(getResults(), [&](Value r) { return shapeOf(r)[axis]; }));
+  if (!(!in.dims[axis].empty() && equal &&
+        in.blocksOf(axis) == (int64_t)getNumResults()))
+    in = ShardingContext::whole(in, {axis});
+  ctx.require(*this, 0, in);
+  Sharding piece = in;
+  piece.setBlocks(axis, 1);
+  for (Value r : getResults())
+    ctx.set(r, piece);
+  return success();
+}
+
+LogicalResult ConcatOp::propagateSharding(ShardingContext &ctx) {
+  int64_t axis = getAxis();
+  Sharding s = ctx.reduced(getInputs().front());
+  bool same = llvm::all_equal(getInputs().getTypes()) &&
+              llvm::all_of(getInputs(), [&](Value v) {
+                Sharding o = ctx.get(v);
+                o.partial = {};
+                return o == s;
+              });
+  if (!(!s.dims[axis].empty() && s.blocksOf(axis) == 1 && same))
+    s = ShardingContext::whole(s, {axis});
+  for (unsigned i = 0; i < getNumOperands(); ++i)
+    ctx.require(*this, i, s);
+  Sharding out = s;
+  if (!out.dims[axis].empty())
+    out.setBlocks(axis, getInputs().size());
+  ctx.set(getResult(), out);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+LogicalResult GlobalNormOp::propagateSharding(ShardingContext &ctx) {
+  for (unsigned i = 0; i < getNumOperands(); ++i)
+    ctx.require(*this, i, ctx.reduced(getOperand(i)));
+  return success();
+}
+
+LogicalResult GlobalNormOp::localize(PartitionContext &ctx) {
+  // A split gradient's squares are summed over the axes that split it.
+  SmallVector<Attribute> axes;
+  for (Value g : getInputs()) {
+    Sharding s = ctx.shardingOf(g);
+    axes.push_back(dist::AxesAttr::get(getContext(), s.allAxes() - s.partial));
+  }
+  setReduceAxesAttr(ArrayAttr::get(getContext(), axes));
+  return success();
+}
+
+LogicalResult AdamWOp::propagateSharding(ShardingContext &ctx) {
+  // The update needs the whole gradient of this rank's shard: here the
+  // data-parallel gradient all-reduce appears.
+  ctx.require(*this, 1, ctx.get(getParam()));
+  ctx.require(*this, 2, Sharding::replicated(0));
+  return success();
+}
