@@ -69,6 +69,28 @@ void tessel::pipe::setLayout(ModuleOp module, LayoutAttr layout) {
 #define GET_OP_CLASSES
 #include "dialects/Pipe/PipeOps.cpp.inc"
 
+// The region's terminator yields the op's results.
+static LogicalResult verifyYield(Operation *op, Region &body) {
+  auto yield = cast<YieldOp>(body.front().getTerminator());
+  if (yield.getValues().getTypes() != op->getResultTypes())
+    return op->emitOpError("yields ")
+           << yield.getValues().size()
+           << " values whose types differ from the op's results";
+  return success();
+}
+
+LogicalResult ForwardPassOp::verify() { return verifyYield(*this, getBody()); }
+LogicalResult BackwardPassOp::verify() {
+  return verifyYield(*this, getBody());
+}
+
+LogicalResult UpdateOp::verify() {
+  Block &block = getBody().front();
+  if (block.getArgumentTypes() != getInputs().getTypes())
+    return emitOpError("block arguments must have the types of the inputs");
+  return verifyYield(*this, getBody());
+}
+
 LogicalResult ScheduleOp::verify() {
   if (!llvm::is_contained(kScheduleKinds, getKind()))
     return emitOpError("kind must be \"gpipe\", \"1f1b\" or \"interleaved\", "

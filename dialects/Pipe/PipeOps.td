@@ -3,6 +3,9 @@
 #define TESSEL_PIPE_OPS
 
 include "PipeDialect.td"
+include "mlir/IR/RegionKindInterface.td"
+include "mlir/Interfaces/ControlFlowInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
 
 def Pipe_Id : ConfinedAttr<I64Attr, [IntNonNegative]>;
 def Pipe_Count : ConfinedAttr<I64Attr, [IntMinValue<1>]>;
@@ -135,6 +138,98 @@ def Pipe_RecvOp : Pipe_TransferOp<"recv"> {
   let assemblyFormat = [{
     $kind `stage` $stage `microbatch` $microbatch `from` $from_rank attr-dict
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// A rank's program, cut into the parts a schedule runs
+//===----------------------------------------------------------------------===//
+
+class Pipe_PassOp<string mnemonic>
+    : Pipe_Op<mnemonic, [SingleBlockImplicitTerminator<"YieldOp">,
+                         RecursiveMemoryEffects]> {
+  let arguments = (ins Pipe_Id:$chunk);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `chunk` $chunk (`->` type($results)^)? attr-dict-with-keyword $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Pipe_ForwardPassOp : Pipe_PassOp<"forward_pass"> {
+  let summary = "The forward pass of one model chunk on one microbatch";
+  let description = [{
+    The ops of a rank's stage `chunk` (the rank's `chunk`-th model chunk)
+    that run forward, for one microbatch. The schedule runs the region once
+    per microbatch; its results are that microbatch's values that a later
+    part reads (activations its backward pass needs, the loss).
+
+    ```mlir
+    %x, %loss = pipe.forward_pass chunk 0 -> tensor<2x4x8xf32>, tensor<f32> {
+      ...
+      pipe.yield %h, %l : tensor<2x4x8xf32>, tensor<f32>
+    }
+    ```
+  }];
+}
+
+def Pipe_BackwardPassOp : Pipe_PassOp<"backward_pass"> {
+  let summary = "The backward pass of one model chunk on one microbatch";
+  let description = [{
+    The ops of a rank's stage `chunk` that run backward, for one microbatch,
+    reading the results of the forward pass of the same chunk (those of the
+    same microbatch). Its results are the microbatch's contributions to the
+    gradients that the update reads.
+
+    ```mlir
+    %dw = pipe.backward_pass chunk 0 -> tensor<8x8xf32> {
+      ...
+      pipe.yield %g : tensor<8x8xf32>
+    }
+    ```
+  }];
+}
+
+def Pipe_UpdateOp : Pipe_Op<"update", [SingleBlockImplicitTerminator<"YieldOp">,
+                                       RecursiveMemoryEffects]> {
+  let summary = "What a rank runs once per step, after every microbatch";
+  let description = [{
+    The block's arguments are the `inputs` summed over the step's
+    microbatches (gradient accumulation; with one microbatch they are the
+    inputs themselves, which may then also be requests of collectives still
+    in flight). The region synchronises gradients, computes the norm and
+    updates the parameters; its results are the step's loss and gradient
+    norm.
+
+    ```mlir
+    %loss, %norm = pipe.update(%dw, %l : tensor<8x8xf32>, tensor<f32>) -> tensor<f32>, tensor<f32> {
+    ^bb0(%g: tensor<8x8xf32>, %lsum: tensor<f32>):
+      ...
+      pipe.yield %lsum, %n : tensor<f32>, tensor<f32>
+    }
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$inputs);
+  let results = (outs Variadic<AnyType>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    `(` ($inputs^ `:` type($inputs))? `)` (`->` type($results)^)?
+    attr-dict-with-keyword $body
+  }];
+  let hasVerifier = 1;
+}
+
+def Pipe_YieldOp : Pipe_Op<"yield", [Pure, Terminator,
+    ParentOneOf<["ForwardPassOp", "BackwardPassOp", "UpdateOp"]>]> {
+  let summary = "The values a part of the step hands on";
+  let description = [{
+    ```mlir
+    pipe.yield %h, %loss : tensor<2x4x8xf32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyType>:$values);
+  let builders = [OpBuilder<(ins), [{ build($_builder, $_state, {}); }]>];
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
 }
 
 #endif // TESSEL_PIPE_OPS

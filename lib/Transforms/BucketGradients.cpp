@@ -134,8 +134,11 @@ struct BucketGradientsPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto func = module.lookupSymbol<func::FuncOp>("train_step");
-    if (!func)
-      return; // pipeline stages: synchronised in each stage's update
+    // Pipeline stages synchronise their own gradients in their update, one
+    // collective per gradient.
+    if (!func || dist::meshOf(module)[MeshAxis::PP] > 1 ||
+        func->hasAttr("pipe.rank"))
+      return;
     bucket(func, bucketBytes,
            overlap && pipe::layoutOf(module).getMicrobatches() == 1);
   }

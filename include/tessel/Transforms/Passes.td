@@ -101,6 +101,28 @@ def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::dist::DistDialect", "::tessel::pipe::PipeDialect"];
 }
 
+def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
+  let summary = "Cuts the step into each pipeline rank's scheduled parts";
+  let description = [{
+    Makes one function per pipeline rank (`@stage_N`; `@train_step` with
+    one rank, marked `pipe.rank`), holding the rank's parameters and its
+    parts: a `pipe.forward_pass` and a `pipe.backward_pass` per model chunk
+    it holds (run once per microbatch by the schedule) and one `pipe.update`
+    (run once per step on the microbatches' contributions summed). Every op
+    goes to the stage of its `graph.layer` (embedding first, head last,
+    blocks as the layout's `layer_stages` say, else balanced by matmul
+    work; ops without a layer go with their operands) and to the part of its
+    `graph.phase`; collectives that only the update reads are the update's.
+    A value used on another rank is sent (`dist.send`, in the part that
+    produces it) and received where it is first used; one used by a later
+    part of the same rank is yielded by the part that produces it. Each
+    rank's update takes the norm of its own gradients (summed over pp too)
+    and returns the loss summed over pp.
+  }];
+  let dependentDialects = ["::tessel::dist::DistDialect",
+                           "::tessel::pipe::PipeDialect"];
+}
+
 def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
   let summary = "Buckets gradient all-reduces and overlaps them with backward";
   let description = [{
@@ -110,8 +132,8 @@ def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
     last gradient is produced and waited for before the gradient norm.
     With several microbatches (`pipe.layout`) gradients are synchronised
     once, after the last one, so the buckets are reduced right before the
-    norm instead. Pipeline stages (no `@train_step` left) keep one
-    collective per gradient.
+    norm instead. With pipeline stages (a `pp` axis) each stage keeps one
+    collective per gradient. Runs on the step before it is cut into parts.
   }];
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", "25 << 20",

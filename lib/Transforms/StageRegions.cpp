@@ -1,0 +1,489 @@
+//===- StageRegions.cpp - Each rank's program, cut into scheduled parts ---===//
+//
+// Cuts the per-rank training step into one function per pipeline rank (the
+// step itself with one rank), and each function into the parts a schedule
+// runs: a pipe.forward_pass and a pipe.backward_pass per model chunk the rank
+// holds (once per microbatch) and one pipe.update (once per step, reading
+// the microbatches' contributions summed). Every op goes to the stage of its
+// layer (graph.layer; collectives and unplaced ops go with their operands)
+// and to the part of its phase (graph.phase). A value used on another rank
+// is sent right after it is produced and received where it is first used; a
+// value used in a later part of the same rank is handed on by the part that
+// produces it. See Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "dialects/Pipe/PipeOps.h"
+#include "tessel/Pipeline/Schedule.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+
+#include <map>
+
+namespace tessel {
+#define GEN_PASS_DEF_STAGEREGIONS
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+
+namespace {
+
+const AxisSet kPP = MeshAxis::PP;
+
+// Where an op runs: a pipeline rank, and a part of that rank's program.
+struct Part {
+  int64_t rank = 0;
+  Phase phase = Phase::Forward;
+  int64_t chunk = 0; // 0 for the update
+  bool operator<(const Part &o) const {
+    return std::make_tuple(rank, phase, chunk) <
+           std::make_tuple(o.rank, o.phase, o.chunk);
+  }
+  bool operator==(const Part &o) const {
+    return rank == o.rank && phase == o.phase && chunk == o.chunk;
+  }
+};
+
+// A part being built: its ops in a detached block, the values it hands on
+// (yields) and the placeholders of values it takes from earlier parts.
+struct PartBuild {
+  std::unique_ptr<Block> block = std::make_unique<Block>();
+  IRMapping map;
+  SmallVector<Value> yields; // values of `block`
+  DenseMap<Value, unsigned> yieldIndex;
+  // Placeholder -> (producing part, index in its yields).
+  SmallVector<std::tuple<Operation *, Part, unsigned>> imports;
+};
+
+class StageCutter {
+public:
+  StageCutter(ModuleOp module, func::FuncOp step, MeshLayout layout,
+              ArrayRef<int64_t> layerStages)
+      : module(module), step(step), ctx(module.getContext()), layout(layout),
+        ranks(layout.pipelineRanks()), stages(layout.numStages()),
+        layers(layerStages) {}
+
+  LogicalResult run();
+
+private:
+  LogicalResult assignStages();
+  std::optional<int64_t> stageOfLayer(LayerAttr layer) const;
+  Phase phaseOf(Operation *op) const;
+  Part partOf(Operation *op) const {
+    int64_t stage = stageOf.lookup(op);
+    Phase phase = phaseOf(op);
+    return {layout.stageOwner(stage), phase,
+            phase == Phase::Update ? 0 : layout.stageChunk(stage)};
+  }
+  PartBuild &build(const Part &part) { return parts[part]; }
+  OpBuilder builderAtEnd(const Part &part) {
+    OpBuilder b(ctx);
+    b.setInsertionPointToEnd(build(part).block.get());
+    return b;
+  }
+  Value lookup(Value v, const Part &user);
+  Value handOn(Value v, const Part &from, const Part &to);
+  void placeNorm(GlobalNormOp norm);
+  void finishRank(int64_t rank, func::FuncOp func);
+
+  ModuleOp module;
+  func::FuncOp step;
+  MLIRContext *ctx;
+  MeshLayout layout;
+  int64_t ranks, stages;
+  ArrayRef<int64_t> layers; // the stage of each transformer block
+  DenseMap<Operation *, int64_t> stageOf;
+  // Collectives whose results only the update reads: gradient
+  // synchronisation, run once per step rather than per microbatch.
+  llvm::SmallPtrSet<Operation *, 32> syncOps;
+  std::map<Part, PartBuild> parts;
+  // Parameters (outside every part) per rank.
+  SmallVector<IRMapping> params;
+  // Where a value lives on a rank, once it is there (defined, received or
+  // cloned): its part and its value in that part.
+  std::map<std::pair<int64_t, Part>, DenseMap<Value, Value>> clones;
+  DenseMap<std::pair<Value, int64_t>, std::pair<Part, Value>> home;
+  int64_t nextTag = 0;
+};
+
+Phase StageCutter::phaseOf(Operation *op) const {
+  if (syncOps.contains(op))
+    return Phase::Update;
+  return graph::phaseOf(op).value_or(Phase::Update);
+}
+
+std::optional<int64_t> StageCutter::stageOfLayer(LayerAttr layer) const {
+  if (!layer)
+    return std::nullopt;
+  switch (layer.getKind()) {
+  case LayerKind::Embedding:
+    return 0;
+  case LayerKind::Head:
+    return stages - 1;
+  case LayerKind::Block:
+    if (layer.getIndex() < (int64_t)layers.size())
+      return layers[layer.getIndex()];
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+LogicalResult StageCutter::assignStages() {
+  Block &body = step.getBody().front();
+  llvm::SmallPtrSet<Operation *, 32> update;
+  for (Operation &op : llvm::reverse(body)) {
+    bool isUpdate = phaseOf(&op) == Phase::Update;
+    if (isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op)) {
+      isUpdate = llvm::all_of(op.getUsers(), [&](Operation *user) {
+        return update.contains(user) || isa<func::ReturnOp>(user);
+      });
+      if (isUpdate)
+        syncOps.insert(&op);
+    }
+    if (isUpdate)
+      update.insert(&op);
+  }
+  for (Operation &op : body) {
+    if (isa<func::ReturnOp, GlobalNormOp, InputOp, FillOp>(op))
+      continue;
+    std::optional<int64_t> s;
+    if (auto adamw = dyn_cast<AdamWOp>(op))
+      s = stageOf.lookup(adamw.getParam().getDefiningOp());
+    else if (!isa<dist::DistDialect>(op.getDialect()))
+      s = stageOfLayer(layerOf(&op));
+    // Collectives and ops without a layer run where their operands are
+    // (the latest stage).
+    if (!s)
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp(); def && stageOf.count(def))
+          s = std::max<int64_t>(s.value_or(0), stageOf[def]);
+    if (!s && stages == 1)
+      s = 0;
+    if (!s)
+      return op.emitOpError("cannot be placed on a pipeline stage");
+    stageOf[&op] = *s;
+  }
+  return success();
+}
+
+// `v` (a value of part `from`) made available in the later part `to` of the
+// same rank: handed on by `from`'s pipe.yield.
+Value StageCutter::handOn(Value v, const Part &from, const Part &to) {
+  PartBuild &producer = build(from);
+  auto [it, inserted] =
+      producer.yieldIndex.try_emplace(v, producer.yields.size());
+  if (inserted)
+    producer.yields.push_back(v);
+  OpBuilder b = builderAtEnd(to);
+  // Stands for the producing part's result until the parts are built.
+  auto placeholder = UnrealizedConversionCastOp::create(
+      b, v.getLoc(), TypeRange{v.getType()}, ValueRange{});
+  build(to).imports.push_back({placeholder, from, it->second});
+  return placeholder.getResult(0);
+}
+
+// The value the original `v` has in part `user`: the part's own copy, a
+// parameter, a fresh copy of an input or constant, handed on from an earlier
+// part of the rank, or received from the rank that produces it.
+Value StageCutter::lookup(Value v, const Part &user) {
+  DenseMap<Value, Value> &here = clones[{user.rank, user}];
+  if (Value mapped = here.lookup(v))
+    return mapped;
+  Operation *def = v.getDefiningOp();
+  if (auto param = dyn_cast<ParamOp>(def)) {
+    if (Value p = params[user.rank].lookupOrNull(v))
+      return p;
+  }
+  if (isa<InputOp, FillOp>(def)) {
+    OpBuilder b = builderAtEnd(user);
+    Operation *clone = b.clone(*def);
+    setPhase(clone, user.phase);
+    here[v] = clone->getResult(0);
+    return clone->getResult(0);
+  }
+  // Already on this rank in another part: handed on.
+  auto known = home.find({v, user.rank});
+  if (known != home.end()) {
+    Value handed = handOn(known->second.second, known->second.first, user);
+    here[v] = handed;
+    return handed;
+  }
+  // Produced on another rank: sent right after it is produced (in the part
+  // that produces it; a parameter in the forward pass of its chunk) and
+  // received here.
+  Part from;
+  Value sent;
+  if (isa<ParamOp>(def)) {
+    int64_t stage = stageOf.lookup(def);
+    from = {layout.stageOwner(stage), Phase::Forward,
+            layout.stageChunk(stage)};
+    sent = params[from.rank].lookup(v);
+  } else {
+    from = partOf(def);
+    sent = clones[{from.rank, from}].lookup(v);
+  }
+  if (!sent) {
+    def->emitOpError("is used on pipeline rank ")
+        << user.rank << " but was never placed on rank " << from.rank;
+    return nullptr;
+  }
+  int64_t tag = nextTag++;
+  OpBuilder sb(ctx);
+  if (Operation *sentDef = sent.getDefiningOp();
+      sentDef && sentDef->getBlock() == build(from).block.get())
+    sb.setInsertionPointAfter(sentDef);
+  else
+    sb.setInsertionPointToStart(build(from).block.get());
+  auto send = dist::SendOp::create(sb, def->getLoc(), sent, MeshAxis::PP,
+                                   user.rank - from.rank, tag);
+  setPhase(send, from.phase);
+  OpBuilder rb = builderAtEnd(user);
+  auto recv = dist::RecvOp::create(rb, def->getLoc(), v.getType(),
+                                   MeshAxis::PP, from.rank - user.rank, tag);
+  setPhase(recv, user.phase);
+  here[v] = recv.getResult();
+  home[{v, user.rank}] = {user, recv.getResult()};
+  return recv.getResult();
+}
+
+// The norm of all gradients, per rank: of the rank's own gradients, their
+// squares summed over pp as well.
+void StageCutter::placeNorm(GlobalNormOp norm) {
+  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  ArrayAttr reduce = norm.getReduceAxesAttr();
+  for (int64_t r = 0; r < ranks; ++r) {
+    Part update{r, Phase::Update, 0};
+    SmallVector<Value> grads;
+    SmallVector<Attribute> axes;
+    for (auto [k, g] : llvm::enumerate(norm.getInputs())) {
+      if (layout.stageOwner(stageOf.lookup(g.getDefiningOp())) != r)
+        continue;
+      grads.push_back(lookup(g, update));
+      AxisSet split =
+          reduce ? cast<dist::AxesAttr>(reduce[k]).getValue() : AxisSet();
+      axes.push_back(
+          dist::AxesAttr::get(ctx, ranks > 1 ? split | kPP : split));
+    }
+    OpBuilder ub = builderAtEnd(update);
+    auto local = GlobalNormOp::create(ub, norm.getLoc(), scalar, grads,
+                                      ArrayAttr::get(ctx, axes));
+    copyPlacement(norm, local);
+    clones[{r, update}][norm.getResult()] = local.getResult();
+    home[{norm.getResult(), r}] = {update, local.getResult()};
+  }
+}
+
+LogicalResult StageCutter::run() {
+  if (failed(assignStages()))
+    return failure();
+  Block &body = step.getBody().front();
+  OpBuilder b(ctx);
+  b.setInsertionPoint(step);
+  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  SmallVector<func::FuncOp> funcs;
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::string name =
+        ranks == 1 ? "train_step" : "stage_" + std::to_string(r);
+    auto func = func::FuncOp::create(b, step.getLoc(), name,
+                                     b.getFunctionType({}, {scalar, scalar}));
+    func->setAttr("pipe.rank", b.getI64IntegerAttr(r));
+    func.addEntryBlock();
+    funcs.push_back(func);
+    params.emplace_back();
+  }
+
+  func::ReturnOp ret;
+  for (Operation &op : body) {
+    if (isa<InputOp, FillOp>(op))
+      continue; // cloned where used
+    if (auto r = dyn_cast<func::ReturnOp>(op)) {
+      ret = r;
+      continue;
+    }
+    if (auto n = dyn_cast<GlobalNormOp>(op)) {
+      placeNorm(n);
+      continue;
+    }
+    if (auto param = dyn_cast<ParamOp>(op)) {
+      int64_t r = layout.stageOwner(stageOf.lookup(&op));
+      OpBuilder pb = OpBuilder::atBlockEnd(&funcs[r].getBody().front());
+      params[r].map(param.getResult(), pb.clone(op)->getResult(0));
+      continue;
+    }
+    Part part = partOf(&op);
+    SmallVector<Value> operands;
+    for (Value v : op.getOperands())
+      operands.push_back(lookup(v, part));
+    OpBuilder ob = builderAtEnd(part);
+    IRMapping map;
+    map.map(op.getOperands(), operands);
+    Operation *clone = ob.clone(op, map);
+    for (auto [orig, copy] : llvm::zip(op.getResults(), clone->getResults())) {
+      clones[{part.rank, part}][orig] = copy;
+      home[{orig, part.rank}] = {part, copy};
+    }
+  }
+
+  // Each rank's update: the norm of its own gradients (squares summed over
+  // pp as well) and the loss, which lives on the last stage, summed over pp
+  // (the other ranks contribute zero) so that every rank reports it.
+  for (int64_t r = 0; r < ranks; ++r) {
+    Part update{r, Phase::Update, 0};
+    Value loss;
+    Value stepLoss = ret.getOperand(0);
+    if (ranks == 1) {
+      loss = lookup(stepLoss, update);
+    } else {
+      int64_t last = layout.stageOwner(stages - 1);
+      OpBuilder ub = builderAtEnd(update);
+      if (r == last) {
+        loss = lookup(stepLoss, update);
+      } else {
+        auto zero = FillOp::create(ub, ret.getLoc(), scalar,
+                                   ub.getF64FloatAttr(0.0));
+        setPhase(zero, Phase::Update);
+        loss = zero;
+      }
+      ub.setInsertionPointToEnd(build(update).block.get());
+      auto ar = dist::AllReduceOp::create(ub, ret.getLoc(), TypeRange{scalar},
+                                          ValueRange{loss}, kPP);
+      setPhase(ar, Phase::Update);
+      loss = ar.getResult(0);
+    }
+    Value gradNorm = lookup(ret.getOperand(1), update);
+    PartBuild &u = build(update);
+    u.yields = {loss, gradNorm};
+    finishRank(r, funcs[r]);
+  }
+  step.erase();
+  return success();
+}
+
+// Wraps the rank's parts in pipe ops, in the order their values flow:
+// forward passes by chunk, backward passes in reverse chunk order, the
+// update; then replaces the placeholders of handed-on values.
+void StageCutter::finishRank(int64_t rank, func::FuncOp func) {
+  OpBuilder b = OpBuilder::atBlockEnd(&func.getBody().front());
+  std::map<Part, Operation *> built;
+  auto wrap = [&](const Part &part) {
+    auto it = parts.find(part);
+    if (it == parts.end())
+      return;
+    PartBuild &p = it->second;
+    SmallVector<Type> types;
+    for (Value v : p.yields)
+      types.push_back(v.getType());
+    Operation *op;
+    if (part.phase == Phase::Update) {
+      // The update's inputs: what it takes from the passes, summed over the
+      // microbatches (block arguments stand for the sums).
+      SmallVector<Value> inputs;
+      for (auto &[placeholder, from, index] : p.imports) {
+        Value result = built.at(from)->getResult(index);
+        inputs.push_back(result);
+        Value arg = p.block->addArgument(result.getType(), result.getLoc());
+        placeholder->getResult(0).replaceAllUsesWith(arg);
+        placeholder->erase();
+      }
+      p.imports.clear();
+      op = pipe::UpdateOp::create(b, func.getLoc(), types, inputs);
+    } else if (part.phase == Phase::Forward) {
+      op = pipe::ForwardPassOp::create(b, func.getLoc(), types, part.chunk);
+    } else {
+      op = pipe::BackwardPassOp::create(b, func.getLoc(), types, part.chunk);
+    }
+    for (auto &[placeholder, from, index] : p.imports) {
+      placeholder->getResult(0).replaceAllUsesWith(
+          built.at(from)->getResult(index));
+      placeholder->erase();
+    }
+    Block *block = p.block.release();
+    op->getRegion(0).push_back(block);
+    OpBuilder yb = OpBuilder::atBlockEnd(block);
+    pipe::YieldOp::create(yb, func.getLoc(), p.yields);
+    built[part] = op;
+  };
+  int64_t chunks = layout.virtualStages();
+  for (int64_t c = 0; c < chunks; ++c)
+    wrap({rank, Phase::Forward, c});
+  for (int64_t c = chunks - 1; c >= 0; --c)
+    wrap({rank, Phase::Backward, c});
+  Part update{rank, Phase::Update, 0};
+  wrap(update);
+  func::ReturnOp::create(b, func.getLoc(), built.at(update)->getResults());
+}
+
+// A matmul's multiply-adds: what a layer costs, to balance stages.
+double matmulWork(MatmulOp m) {
+  auto lhs = cast<RankedTensorType>(m.getLhs().getType()).getShape();
+  int64_t K = m.getTransposeLhs() ? lhs[lhs.size() - 2] : lhs.back();
+  return double(cast<RankedTensorType>(m.getType()).getNumElements()) * K;
+}
+
+// The stage of each transformer block: the layout's `layer_stages`, else
+// contiguous runs balanced by the forward matmul work of each block (the
+// head's counted with the last block, which shares its stage).
+FailureOr<SmallVector<int64_t>>
+layerStagesOf(ModuleOp module, func::FuncOp step, int64_t stages) {
+  pipe::LayoutAttr layout = pipe::layoutOf(module);
+  if (!layout.getLayerStages().empty())
+    return SmallVector<int64_t>(layout.getLayerStages());
+  std::vector<double> costs;
+  double head = 0;
+  step.walk([&](MatmulOp m) {
+    LayerAttr layer = layerOf(m);
+    if (!layer || graph::phaseOf(m) != Phase::Forward)
+      return;
+    if (layer.getKind() == LayerKind::Head)
+      head += matmulWork(m);
+    if (layer.getKind() != LayerKind::Block)
+      return;
+    if ((int64_t)costs.size() <= layer.getIndex())
+      costs.resize(layer.getIndex() + 1, 0.0);
+    costs[layer.getIndex()] += matmulWork(m);
+  });
+  if (stages == 1)
+    return SmallVector<int64_t>(costs.size(), 0);
+  if (costs.empty())
+    return module.emitError("tessel-stage-regions: the step has no "
+                            "transformer blocks (graph.layer) to cut into "
+                            "pipeline stages");
+  costs.back() += head;
+  llvm::Expected<std::vector<int>> balanced =
+      pipeline::balanceStages(costs, stages);
+  if (!balanced)
+    return module.emitError("tessel-stage-regions: ")
+           << llvm::toString(balanced.takeError());
+  return SmallVector<int64_t>(balanced->begin(), balanced->end());
+}
+
+struct StageRegionsPass : tessel::impl::StageRegionsBase<StageRegionsPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    MeshLayout layout(dist::meshOf(module),
+                      pipe::layoutOf(module).getVirtualStages());
+    auto step = module.lookupSymbol<func::FuncOp>("train_step");
+    if (!step || !step.getBody().hasOneBlock() ||
+        step->hasAttr("pipe.rank")) {
+      module.emitError("tessel-stage-regions: needs the single-block "
+                       "@train_step of tessel-partition");
+      return signalPassFailure();
+    }
+    FailureOr<SmallVector<int64_t>> layerStages =
+        layerStagesOf(module, step, layout.numStages());
+    if (failed(layerStages))
+      return signalPassFailure();
+    if (failed(StageCutter(module, step, layout, *layerStages).run()))
+      signalPassFailure();
+  }
+};
+
+} // namespace
