@@ -10,6 +10,9 @@
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Pipe/PipeOps.h"
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/EmitC/IR/EmitC.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -19,7 +22,8 @@ namespace tessel {
 
 inline void registerAllDialects(mlir::DialectRegistry &registry) {
   registry.insert<graph::GraphDialect, dist::DistDialect, pipe::PipeDialect,
-                  mlir::func::FuncDialect>();
+                  rtir::RtDialect, mlir::func::FuncDialect,
+                  mlir::emitc::EmitCDialect>();
 }
 
 // A context with every dialect loaded (the compiler builds IR in all of

@@ -2,6 +2,7 @@
 #ifndef TESSEL_INITALLPASSES_H
 #define TESSEL_INITALLPASSES_H
 
+#include "tessel/Conversion/Passes.h"
 #include "tessel/Pipelines/TrainPipeline.h"
 #include "tessel/Transforms/Passes.h"
 
@@ -9,6 +10,7 @@ namespace tessel {
 
 inline void registerAllPasses() {
   registerTesselPasses();
+  registerTesselConversionPasses();
   registerTrainPipeline();
 }
 

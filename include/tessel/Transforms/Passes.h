@@ -5,6 +5,7 @@
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Pipe/PipeOps.h"
+#include "dialects/Rt/RtOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 

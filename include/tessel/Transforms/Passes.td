@@ -167,4 +167,41 @@ def PlanBuffers : Pass<"tessel-plan-buffers", "mlir::ModuleOp"> {
   ];
 }
 
+def SchedulePipeline : Pass<"tessel-schedule-pipeline", "mlir::ModuleOp"> {
+  let summary = "Writes out the order each rank runs its parts in";
+  let description = [{
+    Generates the schedule the module's `pipe.layout` names (GPipe, 1F1B or
+    interleaved 1F1B over the `pp` ranks, its microbatches and virtual
+    stages), simulates it (sends buffered, receives blocking; a schedule
+    that cannot finish is an error naming the stuck ranks) and adds it to
+    the module as a `pipe.schedule` op, which convert-pipe-to-rt follows.
+    With one pipeline rank each microbatch's forward is followed by its
+    backward.
+  }];
+  let dependentDialects = ["::tessel::pipe::PipeDialect"];
+}
+
+def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Gives every buffer of the rank programs its place";
+  let description = [{
+    On the bufferized rank programs (rt): parameters are packed in the
+    parameter store (`rt.param` gets its `offset`, in elements); each
+    parameter's gradient, AdamW moments and bf16 shadow (`rt.state_of`) are
+    at the same offset in stores of their own; the buffer a parameter's
+    update reads as its gradient is produced straight into the gradient
+    store. With several microbatches (`pipe.layout`), each input of the
+    update gets an accumulator (a gradient: its slot of the gradient store;
+    recorded as `rt.accumulators` on the update). Every other buffer gets an
+    offset in the activation arena of its microbatch: first fit, freed after
+    the last read of the value or of any value sharing its storage (views,
+    values a part hands on), in the order a microbatch's parts run. Each
+    use then refers to a view of its place (`rt.buffer`), so that each part
+    refers only to its own ops, and an all-reduce over buffers laid out side
+    by side is one call over the run. The rank function records
+    `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems` and
+    `rt.norm_sums`.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 #endif // TESSEL_TRANSFORMS_PASSES

@@ -1,0 +1,143 @@
+//===- RtOps.cpp - The rt dialect: buffers, kernels, communication --------===//
+
+#include "dialects/Rt/RtOps.h"
+
+#include "tessel/Runtime/CommVolume.h"
+
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::rtir;
+
+#include "dialects/Rt/RtDialect.cpp.inc"
+#include "dialects/Rt/RtEnums.cpp.inc"
+#include "dialects/Rt/RtInterfaces.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Rt/RtAttrs.cpp.inc"
+#define GET_TYPEDEF_CLASSES
+#include "dialects/Rt/RtTypes.cpp.inc"
+
+void RtDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/Rt/RtAttrs.cpp.inc"
+      >();
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "dialects/Rt/RtTypes.cpp.inc"
+      >();
+  addOperations<
+#define GET_OP_LIST
+#include "dialects/Rt/RtOps.cpp.inc"
+      >();
+}
+
+#define GET_OP_CLASSES
+#include "dialects/Rt/RtOps.cpp.inc"
+
+int64_t tessel::rtir::elementsOf(Value buffer) {
+  return cast<MemRefType>(buffer.getType()).getNumElements();
+}
+
+int64_t tessel::rtir::elementBytesOf(Value buffer) {
+  Type element = cast<MemRefType>(buffer.getType()).getElementType();
+  return element.getIntOrFloatBitWidth() / 8;
+}
+
+LogicalResult BatchOp::verify() {
+  if (getName() != "tokens" && getName() != "targets")
+    return emitOpError("name must be \"tokens\" or \"targets\"");
+  return success();
+}
+
+LogicalResult ViewOp::verify() {
+  auto from = cast<MemRefType>(getSource().getType());
+  auto to = cast<MemRefType>(getResult().getType());
+  if (from.getNumElements() != to.getNumElements() ||
+      from.getElementType() != to.getElementType())
+    return emitOpError("views ") << from << " as " << to
+                                 << ": the element count and type must agree";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// What each communication op counts
+//===----------------------------------------------------------------------===//
+
+static CollectiveRecord record(StringRef kind, AxisSet axes,
+                               const MeshShape &mesh, int64_t elements,
+                               int64_t elementBytes, int64_t bytesSent) {
+  return {kind.str(), axes, mesh.groupSize(axes), elements, elementBytes,
+          bytesSent};
+}
+
+void AllReduceOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  for (Value b : getBuffers())
+    records.push_back(record("all_reduce", getAxes(), mesh, elementsOf(b),
+                             elementBytesOf(b),
+                             rt::allReduceBytesSent(
+                                 elementsOf(b), mesh.groupSize(getAxes()),
+                                 elementBytesOf(b))));
+}
+
+void AllReduceStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  for (Value b : getBuffers())
+    records.push_back(record("all_reduce", getAxes(), mesh, elementsOf(b),
+                             elementBytesOf(b),
+                             rt::allReduceBytesSent(
+                                 elementsOf(b), mesh.groupSize(getAxes()),
+                                 elementBytesOf(b))));
+}
+
+void AllGatherOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getInput()), bytes = elementBytesOf(getInput());
+  records.push_back(
+      record("all_gather", getAxes(), mesh, n, bytes,
+             rt::allGatherBytesSent(n, mesh.groupSize(getAxes()), bytes)));
+}
+
+void ReduceScatterOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getOutput()), bytes = elementBytesOf(getInput());
+  int64_t g = mesh.groupSize(getAxes());
+  records.push_back(record("reduce_scatter", getAxes(), mesh, g * n, bytes,
+                           rt::reduceScatterBytesSent(n, g, bytes)));
+}
+
+void SendOp::describeCommunication(const MeshShape &mesh,
+                                   SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getBuffer()), bytes = elementBytesOf(getBuffer());
+  records.push_back(record("send_recv", AxisSet(MeshAxis::PP), mesh, n, bytes,
+                           n * bytes));
+}
+
+void RecvOp::describeCommunication(const MeshShape &,
+                                   SmallVectorImpl<CollectiveRecord> &) {
+  // Counted once, by the sender.
+}
+
+// The vocabulary-parallel loss combines row statistics over its group: two
+// all-reduces of `rows` values each way, the forward's second one of two
+// values per row (the sums of exponentials and the target logits).
+void CrossEntropyVocabParallelForwardOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t rows = getRows(), g = mesh.groupSize(getAxes());
+  records.push_back(record("all_reduce", getAxes(), mesh, rows, 4,
+                           rt::allReduceBytesSent(rows, g)));
+  records.push_back(record("all_reduce", getAxes(), mesh, 2 * rows, 4,
+                           rt::allReduceBytesSent(2 * rows, g)));
+}
+
+void CrossEntropyVocabParallelBackwardOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t rows = getRows(), g = mesh.groupSize(getAxes());
+  for (int k = 0; k < 2; ++k)
+    records.push_back(record("all_reduce", getAxes(), mesh, rows, 4,
+                             rt::allReduceBytesSent(rows, g)));
+}

@@ -1,0 +1,45 @@
+//===- RtOps.h - The rt dialect ---------------------------------*- C++ -*-===//
+#ifndef TESSEL_DIALECTS_RT_RTOPS_H
+#define TESSEL_DIALECTS_RT_RTOPS_H
+
+#include "dialects/Dist/DistOps.h"
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include <string>
+
+namespace tessel::rtir {
+
+// One collective call as the runtime counts it (tessel/Runtime/Comm.h) and
+// plan.json predicts it.
+struct CollectiveRecord {
+  std::string kind; // all_reduce, all_gather, reduce_scatter, send_recv
+  AxisSet axes;
+  int64_t groupSize;
+  int64_t elements;     // as counted by the runtime
+  int64_t elementBytes; // 4 (fp32), 2 (bf16), 8 (fp64)
+  int64_t bytesSent;    // the textbook volume (CommVolume.h)
+};
+
+// Elements and bytes per element of a buffer.
+int64_t elementsOf(mlir::Value buffer);
+int64_t elementBytesOf(mlir::Value buffer);
+
+} // namespace tessel::rtir
+
+#include "dialects/Rt/RtDialect.h.inc"
+#include "dialects/Rt/RtEnums.h.inc"
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Rt/RtAttrs.h.inc"
+#define GET_TYPEDEF_CLASSES
+#include "dialects/Rt/RtTypes.h.inc"
+#include "dialects/Rt/RtInterfaces.h.inc"
+#define GET_OP_CLASSES
+#include "dialects/Rt/RtOps.h.inc"
+
+#endif // TESSEL_DIALECTS_RT_RTOPS_H

@@ -1,0 +1,387 @@
+//===- RtOps.td - Ops of the rt dialect ---------------------*- tablegen -*-===//
+#ifndef TESSEL_RT_OPS
+#define TESSEL_RT_OPS
+
+include "RtDialect.td"
+include "RtInterfaces.td"
+include "mlir/IR/OpBase.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def Rt_Buffer : MemRefRankOf<[F32, BF16, F64, I32], [0, 1, 2, 3, 4, 5, 6]>;
+
+//===----------------------------------------------------------------------===//
+// Storage
+//===----------------------------------------------------------------------===//
+
+def Rt_AllocOp : Rt_Op<"alloc"> {
+  let summary = "A working buffer of the step, not yet placed";
+  let description = [{
+    Holds a value of one microbatch (or of the update) from its producer to
+    its last reader; `tessel-plan-buffers` gives it a place in the arena.
+
+    ```mlir
+    %0 = rt.alloc : memref<8x64xf32>
+    ```
+  }];
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "attr-dict `:` type($buffer)";
+}
+
+def Rt_BufferOp : Rt_Op<"buffer"> {
+  let summary = "A placed buffer: a view of one of the program's stores";
+  let description = [{
+    `offset` is in bytes in the activation arena (of the running
+    microbatch), in elements in the other spaces: the parameter store and
+    the stores laid out like it (gradients, AdamW moments, the bf16 shadow),
+    the accumulators of the update's inputs, and the gradient norm's fp64
+    partial sums.
+
+    ```mlir
+    %0 = rt.buffer <arena> 4096 : memref<8x64xf32>
+    %1 = rt.buffer <grads> 128 : memref<64xf32>
+    ```
+  }];
+  let arguments = (ins Rt_SpaceAttr:$space, I64Attr:$offset);
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "$space $offset attr-dict `:` type($buffer)";
+}
+
+def Rt_BatchOp : Rt_Op<"batch"> {
+  let summary = "The running microbatch's token ids or targets";
+  let description = [{
+    ```mlir
+    %0 = rt.batch "tokens" : memref<8x64xi32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "$name attr-dict `:` type($buffer)";
+  let hasVerifier = 1;
+}
+
+def Rt_ParamOp : Rt_Op<"param"> {
+  let summary = "A trainable parameter: its storage and how it is initialised";
+  let description = [{
+    This rank's piece of a parameter (the buffer's shape) and what the
+    runtime needs to initialise, load and save it: the Hugging Face name,
+    the global shape, the initialiser, whether AdamW decays it, and how the
+    piece is cut from the global tensor (`shard_dim` split into
+    `shard_blocks` blocks, each over `shard_axis`; -1: replicated).
+    `tessel-plan-buffers` gives it its place in the parameter store
+    (`offset`, elements; the gradient and moments use the same offset).
+
+    ```mlir
+    %w = rt.param "h.0.mlp.c_fc.weight" {global_shape = array<i64: 64, 256>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = 1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<64x128xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, DenseI64ArrayAttr:$global_shape,
+                   StrAttr:$init, F64Attr:$mean, F64Attr:$std, BoolAttr:$decay,
+                   I64Attr:$shard_dim, Dist_AxisAttr:$shard_axis,
+                   I64Attr:$shard_blocks, OptionalAttr<I64Attr>:$offset);
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "$name attr-dict `:` type($buffer)";
+}
+
+def Rt_ViewOp : Rt_Op<"view", [Pure]> {
+  let summary = "The same storage seen with another shape";
+  let description = [{
+    ```mlir
+    %v = rt.view %x : memref<8x64xf32> to memref<512xf32>
+    ```
+  }];
+  let arguments = (ins Rt_Buffer:$source);
+  let results = (outs Rt_Buffer:$result);
+  let assemblyFormat = "$source attr-dict `:` type($source) `to` type($result)";
+  let hasVerifier = 1;
+}
+
+def Rt_StateOfOp : Rt_Op<"state_of"> {
+  let summary = "A store laid out like the parameters: a parameter's slot in it";
+  let description = [{
+    The parameter's gradient, AdamW moments or bf16 shadow live at the
+    parameter's own offset in stores of their own; `tessel-plan-buffers`
+    resolves this to that place.
+
+    ```mlir
+    %m = rt.state_of %w <adam_m> : memref<64x64xf32> -> memref<64x64xf32>
+    ```
+  }];
+  let arguments = (ins Rt_Buffer:$param, Rt_SpaceAttr:$space);
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "$param $space attr-dict `:` type($param) `->` type($buffer)";
+}
+
+def Rt_MicrobatchOp : Rt_Op<"microbatch", [Pure]> {
+  let summary = "The index of the running microbatch";
+  let description = [{
+    Inside a part run once per microbatch; convert-pipe-to-rt replaces it by
+    the part function's argument.
+  }];
+  let results = (outs I64:$index);
+  let assemblyFormat = "attr-dict `:` type($index)";
+}
+
+//===----------------------------------------------------------------------===//
+// What the runtime tells the step
+//===----------------------------------------------------------------------===//
+
+def Rt_LearningRateOp : Rt_Op<"learning_rate", [Pure]> {
+  let summary = "This step's learning rate (the runtime's schedule)";
+  let results = (outs F32:$lr);
+  let assemblyFormat = "attr-dict `:` type($lr)";
+}
+
+def Rt_UpdateCountOp : Rt_Op<"update_count", [Pure]> {
+  let summary = "How many updates have run, this one included (AdamW's t)";
+  let results = (outs I64:$count);
+  let assemblyFormat = "attr-dict `:` type($count)";
+}
+
+def Rt_FinishStepOp : Rt_Op<"finish_step"> {
+  let summary = "Hands the step's loss and gradient norm to the runtime";
+  let arguments = (ins Rt_Buffer:$loss, Rt_Buffer:$norm);
+  let assemblyFormat = "`(` $loss `,` $norm `)` attr-dict `:` type($loss) `,` type($norm)";
+}
+
+//===----------------------------------------------------------------------===//
+// Kernels: one call of a runtime function each. Operands first, then the
+// attributes, in the order the runtime function takes them.
+//===----------------------------------------------------------------------===//
+
+class Rt_KernelOp<string mnemonic, string function, dag args,
+                  list<Trait> traits = []>
+    : Rt_Op<mnemonic, !listconcat(traits, [KernelCallOpInterface])> {
+  let arguments = args;
+  let assemblyFormat = "`(` operands `)` attr-dict `:` type(operands)";
+  let summary = "Calls " # function;
+  let extraClassDeclaration = [{
+    static constexpr ::llvm::StringLiteral kFunction = "}] # function # [{";
+  }];
+}
+
+def Rt_FillOp : Rt_KernelOp<"fill", "fill",
+    (ins Rt_Buffer:$out, I64Attr:$n, F64Attr:$value)>;
+def Rt_CopyOp : Rt_KernelOp<"copy", "copy",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$n)>;
+def Rt_AccumulateOp : Rt_KernelOp<"accumulate", "accumulateInto",
+    (ins Rt_Buffer:$src, Rt_Buffer:$acc, I1:$first, I64Attr:$n)>;
+
+def Rt_EmbeddingForwardOp : Rt_KernelOp<"embedding_forward", "embeddingForward",
+    (ins Rt_Buffer:$table, Rt_Buffer:$ids, Rt_Buffer:$out, I64Attr:$n,
+         I64Attr:$vocab, I64Attr:$hidden)>;
+def Rt_EmbeddingBackwardOp : Rt_KernelOp<"embedding_backward", "embeddingBackward",
+    (ins Rt_Buffer:$ids, Rt_Buffer:$dout, Rt_Buffer:$dtable, I64Attr:$n,
+         I64Attr:$vocab, I64Attr:$hidden)>;
+def Rt_EmbeddingForwardRangeOp : Rt_KernelOp<"embedding_forward_range",
+    "embeddingForwardRange",
+    (ins Rt_Buffer:$table, Rt_Buffer:$ids, Rt_Buffer:$out, I64Attr:$n,
+         Rt_GroupOffsetAttr:$vocab_start, I64Attr:$local_vocab,
+         I64Attr:$hidden)>;
+def Rt_EmbeddingBackwardRangeOp : Rt_KernelOp<"embedding_backward_range",
+    "embeddingBackwardRange",
+    (ins Rt_Buffer:$ids, Rt_Buffer:$dout, Rt_Buffer:$dtable, I64Attr:$n,
+         Rt_GroupOffsetAttr:$vocab_start, I64Attr:$local_vocab,
+         I64Attr:$hidden)>;
+
+def Rt_MatmulOp : Rt_KernelOp<"matmul", "matmul",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, I64Attr:$batch, I64Attr:$m,
+         I64Attr:$n, I64Attr:$k, BoolAttr:$trans_a, BoolAttr:$trans_b,
+         I64Attr:$stride_a, I64Attr:$stride_b, I64Attr:$stride_c)>;
+def Rt_MatmulBiasOp : Rt_KernelOp<"matmul_bias", "matmulBias",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$bias, Rt_Buffer:$out,
+         Optional<Rt_Buffer>:$gelu, I64Attr:$m, I64Attr:$n, I64Attr:$k,
+         BoolAttr:$trans_b)>;
+
+def Rt_AddBroadcastOp : Rt_KernelOp<"add_broadcast", "addBroadcast",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$out, I64Attr:$n, I64Attr:$nb)>;
+def Rt_MulBroadcastOp : Rt_KernelOp<"mul_broadcast", "mulBroadcast",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$out, I64Attr:$n, I64Attr:$nb)>;
+def Rt_ReduceSumLeadingOp : Rt_KernelOp<"reduce_sum_leading", "reduceSumLeading",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols)>;
+
+def Rt_GeluForwardOp : Rt_KernelOp<"gelu_forward", "geluForward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$n)>;
+def Rt_GeluBackwardOp : Rt_KernelOp<"gelu_backward", "geluBackward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dx, I64Attr:$n)>;
+def Rt_SiluForwardOp : Rt_KernelOp<"silu_forward", "siluForward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$n)>;
+def Rt_SiluBackwardOp : Rt_KernelOp<"silu_backward", "siluBackward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dx, I64Attr:$n)>;
+def Rt_SwigluForwardOp : Rt_KernelOp<"swiglu_forward", "swigluForward",
+    (ins Rt_Buffer:$gate, Rt_Buffer:$up, Rt_Buffer:$out,
+         Optional<Rt_Buffer>:$silu_out, I64Attr:$n)>;
+
+def Rt_LayerNormForwardOp : Rt_KernelOp<"layer_norm_forward", "layerNormForward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$b, Rt_Buffer:$out,
+         I64Attr:$rows, I64Attr:$cols, F64Attr:$eps)>;
+def Rt_LayerNormBackwardOp : Rt_KernelOp<"layer_norm_backward",
+    "layerNormBackward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$dout, Rt_Buffer:$dx,
+         Rt_Buffer:$dw, Rt_Buffer:$db, I64Attr:$rows, I64Attr:$cols,
+         F64Attr:$eps)>;
+def Rt_RmsNormForwardOp : Rt_KernelOp<"rms_norm_forward", "rmsNormForward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$out, I64Attr:$rows,
+         I64Attr:$cols, F64Attr:$eps)>;
+def Rt_RmsNormBackwardOp : Rt_KernelOp<"rms_norm_backward", "rmsNormBackward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$dout, Rt_Buffer:$dx,
+         Rt_Buffer:$dw, I64Attr:$rows, I64Attr:$cols, F64Attr:$eps)>;
+def Rt_AddLayerNormForwardOp : Rt_KernelOp<"add_layer_norm_forward",
+    "addLayerNormForward",
+    (ins Rt_Buffer:$a, Rt_Buffer:$r, Rt_Buffer:$sum, Rt_Buffer:$w,
+         Rt_Buffer:$b, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols,
+         F64Attr:$eps)>;
+def Rt_AddRmsNormForwardOp : Rt_KernelOp<"add_rms_norm_forward",
+    "addRmsNormForward",
+    (ins Rt_Buffer:$a, Rt_Buffer:$r, Rt_Buffer:$sum, Rt_Buffer:$w,
+         Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols, F64Attr:$eps)>;
+def Rt_LayerNormBackwardAddOp : Rt_KernelOp<"layer_norm_backward_add",
+    "layerNormBackwardAdd",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$dout, Rt_Buffer:$dres,
+         Rt_Buffer:$dx, Rt_Buffer:$dw, Rt_Buffer:$db, I64Attr:$rows,
+         I64Attr:$cols, F64Attr:$eps)>;
+def Rt_RmsNormBackwardAddOp : Rt_KernelOp<"rms_norm_backward_add",
+    "rmsNormBackwardAdd",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$dout, Rt_Buffer:$dres,
+         Rt_Buffer:$dx, Rt_Buffer:$dw, I64Attr:$rows, I64Attr:$cols,
+         F64Attr:$eps)>;
+
+def Rt_RopeOp : Rt_KernelOp<"rope", "rope",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$batch, I64Attr:$seq,
+         I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta,
+         BoolAttr:$inverse)>;
+def Rt_AttentionForwardOp : Rt_KernelOp<"attention_forward", "attentionForward",
+    (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
+         I64Attr:$batch, I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads,
+         I64Attr:$head_dim, BoolAttr:$causal)>;
+def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
+    "attentionBackward",
+    (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$dout,
+         Rt_Buffer:$dq, Rt_Buffer:$dk, Rt_Buffer:$dv, I64Attr:$batch,
+         I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
+         BoolAttr:$causal)>;
+def Rt_SoftmaxForwardOp : Rt_KernelOp<"softmax_forward", "softmaxForward",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols)>;
+def Rt_SoftmaxBackwardOp : Rt_KernelOp<"softmax_backward", "softmaxBackward",
+    (ins Rt_Buffer:$y, Rt_Buffer:$dy, Rt_Buffer:$dx, I64Attr:$rows,
+         I64Attr:$cols)>;
+
+def Rt_CrossEntropyForwardOp : Rt_KernelOp<"cross_entropy_forward",
+    "crossEntropyForward",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$loss,
+         I64Attr:$rows, I64Attr:$vocab)>;
+def Rt_CrossEntropyBackwardOp : Rt_KernelOp<"cross_entropy_backward",
+    "crossEntropyBackward",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
+         Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$vocab)>;
+def Rt_CrossEntropyVocabParallelForwardOp : Rt_KernelOp<
+    "cross_entropy_vocab_parallel_forward", "crossEntropyVocabParallelForward",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$loss,
+         I64Attr:$rows, I64Attr:$local_vocab, Rt_GroupOffsetAttr:$vocab_start,
+         Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
+def Rt_CrossEntropyVocabParallelBackwardOp : Rt_KernelOp<
+    "cross_entropy_vocab_parallel_backward",
+    "crossEntropyVocabParallelBackward",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
+         Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$local_vocab,
+         Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
+
+def Rt_TransposeOp : Rt_KernelOp<"transpose", "transpose",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, DenseI64ArrayAttr:$shape,
+         DenseI64ArrayAttr:$permutation, I64Attr:$rank)>;
+def Rt_SliceAxisOp : Rt_KernelOp<"slice_axis", "sliceAxis",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$outer, I64Attr:$extent,
+         I64Attr:$inner, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$start,
+         I64Attr:$length)>;
+def Rt_InsertAxisOp : Rt_KernelOp<"insert_axis", "insertAxis",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$outer, I64Attr:$extent,
+         I64Attr:$inner, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$start,
+         I64Attr:$length)>;
+
+def Rt_ZeroSumsOp : Rt_KernelOp<"zero_sums", "zeroSums",
+    (ins Rt_Buffer:$sums, I64Attr:$n)>;
+def Rt_SumSquaresOp : Rt_KernelOp<"sum_squares", "sumSquaresInto",
+    (ins Rt_Buffer:$x, Rt_Buffer:$acc, I64Attr:$n)>;
+def Rt_SqrtSumOp : Rt_KernelOp<"sqrt_sum", "sqrtInto",
+    (ins Rt_Buffer:$acc, Rt_Buffer:$out, I64Attr:$parts)>;
+def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwUpdate",
+    (ins Rt_Buffer:$param, Optional<Rt_Buffer>:$shadow, Rt_Buffer:$grad,
+         Rt_Buffer:$m, Rt_Buffer:$v, Rt_Buffer:$norm, F32:$lr, I64:$count,
+         I64Attr:$n, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,
+         F32Attr:$weight_decay, F32Attr:$max_grad_norm)>;
+
+//===----------------------------------------------------------------------===//
+// Communication
+//===----------------------------------------------------------------------===//
+
+class Rt_CommOp<string mnemonic, list<Trait> traits = []>
+    : Rt_Op<mnemonic, !listconcat(traits,
+          [DeclareOpInterfaceMethods<CommunicationOpInterface>])>;
+
+def Rt_AllReduceOp : Rt_CommOp<"all_reduce"> {
+  let summary = "Sums each buffer over a group, in place (allReduceSum)";
+  let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes);
+  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+}
+
+def Rt_AllReduceStartOp : Rt_CommOp<"all_reduce_start"> {
+  let summary = "Starts summing each buffer over a group (allReduceSumStart)";
+  let description = [{
+    The buffers may be read only after `rt.wait` on the request.
+  }];
+  let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+}
+
+def Rt_WaitOp : Rt_Op<"wait"> {
+  let summary = "Waits for the collectives a start op began (commWait)";
+  let arguments = (ins Rt_RequestType:$request);
+  let assemblyFormat = "$request attr-dict";
+}
+
+def Rt_AllGatherOp : Rt_CommOp<"all_gather"> {
+  let summary = "Gathers a [outer, length, inner] tensor along its middle dimension (allGatherAlong)";
+  let arguments = (ins Rt_Buffer:$input, Rt_Buffer:$output, I64Attr:$outer,
+                   I64Attr:$length, I64Attr:$inner, Dist_AxesAttr:$axes);
+  let assemblyFormat = "`(` $input `,` $output `)` attr-dict `:` type($input) `,` type($output)";
+}
+
+def Rt_ReduceScatterOp : Rt_CommOp<"reduce_scatter"> {
+  let summary = "Sums over a group and keeps this rank's piece of the middle dimension (reduceScatterAlong)";
+  let arguments = (ins Rt_Buffer:$input, Rt_Buffer:$output, I64Attr:$outer,
+                   I64Attr:$length, I64Attr:$inner, Dist_AxesAttr:$axes);
+  let assemblyFormat = "`(` $input `,` $output `)` attr-dict `:` type($input) `,` type($output)";
+}
+
+def Rt_SendOp : Rt_CommOp<"send"> {
+  let summary = "Sends a buffer to the pipeline rank at an offset (sendTo)";
+  let description = [{
+    `tag` names the message; `microbatch` is the running microbatch. The
+    runtime keys each message by both (CPU: an MPI tag; CUDA: its place in
+    the receiver's order, `order`, which tessel-order-messages fills in).
+  }];
+  let arguments = (ins Rt_Buffer:$buffer, I64:$microbatch, I64Attr:$offset,
+                   I64Attr:$tag, OptionalAttr<DenseI64ArrayAttr>:$order);
+  let assemblyFormat = "`(` $buffer `)` `microbatch` $microbatch attr-dict `:` type($buffer)";
+}
+
+def Rt_RecvOp : Rt_CommOp<"recv"> {
+  let summary = "Receives a buffer from the pipeline rank at an offset (recvFrom)";
+  let arguments = (ins Rt_Buffer:$buffer, I64:$microbatch, I64Attr:$offset,
+                   I64Attr:$tag);
+  let assemblyFormat = "`(` $buffer `)` `microbatch` $microbatch attr-dict `:` type($buffer)";
+}
+
+def Rt_FlushSendsOp : Rt_Op<"flush_sends"> {
+  let summary = "Issues the sends queued so far (flushSends; CUDA orders them)";
+  let assemblyFormat = "attr-dict";
+}
+
+def Rt_WaitSendsOp : Rt_Op<"wait_sends"> {
+  let summary = "Waits for every send of the step (waitSends)";
+  let assemblyFormat = "attr-dict";
+}
+
+#endif // TESSEL_RT_OPS

@@ -1,0 +1,40 @@
+//===- Passes.td - Tessel's conversions ---------------------*- tablegen -*-===//
+#ifndef TESSEL_CONVERSION_PASSES
+#define TESSEL_CONVERSION_PASSES
+
+include "mlir/Pass/PassBase.td"
+
+def ConvertGraphToRt : Pass<"convert-graph-to-rt", "mlir::ModuleOp"> {
+  let summary = "Gives every tensor a buffer and every op its runtime call";
+  let description = [{
+    The per-rank program (after tessel-stage-regions) is bufferized: each
+    tensor becomes a `memref` (a fresh `rt.alloc`, or a view of another
+    buffer where the op only reinterprets it), each `graph` op the `rt`
+    kernel that computes it with every size known (GraphToRt), each `dist`
+    op its collective or point-to-point call (DistToRt), parameters
+    `rt.param` with what the runtime needs to initialise and save them.
+    The `pipe` parts keep their structure with buffer types. A collective
+    reduces its operand in place when nothing else reads it.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
+def ConvertPipeToRt : Pass<"convert-pipe-to-rt", "mlir::ModuleOp"> {
+  let summary = "Turns a rank's parts into functions called in schedule order";
+  let description = [{
+    After buffer planning, each `pipe.forward_pass`, `pipe.backward_pass`
+    and `pipe.update` of a rank program becomes a function of its own
+    (taking the microbatch and whether it is the part's first run), and
+    the program's step calls them in the order the rank's `pipe.schedule`
+    gives: every microbatch's forward and backward, then the update once.
+    With several microbatches, the update's inputs are accumulated after
+    the part that produces them (`rt.accumulate` into their planned
+    accumulators); the step ends by waiting for its sends and handing the
+    loss and norm to the runtime.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect",
+                           "::mlir::func::FuncDialect",
+                           "::mlir::arith::ArithDialect"];
+}
+
+#endif // TESSEL_CONVERSION_PASSES

@@ -1,0 +1,499 @@
+//===- GraphToRt.cpp - graph ops as runtime kernel calls -----------------===//
+//
+// Every graph op of the (local, per-rank) program becomes the rt kernel that
+// computes it into fresh buffers, with all its sizes as constants: the shape
+// arithmetic that used to live in the C++ printer, once, here. Reshapes are
+// views. Parameters become rt.param with their global shape and how this
+// rank's piece is cut from it.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Conversion/Passes.h"
+#include "tessel/Conversion/ToRt.h"
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::graph;
+namespace rt = tessel::rtir;
+
+namespace {
+
+ArrayRef<int64_t> shapeOf(Value v) {
+  return cast<ShapedType>(v.getType()).getShape();
+}
+int64_t numel(Value v) { return cast<ShapedType>(v.getType()).getNumElements(); }
+int64_t product(ArrayRef<int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims)
+    p *= d;
+  return p;
+}
+
+// A pattern for one graph op with helpers to make buffers and attributes.
+template <typename SourceOp>
+struct ToRtPattern : OpConversionPattern<SourceOp> {
+  using OpConversionPattern<SourceOp>::OpConversionPattern;
+  using Adaptor = typename SourceOp::Adaptor;
+
+  Value alloc(ConversionPatternRewriter &b, Location loc, Value result) const {
+    Type type = this->getTypeConverter()->convertType(result.getType());
+    return rt::AllocOp::create(b, loc, type);
+  }
+  static IntegerAttr i(OpBuilder &b, int64_t v) { return b.getI64IntegerAttr(v); }
+  static FloatAttr f(OpBuilder &b, double v) { return b.getF64FloatAttr(v); }
+  static BoolAttr flag(OpBuilder &b, bool v) { return b.getBoolAttr(v); }
+  // Where this rank's vocabulary slice of `local` rows starts.
+  static rt::GroupOffsetAttr vocabStart(OpBuilder &b, dist::AxesAttr axes,
+                                        int64_t local) {
+    return rt::GroupOffsetAttr::get(b.getContext(), axes, local, 1);
+  }
+};
+
+#define PATTERN(Op)                                                            \
+  struct Op##Lowering : ToRtPattern<Op> {                                      \
+    using ToRtPattern::ToRtPattern;                                            \
+    LogicalResult                                                              \
+    matchAndRewrite(Op op, Adaptor a,                                          \
+                    ConversionPatternRewriter &b) const override;              \
+  };                                                                           \
+  LogicalResult Op##Lowering::matchAndRewrite(                                 \
+      Op op, Adaptor a, ConversionPatternRewriter &b) const
+
+//===----------------------------------------------------------------------===//
+// Leaves
+//===----------------------------------------------------------------------===//
+
+// The table of a parameter: its global (checkpoint) shape and how this
+// rank's piece is cut from it.
+PATTERN(ParamOp) {
+  SmallVector<int64_t> shape(op.getType().getShape());
+  int64_t shardDim = -1, shardBlocks = 1;
+  MeshAxis shardAxis = MeshAxis::DP;
+  if (auto attrs = op->getAttrOfType<ArrayAttr>("dist.sharding")) {
+    dist::Sharding s =
+        dist::Sharding::fromAttr(cast<dist::ShardingAttr>(attrs[0]));
+    MeshShape mesh = dist::meshOf(op);
+    for (auto [d, axes] : llvm::enumerate(s.dims)) {
+      if (axes.empty())
+        continue;
+      if (shardDim >= 0 || !axes.single())
+        return op.emitOpError("parameters split along more than one "
+                              "dimension or axis are not supported yet");
+      shardDim = d;
+      shardAxis = *axes.single();
+      shardBlocks = s.blocksOf(d);
+      shape[d] *= mesh.groupSize(axes);
+    }
+  }
+  auto param = rt::ParamOp::create(
+      b, op.getLoc(), getTypeConverter()->convertType(op.getType()),
+      op.getNameAttr(), b.getDenseI64ArrayAttr(shape), op.getInitAttr(),
+      op.getMeanAttr(), op.getStdAttr(), flag(b, shape.size() >= 2),
+      i(b, shardDim), dist::AxisAttr::get(b.getContext(), shardAxis),
+      i(b, shardBlocks), IntegerAttr());
+  b.replaceOp(op, param);
+  return success();
+}
+
+PATTERN(InputOp) {
+  b.replaceOpWithNewOp<rt::BatchOp>(
+      op, getTypeConverter()->convertType(op.getType()), op.getNameAttr());
+  return success();
+}
+
+PATTERN(FillOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::FillOp::create(b, op.getLoc(), out, i(b, numel(op)), op.getValueAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Elementwise and reductions
+//===----------------------------------------------------------------------===//
+
+PATTERN(AddOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::AddBroadcastOp::create(b, op.getLoc(), a.getLhs(), a.getRhs(), out,
+                             i(b, numel(op.getLhs())),
+                             i(b, numel(op.getRhs())));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MulOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MulBroadcastOp::create(b, op.getLoc(), a.getLhs(), a.getRhs(), out,
+                             i(b, numel(op.getLhs())),
+                             i(b, numel(op.getRhs())));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(ReduceSumOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  int64_t cols = numel(op);
+  rt::ReduceSumLeadingOp::create(b, op.getLoc(), a.getInput(), out,
+                                 i(b, numel(op.getInput()) / cols),
+                                 i(b, cols));
+  b.replaceOp(op, out);
+  return success();
+}
+
+template <typename SourceOp, typename KernelOp>
+struct UnaryLowering : ToRtPattern<SourceOp> {
+  using ToRtPattern<SourceOp>::ToRtPattern;
+  LogicalResult
+  matchAndRewrite(SourceOp op, typename SourceOp::Adaptor a,
+                  ConversionPatternRewriter &b) const override {
+    Value out = this->alloc(b, op.getLoc(), op);
+    KernelOp::create(b, op.getLoc(), a.getInput(), out,
+                     this->i(b, numel(op)));
+    b.replaceOp(op, out);
+    return success();
+  }
+};
+
+template <typename SourceOp, typename KernelOp>
+struct UnaryGradLowering : ToRtPattern<SourceOp> {
+  using ToRtPattern<SourceOp>::ToRtPattern;
+  LogicalResult
+  matchAndRewrite(SourceOp op, typename SourceOp::Adaptor a,
+                  ConversionPatternRewriter &b) const override {
+    Value out = this->alloc(b, op.getLoc(), op);
+    KernelOp::create(b, op.getLoc(), a.getInput(), a.getGrad(), out,
+                     this->i(b, numel(op)));
+    b.replaceOp(op, out);
+    return success();
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Matmul, norms, attention, softmax
+//===----------------------------------------------------------------------===//
+
+PATTERN(MatmulOp) {
+  auto lhs = shapeOf(op.getLhs()), rhs = shapeOf(op.getRhs()),
+       out = shapeOf(op);
+  bool tl = op.getTransposeLhs(), tr = op.getTransposeRhs();
+  int64_t M = out[out.size() - 2], N = out.back();
+  int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
+  int64_t batch = product(out.drop_back(2));
+  int64_t strideB = rhs.size() == 2 ? 0 : K * N;
+  Value result = alloc(b, op.getLoc(), op);
+  rt::MatmulOp::create(b, op.getLoc(), a.getLhs(), a.getRhs(), result,
+                       i(b, batch), i(b, M), i(b, N), i(b, K), flag(b, tl),
+                       flag(b, tr), i(b, M * K), i(b, strideB), i(b, M * N));
+  b.replaceOp(op, result);
+  return success();
+}
+
+PATTERN(LayerNormOp) {
+  int64_t C = shapeOf(op).back();
+  Value out = alloc(b, op.getLoc(), op);
+  rt::LayerNormForwardOp::create(b, op.getLoc(), a.getInput(), a.getWeight(),
+                                 a.getBias(), out, i(b, numel(op) / C),
+                                 i(b, C), op.getEpsilonAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(LayerNormGradOp) {
+  int64_t C = shapeOf(op.getInput()).back();
+  Value dx = alloc(b, op.getLoc(), op.getInputGrad());
+  Value dw = alloc(b, op.getLoc(), op.getWeightGrad());
+  Value db = alloc(b, op.getLoc(), op.getBiasGrad());
+  rt::LayerNormBackwardOp::create(
+      b, op.getLoc(), a.getInput(), a.getWeight(), a.getGrad(), dx, dw, db,
+      i(b, numel(op.getInput()) / C), i(b, C), op.getEpsilonAttr());
+  b.replaceOp(op, {dx, dw, db});
+  return success();
+}
+
+PATTERN(RmsNormOp) {
+  int64_t C = shapeOf(op).back();
+  Value out = alloc(b, op.getLoc(), op);
+  rt::RmsNormForwardOp::create(b, op.getLoc(), a.getInput(), a.getWeight(),
+                               out, i(b, numel(op) / C), i(b, C),
+                               op.getEpsilonAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(RmsNormGradOp) {
+  int64_t C = shapeOf(op.getInput()).back();
+  Value dx = alloc(b, op.getLoc(), op.getInputGrad());
+  Value dw = alloc(b, op.getLoc(), op.getWeightGrad());
+  rt::RmsNormBackwardOp::create(b, op.getLoc(), a.getInput(), a.getWeight(),
+                                a.getGrad(), dx, dw,
+                                i(b, numel(op.getInput()) / C), i(b, C),
+                                op.getEpsilonAttr());
+  b.replaceOp(op, {dx, dw});
+  return success();
+}
+
+PATTERN(RopeOp) {
+  auto s = shapeOf(op);
+  Value out = alloc(b, op.getLoc(), op);
+  rt::RopeOp::create(b, op.getLoc(), a.getInput(), out, i(b, s[0]),
+                     i(b, s[1]), i(b, s[2]), i(b, s[3]), op.getThetaAttr(),
+                     op.getInverseAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(AttentionOp) {
+  auto q = shapeOf(op.getQuery());
+  Value out = alloc(b, op.getLoc(), op);
+  rt::AttentionForwardOp::create(
+      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), out, i(b, q[0]),
+      i(b, q[1]), i(b, q[2]), i(b, shapeOf(op.getKey())[2]), i(b, q[3]),
+      op.getCausalAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(AttentionGradOp) {
+  auto q = shapeOf(op.getQuery());
+  Value dq = alloc(b, op.getLoc(), op.getQueryGrad());
+  Value dk = alloc(b, op.getLoc(), op.getKeyGrad());
+  Value dv = alloc(b, op.getLoc(), op.getValueGrad());
+  rt::AttentionBackwardOp::create(
+      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), a.getGrad(), dq,
+      dk, dv, i(b, q[0]), i(b, q[1]), i(b, q[2]),
+      i(b, shapeOf(op.getKey())[2]), i(b, q[3]), op.getCausalAttr());
+  b.replaceOp(op, {dq, dk, dv});
+  return success();
+}
+
+PATTERN(SoftmaxOp) {
+  int64_t cols = shapeOf(op).back();
+  Value out = alloc(b, op.getLoc(), op);
+  rt::SoftmaxForwardOp::create(b, op.getLoc(), a.getInput(), out,
+                               i(b, numel(op) / cols), i(b, cols));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(SoftmaxGradOp) {
+  int64_t cols = shapeOf(op).back();
+  Value out = alloc(b, op.getLoc(), op);
+  rt::SoftmaxBackwardOp::create(b, op.getLoc(), a.getOutput(), a.getGrad(),
+                                out, i(b, numel(op) / cols), i(b, cols));
+  b.replaceOp(op, out);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Loss and embedding: whole, or over this rank's vocabulary slice
+//===----------------------------------------------------------------------===//
+
+PATTERN(CrossEntropyOp) {
+  int64_t V = shapeOf(op.getLogits()).back(), rows = numel(op.getTargets());
+  Value loss = alloc(b, op.getLoc(), op);
+  if (dist::AxesAttr axes = op.getVocabAxesAttr())
+    rt::CrossEntropyVocabParallelForwardOp::create(
+        b, op.getLoc(), a.getLogits(), a.getTargets(), loss, i(b, rows),
+        i(b, V), vocabStart(b, axes, V), axes);
+  else
+    rt::CrossEntropyForwardOp::create(b, op.getLoc(), a.getLogits(),
+                                      a.getTargets(), loss, i(b, rows),
+                                      i(b, V));
+  b.replaceOp(op, loss);
+  return success();
+}
+
+PATTERN(CrossEntropyGradOp) {
+  int64_t V = shapeOf(op.getLogits()).back(), rows = numel(op.getTargets());
+  Value dlogits = alloc(b, op.getLoc(), op);
+  if (dist::AxesAttr axes = op.getVocabAxesAttr())
+    rt::CrossEntropyVocabParallelBackwardOp::create(
+        b, op.getLoc(), a.getLogits(), a.getTargets(), a.getGrad(), dlogits,
+        i(b, rows), i(b, V), vocabStart(b, axes, V), axes);
+  else
+    rt::CrossEntropyBackwardOp::create(b, op.getLoc(), a.getLogits(),
+                                       a.getTargets(), a.getGrad(), dlogits,
+                                       i(b, rows), i(b, V));
+  b.replaceOp(op, dlogits);
+  return success();
+}
+
+PATTERN(EmbeddingOp) {
+  auto t = shapeOf(op.getTable());
+  Value out = alloc(b, op.getLoc(), op);
+  int64_t n = numel(op.getIds());
+  if (dist::AxesAttr axes = op.getVocabAxesAttr())
+    rt::EmbeddingForwardRangeOp::create(b, op.getLoc(), a.getTable(),
+                                        a.getIds(), out, i(b, n),
+                                        vocabStart(b, axes, t[0]), i(b, t[0]),
+                                        i(b, t[1]));
+  else
+    rt::EmbeddingForwardOp::create(b, op.getLoc(), a.getTable(), a.getIds(),
+                                   out, i(b, n), i(b, t[0]), i(b, t[1]));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(EmbeddingGradOp) {
+  auto t = shapeOf(op.getResult());
+  Value out = alloc(b, op.getLoc(), op);
+  int64_t n = numel(op.getIds());
+  if (dist::AxesAttr axes = op.getVocabAxesAttr())
+    rt::EmbeddingBackwardRangeOp::create(b, op.getLoc(), a.getIds(),
+                                         a.getGrad(), out, i(b, n),
+                                         vocabStart(b, axes, t[0]),
+                                         i(b, t[0]), i(b, t[1]));
+  else
+    rt::EmbeddingBackwardOp::create(b, op.getLoc(), a.getIds(), a.getGrad(),
+                                    out, i(b, n), i(b, t[0]), i(b, t[1]));
+  b.replaceOp(op, out);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Layout
+//===----------------------------------------------------------------------===//
+
+PATTERN(ReshapeOp) {
+  b.replaceOpWithNewOp<rt::ViewOp>(
+      op, getTypeConverter()->convertType(op.getType()), a.getInput());
+  return success();
+}
+
+PATTERN(TransposeOp) {
+  auto s = shapeOf(op.getInput());
+  Value out = alloc(b, op.getLoc(), op);
+  rt::TransposeOp::create(b, op.getLoc(), a.getInput(), out,
+                          b.getDenseI64ArrayAttr(s), op.getPermutationAttr(),
+                          i(b, s.size()));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(SplitOp) {
+  auto in = shapeOf(op.getInput());
+  int64_t axis = op.getAxis(), start = 0;
+  int64_t outer = product(in.take_front(axis)),
+          inner = product(in.drop_front(axis + 1));
+  SmallVector<Value> pieces;
+  for (Value r : op.getResults()) {
+    int64_t len = shapeOf(r)[axis];
+    Value out = alloc(b, op.getLoc(), r);
+    rt::SliceAxisOp::create(b, op.getLoc(), a.getInput(), out, i(b, outer),
+                            i(b, in[axis]), i(b, inner), i(b, start),
+                            i(b, len));
+    pieces.push_back(out);
+    start += len;
+  }
+  b.replaceOp(op, pieces);
+  return success();
+}
+
+PATTERN(ConcatOp) {
+  auto out = shapeOf(op);
+  int64_t axis = op.getAxis(), start = 0;
+  int64_t outer = product(out.take_front(axis)),
+          inner = product(out.drop_front(axis + 1));
+  Value result = alloc(b, op.getLoc(), op);
+  for (auto [in, piece] : llvm::zip(op.getInputs(), a.getInputs())) {
+    int64_t len = shapeOf(in)[axis];
+    rt::InsertAxisOp::create(b, op.getLoc(), piece, result, i(b, outer),
+                             i(b, out[axis]), i(b, inner), i(b, start),
+                             i(b, len));
+    start += len;
+  }
+  b.replaceOp(op, result);
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+// The norm of all gradients: the squares of the gradients split over the
+// same axes are summed into one fp64 partial sum, which is reduced over
+// those axes; the norm is the square root of the partial sums' total.
+PATTERN(GlobalNormOp) {
+  Location loc = op.getLoc();
+  ArrayAttr axes = op.getReduceAxesAttr();
+  // Partial sums in the order the axis sets first appear.
+  SmallVector<AxisSet> sets;
+  SmallVector<unsigned> setOf;
+  for (size_t k = 0; k < op.getInputs().size(); ++k) {
+    AxisSet s = axes ? cast<dist::AxesAttr>(axes[k]).getValue() : AxisSet();
+    auto it = llvm::find(sets, s);
+    setOf.push_back(it - sets.begin());
+    if (it == sets.end())
+      sets.push_back(s);
+  }
+  if (sets.empty())
+    sets.push_back({});
+  std::sort(sets.begin(), sets.end());
+  for (size_t k = 0; k < setOf.size(); ++k) {
+    AxisSet s = axes ? cast<dist::AxesAttr>(axes[k]).getValue() : AxisSet();
+    setOf[k] = llvm::find(sets, s) - sets.begin();
+  }
+  auto f64 = b.getF64Type();
+  auto sumsType = MemRefType::get({(int64_t)sets.size()}, f64);
+  Value sums = rt::BufferOp::create(b, loc, sumsType, rt::Space::NormSums, 0);
+  rt::ZeroSumsOp::create(b, loc, sums, i(b, sets.size()));
+  for (auto [part, set] : llvm::enumerate(sets)) {
+    Value slot = rt::BufferOp::create(b, loc, MemRefType::get({1}, f64),
+                                      rt::Space::NormSums, part);
+    for (auto [k, grad] : llvm::enumerate(a.getInputs()))
+      if (setOf[k] == part)
+        rt::SumSquaresOp::create(b, loc, grad, slot,
+                                 i(b, numel(op.getInputs()[k])));
+    if (!set.empty())
+      rt::AllReduceOp::create(b, loc, ValueRange{slot},
+                              dist::AxesAttr::get(b.getContext(), set));
+  }
+  Value norm = alloc(b, loc, op);
+  rt::SqrtSumOp::create(b, loc, sums, norm, i(b, sets.size()));
+  b.replaceOp(op, norm);
+  return success();
+}
+
+PATTERN(AdamWOp) {
+  Location loc = op.getLoc();
+  Value param = a.getParam();
+  auto stateOf = [&](rt::Space space) {
+    return rt::StateOfOp::create(b, loc, param.getType(), param, space)
+        .getResult();
+  };
+  Value m = stateOf(rt::Space::AdamM), v = stateOf(rt::Space::AdamV);
+  Value lr = rt::LearningRateOp::create(b, loc, b.getF32Type());
+  Value count = rt::UpdateCountOp::create(b, loc, b.getI64Type());
+  auto f32 = [&](APFloat v) {
+    return b.getF32FloatAttr(v.convertToDouble());
+  };
+  rt::AdamWOp::create(b, loc, param, /*shadow=*/Value(), a.getGrad(), m, v,
+                      a.getNorm(), lr, count, i(b, numel(op.getParam())),
+                      f32(op.getBeta1()), f32(op.getBeta2()), f32(op.getEps()),
+                      f32(op.getWeightDecay()), f32(op.getMaxGradNorm()));
+  b.eraseOp(op);
+  return success();
+}
+
+#undef PATTERN
+
+} // namespace
+
+void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
+                                       RewritePatternSet &patterns) {
+  MLIRContext *ctx = patterns.getContext();
+  patterns.add<
+      ParamOpLowering, InputOpLowering, FillOpLowering, AddOpLowering,
+      MulOpLowering, ReduceSumOpLowering,
+      UnaryLowering<GeluOp, rt::GeluForwardOp>,
+      UnaryLowering<SiluOp, rt::SiluForwardOp>,
+      UnaryGradLowering<GeluGradOp, rt::GeluBackwardOp>,
+      UnaryGradLowering<SiluGradOp, rt::SiluBackwardOp>, MatmulOpLowering,
+      LayerNormOpLowering, LayerNormGradOpLowering, RmsNormOpLowering,
+      RmsNormGradOpLowering, RopeOpLowering, AttentionOpLowering,
+      AttentionGradOpLowering, SoftmaxOpLowering, SoftmaxGradOpLowering,
+      CrossEntropyOpLowering, CrossEntropyGradOpLowering, EmbeddingOpLowering,
+      EmbeddingGradOpLowering, ReshapeOpLowering, TransposeOpLowering,
+      SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,
+      AdamWOpLowering>(converter, ctx);
+}

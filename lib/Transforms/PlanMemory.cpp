@@ -1,0 +1,424 @@
+//===- PlanMemory.cpp - Static memory plan of a rank program --------------===//
+//
+// Gives every buffer of a bufferized rank program (rt) its place, once and
+// for all: parameters are packed in the parameter store; their gradients,
+// AdamW moments and bf16 shadow sit at the same offsets in stores of their
+// own; a parameter's final gradient is produced straight into the gradient
+// store; the update's inputs accumulated over microbatches get
+// accumulators; every other buffer gets an offset in the activation arena of
+// its microbatch, reused as soon as the value is dead (first fit by
+// liveness, in the order the parts run within a microbatch). Values handed
+// from one part to another keep one place. Afterwards each part refers only
+// to its own ops (views of planned places), and collectives over buffers
+// laid out side by side are one call. See Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+#include <map>
+
+namespace tessel {
+#define GEN_PASS_DEF_PLANMEMORY
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+namespace rt = tessel::rtir;
+
+namespace {
+
+constexpr int64_t kAlignment = 64;
+
+int64_t bytesOf(Value v) {
+  auto type = cast<MemRefType>(v.getType());
+  return type.getNumElements() * type.getElementTypeBitWidth() / 8;
+}
+
+// First-fit allocator over one arena, merging neighbours on free.
+class ArenaAllocator {
+public:
+  int64_t allocate(int64_t bytes) {
+    bytes = llvm::alignTo(bytes, kAlignment);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes)
+        continue;
+      int64_t offset = it->first, size = it->second;
+      free_.erase(it);
+      if (size > bytes)
+        free_[offset + bytes] = size - bytes;
+      return offset;
+    }
+    int64_t offset = top_;
+    top_ += bytes;
+    return offset;
+  }
+  void release(int64_t offset, int64_t bytes) {
+    bytes = llvm::alignTo(bytes, kAlignment);
+    auto it = free_.emplace(offset, bytes).first;
+    auto next = std::next(it);
+    if (next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  int64_t size() const { return top_; }
+
+private:
+  std::map<int64_t, int64_t> free_;
+  int64_t top_ = 0;
+};
+
+// A planned place: a store and an offset (bytes in the arena, elements
+// elsewhere).
+struct Place {
+  rt::Space space;
+  int64_t offset;
+};
+
+class Planner {
+public:
+  Planner(func::FuncOp func, int64_t microbatches)
+      : func(func), ctx(func.getContext()), accumulates(microbatches > 1) {}
+
+  LogicalResult run();
+
+private:
+  void numberOps();
+  Value rootOf(Value v);
+  void placeParams();
+  void placeGradients();
+  void placeAccumulators(pipe::UpdateOp update);
+  void placeArena();
+  void placeStates();
+  void materialize();
+  void coalesceCollectives();
+  Value view(OpBuilder &b, Location loc, Type type, const Place &place) {
+    return rt::BufferOp::create(b, loc, type, place.space, place.offset);
+  }
+
+  func::FuncOp func;
+  MLIRContext *ctx;
+  bool accumulates;
+  DenseMap<Operation *, int64_t> position;
+  // A value that shares the storage of another (views, values handed on by
+  // parts, the update's inputs without accumulation).
+  DenseMap<Value, Value> aliasOf;
+  DenseMap<Value, Place> placeOf; // of roots
+  DenseMap<Value, int64_t> paramOffset;
+  int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
+  int64_t normSums = 0;
+};
+
+void Planner::numberOps() {
+  func.walk<WalkOrder::PreOrder>(
+      [&](Operation *op) { position[op] = position.size(); });
+}
+
+Value Planner::rootOf(Value v) {
+  while (true) {
+    auto it = aliasOf.find(v);
+    if (it == aliasOf.end())
+      return v;
+    v = it->second;
+  }
+}
+
+void Planner::placeParams() {
+  for (auto param : func.getBody().getOps<rt::ParamOp>()) {
+    param.setOffsetAttr(
+        IntegerAttr::get(IntegerType::get(ctx, 64), paramElems));
+    paramOffset[param.getResult()] = paramElems;
+    placeOf[param.getResult()] = {rt::Space::Params, paramElems};
+    paramElems += cast<MemRefType>(param.getType()).getNumElements();
+  }
+}
+
+// A parameter's final gradient (what its update reads) is produced straight
+// into the gradient store at the parameter's offset.
+void Planner::placeGradients() {
+  func.walk([&](rt::AdamWOp adamw) {
+    Value grad = rootOf(adamw.getGrad());
+    int64_t offset = paramOffset.lookup(adamw.getParam());
+    if (placeOf.count(grad))
+      return;
+    bool working = isa<BlockArgument>(grad) ||
+                   (grad.getDefiningOp() &&
+                    isa<rt::AllocOp>(grad.getDefiningOp()));
+    if (working)
+      placeOf[grad] = {rt::Space::Grads, offset};
+  });
+}
+
+// With several microbatches, each input of the update is accumulated into
+// a place of its own (a gradient: its slot of the gradient store), which the
+// update reads.
+void Planner::placeAccumulators(pipe::UpdateOp update) {
+  SmallVector<int64_t> places;
+  for (auto [input, arg] : llvm::zip(update.getInputs(),
+                                      update.getBody().getArguments())) {
+    auto it = placeOf.find(arg);
+    Place place;
+    if (it != placeOf.end()) {
+      place = it->second;
+    } else {
+      place = {rt::Space::Accumulators, accumulatorElems};
+      accumulatorElems += cast<MemRefType>(arg.getType()).getNumElements();
+      placeOf[arg] = place;
+    }
+    places.append({static_cast<int64_t>(place.space), place.offset});
+  }
+  update->setAttr("rt.accumulators", DenseI64ArrayAttr::get(ctx, places));
+}
+
+// Arena offsets by liveness: a buffer lives from its rt.alloc to the last op
+// that reads it or any of its aliases.
+void Planner::placeArena() {
+  DenseMap<Value, int64_t> lastUse;
+  func.walk([&](Operation *op) {
+    // With accumulation, the update's operands are read where they are
+    // yielded (the accumulation), not by the update.
+    if (accumulates && isa<pipe::UpdateOp>(op))
+      return;
+    for (Value operand : op->getOperands()) {
+      if (!isa<MemRefType>(operand.getType()))
+        continue;
+      int64_t &last = lastUse[rootOf(operand)];
+      last = std::max(last, position[op]);
+    }
+  });
+  // Allocations and deaths in program order.
+  std::map<int64_t, SmallVector<Value>> dying;
+  SmallVector<Value> allocs;
+  func.walk([&](rt::AllocOp alloc) {
+    Value buffer = alloc.getResult();
+    if (placeOf.count(buffer))
+      return;
+    allocs.push_back(buffer);
+    int64_t last = lastUse.count(buffer) ? lastUse[buffer] : position[alloc];
+    dying[last].push_back(buffer);
+  });
+  ArenaAllocator arena;
+  auto nextDeath = dying.begin();
+  for (Value buffer : allocs) {
+    int64_t here = position[buffer.getDefiningOp()];
+    // Free what died before this allocation.
+    for (; nextDeath != dying.end() && nextDeath->first < here; ++nextDeath)
+      for (Value dead : nextDeath->second)
+        arena.release(placeOf[dead].offset, bytesOf(dead));
+    placeOf[buffer] = {rt::Space::Arena, arena.allocate(bytesOf(buffer))};
+  }
+  arenaBytes = arena.size();
+}
+
+// Every use of a planned buffer, a parameter or a value handed on becomes a
+// view of its place next to the use, so that each part refers only to its
+// own ops.
+void Planner::materialize() {
+  SmallVector<Operation *> users;
+  func.walk([&](Operation *op) {
+    if (!isa<rt::ParamOp>(op))
+      users.push_back(op);
+  });
+  for (Operation *op : users) {
+    if (isa<pipe::UpdateOp>(op))
+      continue; // its inputs name the parts' results it accumulates
+    for (OpOperand &use : op->getOpOperands()) {
+      Value v = use.get();
+      if (!isa<MemRefType>(v.getType()))
+        continue;
+      if (auto view = v.getDefiningOp<rt::ViewOp>())
+        continue; // a view of a value of its own part
+      Value root = rootOf(v);
+      auto it = placeOf.find(root);
+      if (it == placeOf.end())
+        continue;
+      Operation *def = v.getDefiningOp();
+      bool local = def && def->getParentRegion() == op->getParentRegion() &&
+                   !isa<rt::ParamOp>(def) && root == v;
+      if (local)
+        continue;
+      OpBuilder b(op);
+      use.set(view(b, op->getLoc(), v.getType(), it->second));
+    }
+  }
+  // The allocations themselves become views of their places.
+  SmallVector<rt::AllocOp> allocs;
+  func.walk([&](rt::AllocOp alloc) { allocs.push_back(alloc); });
+  for (rt::AllocOp alloc : allocs) {
+    OpBuilder b(alloc);
+    Value placed = view(b, alloc.getLoc(), alloc.getType(),
+                        placeOf.lookup(alloc.getResult()));
+    alloc.getResult().replaceAllUsesWith(placed);
+    alloc.erase();
+  }
+}
+
+// A parameter's state lives at the parameter's offset.
+void Planner::placeStates() {
+  SmallVector<rt::StateOfOp> states;
+  func.walk([&](rt::StateOfOp state) { states.push_back(state); });
+  for (rt::StateOfOp state : states) {
+    OpBuilder b(state);
+    Value placed =
+        view(b, state.getLoc(), state.getType(),
+             {state.getSpace(), paramOffset.lookup(rootOf(state.getParam()))});
+    state.getResult().replaceAllUsesWith(placed);
+    state.erase();
+  }
+}
+
+// A collective over buffers that lie side by side in one store (a bucket of
+// gradients) is one call over the run.
+void Planner::coalesceCollectives() {
+  auto coalesce = [&](Operation *op, OperandRange buffers,
+                      function_ref<Operation *(OpBuilder &, ValueRange)> make) {
+    struct Piece {
+      rt::BufferOp view;
+      int64_t size; // in the offset's unit
+    };
+    SmallVector<Piece> pieces;
+    for (Value b : buffers) {
+      auto view = b.getDefiningOp<rt::BufferOp>();
+      if (!view)
+        return;
+      auto type = cast<MemRefType>(b.getType());
+      int64_t size = view.getSpace() == rt::Space::Arena
+                         ? bytesOf(b)
+                         : type.getNumElements();
+      pieces.push_back({view, size});
+    }
+    llvm::stable_sort(pieces, [](Piece a, Piece b) {
+      return std::make_pair(a.view.getSpace(), a.view.getOffset()) <
+             std::make_pair(b.view.getSpace(), b.view.getOffset());
+    });
+    SmallVector<Value> runs;
+    OpBuilder b(op);
+    for (size_t k = 0; k < pieces.size();) {
+      size_t end = k + 1;
+      Type element =
+          cast<MemRefType>(pieces[k].view.getType()).getElementType();
+      int64_t elements =
+          cast<MemRefType>(pieces[k].view.getType()).getNumElements();
+      while (end < pieces.size() &&
+             pieces[end].view.getSpace() == pieces[k].view.getSpace() &&
+             cast<MemRefType>(pieces[end].view.getType()).getElementType() ==
+                 element &&
+             pieces[end].view.getOffset() ==
+                 pieces[end - 1].view.getOffset() + pieces[end - 1].size) {
+        elements +=
+            cast<MemRefType>(pieces[end].view.getType()).getNumElements();
+        ++end;
+      }
+      if (end == k + 1)
+        runs.push_back(pieces[k].view);
+      else
+        runs.push_back(view(b, op->getLoc(), MemRefType::get({elements}, element),
+                            {pieces[k].view.getSpace(),
+                             (int64_t)pieces[k].view.getOffset()}));
+      k = end;
+    }
+    if (runs.size() == buffers.size())
+      return;
+    Operation *merged = make(b, runs);
+    op->replaceAllUsesWith(merged);
+    op->erase();
+  };
+  SmallVector<Operation *> collectives;
+  func.walk([&](Operation *op) {
+    if (isa<rt::AllReduceOp, rt::AllReduceStartOp>(op))
+      collectives.push_back(op);
+  });
+  for (Operation *op : collectives) {
+    if (auto ar = dyn_cast<rt::AllReduceOp>(op))
+      coalesce(op, ar.getBuffers(), [&](OpBuilder &b, ValueRange runs) {
+        return rt::AllReduceOp::create(b, op->getLoc(), runs, ar.getAxesAttr())
+            .getOperation();
+      });
+    else if (auto start = dyn_cast<rt::AllReduceStartOp>(op))
+      coalesce(op, start.getBuffers(), [&](OpBuilder &b, ValueRange runs) {
+        return rt::AllReduceStartOp::create(b, op->getLoc(),
+                                            start.getRequest().getType(), runs,
+                                            start.getAxesAttr())
+            .getOperation();
+      });
+  }
+}
+
+LogicalResult Planner::run() {
+  numberOps();
+  // Values handed on share their producer's storage: a part's results are
+  // what it yields, and without accumulation the update's block arguments
+  // are its inputs.
+  func.walk([&](Operation *op) {
+    if (auto view = dyn_cast<rt::ViewOp>(op))
+      aliasOf[view.getResult()] = view.getSource();
+    if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(op)) {
+      auto yield = cast<pipe::YieldOp>(op->getRegion(0).front().getTerminator());
+      for (auto [result, value] :
+           llvm::zip(op->getResults(), yield.getValues()))
+        aliasOf[result] = value;
+    }
+    if (auto update = dyn_cast<pipe::UpdateOp>(op); update && !accumulates)
+      for (auto [arg, input] : llvm::zip(update.getBody().getArguments(),
+                                          update.getInputs()))
+        aliasOf[arg] = input;
+  });
+  placeParams();
+  placeGradients();
+  func.walk([&](pipe::UpdateOp update) {
+    if (accumulates)
+      placeAccumulators(update);
+  });
+  placeArena();
+  func.walk([&](rt::BufferOp view) {
+    if (view.getSpace() == rt::Space::NormSums)
+      normSums = std::max<int64_t>(
+          normSums, view.getOffset() +
+                        cast<MemRefType>(view.getType()).getNumElements());
+  });
+  placeStates();
+  materialize();
+  coalesceCollectives();
+  OpBuilder b(ctx);
+  func->setAttr("rt.param_elems", b.getI64IntegerAttr(paramElems));
+  func->setAttr("rt.arena_bytes", b.getI64IntegerAttr(arenaBytes));
+  func->setAttr("rt.accumulator_elems", b.getI64IntegerAttr(accumulatorElems));
+  func->setAttr("rt.norm_sums", b.getI64IntegerAttr(normSums));
+  return success();
+}
+
+struct PlanMemoryPass : tessel::impl::PlanMemoryBase<PlanMemoryPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
+    bool any = false;
+    for (auto func : module.getOps<func::FuncOp>()) {
+      if (!func->hasAttr("pipe.rank"))
+        continue;
+      any = true;
+      if (failed(Planner(func, microbatches).run()))
+        return signalPassFailure();
+    }
+    if (!any) {
+      module.emitError("tessel-plan-memory: no rank program (a function "
+                       "with pipe.rank; run convert-graph-to-rt first)");
+      signalPassFailure();
+    }
+  }
+};
+
+} // namespace
