@@ -328,9 +328,12 @@ def Rt_AllReduceOp : Rt_CommOp<"all_reduce"> {
 def Rt_AllReduceStartOp : Rt_CommOp<"all_reduce_start"> {
   let summary = "Starts summing each buffer over a group (allReduceSumStart)";
   let description = [{
-    The buffers may be read only after `rt.wait` on the request.
+    The buffers may be read only after `rt.wait` on the request. The
+    buffer plan gives the started collectives their places in the program's
+    request table (`slot`: the first of one per buffer).
   }];
-  let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes);
+  let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes,
+                   OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
   let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
 }
@@ -339,6 +342,16 @@ def Rt_WaitOp : Rt_Op<"wait"> {
   let summary = "Waits for the collectives a start op began (commWait)";
   let arguments = (ins Rt_RequestType:$request);
   let assemblyFormat = "$request attr-dict";
+}
+
+def Rt_WaitRequestsOp : Rt_Op<"wait_requests"> {
+  let summary = "Waits for the collectives in slots [first, first + count) of the request table";
+  let description = [{
+    The planned form of `rt.wait`: a request handed from one part to another
+    lives in the program's request table.
+  }];
+  let arguments = (ins I64Attr:$first, I64Attr:$count);
+  let assemblyFormat = "attr-dict";
 }
 
 def Rt_AllGatherOp : Rt_CommOp<"all_gather"> {

@@ -1377,7 +1377,7 @@ LogicalResult emitProgram(ModuleOp module, const Spec &spec, raw_ostream &os,
         return failure();
   }
   if (cuda)
-    os << "  finishStep(ctx, " << emitter.ptr(ret.getOperand(0)) << ", "
+    os << "  tessel::cuda::finishStep(ctx, " << emitter.ptr(ret.getOperand(0)) << ", "
        << emitter.ptr(ret.getOperand(1)) << ");\n}\n\n"
        << "} // namespace\n\n";
   else

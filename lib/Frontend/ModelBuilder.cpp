@@ -83,6 +83,7 @@ public:
     func::ReturnOp::create(b, loc, loss);
     if (failed(applyShardOverrides(func)))
       return nullptr;
+    setRecipe(*module, spec);
     return module;
   }
 
@@ -300,6 +301,45 @@ private:
 };
 
 } // namespace
+
+void tessel::setRecipe(ModuleOp module, const Spec &spec) {
+  Builder b(module.getContext());
+  const TrainSpec &t = spec.train;
+  auto i = [&](int64_t v) { return b.getI64IntegerAttr(v); };
+  auto f = [&](double v) { return b.getF64FloatAttr(v); };
+  module->setAttr(
+      "graph.recipe",
+      b.getDictionaryAttr({
+          b.getNamedAttr("name", b.getStringAttr(spec.name)),
+          b.getNamedAttr("global_batch", i(t.globalBatch)),
+          b.getNamedAttr("seq_len", i(spec.model.seqLen)),
+          b.getNamedAttr("vocab", i(spec.model.vocabSize)),
+          b.getNamedAttr("steps", i(t.steps)),
+          b.getNamedAttr("seed", i(static_cast<int64_t>(t.seed))),
+          b.getNamedAttr("grad_clip", f(t.gradClip)),
+          b.getNamedAttr("lr", f(t.lr)),
+          b.getNamedAttr("beta1", f(t.beta1)),
+          b.getNamedAttr("beta2", f(t.beta2)),
+          b.getNamedAttr("eps", f(t.eps)),
+          b.getNamedAttr("weight_decay", f(t.weightDecay)),
+          b.getNamedAttr("warmup_steps", i(t.warmupSteps)),
+          b.getNamedAttr("decay", b.getStringAttr(t.decay)),
+          b.getNamedAttr("min_lr", f(t.minLr)),
+      }));
+}
+
+void tessel::setRecipeFromGraph(ModuleOp module, Spec spec) {
+  module.walk([&](InputOp input) {
+    spec.train.globalBatch = input.getType().getDimSize(0);
+    spec.model.seqLen = input.getType().getDimSize(1);
+  });
+  module.walk([&](CrossEntropyOp ce) {
+    spec.model.vocabSize =
+        cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
+  });
+  spec.train.globalBatch *= pipe::layoutOf(module).getMicrobatches();
+  setRecipe(module, spec);
+}
 
 OwningOpRef<ModuleOp> tessel::buildModel(MLIRContext &context,
                                          const Spec &spec) {

@@ -224,7 +224,8 @@ void validateProgram(const Program &program) {
     fail("program has no step function");
   if (program.numParams < 0 || (program.numParams > 0 && !program.params))
     fail("program has an invalid parameter table");
-  if (program.paramElems < 0 || program.activationBytes < 0)
+  if (program.paramElems < 0 || program.activationBytes < 0 ||
+      program.accumulatorElems < 0 || program.normSums < 0)
     fail("program has negative buffer sizes");
   if (c.batch <= 0 || c.seqLen <= 0 || c.vocab <= 0 || c.vocab > INT32_MAX)
     fail("program has an invalid configuration (batch " +
@@ -645,6 +646,12 @@ int train(const Program &program, const Options &opts) {
   bool accumulates = program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1;
   AlignedBuffer gradAccum =
       allocateZeroed(accumulates ? hostBytes : 0, "gradient accumulation");
+  AlignedBuffer accumulators = allocateZeroed(
+      device ? 0 : (size_t)program.accumulatorElems * sizeof(float),
+      "accumulators");
+  AlignedBuffer normSums = allocateZeroed(
+      device ? 0 : (size_t)program.normSums * sizeof(double),
+      "gradient norm partial sums");
   std::vector<int32_t> tokens(B * T), targets(B * T);
   std::vector<int32_t> globalTokens, globalTargets;
   if (dataRanks > 1) {
@@ -687,6 +694,8 @@ int train(const Program &program, const Options &opts) {
   ctx.targets = targets.data();
   ctx.activations = activations.get();
   ctx.gradAccum = (float *)gradAccum.get();
+  ctx.accumulators = (float *)accumulators.get();
+  ctx.normSums = (double *)normSums.get();
   if (device) {
     device->start(program, paramData, ctx);
     if (leader && !opts.quiet)
@@ -804,6 +813,11 @@ int reportFatal(const std::string &message) {
 }
 
 } // namespace
+
+void finishStep(StepContext &ctx, const float *loss, const float *norm) {
+  ctx.loss = loss[0];
+  ctx.gradNorm = norm[0];
+}
 
 int runMain(int argc, char **argv, const Program &program) {
   const char *argv0 = argc > 0 && argv[0] ? argv[0] : "program";

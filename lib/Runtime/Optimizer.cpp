@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <cstdio>
 #include <cstdlib>
 
@@ -70,6 +71,16 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
     m[i] = mi;
     v[i] = vi;
   }
+}
+
+void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
+               const float *norm, float lr, int64_t step, int64_t n,
+               float beta1, float beta2, float eps, float weightDecay,
+               float maxNorm) {
+  if (shadow)
+    throw std::runtime_error("adamwStep: CPU programs keep no parameter copy");
+  adamwUpdate(p, g, m, v, n, lr, beta1, beta2, eps, weightDecay, step,
+              clipCoefficient(norm[0], maxNorm));
 }
 
 float learningRate(const TrainConfig &config, int64_t step,

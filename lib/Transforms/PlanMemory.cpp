@@ -106,6 +106,7 @@ private:
   void placeStates();
   void materialize();
   void coalesceCollectives();
+  void placeRequests();
   Value view(OpBuilder &b, Location loc, Type type, const Place &place) {
     return rt::BufferOp::create(b, loc, type, place.space, place.offset);
   }
@@ -120,7 +121,7 @@ private:
   DenseMap<Value, Place> placeOf; // of roots
   DenseMap<Value, int64_t> paramOffset;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
-  int64_t normSums = 0;
+  int64_t normSums = 0, requests = 0;
 };
 
 void Planner::numberOps() {
@@ -281,6 +282,26 @@ void Planner::placeStates() {
   }
 }
 
+// Collectives started in one part and waited for in another keep their
+// requests in the program's request table: one slot per started buffer.
+void Planner::placeRequests() {
+  DenseMap<Value, std::pair<int64_t, int64_t>> slots; // request -> first, count
+  func.walk([&](rt::AllReduceStartOp start) {
+    int64_t count = start.getBuffers().size();
+    start.setSlotAttr(IntegerAttr::get(IntegerType::get(ctx, 64), requests));
+    slots[start.getRequest()] = {requests, count};
+    requests += count;
+  });
+  SmallVector<rt::WaitOp> waits;
+  func.walk([&](rt::WaitOp wait) { waits.push_back(wait); });
+  for (rt::WaitOp wait : waits) {
+    auto [first, count] = slots.lookup(rootOf(wait.getRequest()));
+    OpBuilder b(wait);
+    rt::WaitRequestsOp::create(b, wait.getLoc(), first, count);
+    wait.erase();
+  }
+}
+
 // A collective over buffers that lie side by side in one store (a bucket of
 // gradients) is one call over the run.
 void Planner::coalesceCollectives() {
@@ -352,7 +373,7 @@ void Planner::coalesceCollectives() {
       coalesce(op, start.getBuffers(), [&](OpBuilder &b, ValueRange runs) {
         return rt::AllReduceStartOp::create(b, op->getLoc(),
                                             start.getRequest().getType(), runs,
-                                            start.getAxesAttr())
+                                            start.getAxesAttr(), IntegerAttr())
             .getOperation();
       });
   }
@@ -393,11 +414,13 @@ LogicalResult Planner::run() {
   placeStates();
   materialize();
   coalesceCollectives();
+  placeRequests();
   OpBuilder b(ctx);
   func->setAttr("rt.param_elems", b.getI64IntegerAttr(paramElems));
   func->setAttr("rt.arena_bytes", b.getI64IntegerAttr(arenaBytes));
   func->setAttr("rt.accumulator_elems", b.getI64IntegerAttr(accumulatorElems));
   func->setAttr("rt.norm_sums", b.getI64IntegerAttr(normSums));
+  func->setAttr("rt.request_slots", b.getI64IntegerAttr(requests));
   return success();
 }
 

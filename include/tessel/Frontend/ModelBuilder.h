@@ -15,6 +15,15 @@ namespace tessel {
 mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &context,
                                              const Spec &spec);
 
+// The training recipe the runtime of the compiled programs needs (the
+// spec's name, global batch, sequence length, vocabulary, steps, seed,
+// clipping, learning rate and its schedule, AdamW settings), as the
+// module's `graph.recipe` dictionary.
+void setRecipe(mlir::ModuleOp module, const Spec &spec);
+// For a graph given as .mlir: the recipe of `spec` (defaults) with the
+// batch, sequence length and vocabulary the graph's inputs and loss have.
+void setRecipeFromGraph(mlir::ModuleOp module, Spec spec);
+
 } // namespace tessel
 
 #endif // TESSEL_FRONTEND_MODELBUILDER_H

@@ -100,6 +100,14 @@ void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
 void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
 // Completes every send started since the last call.
 void waitSends();
+// Issues the sends queued so far. MPI sends are issued when called, so this
+// does nothing on the CPU (the CUDA runtime orders its queue here).
+inline void flushSends() {}
+// The fp64 all-reduce under the name the generated code uses for every
+// element type.
+inline void allReduceSum(double *buffer, int64_t n, unsigned axes) {
+  allReduceSumDouble(buffer, n, axes);
+}
 
 const CollectiveCounter &collectiveCounter(CollectiveKind kind);
 const char *collectiveName(CollectiveKind kind);

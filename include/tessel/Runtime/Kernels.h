@@ -151,6 +151,28 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
 // acc += src (in place; src and acc must not overlap).
 void accumulateInto(const float *src, float *acc, int64_t n, bool first);
 
+//===--- The step's bookkeeping (same calls on the CUDA runtime) ----------===//
+
+// acc = src when `first`, else acc += src: an input of the update summed
+// over the step's microbatches.
+template <typename T>
+void accumulateSum(const T *src, T *acc, bool first, int64_t n);
+// The gradient norm from fp64 partial sums: sums[0 .. n) = 0; each gradient
+// adds the sum of its squares to its partial sum (accumulated in double in
+// a fixed order); out[0] = sqrt(sums[0] + ... + sums[parts - 1]).
+void zeroSums(double *sums, int64_t n);
+template <typename T>
+void addSumOfSquares(const T *x, double *sum, int64_t n);
+template <typename T>
+void normFromSums(const double *sums, T *out, int64_t parts);
+// One AdamW step (adamwUpdate) with the gradient clipped by the global norm
+// norm[0] to maxNorm (clipCoefficient). `shadow` must be null: CPU programs
+// have no low-precision copy of the parameters.
+void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
+               const float *norm, float lr, int64_t step, int64_t n,
+               float beta1, float beta2, float eps, float weightDecay,
+               float maxNorm);
+
 } // namespace tessel::rt
 
 #endif // TESSEL_RUNTIME_KERNELS_H

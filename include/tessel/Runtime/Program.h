@@ -74,6 +74,14 @@ struct StepContext {
   // Gradient accumulation over microbatches (paramElems floats), allocated
   // by the runtime when Program::microbatches > 1 or the mesh has pp > 1.
   float *gradAccum;
+  // What the compiled step plans besides: accumulators of the update's
+  // inputs (Program::accumulatorElems floats), the gradient norm's fp64
+  // partial sums (Program::normSums), and on a device the bf16 copy of the
+  // parameters and the kernels' scratch (null on the CPU).
+  float *accumulators;
+  double *normSums;
+  void *paramShadow;
+  void *scratch;
 };
 
 struct Program;
@@ -113,6 +121,9 @@ struct Program {
   // Microbatches per step (gradient accumulation); TrainConfig::batch is
   // the rank's rows of all of them together.
   int64_t microbatches;
+  // Sizes of the accumulators and of the norm's partial sums the step uses.
+  int64_t accumulatorElems;
+  int64_t normSums;
   // Null for CPU programs.
   const DeviceHooks *device;
 };
@@ -123,6 +134,10 @@ float learningRate(const TrainConfig &config, int64_t step, int64_t totalSteps);
 // torch.nn.utils.clip_grad_norm_: min(1, maxNorm / (totalNorm + 1e-6)),
 // or 1 when maxNorm <= 0.
 float clipCoefficient(double totalNorm, float maxNorm);
+
+// The end of a CPU step: hands the loss and the gradient norm to the
+// runtime.
+void finishStep(StepContext &ctx, const float *loss, const float *norm);
 
 // Parses the command line (see `--help`), runs the training loop and returns
 // the process exit code.

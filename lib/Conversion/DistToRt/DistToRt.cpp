@@ -86,7 +86,7 @@ struct AllReduceStartLowering : OpConversionPattern<dist::AllReduceStartOp> {
         op, op.getInputs(), a.getInputs(), b, getTypeConverter());
     auto start = rt::AllReduceStartOp::create(
         b, op.getLoc(), rt::RequestType::get(getContext()), buffers,
-        op.getAxesAttr());
+        op.getAxesAttr(), IntegerAttr());
     SmallVector<Value> results(buffers);
     results.push_back(start.getRequest());
     b.replaceOp(op, results);

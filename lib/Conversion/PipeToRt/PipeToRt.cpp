@@ -77,7 +77,8 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
         b, loc, programName(rank, schedule.getRanks()));
     program->setAttr("pipe.rank", rankAttr);
     for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
-                           "rt.accumulator_elems", "rt.norm_sums"})
+                           "rt.accumulator_elems", "rt.norm_sums",
+                           "rt.request_slots"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",

@@ -57,6 +57,7 @@ struct DeviceState {
   float *adamM = nullptr;
   float *adamV = nullptr;
   float *gradAccum = nullptr;
+  float *accumulators = nullptr;
   char *activations = nullptr;
   int32_t *tokens = nullptr;
   int32_t *targets = nullptr;
@@ -201,7 +202,11 @@ void startDevice(const rt::Program &program, const float *hostParams,
     b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
   b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
   b.scalars = allocate<float>(16, "the step's scalars");
-  b.normAcc = allocate<double>(16, "the norm accumulators");
+  b.normAcc = allocate<double>(std::max<int64_t>(16, program.normSums),
+                              "the norm accumulators");
+  if (program.accumulatorElems > 0)
+    s.accumulators =
+        allocate<float>(program.accumulatorElems, "the accumulators");
 
   if (s.paramElems > 0 && hostParams)
     check(cudaMemcpy(s.params, hostParams, (size_t)s.paramElems * sizeof(float),
@@ -220,6 +225,10 @@ void startDevice(const rt::Program &program, const float *hostParams,
   ctx.adamV = s.adamV;
   ctx.activations = s.activations;
   ctx.gradAccum = s.gradAccum;
+  ctx.accumulators = s.accumulators;
+  ctx.normSums = b.normAcc;
+  ctx.paramShadow = b.paramShadow;
+  ctx.scratch = b.scratch;
   ctx.tokens = s.tokens;
   ctx.targets = s.targets;
 }
@@ -273,11 +282,13 @@ void stopDevice() {
   DeviceBuffers &b = s.buffers;
   void *buffers[] = {s.params,      s.grads,       s.adamM,   s.adamV,
                      s.gradAccum,   s.activations, s.tokens,  s.targets,
-                     b.paramShadow, b.scratch,     b.scalars, b.normAcc};
+                     b.paramShadow, b.scratch,     b.scalars, b.normAcc,
+                     s.accumulators};
   for (void *data : buffers)
     if (data)
       cudaFree(data);
-  s.params = s.grads = s.adamM = s.adamV = s.gradAccum = nullptr;
+  s.params = s.grads = s.adamM = s.adamV = s.gradAccum = s.accumulators =
+      nullptr;
   s.activations = nullptr;
   s.tokens = s.targets = nullptr;
   b = DeviceBuffers();

@@ -277,4 +277,41 @@ void accumulateInto(const float *src, float *acc, int64_t n, bool first) {
     acc[i] += src[i];
 }
 
+template <typename T>
+void accumulateSum(const T *src, T *acc, bool first, int64_t n) {
+  if (first) {
+    std::memcpy(acc, src, n * sizeof(T));
+    return;
+  }
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (int64_t i = 0; i < n; ++i)
+    acc[i] += src[i];
+}
+
+void zeroSums(double *sums, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    sums[i] = 0.0;
+}
+
+template <typename T>
+void addSumOfSquares(const T *x, double *sum, int64_t n) {
+  sum[0] += sumSquares(x, n);
+}
+
+template <typename T>
+void normFromSums(const double *sums, T *out, int64_t parts) {
+  double total = 0.0;
+  for (int64_t i = 0; i < parts; ++i)
+    total += sums[i];
+  out[0] = static_cast<T>(std::sqrt(total));
+}
+
+#define TESSEL_INSTANTIATE(T)                                                  \
+  template void accumulateSum<T>(const T *, T *, bool, int64_t);               \
+  template void addSumOfSquares<T>(const T *, double *, int64_t);              \
+  template void normFromSums<T>(const double *, T *, int64_t);
+TESSEL_INSTANTIATE(float)
+TESSEL_INSTANTIATE(double)
+#undef TESSEL_INSTANTIATE
+
 } // namespace tessel::rt

@@ -240,6 +240,32 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
 // `first`, else acc[0] += x[0].
 void scalarAccumulate(const float *x, float *acc, bool first);
 
+//===--- The step's bookkeeping: the CPU runtime's calls ------------------===//
+// (tessel/Runtime/Kernels.h), on the device.
+
+template <typename TI>
+void accumulateSum(const TI *src, float *acc, bool first, int64_t n) {
+  accumulateInto(src, acc, n, first);
+}
+inline void zeroSums(double *sums, int64_t n) {
+  TESSEL_CUDA_CHECK(
+      cudaMemsetAsync(sums, 0, (size_t)n * sizeof(double), computeStream()));
+}
+template <typename TI>
+void addSumOfSquares(const TI *x, double *sum, int64_t n) {
+  sumSquaresInto(x, n, sum);
+}
+inline void normFromSums(const double *sums, float *out, int64_t parts) {
+  sqrtInto(sums, (int)parts, out);
+}
+inline void adamwStep(float *p, bf16 *shadow, const float *g, float *m,
+                      float *v, const float *norm, float lr, int64_t step,
+                      int64_t n, float beta1, float beta2, float eps,
+                      float weightDecay, float maxNorm) {
+  adamwUpdate(p, shadow, g, m, v, n, lr, beta1, beta2, eps, weightDecay, step,
+              norm, maxNorm);
+}
+
 } // namespace tessel::cuda
 
 #endif // TESSEL_RUNTIME_CUDA_KERNELS_H
