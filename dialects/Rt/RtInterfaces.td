@@ -17,13 +17,25 @@ def KernelCallOpInterface : OpInterface<"KernelCallOpInterface"> {
       "::llvm::StringRef", "getFunction", (ins), [{}],
       [{ return ConcreteOp::kFunction; }]>,
     InterfaceMethod<[{
-        The scalar arguments after the buffers, in order (a null attribute
-        for an absent optional one).
+        The call's arguments in order: the op's arguments as it declares
+        them (ConcreteOp::kArguments), each a buffer or scalar operand (a
+        null value for an absent optional one) or an attribute.
       }],
-      "void", "getCallAttributes",
-      (ins "::llvm::SmallVectorImpl<::mlir::Attribute> &":$attrs), [{}], [{
-        for (::llvm::StringRef name : ConcreteOp::getAttributeNames())
-          attrs.push_back($_op->getAttr(name));
+      "void", "getCallArguments",
+      (ins "::llvm::SmallVectorImpl<::tessel::rtir::CallArgument> &":$args),
+      [{}], [{
+        ::llvm::ArrayRef<::llvm::StringRef> attrs =
+            ConcreteOp::getAttributeNames();
+        unsigned operand = 0;
+        for (::llvm::StringRef name : ConcreteOp::kArguments) {
+          if (::llvm::is_contained(attrs, name)) {
+            args.push_back({::mlir::Value(), $_op->getAttr(name)});
+            continue;
+          }
+          auto range = $_op.getODSOperands(operand++);
+          args.push_back({range.empty() ? ::mlir::Value() : *range.begin(),
+                          ::mlir::Attribute()});
+        }
       }]>,
   ];
 }

@@ -26,6 +26,13 @@ struct CollectiveRecord {
   int64_t bytesSent;    // the textbook volume (CommVolume.h)
 };
 
+// One argument of a runtime call (KernelCallOpInterface): an operand, a
+// null value for an absent optional operand, or an attribute.
+struct CallArgument {
+  mlir::Value value;
+  mlir::Attribute attr;
+};
+
 // Elements and bytes per element of a buffer.
 int64_t elementsOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);

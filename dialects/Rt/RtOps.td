@@ -156,6 +156,9 @@ class Rt_KernelOp<string mnemonic, string function, dag args,
   let summary = "Calls " # function;
   let extraClassDeclaration = [{
     static constexpr ::llvm::StringLiteral kFunction = "}] # function # [{";
+    static constexpr ::llvm::StringLiteral kArguments[] = {}] #
+      !interleave(!foreach(i, !range(!size(args)),
+                           "\"" # !getdagname(args, i) # "\""), ", ") # [{};
   }];
 }
 
@@ -163,7 +166,7 @@ def Rt_FillOp : Rt_KernelOp<"fill", "fill",
     (ins Rt_Buffer:$out, I64Attr:$n, F64Attr:$value)>;
 def Rt_CopyOp : Rt_KernelOp<"copy", "copy",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$n)>;
-def Rt_AccumulateOp : Rt_KernelOp<"accumulate", "accumulateInto",
+def Rt_AccumulateOp : Rt_KernelOp<"accumulate", "accumulateSum",
     (ins Rt_Buffer:$src, Rt_Buffer:$acc, I1:$first, I64Attr:$n)>;
 
 def Rt_EmbeddingForwardOp : Rt_KernelOp<"embedding_forward", "embeddingForward",
@@ -301,11 +304,11 @@ def Rt_InsertAxisOp : Rt_KernelOp<"insert_axis", "insertAxis",
 
 def Rt_ZeroSumsOp : Rt_KernelOp<"zero_sums", "zeroSums",
     (ins Rt_Buffer:$sums, I64Attr:$n)>;
-def Rt_SumSquaresOp : Rt_KernelOp<"sum_squares", "sumSquaresInto",
+def Rt_SumSquaresOp : Rt_KernelOp<"sum_squares", "addSumOfSquares",
     (ins Rt_Buffer:$x, Rt_Buffer:$acc, I64Attr:$n)>;
-def Rt_SqrtSumOp : Rt_KernelOp<"sqrt_sum", "sqrtInto",
+def Rt_SqrtSumOp : Rt_KernelOp<"sqrt_sum", "normFromSums",
     (ins Rt_Buffer:$acc, Rt_Buffer:$out, I64Attr:$parts)>;
-def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwUpdate",
+def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwStep",
     (ins Rt_Buffer:$param, Optional<Rt_Buffer>:$shadow, Rt_Buffer:$grad,
          Rt_Buffer:$m, Rt_Buffer:$v, Rt_Buffer:$norm, F32:$lr, I64:$count,
          I64Attr:$n, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,

@@ -12,8 +12,8 @@
 #include "dialects/Pipe/PipeOps.h"
 #include "dialects/Rt/RtOps.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
-
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/IR/MLIRContext.h"
@@ -23,7 +23,7 @@ namespace tessel {
 inline void registerAllDialects(mlir::DialectRegistry &registry) {
   registry.insert<graph::GraphDialect, dist::DistDialect, pipe::PipeDialect,
                   rtir::RtDialect, mlir::func::FuncDialect,
-                  mlir::emitc::EmitCDialect>();
+                  mlir::arith::ArithDialect, mlir::emitc::EmitCDialect>();
 }
 
 // A context with every dialect loaded (the compiler builds IR in all of

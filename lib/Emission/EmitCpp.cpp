@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Emission/EmitCpp.h"
+#include "tessel/Conversion/RtToEmitC/RtToEmitC.h"
 
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Graph/GraphOps.h"
@@ -29,20 +30,6 @@ using namespace tessel::graph;
 using tessel::AxisSet;
 using tessel::MeshAxis;
 using tessel::MeshShape;
-
-std::string tessel::cppStringLiteral(llvm::StringRef text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (llvm::isAlnum(c) || c == '.' || c == '_' || c == '-') {
-      out += c;
-    } else {
-      char buf[5];
-      snprintf(buf, sizeof(buf), "\\%03o", c);
-      out += buf;
-    }
-  }
-  return out + "\"";
-}
 
 namespace {
 

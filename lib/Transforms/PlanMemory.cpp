@@ -294,8 +294,28 @@ void Planner::placeRequests() {
   });
   SmallVector<rt::WaitOp> waits;
   func.walk([&](rt::WaitOp wait) { waits.push_back(wait); });
+  // Where a request comes from: through the yields of the parts and the
+  // update's inputs to the start op (coalescing has replaced some, so the
+  // aliases recorded before it do not serve).
+  auto sourceOf = [](Value v) {
+    while (true) {
+      if (auto arg = dyn_cast<BlockArgument>(v)) {
+        auto update = dyn_cast<pipe::UpdateOp>(arg.getOwner()->getParentOp());
+        if (!update)
+          return v;
+        v = update.getInputs()[arg.getArgNumber()];
+        continue;
+      }
+      Operation *def = v.getDefiningOp();
+      if (!isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(def))
+        return v;
+      auto yield =
+          cast<pipe::YieldOp>(def->getRegion(0).front().getTerminator());
+      v = yield.getValues()[cast<OpResult>(v).getResultNumber()];
+    }
+  };
   for (rt::WaitOp wait : waits) {
-    auto [first, count] = slots.lookup(rootOf(wait.getRequest()));
+    auto [first, count] = slots.lookup(sourceOf(wait.getRequest()));
     OpBuilder b(wait);
     rt::WaitRequestsOp::create(b, wait.getLoc(), first, count);
     wait.erase();

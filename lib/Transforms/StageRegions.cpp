@@ -378,6 +378,15 @@ void StageCutter::finishRank(int64_t rank, func::FuncOp func) {
     if (it == parts.end())
       return;
     PartBuild &p = it->second;
+    // A yielded value may be a placeholder itself (the step's loss, handed
+    // on unchanged): it is replaced below like its uses.
+    auto replacePlaceholder = [&](Operation *placeholder, Value with) {
+      for (Value &y : p.yields)
+        if (y == placeholder->getResult(0))
+          y = with;
+      placeholder->getResult(0).replaceAllUsesWith(with);
+      placeholder->erase();
+    };
     SmallVector<Type> types;
     for (Value v : p.yields)
       types.push_back(v.getType());
@@ -390,8 +399,7 @@ void StageCutter::finishRank(int64_t rank, func::FuncOp func) {
         Value result = built.at(from)->getResult(index);
         inputs.push_back(result);
         Value arg = p.block->addArgument(result.getType(), result.getLoc());
-        placeholder->getResult(0).replaceAllUsesWith(arg);
-        placeholder->erase();
+        replacePlaceholder(placeholder, arg);
       }
       p.imports.clear();
       op = pipe::UpdateOp::create(b, func.getLoc(), types, inputs);
@@ -400,11 +408,8 @@ void StageCutter::finishRank(int64_t rank, func::FuncOp func) {
     } else {
       op = pipe::BackwardPassOp::create(b, func.getLoc(), types, part.chunk);
     }
-    for (auto &[placeholder, from, index] : p.imports) {
-      placeholder->getResult(0).replaceAllUsesWith(
-          built.at(from)->getResult(index));
-      placeholder->erase();
-    }
+    for (auto &[placeholder, from, index] : p.imports)
+      replacePlaceholder(placeholder, built.at(from)->getResult(index));
     Block *block = p.block.release();
     op->getRegion(0).push_back(block);
     OpBuilder yb = OpBuilder::atBlockEnd(block);

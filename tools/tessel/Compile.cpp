@@ -11,6 +11,7 @@
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Pipe/PipeOps.h"
 #include "dialects/Graph/GraphOps.h"
+#include "dialects/Rt/RtOps.h"
 #include "tessel/Emission/EmitCpp.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/InitAllDialects.h"
@@ -20,7 +21,9 @@
 #include "tessel/Transforms/BufferPlan.h"
 #include "tessel/Transforms/Passes.h"
 
+#include "mlir/Dialect/EmitC/IR/EmitC.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Target/Cpp/CppEmitter.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
@@ -129,9 +132,95 @@ json commReport(const std::vector<CollectiveCall> &calls) {
 // One distinct program: the function it is emitted from and what it does.
 struct ProgramOut {
   std::string name;     // program0, or stage0, stage1, ...
-  std::string funcName; // train_step, or stage_0, ...
+  std::string funcName; // train_step, or stage_0, ... (graph IR)
   std::vector<CollectiveCall> calls;
+  json memory;
+  json parameters = json::array(); // name, program, local_shape, ...
+  int64_t paramElems = 0;
 };
+
+// What a planned graph-IR program (the legacy emitter's input) holds.
+void describeLegacyProgram(ModuleOp module, ProgramOut &program,
+                           int64_t arenaSlots) {
+  auto func = module.lookupSymbol<func::FuncOp>(program.funcName);
+  for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
+    program.paramElems += p.getType().getNumElements();
+    json entry = {{"name", p.getName().str()},
+                  {"program", program.name},
+                  {"local_shape", p.getType().getShape().vec()}};
+    if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      os << attrs[0];
+      entry["sharding"] = text;
+    }
+    program.parameters.push_back(entry);
+  }
+  program.memory = memoryReport(func, arenaSlots,
+                                module->hasAttr(kBf16ActivationsAttr));
+}
+
+// What a rank program on rt (after convert-pipe-to-rt) holds: its
+// parameters, its memory plan, and every collective of one step in the
+// order the step runs them (each part's calls once per time it runs).
+ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
+  ProgramOut out;
+  out.name = program.getSymName() ? program.getSymName()->str() : "program0";
+  auto attr = [&](StringRef name) -> int64_t {
+    auto a = program->getAttrOfType<IntegerAttr>(name);
+    return a ? a.getInt() : 0;
+  };
+  MeshShape mesh = dist::meshOf(top);
+  auto step = program.lookupSymbol<func::FuncOp>("train_step");
+  std::function<void(Operation *)> visit = [&](Operation *op) {
+    if (auto call = dyn_cast<func::CallOp>(op)) {
+      if (auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee()))
+        callee.walk([&](Operation *inner) { visit(inner); });
+      return;
+    }
+    if (auto p = dyn_cast<rtir::ParamOp>(op)) {
+      auto type = cast<MemRefType>(p.getType());
+      out.paramElems += type.getNumElements();
+      json entry = {{"name", p.getName().str()},
+                    {"program", out.name},
+                    {"local_shape", type.getShape().vec()}};
+      if (static_cast<int64_t>(p.getShardDim()) >= 0)
+        entry["shard"] = {{"dim", static_cast<int64_t>(p.getShardDim())},
+                          {"axis", meshAxisName(p.getShardAxis())},
+                          {"blocks", static_cast<int64_t>(p.getShardBlocks())}};
+      out.parameters.push_back(entry);
+      return;
+    }
+    auto comm = dyn_cast<rtir::CommunicationOpInterface>(op);
+    if (!comm)
+      return;
+    SmallVector<rtir::CollectiveRecord> records;
+    comm.describeCommunication(mesh, records);
+    std::string what = op->getName().getStringRef().str();
+    if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
+      what += " @ " + loc.getName().getValue().str();
+    for (const rtir::CollectiveRecord &r : records)
+      out.calls.push_back({r.kind, r.axes, r.groupSize, r.elements,
+                           r.elementBytes, r.bytesSent, what});
+  };
+  if (step)
+    for (Operation &op : step.getBody().front())
+      visit(&op);
+  int64_t params = attr("rt.param_elems");
+  int64_t arena = attr("rt.arena_bytes") *
+                  std::max<int64_t>(1, attr("rt.arena_slots"));
+  json m;
+  m["params_bytes"] = params * 4;
+  m["grads_bytes"] = params * 4;
+  m["optimizer_bytes"] = params * 8;
+  m["activation_bytes"] = arena;
+  m["accumulator_bytes"] = attr("rt.accumulator_elems") * 4;
+  m["norm_sums_bytes"] = attr("rt.norm_sums") * 8;
+  m["total_bytes"] = params * 16 + arena + attr("rt.accumulator_elems") * 4 +
+                     attr("rt.norm_sums") * 8;
+  out.memory = m;
+  return out;
+}
 
 json planJson(const Spec &spec, ModuleOp module,
               const std::vector<ProgramOut> &programs,
@@ -174,31 +263,16 @@ json planJson(const Spec &spec, ModuleOp module,
   plan["ranks"] = ranks;
   json paramList = json::array();
   for (const ProgramOut &program : programs) {
-    auto func = module.lookupSymbol<func::FuncOp>(program.funcName);
-    int64_t params = 0, paramCount = 0;
-    for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
-      params += p.getType().getNumElements();
-      ++paramCount;
-      json entry = {{"name", p.getName().str()},
-                    {"program", program.name},
-                    {"local_shape", p.getType().getShape().vec()}};
-      if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
-        std::string text;
-        llvm::raw_string_ostream os(text);
-        os << attrs[0];
-        entry["sharding"] = text;
-      }
-      paramList.push_back(entry);
-    }
+    for (const json &p : program.parameters)
+      paramList.push_back(p);
     plan["programs"][program.name] = {
         {"binary", "bin/" + program.name},
         {"source",
          "src/" + program.name + (options.target == "cuda" ? ".cu" : ".cpp")},
         {"ranks", layout.ranksPerProgram()},
-        {"parameters", params},
-        {"parameter_tensors", paramCount},
-        {"memory", memoryReport(func, par.pp > 1 ? par.microbatches : 1,
-                                module->hasAttr(kBf16ActivationsAttr))},
+        {"parameters", program.paramElems},
+        {"parameter_tensors", program.parameters.size()},
+        {"memory", program.memory},
         {"comm", commReport(program.calls)}};
   }
   const TrainSpec &t = spec.train;
@@ -287,10 +361,14 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
 // ends it finishes (ir/NN-name.mlir), and names a pass that fails.
 class StageDumper : public PassInstrumentation {
 public:
-  explicit StageDumper(llvm::function_ref<llvm::Error(const char *)> write)
-      : write(write) {}
+  StageDumper(llvm::function_ref<llvm::Error(const char *)> write,
+              bool legacy,
+              llvm::function_ref<void(StringRef pass)> observe = {})
+      : write(write), legacy(legacy), observe(observe) {}
   void runAfterPass(Pass *pass, Operation *) override {
-    for (const PipelineStage &stage : trainPipelineStages())
+    if (observe)
+      observe(pass->getArgument());
+    for (const PipelineStage &stage : trainPipelineStages(legacy))
       if (pass->getArgument() == stage.pass && !error)
         error = write(stage.file);
   }
@@ -298,6 +376,8 @@ public:
     failedPass = pass->getArgument().str();
   }
   llvm::function_ref<llvm::Error(const char *)> write;
+  bool legacy;
+  llvm::function_ref<void(StringRef pass)> observe;
   llvm::Error error = llvm::Error::success();
   std::string failedPass = "compilation";
 };
@@ -307,13 +387,17 @@ public:
 llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   DiagnosticCollector &diagnostics, Spec &spec,
                   OwningOpRef<ModuleOp> &module,
-                  llvm::function_ref<llvm::Error(const char *)> stage) {
+                  llvm::function_ref<llvm::Error(const char *)> stage,
+                  bool legacy,
+                  llvm::function_ref<void(StringRef pass)> observe = {}) {
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
     llvm::SourceMgr sources;
     module = parseSourceFile<ModuleOp>(options.input, sources, &context);
     if (!module)
       return diagnostics.error(options.input + ": cannot parse");
+    if (!(*module)->hasAttr("graph.recipe"))
+      setRecipeFromGraph(*module, spec);
   } else {
     llvm::Expected<Spec> loaded =
         loadSpec(options.input, options.overrides, options.layout);
@@ -333,9 +417,14 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.target = options.target;
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
   pipeline.bucketMB = spec.parallel.bucketMB;
+  pipeline.legacy = legacy;
+  llvm::StringRef arch(options.cudaArch);
+  unsigned archNumber = 90;
+  if (arch.consume_front("sm_") && !arch.getAsInteger(10, archNumber))
+    pipeline.cudaArch = archNumber;
   PassManager pm(&context);
   buildTrainPipeline(pm, pipeline);
-  auto dumper = std::make_unique<StageDumper>(stage);
+  auto dumper = std::make_unique<StageDumper>(stage, legacy, observe);
   StageDumper &stages = *dumper;
   pm.addInstrumentation(std::move(dumper));
   LogicalResult result = pm.run(*module);
@@ -394,13 +483,52 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     llvm::sys::path::append(path, "ir", file);
     return writeFile(path, text);
   };
-  if (llvm::Error err =
-          lower(options, context, diagnostics, spec, module, stage))
+  // The CUDA target is still printed from the planned graph IR.
+  bool legacy = options.target == "cuda";
+  std::vector<ProgramOut> programs;
+  // The plan is read from the rank programs on rt, before they become C++.
+  auto observe = [&](StringRef pass) {
+    if (pass != "convert-pipe-to-rt")
+      return;
+    for (auto program : module->getOps<ModuleOp>())
+      if (program->hasAttr("rt.arena_bytes"))
+        programs.push_back(describeRtProgram(*module, program));
+  };
+  if (llvm::Error err = lower(options, context, diagnostics, spec, module,
+                              stage, legacy, observe))
     return err;
+  if (!legacy) {
+    for (const ProgramOut &program : programs) {
+      ModuleOp source;
+      for (auto m : module->getOps<ModuleOp>())
+        if (m.getSymName() == program.name)
+          source = m;
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      if (!source || failed(emitc::translateToCpp(source, os)))
+        return diagnostics.error("printing " + program.name + " failed");
+      llvm::SmallString<256> sourcePath(out), binaryPath(out);
+      llvm::sys::path::append(sourcePath, "src", program.name + ".cpp");
+      llvm::sys::path::append(binaryPath, "bin", program.name);
+      if (llvm::Error err = writeFile(sourcePath, text))
+        return err;
+      if (options.emitOnly)
+        continue;
+      if (llvm::Error err =
+              buildCpuProgram(sourcePath, binaryPath, options.verbose))
+        return err;
+    }
+    llvm::SmallString<256> planPath(out);
+    llvm::sys::path::append(planPath, "plan.json");
+    if (llvm::Error err = writeFile(
+            planPath,
+            planJson(spec, *module, programs, options).dump(2) + "\n"))
+      return err;
+    return writeLaunchFiles(out, spec, false, layoutOf(*module), programs);
+  }
   cudaTarget.bf16 = spec.train.precision == "bf16";
 
   // One distinct program for all ranks, or one per pipeline stage.
-  std::vector<ProgramOut> programs;
   std::vector<std::vector<ScheduledStep>> schedules;
   if (spec.parallel.pp > 1) {
     auto kind = pipeline::parseScheduleKind(spec.parallel.schedule);
@@ -451,6 +579,9 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     llvm::sys::path::append(binaryPath, "bin", program.name);
     if (llvm::Error err = writeFile(sourcePath, source))
       return err;
+    describeLegacyProgram(*module, program,
+                          spec.parallel.pp > 1 ? spec.parallel.microbatches
+                                               : 1);
     if (options.emitOnly)
       continue;
     if (llvm::Error err =
@@ -490,8 +621,8 @@ llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   Spec spec;
   OwningOpRef<ModuleOp> module;
   auto noStage = [](const char *) { return llvm::Error::success(); };
-  if (llvm::Error err =
-          lower(options, context, diagnostics, spec, module, noStage))
+  if (llvm::Error err = lower(options, context, diagnostics, spec, module,
+                              noStage, /*legacy=*/true))
     return err;
   std::string source;
   llvm::raw_string_ostream sourceStream(source);

@@ -37,4 +37,25 @@ def ConvertPipeToRt : Pass<"convert-pipe-to-rt", "mlir::ModuleOp"> {
                            "::mlir::arith::ArithDialect"];
 }
 
+def ConvertRtToEmitC : Pass<"convert-rt-to-emitc", "mlir::ModuleOp"> {
+  let summary = "Turns each rank program into the emitc module of its source";
+  let description = [{
+    Each rank program (a nested module after convert-pipe-to-rt) becomes
+    an emitc module that `mlir::emitc::translateToCpp` prints as one C++ or
+    CUDA source: the runtime's includes, the parameter table, one function
+    per part taking the step context (`StepContext &`), every buffer an
+    address in one of the step's stores, every rt op one call of its
+    runtime function, and a `main` that describes the program to the
+    runtime. What differs between the CPU and CUDA targets is asked of
+    their TargetInfo (lib/Conversion/RtToEmitC/TargetInfo.cpp).
+  }];
+  let options = [
+    Option<"target", "target", "std::string", "\"cpu\"",
+           "cpu or cuda">,
+    Option<"cudaArch", "cuda-arch", "int", "90",
+           "The GPU architecture a CUDA program is built for (sm_N)">,
+  ];
+  let dependentDialects = ["::mlir::emitc::EmitCDialect"];
+}
+
 #endif // TESSEL_CONVERSION_PASSES

@@ -87,11 +87,6 @@ emitCudaProgram(mlir::ModuleOp module, const Spec &spec, llvm::raw_ostream &os,
 mlir::LogicalResult emitGradientCheckProgram(mlir::ModuleOp module,
                                              llvm::raw_ostream &os);
 
-// Spells `text` as a C++ string literal in which every byte outside
-// [A-Za-z0-9._-] is an octal escape, so no name from a spec can break out
-// of the literal.
-std::string cppStringLiteral(llvm::StringRef text);
-
 // Compiles `sourcePath` into `binaryPath` with the system C++ compiler against
 // libtessel_rt. Binaries are cached by the hash of source and flags, so an
 // identical program is compiled once. Returns an error with the compiler's

@@ -1,8 +1,8 @@
 //===- TrainPipeline.h - The registered training pipeline -------*- C++ -*-===//
 //
 // `tessel-opt --tessel-train-pipeline="tp=2 pp=2 ..."` and `tessel compile`
-// run the same passes, built here: from the forward graph to the planned
-// per-rank programs.
+// run the same passes, built here: from the forward graph to the emitc
+// module of each rank program's source.
 //
 //===----------------------------------------------------------------------===//
 #ifndef TESSEL_PIPELINES_TRAINPIPELINE_H
@@ -50,6 +50,16 @@ struct TrainPipelineOptions
       *this, "precision",
       llvm::cl::desc("fp32 or bf16 (bf16 only on the cuda target)"),
       llvm::cl::init("fp32")};
+  Option<int> cudaArch{*this, "cuda-arch",
+                       llvm::cl::desc("GPU architecture (sm_N) of CUDA code"),
+                       llvm::cl::init(90)};
+  // The planned step of the buffer plan on graph IR, printed by
+  // lib/Emission (the CUDA target and gradient checks, until they are
+  // lowered through rt as the CPU target is).
+  Option<bool> legacy{*this, "legacy",
+                      llvm::cl::desc("Stop at tessel-plan-buffers (graph IR "
+                                     "for lib/Emission)"),
+                      llvm::cl::init(false)};
 };
 
 void buildTrainPipeline(mlir::OpPassManager &pm,
@@ -62,7 +72,7 @@ struct PipelineStage {
   const char *file;
 };
 // In pipeline order; the graph itself is 00-graph.mlir.
-const std::vector<PipelineStage> &trainPipelineStages();
+const std::vector<PipelineStage> &trainPipelineStages(bool legacy = false);
 
 void registerTrainPipeline();
 

@@ -197,7 +197,11 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       bool first = done.insert({bool(bwd), chunk}).second;
       call(partFuncs[part], mb, first);
     }
-    rt::WaitSendsOp::create(sb, loc);
+    // The update may overwrite what was sent: every send has completed.
+    bool sends = false;
+    program.walk([&](rt::SendOp) { sends = true; });
+    if (sends)
+      rt::WaitSendsOp::create(sb, loc);
     if (update)
       call(partFuncs[update.getOperation()], 0, true);
     func::ReturnOp::create(sb, loc);

@@ -1,0 +1,73 @@
+//===- TargetInfo.h - What differs between the backends ---------*- C++ -*-===//
+//
+// The rt -> emitc conversion is one set of patterns for every backend; what
+// differs between the CPU program (libtessel_rt: OpenBLAS, MPI) and the CUDA
+// program (libtessel_cuda_rt: cuBLASLt, NCCL) is answered here, in the
+// spirit of Triton's TargetInfoBase: the runtime's headers and namespace,
+// how a kernel is named, the C++ type of stored elements, extra arguments
+// (device scratch), how pipeline messages are keyed, and the device set-up
+// a program's main adds.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_CONVERSION_RTTOEMITC_TARGETINFO_H
+#define TESSEL_CONVERSION_RTTOEMITC_TARGETINFO_H
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/StringRef.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessel {
+
+class TargetInfo {
+public:
+  virtual ~TargetInfo() = default;
+
+  virtual llvm::StringRef name() const = 0;
+  // What the generated source includes (a name without '/' is a system
+  // header) and the declarations that name the runtime.
+  virtual std::vector<std::string> includes() const = 0;
+  virtual std::vector<std::string> preludeLines() const = 0;
+
+  // The C++ function a kernel op calls.
+  virtual std::string kernelFunction(mlir::Operation *kernel) const = 0;
+  // Arguments a kernel takes on this target after the common ones (CUDA:
+  // the device scratch of attention backward and vocabulary-parallel loss).
+  virtual std::vector<std::string> extraArguments(mlir::Operation *) const {
+    return {};
+  }
+  // The C++ type an element type is stored as.
+  virtual std::string storageType(mlir::Type element) const;
+  // The element type of the low-precision parameter copy.
+  virtual std::string shadowType() const { return "float"; }
+  // The call that hands the loss and norm to the runtime.
+  virtual std::string finishStepFunction() const = 0;
+
+  // How a pipeline message is keyed: CPU: an MPI tag (the op's tag times
+  // the microbatches plus the microbatch); CUDA: a send's place in the
+  // receiver's order (NCCL matches in order).
+  virtual bool keysByOrder() const = 0;
+
+  // What main() adds to the Program `program` (an lvalue) before it runs
+  // it: the device description of a CUDA program. `top` holds every rank's
+  // program.
+  virtual mlir::LogicalResult addDeviceSetup(mlir::ModuleOp program,
+                                             mlir::ModuleOp top,
+                                             mlir::Value programVar,
+                                             mlir::OpBuilder &b) const {
+    return mlir::success();
+  }
+  // The function main() returns through.
+  virtual std::string runMain() const = 0;
+};
+
+// "cpu" or "cuda" (built for sm_`cudaArch`); null otherwise.
+std::unique_ptr<TargetInfo> makeTargetInfo(llvm::StringRef name,
+                                           int cudaArch = 90);
+
+} // namespace tessel
+
+#endif // TESSEL_CONVERSION_RTTOEMITC_TARGETINFO_H

@@ -1,0 +1,197 @@
+//===- TargetInfo.cpp - The CPU and CUDA backends -------------------------===//
+
+#include "tessel/Conversion/RtToEmitC/TargetInfo.h"
+
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/EmitC/IR/EmitC.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+#include <set>
+
+using namespace mlir;
+using namespace tessel;
+namespace rt = tessel::rtir;
+
+std::string TargetInfo::storageType(Type element) const {
+  if (element.isF32())
+    return "float";
+  if (element.isF64())
+    return "double";
+  if (element.isBF16())
+    return "bf16";
+  return "int32_t";
+}
+
+namespace {
+
+// The element type of a kernel's first floating buffer.
+Type scalarOf(Operation *kernel) {
+  for (Value v : kernel->getOperands())
+    if (auto type = dyn_cast<MemRefType>(v.getType()))
+      if (isa<FloatType>(type.getElementType()))
+        return type.getElementType();
+  return {};
+}
+
+class CpuTargetInfo : public TargetInfo {
+public:
+  StringRef name() const override { return "cpu"; }
+  std::vector<std::string> includes() const override {
+    return {"tessel/Runtime/Comm.h", "tessel/Runtime/Kernels.h",
+            "tessel/Runtime/Program.h", "tessel/Runtime/Trace.h",
+            "tessel/Runtime/VocabParallel.h"};
+  }
+  std::vector<std::string> preludeLines() const override {
+    return {"using namespace tessel::rt;"};
+  }
+  // The kernels of tessel/Runtime/Kernels.h deduce their scalar type (float
+  // in programs, double in gradient checks) from the buffers; `fill` takes
+  // its value as that type and names it.
+  std::string kernelFunction(Operation *kernel) const override {
+    std::string name =
+        cast<rt::KernelCallOpInterface>(kernel).getFunction().str();
+    if (isa<rt::FillOp>(kernel))
+      return name + "<" + storageType(scalarOf(kernel)) + ">";
+    return name;
+  }
+  std::string finishStepFunction() const override { return "finishStep"; }
+  bool keysByOrder() const override { return false; }
+  std::string runMain() const override { return "runMain"; }
+};
+
+class CudaTargetInfo : public TargetInfo {
+public:
+  explicit CudaTargetInfo(int arch) : arch(arch) {}
+  StringRef name() const override { return "cuda"; }
+  std::vector<std::string> includes() const override {
+    return {"tessel/Runtime/Comm.h", "tessel/Runtime/Cuda/Device.h",
+            "tessel/Runtime/Program.h", "tessel/Runtime/Trace.h", "algorithm",
+            "cmath"};
+  }
+  std::vector<std::string> preludeLines() const override {
+    return {"using namespace tessel::cuda;",
+            "using tessel::MeshAxis;",
+            "using tessel::rt::groupRank;",
+            "using tessel::rt::InitKind;",
+            "using tessel::rt::LrDecay;",
+            "using tessel::rt::ParamInfo;",
+            "using tessel::rt::Program;",
+            "using tessel::rt::StepContext;",
+            "using tessel::rt::TraceSpan;",
+            "using tessel::rt::TrainConfig;"};
+  }
+  // CUDA kernels deduce their storage types from the pointers.
+  std::string kernelFunction(Operation *kernel) const override {
+    return cast<rt::KernelCallOpInterface>(kernel).getFunction().str();
+  }
+  std::vector<std::string> extraArguments(Operation *kernel) const override {
+    if (!scratchBytes(kernel).empty())
+      return {"ctx.scratch"};
+    return {};
+  }
+  std::string shadowType() const override { return "bf16"; }
+  std::string finishStepFunction() const override {
+    return "tessel::cuda::finishStep";
+  }
+  bool keysByOrder() const override { return true; }
+  std::string runMain() const override { return "tessel::rt::runMain"; }
+
+  // The device program: precision, the largest scratch any kernel needs,
+  // the axis sets of the collectives (one NCCL communicator each) and every
+  // pipeline offset any rank sends with (channels are created by all ranks
+  // together).
+  LogicalResult addDeviceSetup(ModuleOp program, ModuleOp top, Value var,
+                               OpBuilder &b) const override {
+    Location loc = program.getLoc();
+    bool bf16 = false;
+    std::set<unsigned> axes;
+    std::vector<std::string> scratch;
+    program.walk([&](Operation *op) {
+      for (Value v : op->getOperands())
+        if (auto type = dyn_cast<MemRefType>(v.getType()))
+          bf16 |= type.getElementType().isBF16();
+      if (auto comm = dyn_cast<rt::CommunicationOpInterface>(op)) {
+        SmallVector<rt::CollectiveRecord> records;
+        comm.describeCommunication(dist::meshOf(top), records);
+        for (const rt::CollectiveRecord &r : records)
+          if (r.kind != "send_recv")
+            axes.insert(r.axes.bits());
+      }
+      std::string bytes = scratchBytes(op);
+      if (!bytes.empty())
+        scratch.push_back(bytes);
+    });
+    axes.erase(0);
+    std::set<int64_t> offsets;
+    top.walk([&](Operation *op) {
+      if (auto send = dyn_cast<rt::SendOp>(op))
+        offsets.insert(send.getOffset());
+    });
+
+    std::vector<std::string> lines;
+    std::string list;
+    for (unsigned m : axes)
+      list += (list.empty() ? "" : ", ") + std::to_string(m) + "u";
+    lines.push_back("static const unsigned kCommAxes[] = {" +
+                    (list.empty() ? std::string("0u") : list) + "};");
+    lines.push_back("static tessel::cuda::DeviceProgram device{};");
+    lines.push_back(std::string("device.bf16 = ") + (bf16 ? "true" : "false") +
+                    ";");
+    std::string bytes = "0";
+    for (const std::string &e : scratch)
+      bytes += ", " + e;
+    lines.push_back("device.scratchBytes = std::max<int64_t>({" + bytes +
+                    "});");
+    lines.push_back("device.cudaArch = " + std::to_string(arch) + ";");
+    lines.push_back("device.commAxes = kCommAxes;");
+    lines.push_back("device.numCommAxes = " + std::to_string(axes.size()) +
+                    ";");
+    if (!offsets.empty()) {
+      std::string o;
+      for (int64_t v : offsets)
+        o += (o.empty() ? "" : ", ") + std::to_string(v);
+      lines.push_back("static const int kP2POffsets[] = {" + o + "};");
+      lines.push_back("device.p2pOffsets = kP2POffsets;");
+      lines.push_back("device.numP2POffsets = " +
+                      std::to_string(offsets.size()) + ";");
+    }
+    for (const std::string &line : lines)
+      b.create<emitc::VerbatimOp>(loc, b.getStringAttr(line));
+    b.create<emitc::VerbatimOp>(
+        loc, b.getStringAttr("{}.device = deviceHooks(device);"),
+        ValueRange{var});
+    return success();
+  }
+
+private:
+  // Bytes of device scratch a kernel needs (a C++ expression), if any: the
+  // attention backward recomputes the forward there; the
+  // vocabulary-parallel loss keeps its row statistics there.
+  static std::string scratchBytes(Operation *kernel) {
+    if (auto a = dyn_cast<rt::AttentionBackwardOp>(kernel))
+      return "attentionScratchBytes(" + std::to_string(a.getBatch()) + ", " +
+             std::to_string(a.getSeq()) + ", " + std::to_string(a.getHeads()) +
+             ", " + std::to_string(a.getKvHeads()) + ", " +
+             std::to_string(a.getHeadDim()) + ", " +
+             std::to_string(rt::elementBytesOf(a.getQ())) + ")";
+    if (auto c = dyn_cast<rt::CrossEntropyVocabParallelForwardOp>(kernel))
+      return "crossEntropyScratchBytes(" + std::to_string(c.getRows()) + ")";
+    if (auto c = dyn_cast<rt::CrossEntropyVocabParallelBackwardOp>(kernel))
+      return "crossEntropyScratchBytes(" + std::to_string(c.getRows()) + ")";
+    return "";
+  }
+
+  int arch;
+};
+
+} // namespace
+
+std::unique_ptr<TargetInfo> tessel::makeTargetInfo(StringRef name,
+                                                   int cudaArch) {
+  if (name == "cpu")
+    return std::make_unique<CpuTargetInfo>();
+  if (name == "cuda")
+    return std::make_unique<CudaTargetInfo>(cudaArch);
+  return nullptr;
+}
