@@ -39,8 +39,14 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createStageRegions());
   pm.addPass(createSchedulePipeline());
   pm.addPass(createConvertGraphToRt());
+  if (options.target == "cuda")
+    pm.addPass(createFuseKernels());
+  if (options.target == "cuda" && options.precision == "bf16")
+    pm.addPass(createLowerPrecision());
   pm.addPass(createPlanMemory());
   pm.addPass(createConvertPipeToRt());
+  if (options.target == "cuda")
+    pm.addPass(createOrderMessages());
   ConvertRtToEmitCOptions emission;
   emission.target = options.target;
   emission.cudaArch = options.cudaArch;

@@ -122,6 +122,7 @@ private:
   DenseMap<Value, int64_t> paramOffset;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
   int64_t normSums = 0, requests = 0;
+  bool hadError = false;
 };
 
 void Planner::numberOps() {
@@ -171,6 +172,13 @@ void Planner::placeAccumulators(pipe::UpdateOp update) {
   SmallVector<int64_t> places;
   for (auto [input, arg] : llvm::zip(update.getInputs(),
                                       update.getBody().getArguments())) {
+    if (!isa<MemRefType>(arg.getType())) {
+      hadError = true;
+      update.emitOpError("takes a request started in a part that runs once "
+                         "per microbatch; it cannot be summed over "
+                         "microbatches (wait for it in that part)");
+      return;
+    }
     auto it = placeOf.find(arg);
     Place place;
     if (it != placeOf.end()) {
@@ -424,6 +432,8 @@ LogicalResult Planner::run() {
     if (accumulates)
       placeAccumulators(update);
   });
+  if (hadError)
+    return failure();
   placeArena();
   func.walk([&](rt::BufferOp view) {
     if (view.getSpace() == rt::Space::NormSums)

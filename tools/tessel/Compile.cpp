@@ -216,8 +216,18 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   m["activation_bytes"] = arena;
   m["accumulator_bytes"] = attr("rt.accumulator_elems") * 4;
   m["norm_sums_bytes"] = attr("rt.norm_sums") * 8;
-  m["total_bytes"] = params * 16 + arena + attr("rt.accumulator_elems") * 4 +
-                     attr("rt.norm_sums") * 8;
+  int64_t total = params * 16 + arena + attr("rt.accumulator_elems") * 4 +
+                  attr("rt.norm_sums") * 8;
+  // bf16 programs multiply with a bf16 copy of the parameters.
+  bool shadow = false;
+  program.walk([&](rtir::BufferOp b) {
+    shadow |= b.getSpace() == rtir::Space::Shadow;
+  });
+  if (shadow) {
+    m["param_shadow_bytes"] = params * 2;
+    total += params * 2;
+  }
+  m["total_bytes"] = total;
   out.memory = m;
   return out;
 }
@@ -388,7 +398,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   DiagnosticCollector &diagnostics, Spec &spec,
                   OwningOpRef<ModuleOp> &module,
                   llvm::function_ref<llvm::Error(const char *)> stage,
-                  bool legacy,
+                  bool &legacy,
                   llvm::function_ref<void(StringRef pass)> observe = {}) {
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
@@ -483,8 +493,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     llvm::sys::path::append(path, "ir", file);
     return writeFile(path, text);
   };
-  // The CUDA target is still printed from the planned graph IR.
-  bool legacy = options.target == "cuda";
+  bool cuda = options.target == "cuda";
+  bool legacy = false;
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
@@ -508,14 +518,17 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
       if (!source || failed(emitc::translateToCpp(source, os)))
         return diagnostics.error("printing " + program.name + " failed");
       llvm::SmallString<256> sourcePath(out), binaryPath(out);
-      llvm::sys::path::append(sourcePath, "src", program.name + ".cpp");
+      llvm::sys::path::append(sourcePath, "src",
+                              program.name + (cuda ? ".cu" : ".cpp"));
       llvm::sys::path::append(binaryPath, "bin", program.name);
       if (llvm::Error err = writeFile(sourcePath, text))
         return err;
       if (options.emitOnly)
         continue;
       if (llvm::Error err =
-              buildCpuProgram(sourcePath, binaryPath, options.verbose))
+              cuda ? buildCudaProgram(sourcePath, binaryPath, cudaTarget.arch,
+                                      options.verbose)
+                   : buildCpuProgram(sourcePath, binaryPath, options.verbose))
         return err;
     }
     llvm::SmallString<256> planPath(out);
@@ -524,7 +537,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
             planPath,
             planJson(spec, *module, programs, options).dump(2) + "\n"))
       return err;
-    return writeLaunchFiles(out, spec, false, layoutOf(*module), programs);
+    return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
   }
   cudaTarget.bf16 = spec.train.precision == "bf16";
 
@@ -621,8 +634,9 @@ llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   Spec spec;
   OwningOpRef<ModuleOp> module;
   auto noStage = [](const char *) { return llvm::Error::success(); };
+  bool legacy = true;
   if (llvm::Error err = lower(options, context, diagnostics, spec, module,
-                              noStage, /*legacy=*/true))
+                              noStage, legacy))
     return err;
   std::string source;
   llvm::raw_string_ostream sourceStream(source);

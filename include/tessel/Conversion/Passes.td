@@ -16,7 +16,8 @@ def ConvertGraphToRt : Pass<"convert-graph-to-rt", "mlir::ModuleOp"> {
     The `pipe` parts keep their structure with buffer types. A collective
     reduces its operand in place when nothing else reads it.
   }];
-  let dependentDialects = ["::tessel::rtir::RtDialect"];
+  let dependentDialects = ["::tessel::rtir::RtDialect",
+                           "::tessel::dist::DistDialect"];
 }
 
 def ConvertPipeToRt : Pass<"convert-pipe-to-rt", "mlir::ModuleOp"> {

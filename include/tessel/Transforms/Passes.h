@@ -17,6 +17,9 @@ namespace tessel {
 #define GEN_PASS_REGISTRATION
 #include "tessel/Transforms/Passes.h.inc"
 
+// The kernel fusions of tessel-fuse-kernels, for other drivers.
+void populateFuseKernelsPatterns(mlir::RewritePatternSet &patterns);
+
 } // namespace tessel
 
 #endif // TESSEL_TRANSFORMS_PASSES_H

@@ -181,6 +181,51 @@ def SchedulePipeline : Pass<"tessel-schedule-pipeline", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::pipe::PipeDialect"];
 }
 
+def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
+  let summary = "Fuses ops that run back to back into one kernel (CUDA)";
+  let description = [{
+    On the bufferized rank programs, before the memory plan (which then
+    sees the fused kernels and the buffers they no longer need): a matmul
+    and its bias add (and a GELU after it) become `rt.matmul_bias`, a
+    residual add and the norm of its sum `rt.add_layer_norm_forward` or
+    `rt.add_rms_norm_forward`, a norm's backward and the residual gradient
+    added to its input gradient `rt.layer_norm_backward_add` or
+    `rt.rms_norm_backward_add`, and a SiLU with the product that gates it
+    `rt.swiglu_forward`. The CUDA runtime has these kernels.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
+def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
+  let summary = "Gives each pipeline send its place in the receiver's order (CUDA)";
+  let description = [{
+    NCCL matches point-to-point messages on a channel in the order they are
+    posted, not by tag. On the rank programs after convert-pipe-to-rt, each
+    `rt.send` gets `order`: per microbatch, its place in the sequence its
+    receiver takes messages on that channel. The ranks are then run as the
+    CUDA runtime runs them (a part starts once its messages have been
+    issued; each channel issues queued sends in order); a rank that would
+    wait forever is an error naming the part and the message.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
+def LowerPrecision : Pass<"tessel-lower-precision", "mlir::ModuleOp"> {
+  let summary = "Makes a program's working buffers bf16 (CUDA mixed precision)";
+  let description = [{
+    Mixed precision as element types, on the bufferized rank programs:
+    every working buffer becomes `bf16` except what a bf16 program keeps
+    in fp32 (what becomes a parameter gradient and every term summed into
+    one, what the gradient norm reads, norm weight gradients, one-element
+    values such as losses and norms, and whatever shares storage or a
+    pipeline message with those). Matmuls and sends read parameters
+    through their bf16 shadow (`rt.state_of <shadow>`), which `rt.adamw`
+    refreshes from the fp32 master weights. Runs before the memory plan,
+    which gives bf16 buffers 2-byte elements.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
   let summary = "Gives every buffer of the rank programs its place";
   let description = [{

@@ -96,65 +96,71 @@ public:
   }
   bool keysByOrder() const override { return true; }
   std::string runMain() const override { return "tessel::rt::runMain"; }
+  std::string describe(const DeviceInfo &info) const override {
+    return std::string("for CUDA (") +
+           (info.bf16 ? "bf16 mixed precision" : "fp32") + ", sm_" +
+           std::to_string(arch) + ")";
+  }
 
-  // The device program: precision, the largest scratch any kernel needs,
-  // the axis sets of the collectives (one NCCL communicator each) and every
-  // pipeline offset any rank sends with (channels are created by all ranks
-  // together).
-  LogicalResult addDeviceSetup(ModuleOp program, ModuleOp top, Value var,
-                               OpBuilder &b) const override {
-    Location loc = program.getLoc();
-    bool bf16 = false;
+  // The precision, the largest scratch any kernel needs, the axis sets of
+  // the collectives (one NCCL communicator each) and every pipeline offset
+  // any rank sends with (channels are created by all ranks together).
+  DeviceInfo deviceInfo(ModuleOp program, ModuleOp top) const override {
+    DeviceInfo info;
     std::set<unsigned> axes;
-    std::vector<std::string> scratch;
+    MeshShape mesh = dist::meshOf(top);
     program.walk([&](Operation *op) {
-      for (Value v : op->getOperands())
-        if (auto type = dyn_cast<MemRefType>(v.getType()))
-          bf16 |= type.getElementType().isBF16();
+      for (Type t : op->getResultTypes())
+        if (auto type = dyn_cast<MemRefType>(t))
+          info.bf16 |= type.getElementType().isBF16();
       if (auto comm = dyn_cast<rt::CommunicationOpInterface>(op)) {
         SmallVector<rt::CollectiveRecord> records;
-        comm.describeCommunication(dist::meshOf(top), records);
+        comm.describeCommunication(mesh, records);
         for (const rt::CollectiveRecord &r : records)
           if (r.kind != "send_recv")
             axes.insert(r.axes.bits());
       }
       std::string bytes = scratchBytes(op);
       if (!bytes.empty())
-        scratch.push_back(bytes);
+        info.scratch.push_back(bytes);
     });
     axes.erase(0);
+    info.commAxes.assign(axes.begin(), axes.end());
     std::set<int64_t> offsets;
-    top.walk([&](Operation *op) {
-      if (auto send = dyn_cast<rt::SendOp>(op))
-        offsets.insert(send.getOffset());
-    });
+    top.walk([&](rt::SendOp send) { offsets.insert(send.getOffset()); });
+    info.p2pOffsets.assign(offsets.begin(), offsets.end());
+    return info;
+  }
 
+  LogicalResult addDeviceSetup(const DeviceInfo &info, Value var,
+                               OpBuilder &b) const override {
+    Location loc = var.getLoc();
     std::vector<std::string> lines;
     std::string list;
-    for (unsigned m : axes)
+    for (unsigned m : info.commAxes)
       list += (list.empty() ? "" : ", ") + std::to_string(m) + "u";
     lines.push_back("static const unsigned kCommAxes[] = {" +
                     (list.empty() ? std::string("0u") : list) + "};");
     lines.push_back("static tessel::cuda::DeviceProgram device{};");
-    lines.push_back(std::string("device.bf16 = ") + (bf16 ? "true" : "false") +
-                    ";");
+    lines.push_back(std::string("device.bf16 = ") +
+                    (info.bf16 ? "true" : "false") + ";");
     std::string bytes = "0";
-    for (const std::string &e : scratch)
+    for (const std::string &e : info.scratch)
       bytes += ", " + e;
     lines.push_back("device.scratchBytes = std::max<int64_t>({" + bytes +
                     "});");
     lines.push_back("device.cudaArch = " + std::to_string(arch) + ";");
     lines.push_back("device.commAxes = kCommAxes;");
-    lines.push_back("device.numCommAxes = " + std::to_string(axes.size()) +
-                    ";");
-    if (!offsets.empty()) {
+    lines.push_back("device.numCommAxes = " +
+                    std::to_string(info.commAxes.size()) + ";");
+    if (!info.p2pOffsets.empty()) {
       std::string o;
-      for (int64_t v : offsets)
+      for (int64_t v : info.p2pOffsets)
         o += (o.empty() ? "" : ", ") + std::to_string(v);
       lines.push_back("static const int kP2POffsets[] = {" + o + "};");
       lines.push_back("device.p2pOffsets = kP2POffsets;");
       lines.push_back("device.numP2POffsets = " +
-                      std::to_string(offsets.size()) + ";");
+                      std::to_string(info.p2pOffsets.size()) + ";");
     }
     for (const std::string &line : lines)
       b.create<emitc::VerbatimOp>(loc, b.getStringAttr(line));

@@ -2,14 +2,14 @@
 #ifndef TESSEL_CONVERSION_RTTOEMITC_RTTOEMITC_H
 #define TESSEL_CONVERSION_RTTOEMITC_RTTOEMITC_H
 
+#include "tessel/Conversion/RtToEmitC/TargetInfo.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Transforms/DialectConversion.h"
 
 #include <string>
 
 namespace tessel {
-
-class TargetInfo;
 
 // Buffers become pointers to their element type; requests CommRequest.
 class EmitCTypeConverter : public mlir::TypeConverter {
@@ -23,10 +23,13 @@ void populateRtToEmitCPatterns(const mlir::TypeConverter &converter,
                                const TargetInfo &target);
 
 // One planned rank program (a module after convert-pipe-to-rt) -> the emitc
-// module of its source file; `top` holds the mesh and the training recipe.
-mlir::LogicalResult convertProgramToEmitC(mlir::ModuleOp program,
-                                          mlir::ModuleOp top,
-                                          const TargetInfo &target);
+// module of its source file; `top` holds the mesh and the training recipe,
+// `device` what TargetInfo::deviceInfo read from the programs before any was
+// converted.
+mlir::LogicalResult
+convertProgramToEmitC(mlir::ModuleOp program, mlir::ModuleOp top,
+                      const TargetInfo &target,
+                      const TargetInfo::DeviceInfo &device);
 
 // `text` as a C++ string literal, and as text safe in a // comment.
 std::string cppStringLiteral(llvm::StringRef text);

@@ -51,15 +51,29 @@ public:
   // receiver's order (NCCL matches in order).
   virtual bool keysByOrder() const = 0;
 
-  // What main() adds to the Program `program` (an lvalue) before it runs
-  // it: the device description of a CUDA program. `top` holds every rank's
-  // program.
-  virtual mlir::LogicalResult addDeviceSetup(mlir::ModuleOp program,
-                                             mlir::ModuleOp top,
+  // What main() tells the device about a program, read from its rt ops
+  // before they are converted: its precision, the kernels' scratch, the
+  // axis sets of its collectives and every pipeline offset of the job.
+  struct DeviceInfo {
+    bool bf16 = false;
+    std::vector<std::string> scratch; // byte-count expressions
+    std::vector<unsigned> commAxes;   // AxisSet bits
+    std::vector<int64_t> p2pOffsets;
+  };
+  virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
+                                mlir::ModuleOp top) const {
+    return {};
+  }
+  // What main() adds to the Program `programVar` (an lvalue) before it runs
+  // it: the device description of a CUDA program.
+  virtual mlir::LogicalResult addDeviceSetup(const DeviceInfo &info,
                                              mlir::Value programVar,
                                              mlir::OpBuilder &b) const {
     return mlir::success();
   }
+  // What the source's first line adds about the target (e.g. "for CUDA
+  // (bf16 mixed precision, sm_90)").
+  virtual std::string describe(const DeviceInfo &info) const { return ""; }
   // The function main() returns through.
   virtual std::string runMain() const = 0;
 };

@@ -1,0 +1,272 @@
+//===- FuseKernels.cpp - One kernel for ops that run back to back ---------===//
+//
+// Rewrite patterns on the bufferized rank programs (rt), before the memory
+// plan, so that the plan sees the fused kernels and their buffers' lives:
+//
+//   matmul + bias add (+ GELU)         -> matmul_bias (cuBLASLt epilogue)
+//   residual add + LayerNorm/RMSNorm   -> add_layer_norm / add_rms_norm
+//   norm backward + residual grad add  -> layer_norm / rms_norm _backward_add
+//   SiLU(gate) * up                    -> swiglu_forward
+//
+// Each fuses an op with the one that reads its result right after it (only
+// buffer bookkeeping in between), so nothing else can read or write the
+// buffers meanwhile; the fused op takes the later op's place.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_FUSEKERNELS
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+namespace rt = tessel::rtir;
+
+namespace {
+
+// Ops that only name storage.
+bool isBookkeeping(Operation *op) {
+  return isa<rt::AllocOp, rt::ViewOp, rt::ParamOp, rt::BatchOp, rt::BufferOp,
+             rt::StateOfOp>(op);
+}
+
+// The op computed right before `op` in its block.
+Operation *previousKernel(Operation *op) {
+  for (Operation *prev = op->getPrevNode(); prev; prev = prev->getPrevNode())
+    if (!isBookkeeping(prev))
+      return prev;
+  return nullptr;
+}
+
+// The buffer a value views.
+Value rootOf(Value v) {
+  while (auto view = v.getDefiningOp<rt::ViewOp>())
+    v = view.getSource();
+  return v;
+}
+
+// The ops that read or write `buffer` (through views).
+SmallVector<Operation *> accessesOf(Value buffer) {
+  SmallVector<Operation *> ops;
+  SmallVector<Value> work = {buffer};
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    for (Operation *user : v.getUsers()) {
+      if (auto view = dyn_cast<rt::ViewOp>(user))
+        work.push_back(view.getResult());
+      else
+        ops.push_back(user);
+    }
+  }
+  return ops;
+}
+
+// Whether `buffer` is a working buffer of the step that only `ops` touch.
+bool onlyAccessedBy(Value buffer, ArrayRef<Operation *> ops) {
+  if (!rootOf(buffer).getDefiningOp<rt::AllocOp>())
+    return false;
+  return llvm::all_of(accessesOf(rootOf(buffer)), [&](Operation *op) {
+    return llvm::is_contained(ops, op);
+  });
+}
+
+bool sameBuffer(Value a, Value b) { return rootOf(a) == rootOf(b); }
+
+Type elementOf(Value v) { return cast<MemRefType>(v.getType()).getElementType(); }
+
+// matmul(a, b) -> c; add(c, bias) -> out [; gelu(out) -> g]: one cuBLASLt
+// call with a bias (and GELU) epilogue. The weight is 2-D and the batch of
+// rows contiguous; the bias is a parameter of N elements.
+struct MatmulBiasFusion : OpRewritePattern<rt::AddBroadcastOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::AddBroadcastOp add,
+                                PatternRewriter &rewriter) const override {
+    auto m = dyn_cast_or_null<rt::MatmulOp>(previousKernel(add));
+    if (!m || !sameBuffer(m.getC(), add.getA()) || m.getTransA() ||
+        m.getStrideB() != 0 ||
+        m.getStrideA() != (int64_t)(m.getM() * m.getK()) ||
+        m.getStrideC() != (int64_t)(m.getM() * m.getN()) ||
+        add.getNb() != m.getN() ||
+        !rootOf(add.getB()).getDefiningOp<rt::ParamOp>() ||
+        !onlyAccessedBy(m.getC(), {m, add}) ||
+        elementOf(add.getOut()) != elementOf(m.getC()))
+      return failure();
+    // A GELU of the sum right after it is the epilogue's too.
+    rt::GeluForwardOp gelu;
+    for (Operation *next = add->getNextNode(); next;
+         next = next->getNextNode()) {
+      if (isBookkeeping(next))
+        continue;
+      gelu = dyn_cast<rt::GeluForwardOp>(next);
+      break;
+    }
+    if (gelu && (!sameBuffer(gelu.getX(), add.getOut()) ||
+                 elementOf(gelu.getOut()) != elementOf(add.getOut())))
+      gelu = nullptr;
+    Operation *last = gelu ? gelu.getOperation() : add.getOperation();
+    rewriter.setInsertionPoint(last);
+    rt::MatmulBiasOp::create(rewriter, add.getLoc(), m.getA(), m.getB(),
+                             add.getB(), add.getOut(),
+                             gelu ? gelu.getOut() : Value(),
+                             m.getBatch() * m.getM(), m.getN(), m.getK(),
+                             m.getTransB());
+    rewriter.eraseOp(m);
+    rewriter.eraseOp(add);
+    if (gelu)
+      rewriter.eraseOp(gelu);
+    return success();
+  }
+};
+
+// add(a, r) -> sum; norm(sum) -> out: one kernel writes both.
+template <typename Norm>
+struct AddNormFusion : OpRewritePattern<Norm> {
+  using OpRewritePattern<Norm>::OpRewritePattern;
+  LogicalResult matchAndRewrite(Norm norm,
+                                PatternRewriter &rewriter) const override {
+    auto add = dyn_cast_or_null<rt::AddBroadcastOp>(previousKernel(norm));
+    if (!add || add.getN() != add.getNb() ||
+        !sameBuffer(add.getOut(), norm.getX()) ||
+        elementOf(add.getOut()) != elementOf(norm.getOut()))
+      return failure();
+    rewriter.setInsertionPoint(norm);
+    if constexpr (std::is_same_v<Norm, rt::LayerNormForwardOp>)
+      rt::AddLayerNormForwardOp::create(
+          rewriter, norm.getLoc(), add.getA(), add.getB(), add.getOut(),
+          norm.getW(), norm.getB(), norm.getOut(), norm.getRows(),
+          norm.getCols(), norm.getEps());
+    else
+      rt::AddRmsNormForwardOp::create(
+          rewriter, norm.getLoc(), add.getA(), add.getB(), add.getOut(),
+          norm.getW(), norm.getOut(), norm.getRows(), norm.getCols(),
+          norm.getEps());
+    rewriter.eraseOp(add);
+    rewriter.eraseOp(norm);
+    return success();
+  }
+};
+
+// norm_backward(..) -> dx; add(dx, dres) -> sum: the kernel writes the sum
+// instead of dx.
+struct NormBackwardAddFusion : OpRewritePattern<rt::AddBroadcastOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::AddBroadcastOp add,
+                                PatternRewriter &rewriter) const override {
+    Operation *prev = previousKernel(add);
+    auto layer = dyn_cast_or_null<rt::LayerNormBackwardOp>(prev);
+    auto rms = dyn_cast_or_null<rt::RmsNormBackwardOp>(prev);
+    if ((!layer && !rms) || add.getN() != add.getNb())
+      return failure();
+    Value dx = layer ? layer.getDx() : rms.getDx();
+    bool lhs = sameBuffer(add.getA(), dx), rhs = sameBuffer(add.getB(), dx);
+    if (lhs == rhs || !onlyAccessedBy(dx, {prev, add}))
+      return failure();
+    Value dres = lhs ? add.getB() : add.getA();
+    if (elementOf(dres) != elementOf(add.getOut()) ||
+        elementOf(dx) != elementOf(add.getOut()))
+      return failure();
+    rewriter.setInsertionPoint(add);
+    if (layer)
+      rt::LayerNormBackwardAddOp::create(
+          rewriter, add.getLoc(), layer.getX(), layer.getW(), layer.getDout(),
+          dres, add.getOut(), layer.getDw(), layer.getDb(), layer.getRows(),
+          layer.getCols(), layer.getEps());
+    else
+      rt::RmsNormBackwardAddOp::create(
+          rewriter, add.getLoc(), rms.getX(), rms.getW(), rms.getDout(), dres,
+          add.getOut(), rms.getDw(), rms.getRows(), rms.getCols(),
+          rms.getEps());
+    rewriter.eraseOp(prev);
+    rewriter.eraseOp(add);
+    return success();
+  }
+};
+
+// silu(gate) -> s; ...; mul(s, up) -> out: one kernel writes s and out at
+// the product. Llama's up projection runs in between, so the SiLU moves to
+// the product when nothing reads s or writes the gate before it.
+struct SwigluFusion : OpRewritePattern<rt::MulBroadcastOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::MulBroadcastOp mul,
+                                PatternRewriter &rewriter) const override {
+    if (mul.getN() != mul.getNb())
+      return failure();
+    for (bool siluIsLhs : {true, false}) {
+      Value s = siluIsLhs ? mul.getA() : mul.getB();
+      Value up = siluIsLhs ? mul.getB() : mul.getA();
+      rt::SiluForwardOp silu;
+      for (Operation *op : accessesOf(rootOf(s)))
+        if (auto candidate = dyn_cast<rt::SiluForwardOp>(op);
+            candidate && sameBuffer(candidate.getOut(), s))
+          silu = candidate;
+      if (!silu || silu->getBlock() != mul->getBlock() ||
+          !silu->isBeforeInBlock(mul) || sameBuffer(up, s) ||
+          elementOf(up) != elementOf(silu.getX()) ||
+          elementOf(mul.getOut()) != elementOf(s))
+        continue;
+      // Between the two, nothing reads s or writes the gate or up.
+      bool clear = true;
+      for (Operation *op = silu->getNextNode(); op != mul.getOperation();
+           op = op->getNextNode()) {
+        if (isBookkeeping(op))
+          continue;
+        for (Value v : op->getOperands())
+          if (isa<MemRefType>(v.getType()) &&
+              (sameBuffer(v, s) || sameBuffer(v, silu.getX())))
+            clear = false;
+      }
+      if (!clear)
+        continue;
+      rewriter.setInsertionPoint(mul);
+      rt::SwigluForwardOp::create(rewriter, mul.getLoc(), silu.getX(), up,
+                                  mul.getOut(), s, mul.getN());
+      rewriter.eraseOp(silu);
+      rewriter.eraseOp(mul);
+      return success();
+    }
+    return failure();
+  }
+};
+
+struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
+  void runOnOperation() override {
+    RewritePatternSet patterns(&getContext());
+    populateFuseKernelsPatterns(patterns);
+    GreedyRewriteConfig config;
+    config.setUseTopDownTraversal(true);
+    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns),
+                                     config)))
+      return signalPassFailure();
+    // The buffers fused away (a matmul's output before its bias, a norm's
+    // input gradient before the residual's).
+    SmallVector<Operation *> dead;
+    getOperation().walk([&](Operation *op) {
+      if (isa<rt::AllocOp, rt::ViewOp>(op) && op->use_empty())
+        dead.push_back(op);
+    });
+    while (!dead.empty()) {
+      Operation *op = dead.pop_back_val();
+      Value source = isa<rt::ViewOp>(op) ? op->getOperand(0) : Value();
+      op->erase();
+      if (source && source.use_empty() && source.getDefiningOp() &&
+          isa<rt::AllocOp, rt::ViewOp>(source.getDefiningOp()))
+        dead.push_back(source.getDefiningOp());
+    }
+  }
+};
+
+} // namespace
+
+void tessel::populateFuseKernelsPatterns(RewritePatternSet &patterns) {
+  patterns.add<MatmulBiasFusion, AddNormFusion<rt::LayerNormForwardOp>,
+               AddNormFusion<rt::RmsNormForwardOp>, NormBackwardAddFusion,
+               SwigluFusion>(patterns.getContext());
+}

@@ -1,0 +1,230 @@
+//===- LowerPrecision.cpp - bf16 buffers where a bf16 program keeps them --===//
+//
+// Mixed precision as element types: on the bufferized rank programs (rt),
+// every working buffer becomes `bf16` except those a bf16 program keeps in
+// fp32: what becomes a parameter gradient (and every term summed into one),
+// what the gradient norm reads, norm weight gradients, one-element values
+// (losses, norms), and whatever shares storage or a message with those.
+// Matmuls and sends read parameters through their bf16 shadow
+// (`rt.state_of <shadow>`), which AdamW refreshes after each update from the
+// fp32 master weights.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "dialects/Pipe/PipeOps.h"
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_LOWERPRECISION
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+namespace rt = tessel::rtir;
+
+namespace {
+
+// Values that are one storage: views and their sources, values handed from
+// part to part, the update's inputs and its block arguments.
+class StorageClasses {
+public:
+  Value find(Value v) {
+    auto it = parent.find(v);
+    if (it == parent.end() || it->second == v)
+      return v;
+    Value root = find(it->second);
+    parent[v] = root;
+    return root;
+  }
+  void unite(Value a, Value b) {
+    a = find(a);
+    b = find(b);
+    if (a != b)
+      parent[a] = b;
+  }
+  DenseMap<Value, Value> parent;
+};
+
+bool isBuffer(Value v) { return isa<MemRefType>(v.getType()); }
+
+struct LowerPrecisionPass
+    : tessel::impl::LowerPrecisionBase<LowerPrecisionPass> {
+  void runOnOperation() override;
+};
+
+void LowerPrecisionPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  MLIRContext *ctx = &getContext();
+  StorageClasses classes;
+  SmallVector<Value> buffers;
+  module.walk([&](Operation *op) {
+    for (Value r : op->getResults())
+      if (isBuffer(r))
+        buffers.push_back(r);
+    for (Region &region : op->getRegions())
+      for (Block &block : region)
+        for (BlockArgument arg : block.getArguments())
+          if (isBuffer(arg))
+            buffers.push_back(arg);
+    if (auto view = dyn_cast<rt::ViewOp>(op))
+      classes.unite(view.getResult(), view.getSource());
+    if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(op)) {
+      auto yield = cast<pipe::YieldOp>(op->getRegion(0).front().getTerminator());
+      for (auto [result, value] :
+           llvm::zip(op->getResults(), yield.getValues()))
+        if (isBuffer(result))
+          classes.unite(result, value);
+    }
+    if (auto update = dyn_cast<pipe::UpdateOp>(op))
+      for (auto [arg, input] : llvm::zip(update.getBody().getArguments(),
+                                          update.getInputs()))
+        if (isBuffer(arg))
+          classes.unite(arg, input);
+  });
+  DenseMap<Value, SmallVector<Value>> members;
+  for (Value v : buffers)
+    members[classes.find(v)].push_back(v);
+
+  // The messages of each tag: what is sent is what is received.
+  DenseMap<int64_t, SmallVector<Value>> sent, received;
+  module.walk([&](Operation *op) {
+    if (auto send = dyn_cast<rt::SendOp>(op))
+      sent[send.getTag()].push_back(send.getBuffer());
+    if (auto recv = dyn_cast<rt::RecvOp>(op))
+      received[recv.getTag()].push_back(recv.getBuffer());
+  });
+
+  DenseSet<Value> fp32; // class representatives
+  SmallVector<Value> work;
+  auto keep = [&](Value v) {
+    Value c = classes.find(v);
+    if (fp32.insert(c).second)
+      work.push_back(c);
+  };
+  // Values summed over microbatches for the update are summed in fp32.
+  bool accumulates = pipe::layoutOf(module).getMicrobatches() > 1;
+  module.walk([&](Operation *op) {
+    if (auto update = dyn_cast<pipe::UpdateOp>(op); update && accumulates)
+      for (Value input : update.getInputs())
+        if (isBuffer(input))
+          keep(input);
+    if (auto p = dyn_cast<rt::ParamOp>(op))
+      // Master weights are fp32; what is cut from them (a fused projection's
+      // pieces) is a working buffer like any other.
+      fp32.insert(classes.find(p.getResult()));
+    else if (auto adamw = dyn_cast<rt::AdamWOp>(op))
+      keep(adamw.getGrad());
+    else if (auto s = dyn_cast<rt::SumSquaresOp>(op))
+      keep(s.getX());
+    else if (auto n = dyn_cast<rt::LayerNormBackwardOp>(op)) {
+      keep(n.getDw());
+      keep(n.getDb());
+    } else if (auto n = dyn_cast<rt::LayerNormBackwardAddOp>(op)) {
+      keep(n.getDw());
+      keep(n.getDb());
+    } else if (auto n = dyn_cast<rt::RmsNormBackwardOp>(op)) {
+      keep(n.getDw());
+    } else if (auto n = dyn_cast<rt::RmsNormBackwardAddOp>(op)) {
+      keep(n.getDw());
+    }
+    for (Value r : op->getResults())
+      if (auto type = dyn_cast<MemRefType>(r.getType());
+          type && type.getNumElements() == 1)
+        keep(r);
+  });
+  auto same = [&](Value a, Value b) {
+    return classes.find(a) == classes.find(b);
+  };
+  while (!work.empty()) {
+    Value c = work.pop_back_val();
+    for (Value v : members[c]) {
+      for (Operation *user : v.getUsers()) {
+        if (auto add = dyn_cast<rt::AddBroadcastOp>(user)) {
+          // A sum of gradient contributions.
+          if (same(add.getOut(), v)) {
+            keep(add.getA());
+            keep(add.getB());
+          }
+        } else if (isa<rt::InsertAxisOp, rt::SliceAxisOp, rt::TransposeOp,
+                       rt::AllGatherOp, rt::ReduceScatterOp>(user)) {
+          // Pieces of one tensor share its type.
+          keep(user->getOperand(0));
+          keep(user->getOperand(1));
+        } else if (auto recv = dyn_cast<rt::RecvOp>(user)) {
+          for (Value s : sent.lookup(recv.getTag()))
+            keep(s);
+        } else if (auto send = dyn_cast<rt::SendOp>(user)) {
+          for (Value r : received.lookup(send.getTag()))
+            keep(r);
+        }
+      }
+    }
+  }
+
+  // Matmuls and sends read parameters through the bf16 shadow; AdamW
+  // refreshes it.
+  auto bf16 = BFloat16Type::get(ctx);
+  auto lowered = [&](MemRefType type) {
+    return MemRefType::get(type.getShape(), bf16);
+  };
+  auto paramOf = [](Value v) -> rt::ParamOp {
+    while (auto view = v.getDefiningOp<rt::ViewOp>())
+      v = view.getSource();
+    return v.getDefiningOp<rt::ParamOp>();
+  };
+  auto shadowOf = [&](OpBuilder &b, Location loc, Value v) -> Value {
+    rt::ParamOp param = paramOf(v);
+    auto paramType = cast<MemRefType>(param.getType());
+    Value shadow = rt::StateOfOp::create(
+        b, loc, lowered(paramType), param.getResult(),
+        rt::SpaceAttr::get(ctx, rt::Space::Shadow));
+    auto type = cast<MemRefType>(v.getType());
+    if (type.getShape() != paramType.getShape())
+      shadow = rt::ViewOp::create(b, loc, lowered(type), shadow);
+    return shadow;
+  };
+  SmallVector<OpOperand *> readers;
+  SmallVector<rt::AdamWOp> updates;
+  module.walk([&](Operation *op) {
+    if (isa<rt::MatmulOp, rt::MatmulBiasOp>(op)) {
+      readers.push_back(&op->getOpOperand(0));
+      readers.push_back(&op->getOpOperand(1));
+    } else if (isa<rt::SendOp>(op)) {
+      readers.push_back(&op->getOpOperand(0));
+    } else if (auto adamw = dyn_cast<rt::AdamWOp>(op)) {
+      updates.push_back(adamw);
+    }
+  });
+  for (OpOperand *use : readers) {
+    if (!paramOf(use->get()))
+      continue;
+    OpBuilder b(use->getOwner());
+    use->set(shadowOf(b, use->getOwner()->getLoc(), use->get()));
+  }
+  for (rt::AdamWOp adamw : updates) {
+    if (!paramOf(adamw.getParam()) || adamw.getShadow())
+      continue;
+    OpBuilder b(adamw);
+    adamw.getShadowMutable().assign(
+        shadowOf(b, adamw.getLoc(), adamw.getParam()));
+  }
+
+  // Everything else is bf16.
+  for (auto &[c, values] : members) {
+    if (fp32.contains(c))
+      continue;
+    for (Value v : values) {
+      auto type = cast<MemRefType>(v.getType());
+      if (type.getElementType().isF32())
+        v.setType(lowered(type));
+    }
+  }
+  module->setAttr("rt.precision", StringAttr::get(ctx, "bf16"));
+}
+
+} // namespace

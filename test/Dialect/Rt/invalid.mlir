@@ -1,0 +1,44 @@
+// RUN: tessel-opt %s -split-input-file -verify-diagnostics
+
+// Parser and verifier errors of rt ops: a view must keep the element count
+// and type, a batch is the tokens or the targets, a buffer lives in one of
+// the known stores and holds one of the buffer element types.
+
+func.func @view_count(%x: memref<8x64xf32>) {
+  // expected-error@+1 {{'rt.view' op views 'memref<8x64xf32>' as 'memref<256xf32>': the element count and type must agree}}
+  %v = rt.view %x : memref<8x64xf32> to memref<256xf32>
+  return
+}
+
+// -----
+
+func.func @view_type(%x: memref<8x64xf32>) {
+  // expected-error@+1 {{the element count and type must agree}}
+  %v = rt.view %x : memref<8x64xf32> to memref<512xbf16>
+  return
+}
+
+// -----
+
+func.func @batch_name() {
+  // expected-error@+1 {{'rt.batch' op name must be "tokens" or "targets"}}
+  %ids = rt.batch "labels" : memref<8x64xi32>
+  return
+}
+
+// -----
+
+func.func @space() {
+  // expected-error@+2 {{expected ::tessel::rtir::Space to be one of: arena, params, grads, adam_m, adam_v, accumulators, shadow, norm_sums}}
+  // expected-error@+1 {{failed to parse Rt_SpaceAttr parameter 'value'}}
+  %b = rt.buffer <scratch> 0 : memref<8xf32>
+  return
+}
+
+// -----
+
+func.func @buffer_type() {
+  // expected-error@+1 {{result #0 must be 0D/1D/2D/3D/4D/5D/6D memref of 32-bit float or bfloat16 type or 64-bit float or 32-bit signless integer values, but got 'memref<8xf16>'}}
+  %b = rt.buffer <arena> 0 : memref<8xf16>
+  return
+}
