@@ -324,7 +324,8 @@ LogicalResult CrossEntropyOp::inferReturnTypes(MLIRContext *ctx,
                                                SmallVectorImpl<Type> &types) {
   if (failed(checkCrossEntropy(loc, adaptor.getLogits(), adaptor.getTargets())))
     return failure();
-  types.push_back(tensorOf({}, Float32Type::get(ctx)));
+  // The loss has the logits' element type.
+  types.push_back(tensorOf({}, getElementTypeOrSelf(adaptor.getLogits())));
   return success();
 }
 

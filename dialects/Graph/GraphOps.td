@@ -8,9 +8,10 @@ include "dialects/Dist/DistDialect.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 
-def Graph_F32Tensor : RankedTensorOf<[F32]>;
+// f32 in programs; f64 in gradient checks (tessel-float64).
+def Graph_FloatTensor : RankedTensorOf<[F32, F64]>;
 def Graph_I32Tensor : RankedTensorOf<[I32]>;
-def Graph_F32Scalar : 0DTensorOf<[F32]>;
+def Graph_FloatScalar : 0DTensorOf<[F32, F64]>;
 
 class Graph_PureOp<string mnemonic, list<Trait> traits = [],
                    list<string> rules = []>
@@ -50,7 +51,7 @@ def Graph_ParamOp : Graph_Op<"param", [Pure]> {
                    DefaultValuedAttr<StrAttr, "\"normal\"">:$init,
                    DefaultValuedAttr<F64Attr, "0.0">:$mean,
                    DefaultValuedAttr<F64Attr, "0.02">:$std);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
   let assemblyFormat = "$name attr-dict `:` type($result)";
   let hasVerifier = 1;
 }
@@ -79,7 +80,7 @@ def Graph_FillOp : Graph_Op<"fill", [Pure]> {
     ```
   }];
   let arguments = (ins DefaultValuedAttr<F64Attr, "0.0">:$value);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
 }
 
@@ -99,9 +100,9 @@ def Graph_EmbeddingOp : Graph_DiffOp<"embedding", [], ["localize"]> {
     %x = graph.embedding %wte, %ids : (tensor<256x64xf32>, tensor<8x64xi32>) -> tensor<8x64x64xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$table, Graph_I32Tensor:$ids,
+  let arguments = (ins Graph_FloatTensor:$table, Graph_I32Tensor:$ids,
                    OptionalAttr<Dist_AxesAttr>:$vocab_axes);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_MatmulOp : Graph_DiffOp<"matmul"> {
@@ -116,10 +117,10 @@ def Graph_MatmulOp : Graph_DiffOp<"matmul"> {
     %l = graph.matmul %h, %wte {transpose_rhs = true} : (tensor<8x64x64xf32>, tensor<256x64xf32>) -> tensor<8x64x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs,
+  let arguments = (ins Graph_FloatTensor:$lhs, Graph_FloatTensor:$rhs,
                    DefaultValuedAttr<BoolAttr, "false">:$transpose_lhs,
                    DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_AddOp : Graph_DiffOp<"add"> {
@@ -131,8 +132,8 @@ def Graph_AddOp : Graph_DiffOp<"add"> {
     %y = graph.add %x, %b : (tensor<8x64x192xf32>, tensor<192xf32>) -> tensor<8x64x192xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$lhs, Graph_FloatTensor:$rhs);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_MulOp : Graph_DiffOp<"mul"> {
@@ -142,8 +143,8 @@ def Graph_MulOp : Graph_DiffOp<"mul"> {
     %y = graph.mul %a, %b : (tensor<8x64x172xf32>, tensor<8x64x172xf32>) -> tensor<8x64x172xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$lhs, Graph_F32Tensor:$rhs);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$lhs, Graph_FloatTensor:$rhs);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_GeluOp : Graph_DiffOp<"gelu"> {
@@ -155,8 +156,8 @@ def Graph_GeluOp : Graph_DiffOp<"gelu"> {
     %y = graph.gelu %x : (tensor<8x64x256xf32>) -> tensor<8x64x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_SiluOp : Graph_DiffOp<"silu"> {
@@ -166,8 +167,8 @@ def Graph_SiluOp : Graph_DiffOp<"silu"> {
     %y = graph.silu %x : (tensor<8x64x172xf32>) -> tensor<8x64x172xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_LayerNormOp : Graph_DiffOp<"layer_norm"> {
@@ -179,9 +180,9 @@ def Graph_LayerNormOp : Graph_DiffOp<"layer_norm"> {
     %y = graph.layer_norm %x, %w, %b {epsilon = 1.0e-05 : f64} : (tensor<8x64x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<8x64x64xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$bias,
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$weight, Graph_FloatTensor:$bias,
                    DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_RmsNormOp : Graph_DiffOp<"rms_norm"> {
@@ -193,9 +194,9 @@ def Graph_RmsNormOp : Graph_DiffOp<"rms_norm"> {
     %y = graph.rms_norm %x, %w {epsilon = 1.0e-05 : f64} : (tensor<8x64x64xf32>, tensor<64xf32>) -> tensor<8x64x64xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight,
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$weight,
                    DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_RopeOp : Graph_DiffOp<"rope"> {
@@ -209,10 +210,10 @@ def Graph_RopeOp : Graph_DiffOp<"rope"> {
     %q2 = graph.rope %q {theta = 1.0e+04 : f64} : (tensor<8x64x4x16xf32>) -> tensor<8x64x4x16xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input,
+  let arguments = (ins Graph_FloatTensor:$input,
                    DefaultValuedAttr<F64Attr, "10000.0">:$theta,
                    DefaultValuedAttr<BoolAttr, "false">:$inverse);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
@@ -231,10 +232,10 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
     %o = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> tensor<8x64x4x16xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
+  let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
                    DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
@@ -244,8 +245,8 @@ def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
     %p = graph.softmax %x : (tensor<8x256xf32>) -> tensor<8x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy", [], ["localize"]> {
@@ -261,9 +262,9 @@ def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy", [], ["localize"]> {
     %loss = graph.cross_entropy %logits, %targets : (tensor<8x64x256xf32>, tensor<8x64xi32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets,
+  let arguments = (ins Graph_FloatTensor:$logits, Graph_I32Tensor:$targets,
                    OptionalAttr<Dist_AxesAttr>:$vocab_axes);
-  let results = (outs Graph_F32Scalar:$result);
+  let results = (outs Graph_FloatScalar:$result);
 }
 
 //===----------------------------------------------------------------------===//
@@ -278,8 +279,8 @@ def Graph_ReshapeOp : Graph_PureOp<"reshape",
     %q = graph.reshape %x : (tensor<8x64x64xf32>) -> tensor<8x64x4x16xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_TransposeOp : Graph_DiffOp<"transpose"> {
@@ -291,8 +292,8 @@ def Graph_TransposeOp : Graph_DiffOp<"transpose"> {
     %t = graph.transpose %x {permutation = array<i64: 0, 2, 1, 3>} : (tensor<8x64x4x16xf32>) -> tensor<8x4x64x16xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, DenseI64ArrayAttr:$permutation);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_SplitOp : Graph_PureOp<"split",
@@ -306,8 +307,8 @@ def Graph_SplitOp : Graph_PureOp<"split",
     %q, %k, %v = graph.split %qkv {axis = 2 : i64} : (tensor<8x64x192xf32>) -> (tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8x64x64xf32>)
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, I64Attr:$axis);
-  let results = (outs Variadic<Graph_F32Tensor>:$results);
+  let arguments = (ins Graph_FloatTensor:$input, I64Attr:$axis);
+  let results = (outs Variadic<Graph_FloatTensor>:$results);
 }
 
 def Graph_ConcatOp : Graph_DiffOp<"concat"> {
@@ -317,8 +318,8 @@ def Graph_ConcatOp : Graph_DiffOp<"concat"> {
     %qkv = graph.concat %q, %k, %v {axis = 2 : i64} : (tensor<8x64x64xf32>, tensor<8x64x64xf32>, tensor<8x64x64xf32>) -> tensor<8x64x192xf32>
     ```
   }];
-  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs, I64Attr:$axis);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Variadic<Graph_FloatTensor>:$inputs, I64Attr:$axis);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 //===----------------------------------------------------------------------===//
@@ -335,8 +336,8 @@ def Graph_ReduceSumOp : Graph_PureOp<"reduce_sum"> {
     %db = graph.reduce_sum %dy : (tensor<8x64x192xf32>) -> tensor<192xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_GeluGradOp : Graph_InferOp<"gelu_grad"> {
@@ -346,8 +347,8 @@ def Graph_GeluGradOp : Graph_InferOp<"gelu_grad"> {
     %dx = graph.gelu_grad %x, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$grad);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_SiluGradOp : Graph_InferOp<"silu_grad"> {
@@ -357,8 +358,8 @@ def Graph_SiluGradOp : Graph_InferOp<"silu_grad"> {
     %dx = graph.silu_grad %x, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$grad);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_LayerNormGradOp : Graph_InferOp<"layer_norm_grad"> {
@@ -370,10 +371,10 @@ def Graph_LayerNormGradOp : Graph_InferOp<"layer_norm_grad"> {
     %dx, %dw, %db = graph.layer_norm_grad %x, %w, %dy {epsilon = 1.0e-05 : f64} : (tensor<8x64xf32>, tensor<64xf32>, tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<64xf32>, tensor<64xf32>)
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$grad,
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$weight, Graph_FloatTensor:$grad,
                    DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
-  let results = (outs Graph_F32Tensor:$input_grad, Graph_F32Tensor:$weight_grad,
-                 Graph_F32Tensor:$bias_grad);
+  let results = (outs Graph_FloatTensor:$input_grad, Graph_FloatTensor:$weight_grad,
+                 Graph_FloatTensor:$bias_grad);
 }
 
 def Graph_RmsNormGradOp : Graph_InferOp<"rms_norm_grad"> {
@@ -383,9 +384,9 @@ def Graph_RmsNormGradOp : Graph_InferOp<"rms_norm_grad"> {
     %dx, %dw = graph.rms_norm_grad %x, %w, %dy {epsilon = 1.0e-05 : f64} : (tensor<8x64xf32>, tensor<64xf32>, tensor<8x64xf32>) -> (tensor<8x64xf32>, tensor<64xf32>)
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$input, Graph_F32Tensor:$weight, Graph_F32Tensor:$grad,
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$weight, Graph_FloatTensor:$grad,
                    DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
-  let results = (outs Graph_F32Tensor:$input_grad, Graph_F32Tensor:$weight_grad);
+  let results = (outs Graph_FloatTensor:$input_grad, Graph_FloatTensor:$weight_grad);
 }
 
 def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
@@ -397,11 +398,11 @@ def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
     %dq, %dk, %dv = graph.attention_grad %q, %k, %v, %do : (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$query, Graph_F32Tensor:$key, Graph_F32Tensor:$value,
-                   Graph_F32Tensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
+  let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
+                   Graph_FloatTensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated);
-  let results = (outs Graph_F32Tensor:$query_grad, Graph_F32Tensor:$key_grad,
-                 Graph_F32Tensor:$value_grad);
+  let results = (outs Graph_FloatTensor:$query_grad, Graph_FloatTensor:$key_grad,
+                 Graph_FloatTensor:$value_grad);
 }
 
 def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
@@ -411,8 +412,8 @@ def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
     %dx = graph.softmax_grad %y, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$output, Graph_F32Tensor:$grad);
-  let results = (outs Graph_F32Tensor:$result);
+  let arguments = (ins Graph_FloatTensor:$output, Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad", [], ["localize"]> {
@@ -422,9 +423,9 @@ def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad", [], ["localiz
     %dl = graph.cross_entropy_grad %logits, %targets, %dloss : (tensor<8x64x256xf32>, tensor<8x64xi32>, tensor<f32>) -> tensor<8x64x256xf32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$logits, Graph_I32Tensor:$targets, Graph_F32Scalar:$grad,
+  let arguments = (ins Graph_FloatTensor:$logits, Graph_I32Tensor:$targets, Graph_FloatScalar:$grad,
                    OptionalAttr<Dist_AxesAttr>:$vocab_axes);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad", [], ["localize"]> {
@@ -437,9 +438,9 @@ def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad", [], ["localize"]> {
     %dt = graph.embedding_grad %ids, %dy : (tensor<8x64xi32>, tensor<8x64x64xf32>) -> tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Graph_I32Tensor:$ids, Graph_F32Tensor:$grad,
+  let arguments = (ins Graph_I32Tensor:$ids, Graph_FloatTensor:$grad,
                    OptionalAttr<Dist_AxesAttr>:$vocab_axes);
-  let results = (outs Graph_F32Tensor:$result);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 //===----------------------------------------------------------------------===//
@@ -456,9 +457,9 @@ def Graph_GlobalNormOp : Graph_Op<"global_norm", [Pure], ["localize"]> {
     %n = graph.global_norm %g0, %g1 : (tensor<256x64xf32>, tensor<64xf32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Variadic<Graph_F32Tensor>:$inputs,
+  let arguments = (ins Variadic<Graph_FloatTensor>:$inputs,
                    OptionalAttr<TypedArrayAttrBase<Dist_AxesAttr, "per input">>:$reduce_axes);
-  let results = (outs Graph_F32Scalar:$result);
+  let results = (outs Graph_FloatScalar:$result);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
 
@@ -476,7 +477,7 @@ def Graph_AdamWOp : Graph_Op<"adamw", [MemoryEffects<[MemWrite]>]> {
     graph.adamw %w, %dw, %norm {beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-08 : f64, weight_decay = 0.1 : f64, max_grad_norm = 1.0 : f64} : tensor<64x64xf32>, tensor<64x64xf32>, tensor<f32>
     ```
   }];
-  let arguments = (ins Graph_F32Tensor:$param, Graph_F32Tensor:$grad, Graph_F32Scalar:$norm,
+  let arguments = (ins Graph_FloatTensor:$param, Graph_FloatTensor:$grad, Graph_FloatScalar:$norm,
                    F64Attr:$beta1, F64Attr:$beta2, F64Attr:$eps,
                    F64Attr:$weight_decay, F64Attr:$max_grad_norm);
   let assemblyFormat = "$param `,` $grad `,` $norm attr-dict `:` type($param) `,` type($grad) `,` type($norm)";

@@ -54,7 +54,8 @@ LogicalResult scaleOverSplitTokens(Operation *op, PartitionContext &ctx,
   int64_t pieces = ctx.mesh().groupSize(axes) * ctx.microbatches();
   if (pieces == 1)
     return success();
-  auto scalar = RankedTensorType::get({}, Float32Type::get(op->getContext()));
+  auto scalar = RankedTensorType::get(
+      {}, cast<ShapedType>(op->getOperand(0).getType()).getElementType());
   Sharding replicated = Sharding::replicated(0);
   if (isGradient) {
     OpBuilder b = ctx.builderBefore(op);

@@ -20,21 +20,13 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   layout.virtualStages = options.virtualStages;
   layout.schedule = options.schedule;
   pm.addPass(createSetLayout(layout));
+  if (options.gradientCheck)
+    pm.addPass(createFloat64());
   pm.addPass(createAutodiff());
   pm.addPass(createPropagateSharding());
   pm.addPass(createPartition());
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes = static_cast<int64_t>(options.bucketMB * (1 << 20));
-  if (options.legacy) {
-    pm.addPass(createSplitStages());
-    pm.addPass(createBucketGradients(bucketing));
-    PlanBuffersOptions planning;
-    // bf16 programs store activations in 2 bytes.
-    planning.bf16Activations =
-        options.target == "cuda" && options.precision == "bf16";
-    pm.addPass(createPlanBuffers(planning));
-    return;
-  }
   pm.addPass(createBucketGradients(bucketing));
   pm.addPass(createStageRegions());
   pm.addPass(createSchedulePipeline());
@@ -50,11 +42,11 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   ConvertRtToEmitCOptions emission;
   emission.target = options.target;
   emission.cudaArch = options.cudaArch;
+  emission.gradientCheck = options.gradientCheck;
   pm.addPass(createConvertRtToEmitC(emission));
 }
 
-const std::vector<tessel::PipelineStage> &
-tessel::trainPipelineStages(bool legacy) {
+const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
   static const std::vector<PipelineStage> stages = {
       {"tessel-autodiff", "01-train.mlir"},
       {"tessel-propagate-sharding", "02-sharded.mlir"},
@@ -65,14 +57,7 @@ tessel::trainPipelineStages(bool legacy) {
       {"convert-pipe-to-rt", "07-programs.mlir"},
       {"convert-rt-to-emitc", "08-emitc.mlir"},
   };
-  static const std::vector<PipelineStage> legacyStages = {
-      {"tessel-autodiff", "01-train.mlir"},
-      {"tessel-propagate-sharding", "02-sharded.mlir"},
-      {"tessel-partition", "03-partitioned.mlir"},
-      {"tessel-split-stages", "04-stages.mlir"},
-      {"tessel-plan-buffers", "05-planned.mlir"},
-  };
-  return legacy ? legacyStages : stages;
+  return stages;
 }
 void tessel::registerTrainPipeline() {
   PassPipelineRegistration<TrainPipelineOptions>(

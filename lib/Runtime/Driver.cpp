@@ -1,5 +1,9 @@
 //===- Driver.cpp - The training loop around a generated step -------------===//
 //
+// (Long by design: the whole run of a rank program, from the command line
+// to the saved weights, reads top to bottom in one place; the parts it
+// calls live in Data.cpp, Init.cpp, Safetensors.cpp and Comm.cpp.)
+//
 // runMain parses the command line, allocates parameter, gradient, moment and
 // activation buffers, initialises or loads the parameters, then runs the
 // program's step once per batch, printing and recording metrics, and finally
@@ -642,10 +646,6 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer adamV = allocateZeroed(hostBytes, "AdamW second moments");
   AlignedBuffer activations =
       allocateZeroed(device ? 0 : program.activationBytes, "activations");
-  // Microbatched and pipelined steps accumulate gradients.
-  bool accumulates = program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1;
-  AlignedBuffer gradAccum =
-      allocateZeroed(accumulates ? hostBytes : 0, "gradient accumulation");
   AlignedBuffer accumulators = allocateZeroed(
       device ? 0 : (size_t)program.accumulatorElems * sizeof(float),
       "accumulators");
@@ -693,7 +693,6 @@ int train(const Program &program, const Options &opts) {
   ctx.tokens = tokens.data();
   ctx.targets = targets.data();
   ctx.activations = activations.get();
-  ctx.gradAccum = (float *)gradAccum.get();
   ctx.accumulators = (float *)accumulators.get();
   ctx.normSums = (double *)normSums.get();
   if (device) {
@@ -816,7 +815,14 @@ int reportFatal(const std::string &message) {
 
 void finishStep(StepContext &ctx, const float *loss, const float *norm) {
   ctx.loss = loss[0];
+  ctx.lossExact = loss[0];
   ctx.gradNorm = norm[0];
+}
+
+void finishStep(StepContext &ctx, const double *loss, const double *norm) {
+  ctx.loss = (float)loss[0];
+  ctx.lossExact = loss[0];
+  ctx.gradNorm = (float)norm[0];
 }
 
 int runMain(int argc, char **argv, const Program &program) {

@@ -56,9 +56,11 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
     return func.emitOpError("@forward must be a single block");
   Block &body = func.getBody().front();
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
-  if (!ret || ret.getNumOperands() != 1 ||
-      ret.getOperand(0).getType() !=
-          RankedTensorType::get({}, Float32Type::get(func.getContext())))
+  auto lossType = ret && ret.getNumOperands() == 1
+                      ? dyn_cast<RankedTensorType>(ret.getOperand(0).getType())
+                      : RankedTensorType();
+  if (!lossType || lossType.getRank() != 0 ||
+      !isa<Float32Type, Float64Type>(lossType.getElementType()))
     return func.emitOpError("@forward must return the loss as tensor<f32>");
   Value loss = ret.getOperand(0);
 

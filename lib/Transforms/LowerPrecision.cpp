@@ -113,6 +113,9 @@ void LowerPrecisionPass::runOnOperation() {
       for (Value input : update.getInputs())
         if (isBuffer(input))
           keep(input);
+    if (auto state = dyn_cast<rt::StateOfOp>(op))
+      // AdamW's moments are fp32 like the master weights.
+      fp32.insert(classes.find(state.getResult()));
     if (auto p = dyn_cast<rt::ParamOp>(op))
       // Master weights are fp32; what is cut from them (a fused projection's
       // pieces) is a working buffer like any other.

@@ -257,7 +257,7 @@ Value StageCutter::lookup(Value v, const Part &user) {
 // The norm of all gradients, per rank: of the rank's own gradients, their
 // squares summed over pp as well.
 void StageCutter::placeNorm(GlobalNormOp norm) {
-  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  auto scalar = cast<RankedTensorType>(norm.getType());
   ArrayAttr reduce = norm.getReduceAxesAttr();
   for (int64_t r = 0; r < ranks; ++r) {
     Part update{r, Phase::Update, 0};
@@ -287,7 +287,9 @@ LogicalResult StageCutter::run() {
   Block &body = step.getBody().front();
   OpBuilder b(ctx);
   b.setInsertionPoint(step);
-  auto scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  // The loss's type (f32; f64 in gradient checks).
+  auto scalar = cast<RankedTensorType>(
+      step.getBody().front().getTerminator()->getOperand(0).getType());
   SmallVector<func::FuncOp> funcs;
   for (int64_t r = 0; r < ranks; ++r) {
     std::string name =

@@ -12,13 +12,11 @@
 #include "dialects/Pipe/PipeOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Rt/RtOps.h"
-#include "tessel/Emission/EmitCpp.h"
+#include "tessel/Emission/BuildProgram.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/InitAllDialects.h"
 #include "tessel/Pipelines/TrainPipeline.h"
 #include "tessel/Frontend/Spec.h"
-#include "tessel/Pipeline/Schedule.h"
-#include "tessel/Transforms/BufferPlan.h"
 #include "tessel/Transforms/Passes.h"
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
@@ -82,25 +80,16 @@ struct DiagnosticCollector {
   std::string messages;
 };
 
-json memoryReport(func::FuncOp func, int64_t arenaSlots, bool bf16Shadow) {
-  int64_t paramElems =
-      func->getAttrOfType<IntegerAttr>(kParamElemsAttr).getInt();
-  int64_t arena =
-      func->getAttrOfType<IntegerAttr>(kArenaBytesAttr).getInt() * arenaSlots;
-  json m;
-  m["params_bytes"] = paramElems * 4;
-  m["grads_bytes"] = paramElems * 4;
-  m["optimizer_bytes"] = paramElems * 8;
-  m["activation_bytes"] = arena;
-  int64_t total = paramElems * 16 + arena;
-  if (bf16Shadow) {
-    // bf16 programs multiply with a bf16 copy of the parameters.
-    m["param_shadow_bytes"] = paramElems * 2;
-    total += paramElems * 2;
-  }
-  m["total_bytes"] = total;
-  return m;
-}
+// One collective call of a step as the runtime counts it.
+struct CollectiveCall {
+  std::string kind; // all_reduce, all_gather, reduce_scatter, send_recv
+  AxisSet axes;
+  int64_t groupSize;
+  int64_t elements; // as counted by the runtime (see Comm.h)
+  int64_t elementBytes;
+  int64_t bytesSent; // textbook volume (CommVolume.h)
+  std::string what;  // the op it implements
+};
 
 // The layout of the compiled module: its mesh and virtual stages.
 MeshLayout layoutOf(ModuleOp module) {
@@ -131,34 +120,12 @@ json commReport(const std::vector<CollectiveCall> &calls) {
 
 // One distinct program: the function it is emitted from and what it does.
 struct ProgramOut {
-  std::string name;     // program0, or stage0, stage1, ...
-  std::string funcName; // train_step, or stage_0, ... (graph IR)
+  std::string name; // program0, or stage0, stage1, ...
   std::vector<CollectiveCall> calls;
   json memory;
   json parameters = json::array(); // name, program, local_shape, ...
   int64_t paramElems = 0;
 };
-
-// What a planned graph-IR program (the legacy emitter's input) holds.
-void describeLegacyProgram(ModuleOp module, ProgramOut &program,
-                           int64_t arenaSlots) {
-  auto func = module.lookupSymbol<func::FuncOp>(program.funcName);
-  for (graph::ParamOp p : func.getOps<graph::ParamOp>()) {
-    program.paramElems += p.getType().getNumElements();
-    json entry = {{"name", p.getName().str()},
-                  {"program", program.name},
-                  {"local_shape", p.getType().getShape().vec()}};
-    if (auto attrs = p->getAttrOfType<ArrayAttr>("dist.sharding")) {
-      std::string text;
-      llvm::raw_string_ostream os(text);
-      os << attrs[0];
-      entry["sharding"] = text;
-    }
-    program.parameters.push_back(entry);
-  }
-  program.memory = memoryReport(func, arenaSlots,
-                                module->hasAttr(kBf16ActivationsAttr));
-}
 
 // What a rank program on rt (after convert-pipe-to-rt) holds: its
 // parameters, its memory plan, and every collective of one step in the
@@ -372,13 +339,12 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
 class StageDumper : public PassInstrumentation {
 public:
   StageDumper(llvm::function_ref<llvm::Error(const char *)> write,
-              bool legacy,
               llvm::function_ref<void(StringRef pass)> observe = {})
-      : write(write), legacy(legacy), observe(observe) {}
+      : write(write), observe(observe) {}
   void runAfterPass(Pass *pass, Operation *) override {
     if (observe)
       observe(pass->getArgument());
-    for (const PipelineStage &stage : trainPipelineStages(legacy))
+    for (const PipelineStage &stage : trainPipelineStages())
       if (pass->getArgument() == stage.pass && !error)
         error = write(stage.file);
   }
@@ -386,7 +352,6 @@ public:
     failedPass = pass->getArgument().str();
   }
   llvm::function_ref<llvm::Error(const char *)> write;
-  bool legacy;
   llvm::function_ref<void(StringRef pass)> observe;
   llvm::Error error = llvm::Error::success();
   std::string failedPass = "compilation";
@@ -398,8 +363,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   DiagnosticCollector &diagnostics, Spec &spec,
                   OwningOpRef<ModuleOp> &module,
                   llvm::function_ref<llvm::Error(const char *)> stage,
-                  bool &legacy,
-                  llvm::function_ref<void(StringRef pass)> observe = {}) {
+                  llvm::function_ref<void(StringRef pass)> observe = {},
+                  bool gradientCheck = false) {
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
     llvm::SourceMgr sources;
@@ -427,14 +392,14 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.target = options.target;
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
   pipeline.bucketMB = spec.parallel.bucketMB;
-  pipeline.legacy = legacy;
+  pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);
   unsigned archNumber = 90;
   if (arch.consume_front("sm_") && !arch.getAsInteger(10, archNumber))
     pipeline.cudaArch = archNumber;
   PassManager pm(&context);
   buildTrainPipeline(pm, pipeline);
-  auto dumper = std::make_unique<StageDumper>(stage, legacy, observe);
+  auto dumper = std::make_unique<StageDumper>(stage, observe);
   StageDumper &stages = *dumper;
   pm.addInstrumentation(std::move(dumper));
   LogicalResult result = pm.run(*module);
@@ -446,10 +411,11 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
 }
 
 // The target named on the command line, checked before any work is done.
-llvm::Expected<CudaTarget> cudaTargetOf(const CompileOptions &options) {
-  CudaTarget target;
+// The target named on the command line, checked before any work is done:
+// the GPU architecture of a CUDA target (0 for the CPU).
+llvm::Expected<int> cudaArchOf(const CompileOptions &options) {
   if (options.target == "cpu")
-    return target;
+    return 0;
   if (options.target != "cuda")
     return llvm::createStringError("--target " + options.target +
                                    ": expected cpu or cuda");
@@ -463,15 +429,14 @@ llvm::Expected<CudaTarget> cudaTargetOf(const CompileOptions &options) {
   if (!options.emitOnly)
     if (llvm::Error err = checkCudaTarget())
       return std::move(err);
-  target.arch = number;
-  return target;
+  return static_cast<int>(number);
 }
 
 llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
-  llvm::Expected<CudaTarget> targetOr = cudaTargetOf(options);
-  if (!targetOr)
-    return targetOr.takeError();
-  CudaTarget cudaTarget = *targetOr;
+  llvm::Expected<int> archOr = cudaArchOf(options);
+  if (!archOr)
+    return archOr.takeError();
+  int cudaArch = *archOr;
   MLIRContext context;
   loadAllDialects(context);
   DiagnosticCollector diagnostics(context);
@@ -494,7 +459,6 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     return writeFile(path, text);
   };
   bool cuda = options.target == "cuda";
-  bool legacy = false;
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
@@ -504,10 +468,10 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
       if (program->hasAttr("rt.arena_bytes"))
         programs.push_back(describeRtProgram(*module, program));
   };
-  if (llvm::Error err = lower(options, context, diagnostics, spec, module,
-                              stage, legacy, observe))
+  if (llvm::Error err =
+          lower(options, context, diagnostics, spec, module, stage, observe))
     return err;
-  if (!legacy) {
+  {
     for (const ProgramOut &program : programs) {
       ModuleOp source;
       for (auto m : module->getOps<ModuleOp>())
@@ -526,7 +490,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
       if (options.emitOnly)
         continue;
       if (llvm::Error err =
-              cuda ? buildCudaProgram(sourcePath, binaryPath, cudaTarget.arch,
+              cuda ? buildCudaProgram(sourcePath, binaryPath, cudaArch,
                                       options.verbose)
                    : buildCpuProgram(sourcePath, binaryPath, options.verbose))
         return err;
@@ -539,78 +503,6 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
       return err;
     return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
   }
-  cudaTarget.bf16 = spec.train.precision == "bf16";
-
-  // One distinct program for all ranks, or one per pipeline stage.
-  std::vector<std::vector<ScheduledStep>> schedules;
-  if (spec.parallel.pp > 1) {
-    auto kind = pipeline::parseScheduleKind(spec.parallel.schedule);
-    if (!kind)
-      return kind.takeError();
-    auto schedule = pipeline::generateSchedule(*kind, spec.parallel.pp,
-                                               spec.parallel.microbatches,
-                                               spec.parallel.virtualStages);
-    if (!schedule)
-      return schedule.takeError();
-    if (auto timeline = pipeline::simulate(*schedule); !timeline)
-      return timeline.takeError();
-    for (int64_t s = 0; s < spec.parallel.pp; ++s) {
-      programs.push_back(
-          {"stage" + std::to_string(s), "stage_" + std::to_string(s), {}});
-      std::vector<ScheduledStep> steps;
-      for (const pipeline::Step &step : schedule->steps[s])
-        if (step.isCompute())
-          steps.push_back({step.kind == pipeline::StepKind::Backward,
-                           step.microbatch,
-                           step.stage / (int)spec.parallel.pp});
-      schedules.push_back(steps);
-    }
-  } else {
-    programs.push_back({"program0", "train_step", {}});
-  }
-  if (options.target == "cuda" && !schedules.empty()) {
-    llvm::Expected<SendOrders> orders = pipelineSendOrders(*module, schedules);
-    if (!orders)
-      return orders.takeError();
-    cudaTarget.sendOrders = std::move(*orders);
-  }
-  for (auto [k, program] : llvm::enumerate(programs)) {
-    std::string source;
-    llvm::raw_string_ostream sourceStream(source);
-    const std::vector<ScheduledStep> *steps =
-        schedules.empty() ? nullptr : &schedules[k];
-    bool cuda = options.target == "cuda";
-    if (cuda ? failed(emitCudaProgram(*module, spec, sourceStream, cudaTarget,
-                                      &program.calls, program.funcName, steps))
-             : failed(emitCpuProgram(*module, spec, sourceStream,
-                                     &program.calls, program.funcName, steps)))
-      return diagnostics.error(cuda ? "emitting CUDA C++ failed"
-                                    : "emitting C++ failed");
-    llvm::SmallString<256> sourcePath(out), binaryPath(out);
-    llvm::sys::path::append(sourcePath, "src",
-                            program.name + (cuda ? ".cu" : ".cpp"));
-    llvm::sys::path::append(binaryPath, "bin", program.name);
-    if (llvm::Error err = writeFile(sourcePath, source))
-      return err;
-    describeLegacyProgram(*module, program,
-                          spec.parallel.pp > 1 ? spec.parallel.microbatches
-                                               : 1);
-    if (options.emitOnly)
-      continue;
-    if (llvm::Error err =
-            cuda ? buildCudaProgram(sourcePath, binaryPath, cudaTarget.arch,
-                                    options.verbose)
-                 : buildCpuProgram(sourcePath, binaryPath, options.verbose))
-      return err;
-  }
-
-  llvm::SmallString<256> planPath(out);
-  llvm::sys::path::append(planPath, "plan.json");
-  if (llvm::Error err = writeFile(
-          planPath, planJson(spec, *module, programs, options).dump(2) + "\n"))
-    return err;
-  return writeLaunchFiles(out, spec, options.target == "cuda",
-                          layoutOf(*module), programs);
 }
 
 } // namespace
@@ -634,14 +526,16 @@ llvm::Error tessel::gradientCheck(const CompileOptions &options) {
   Spec spec;
   OwningOpRef<ModuleOp> module;
   auto noStage = [](const char *) { return llvm::Error::success(); };
-  bool legacy = true;
   if (llvm::Error err = lower(options, context, diagnostics, spec, module,
-                              noStage, legacy))
+                              noStage, {}, /*gradientCheck=*/true))
     return err;
   std::string source;
   llvm::raw_string_ostream sourceStream(source);
-  if (failed(emitGradientCheckProgram(*module, sourceStream)))
-    return diagnostics.error("emitting the gradient check failed");
+  ModuleOp program;
+  for (auto m : module->getOps<ModuleOp>())
+    program = m;
+  if (!program || failed(emitc::translateToCpp(program, sourceStream)))
+    return diagnostics.error("printing the gradient check failed");
 
   llvm::SmallString<256> dir;
   if (std::error_code ec =

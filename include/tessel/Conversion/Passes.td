@@ -55,6 +55,9 @@ def ConvertRtToEmitC : Pass<"convert-rt-to-emitc", "mlir::ModuleOp"> {
            "cpu or cuda">,
     Option<"cudaArch", "cuda-arch", "int", "90",
            "The GPU architecture a CUDA program is built for (sm_N)">,
+    Option<"gradientCheck", "gradient-check", "bool", "false",
+           "A gradient check: no optimizer step, and main() compares the "
+           "gradients with finite differences (gradientCheckMain)">,
   ];
   let dependentDialects = ["::mlir::emitc::EmitCDialect"];
 }

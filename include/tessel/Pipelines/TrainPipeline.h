@@ -53,13 +53,11 @@ struct TrainPipelineOptions
   Option<int> cudaArch{*this, "cuda-arch",
                        llvm::cl::desc("GPU architecture (sm_N) of CUDA code"),
                        llvm::cl::init(90)};
-  // The planned step of the buffer plan on graph IR, printed by
-  // lib/Emission (the CUDA target and gradient checks, until they are
-  // lowered through rt as the CPU target is).
-  Option<bool> legacy{*this, "legacy",
-                      llvm::cl::desc("Stop at tessel-plan-buffers (graph IR "
-                                     "for lib/Emission)"),
-                      llvm::cl::init(false)};
+  Option<bool> gradientCheck{
+      *this, "gradient-check",
+      llvm::cl::desc("A float64 program that checks the step's gradients "
+                     "against finite differences instead of training"),
+      llvm::cl::init(false)};
 };
 
 void buildTrainPipeline(mlir::OpPassManager &pm,
@@ -72,7 +70,7 @@ struct PipelineStage {
   const char *file;
 };
 // In pipeline order; the graph itself is 00-graph.mlir.
-const std::vector<PipelineStage> &trainPipelineStages(bool legacy = false);
+const std::vector<PipelineStage> &trainPipelineStages();
 
 void registerTrainPipeline();
 

@@ -71,9 +71,7 @@ struct StepContext {
   // Written by the step:
   float loss;
   float gradNorm; // global gradient norm before clipping
-  // Gradient accumulation over microbatches (paramElems floats), allocated
-  // by the runtime when Program::microbatches > 1 or the mesh has pp > 1.
-  float *gradAccum;
+  double lossExact; // the loss as the step computed it (float64 programs)
   // What the compiled step plans besides: accumulators of the update's
   // inputs (Program::accumulatorElems floats), the gradient norm's fp64
   // partial sums (Program::normSums), and on a device the bf16 copy of the
@@ -138,6 +136,14 @@ float clipCoefficient(double totalNorm, float maxNorm);
 // The end of a CPU step: hands the loss and the gradient norm to the
 // runtime.
 void finishStep(StepContext &ctx, const float *loss, const float *norm);
+void finishStep(StepContext &ctx, const double *loss, const double *norm);
+
+// The main() of a float64 gradient-check program (tessel gradcheck): its
+// stores hold doubles. Runs the step (without an optimizer) on random
+// parameters and tokens, then compares sampled entries of every parameter's
+// gradient with central finite differences of the loss; prints each
+// parameter's worst relative error and returns 0 when all are below 1e-5.
+int gradientCheckMain(const Program &program);
 
 // Parses the command line (see `--help`), runs the training loop and returns
 // the process exit code.

@@ -85,22 +85,6 @@ def Partition : Pass<"tessel-partition", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::dist::DistDialect", "::tessel::pipe::PipeDialect"];
 }
 
-def SplitStages : Pass<"tessel-split-stages", "mlir::ModuleOp"> {
-  let summary = "Cuts the training step into one function per pipeline stage";
-  let description = [{
-    With a `pp` mesh axis larger than one, every op of `@train_step` goes to
-    the stage of the layer its location names (embedding first; final norm,
-    head and loss last; the module's `tessel.layer_stages` gives each layer's
-    stage, else contiguous equal groups); a value used on
-    another stage is sent there with `dist.send` right after it is produced
-    and received with `dist.recv` before its first use. Each stage gets the
-    norm of its own gradients (summed over pp) and returns the loss
-    all-reduced over pp. The result is `@stage_0` ... `@stage_{pp-1}`; every
-    op carries `tessel.phase` (forward, backward, update) for the schedule.
-  }];
-  let dependentDialects = ["::tessel::dist::DistDialect", "::tessel::pipe::PipeDialect"];
-}
-
 def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
   let summary = "Cuts the step into each pipeline rank's scheduled parts";
   let description = [{
@@ -143,28 +127,6 @@ def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
            "right before the norm, as microbatching needs)">,
   ];
   let dependentDialects = ["::tessel::dist::DistDialect"];
-}
-
-def PlanBuffers : Pass<"tessel-plan-buffers", "mlir::ModuleOp"> {
-  let summary = "Assigns every tensor of the training step a static buffer";
-  let description = [{
-    Parameters get offsets into the parameter store (their gradients the same
-    offsets in the gradient store). Every other value gets an offset in one
-    activation arena, reusing memory once a value's last use has passed
-    (first-fit by liveness). Reshapes alias their input. A parameter's final
-    gradient is written straight into the gradient store. Results are
-    recorded as `tessel.buffer` attributes: one `[space, offset]` pair per
-    result, where space 0 is the arena (bytes), 1 the parameter store and 2
-    the gradient store (elements), 3 an input.
-  }];
-  let dependentDialects = ["::tessel::graph::GraphDialect"];
-  let options = [
-    Option<"bf16Activations", "bf16-activations", "bool", "false",
-           "Plan 2-byte slots for the arena values a bf16 program stores in "
-           "bf16 (all but parameter gradients, losses and norms; see "
-           "fp32ValuesOf in BufferPlan.h) and mark the module "
-           "tessel.bf16_activations">,
-  ];
 }
 
 def SchedulePipeline : Pass<"tessel-schedule-pipeline", "mlir::ModuleOp"> {
@@ -224,6 +186,15 @@ def LowerPrecision : Pass<"tessel-lower-precision", "mlir::ModuleOp"> {
     which gives bf16 buffers 2-byte elements.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
+def Float64 : Pass<"tessel-float64", "mlir::ModuleOp"> {
+  let summary = "Computes the whole program in float64 (gradient checks)";
+  let description = [{
+    Every f32 tensor of the graph becomes f64, so that central finite
+    differences of the loss are accurate enough to check the gradients the
+    compiled step computes (`tessel gradcheck`).
+  }];
 }
 
 def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {

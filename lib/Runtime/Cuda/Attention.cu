@@ -1,5 +1,9 @@
 //===- Attention.cu - Flash attention, forward and backward ---------------===//
 //
+// (Long by design: the forward and backward flash-attention kernels share
+// their tiling, masking and head-grouping helpers, which must stay
+// together to stay consistent.)
+//
 // q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, T, Hkv, D]. Query head h reads
 // KV head h / (H / Hkv); scale = 1 / sqrt(D). The semantics are those of the
 // CPU kernels (lib/Runtime/Kernels/Attention.cpp), computed tile by tile as in

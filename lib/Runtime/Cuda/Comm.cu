@@ -1,5 +1,8 @@
 //===- Comm.cu - NCCL collectives over mesh axes --------------------------===//
 //
+// (Long by design: communicators, collectives, point-to-point channels and
+// the watchdog share one set of per-stream state and error handling.)
+//
 // The CUDA counterpart of Comm.cpp, with the same contracts on device
 // buffers (see tessel/Runtime/Cuda/Device.h).
 //

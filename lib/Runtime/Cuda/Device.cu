@@ -56,7 +56,6 @@ struct DeviceState {
   float *grads = nullptr;
   float *adamM = nullptr;
   float *adamV = nullptr;
-  float *gradAccum = nullptr;
   float *accumulators = nullptr;
   char *activations = nullptr;
   int32_t *tokens = nullptr;
@@ -191,9 +190,6 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.grads = allocate<float>(s.paramElems, "the gradients");
   s.adamM = allocate<float>(s.paramElems, "the AdamW first moments");
   s.adamV = allocate<float>(s.paramElems, "the AdamW second moments");
-  // Microbatched and pipelined steps accumulate gradients.
-  if (program.microbatches > 1 || program.mesh[MeshAxis::PP] > 1)
-    s.gradAccum = allocate<float>(s.paramElems, "the gradient accumulators");
   s.activations = allocate<char>(program.activationBytes, "the activations");
   s.tokens = allocate<int32_t>(s.batchElems, "the batch's tokens");
   s.targets = allocate<int32_t>(s.batchElems, "the batch's targets");
@@ -224,7 +220,6 @@ void startDevice(const rt::Program &program, const float *hostParams,
   ctx.adamM = s.adamM;
   ctx.adamV = s.adamV;
   ctx.activations = s.activations;
-  ctx.gradAccum = s.gradAccum;
   ctx.accumulators = s.accumulators;
   ctx.normSums = b.normAcc;
   ctx.paramShadow = b.paramShadow;
@@ -281,13 +276,13 @@ void stopDevice() {
   detail::gemmShutdown();
   DeviceBuffers &b = s.buffers;
   void *buffers[] = {s.params,      s.grads,       s.adamM,   s.adamV,
-                     s.gradAccum,   s.activations, s.tokens,  s.targets,
+                     s.activations, s.tokens,  s.targets,
                      b.paramShadow, b.scratch,     b.scalars, b.normAcc,
                      s.accumulators};
   for (void *data : buffers)
     if (data)
       cudaFree(data);
-  s.params = s.grads = s.adamM = s.adamV = s.gradAccum = s.accumulators =
+  s.params = s.grads = s.adamM = s.adamV = s.accumulators =
       nullptr;
   s.activations = nullptr;
   s.tokens = s.targets = nullptr;

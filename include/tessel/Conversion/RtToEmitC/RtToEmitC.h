@@ -25,11 +25,13 @@ void populateRtToEmitCPatterns(const mlir::TypeConverter &converter,
 // One planned rank program (a module after convert-pipe-to-rt) -> the emitc
 // module of its source file; `top` holds the mesh and the training recipe,
 // `device` what TargetInfo::deviceInfo read from the programs before any was
-// converted.
+// converted. A gradient check has no optimizer step and a main() that
+// checks the gradients (gradientCheckMain).
 mlir::LogicalResult
 convertProgramToEmitC(mlir::ModuleOp program, mlir::ModuleOp top,
                       const TargetInfo &target,
-                      const TargetInfo::DeviceInfo &device);
+                      const TargetInfo::DeviceInfo &device,
+                      bool gradientCheck = false);
 
 // `text` as a C++ string literal, and as text safe in a // comment.
 std::string cppStringLiteral(llvm::StringRef text);
