@@ -107,7 +107,8 @@ void LowerPrecisionPass::runOnOperation() {
       work.push_back(c);
   };
   // Values summed over microbatches for the update are summed in fp32.
-  bool accumulates = pipe::layoutOf(module).getMicrobatches() > 1;
+  pipe::LayoutAttr layout = pipe::layoutOf(module);
+  bool accumulates = layout && layout.getMicrobatches() > 1;
   module.walk([&](Operation *op) {
     if (auto update = dyn_cast<pipe::UpdateOp>(op); update && accumulates)
       for (Value input : update.getInputs())

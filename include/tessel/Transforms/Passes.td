@@ -185,7 +185,8 @@ def LowerPrecision : Pass<"tessel-lower-precision", "mlir::ModuleOp"> {
     refreshes from the fp32 master weights. Runs before the memory plan,
     which gives bf16 buffers 2-byte elements.
   }];
-  let dependentDialects = ["::tessel::rtir::RtDialect"];
+  let dependentDialects = ["::tessel::rtir::RtDialect",
+                           "::tessel::pipe::PipeDialect"];
 }
 
 def Float64 : Pass<"tessel-float64", "mlir::ModuleOp"> {
