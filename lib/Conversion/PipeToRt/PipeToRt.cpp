@@ -17,6 +17,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
+#include <map>
 #include <set>
 
 namespace tessel {
@@ -31,6 +32,37 @@ namespace rt = tessel::rtir;
 std::string tessel::programName(int64_t pipelineRank, int64_t pipelineRanks) {
   return pipelineRanks == 1 ? "program0"
                             : "stage" + std::to_string(pipelineRank);
+}
+
+// How many activation arena slots a rank's schedule needs: a microbatch
+// holds its slot from its first forward on the rank to its last backward
+// there, and microbatch m uses slot m % slots. The fewest slots with which no
+// two microbatches in flight share one (1F1B: the p - r in flight at rank r;
+// GPipe: all of them).
+static int64_t arenaSlotsOf(pipe::RankOp steps, int64_t microbatches) {
+  std::map<int64_t, int64_t> backwards; // microbatch -> backward steps here
+  steps.walk([&](pipe::BackwardOp b) { ++backwards[b.getMicrobatch()]; });
+  for (int64_t slots = 1; slots < microbatches; ++slots) {
+    std::map<int64_t, int64_t> left; // in flight -> backward steps left
+    bool fits = true;
+    steps.walk([&](Operation *op) {
+      if (auto f = dyn_cast<pipe::ForwardOp>(op)) {
+        int64_t mb = f.getMicrobatch();
+        if (left.count(mb))
+          return;
+        for (auto &[other, n] : left)
+          fits &= other % slots != mb % slots;
+        left[mb] = backwards[mb];
+      } else if (auto b = dyn_cast<pipe::BackwardOp>(op)) {
+        auto it = left.find(b.getMicrobatch());
+        if (it != left.end() && --it->second == 0)
+          left.erase(it);
+      }
+    });
+    if (fits)
+      return slots;
+  }
+  return microbatches;
 }
 
 namespace {
@@ -82,9 +114,8 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",
-                     b.getI64IntegerAttr(schedule.getRanks() > 1
-                                             ? schedule.getMicrobatches()
-                                             : 1));
+                     b.getI64IntegerAttr(
+                         arenaSlotsOf(steps, schedule.getMicrobatches())));
     program->setAttr("rt.microbatches",
                      b.getI64IntegerAttr(schedule.getMicrobatches()));
 

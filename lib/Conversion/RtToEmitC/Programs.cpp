@@ -119,7 +119,13 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   for (rt::Space space : spaces) {
     switch (space) {
     case rt::Space::Arena:
-      if (hasMicrobatch && slots > 1)
+      if (hasMicrobatch && slots > 1 &&
+          slots < intAttr(program, "rt.microbatches", 1))
+        // Microbatch mb uses slot mb % slots (fewer slots than microbatches:
+        // those in flight on this rank at once).
+        line("char *A = ctx.activations + (mb % " + Twine(slots) + ") * " +
+             Twine(arenaBytes) + ";");
+      else if (hasMicrobatch && slots > 1)
         line("char *A = ctx.activations + mb * " + Twine(arenaBytes) + ";");
       else
         line("char *A = ctx.activations;");
