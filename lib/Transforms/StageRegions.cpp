@@ -159,6 +159,18 @@ LogicalResult StageCutter::assignStages() {
       s = stageOf.lookup(adamw.getParam().getDefiningOp());
     else if (!isa<dist::DistDialect>(op.getDialect()))
       s = stageOfLayer(layerOf(&op));
+    // A gradient summed from contributions that are all computed on one
+    // later stage (a value read by several ops there, e.g. the residual
+    // stream) is summed there: one tensor goes back instead of each
+    // contribution.
+    if (auto add = dyn_cast<AddOp>(op); add && s &&
+                                        phaseOf(&op) == Phase::Backward) {
+      Operation *lhs = add.getLhs().getDefiningOp();
+      Operation *rhs = add.getRhs().getDefiningOp();
+      if (lhs && rhs && stageOf.count(lhs) && stageOf.count(rhs) &&
+          stageOf[lhs] == stageOf[rhs] && stageOf[lhs] > *s)
+        s = stageOf[lhs];
+    }
     // Collectives and ops without a layer run where their operands are
     // (the latest stage).
     if (!s)
