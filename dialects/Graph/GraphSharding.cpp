@@ -525,6 +525,19 @@ LogicalResult SplitOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult ConcatOp::propagateSharding(ShardingContext &ctx) {
   int64_t axis = getAxis();
+  // Partial sums joined along a whole dimension stay partial: the joined
+  // tensor is reduced once, later (GPT-2's q|k|v weight gradients join
+  // before the data-parallel reduction, in its bucket).
+  Sharding first = ctx.get(getInputs().front());
+  if (!first.partial.empty() && first.dims[axis].empty() &&
+      llvm::all_equal(getInputs().getTypes()) &&
+      llvm::all_of(getInputs(),
+                   [&](Value v) { return ctx.get(v) == first; })) {
+    for (unsigned i = 0; i < getNumOperands(); ++i)
+      ctx.require(*this, i, first);
+    ctx.set(getResult(), first);
+    return success();
+  }
   Sharding s = ctx.reduced(getInputs().front());
   bool same = llvm::all_equal(getInputs().getTypes()) &&
               llvm::all_of(getInputs(), [&](Value v) {
