@@ -87,10 +87,13 @@ def comm(args):
                                                   call["element_bytes"])
             if call["bytes_sent"] != expect:
                 fail(f"predicted {call['bytes_sent']} bytes for {call}, textbook says {expect}")
+            # A collective a part runs per microbatch is listed once, with
+            # how many times a step runs it.
+            count = call.get("count", 1)
             t = totals.setdefault(call["collective"], {"calls": 0, "elements": 0, "bytes_sent": 0})
-            t["calls"] += 1
-            t["elements"] += call["elements"]
-            t["bytes_sent"] += call["bytes_sent"]
+            t["calls"] += count
+            t["elements"] += count * call["elements"]
+            t["bytes_sent"] += count * call["bytes_sent"]
     base, ext = os.path.splitext(args.report)
     zero = {"calls": 0, "elements": 0, "bytes_sent": 0}
     for rank in range(plan["world_size"]):

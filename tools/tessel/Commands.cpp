@@ -178,13 +178,16 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
              << " ranks): collectives per rank and step\n";
       outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
                         "collective", "axes", "group", "elements", "bytes sent",
-                        "op");
-      for (const json &c : program["comm"]["per_step"])
+                        "op (x times per step)");
+      for (const json &c : program["comm"]["per_step"]) {
+        int64_t count = c.value("count", 1);
         outs() << formatv(
-            "  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
+            "  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}{6}\n",
             c["collective"].get<std::string>(), c["axes"].get<std::string>(),
             c["group"].get<int64_t>(), c["elements"].get<int64_t>(),
-            c["bytes_sent"].get<int64_t>(), c["op"].get<std::string>());
+            c["bytes_sent"].get<int64_t>(), c["op"].get<std::string>(),
+            count > 1 ? " x" + std::to_string(count) : std::string());
+      }
       if (program["comm"]["per_step"].empty())
         outs() << "  (none)\n";
     }

@@ -37,6 +37,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 using namespace mlir;
 using namespace tessel;
 using json = nlohmann::ordered_json;
@@ -89,6 +91,7 @@ struct CollectiveCall {
   int64_t elementBytes;
   int64_t bytesSent; // textbook volume (CommVolume.h)
   std::string what;  // the op it implements
+  int64_t count = 1; // times a step runs it (a part runs per microbatch)
 };
 
 // The layout of the compiled module: its mesh and virtual stages.
@@ -107,13 +110,14 @@ json commReport(const std::vector<CollectiveCall> &calls) {
                        {"elements", c.elements},
                        {"element_bytes", c.elementBytes},
                        {"bytes_sent", c.bytesSent},
+                       {"count", c.count},
                        {"op", c.what}});
     json &t = totals[c.kind];
     if (t.is_null())
       t = {{"calls", 0}, {"elements", 0}, {"bytes_sent", 0}};
-    t["calls"] = t["calls"].get<int64_t>() + 1;
-    t["elements"] = t["elements"].get<int64_t>() + c.elements;
-    t["bytes_sent"] = t["bytes_sent"].get<int64_t>() + c.bytesSent;
+    t["calls"] = t["calls"].get<int64_t>() + c.count;
+    t["elements"] = t["elements"].get<int64_t>() + c.count * c.elements;
+    t["bytes_sent"] = t["bytes_sent"].get<int64_t>() + c.count * c.bytesSent;
   }
   return {{"per_step", perStep}, {"per_step_totals", totals}};
 }
@@ -139,6 +143,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   };
   MeshShape mesh = dist::meshOf(top);
   auto step = program.lookupSymbol<func::FuncOp>("train_step");
+  std::map<std::pair<Operation *, unsigned>, size_t> entryOf;
   std::function<void(Operation *)> visit = [&](Operation *op) {
     if (auto call = dyn_cast<func::CallOp>(op)) {
       if (auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee()))
@@ -166,9 +171,18 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     std::string what = op->getName().getStringRef().str();
     if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
       what += " @ " + loc.getName().getValue().str();
-    for (const rtir::CollectiveRecord &r : records)
+    // One entry per collective of the program, counted each time the step
+    // runs it: a part that runs per microbatch lists its collectives once.
+    for (auto [k, r] : llvm::enumerate(records)) {
+      auto [it, inserted] =
+          entryOf.try_emplace({op, (unsigned)k}, out.calls.size());
+      if (!inserted) {
+        ++out.calls[it->second].count;
+        continue;
+      }
       out.calls.push_back({r.kind, r.axes, r.groupSize, r.elements,
                            r.elementBytes, r.bytesSent, what});
+    }
   };
   if (step)
     for (Operation &op : step.getBody().front())
