@@ -446,10 +446,12 @@ LogicalResult MatmulOp::propagateSharding(ShardingContext &ctx) {
 LogicalResult ReshapeOp::propagateSharding(ShardingContext &ctx) {
   ArrayRef<int64_t> in = shapeOf(getInput()), out = shapeOf(getResult());
   Sharding s = ctx.get(getInput());
+  // What the reshape needs of its input: splits it can carry over, the
+  // others gathered.
+  Sharding required = s;
   Sharding result;
   result.partial = s.partial;
   result.dims.assign(out.size(), AxisSet());
-  bool mappable = true;
   size_t i = 0, o = 0;
   while (i < in.size() || o < out.size()) {
     size_t i0 = i, o0 = o;
@@ -463,32 +465,29 @@ LogicalResult ReshapeOp::propagateSharding(ShardingContext &ctx) {
       else
         break;
     }
-    AxisSet axes;
-    int sharded = 0;
-    for (size_t d = i0; d < i; ++d)
-      if (!s.dims[d].empty()) {
-        axes |= s.dims[d];
-        ++sharded;
-      }
-    if (axes.empty())
+    if (i0 >= in.size())
       continue;
     // Only a split of the group's outermost dimension is a split into
-    // contiguous blocks of the merged or re-split dimension; anything else
-    // (say the sequence split under a merged [batch * seq]) would permute
-    // rows, so it is gathered first.
-    bool onlyOuter =
-        sharded == 1 && !s.dims[i0].empty() && s.blocksOf(i0) == 1;
-    if (onlyOuter && out[o0] % ctx.mesh().groupSize(axes) == 0)
-      result.dims[o0] = axes;
+    // contiguous blocks of the merged or re-split dimension. A split of an
+    // inner one (say the sequence under a merged [batch * seq]) would
+    // permute rows: only that one is gathered, and the outer split (the
+    // batch's data-parallel split) is kept.
+    for (size_t d = i0 + 1; d < i; ++d)
+      required.dims[d] = AxisSet();
+    AxisSet outer = s.dims[i0];
+    if (outer.empty())
+      continue;
+    if (s.blocksOf(i0) == 1 && out[o0] % ctx.mesh().groupSize(outer) == 0)
+      result.dims[o0] = outer;
     else
-      mappable = false;
+      required.dims[i0] = AxisSet();
   }
-  if (!mappable) {
-    Sharding gathered = Sharding::replicated(in.size());
-    gathered.partial = s.partial;
-    ctx.require(*this, 0, gathered);
-    result = Sharding::replicated(out.size());
-    result.partial = s.partial;
+  if (!(required == s)) {
+    required.blocks.clear();
+    for (size_t d = 0; d < required.dims.size(); ++d)
+      if (!required.dims[d].empty())
+        required.setBlocks(d, s.blocksOf(d));
+    ctx.require(*this, 0, required);
   }
   ctx.set(getResult(), result);
   return success();
