@@ -177,6 +177,29 @@ LogicalResult StageCutter::assignStages() {
       for (Value v : op.getOperands())
         if (Operation *def = v.getDefiningOp(); def && stageOf.count(def))
           s = std::max<int64_t>(s.value_or(0), stageOf[def]);
+    // A collective whose readers are all on one earlier stage that receives
+    // its operand anyway (a sequence-parallel gradient gathered there) runs
+    // on that stage: the operand crosses once, not the operand and the
+    // gathered tensor.
+    if (s && isa<dist::AllGatherOp>(op) && op.getNumOperands() == 1) {
+      std::optional<int64_t> readers;
+      bool one = !op.use_empty();
+      for (Operation *user : op.getUsers()) {
+        std::optional<int64_t> u = stageOfLayer(layerOf(user));
+        if (!u || (readers && *readers != *u))
+          one = false;
+        else
+          readers = u;
+      }
+      bool operandThere = false;
+      for (Operation *user : op.getOperand(0).getUsers())
+        if (user != &op)
+          if (std::optional<int64_t> u = stageOfLayer(layerOf(user));
+              u && readers && *u == *readers)
+            operandThere = true;
+      if (one && readers && *readers < *s && operandThere)
+        s = *readers;
+    }
     if (!s && stages == 1)
       s = 0;
     if (!s)
