@@ -228,7 +228,6 @@ void LowerPrecisionPass::runOnOperation() {
         v.setType(lowered(type));
     }
   }
-  module->setAttr("rt.precision", StringAttr::get(ctx, "bf16"));
 }
 
 } // namespace

@@ -5,7 +5,6 @@
 // and one-element values; matmuls read the weight's bf16 shadow, which
 // AdamW refreshes; master weights and moments stay fp32.
 
-// CHECK: module attributes {{.*}}rt.precision = "bf16"
 module attributes {dist.mesh = #dist.mesh<>} {
 // CHECK-LABEL: func.func @train_step()
 func.func @train_step() {

@@ -424,7 +424,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   return llvm::Error::success();
 }
 
-// The target named on the command line, checked before any work is done.
 // The target named on the command line, checked before any work is done:
 // the GPU architecture of a CUDA target (0 for the CPU).
 llvm::Expected<int> cudaArchOf(const CompileOptions &options) {
@@ -485,38 +484,36 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err =
           lower(options, context, diagnostics, spec, module, stage, observe))
     return err;
-  {
-    for (const ProgramOut &program : programs) {
-      ModuleOp source;
-      for (auto m : module->getOps<ModuleOp>())
-        if (m.getSymName() == program.name)
-          source = m;
-      std::string text;
-      llvm::raw_string_ostream os(text);
-      if (!source || failed(emitc::translateToCpp(source, os)))
-        return diagnostics.error("printing " + program.name + " failed");
-      llvm::SmallString<256> sourcePath(out), binaryPath(out);
-      llvm::sys::path::append(sourcePath, "src",
-                              program.name + (cuda ? ".cu" : ".cpp"));
-      llvm::sys::path::append(binaryPath, "bin", program.name);
-      if (llvm::Error err = writeFile(sourcePath, text))
-        return err;
-      if (options.emitOnly)
-        continue;
-      if (llvm::Error err =
-              cuda ? buildCudaProgram(sourcePath, binaryPath, cudaArch,
-                                      options.verbose)
-                   : buildCpuProgram(sourcePath, binaryPath, options.verbose))
-        return err;
-    }
-    llvm::SmallString<256> planPath(out);
-    llvm::sys::path::append(planPath, "plan.json");
-    if (llvm::Error err = writeFile(
-            planPath,
-            planJson(spec, *module, programs, options).dump(2) + "\n"))
+  for (const ProgramOut &program : programs) {
+    ModuleOp source;
+    for (auto m : module->getOps<ModuleOp>())
+      if (m.getSymName() == program.name)
+        source = m;
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    if (!source || failed(emitc::translateToCpp(source, os)))
+      return diagnostics.error("printing " + program.name + " failed");
+    llvm::SmallString<256> sourcePath(out), binaryPath(out);
+    llvm::sys::path::append(sourcePath, "src",
+                            program.name + (cuda ? ".cu" : ".cpp"));
+    llvm::sys::path::append(binaryPath, "bin", program.name);
+    if (llvm::Error err = writeFile(sourcePath, text))
       return err;
-    return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
+    if (options.emitOnly)
+      continue;
+    if (llvm::Error err =
+            cuda ? buildCudaProgram(sourcePath, binaryPath, cudaArch,
+                                    options.verbose)
+                 : buildCpuProgram(sourcePath, binaryPath, options.verbose))
+      return err;
   }
+  llvm::SmallString<256> planPath(out);
+  llvm::sys::path::append(planPath, "plan.json");
+  if (llvm::Error err = writeFile(
+          planPath,
+          planJson(spec, *module, programs, options).dump(2) + "\n"))
+    return err;
+  return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
 }
 
 } // namespace

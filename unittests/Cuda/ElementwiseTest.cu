@@ -252,8 +252,8 @@ TEST(CudaElementwise, AccumulateInto) {
   const int64_t n = 30011;
   auto a = randomVector(size_t(n), 11), b = randomVector(size_t(n), 12);
   std::vector<float> want(n);
-  tessel::rt::accumulateInto(a.data(), want.data(), n, true);
-  tessel::rt::accumulateInto(b.data(), want.data(), n, false);
+  tessel::rt::accumulateSum(a.data(), want.data(), true, n);
+  tessel::rt::accumulateSum(b.data(), want.data(), false, n);
   DeviceArray<float> da(a), db(b), acc(n);
   sync();
   fill(acc.get(), n, 5.0f);
@@ -262,8 +262,8 @@ TEST(CudaElementwise, AccumulateInto) {
   expectClose(acc.download(), want, 0, 0, "accumulateInto f32");
 
   auto ah = roundTo<bf16>(a), bh = roundTo<bf16>(b);
-  tessel::rt::accumulateInto(ah.data(), want.data(), n, true);
-  tessel::rt::accumulateInto(bh.data(), want.data(), n, false);
+  tessel::rt::accumulateSum(ah.data(), want.data(), true, n);
+  tessel::rt::accumulateSum(bh.data(), want.data(), false, n);
   DeviceArray<bf16> dah(ah), dbh(bh);
   sync();
   accumulateInto(dah.get(), acc.get(), n, true);

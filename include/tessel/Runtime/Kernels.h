@@ -147,10 +147,6 @@ void adamwUpdate(float *p, const float *g, float *m, float *v, int64_t n,
                  float lr, float beta1, float beta2, float eps,
                  float weightDecay, int64_t step, float gradScale);
 
-// Gradient accumulation over microbatches: acc = src when `first`, else
-// acc += src (in place; src and acc must not overlap).
-void accumulateInto(const float *src, float *acc, int64_t n, bool first);
-
 //===--- The step's bookkeeping (same calls on the CUDA runtime) ----------===//
 
 // acc = src when `first`, else acc += src: an input of the update summed

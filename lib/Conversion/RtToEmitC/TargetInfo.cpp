@@ -36,7 +36,6 @@ Type scalarOf(Operation *kernel) {
 
 class CpuTargetInfo : public TargetInfo {
 public:
-  StringRef name() const override { return "cpu"; }
   std::vector<std::string> includes() const override {
     return {"tessel/Runtime/Comm.h", "tessel/Runtime/Kernels.h",
             "tessel/Runtime/Program.h", "tessel/Runtime/Trace.h",
@@ -63,7 +62,6 @@ public:
 class CudaTargetInfo : public TargetInfo {
 public:
   explicit CudaTargetInfo(int arch) : arch(arch) {}
-  StringRef name() const override { return "cuda"; }
   std::vector<std::string> includes() const override {
     return {"tessel/Runtime/Comm.h", "tessel/Runtime/Cuda/Device.h",
             "tessel/Runtime/Program.h", "tessel/Runtime/Trace.h", "algorithm",

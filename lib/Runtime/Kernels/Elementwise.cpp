@@ -267,16 +267,6 @@ TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE
 
-void accumulateInto(const float *src, float *acc, int64_t n, bool first) {
-  if (first) {
-    std::memcpy(acc, src, n * sizeof(float));
-    return;
-  }
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-  for (int64_t i = 0; i < n; ++i)
-    acc[i] += src[i];
-}
-
 template <typename T>
 void accumulateSum(const T *src, T *acc, bool first, int64_t n) {
   if (first) {

@@ -26,7 +26,6 @@ class TargetInfo {
 public:
   virtual ~TargetInfo() = default;
 
-  virtual llvm::StringRef name() const = 0;
   // What the generated source includes (a name without '/' is a system
   // header) and the declarations that name the runtime.
   virtual std::vector<std::string> includes() const = 0;
