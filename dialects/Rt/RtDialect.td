@@ -38,7 +38,8 @@ def Rt_Space : I32EnumAttr<"Space", "storage a buffer lives in", [
     I32EnumAttrCase<"AdamV", 4, "adam_v">,
     I32EnumAttrCase<"Accumulators", 5, "accumulators">,
     I32EnumAttrCase<"Shadow", 6, "shadow">,
-    I32EnumAttrCase<"NormSums", 7, "norm_sums">]> {
+    I32EnumAttrCase<"NormSums", 7, "norm_sums">,
+    I32EnumAttrCase<"Received", 8, "received">]> {
   let cppNamespace = "::tessel::rtir";
   let genSpecializedAttr = 0;
 }

@@ -54,6 +54,23 @@ struct OrderMessagesPass
         continue;
       int64_t rank = rankAttr.getInt();
       std::vector<StepMessages> &mine = steps[rank];
+      // What the step exchanges once before its parts (a parameter another
+      // rank reads), as microbatch 0.
+      auto record = [&](Operation *op, int64_t mb, StepMessages &messages) {
+        if (auto recv = dyn_cast<rt::RecvOp>(op)) {
+          Channel c = {rank + recv.getOffset(), rank};
+          received[c].push_back({recv.getTag(), mb});
+          messages.receives.push_back({c, {recv.getTag(), mb}});
+        } else if (auto send = dyn_cast<rt::SendOp>(op)) {
+          Channel c = {rank, rank + send.getOffset()};
+          sent[c].push_back({send.getTag(), mb});
+          messages.sends.push_back({c, {send.getTag(), mb}, send});
+        }
+      };
+      StepMessages &start = mine.emplace_back();
+      start.what = "start of the step";
+      for (Operation &op : step.getBody().getOps())
+        record(&op, 0, start);
       for (auto call : step.getBody().getOps<func::CallOp>()) {
         auto part = program.lookupSymbol<func::FuncOp>(call.getCallee());
         if (!part || call.getNumOperands() != 2)
@@ -69,17 +86,7 @@ struct OrderMessagesPass
         auto kind = part->getAttrOfType<StringAttr>("rt.part");
         messages.what = (kind ? kind.getValue().str() : "part") +
                         " of microbatch " + std::to_string(mb);
-        part.walk([&](Operation *op) {
-          if (auto recv = dyn_cast<rt::RecvOp>(op)) {
-            Channel c = {rank + recv.getOffset(), rank};
-            received[c].push_back({recv.getTag(), mb});
-            messages.receives.push_back({c, {recv.getTag(), mb}});
-          } else if (auto send = dyn_cast<rt::SendOp>(op)) {
-            Channel c = {rank, rank + send.getOffset()};
-            sent[c].push_back({send.getTag(), mb});
-            messages.sends.push_back({c, {send.getTag(), mb}, send});
-          }
-        });
+        part.walk([&](Operation *op) { record(op, mb, messages); });
       }
     }
     for (auto &entry : received)

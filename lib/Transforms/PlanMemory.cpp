@@ -7,7 +7,9 @@
 // store; the update's inputs accumulated over microbatches get
 // accumulators; every other buffer gets an offset in the activation arena of
 // its microbatch, reused as soon as the value is dead (first fit by
-// liveness, in the order the parts run within a microbatch). Values handed
+// liveness, in the order the parts run within a microbatch); a parameter
+// received from another rank for the step is held after the arena slots
+// (`received`). Values handed
 // from one part to another keep one place. Afterwards each part refers only
 // to its own ops (views of planned places), and collectives over buffers
 // laid out side by side are one call. See Passes.td.
@@ -121,7 +123,7 @@ private:
   DenseMap<Value, Place> placeOf; // of roots
   DenseMap<Value, int64_t> paramOffset;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
-  int64_t normSums = 0, requests = 0;
+  int64_t normSums = 0, requests = 0, receivedBytes = 0;
   bool hadError = false;
 };
 
@@ -216,6 +218,13 @@ void Planner::placeArena() {
     Value buffer = alloc.getResult();
     if (placeOf.count(buffer))
       return;
+    // Outside every part: held for the whole step (a parameter received
+    // from another rank), after the microbatches' arena slots.
+    if (alloc->getParentOp() == func.getOperation()) {
+      placeOf[buffer] = {rt::Space::Received, receivedBytes};
+      receivedBytes += llvm::alignTo(bytesOf(buffer), kAlignment);
+      return;
+    }
     allocs.push_back(buffer);
     int64_t last = lastUse.count(buffer) ? lastUse[buffer] : position[alloc];
     dying[last].push_back(buffer);
@@ -450,6 +459,7 @@ LogicalResult Planner::run() {
   func->setAttr("rt.arena_bytes", b.getI64IntegerAttr(arenaBytes));
   func->setAttr("rt.accumulator_elems", b.getI64IntegerAttr(accumulatorElems));
   func->setAttr("rt.norm_sums", b.getI64IntegerAttr(normSums));
+  func->setAttr("rt.received_bytes", b.getI64IntegerAttr(receivedBytes));
   func->setAttr("rt.request_slots", b.getI64IntegerAttr(requests));
   return success();
 }

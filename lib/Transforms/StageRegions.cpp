@@ -91,6 +91,7 @@ private:
   }
   Value lookup(Value v, const Part &user);
   Value handOn(Value v, const Part &from, const Part &to);
+  Value receiveParam(Value v, int64_t rank);
   void placeNorm(GlobalNormOp norm);
   void finishRank(int64_t rank, func::FuncOp func);
 
@@ -105,8 +106,10 @@ private:
   // synchronisation, run once per step rather than per microbatch.
   llvm::SmallPtrSet<Operation *, 32> syncOps;
   std::map<Part, PartBuild> parts;
-  // Parameters (outside every part) per rank.
+  // Parameters (outside every part) per rank: its own and those it
+  // receives once per step.
   SmallVector<IRMapping> params;
+  SmallVector<func::FuncOp> funcs; // per rank
   // Where a value lives on a rank, once it is there (defined, received or
   // cloned): its part and its value in that part.
   std::map<std::pair<int64_t, Part>, DenseMap<Value, Value>> clones;
@@ -170,6 +173,21 @@ LogicalResult StageCutter::assignStages() {
       if (lhs && rhs && stageOf.count(lhs) && stageOf.count(rhs) &&
           stageOf[lhs] == stageOf[rhs] && stageOf[lhs] > *s)
         s = stageOf[lhs];
+    }
+    // A gradient summed from contributions of different pipeline ranks (a
+    // tied embedding's, from the embedding and the head) that only the
+    // update reads is summed by the update: each rank sums its contribution
+    // over the microbatches and one tensor crosses per step, not one per
+    // microbatch.
+    if (auto add = dyn_cast<AddOp>(op);
+        add && s && phaseOf(&op) == Phase::Backward && !op.use_empty() &&
+        llvm::all_of(op.getUsers(),
+                     [&](Operation *user) { return update.contains(user); })) {
+      Operation *lhs = add.getLhs().getDefiningOp();
+      Operation *rhs = add.getRhs().getDefiningOp();
+      if (lhs && rhs && stageOf.count(lhs) && stageOf.count(rhs) &&
+          layout.stageOwner(stageOf[lhs]) != layout.stageOwner(stageOf[rhs]))
+        syncOps.insert(&op);
     }
     // Collectives and ops without a layer run where their operands are
     // (the latest stage).
@@ -251,18 +269,21 @@ Value StageCutter::lookup(Value v, const Part &user) {
     here[v] = handed;
     return handed;
   }
+  // A parameter of another rank (a tied embedding read by the head): sent
+  // once per step, before the step's parts, and held here for the step like
+  // a parameter of this rank.
+  if (isa<ParamOp>(def))
+    return receiveParam(v, user.rank);
   // Produced on another rank: sent right after it is produced (in the part
-  // that produces it; a parameter in the forward pass of its chunk) and
-  // received here.
-  Part from;
+  // that produces it) and received here. What an update reads from a pass
+  // of another rank (a gradient contribution) is summed over the
+  // microbatches there and sent once, by that rank's update.
+  Part from = partOf(def);
   Value sent;
-  if (isa<ParamOp>(def)) {
-    int64_t stage = stageOf.lookup(def);
-    from = {layout.stageOwner(stage), Phase::Forward,
-            layout.stageChunk(stage)};
-    sent = params[from.rank].lookup(v);
+  if (user.phase == Phase::Update && from.phase != Phase::Update) {
+    from = {from.rank, Phase::Update, 0};
+    sent = lookup(v, from);
   } else {
-    from = partOf(def);
     sent = clones[{from.rank, from}].lookup(v);
   }
   if (!sent) {
@@ -286,6 +307,34 @@ Value StageCutter::lookup(Value v, const Part &user) {
   setPhase(recv, user.phase);
   here[v] = recv.getResult();
   home[{v, user.rank}] = {user, recv.getResult()};
+  return recv.getResult();
+}
+
+// Parameter `v` of another pipeline rank made available on `rank` for the
+// whole step: its owner sends it at the start of the step (before any part
+// runs; the update that changes it waits for the send) and `rank` receives
+// it into a place held for the step.
+Value StageCutter::receiveParam(Value v, int64_t rank) {
+  if (Value p = params[rank].lookupOrNull(v))
+    return p;
+  Operation *def = v.getDefiningOp();
+  int64_t owner = layout.stageOwner(stageOf.lookup(def));
+  Value sent = params[owner].lookupOrNull(v);
+  if (!sent) {
+    def->emitOpError("is used on pipeline rank ")
+        << rank << " but was never placed on rank " << owner;
+    return nullptr;
+  }
+  int64_t tag = nextTag++;
+  OpBuilder sb = OpBuilder::atBlockEnd(&funcs[owner].getBody().front());
+  auto send = dist::SendOp::create(sb, def->getLoc(), sent, MeshAxis::PP,
+                                   rank - owner, tag);
+  setPhase(send, Phase::Forward);
+  OpBuilder rb = OpBuilder::atBlockEnd(&funcs[rank].getBody().front());
+  auto recv = dist::RecvOp::create(rb, def->getLoc(), v.getType(),
+                                   MeshAxis::PP, owner - rank, tag);
+  setPhase(recv, Phase::Forward);
+  params[rank].map(v, recv.getResult());
   return recv.getResult();
 }
 
@@ -325,7 +374,6 @@ LogicalResult StageCutter::run() {
   // The loss's type (f32; f64 in gradient checks).
   auto scalar = cast<RankedTensorType>(
       step.getBody().front().getTerminator()->getOperand(0).getType());
-  SmallVector<func::FuncOp> funcs;
   for (int64_t r = 0; r < ranks; ++r) {
     std::string name =
         ranks == 1 ? "train_step" : "stage_" + std::to_string(r);
@@ -363,6 +411,8 @@ LogicalResult StageCutter::run() {
     IRMapping map;
     map.map(op.getOperands(), operands);
     Operation *clone = ob.clone(op, map);
+    if (syncOps.contains(&op))
+      setPhase(clone, Phase::Update);
     for (auto [orig, copy] : llvm::zip(op.getResults(), clone->getResults())) {
       clones[{part.rank, part}][orig] = copy;
       home[{orig, part.rank}] = {part, copy};

@@ -8,7 +8,7 @@
 // parameter's AdamW reads is produced straight into the gradient store at
 // the parameter's offset; its moments are at the same offset in theirs.
 // CHECK-LABEL: func.func @train_step()
-// CHECK-SAME: rt.accumulator_elems = 0 : i64, rt.arena_bytes = 192 : i64, rt.norm_sums = 0 : i64, rt.param_elems = 88 : i64, rt.request_slots = 3 : i64
+// CHECK-SAME: rt.accumulator_elems = 0 : i64, rt.arena_bytes = 192 : i64, rt.norm_sums = 0 : i64, rt.param_elems = 88 : i64, rt.received_bytes = 0 : i64, rt.request_slots = 3 : i64
 // CHECK: rt.param "w" {{.*}}offset = 0 : i64
 // CHECK: rt.param "b" {{.*}}offset = 64 : i64
 // CHECK: rt.param "c" {{.*}}offset = 72 : i64
@@ -140,7 +140,7 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
 // the pass has accumulated it: the forward's loss, dead once accumulated at
 // the end of the forward pass, leaves its place to the gradient.
 // CHECK-LABEL: func.func @train_step()
-// CHECK-SAME: rt.accumulator_elems = 1 : i64, rt.arena_bytes = 128 : i64, rt.norm_sums = 0 : i64, rt.param_elems = 72 : i64, rt.request_slots = 0 : i64
+// CHECK-SAME: rt.accumulator_elems = 1 : i64, rt.arena_bytes = 128 : i64, rt.norm_sums = 0 : i64, rt.param_elems = 72 : i64, rt.received_bytes = 0 : i64, rt.request_slots = 0 : i64
 // CHECK: pipe.forward_pass
 // CHECK: rt.buffer <arena> 64 : memref<f32>
 // CHECK: pipe.backward_pass

@@ -1,5 +1,6 @@
 // RUN: tessel-opt %S/Inputs/pp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions | FileCheck %s
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions | FileCheck %s --check-prefix=ONE
+// RUN: sed -e '/"head.w"/d' -e 's/%h1, %wo/%h1, %e/' %S/Inputs/pp-forward.mlir | tessel-opt --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions | FileCheck %s --check-prefix=TIED
 // RUN: sed 's/{dist.mesh = #dist.mesh<pp = 2>}/{dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<microbatches = 1, schedule = "1f1b", virtual_stages = 1, layer_stages = [0, 0]>}/' %S/Inputs/pp-forward.mlir | tessel-opt --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions | FileCheck %s --check-prefix=GIVEN
 
 // Two pipeline ranks. Blocks are balanced by matmul work (block 1 carries the
@@ -62,3 +63,27 @@
 // GIVEN-LABEL: func.func @stage_1()
 // GIVEN-NOT: graph.param "h.
 // GIVEN: graph.param "head.w"
+
+// The head tied to the embedding table: rank 0 sends the table once per
+// step, before its parts, and rank 1 holds it for the step like a parameter
+// of its own. Rank 1's gradient contribution is summed over the
+// microbatches by its update, which sends it once; rank 0's update adds it
+// to its own before the norm and AdamW.
+// TIED-LABEL: func.func @stage_0()
+// TIED: %[[WTE:.*]] = graph.param "wte"
+// TIED: dist.send %[[WTE]] {axis = #dist.axis<pp>, {{.*}}offset = 1 : i64, tag = [[TT:[0-9]+]] : i64}
+// TIED-NEXT: pipe.forward_pass chunk 0
+// TIED: pipe.update(%{{.*}}, %{{.*}} : tensor<32x8xf32>, tensor<8x8xf32>)
+// TIED-NEXT: ^bb0(%[[MINE:.*]]: tensor<32x8xf32>, %{{.*}}: tensor<8x8xf32>):
+// TIED-NEXT: %[[THEIRS:.*]] = dist.recv {axis = #dist.axis<pp>, {{.*}}offset = 1 : i64, tag = [[GT:[0-9]+]] : i64} : tensor<32x8xf32>
+// TIED-NEXT: %[[G:.*]] = graph.add %[[THEIRS]], %[[MINE]] {{.*}}graph.phase = #graph.phase<update>
+// TIED: graph.adamw %[[WTE]], %[[G]]
+// TIED-LABEL: func.func @stage_1()
+// TIED: %[[TABLE:.*]] = dist.recv {axis = #dist.axis<pp>, {{.*}}offset = -1 : i64, tag = [[TT]] : i64} : tensor<32x8xf32>
+// TIED-NEXT: pipe.forward_pass chunk 0
+// TIED: graph.matmul %{{.*}}, %[[TABLE]] {{.*}}transpose_rhs = true
+// TIED: pipe.backward_pass chunk 0
+// TIED-NOT: tag = [[GT]]
+// TIED: pipe.update
+// TIED-NEXT: ^bb0(%[[SUM:.*]]: tensor<32x8xf32>,
+// TIED-NEXT: dist.send %[[SUM]] {axis = #dist.axis<pp>, {{.*}}offset = -1 : i64, tag = [[GT]] : i64}

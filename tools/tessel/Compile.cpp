@@ -197,8 +197,11 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   m["activation_bytes"] = arena;
   m["accumulator_bytes"] = attr("rt.accumulator_elems") * 4;
   m["norm_sums_bytes"] = attr("rt.norm_sums") * 8;
+  // Parameters of other ranks held for the step (a tied embedding's copy on
+  // the last stage).
+  m["received_param_bytes"] = attr("rt.received_bytes");
   int64_t total = params * 16 + arena + attr("rt.accumulator_elems") * 4 +
-                  attr("rt.norm_sums") * 8;
+                  attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters.
   bool shadow = false;
   program.walk([&](rtir::BufferOp b) {

@@ -28,6 +28,8 @@ def ConvertPipeToRt : Pass<"convert-pipe-to-rt", "mlir::ModuleOp"> {
     (taking the microbatch and whether it is the part's first run), and
     the program's step calls them in the order the rank's `pipe.schedule`
     gives: every microbatch's forward and backward, then the update once.
+    What the rank function holds outside its parts (a parameter sent to or
+    received from another rank once per step) runs first.
     With several microbatches, the update's inputs are accumulated after
     the part that produces them (`rt.accumulate` into their planned
     accumulators); the step ends by waiting for its sends and handing the

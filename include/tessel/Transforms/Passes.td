@@ -99,7 +99,12 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     `graph.phase`; collectives that only the update reads are the update's.
     A value used on another rank is sent (`dist.send`, in the part that
     produces it) and received where it is first used; one used by a later
-    part of the same rank is yielded by the part that produces it. Each
+    part of the same rank is yielded by the part that produces it. A
+    parameter read on another rank (a tied embedding read by the head) is
+    sent once per step, before the parts (`dist.send`/`dist.recv` in the
+    rank functions' bodies), and held there for the step; a gradient summed
+    from contributions of different ranks is summed by the update, so each
+    contribution crosses once per step, summed over the microbatches. Each
     rank's update takes the norm of its own gradients (summed over pp too)
     and returns the loss summed over pp.
   }];
@@ -214,9 +219,11 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     values a part hands on), in the order a microbatch's parts run. Each
     use then refers to a view of its place (`rt.buffer`), so that each part
     refers only to its own ops, and an all-reduce over buffers laid out side
-    by side is one call over the run. The rank function records
-    `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems` and
-    `rt.norm_sums`.
+    by side is one call over the run. A buffer outside every part (a
+    parameter received from another rank for the step) is held in the
+    `received` space, after the arena's slots. The rank function records
+    `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems`,
+    `rt.norm_sums` and `rt.received_bytes`.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

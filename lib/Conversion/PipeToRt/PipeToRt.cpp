@@ -110,7 +110,7 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     program->setAttr("pipe.rank", rankAttr);
     for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
                            "rt.accumulator_elems", "rt.norm_sums",
-                           "rt.request_slots"})
+                           "rt.request_slots", "rt.received_bytes"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",
@@ -188,16 +188,30 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       partFuncs[part] = fn;
     }
 
-    // The step: the parameters, then the parts in schedule order.
+    // The step: the parameters and what is exchanged once per step (a
+    // parameter sent to or received from another rank), then the parts in
+    // schedule order.
     Block *stepBody = trainStep.addEntryBlock();
     OpBuilder sb = OpBuilder::atBlockEnd(stepBody);
-    for (auto param :
-         llvm::make_early_inc_range(step.getBody().getOps<rt::ParamOp>()))
-      param->moveBefore(stepBody, stepBody->end());
     auto constant = [&](int64_t v, Type type) {
       return arith::ConstantOp::create(sb, loc, type,
                                        IntegerAttr::get(type, v));
     };
+    bool stepSends = false;
+    for (Operation &op :
+         llvm::make_early_inc_range(step.getBody().front().without_terminator())) {
+      if (llvm::is_contained(parts, &op))
+        continue;
+      if (auto m = dyn_cast<rt::MicrobatchOp>(op)) {
+        m.getResult().replaceAllUsesWith(constant(0, sb.getI64Type()));
+        m.erase();
+        continue;
+      }
+      stepSends |= isa<rt::SendOp>(op);
+      op.moveBefore(stepBody, stepBody->end());
+    }
+    if (stepSends)
+      rt::FlushSendsOp::create(sb, loc);
     auto call = [&](func::FuncOp fn, int64_t mb, bool first) {
       func::CallOp::create(sb, loc, fn,
                            ValueRange{constant(mb, sb.getI64Type()),

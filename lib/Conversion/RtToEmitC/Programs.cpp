@@ -153,6 +153,10 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
     case rt::Space::NormSums:
       line("double *NS = ctx.normSums;");
       break;
+    case rt::Space::Received:
+      // Held for the step, after the microbatches' arena slots.
+      line("char *R = ctx.activations + " + Twine(slots * arenaBytes) + ";");
+      break;
     case rt::Space::Shadow:
       line(target.shadowType() + " *PB = static_cast<" + target.shadowType() +
            " *>(ctx.paramShadow);");
@@ -348,7 +352,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "numParams", numParams);
   setInt(var, "paramElems", intAttr(program, "rt.param_elems"));
   setInt(var, "activationBytes", intAttr(program, "rt.arena_bytes") *
-                                     intAttr(program, "rt.arena_slots", 1));
+                                         intAttr(program, "rt.arena_slots", 1) +
+                                     intAttr(program, "rt.received_bytes"));
   set(var, "step", "trainStep");
   setInt(var, "microbatches", intAttr(program, "rt.microbatches", 1));
   setInt(var, "accumulatorElems", intAttr(program, "rt.accumulator_elems"));

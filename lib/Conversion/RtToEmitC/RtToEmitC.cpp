@@ -193,7 +193,8 @@ struct BufferPattern : RtPattern<rt::BufferOp> {
     Type type = getTypeConverter()->convertType(op.getType());
     std::string address;
     StringRef store = storeName(op.getSpace());
-    if (op.getSpace() == rt::Space::Arena)
+    if (op.getSpace() == rt::Space::Arena ||
+        op.getSpace() == rt::Space::Received)
       address = "reinterpret_cast<" +
                 target.storageType(op.getType().getElementType()) + " *>(" +
                 store.str() + " + " + std::to_string(op.getOffset()) + ")";
@@ -373,9 +374,13 @@ struct PointToPointPattern : RtPattern<Op> {
         .integer(rt::elementsOf(op.getBuffer()))
         .text(axisLiteral(MeshAxis::PP))
         .integer(op.getOffset());
-    StringRef mb = "mb";
-    if (auto l = adaptor.getMicrobatch().template getDefiningOp<emitc::LiteralOp>())
-      mb = l.getValue();
+    std::string mb = "mb";
+    Value microbatch = adaptor.getMicrobatch();
+    if (auto l = microbatch.template getDefiningOp<emitc::LiteralOp>())
+      mb = l.getValue().str();
+    else if (auto c = microbatch.template getDefiningOp<emitc::ConstantOp>())
+      if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
+        mb = std::to_string(i.getInt());
     if (this->target.keysByOrder()) {
       if constexpr (std::is_same_v<Op, rt::SendOp>) {
         if (!op.getOrder())

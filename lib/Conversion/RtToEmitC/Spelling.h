@@ -61,6 +61,8 @@ inline StringRef storeName(rt::Space space) {
     return "PB";
   case rt::Space::NormSums:
     return "NS";
+  case rt::Space::Received:
+    return "R";
   }
   llvm_unreachable("unknown space");
 }
