@@ -35,6 +35,9 @@ public:
   // activation summed over tp split along the sequence instead of
   // replicated (a reduce-scatter).
   virtual Sharding reduced(mlir::Value v) = 0;
+  // Whether an earlier consumer already needs `v` as `reduced(v)` (so
+  // reducing it for another costs nothing more).
+  virtual bool isReducedAnyway(mlir::Value v) = 0;
 
   virtual const MeshShape &mesh() const = 0;
   // The axes with more than one rank; a plan's other axes split nothing.

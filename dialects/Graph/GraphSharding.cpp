@@ -245,9 +245,15 @@ static LogicalResult propagateBroadcast(Operation *op, ShardingContext &ctx) {
 }
 
 LogicalResult AddOp::propagateSharding(ShardingContext &ctx) {
-  // A sum of partial sums stays partial: reduced once, later.
+  // A sum of partial sums stays partial: reduced once, later. Unless a
+  // summand is reduced for another consumer anyway (a residual stream read
+  // by the next norm): then the sum is of reduced terms, as Megatron adds
+  // the reduced sublayer output to the residual, and what flows on (to the
+  // next stage too) is reduced, not b*s*h partial sums.
   Sharding l = ctx.get(getLhs()), r = ctx.get(getRhs());
-  if (getLhs().getType() == getRhs().getType() && l == r) {
+  if (getLhs().getType() == getRhs().getType() && l == r &&
+      !(!l.partial.empty() &&
+        (ctx.isReducedAnyway(getLhs()) || ctx.isReducedAnyway(getRhs())))) {
     ctx.set(getResult(), l);
     return success();
   }
@@ -524,17 +530,23 @@ LogicalResult SplitOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult ConcatOp::propagateSharding(ShardingContext &ctx) {
   int64_t axis = getAxis();
-  // Partial sums joined along a whole dimension stay partial: the joined
-  // tensor is reduced once, later (GPT-2's q|k|v weight gradients join
-  // before the data-parallel reduction, in its bucket).
+  // Partial sums joined along a dimension that is whole, or split alike in
+  // every piece (each rank joins its part of each piece, as blocks), stay
+  // partial: the joined tensor is reduced once, later (GPT-2's q|k|v weight
+  // gradients join before the data-parallel reduction, in its bucket, with
+  // or without tensor parallelism).
   Sharding first = ctx.get(getInputs().front());
-  if (!first.partial.empty() && first.dims[axis].empty() &&
+  if (!first.partial.empty() &&
+      (first.dims[axis].empty() || first.blocksOf(axis) == 1) &&
       llvm::all_equal(getInputs().getTypes()) &&
       llvm::all_of(getInputs(),
                    [&](Value v) { return ctx.get(v) == first; })) {
     for (unsigned i = 0; i < getNumOperands(); ++i)
       ctx.require(*this, i, first);
-    ctx.set(getResult(), first);
+    Sharding out = first;
+    if (!out.dims[axis].empty())
+      out.setBlocks(axis, getInputs().size());
+    ctx.set(getResult(), out);
     return success();
   }
   Sharding s = ctx.reduced(getInputs().front());

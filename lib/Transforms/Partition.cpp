@@ -82,6 +82,7 @@ private:
     return RankedTensorType::get(shape, type.getElementType());
   }
   LogicalResult lowerReshard(dist::ReshardOp reshard);
+  void mergeCollectives(func::FuncOp func);
   PlacementListener *placementOf(Operation *anchor) {
     listeners.push_back(PlacementListener::of(anchor));
     return &listeners.back();
@@ -118,7 +119,40 @@ LogicalResult Partitioner::run(func::FuncOp func) {
       if (failed(rule.localize(*this)))
         return failure();
   }
+  mergeCollectives(func);
   return success();
+}
+
+// Readers in one phase that need the same collective of a value share it:
+// it runs once (a sequence-parallel position table's gradient, reduced over
+// dp both for the norm and for the update).
+void Partitioner::mergeCollectives(func::FuncOp func) {
+  // What the collective does (its attributes but where it is placed and
+  // the sharding propagation recorded).
+  auto what = [](Operation *op) {
+    NamedAttrList attrs(op->getAttrDictionary());
+    attrs.erase("graph.layer");
+    attrs.erase("dist.sharding");
+    return attrs.getDictionary(op->getContext());
+  };
+  auto same = [&](Operation *a, Operation *b) {
+    return a->getName() == b->getName() &&
+           a->getOperands() == b->getOperands() &&
+           a->getResultTypes() == b->getResultTypes() && what(a) == what(b);
+  };
+  SmallVector<Operation *> seen;
+  for (Operation &op :
+       llvm::make_early_inc_range(func.getBody().front().getOperations())) {
+    if (!isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op))
+      continue;
+    auto earlier = llvm::find_if(seen, [&](Operation *o) { return same(o, &op); });
+    if (earlier == seen.end()) {
+      seen.push_back(&op);
+      continue;
+    }
+    op.replaceAllUsesWith(*earlier);
+    op.erase();
+  }
 }
 
 LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {

@@ -119,6 +119,10 @@ public:
     return s;
   }
 
+  bool isReducedAnyway(Value v) override {
+    return reshards.count({v, reduced(v).toAttr(ctx)});
+  }
+
   const MeshShape &mesh() const override { return meshShape; }
   AxisSet activeAxes() const override { return active; }
 

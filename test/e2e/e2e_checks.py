@@ -109,6 +109,27 @@ def comm(args):
                       for p, t in sorted(predicted.items())))
 
 
+def textbook(args):
+    """Every group of `tessel inspect --comm --textbook` moves the textbook
+    bytes: ratio within the tolerance, no group the textbook lacks."""
+    rows = 0
+    program = None
+    for line in sys.stdin:
+        words = line.split()
+        if line.startswith("program "):
+            program = words[1]
+            continue
+        if len(words) != 4 or words[0] == "axes":
+            continue
+        group, predicted, book, ratio = words
+        rows += 1
+        if ratio == "extra" or abs(float(ratio) - 1) > args.tolerance:
+            fail(f"{program} {group}: predicted {predicted} bytes, textbook {book} (ratio {ratio})")
+    if rows == 0:
+        fail("no rows compared")
+    print(f"{rows} groups within {args.tolerance} of the textbook")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +150,9 @@ def main():
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(run=same_losses)
+    p = sub.add_parser("textbook")
+    p.add_argument("--tolerance", type=float, default=0.01)
+    p.set_defaults(run=textbook)
     p = sub.add_parser("comm")
     p.add_argument("plan")
     p.add_argument("report")

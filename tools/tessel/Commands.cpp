@@ -1,6 +1,7 @@
 //===- Commands.cpp - `tessel run`, `tessel inspect`, `tessel data` -------===//
 
 #include "Commands.h"
+#include "Textbook.h"
 
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Runtime/Data.h"
@@ -126,7 +127,8 @@ int tessel::runCommand(ArrayRef<std::string> args) {
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
-                      "--source | --comm | --schedule)\n  stages: graph, "
+                      "--source | --comm [--textbook] | --schedule)\n  "
+                      "stages: graph, "
                       "train, sharded, partitioned, stages, planned\n";
   if (args.size() < 2) {
     errs() << usage;
@@ -169,6 +171,34 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
                       "stages: (p-1)/(m+p-1) = {1:f3}); chart written to {2}\n",
                       timeline->bubble,
                       double(pp - 1) / (microbatches + pp - 1), svg);
+    return 0;
+  }
+  if (args[1] == "--comm" && args.size() > 2 && args[2] == "--textbook") {
+    // Predicted bytes beside the textbook's, per group of mesh axes.
+    Expected<json> plan = readPlan(dir);
+    for (auto &[name, program] : (*plan)["programs"].items()) {
+      Expected<CommTable> table = commTextbook(*plan, name);
+      if (!table)
+        return fail(dir + "/plan.json: " + toString(table.takeError()));
+      outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
+             << " ranks): bytes sent per rank and step\n";
+      outs() << formatv("  {0,-8} {1,14} {2,14} {3,8}\n", "axes", "predicted",
+                        "textbook", "ratio");
+      for (auto &[group, textbook] : table->textbook) {
+        double predicted = table->predicted[group];
+        std::string ratio =
+            textbook > 0 ? formatv("{0:f3}", predicted / textbook).str()
+                         : (predicted > 0 ? "extra" : "-");
+        outs() << formatv("  {0,-8} {1,14:f0} {2,14:f0} {3,8}\n", group,
+                          predicted, textbook, ratio);
+      }
+      if (table->textbook.empty())
+        outs() << "  (none)\n";
+      if (table->scalarBytes > 0)
+        outs() << formatv("  and {0} bytes of one-element collectives (the "
+                          "loss, the gradient norm), not compared\n",
+                          table->scalarBytes);
+    }
     return 0;
   }
   if (args[1] == "--comm") {

@@ -276,6 +276,16 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"seed", t.seed},
                    {"lr", t.lr},
                    {"decay", t.decay}};
+  const ModelSpec &model = spec.model;
+  plan["model"] = {{"family", model.family},
+                   {"vocab_size", model.vocabSize},
+                   {"seq_len", model.seqLen},
+                   {"layers", model.layers},
+                   {"hidden", model.hidden},
+                   {"heads", model.heads},
+                   {"kv_heads", model.kvHeads},
+                   {"ffn_hidden", model.ffnHidden},
+                   {"tie_embeddings", model.tieEmbeddings}};
   plan["data"] = {{"format", spec.data.format}, {"path", spec.data.path}};
   plan["parameters"] = paramList;
   return plan;

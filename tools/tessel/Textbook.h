@@ -1,0 +1,36 @@
+//===- Textbook.h - What a layout should cost, by the formulas --*- C++ -*-===//
+//
+// The one place that states the textbook communication volume of a layout
+// (docs/parallelism.md gives the formulas): per rank and step, per group of
+// mesh axes, from the model's sizes, the layout and the parameters a rank
+// holds, never from the compiled program. `tessel inspect --comm
+// --textbook` prints it beside what the plan predicts.
+//
+//===----------------------------------------------------------------------===//
+#ifndef TESSEL_TOOLS_TESSEL_TEXTBOOK_H
+#define TESSEL_TOOLS_TESSEL_TEXTBOOK_H
+
+#include "llvm/Support/Error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+
+namespace tessel {
+
+// Bytes a rank of one program sends per step, by group of mesh axes as
+// plan.json spells them ("dp", "tp", "dp,tp", "pp"). Collectives of one
+// element (the loss and the gradient norm's squares) are left out of both
+// sides.
+struct CommTable {
+  std::map<std::string, double> textbook, predicted;
+  double scalarBytes = 0; // predicted, not compared
+};
+
+llvm::Expected<CommTable> commTextbook(const nlohmann::json &plan,
+                                       const std::string &program);
+
+} // namespace tessel
+
+#endif
