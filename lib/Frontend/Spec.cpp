@@ -407,6 +407,13 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
 
 } // namespace
 
+namespace {
+constexpr size_t kMaxNameLength = 64;
+bool isNameChar(char c) {
+  return llvm::isAlnum(c) || c == '.' || c == '_' || c == '-';
+}
+} // namespace
+
 llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
                                       llvm::ArrayRef<std::string> overrides,
                                       const LayoutOverrides &layout) {
@@ -441,7 +448,25 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   readData(root.child("data"), spec.data, dir, problems);
   if (!problems.any())
     readParallel(root.child("parallel"), spec.parallel, spec, layout, problems);
-  spec.name = root.string("name", spec.name);
+  // The name reaches launch files (#SBATCH --job-name), plan.json and
+  // messages: letters, digits, '.', '_' and '-' only. A spec's file name
+  // outside that set gives a name with '-' for each other character.
+  for (char &c : spec.name)
+    if (!isNameChar(c))
+      c = '-';
+  if (spec.name.empty() || spec.name.size() > kMaxNameLength)
+    spec.name = "model";
+  if (root.has("name")) {
+    std::string name = root.string("name", spec.name);
+    if (name.empty() || name.size() > kMaxNameLength ||
+        !llvm::all_of(name, isNameChar))
+      problems.report("name", "must be 1 to " +
+                                  std::to_string(kMaxNameLength) +
+                                  " letters, digits, '.', '_' or '-', got " +
+                                  json(name).dump().substr(0, 80));
+    else
+      spec.name = name;
+  }
   root.rejectUnknown();
   if (problems.any())
     return llvm::createStringError(path + ": " + problems.first);
