@@ -121,6 +121,17 @@ def Rt_MicrobatchOp : Rt_Op<"microbatch", [Pure]> {
   let assemblyFormat = "attr-dict `:` type($index)";
 }
 
+def Rt_FirstRunOp : Rt_Op<"first_run", [Pure]> {
+  let summary = "Whether the running part runs for the first time in the step";
+  let description = [{
+    Inside a part run once per microbatch (what `rt.accumulate` overwrites
+    rather than adds to); convert-pipe-to-rt replaces it by the part
+    function's argument.
+  }];
+  let results = (outs I1:$first);
+  let assemblyFormat = "attr-dict `:` type($first)";
+}
+
 //===----------------------------------------------------------------------===//
 // What the runtime tells the step
 //===----------------------------------------------------------------------===//

@@ -104,6 +104,7 @@ private:
   void placeParams();
   void placeGradients();
   void placeAccumulators(pipe::UpdateOp update);
+  void accumulateEarly(pipe::UpdateOp update);
   void placeArena();
   void placeStates();
   void materialize();
@@ -122,6 +123,9 @@ private:
   DenseMap<Value, Value> aliasOf;
   DenseMap<Value, Place> placeOf; // of roots
   DenseMap<Value, int64_t> paramOffset;
+  // Yield operands that only an accumulation reads (it is inserted where
+  // the value is complete): they do not keep the value alive.
+  DenseSet<std::pair<Operation *, unsigned>> accumulatedOnly;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
   int64_t normSums = 0, requests = 0, receivedBytes = 0;
   bool hadError = false;
@@ -167,11 +171,58 @@ void Planner::placeGradients() {
   });
 }
 
+// Each input of the update is summed into its place right after the last
+// op of its part that reads or writes it, so that a weight gradient's
+// buffer is free again for the rest of the backward pass rather than held
+// to its end.
+void Planner::accumulateEarly(pipe::UpdateOp update) {
+  DenseMap<Operation *, Value> firstRun; // part -> its rt.first_run
+  for (auto [input, arg] : llvm::zip(update.getInputs(),
+                                      update.getBody().getArguments())) {
+    auto result = dyn_cast<OpResult>(input);
+    if (!result ||
+        !isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(result.getOwner()))
+      continue;
+    Operation *part = result.getOwner();
+    Block &body = part->getRegion(0).front();
+    Operation *yield = body.getTerminator();
+    Value value = yield->getOperand(result.getResultNumber());
+    Value root = rootOf(value);
+    Operation *after = nullptr;
+    body.walk([&](Operation *op) {
+      if (op == yield)
+        return;
+      for (Value operand : op->getOperands())
+        if (isa<MemRefType>(operand.getType()) && rootOf(operand) == root) {
+          Operation *top = body.findAncestorOpInBlock(*op);
+          if (!after || after->isBeforeInBlock(top))
+            after = top;
+        }
+    });
+    OpBuilder b(ctx);
+    Value &first = firstRun[part];
+    if (!first) {
+      b.setInsertionPointToStart(&body);
+      first = rt::FirstRunOp::create(b, part->getLoc(), b.getI1Type());
+    }
+    if (after)
+      b.setInsertionPointAfter(after);
+    else
+      b.setInsertionPoint(yield);
+    Location loc = value.getLoc();
+    Value place = view(b, loc, arg.getType(), placeOf.lookup(arg));
+    rt::AccumulateOp::create(b, loc, value, place, first,
+                             b.getI64IntegerAttr(rt::elementsOf(value)));
+    // Only the accumulation reads it now, unless a later part takes it too.
+    if (result.hasOneUse())
+      accumulatedOnly.insert({yield, result.getResultNumber()});
+  }
+}
+
 // With several microbatches, each input of the update is accumulated into
 // a place of its own (a gradient: its slot of the gradient store), which the
 // update reads.
 void Planner::placeAccumulators(pipe::UpdateOp update) {
-  SmallVector<int64_t> places;
   for (auto [input, arg] : llvm::zip(update.getInputs(),
                                       update.getBody().getArguments())) {
     if (!isa<MemRefType>(arg.getType())) {
@@ -181,18 +232,11 @@ void Planner::placeAccumulators(pipe::UpdateOp update) {
                          "microbatches (wait for it in that part)");
       return;
     }
-    auto it = placeOf.find(arg);
-    Place place;
-    if (it != placeOf.end()) {
-      place = it->second;
-    } else {
-      place = {rt::Space::Accumulators, accumulatorElems};
+    if (!placeOf.count(arg)) {
+      placeOf[arg] = {rt::Space::Accumulators, accumulatorElems};
       accumulatorElems += cast<MemRefType>(arg.getType()).getNumElements();
-      placeOf[arg] = place;
     }
-    places.append({static_cast<int64_t>(place.space), place.offset});
   }
-  update->setAttr("rt.accumulators", DenseI64ArrayAttr::get(ctx, places));
 }
 
 // Arena offsets by liveness: a buffer lives from its rt.alloc to the last op
@@ -204,8 +248,10 @@ void Planner::placeArena() {
     // yielded (the accumulation), not by the update.
     if (accumulates && isa<pipe::UpdateOp>(op))
       return;
-    for (Value operand : op->getOperands()) {
-      if (!isa<MemRefType>(operand.getType()))
+    for (OpOperand &use : op->getOpOperands()) {
+      Value operand = use.get();
+      if (!isa<MemRefType>(operand.getType()) ||
+          accumulatedOnly.contains({op, use.getOperandNumber()}))
         continue;
       int64_t &last = lastUse[rootOf(operand)];
       last = std::max(last, position[op]);
@@ -443,6 +489,12 @@ LogicalResult Planner::run() {
   });
   if (hadError)
     return failure();
+  func.walk([&](pipe::UpdateOp update) {
+    if (accumulates)
+      accumulateEarly(update);
+  });
+  position.clear();
+  numberOps();
   placeArena();
   func.walk([&](rt::BufferOp view) {
     if (view.getSpace() == rt::Space::NormSums)

@@ -134,21 +134,32 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
 // -----
 
 // Two microbatches: the update's inputs are sums over them, each in an
-// accumulator: b's gradient in its slot of the gradient store (space 2,
-// offset 64), the loss in the accumulator store (space 5, offset 0). What
-// the backward pass yields is then a working buffer of the arena, dead once
-// the pass has accumulated it: the forward's loss, dead once accumulated at
-// the end of the forward pass, leaves its place to the gradient.
+// accumulator: b's gradient in its slot of the gradient store (offset 64),
+// the loss in the accumulator store. Each is summed into its place right
+// after the last op of its part that touches it (the part's first run
+// overwriting), so its arena place is free again for the rest of the part:
+// the backward pass's later buffer takes the gradient's place while the
+// forward's activation is still read, and the forward's loss leaves its
+// place to the gradient.
 // CHECK-LABEL: func.func @train_step()
 // CHECK-SAME: rt.accumulator_elems = 1 : i64, rt.arena_bytes = 128 : i64, rt.norm_sums = 0 : i64, rt.param_elems = 72 : i64, rt.received_bytes = 0 : i64, rt.request_slots = 0 : i64
 // CHECK: pipe.forward_pass
-// CHECK: rt.buffer <arena> 64 : memref<f32>
+// CHECK-NEXT: %[[FIRST:.*]] = rt.first_run : i1
+// CHECK: %[[L:.*]] = rt.buffer <arena> 64 : memref<f32>
+// CHECK-NEXT: rt.fill(%[[L]])
+// CHECK-NEXT: %[[ACC:.*]] = rt.buffer <accumulators> 0 : memref<f32>
+// CHECK-NEXT: rt.accumulate(%[[L]], %[[ACC]], %[[FIRST]]) {n = 1 : i64}
 // CHECK: pipe.backward_pass
+// CHECK-NEXT: %[[FIRST:.*]] = rt.first_run : i1
 // CHECK-NEXT: %[[GB:.*]] = rt.buffer <arena> 64 : memref<8xf32>
 // CHECK-NEXT: %[[X:.*]] = rt.buffer <arena> 0 : memref<2x8xf32>
 // CHECK-NEXT: rt.reduce_sum_leading(%[[X]], %[[GB]])
-// CHECK-NEXT: pipe.yield %[[GB]]
-// CHECK: pipe.update(%{{.*}}) -> memref<f32>, memref<f32> attributes {rt.accumulators = array<i64: 2, 64, 5, 0>}
+// CHECK-NEXT: %[[G:.*]] = rt.buffer <grads> 64 : memref<8xf32>
+// CHECK-NEXT: rt.accumulate(%[[GB]], %[[G]], %[[FIRST]]) {n = 8 : i64}
+// CHECK-NEXT: %[[T:.*]] = rt.buffer <arena> 64 : memref<2x8xf32>
+// CHECK-NEXT: rt.fill(%[[T]])
+// CHECK: pipe.yield %[[GB]]
+// CHECK: pipe.update(%{{.*}}) -> memref<f32>, memref<f32> {
 // CHECK: rt.buffer <params> 64 : memref<8xf32>
 // CHECK-NEXT: rt.buffer <grads> 64 : memref<8xf32>
 // CHECK-NEXT: rt.adamw
@@ -169,6 +180,10 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
   %g = pipe.backward_pass chunk 0 -> memref<8xf32> {
     %gb = rt.alloc : memref<8xf32>
     rt.reduce_sum_leading(%f#0, %gb) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
+    %t = rt.alloc : memref<2x8xf32>
+    rt.fill(%t) {n = 16 : i64, value = 1.0 : f64} : memref<2x8xf32>
+    %u = rt.alloc : memref<8xf32>
+    rt.reduce_sum_leading(%f#0, %u) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
     pipe.yield %gb : memref<8xf32>
   }
   %u:2 = pipe.update(%g, %f#1 : memref<8xf32>, memref<f32>) -> memref<f32>, memref<f32> {

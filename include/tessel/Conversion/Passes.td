@@ -30,10 +30,9 @@ def ConvertPipeToRt : Pass<"convert-pipe-to-rt", "mlir::ModuleOp"> {
     gives: every microbatch's forward and backward, then the update once.
     What the rank function holds outside its parts (a parameter sent to or
     received from another rank once per step) runs first.
-    With several microbatches, the update's inputs are accumulated after
-    the part that produces them (`rt.accumulate` into their planned
-    accumulators); the step ends by waiting for its sends and handing the
-    loss and norm to the runtime.
+    A part's `rt.microbatch` and `rt.first_run` become the function's
+    arguments; the step ends by waiting for its sends and handing the loss
+    and norm to the runtime.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect",
                            "::mlir::func::FuncDialect",

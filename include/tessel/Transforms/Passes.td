@@ -212,8 +212,11 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     at the same offset in stores of their own; the buffer a parameter's
     update reads as its gradient is produced straight into the gradient
     store. With several microbatches (`pipe.layout`), each input of the
-    update gets an accumulator (a gradient: its slot of the gradient store;
-    recorded as `rt.accumulators` on the update). Every other buffer gets an
+    update gets an accumulator (a gradient: its slot of the gradient store)
+    and is summed into it (`rt.accumulate`, overwriting on the part's
+    `rt.first_run`) right after the last op of its part that touches it,
+    so that its arena place is free for the rest of the part. Every other
+    buffer gets an
     offset in the activation arena of its microbatch: first fit, freed after
     the last read of the value or of any value sharing its storage (views,
     values a part hands on), in the order a microbatch's parts run. Each

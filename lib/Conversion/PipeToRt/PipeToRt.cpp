@@ -130,9 +130,6 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     for (Operation *op : parts)
       if (auto u = dyn_cast<pipe::UpdateOp>(op))
         update = u;
-    auto accumulators =
-        update ? update->getAttrOfType<DenseI64ArrayAttr>("rt.accumulators")
-               : DenseI64ArrayAttr();
 
     b.setInsertionPointToEnd(program.getBody());
     auto trainStep = func::FuncOp::create(b, loc, "train_step",
@@ -158,22 +155,14 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
         m.getResult().replaceAllUsesWith(mb);
         m.erase();
       }
+      SmallVector<rt::FirstRunOp> firsts;
+      fn.walk([&](rt::FirstRunOp f) { firsts.push_back(f); });
+      for (rt::FirstRunOp f : firsts) {
+        f.getResult().replaceAllUsesWith(first);
+        f.erase();
+      }
       auto yield = cast<pipe::YieldOp>(body->getTerminator());
       OpBuilder end(yield);
-      // Accumulate this part's contributions to the update's inputs.
-      if (accumulators && update && part != update.getOperation())
-        for (auto [j, input] : llvm::enumerate(update.getInputs())) {
-          auto result = dyn_cast<OpResult>(input);
-          if (!result || result.getOwner() != part)
-            continue;
-          Value value = yield.getValues()[result.getResultNumber()];
-          auto place = rt::BufferOp::create(
-              end, loc, value.getType(),
-              static_cast<rt::Space>(accumulators[2 * j]),
-              accumulators[2 * j + 1]);
-          rt::AccumulateOp::create(end, loc, value, place, first,
-                                   end.getI64IntegerAttr(rt::elementsOf(value)));
-        }
       if (update && part == update.getOperation()) {
         rt::FinishStepOp::create(end, loc, yield.getValues()[0],
                                  yield.getValues()[1]);

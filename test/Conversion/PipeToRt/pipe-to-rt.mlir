@@ -77,10 +77,9 @@ module attributes {dist.mesh = #dist.mesh<dp = 2>} {
 // backwards; rank 1: forward and backward alternating), a part's first run
 // marked. The microbatch a transfer is keyed by is the part's argument; a
 // part that sends flushes its sends at its end, and the step waits for
-// every send before the update overwrites what was sent. Each of the
-// update's inputs is accumulated, at the end of the part that produces
-// it, into the place rt.accumulators names (space 2: the gradient store,
-// space 5: the accumulators), the part's first run overwriting.
+// every send before the update overwrites what was sent. A part's
+// rt.first_run (whether this call is the part's first in the step, which
+// the memory plan's accumulations read) is the function's argument.
 // CHECK-LABEL: module @stage0 attributes {pipe.rank = 0 : i64, {{.*}}rt.arena_slots = 2 : i64, rt.microbatches = 2 : i64
 // CHECK: func.func @train_step() {
 // CHECK-DAG: %[[FALSE:.*]] = arith.constant false
@@ -119,7 +118,8 @@ module attributes {dist.mesh = #dist.mesh<dp = 2>} {
 // CHECK-NEXT: call @backward0(%[[ONE]], %[[FALSE]])
 // CHECK-NEXT: rt.wait_sends
 // CHECK-NEXT: call @update(%[[ZERO]], %[[TRUE]])
-// The loss, yielded by the forward pass, is accumulated there.
+// The loss, yielded by the forward pass, is accumulated there, on the
+// function's first-run argument.
 // CHECK: func.func private @forward0(%[[MB:.*]]: i64, %[[FIRST:.*]]: i1)
 // CHECK-NEXT: %[[X:.*]] = rt.buffer <arena> 0 : memref<2x8xf32>
 // CHECK-NEXT: rt.recv(%[[X]]) microbatch %[[MB]] {offset = -1 : i64, tag = 0 : i64}
@@ -172,9 +172,12 @@ module attributes {dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<mi
       rt.recv(%d) microbatch %mb {offset = 1 : i64, tag = 1 : i64} : memref<2x8xf32>
       %gw = rt.buffer <arena> 128 : memref<8xf32>
       rt.reduce_sum_leading(%d, %gw) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
+      %first = rt.first_run : i1
+      %acc = rt.buffer <grads> 0 : memref<8xf32>
+      rt.accumulate(%gw, %acc, %first) {n = 8 : i64} : memref<8xf32>, memref<8xf32>, i1
       pipe.yield %gw : memref<8xf32>
     }
-    %u:2 = pipe.update(%g : memref<8xf32>) -> memref<f32>, memref<f32> attributes {rt.accumulators = array<i64: 2, 0>} {
+    %u:2 = pipe.update(%g : memref<8xf32>) -> memref<f32>, memref<f32> {
     ^bb0(%a: memref<8xf32>):
       %n = rt.buffer <arena> 0 : memref<f32>
       rt.fill(%n) {n = 1 : i64, value = 1.0 : f64} : memref<f32>
@@ -193,6 +196,9 @@ module attributes {dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<mi
       rt.recv(%x) microbatch %mb {offset = -1 : i64, tag = 0 : i64} : memref<2x8xf32>
       %l = rt.buffer <arena> 64 : memref<f32>
       rt.fill(%l) {n = 1 : i64, value = 0.5 : f64} : memref<f32>
+      %first = rt.first_run : i1
+      %acc = rt.buffer <accumulators> 0 : memref<f32>
+      rt.accumulate(%l, %acc, %first) {n = 1 : i64} : memref<f32>, memref<f32>, i1
       pipe.yield %l : memref<f32>
     }
     %g = pipe.backward_pass chunk 0 -> memref<8xf32> {
@@ -203,9 +209,12 @@ module attributes {dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<mi
       %x = rt.buffer <arena> 0 : memref<2x8xf32>
       %gv = rt.buffer <arena> 64 : memref<8xf32>
       rt.reduce_sum_leading(%x, %gv) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
+      %first = rt.first_run : i1
+      %acc = rt.buffer <grads> 0 : memref<8xf32>
+      rt.accumulate(%gv, %acc, %first) {n = 8 : i64} : memref<8xf32>, memref<8xf32>, i1
       pipe.yield %gv : memref<8xf32>
     }
-    %u:2 = pipe.update(%g, %f : memref<8xf32>, memref<f32>) -> memref<f32>, memref<f32> attributes {rt.accumulators = array<i64: 2, 0, 5, 0>} {
+    %u:2 = pipe.update(%g, %f : memref<8xf32>, memref<f32>) -> memref<f32>, memref<f32> {
     ^bb0(%a: memref<8xf32>, %b: memref<f32>):
       %n = rt.buffer <arena> 0 : memref<f32>
       rt.fill(%n) {n = 1 : i64, value = 1.0 : f64} : memref<f32>
