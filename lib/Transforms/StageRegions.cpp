@@ -243,6 +243,18 @@ Value StageCutter::handOn(Value v, const Part &from, const Part &to) {
   return placeholder.getResult(0);
 }
 
+// Whether `v` is a parameter or a piece of one cut without arithmetic
+// (split, reshape, transpose of a parameter).
+static bool isParameterPiece(Value v) {
+  Operation *def = v.getDefiningOp();
+  if (!def)
+    return false;
+  if (isa<ParamOp>(def))
+    return true;
+  return isa<SplitOp, ReshapeOp, TransposeOp>(def) &&
+         llvm::all_of(def->getOperands(), isParameterPiece);
+}
+
 // The value the original `v` has in part `user`: the part's own copy, a
 // parameter, a fresh copy of an input or constant, handed on from an earlier
 // part of the rank, or received from the rank that produces it.
@@ -262,8 +274,22 @@ Value StageCutter::lookup(Value v, const Part &user) {
     here[v] = clone->getResult(0);
     return clone->getResult(0);
   }
-  // Already on this rank in another part: handed on.
+  // Already on this rank in another part: handed on; but a piece of a
+  // parameter (a fused projection's q, k or v block) is cut again where it
+  // is needed rather than held from the forward pass to the backward pass
+  // of every microbatch in flight.
   auto known = home.find({v, user.rank});
+  if (known != home.end() && isParameterPiece(v)) {
+    OpBuilder b = builderAtEnd(user);
+    IRMapping map;
+    for (Value operand : def->getOperands())
+      map.map(operand, lookup(operand, user));
+    Operation *clone = b.clone(*def, map);
+    setPhase(clone, user.phase);
+    for (auto [orig, copy] : llvm::zip(def->getResults(), clone->getResults()))
+      here[orig] = copy;
+    return here[v];
+  }
   if (known != home.end()) {
     Value handed = handOn(known->second.second, known->second.first, user);
     here[v] = handed;
