@@ -278,8 +278,15 @@ Value StageCutter::lookup(Value v, const Part &user) {
   // parameter (a fused projection's q, k or v block) is cut again where it
   // is needed rather than held from the forward pass to the backward pass
   // of every microbatch in flight.
+  // Likewise a gathered activation (under sequence parallelism, a norm's
+  // output gathered over tp for a column-parallel matmul) is gathered again
+  // by the backward pass, which holds only this rank's piece, as Megatron
+  // does: (t-1)/t of the tensor moves once more, a t-th of it is held.
   auto known = home.find({v, user.rank});
-  if (known != home.end() && isParameterPiece(v)) {
+  bool regather = known != home.end() && isa<dist::AllGatherOp>(def) &&
+                  user.phase == Phase::Backward &&
+                  known->second.first.phase == Phase::Forward;
+  if (known != home.end() && (isParameterPiece(v) || regather)) {
     OpBuilder b = builderAtEnd(user);
     IRMapping map;
     for (Value operand : def->getOperands())

@@ -14,11 +14,14 @@
 //          sequence, is reduced over dp as pieces of s*h/t and gathered over
 //          tp, (t-1)/t * 4sh)
 //   tp     per microbatch and transformer block, two all-reduces forward
-//          and two backward of b*s*h (or, under sequence parallelism, four
-//          all-gathers and four reduce-scatters of b*s*h/t): 8(t-1)/t bshe;
-//          the vocabulary-parallel embedding 2(t-1)/t bshe (first stage), the
-//          head the same (last stage), and the vocabulary-parallel
-//          cross-entropy three all-reduces of b*s fp32 values
+//          and two backward of b*s*h: 8(t-1)/t bshe; under sequence
+//          parallelism four all-gathers and four reduce-scatters of b*s*h/t
+//          and, as Megatron does, the two column-parallel inputs gathered
+//          again in backward rather than kept: 10(t-1)/t bshe; the
+//          vocabulary-parallel embedding 2(t-1)/t bshe (first stage), the
+//          head the same (3(t-1)/t under sequence parallelism; last stage),
+//          and the vocabulary-parallel cross-entropy three all-reduces of
+//          b*s fp32 values
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -106,11 +109,15 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
 
   double bsh = b * s * h;
   if (t > 1) {
-    double perMicrobatch = blocks.size() * 8 * (t - 1) / t * bsh * e;
+    // Under sequence parallelism the backward pass gathers a column-parallel
+    // matmul's input again (two per block, one for the head).
+    double regather = sp ? 1 : 0;
+    double perMicrobatch =
+        blocks.size() * (8 + 2 * regather) * (t - 1) / t * bsh * e;
     if (first)
       perMicrobatch += 2 * (t - 1) / t * bsh * e;
     if (last)
-      perMicrobatch += 2 * (t - 1) / t * bsh * e +
+      perMicrobatch += (2 + regather) * (t - 1) / t * bsh * e +
                        3 * allReduce(b * s, t, 4);
     table.textbook["tp"] += m * perMicrobatch;
   }
