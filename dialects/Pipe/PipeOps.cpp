@@ -7,6 +7,7 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <map>
 #include <tuple>
 
 using namespace mlir;
@@ -60,6 +61,37 @@ LayoutAttr tessel::pipe::layoutOf(Operation *op) {
             module->getAttrOfType<LayoutAttr>(PipeDialect::kLayoutAttrName))
       return layout;
   return LayoutAttr::get(op->getContext(), 1, "1f1b", 1, {});
+}
+
+// How many activation arena slots a rank's schedule needs: a microbatch
+// holds its slot from its first forward on the rank to its last backward
+// there, and microbatch m uses slot m % slots. The fewest slots with which no
+// two microbatches in flight share one (1F1B: the p - r in flight at rank r;
+// GPipe: all of them).
+int64_t tessel::pipe::activationSlots(RankOp steps, int64_t microbatches) {
+  std::map<int64_t, int64_t> backwards; // microbatch -> backward steps here
+  steps.walk([&](BackwardOp b) { ++backwards[b.getMicrobatch()]; });
+  for (int64_t slots = 1; slots < microbatches; ++slots) {
+    std::map<int64_t, int64_t> left; // in flight -> backward steps left
+    bool fits = true;
+    steps.walk([&](Operation *op) {
+      if (auto f = dyn_cast<ForwardOp>(op)) {
+        int64_t mb = f.getMicrobatch();
+        if (left.count(mb))
+          return;
+        for (auto &[other, n] : left)
+          fits &= other % slots != mb % slots;
+        left[mb] = backwards[mb];
+      } else if (auto b = dyn_cast<BackwardOp>(op)) {
+        auto it = left.find(b.getMicrobatch());
+        if (it != left.end() && --it->second == 0)
+          left.erase(it);
+      }
+    });
+    if (fits)
+      return slots;
+  }
+  return microbatches;
 }
 
 void tessel::pipe::setLayout(ModuleOp module, LayoutAttr layout) {

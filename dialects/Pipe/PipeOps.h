@@ -34,6 +34,9 @@ constexpr const char *kScheduleKinds[] = {"gpipe", "1f1b", "interleaved"};
 // when it has none.
 LayoutAttr layoutOf(mlir::Operation *op);
 void setLayout(mlir::ModuleOp module, LayoutAttr layout);
+// How many microbatches' activations a rank running `steps` holds at once
+// (1F1B: the p - r in flight at rank r; GPipe: all of them).
+int64_t activationSlots(RankOp steps, int64_t microbatches);
 constexpr const char *kActivation = "activation";
 constexpr const char *kGradient = "gradient";
 

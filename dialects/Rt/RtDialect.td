@@ -39,7 +39,8 @@ def Rt_Space : I32EnumAttr<"Space", "storage a buffer lives in", [
     I32EnumAttrCase<"Accumulators", 5, "accumulators">,
     I32EnumAttrCase<"Shadow", 6, "shadow">,
     I32EnumAttrCase<"NormSums", 7, "norm_sums">,
-    I32EnumAttrCase<"Received", 8, "received">]> {
+    I32EnumAttrCase<"Received", 8, "received">,
+    I32EnumAttrCase<"Transient", 9, "transient">]> {
   let cppNamespace = "::tessel::rtir";
   let genSpecializedAttr = 0;
 }

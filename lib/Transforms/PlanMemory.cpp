@@ -93,8 +93,9 @@ struct Place {
 
 class Planner {
 public:
-  Planner(func::FuncOp func, int64_t microbatches)
-      : func(func), ctx(func.getContext()), accumulates(microbatches > 1) {}
+  Planner(func::FuncOp func, int64_t microbatches, int64_t slots)
+      : func(func), ctx(func.getContext()), accumulates(microbatches > 1),
+        split(slots > 1) {}
 
   LogicalResult run();
 
@@ -117,6 +118,10 @@ private:
   func::FuncOp func;
   MLIRContext *ctx;
   bool accumulates;
+  // With several microbatches in flight, only what crosses from one part to
+  // another needs a slot per microbatch; what lives within one run of a
+  // part goes to one region all parts share (they run one at a time).
+  bool split;
   DenseMap<Operation *, int64_t> position;
   // A value that shares the storage of another (views, values handed on by
   // parts, the update's inputs without accumulation).
@@ -127,7 +132,7 @@ private:
   // the value is complete): they do not keep the value alive.
   DenseSet<std::pair<Operation *, unsigned>> accumulatedOnly;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
-  int64_t normSums = 0, requests = 0, receivedBytes = 0;
+  int64_t normSums = 0, requests = 0, receivedBytes = 0, transientBytes = 0;
   bool hadError = false;
 };
 
@@ -243,6 +248,10 @@ void Planner::placeAccumulators(pipe::UpdateOp update) {
 // that reads it or any of its aliases.
 void Planner::placeArena() {
   DenseMap<Value, int64_t> lastUse;
+  // The parts (ops of the function's body) that touch each buffer.
+  DenseMap<Value, Operation *> firstPart;
+  DenseSet<Value> crosses;
+  Block &top = func.getBody().front();
   func.walk([&](Operation *op) {
     // With accumulation, the update's operands are read where they are
     // yielded (the accumulation), not by the update.
@@ -253,8 +262,14 @@ void Planner::placeArena() {
       if (!isa<MemRefType>(operand.getType()) ||
           accumulatedOnly.contains({op, use.getOperandNumber()}))
         continue;
-      int64_t &last = lastUse[rootOf(operand)];
+      Value root = rootOf(operand);
+      int64_t &last = lastUse[root];
       last = std::max(last, position[op]);
+      Operation *part = top.findAncestorOpInBlock(*op);
+      auto [it, inserted] = firstPart.try_emplace(root, part);
+      // A collective still running when its part ends keeps its buffer too.
+      if ((!inserted && it->second != part) || isa<rt::AllReduceStartOp>(op))
+        crosses.insert(root);
     }
   });
   // Allocations and deaths in program order.
@@ -275,17 +290,24 @@ void Planner::placeArena() {
     int64_t last = lastUse.count(buffer) ? lastUse[buffer] : position[alloc];
     dying[last].push_back(buffer);
   });
-  ArenaAllocator arena;
+  ArenaAllocator arena, transient;
+  auto allocatorOf = [&](Value buffer) -> ArenaAllocator & {
+    return split && !crosses.contains(buffer) ? transient : arena;
+  };
   auto nextDeath = dying.begin();
   for (Value buffer : allocs) {
     int64_t here = position[buffer.getDefiningOp()];
     // Free what died before this allocation.
     for (; nextDeath != dying.end() && nextDeath->first < here; ++nextDeath)
       for (Value dead : nextDeath->second)
-        arena.release(placeOf[dead].offset, bytesOf(dead));
-    placeOf[buffer] = {rt::Space::Arena, arena.allocate(bytesOf(buffer))};
+        allocatorOf(dead).release(placeOf[dead].offset, bytesOf(dead));
+    ArenaAllocator &into = allocatorOf(buffer);
+    placeOf[buffer] = {&into == &arena ? rt::Space::Arena
+                                       : rt::Space::Transient,
+                       into.allocate(bytesOf(buffer))};
   }
   arenaBytes = arena.size();
+  transientBytes = transient.size();
 }
 
 // Every use of a planned buffer, a parameter or a value handed on becomes a
@@ -512,6 +534,8 @@ LogicalResult Planner::run() {
   func->setAttr("rt.accumulator_elems", b.getI64IntegerAttr(accumulatorElems));
   func->setAttr("rt.norm_sums", b.getI64IntegerAttr(normSums));
   func->setAttr("rt.received_bytes", b.getI64IntegerAttr(receivedBytes));
+  if (split)
+    func->setAttr("rt.transient_bytes", b.getI64IntegerAttr(transientBytes));
   func->setAttr("rt.request_slots", b.getI64IntegerAttr(requests));
   return success();
 }
@@ -520,12 +544,20 @@ struct PlanMemoryPass : tessel::impl::PlanMemoryBase<PlanMemoryPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
+    // The microbatches each rank holds at once, from its schedule (one slot
+    // when the module has none).
+    DenseMap<int64_t, int64_t> slots;
+    for (auto schedule : module.getOps<pipe::ScheduleOp>())
+      for (auto rank : schedule.getBody().getOps<pipe::RankOp>())
+        slots[rank.getRank()] =
+            pipe::activationSlots(rank, schedule.getMicrobatches());
     bool any = false;
     for (auto func : module.getOps<func::FuncOp>()) {
-      if (!func->hasAttr("pipe.rank"))
+      auto rank = func->getAttrOfType<IntegerAttr>("pipe.rank");
+      if (!rank)
         continue;
       any = true;
-      if (failed(Planner(func, microbatches).run()))
+      if (failed(Planner(func, microbatches, slots.lookup(rank.getInt())).run()))
         return signalPassFailure();
     }
     if (!any) {

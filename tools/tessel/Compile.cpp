@@ -188,8 +188,11 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     for (Operation &op : step.getBody().front())
       visit(&op);
   int64_t params = attr("rt.param_elems");
+  // Each microbatch in flight holds a slot of what crosses from one part to
+  // another; what lives within one run of a part shares one region.
   int64_t arena = attr("rt.arena_bytes") *
-                  std::max<int64_t>(1, attr("rt.arena_slots"));
+                      std::max<int64_t>(1, attr("rt.arena_slots")) +
+                  attr("rt.transient_bytes");
   json m;
   m["params_bytes"] = params * 4;
   m["grads_bytes"] = params * 4;

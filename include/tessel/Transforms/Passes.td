@@ -224,7 +224,11 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     refers only to its own ops, and an all-reduce over buffers laid out side
     by side is one call over the run. A buffer outside every part (a
     parameter received from another rank for the step) is held in the
-    `received` space, after the arena's slots. The rank function records
+    `received` space, after the arena's slots. When the rank's schedule
+    holds several microbatches at once, only buffers that cross from one
+    part to another get the arena (one slot per microbatch in flight);
+    those that live within one run of a part go to the `transient` region,
+    which all parts share (`rt.transient_bytes`). The rank function records
     `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems`,
     `rt.norm_sums` and `rt.received_bytes`.
   }];

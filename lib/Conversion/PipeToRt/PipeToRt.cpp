@@ -34,37 +34,6 @@ std::string tessel::programName(int64_t pipelineRank, int64_t pipelineRanks) {
                             : "stage" + std::to_string(pipelineRank);
 }
 
-// How many activation arena slots a rank's schedule needs: a microbatch
-// holds its slot from its first forward on the rank to its last backward
-// there, and microbatch m uses slot m % slots. The fewest slots with which no
-// two microbatches in flight share one (1F1B: the p - r in flight at rank r;
-// GPipe: all of them).
-static int64_t arenaSlotsOf(pipe::RankOp steps, int64_t microbatches) {
-  std::map<int64_t, int64_t> backwards; // microbatch -> backward steps here
-  steps.walk([&](pipe::BackwardOp b) { ++backwards[b.getMicrobatch()]; });
-  for (int64_t slots = 1; slots < microbatches; ++slots) {
-    std::map<int64_t, int64_t> left; // in flight -> backward steps left
-    bool fits = true;
-    steps.walk([&](Operation *op) {
-      if (auto f = dyn_cast<pipe::ForwardOp>(op)) {
-        int64_t mb = f.getMicrobatch();
-        if (left.count(mb))
-          return;
-        for (auto &[other, n] : left)
-          fits &= other % slots != mb % slots;
-        left[mb] = backwards[mb];
-      } else if (auto b = dyn_cast<pipe::BackwardOp>(op)) {
-        auto it = left.find(b.getMicrobatch());
-        if (it != left.end() && --it->second == 0)
-          left.erase(it);
-      }
-    });
-    if (fits)
-      return slots;
-  }
-  return microbatches;
-}
-
 namespace {
 
 // The name of a part's function.
@@ -110,12 +79,13 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     program->setAttr("pipe.rank", rankAttr);
     for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
                            "rt.accumulator_elems", "rt.norm_sums",
-                           "rt.request_slots", "rt.received_bytes"})
+                           "rt.request_slots", "rt.received_bytes",
+                           "rt.transient_bytes"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",
                      b.getI64IntegerAttr(
-                         arenaSlotsOf(steps, schedule.getMicrobatches())));
+                         pipe::activationSlots(steps, schedule.getMicrobatches())));
     program->setAttr("rt.microbatches",
                      b.getI64IntegerAttr(schedule.getMicrobatches()));
 

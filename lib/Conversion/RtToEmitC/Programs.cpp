@@ -157,6 +157,14 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       // Held for the step, after the microbatches' arena slots.
       line("char *R = ctx.activations + " + Twine(slots * arenaBytes) + ";");
       break;
+    case rt::Space::Transient:
+      // What lives within one run of a part, shared by all of them, after
+      // the received parameters.
+      line("char *T = ctx.activations + " +
+           Twine(slots * arenaBytes +
+                 intAttr(program, "rt.received_bytes")) +
+           ";");
+      break;
     case rt::Space::Shadow:
       line(target.shadowType() + " *PB = static_cast<" + target.shadowType() +
            " *>(ctx.paramShadow);");
@@ -353,7 +361,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "paramElems", intAttr(program, "rt.param_elems"));
   setInt(var, "activationBytes", intAttr(program, "rt.arena_bytes") *
                                          intAttr(program, "rt.arena_slots", 1) +
-                                     intAttr(program, "rt.received_bytes"));
+                                     intAttr(program, "rt.received_bytes") +
+                                     intAttr(program, "rt.transient_bytes"));
   set(var, "step", "trainStep");
   setInt(var, "microbatches", intAttr(program, "rt.microbatches", 1));
   setInt(var, "accumulatorElems", intAttr(program, "rt.accumulator_elems"));

@@ -194,7 +194,8 @@ struct BufferPattern : RtPattern<rt::BufferOp> {
     std::string address;
     StringRef store = storeName(op.getSpace());
     if (op.getSpace() == rt::Space::Arena ||
-        op.getSpace() == rt::Space::Received)
+        op.getSpace() == rt::Space::Received ||
+        op.getSpace() == rt::Space::Transient)
       address = "reinterpret_cast<" +
                 target.storageType(op.getType().getElementType()) + " *>(" +
                 store.str() + " + " + std::to_string(op.getOffset()) + ")";

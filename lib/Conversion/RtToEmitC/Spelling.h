@@ -63,6 +63,8 @@ inline StringRef storeName(rt::Space space) {
     return "NS";
   case rt::Space::Received:
     return "R";
+  case rt::Space::Transient:
+    return "T";
   }
   llvm_unreachable("unknown space");
 }
