@@ -535,11 +535,38 @@ std::string rankFileName(const std::string &path, int rank) {
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 
-// Writes the collective counts of this rank, atomically.
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); -1 where the
+// system has none.
+int64_t statusBytes(const char *field) {
+  FILE *f = std::fopen("/proc/self/status", "r");
+  if (!f)
+    return -1;
+  char line[256];
+  int64_t kb = -1;
+  size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') {
+      kb = std::strtoll(line + n + 1, nullptr, 10);
+      break;
+    }
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+// Writes the collective counts of this rank and its resident memory before
+// the plan's stores were allocated, right after, and at its peak,
+// atomically.
 void writeCommReport(const std::string &path, int64_t steps,
-                     const CollectiveCounter *counters) {
+                     const CollectiveCounter *counters, int64_t rssBefore,
+                     int64_t rssAllocated) {
   std::string json = "{\"rank\": " + std::to_string(commRank()) +
                      ", \"steps\": " + std::to_string(steps) +
+                     ", \"memory\": {\"rss_before_bytes\": " +
+                     std::to_string(rssBefore) +
+                     ", \"rss_allocated_bytes\": " +
+                     std::to_string(rssAllocated) +
+                     ", \"rss_peak_bytes\": " +
+                     std::to_string(statusBytes("VmHWM")) + "}" +
                      ", \"collectives\": {";
   for (int k = 0; k < kNumCollectiveKinds; k++) {
     const CollectiveCounter &c = counters[k];
@@ -636,6 +663,9 @@ int train(const Program &program, const Options &opts) {
          " needed for one sequence of length " + std::to_string(T));
 
   const DeviceHooks *device = program.device;
+  // What the process holds before the plan's stores: the program, MPI, the
+  // data. The report compares the growth from here with the plan.
+  int64_t rssBefore = statusBytes("VmRSS");
   size_t floatBytes = (size_t)program.paramElems * sizeof(float);
   // A device program keeps only the parameters on the host (to initialise,
   // load and save them); the step's buffers live on the device.
@@ -652,6 +682,8 @@ int train(const Program &program, const Options &opts) {
   AlignedBuffer normSums = allocateZeroed(
       device ? 0 : (size_t)program.normSums * sizeof(double),
       "gradient norm partial sums");
+  // With the stores allocated (and zeroed, so resident).
+  int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);
   std::vector<int32_t> globalTokens, globalTargets;
   if (dataRanks > 1) {
@@ -783,7 +815,8 @@ int train(const Program &program, const Options &opts) {
   if (!opts.saveFinal.empty())
     saveParams(program, opts.saveFinal, paramData, opts.steps);
   if (!commReport.empty())
-    writeCommReport(commReport, opts.steps, counters);
+    writeCommReport(commReport, opts.steps, counters, rssBefore,
+                    rssAllocated);
   if (!trace.empty())
     traceWrite(trace, commRank());
   if (device)

@@ -109,6 +109,28 @@ def comm(args):
                       for p, t in sorted(predicted.items())))
 
 
+def memory(args):
+    """Each rank's resident memory grew by the plan's total for its program
+    when it allocated its stores (within 1%), and at its peak while training
+    (within the tolerance: what the runtime holds beside the plan, BLAS
+    packing buffers, MPI's and message copies, stays below it)."""
+    plan = json.load(open(args.plan))
+    base, ext = os.path.splitext(args.report)
+    for rank in range(plan["world_size"]):
+        program = plan["ranks"][rank]["program"]
+        planned = plan["programs"][program]["memory"]["total_bytes"]
+        m = json.load(open(f"{base}.rank{rank}{ext}"))["memory"]
+        allocated = m["rss_allocated_bytes"] - m["rss_before_bytes"]
+        peak = m["rss_peak_bytes"] - m["rss_before_bytes"]
+        print(f"rank {rank} ({program}): planned {planned / 1e6:.1f} MB, allocated "
+              f"{allocated / 1e6:.1f} MB ({allocated / planned:.3f}), peak "
+              f"{peak / 1e6:.1f} MB ({peak / planned:.3f})")
+        if abs(allocated / planned - 1) > 0.01:
+            fail(f"rank {rank}: the stores took {allocated} bytes, the plan says {planned}")
+        if abs(peak / planned - 1) > args.tolerance:
+            fail(f"rank {rank}: resident memory grew {peak} bytes, the plan says {planned}")
+
+
 def textbook(args):
     """Every group of `tessel inspect --comm --textbook` moves the textbook
     bytes: ratio within the tolerance, no group the textbook lacks."""
@@ -150,6 +172,11 @@ def main():
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(run=same_losses)
+    p = sub.add_parser("memory")
+    p.add_argument("plan")
+    p.add_argument("report")
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.set_defaults(run=memory)
     p = sub.add_parser("textbook")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.set_defaults(run=textbook)
