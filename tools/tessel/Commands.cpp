@@ -7,14 +7,19 @@
 #include "tessel/Runtime/Data.h"
 
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/SHA256.h"
 #include "llvm/Support/Program.h"
 
 #include "llvm/Support/raw_ostream.h"
+#include <csignal>
+#include <cstring>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +48,144 @@ Expected<json> readPlan(StringRef dir) {
   return plan;
 }
 
+// What `tessel run` takes from a plan, checked: plan.json is read from a
+// directory a user may have edited or copied, so nothing in it is trusted
+// (types, rank counts, program names that could leave DIR/bin, binaries
+// other than those compiled).
+struct RunPlan {
+  int64_t world = 0;
+  // Distinct programs in rank order (one, or one per pipeline stage).
+  std::vector<std::pair<std::string, int64_t>> programs;
+  std::string dataFormat, dataPath;
+};
+
+bool isProgramName(StringRef name) {
+  return !name.empty() && name.size() <= 64 && name != "." && name != ".." &&
+         llvm::all_of(name, [](char c) {
+           return llvm::isAlnum(c) || c == '_' || c == '-' || c == '.';
+         });
+}
+
+Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
+  std::string where = (dir + "/plan.json").str();
+  auto bad = [&](const Twine &field, const Twine &what) {
+    return createStringError(where + ": " + field + " " + what +
+                             "; compile again");
+  };
+  try {
+    RunPlan run;
+    const json &world = plan.at("world_size");
+    if (!world.is_number_integer() || world.get<int64_t>() < 1 ||
+        world.get<int64_t>() > (1 << 20))
+      return bad("world_size", "must be a rank count, got " +
+                                   world.dump().substr(0, 40));
+    run.world = world.get<int64_t>();
+    const json &ranks = plan.at("ranks");
+    if (!ranks.is_array() || (int64_t)ranks.size() != run.world)
+      return bad("ranks", "must list world_size = " + Twine(run.world) +
+                              " ranks");
+    const json &programs = plan.at("programs");
+    if (!programs.is_object())
+      return bad("programs", "must be an object");
+    for (auto [k, r] : llvm::enumerate(ranks)) {
+      const json &program = r.at("program");
+      std::string field = "ranks[" + std::to_string(k) + "].program";
+      if (!program.is_string() || !isProgramName(program.get<std::string>()))
+        return bad(field, "must be the name of a compiled program, got " +
+                              program.dump().substr(0, 60));
+      std::string name = program.get<std::string>();
+      if (!programs.contains(name))
+        return bad(field, "names " + name + ", which programs does not list");
+      if (run.programs.empty() || run.programs.back().first != name)
+        run.programs.push_back({name, 0});
+      ++run.programs.back().second;
+    }
+    for (auto &[name, count] : run.programs) {
+      SmallString<256> binary(dir);
+      sys::path::append(binary, "bin", name);
+      if (!sys::fs::can_execute(binary))
+        return createStringError(binary + " is missing or not executable; "
+                                          "compile again");
+      const json &program = programs.at(name);
+      if (program.contains("sha256")) {
+        Expected<std::string> digest = tessel::fileSha256(binary);
+        if (!digest)
+          return digest.takeError();
+        if (!program["sha256"].is_string() ||
+            program["sha256"].get<std::string>() != *digest)
+          return createStringError(
+              binary + " is not the binary this plan was compiled with "
+                       "(its SHA-256 differs from plan.json's); compile again");
+      }
+    }
+    const json &data = plan.at("data");
+    run.dataFormat = data.at("format").get<std::string>();
+    run.dataPath = data.at("path").get<std::string>();
+    return run;
+  } catch (const json::exception &e) {
+    // A missing field or one of the wrong type.
+    return createStringError(where + ": malformed (" + e.what() +
+                             "); compile again");
+  }
+}
+
+// The child `tessel run` started; SIGTERM, SIGINT and SIGHUP to tessel go to
+// it (mpirun passes them on to every rank), so that stopping tessel (as
+// Slurm or a shell does) stops the job instead of orphaning it.
+volatile sig_atomic_t runningChild = 0;
+
+void forwardSignal(int sig) {
+  if (runningChild > 0)
+    ::kill(runningChild, sig);
+}
+
+// Runs argv with env, forwarding the stop signals; its exit code (128 + the
+// signal when a signal ended it), or -errno when it could not start.
+int runForwardingSignals(const std::vector<std::string> &argv,
+                         const std::vector<std::string> &env) {
+  std::vector<char *> args, envs;
+  for (const std::string &a : argv)
+    args.push_back(const_cast<char *>(a.c_str()));
+  args.push_back(nullptr);
+  for (const std::string &e : env)
+    envs.push_back(const_cast<char *>(e.c_str()));
+  envs.push_back(nullptr);
+  const int stops[] = {SIGTERM, SIGINT, SIGHUP};
+  // Blocked until the child's pid is known, so none is lost in between.
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : stops)
+    sigaddset(&block, sig);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::execve(args[0], args.data(), envs.data());
+    ::_exit(127);
+  }
+  if (pid < 0) {
+    int error = errno;
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    return -error;
+  }
+  runningChild = pid;
+  struct sigaction forward = {}, previous[3];
+  forward.sa_handler = forwardSignal;
+  sigemptyset(&forward.sa_mask);
+  for (int k = 0; k < 3; ++k)
+    sigaction(stops[k], &forward, &previous[k]);
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  runningChild = 0;
+  for (int k = 0; k < 3; ++k)
+    sigaction(stops[k], &previous[k], nullptr);
+  if (WIFSIGNALED(status))
+    return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
 bool hasFlag(ArrayRef<std::string> args, StringRef flag) {
   for (const std::string &a : args)
     if (a == flag || StringRef(a).starts_with((flag + "=").str()))
@@ -63,20 +206,14 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   Expected<json> plan = readPlan(dir);
   if (!plan)
     return fail(toString(plan.takeError()));
-  int64_t world = (*plan)["world_size"].get<int64_t>();
-  // Distinct programs in rank order (one, or one per pipeline stage).
-  std::vector<std::pair<std::string, int64_t>> programs;
-  for (const json &r : (*plan)["ranks"]) {
-    std::string name = r["program"].get<std::string>();
-    if (programs.empty() || programs.back().first != name)
-      programs.push_back({name, 0});
-    ++programs.back().second;
-  }
+  Expected<RunPlan> checked = checkPlan(dir, *plan);
+  if (!checked)
+    return fail(toString(checked.takeError()));
+  int64_t world = checked->world;
+  const auto &programs = checked->programs;
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
-  const json &data = (*plan)["data"];
-  if (data["format"] == "llmc" && !hasFlag(forwarded, "--data"))
-    forwarded.insert(forwarded.begin(),
-                     {"--data", data["path"].get<std::string>()});
+  if (checked->dataFormat == "llmc" && !hasFlag(forwarded, "--data"))
+    forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's
   // machine or in CI).
@@ -93,8 +230,6 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   for (auto [k, program] : llvm::enumerate(programs)) {
     SmallString<256> binary(dir);
     sys::path::append(binary, "bin", program.first);
-    if (!sys::fs::can_execute(binary))
-      return fail(binary + " is missing or not executable; compile again");
     if (world > 1) {
       if (k)
         argv.push_back(":");
@@ -103,7 +238,6 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     argv.push_back(std::string(binary));
     argv.insert(argv.end(), forwarded.begin(), forwarded.end());
   }
-  SmallVector<StringRef> refs(argv.begin(), argv.end());
   // OpenBLAS's threads and the kernels' OpenMP threads take turns on the
   // same cores; spinning OpenMP workers would starve the GEMMs (measured:
   // 1.7x slower steps on 2 cores), so idle workers sleep unless the user
@@ -113,16 +247,24 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     env.push_back(*e);
   if (!std::getenv("OMP_WAIT_POLICY"))
     env.push_back("OMP_WAIT_POLICY=PASSIVE");
-  SmallVector<StringRef> envRefs(env.begin(), env.end());
-  std::string message;
-  int rc = sys::ExecuteAndWait(argv[0], refs, ArrayRef<StringRef>(envRefs), {},
-                               0, 0, &message);
+  int rc = runForwardingSignals(argv, env);
   if (rc < 0)
-    return fail(argv[0] + " did not finish: " + message);
+    return fail(argv[0] + " could not be started: " +
+                std::strerror(-rc));
   if (rc != 0 && world > 1)
     errs() << "tessel: error: the " << world << "-rank run failed (exit code "
            << rc << "); the messages above name the failing rank\n";
   return rc;
+}
+
+Expected<std::string> tessel::fileSha256(StringRef path) {
+  auto buffer = MemoryBuffer::getFile(path, /*IsText=*/false,
+                                      /*RequiresNullTerminator=*/false);
+  if (!buffer)
+    return createStringError(path + ": " + buffer.getError().message());
+  SHA256 hash;
+  hash.update(arrayRefFromStringRef((*buffer)->getBuffer()));
+  return toHex(hash.final(), /*LowerCase=*/true);
 }
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {

@@ -5,11 +5,14 @@
 #include "tessel/Frontend/Spec.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/Support/Error.h"
 #include <string>
 #include <vector>
 
 namespace tessel {
 int runCommand(llvm::ArrayRef<std::string> args);
+// The SHA-256 of a file, in hex (plan.json records each binary's).
+llvm::Expected<std::string> fileSha256(llvm::StringRef path);
 int inspectCommand(llvm::ArrayRef<std::string> args);
 int dataCommand(llvm::ArrayRef<std::string> args);
 

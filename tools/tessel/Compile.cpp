@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Compile.h"
+#include "Commands.h"
 
 #include "dialects/Dist/DistOps.h"
 #include "dialects/Pipe/PipeOps.h"
@@ -527,9 +528,18 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   }
   llvm::SmallString<256> planPath(out);
   llvm::sys::path::append(planPath, "plan.json");
-  if (llvm::Error err = writeFile(
-          planPath,
-          planJson(spec, *module, programs, options).dump(2) + "\n"))
+  json plan = planJson(spec, *module, programs, options);
+  // `tessel run` starts only the binaries compiled here.
+  if (!options.emitOnly)
+    for (const ProgramOut &program : programs) {
+      llvm::SmallString<256> binaryPath(out);
+      llvm::sys::path::append(binaryPath, "bin", program.name);
+      llvm::Expected<std::string> digest = tessel::fileSha256(binaryPath);
+      if (!digest)
+        return digest.takeError();
+      plan["programs"][program.name]["sha256"] = *digest;
+    }
+  if (llvm::Error err = writeFile(planPath, plan.dump(2) + "\n"))
     return err;
   return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
 }

@@ -229,8 +229,17 @@ int main(int argc, char **argv) {
   }
   if (command == "run")
     return tessel::runCommand(rest);
-  if (command == "inspect")
-    return tessel::inspectCommand(rest);
+  if (command == "inspect") {
+    // plan.json may have been edited: a field of the wrong type is an
+    // error, not an abort.
+    try {
+      return tessel::inspectCommand(rest);
+    } catch (const std::exception &e) {
+      errs() << "tessel: error: " << (rest.empty() ? "" : rest[0])
+             << "/plan.json: malformed (" << e.what() << "); compile again\n";
+      return 1;
+    }
+  }
   if (command == "data")
     return tessel::dataCommand(rest);
   if (command == "--help" || command == "-h" || command == "help") {
