@@ -297,6 +297,15 @@ json planJson(const Spec &spec, ModuleOp module,
   return plan;
 }
 
+// `text` as one word of a POSIX shell command: in single quotes, each of its
+// own single quotes written '\''.
+std::string shellQuoted(llvm::StringRef text) {
+  std::string out = "'";
+  for (char c : text)
+    out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 // launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
 // launch/slurm.sbatch with its srun --multi-prog configuration.
 llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
@@ -309,22 +318,32 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
   llvm::sys::path::append(sbatch, "launch", "slurm.sbatch");
   llvm::sys::path::append(conf, "launch", "multi-prog.conf");
   // MPMD: one "-np N binary args" segment per distinct program, in rank order.
+  // Binaries are found beside the script, and the arguments (a relative
+  // --data too) mean what they mean where the script is started; the spec's
+  // data file is passed as `tessel run` passes it, unless --data is given.
   std::string segments, confLines;
   for (auto [k, program] : llvm::enumerate(programs)) {
-    segments += std::string(k ? " : " : "") + "-np " +
-                std::to_string(perProgram) + " bin/" + program.name + " \"$@\"";
+    segments += std::string(k ? " \\\n  : " : "") + "-np " +
+                std::to_string(perProgram) + " \"$here/bin/" + program.name +
+                "\" ${data:+--data \"$data\"} \"$@\"";
     int64_t first = layout.firstRankOfProgram(k), last = first + perProgram - 1;
     confLines += std::to_string(first) + "-" + std::to_string(last) + " bin/" +
                  program.name + "\n";
   }
+  std::string data =
+      spec.data.format == "llmc" ? shellQuoted(spec.data.path) : "''";
   std::string script = "#!/bin/sh\n# Launches all " + np +
-                       " ranks of this plan (MPMD):\n"
+                       " ranks of this plan (MPMD), as `tessel run` does:\n"
                        "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
-                       "cd \"$(dirname \"$0\")/..\" || exit 1\n"
+                       "here=$(cd \"$(dirname \"$0\")/..\" && pwd) || exit 1\n"
+                       "data=" + data + "\n"
+                       "for arg in \"$@\"; do\n"
+                       "  case \"$arg\" in --data|--data=*) data= ;; esac\n"
+                       "done\n"
                        "extra=\"\"\n"
                        "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
                        "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
-                       "exec mpirun $extra --oversubscribe " +
+                       "exec mpirun $extra --oversubscribe \\\n  " +
                        segments + "\n";
   if (llvm::Error err = writeFile(mpirun, script))
     return err;
