@@ -561,12 +561,6 @@ void writeCommReport(const std::string &path, int64_t steps,
                      int64_t rssAllocated) {
   std::string json = "{\"rank\": " + std::to_string(commRank()) +
                      ", \"steps\": " + std::to_string(steps) +
-                     ", \"memory\": {\"rss_before_bytes\": " +
-                     std::to_string(rssBefore) +
-                     ", \"rss_allocated_bytes\": " +
-                     std::to_string(rssAllocated) +
-                     ", \"rss_peak_bytes\": " +
-                     std::to_string(statusBytes("VmHWM")) + "}" +
                      ", \"collectives\": {";
   for (int k = 0; k < kNumCollectiveKinds; k++) {
     const CollectiveCounter &c = counters[k];
@@ -576,7 +570,11 @@ void writeCommReport(const std::string &path, int64_t steps,
             ", \"elements\": " + std::to_string(c.elements) +
             ", \"bytes_sent\": " + std::to_string(c.bytesSent) + "}";
   }
-  json += "}}\n";
+  json += "}, \"memory\": {\"rss_before_bytes\": " +
+          std::to_string(rssBefore) +
+          ", \"rss_allocated_bytes\": " + std::to_string(rssAllocated) +
+          ", \"rss_peak_bytes\": " + std::to_string(statusBytes("VmHWM")) +
+          "}}\n";
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
   bool ok = f && std::fputs(json.c_str(), f) >= 0;
