@@ -10,15 +10,34 @@
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <set>
 
 using namespace tessel;
 using json = nlohmann::json;
+
+// Limits on sizes (docs/spec.md): every size, offset and product the
+// compiler and the generated programs compute stays far inside int64.
+namespace {
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+constexpr int64_t kMaxSeqLen = int64_t(1) << 20;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHidden = int64_t(1) << 17;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxFfn = int64_t(1) << 20;
+constexpr int64_t kMaxBatch = int64_t(1) << 24;
+constexpr int64_t kMaxAxis = int64_t(1) << 16;
+// Elements of the largest tensor of a step (batch x sequence x the widest
+// of vocabulary, feed-forward, hidden) and parameters of the model.
+constexpr double kMaxStepElements = double(int64_t(1) << 48);
+constexpr double kMaxParameters = double(int64_t(1) << 44);
+} // namespace
 
 namespace {
 
@@ -47,17 +66,24 @@ public:
     }
     return Section(value, at(key), problems);
   }
-  int64_t integer(const std::string &key, int64_t fallback, int64_t min) {
+  int64_t integer(const std::string &key, int64_t fallback, int64_t min,
+                  int64_t max = INT64_MAX) {
     const json *value = find(key);
     if (!value)
       return fallback;
-    if (!value->is_number_integer()) {
-      problems.report(at(key), "must be an integer, got " + value->dump());
+    if (!value->is_number_integer() ||
+        (value->is_number_unsigned() &&
+         value->get<uint64_t>() > (uint64_t)INT64_MAX)) {
+      problems.report(at(key), "must be an integer, got " +
+                                   value->dump().substr(0, 40));
       return fallback;
     }
     int64_t v = value->get<int64_t>();
     if (v < min)
       problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
+                                   std::to_string(v));
+    else if (v > max)
+      problems.report(at(key), "must be <= " + std::to_string(max) + ", got " +
                                    std::to_string(v));
     return v;
   }
@@ -177,19 +203,20 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
   if (!s.has("family"))
     problems.report(s.at("family"), "is required (\"gpt\" or \"llama\")");
   bool gpt = m.family != "llama";
-  m.vocabSize = s.integer("vocab_size", 256, 2);
-  m.seqLen = s.integer("seq_len", 64, 1);
-  m.layers = s.integer("layers", 2, 1);
+  m.vocabSize = s.integer("vocab_size", 256, 2, kMaxVocab);
+  m.seqLen = s.integer("seq_len", 64, 1, kMaxSeqLen);
+  m.layers = s.integer("layers", 2, 1, kMaxLayers);
   if (layout.layers) {
     m.layers = *layout.layers;
-    if (m.layers < 1)
-      problems.report(s.at("layers"),
-                      "must be >= 1, got " + std::to_string(m.layers));
+    if (m.layers < 1 || m.layers > kMaxLayers)
+      problems.report(s.at("layers"), "must be 1 to " +
+                                          std::to_string(kMaxLayers) +
+                                          ", got " + std::to_string(m.layers));
   }
-  m.hidden = s.integer("hidden", 64, 1);
-  m.heads = s.integer("heads", 4, 1);
-  m.kvHeads = s.integer("kv_heads", m.heads, 1);
-  m.ffnHidden = s.integer("ffn_hidden", 4 * m.hidden, 1);
+  m.hidden = s.integer("hidden", 64, 1, kMaxHidden);
+  m.heads = s.integer("heads", 4, 1, kMaxHeads);
+  m.kvHeads = s.integer("kv_heads", m.heads, 1, kMaxHeads);
+  m.ffnHidden = s.integer("ffn_hidden", 4 * m.hidden, 1, kMaxFfn);
   m.tieEmbeddings = s.boolean("tie_embeddings", gpt);
   m.normEps = s.number("norm_eps", 1e-5, 0.0);
   m.ropeTheta = s.number("rope_theta", 10000.0, 1.0);
@@ -215,7 +242,7 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
 }
 
 void readTrain(Section s, TrainSpec &t, Problems &problems) {
-  t.globalBatch = s.integer("global_batch", 8, 1);
+  t.globalBatch = s.integer("global_batch", 8, 1, kMaxBatch);
   t.steps = s.integer("steps", 100, 0);
   t.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
   t.gradClip = s.number("grad_clip", 1.0, 0.0);
@@ -293,13 +320,13 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
 
 void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                   const LayoutOverrides &layout, Problems &problems) {
-  p.dp = s.integer("dp", 1, 1);
-  p.tp = s.integer("tp", 1, 1);
-  p.pp = s.integer("pp", 1, 1);
-  p.microbatches = s.integer("microbatches", 1, 1);
+  p.dp = s.integer("dp", 1, 1, kMaxAxis);
+  p.tp = s.integer("tp", 1, 1, kMaxAxis);
+  p.pp = s.integer("pp", 1, 1, kMaxAxis);
+  p.microbatches = s.integer("microbatches", 1, 1, kMaxBatch);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
-  p.virtualStages = s.integer("virtual_stages", 1, 1);
+  p.virtualStages = s.integer("virtual_stages", 1, 1, kMaxLayers);
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   if (const json *stages = s.raw("stage_layers")) {
@@ -412,6 +439,16 @@ constexpr size_t kMaxNameLength = 64;
 bool isNameChar(char c) {
   return llvm::isAlnum(c) || c == '.' || c == '_' || c == '-';
 }
+// A file's stem as a run name: '-' for each character outside the set.
+std::string safeName(llvm::StringRef stem) {
+  std::string name = stem.str();
+  for (char &c : name)
+    if (!isNameChar(c))
+      c = '-';
+  if (name.empty() || name.size() > kMaxNameLength)
+    name = "model";
+  return name;
+}
 } // namespace
 
 llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
@@ -446,16 +483,29 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
     dir = ".";
   llvm::sys::fs::make_absolute(dir);
   readData(root.child("data"), spec.data, dir, problems);
+  if (!problems.any()) {
+    const ModelSpec &m = spec.model;
+    double widest = std::max({double(m.vocabSize), double(m.ffnHidden),
+                              4.0 * double(m.hidden)});
+    double step = double(spec.train.globalBatch) * double(m.seqLen) * widest;
+    double params = double(m.layers) * (4.0 * m.hidden * m.hidden +
+                                        3.0 * m.hidden * m.ffnHidden) +
+                    2.0 * double(m.vocabSize) * m.hidden;
+    if (step > kMaxStepElements)
+      problems.report("train.global_batch",
+                      "global_batch x model.seq_len x the widest layer = " +
+                          llvm::formatv("{0:e2}", step).str() +
+                          " elements exceeds the limit of 2^48");
+    else if (params > kMaxParameters)
+      problems.report("model", "about " + llvm::formatv("{0:e2}", params).str() +
+                                   " parameters exceeds the limit of 2^44");
+  }
   if (!problems.any())
     readParallel(root.child("parallel"), spec.parallel, spec, layout, problems);
   // The name reaches launch files (#SBATCH --job-name), plan.json and
   // messages: letters, digits, '.', '_' and '-' only. A spec's file name
   // outside that set gives a name with '-' for each other character.
-  for (char &c : spec.name)
-    if (!isNameChar(c))
-      c = '-';
-  if (spec.name.empty() || spec.name.size() > kMaxNameLength)
-    spec.name = "model";
+  spec.name = safeName(spec.name);
   if (root.has("name")) {
     std::string name = root.string("name", spec.name);
     if (name.empty() || name.size() > kMaxNameLength ||
@@ -505,6 +555,6 @@ std::string LayoutOverrides::describe() const {
 
 Spec tessel::defaultSpecForIR(llvm::StringRef name) {
   Spec spec;
-  spec.name = name.str();
+  spec.name = safeName(name);
   return spec;
 }

@@ -29,6 +29,7 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/Program.h"
@@ -39,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <optional>
 
 using namespace mlir;
 using namespace tessel;
@@ -409,6 +411,42 @@ public:
   std::string failedPass = "compilation";
 };
 
+constexpr int64_t kMaxNesting = 256;
+
+// The line where `text` (MLIR) first nests brackets deeper than `limit`,
+// outside string literals and comments; none when it never does.
+std::optional<int64_t> tooDeep(llvm::StringRef text, int64_t limit) {
+  int64_t depth = 0, line = 1;
+  bool inString = false, inComment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '\n') {
+      ++line;
+      inComment = false;
+      continue;
+    }
+    if (inComment)
+      continue;
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+      continue;
+    }
+    if (c == '"')
+      inString = true;
+    else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/')
+      inComment = true;
+    else if (c == '{' || c == '(' || c == '[') {
+      if (++depth > limit)
+        return line;
+    } else if ((c == '}' || c == ')' || c == ']') && depth > 0)
+      --depth;
+  }
+  return std::nullopt;
+}
+
 // The front half of the compile: spec or .mlir to the planned training step.
 // `stage` sees the module after each stage.
 llvm::Error lower(const CompileOptions &options, MLIRContext &context,
@@ -419,6 +457,19 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   bool gradientCheck = false) {
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
+    // MLIR's parser recurses per nesting level: a deeper file would
+    // overflow the stack rather than fail.
+    auto text = llvm::MemoryBuffer::getFile(options.input);
+    if (!text)
+      return diagnostics.error(options.input + ": cannot read: " +
+                               text.getError().message());
+    if (std::optional<int64_t> line =
+            tooDeep((*text)->getBuffer(), kMaxNesting))
+      return diagnostics.error(options.input + ":" + std::to_string(*line) +
+                               ": nested more than " +
+                               std::to_string(kMaxNesting) +
+                               " levels deep (regions, attributes, lists); "
+                               "Tessel reads at most that");
     llvm::SourceMgr sources;
     module = parseSourceFile<ModuleOp>(options.input, sources, &context);
     if (!module)
