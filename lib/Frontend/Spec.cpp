@@ -22,6 +22,14 @@
 using namespace tessel;
 using json = nlohmann::json;
 
+namespace {
+// A value quoted in a message: its JSON, cut to 60 characters.
+std::string brief(const json &value) {
+  std::string text = value.dump();
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+} // namespace
+
 // Limits on sizes (docs/spec.md): every size, offset and product the
 // compiler and the generated programs compute stays far inside int64.
 namespace {
@@ -75,7 +83,7 @@ public:
         (value->is_number_unsigned() &&
          value->get<uint64_t>() > (uint64_t)INT64_MAX)) {
       problems.report(at(key), "must be an integer, got " +
-                                   value->dump().substr(0, 40));
+                                   brief(*value));
       return fallback;
     }
     int64_t v = value->get<int64_t>();
@@ -92,13 +100,13 @@ public:
     if (!value)
       return fallback;
     if (!value->is_number()) {
-      problems.report(at(key), "must be a number, got " + value->dump());
+      problems.report(at(key), "must be a number, got " + brief(*value));
       return fallback;
     }
     double v = value->get<double>();
     if (!(v >= min))
       problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
-                                   value->dump());
+                                   brief(*value));
     return v;
   }
   bool boolean(const std::string &key, bool fallback) {
@@ -106,7 +114,7 @@ public:
     if (!value)
       return fallback;
     if (!value->is_boolean()) {
-      problems.report(at(key), "must be true or false, got " + value->dump());
+      problems.report(at(key), "must be true or false, got " + brief(*value));
       return fallback;
     }
     return value->get<bool>();
@@ -128,7 +136,7 @@ public:
       if (v == a)
         return v;
     problems.report(at(key),
-                    "must be one of " + options + ", got \"" + v + "\"");
+                    "must be one of " + options + ", got " + brief(json(v)));
     return fallback;
   }
   std::string string(const std::string &key, const std::string &fallback) {
@@ -136,7 +144,7 @@ public:
     if (!value)
       return fallback;
     if (!value->is_string()) {
-      problems.report(at(key), "must be a string, got " + value->dump());
+      problems.report(at(key), "must be a string, got " + brief(*value));
       return fallback;
     }
     return value->get<std::string>();
@@ -372,7 +380,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
             ++split;
           } else {
             problems.report(where, "each entry must be null or \"tp\", got " +
-                                       d.dump());
+                                       brief(d));
           }
         }
         if (split > 1)
@@ -458,11 +466,18 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   if (!buffer)
     return llvm::createStringError(
         path + ": cannot read: " + buffer.getError().message());
-  json doc = json::parse((*buffer)->getBuffer().begin(),
-                         (*buffer)->getBuffer().end(), nullptr,
-                         /*allow_exceptions=*/false);
-  if (doc.is_discarded())
-    return llvm::createStringError(path + ": not valid JSON");
+  json doc;
+  try {
+    doc = json::parse((*buffer)->getBuffer().begin(),
+                      (*buffer)->getBuffer().end());
+  } catch (const json::parse_error &e) {
+    // "parse error at line L, column C: ...", without the library's tag.
+    llvm::StringRef what(e.what());
+    size_t at = what.find("parse error");
+    return llvm::createStringError(
+        path + ": not valid JSON: " +
+        (at == llvm::StringRef::npos ? what : what.drop_front(at)));
+  }
   if (!doc.is_object())
     return llvm::createStringError(path + ": the spec must be a JSON object");
   for (const std::string &assignment : overrides)
@@ -513,7 +528,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
       problems.report("name", "must be 1 to " +
                                   std::to_string(kMaxNameLength) +
                                   " letters, digits, '.', '_' or '-', got " +
-                                  json(name).dump().substr(0, 80));
+                                  brief(json(name)));
     else
       spec.name = name;
   }

@@ -32,6 +32,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/Signals.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -39,8 +40,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
 #include <map>
 #include <optional>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace mlir;
 using namespace tessel;
@@ -616,15 +620,41 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
 
 } // namespace
 
+namespace {
+// The staging directory of the running compile, removed when a signal
+// (interrupt, termination, crash) ends it, so that no DIR.tmp-PID is left.
+char stagingToRemove[4096];
+
+void removeStaging() {
+  if (!stagingToRemove[0])
+    return;
+  // In a signal handler: only fork, exec and wait (async-signal-safe).
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/rm", "rm", "-rf", "--", stagingToRemove, (char *)nullptr);
+    ::_exit(127);
+  }
+  if (pid > 0)
+    ::waitpid(pid, nullptr, 0);
+  stagingToRemove[0] = 0;
+}
+} // namespace
+
 llvm::Error tessel::compile(const CompileOptions &options) {
   llvm::SmallString<256> staging(options.output);
   llvm::sys::path::remove_dots(staging, true);
   staging += ".tmp-" + std::to_string(llvm::sys::Process::getProcessId());
+  if (staging.size() < sizeof(stagingToRemove)) {
+    std::memcpy(stagingToRemove, staging.c_str(), staging.size() + 1);
+    llvm::sys::SetInterruptFunction(removeStaging);
+    llvm::sys::AddSignalHandler([](void *) { removeStaging(); }, nullptr);
+  }
   llvm::Error err = compileInto(options, staging);
   if (!err)
     err = publish(staging, options.output);
   if (err)
     llvm::sys::fs::remove_directories(staging);
+  stagingToRemove[0] = 0;
   return err;
 }
 
