@@ -2,9 +2,15 @@
 """Assertions of the end-to-end tests: each subcommand exits non-zero with a
 message that says what differed when the property does not hold."""
 import argparse
+import glob
 import json
 import os
+import random
+import signal
+import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 
@@ -152,6 +158,86 @@ def textbook(args):
     print(f"{rows} groups within {args.tolerance} of the textbook")
 
 
+def ranks_left(bindir):
+    """Processes still running a binary of the job."""
+    left = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if argv0.startswith(bindir):
+            left.append(int(pid))
+    return left
+
+
+def stop_run(args):
+    """Stops a running `tessel run` with a signal, as Slurm or a shell does:
+    tessel exits with a failure code and no rank of the job is left."""
+    sig = getattr(signal, "SIG" + args.signal)
+    bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
+    job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", "100000000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Wait until the job trains (a step line), so every rank is running.
+    for line in job.stdout:
+        if line.startswith("step"):
+            break
+    else:
+        sys.exit(f"FAIL: the job ended before training: rc {job.wait()}")
+    # The rest of the output is drained aside: orphaned ranks would keep the
+    # pipe open.
+    threading.Thread(target=job.stdout.read, daemon=True).start()
+    job.send_signal(sig)
+    try:
+        rc = job.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        sys.exit(f"FAIL: tessel run did not end within 60 s of SIG{args.signal}")
+    deadline = time.time() + 30
+    while ranks_left(bindir) and time.time() < deadline:
+        time.sleep(0.2)
+    left = ranks_left(bindir)
+    if left:
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        sys.exit(f"FAIL: ranks {left} kept running after tessel ended")
+    print(f"tessel run ended with exit code {rc} after SIG{args.signal}; no rank left")
+    if rc == 0:
+        sys.exit("FAIL: a stopped job reported success")
+
+
+def stop_compile(args):
+    """Interrupts a `tessel compile` building its binary: neither its
+    DIR.tmp-PID staging directory nor DIR is left."""
+    sig = getattr(signal, "SIG" + args.signal)
+    # A vocabulary size no earlier compile used, so that the binary is built
+    # (not taken from the build cache) and there is time to interrupt it.
+    vocab = random.SystemRandom().randrange(1000, 1000000)
+    compile_ = subprocess.Popen(["tessel", "compile", args.spec, "-o", args.dir,
+                                 "--set", f"model.vocab_size={vocab}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    staging = f"{args.dir}.tmp-{compile_.pid}"
+    # Wait until the compile builds its binary (its source is written).
+    deadline = time.time() + 120
+    while not glob.glob(os.path.join(staging, "src", "*")):
+        if compile_.poll() is not None or time.time() > deadline:
+            sys.exit(f"FAIL: the compile ended (rc {compile_.returncode}) "
+                     "before it could be interrupted")
+        time.sleep(0.05)
+    compile_.send_signal(sig)
+    rc = compile_.wait(timeout=60)
+    time.sleep(0.5)
+    left = glob.glob(args.dir + ".tmp-*") + ([args.dir] if os.path.exists(args.dir) else [])
+    if left:
+        sys.exit(f"FAIL: left behind after SIG{args.signal}: {left}")
+    if rc == 0:
+        sys.exit("FAIL: an interrupted compile reported success")
+    print(f"compile interrupted by SIG{args.signal} (rc {rc}); nothing left")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +258,16 @@ def main():
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(run=same_losses)
+    p = sub.add_parser("stop-run")
+    p.add_argument("tessel")
+    p.add_argument("dir")
+    p.add_argument("--signal", default="TERM")
+    p.set_defaults(run=stop_run)
+    p = sub.add_parser("stop-compile")
+    p.add_argument("spec")
+    p.add_argument("dir")
+    p.add_argument("--signal", default="TERM")
+    p.set_defaults(run=stop_compile)
     p = sub.add_parser("memory")
     p.add_argument("plan")
     p.add_argument("report")
