@@ -269,7 +269,7 @@ Expected<std::string> tessel::fileSha256(StringRef path) {
 
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
-                      "--source | --comm [--textbook] | --schedule)\n  "
+                      "--source | --comm [--textbook] | --memory | --schedule)\n  "
                       "stages: graph, "
                       "train, sharded, partitioned, stages, planned\n";
   if (args.size() < 2) {
@@ -340,6 +340,33 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
         outs() << formatv("  and {0} bytes of one-element collectives (the "
                           "loss, the gradient norm), not compared\n",
                           table->scalarBytes);
+    }
+    return 0;
+  }
+  if (args[1] == "--memory") {
+    // The plan's memory per rank by class, beside the textbook's.
+    Expected<json> plan = readPlan(dir);
+    for (auto &[name, program] : (*plan)["programs"].items()) {
+      Expected<std::vector<MemoryRow>> rows = memoryTextbook(*plan, name);
+      if (!rows)
+        return fail(dir + "/plan.json: " + toString(rows.takeError()));
+      outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
+             << " ranks): bytes held per rank\n";
+      outs() << formatv("  {0,-32} {1,14} {2,14} {3,8}\n", "", "plan",
+                        "textbook", "ratio");
+      for (const MemoryRow &row : *rows) {
+        std::string ratio =
+            row.textbook <= 0
+                ? std::string("-")
+                : formatv("{0:f3}", row.predicted / row.textbook).str();
+        outs() << formatv("  {0,-32} {1,14:f0} {2,14:f0} {3,8}", row.what,
+                          row.predicted, row.textbook, ratio);
+        if (!row.note.empty())
+          outs() << "  (" << row.note << ")";
+        outs() << "\n";
+      }
+      outs() << formatv("  {0,-32} {1,14:f0}\n", "total",
+                        program["memory"]["total_bytes"].get<double>());
     }
     return 0;
   }

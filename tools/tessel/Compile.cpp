@@ -205,8 +205,13 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   m["grads_bytes"] = params * 4;
   m["optimizer_bytes"] = params * 8;
   m["activation_bytes"] = arena;
-  // Microbatches whose activations the rank holds at once (1F1B: p - r).
+  // Microbatches whose activations the rank holds at once (1F1B: p - r),
+  // what each holds from its forward to its backward pass (with several
+  // slots; with one, the slot also holds what lives within a part), and the
+  // region the parts share.
   m["activation_slots"] = std::max<int64_t>(1, attr("rt.arena_slots"));
+  m["activation_slot_bytes"] = attr("rt.arena_bytes");
+  m["transient_bytes"] = attr("rt.transient_bytes");
   m["accumulator_bytes"] = attr("rt.accumulator_elems") * 4;
   m["norm_sums_bytes"] = attr("rt.norm_sums") * 8;
   // Parameters of other ranks held for the step (a tied embedding's copy on

@@ -31,8 +31,10 @@
 
 #include "Textbook.h"
 
+#include <optional>
 #include <regex>
 #include <set>
+#include <vector>
 
 using json = nlohmann::json;
 using namespace llvm;
@@ -44,14 +46,29 @@ Error missing(const std::string &what) {
                            " (compiled by an older tessel? compile again)");
 }
 
+// The transformer block a parameter belongs to, by its (Hugging Face) name.
+std::optional<int64_t> blockOf(const std::string &name) {
+  static const std::regex block("(^|\\.)(h|layers)\\.([0-9]+)\\.");
+  std::smatch match;
+  if (!std::regex_search(name, match, block))
+    return std::nullopt;
+  return std::stoll(match[3]);
+}
+
 double allReduce(double n, double g, double bytes) {
   return g > 1 ? 2.0 * (g - 1) / g * n * bytes : 0;
 }
 
-} // namespace
+// What the formulas read from the plan: the model's sizes, the layout and
+// where this program's ranks sit in the pipeline.
+struct Sizes {
+  double d, t, p, m, v, e, b, s, h, V, f, kvDim;
+  bool sp, tied, llama, bf16;
+  int64_t r; // pipeline rank
+  bool first, last;
+};
 
-Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
-                                                 const std::string &program) {
+Expected<Sizes> sizesOf(const json &plan, const std::string &program) {
   if (!plan.contains("model") || !plan["model"].is_object())
     return missing("model");
   if (!plan.contains("programs") || !plan["programs"].contains(program))
@@ -61,38 +78,75 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   auto axis = [&](const char *name) -> double {
     return mesh.contains(name) ? mesh[name].get<double>() : 1.0;
   };
-  double d = axis("dp"), t = axis("tp"), p = axis("pp");
-  bool sp = plan.value("sequence_parallel", false);
-  double m = plan.value("microbatches", 1);
-  double v = plan.value("virtual_stages", 1);
-  double e = plan.value("precision", std::string("fp32")) == "bf16" ? 2 : 4;
-  double b = plan["train"]["global_batch"].get<double>() / (d * m);
-  double s = model["seq_len"].get<double>();
-  double h = model["hidden"].get<double>();
-  double V = model["vocab_size"].get<double>();
-  bool tied = model["tie_embeddings"].get<bool>();
-
-  // This program's pipeline rank and the blocks it holds.
-  int64_t r = 0;
+  Sizes z;
+  z.d = axis("dp"), z.t = axis("tp"), z.p = axis("pp");
+  z.sp = plan.value("sequence_parallel", false);
+  z.m = plan.value("microbatches", 1);
+  z.v = plan.value("virtual_stages", 1);
+  z.bf16 = plan.value("precision", std::string("fp32")) == "bf16";
+  z.e = z.bf16 ? 2 : 4;
+  z.b = plan["train"]["global_batch"].get<double>() / (z.d * z.m);
+  z.s = model["seq_len"].get<double>();
+  z.h = model["hidden"].get<double>();
+  z.V = model["vocab_size"].get<double>();
+  z.f = model["ffn_hidden"].get<double>();
+  z.kvDim = z.h / model["heads"].get<double>() * model["kv_heads"].get<double>();
+  z.tied = model["tie_embeddings"].get<bool>();
+  z.llama = model["family"] == "llama";
+  z.r = 0;
   for (const json &rank : plan["ranks"])
     if (rank["program"] == program) {
-      r = rank["coords"].value("pp", 0);
+      z.r = rank["coords"].value("pp", 0);
       break;
     }
-  bool first = r == 0, last = r == (int64_t)p - 1;
+  z.first = z.r == 0;
+  z.last = z.r == (int64_t)z.p - 1;
+  return z;
+}
+
+// Elements of a parameter's local piece.
+double elementsOf(const json &param) {
+  double n = 1;
+  for (const json &dim : param["local_shape"])
+    n *= dim.get<double>();
+  return n;
+}
+
+// The transformer blocks whose parameters a program holds, and how many
+// parameter elements it holds.
+struct Held {
   std::set<int64_t> blocks;
-  static const std::regex block("(^|\\.)(h|layers)\\.([0-9]+)\\.");
+  double elements = 0;
+};
+Held heldBy(const json &plan, const std::string &program) {
+  Held held;
+  for (const json &param : plan["parameters"]) {
+    if (param["program"] != program)
+      continue;
+    if (std::optional<int64_t> k = blockOf(param["name"].get<std::string>()))
+      held.blocks.insert(*k);
+    held.elements += elementsOf(param);
+  }
+  return held;
+}
+
+} // namespace
+
+Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
+                                                 const std::string &program) {
+  Expected<Sizes> sizes = sizesOf(plan, program);
+  if (!sizes)
+    return sizes.takeError();
+  const json &model = plan["model"];
+  const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
+              r, first, last] = *sizes;
+  std::set<int64_t> blocks = heldBy(plan, program).blocks;
   CommTable table;
   for (const json &param : plan["parameters"]) {
     if (param["program"] != program)
       continue;
     std::string name = param["name"].get<std::string>();
-    std::smatch match;
-    if (std::regex_search(name, match, block))
-      blocks.insert(std::stoll(match[3]));
-    double n = 1;
-    for (const json &dim : param["local_shape"])
-      n *= dim.get<double>();
+    double n = elementsOf(param);
     bool splitOverTp = param.contains("shard") &&
                        param["shard"].value("axis", std::string()) == "tp";
     if (sp && t > 1 && name == "wpe.weight" && model["family"] == "gpt") {
@@ -152,4 +206,65 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     }
   }
   return table;
+}
+
+Expected<std::vector<tessel::MemoryRow>>
+tessel::memoryTextbook(const json &plan, const std::string &program) {
+  Expected<Sizes> sizes = sizesOf(plan, program);
+  if (!sizes)
+    return sizes.takeError();
+  const json &memory = plan["programs"][program]["memory"];
+  if (!memory.contains("activation_slot_bytes"))
+    return missing("activation_slot_bytes");
+  const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
+              r, first, last] = *sizes;
+  Held held = heldBy(plan, program);
+  double P = held.elements;
+  const std::set<int64_t> &blocks = held.blocks;
+
+  std::vector<MemoryRow> rows;
+  rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
+                  4 * P, ""});
+  rows.push_back({"gradients (fp32)", memory["grads_bytes"].get<double>(),
+                  4 * P, ""});
+  rows.push_back({"AdamW moments (fp32)",
+                  memory["optimizer_bytes"].get<double>(), 8 * P, ""});
+  if (bf16)
+    rows.push_back({"parameters (bf16 copy)",
+                    memory.value("param_shadow_bytes", 0.0), 2 * P, ""});
+  // Per block and microbatch: the two norms' inputs and outputs (split by
+  // the sequence under sp), q, k, v and the attention output, and the MLP's
+  // hidden activations (GELU: its input and output; SwiGLU: gate, up, their
+  // activation and product), all split over tp.
+  double perBlock = b * s *
+                    (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
+                     (llama ? 4 : 2) * f / t) *
+                    e;
+  double slots = memory.value("activation_slots", 1.0);
+  MemoryRow kept{"kept per microbatch in flight",
+                 memory["activation_slot_bytes"].get<double>(),
+                 blocks.size() * perBlock, ""};
+  if (slots <= 1)
+    kept.note = "one microbatch in flight: the slot also holds what lives "
+                "within a part";
+  else if (first || last)
+    kept.note = std::string("with the ") +
+                (first && last ? "embedding and the head"
+                 : first       ? "embedding"
+                               : "head") +
+                ", which the formula leaves out";
+  rows.push_back(kept);
+  // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m.
+  std::string schedule = plan.value("schedule", std::string("1f1b"));
+  MemoryRow inFlight{"microbatches in flight", slots, 0, ""};
+  if (p == 1)
+    inFlight.textbook = 1;
+  else if (schedule == "1f1b" && plan.value("virtual_stages", 1) == 1)
+    inFlight.textbook = std::min(p - r, m);
+  else if (schedule == "gpipe")
+    inFlight.textbook = m;
+  else
+    inFlight.note = "interleaved: from the schedule's warm-up";
+  rows.push_back(inFlight);
+  return rows;
 }

@@ -16,6 +16,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace tessel {
 
@@ -30,6 +31,19 @@ struct CommTable {
 
 llvm::Expected<CommTable> commTextbook(const nlohmann::json &plan,
                                        const std::string &program);
+
+// Bytes a rank of one program holds, by class, beside the textbook's: the
+// model state (fp32 parameters, gradients, AdamW moments; the bf16 copy)
+// from the parameters it holds, and what a microbatch in flight keeps from
+// its forward to its backward pass, per transformer block (Korthikanti et
+// al. with flash attention and without dropout).
+struct MemoryRow {
+  std::string what;
+  double predicted = 0, textbook = 0;
+  std::string note; // why a row is not compared
+};
+llvm::Expected<std::vector<MemoryRow>>
+memoryTextbook(const nlohmann::json &plan, const std::string &program);
 
 } // namespace tessel
 
