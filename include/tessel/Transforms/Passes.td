@@ -104,7 +104,11 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     sent once per step, before the parts (`dist.send`/`dist.recv` in the
     rank functions' bodies), and held there for the step; a gradient summed
     from contributions of different ranks is summed by the update, so each
-    contribution crosses once per step, summed over the microbatches. Each
+    contribution crosses once per step, summed over the microbatches. What
+    a backward pass needs from its forward pass is handed on, except pieces
+    of parameters (cut again) and gathered activations (under sequence
+    parallelism, gathered again from the piece the forward pass keeps), so
+    a microbatch in flight holds a t-th of them. Each
     rank's update takes the norm of its own gradients (summed over pp too)
     and returns the loss summed over pp.
   }];
