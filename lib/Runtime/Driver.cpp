@@ -829,12 +829,28 @@ int train(const Program &program, const Options &opts) {
   return 0;
 }
 
-// Reports a fatal error. On a multi-rank run the message names the rank and
-// every rank is aborted, so that none waits forever in a collective.
+// Reports a fatal error. On a multi-rank run the message names the rank,
+// its host, process id and mesh coordinates (what mpirun's own notice does
+// not say right), and every rank is aborted, so that none waits forever in a
+// collective.
 int reportFatal(const std::string &message) {
   std::fflush(stdout);
   if (commWorldSize() > 1) {
-    std::fprintf(stderr, "rank %d: error: %s\n", commRank(), message.c_str());
+    char host[256] = "unknown host";
+    ::gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    std::string coords;
+    try {
+      for (MeshAxis axis : kMeshAxes)
+        if (meshSize(axis) > 1)
+          coords += std::string(", ") + meshAxisName(axis) + " " +
+                    std::to_string(meshCoord(axis));
+    } catch (const std::exception &) {
+      // The mesh is not set up yet: the rank and host say enough.
+    }
+    std::fprintf(stderr, "rank %d: error: %s\n  (on %s, pid %d%s)\n",
+                 commRank(), message.c_str(), host, (int)::getpid(),
+                 coords.c_str());
     commAbort(1);
   }
   std::fprintf(stderr, "error: %s\n", message.c_str());

@@ -54,4 +54,6 @@ if TESSEL_PP_CHECK_BAD=1 $mpi -x TESSEL_PP_CHECK_BAD -np 1 "$s0" --quiet : \
   echo "a send past the last stage did not fail"; exit 1
 fi
 grep -q 'rank 1: error: sendTo along pp with offset 1 from coordinate 1: no rank has coordinate 2 (pp size 2)' "$dir/bad2.txt"
+# The failing rank says where it ran: host, process id, mesh coordinates.
+grep -q "^  (on $(hostname), pid [0-9][0-9]*, pp 1)$" "$dir/bad2.txt"
 echo "driver pp check passed"
