@@ -536,28 +536,24 @@ LogicalResult ConcatOp::propagateSharding(ShardingContext &ctx) {
   // gradients join before the data-parallel reduction, in its bucket, with
   // or without tensor parallelism).
   Sharding first = ctx.get(getInputs().front());
+  Sharding s;
   if (!first.partial.empty() &&
       (first.dims[axis].empty() || first.blocksOf(axis) == 1) &&
       llvm::all_equal(getInputs().getTypes()) &&
       llvm::all_of(getInputs(),
                    [&](Value v) { return ctx.get(v) == first; })) {
-    for (unsigned i = 0; i < getNumOperands(); ++i)
-      ctx.require(*this, i, first);
-    Sharding out = first;
-    if (!out.dims[axis].empty())
-      out.setBlocks(axis, getInputs().size());
-    ctx.set(getResult(), out);
-    return success();
+    s = first;
+  } else {
+    s = ctx.reduced(getInputs().front());
+    bool same = llvm::all_equal(getInputs().getTypes()) &&
+                llvm::all_of(getInputs(), [&](Value v) {
+                  Sharding o = ctx.get(v);
+                  o.partial = {};
+                  return o == s;
+                });
+    if (!(!s.dims[axis].empty() && s.blocksOf(axis) == 1 && same))
+      s = ShardingContext::whole(s, {axis});
   }
-  Sharding s = ctx.reduced(getInputs().front());
-  bool same = llvm::all_equal(getInputs().getTypes()) &&
-              llvm::all_of(getInputs(), [&](Value v) {
-                Sharding o = ctx.get(v);
-                o.partial = {};
-                return o == s;
-              });
-  if (!(!s.dims[axis].empty() && s.blocksOf(axis) == 1 && same))
-    s = ShardingContext::whole(s, {axis});
   for (unsigned i = 0; i < getNumOperands(); ++i)
     ctx.require(*this, i, s);
   Sharding out = s;

@@ -135,22 +135,26 @@ void Partitioner::mergeCollectives(func::FuncOp func) {
     attrs.erase("dist.sharding");
     return attrs.getDictionary(op->getContext());
   };
-  auto same = [&](Operation *a, Operation *b) {
-    return a->getName() == b->getName() &&
-           a->getOperands() == b->getOperands() &&
-           a->getResultTypes() == b->getResultTypes() && what(a) == what(b);
-  };
-  SmallVector<Operation *> seen;
+  // The earlier collectives of each operand, with what they do.
+  DenseMap<Value, SmallVector<std::pair<Operation *, DictionaryAttr>>> seen;
   for (Operation &op :
        llvm::make_early_inc_range(func.getBody().front().getOperations())) {
-    if (!isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op))
+    if (!isa<dist::AllReduceOp, dist::AllGatherOp, dist::ReduceScatterOp>(op) ||
+        op.getNumOperands() == 0)
       continue;
-    auto earlier = llvm::find_if(seen, [&](Operation *o) { return same(o, &op); });
-    if (earlier == seen.end()) {
-      seen.push_back(&op);
+    DictionaryAttr does = what(&op);
+    auto &candidates = seen[op.getOperand(0)];
+    auto earlier = llvm::find_if(candidates, [&](auto &c) {
+      Operation *o = c.first;
+      return o->getName() == op.getName() &&
+             o->getOperands() == op.getOperands() &&
+             o->getResultTypes() == op.getResultTypes() && c.second == does;
+    });
+    if (earlier == candidates.end()) {
+      candidates.push_back({&op, does});
       continue;
     }
-    op.replaceAllUsesWith(*earlier);
+    op.replaceAllUsesWith(earlier->first);
     op.erase();
   }
 }

@@ -485,7 +485,6 @@ void Planner::coalesceCollectives() {
 }
 
 LogicalResult Planner::run() {
-  numberOps();
   // Values handed on share their producer's storage: a part's results are
   // what it yields, and without accumulation the update's block arguments
   // are its inputs.
@@ -515,7 +514,7 @@ LogicalResult Planner::run() {
     if (accumulates)
       accumulateEarly(update);
   });
-  position.clear();
+  // Positions for liveness, with the accumulations in place.
   numberOps();
   placeArena();
   func.walk([&](rt::BufferOp view) {

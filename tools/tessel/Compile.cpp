@@ -480,7 +480,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                                " levels deep (regions, attributes, lists); "
                                "Tessel reads at most that");
     llvm::SourceMgr sources;
-    module = parseSourceFile<ModuleOp>(options.input, sources, &context);
+    sources.AddNewSourceBuffer(std::move(*text), llvm::SMLoc());
+    module = parseSourceFile<ModuleOp>(sources, &context);
     if (!module)
       return diagnostics.error(options.input + ": cannot parse");
     if (!(*module)->hasAttr("graph.recipe"))
