@@ -4,6 +4,8 @@
 
 #include "tessel/Runtime/CommVolume.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -47,9 +49,56 @@ int64_t tessel::rtir::elementBytesOf(Value buffer) {
   return element.getIntOrFloatBitWidth() / 8;
 }
 
+std::tuple<int64_t, int64_t, int64_t>
+tessel::rtir::messageOf(Operation *sendOrRecv) {
+  int64_t rank = 0;
+  for (Operation *p = sendOrRecv->getParentOp(); p; p = p->getParentOp())
+    if (auto r = p->getAttrOfType<IntegerAttr>("pipe.rank")) {
+      rank = r.getInt();
+      break;
+    }
+  if (auto send = dyn_cast<SendOp>(sendOrRecv))
+    return {rank, rank + send.getOffset(), send.getTag()};
+  auto recv = cast<RecvOp>(sendOrRecv);
+  return {rank + recv.getOffset(), rank, recv.getTag()};
+}
+
 LogicalResult BatchOp::verify() {
   if (getName() != "tokens" && getName() != "targets")
     return emitOpError("name must be \"tokens\" or \"targets\"");
+  return success();
+}
+
+LogicalResult ScheduleOp::verify() {
+  auto module = (*this)->getParentOfType<ModuleOp>();
+  auto variants =
+      module ? module->getAttrOfType<DenseI64ArrayAttr>("rt.variants")
+             : DenseI64ArrayAttr();
+  if (!variants)
+    return emitOpError("is only meaningful in a program with rt.variants");
+  if ((int64_t)getTables().size() != variants.size())
+    return emitOpError("has ")
+           << getTables().size() << " tables for " << variants.size()
+           << " variants";
+  int64_t parts = getParts().size();
+  for (auto [k, table] : llvm::enumerate(getTables())) {
+    auto entries = dyn_cast<DenseI64ArrayAttr>(table);
+    if (!entries || entries.size() % 3 != 0)
+      return emitOpError("table ")
+             << k << " is not a list of (part, microbatch, first) triples";
+    for (int64_t i = 0; i < entries.size(); i += 3)
+      if (entries[i] < 0 || entries[i] >= parts || entries[i + 1] < 0 ||
+          (entries[i + 2] != 0 && entries[i + 2] != 1))
+        return emitOpError("table ") << k << " entry " << i / 3
+                                     << " is out of range";
+  }
+  for (Attribute part : getParts()) {
+    auto fn = module.lookupSymbol<func::FuncOp>(
+        cast<FlatSymbolRefAttr>(part).getValue());
+    if (!fn || fn.getNumArguments() != 2 || fn.getNumResults() != 0)
+      return emitOpError("part ")
+             << part << " is not a function of (microbatch, first)";
+  }
   return success();
 }
 

@@ -2,6 +2,8 @@
 #ifndef TESSEL_DIALECTS_RT_RTOPS_H
 #define TESSEL_DIALECTS_RT_RTOPS_H
 
+#include <tuple>
+
 #include "dialects/Dist/DistOps.h"
 
 #include "mlir/Bytecode/BytecodeOpInterface.h"
@@ -36,6 +38,11 @@ struct CallArgument {
 // Elements and bytes per element of a buffer.
 int64_t elementsOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);
+
+// The pipeline message an rt.send or rt.recv takes part in: (sender,
+// receiver, tag), tags being numbered per channel. The ranks are those of
+// the enclosing program (`pipe.rank`, 0 without one).
+std::tuple<int64_t, int64_t, int64_t> messageOf(mlir::Operation *sendOrRecv);
 
 } // namespace tessel::rtir
 

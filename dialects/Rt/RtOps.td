@@ -69,6 +69,9 @@ def Rt_ParamOp : Rt_Op<"param"> {
     `shard_blocks` blocks, each over `shard_axis`; -1: replicated).
     `tessel-plan-buffers` gives it its place in the parameter store
     (`offset`, elements; the gradient and moments use the same offset).
+    In a program shared by several pipeline ranks (`tessel-share-programs`),
+    `variant_names` gives the parameter's name on each of them, in the order
+    of the program's `rt.variants`.
 
     ```mlir
     %w = rt.param "h.0.mlp.c_fc.weight" {global_shape = array<i64: 64, 256>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = 1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<64x128xf32>
@@ -77,7 +80,8 @@ def Rt_ParamOp : Rt_Op<"param"> {
   let arguments = (ins StrAttr:$name, DenseI64ArrayAttr:$global_shape,
                    StrAttr:$init, F64Attr:$mean, F64Attr:$std, BoolAttr:$decay,
                    I64Attr:$shard_dim, Dist_AxisAttr:$shard_axis,
-                   I64Attr:$shard_blocks, OptionalAttr<I64Attr>:$offset);
+                   I64Attr:$shard_blocks, OptionalAttr<I64Attr>:$offset,
+                   OptionalAttr<StrArrayAttr>:$variant_names);
   let results = (outs Rt_Buffer:$buffer);
   let assemblyFormat = "$name attr-dict `:` type($buffer)";
 }
@@ -404,6 +408,26 @@ def Rt_RecvOp : Rt_CommOp<"recv"> {
 def Rt_FlushSendsOp : Rt_Op<"flush_sends"> {
   let summary = "Issues the sends queued so far (flushSends; CUDA orders them)";
   let assemblyFormat = "attr-dict";
+}
+
+def Rt_ScheduleOp : Rt_Op<"schedule"> {
+  let summary = "Runs parts of the step in the order of a table, one per variant";
+  let description = [{
+    In the step of a program shared by several pipeline ranks (see
+    `tessel-share-programs`), the run of part calls in which the ranks
+    differ (1F1B's warm-up length, for one). `tables` holds one table per
+    variant of the program (`rt.variants` on the module, in that order),
+    each a flat list of (part, microbatch, first) triples: `parts[part]` is
+    called with the microbatch index and whether it is the part's first
+    run of the step.
+
+    ```mlir
+    rt.schedule [@forward0, @backward0] [array<i64: 0, 0, 1, 1, 0, 1>, array<i64: 0, 0, 1, 1, 0, 1>]
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefArrayAttr:$parts, ArrayAttr:$tables);
+  let assemblyFormat = "$parts $tables attr-dict";
+  let hasVerifier = 1;
 }
 
 def Rt_WaitSendsOp : Rt_Op<"wait_sends"> {

@@ -39,6 +39,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createConvertPipeToRt());
   if (options.target == "cuda")
     pm.addPass(createOrderMessages());
+  pm.addPass(createSharePrograms());
   ConvertRtToEmitCOptions emission;
   emission.target = options.target;
   emission.cudaArch = options.cudaArch;
@@ -55,7 +56,8 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"convert-graph-to-rt", "05-rt.mlir"},
       {"tessel-plan-memory", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
-      {"convert-rt-to-emitc", "08-emitc.mlir"},
+      {"tessel-share-programs", "08-shared.mlir"},
+      {"convert-rt-to-emitc", "09-emitc.mlir"},
   };
   return stages;
 }

@@ -610,7 +610,32 @@ std::string jsonNumber(double value, const char *format) {
   return buf;
 }
 
-int train(const Program &program, const Options &opts) {
+// The program as this rank runs it: a shared program with the parameter
+// table and arena of the pipeline rank the process finds itself on.
+Program programOfThisRank(const Program &shared, int64_t &variant) {
+  variant = 0;
+  if (!shared.variants)
+    return shared;
+  int64_t stage = meshCoord(MeshAxis::PP);
+  for (int k = 0; k < shared.numVariants; ++k)
+    if (shared.variants[k].pipelineRank == stage) {
+      Program program = shared;
+      program.params = shared.variants[k].params;
+      program.activationBytes = shared.variants[k].activationBytes;
+      variant = k;
+      return program;
+    }
+  std::string ranks;
+  for (int k = 0; k < shared.numVariants; ++k)
+    ranks += (k ? ", " : "") + std::to_string(shared.variants[k].pipelineRank);
+  fail("this binary runs pipeline ranks " + ranks + ", and was started on " +
+       "pipeline rank " + std::to_string(stage) +
+       " (launch the binaries as plan.json maps ranks to them)");
+}
+
+int train(const Program &sharedProgram, const Options &opts) {
+  int64_t variant = 0;
+  const Program program = programOfThisRank(sharedProgram, variant);
   validateProgram(program);
   const TrainConfig &config = program.config;
   if (opts.threads > 0) {
@@ -725,6 +750,7 @@ int train(const Program &program, const Options &opts) {
   ctx.activations = activations.get();
   ctx.accumulators = (float *)accumulators.get();
   ctx.normSums = (double *)normSums.get();
+  ctx.variant = variant;
   if (device) {
     device->start(program, paramData, ctx);
     if (leader && !opts.quiet)

@@ -18,6 +18,9 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+#include <map>
+#include <tuple>
+
 namespace tessel {
 #define GEN_PASS_DEF_LOWERPRECISION
 #include "tessel/Transforms/Passes.h.inc"
@@ -90,13 +93,14 @@ void LowerPrecisionPass::runOnOperation() {
   for (Value v : buffers)
     members[classes.find(v)].push_back(v);
 
-  // The messages of each tag: what is sent is what is received.
-  DenseMap<int64_t, SmallVector<Value>> sent, received;
+  // Each message's ends: what is sent is what is received.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, SmallVector<Value>> sent,
+      received;
   module.walk([&](Operation *op) {
     if (auto send = dyn_cast<rt::SendOp>(op))
-      sent[send.getTag()].push_back(send.getBuffer());
+      sent[rt::messageOf(send)].push_back(send.getBuffer());
     if (auto recv = dyn_cast<rt::RecvOp>(op))
-      received[recv.getTag()].push_back(recv.getBuffer());
+      received[rt::messageOf(recv)].push_back(recv.getBuffer());
   });
 
   DenseSet<Value> fp32; // class representatives
@@ -160,10 +164,10 @@ void LowerPrecisionPass::runOnOperation() {
           keep(user->getOperand(0));
           keep(user->getOperand(1));
         } else if (auto recv = dyn_cast<rt::RecvOp>(user)) {
-          for (Value s : sent.lookup(recv.getTag()))
+          for (Value s : sent[rt::messageOf(recv)])
             keep(s);
         } else if (auto send = dyn_cast<rt::SendOp>(user)) {
-          for (Value r : received.lookup(send.getTag()))
+          for (Value r : received[rt::messageOf(send)])
             keep(r);
         }
       }

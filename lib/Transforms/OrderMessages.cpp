@@ -57,14 +57,16 @@ struct OrderMessagesPass
       // What the step exchanges once before its parts (a parameter another
       // rank reads), as microbatch 0.
       auto record = [&](Operation *op, int64_t mb, StepMessages &messages) {
-        if (auto recv = dyn_cast<rt::RecvOp>(op)) {
-          Channel c = {rank + recv.getOffset(), rank};
-          received[c].push_back({recv.getTag(), mb});
-          messages.receives.push_back({c, {recv.getTag(), mb}});
-        } else if (auto send = dyn_cast<rt::SendOp>(op)) {
-          Channel c = {rank, rank + send.getOffset()};
-          sent[c].push_back({send.getTag(), mb});
-          messages.sends.push_back({c, {send.getTag(), mb}, send});
+        if (!isa<rt::RecvOp, rt::SendOp>(op))
+          return;
+        auto [from, to, tag] = rt::messageOf(op);
+        Channel c = {from, to};
+        if (isa<rt::RecvOp>(op)) {
+          received[c].push_back({tag, mb});
+          messages.receives.push_back({c, {tag, mb}});
+        } else {
+          sent[c].push_back({tag, mb});
+          messages.sends.push_back({c, {tag, mb}, cast<rt::SendOp>(op)});
         }
       };
       StepMessages &start = mine.emplace_back();
@@ -92,8 +94,10 @@ struct OrderMessagesPass
     for (auto &entry : received)
       sent[entry.first]; // channels that only receive are compared too
 
-    // A message's order is its place in the receiver's sequence.
-    std::map<int64_t, std::vector<int64_t>> orders; // tag -> per microbatch
+    // A message's order is its place in the receiver's sequence (tags are
+    // numbered per channel).
+    std::map<std::pair<Channel, int64_t>, std::vector<int64_t>>
+        orders; // (channel, tag) -> per microbatch
     for (auto &[channel, messages] : sent) {
       std::map<Message, int64_t> place;
       for (auto [k, m] : llvm::enumerate(received[channel]))
@@ -114,13 +118,15 @@ struct OrderMessagesPass
               << " is sent but never received";
           return signalPassFailure();
         }
-        std::vector<int64_t> &perMicrobatch = orders[m.first];
+        std::vector<int64_t> &perMicrobatch = orders[{channel, m.first}];
         if ((int64_t)perMicrobatch.size() <= m.second)
           perMicrobatch.resize(m.second + 1, -1);
         perMicrobatch[m.second] = it->second;
       }
     }
-    auto orderOf = [&](const Message &m) { return orders[m.first][m.second]; };
+    auto orderOf = [&](const Channel &c, const Message &m) {
+      return orders[{c, m.first}][m.second];
+    };
 
     // Runs the ranks as the CUDA runtime will: a part starts once every
     // message it receives has been issued; its sends are queued and each
@@ -135,12 +141,12 @@ struct OrderMessagesPass
         while (next[rank] < calls.size()) {
           const StepMessages &call = calls[next[rank]];
           if (!llvm::all_of(call.receives, [&](auto &r) {
-                return orderOf(r.second) < issued[r.first];
+                return orderOf(r.first, r.second) < issued[r.first];
               }))
             break;
           for (auto &[channel, m, send] : call.sends) {
             std::set<int64_t> &q = queued[channel];
-            q.insert(orderOf(m));
+            q.insert(orderOf(channel, m));
             while (q.count(issued[channel]))
               q.erase(issued[channel]++);
           }
@@ -154,7 +160,7 @@ struct OrderMessagesPass
         continue;
       const StepMessages &call = calls[next[rank]];
       for (auto &[channel, m] : call.receives)
-        if (orderOf(m) >= issued[channel]) {
+        if (orderOf(channel, m) >= issued[channel]) {
           top.emitError("pipeline rank ")
               << rank << " would wait forever: its " << call.what
               << " receives message " << m.first << " from rank "
@@ -167,7 +173,8 @@ struct OrderMessagesPass
     for (auto &[rank, calls] : steps)
       for (StepMessages &call : calls)
         for (auto &[channel, m, send] : call.sends)
-          send.setOrderAttr(b.getDenseI64ArrayAttr(orders[m.first]));
+          send.setOrderAttr(
+              b.getDenseI64ArrayAttr(orders[{channel, m.first}]));
   }
 };
 

@@ -114,7 +114,10 @@ private:
   // cloned): its part and its value in that part.
   std::map<std::pair<int64_t, Part>, DenseMap<Value, Value>> clones;
   DenseMap<std::pair<Value, int64_t>, std::pair<Part, Value>> home;
-  int64_t nextTag = 0;
+  // Messages are numbered per channel (sender, receiver): pipeline ranks
+  // that compute alike then exchange alike, and can share one program.
+  std::map<std::pair<int64_t, int64_t>, int64_t> messagesOn;
+  int64_t nextTag(int64_t from, int64_t to) { return messagesOn[{from, to}]++; }
 };
 
 Phase StageCutter::phaseOf(Operation *op) const {
@@ -324,7 +327,7 @@ Value StageCutter::lookup(Value v, const Part &user) {
         << user.rank << " but was never placed on rank " << from.rank;
     return nullptr;
   }
-  int64_t tag = nextTag++;
+  int64_t tag = nextTag(from.rank, user.rank);
   OpBuilder sb(ctx);
   if (Operation *sentDef = sent.getDefiningOp();
       sentDef && sentDef->getBlock() == build(from).block.get())
@@ -358,7 +361,7 @@ Value StageCutter::receiveParam(Value v, int64_t rank) {
         << rank << " but was never placed on rank " << owner;
     return nullptr;
   }
-  int64_t tag = nextTag++;
+  int64_t tag = nextTag(owner, rank);
   OpBuilder sb = OpBuilder::atBlockEnd(&funcs[owner].getBody().front());
   auto send = dist::SendOp::create(sb, def->getLoc(), sent, MeshAxis::PP,
                                    rank - owner, tag);

@@ -20,13 +20,14 @@
 // CHECK: call_opaque "runMain"
 
 // Data and pipeline parallel: one program per pipeline rank, each planned;
-// activations go forward and gradients back by point-to-point messages.
+// activations go forward and gradients back by point-to-point messages,
+// numbered per channel (each direction's first message is tag 0).
 // PP: module attributes {dist.mesh = #dist.mesh<pp = 2, dp = 2>
 // PP-LABEL: module @stage0
 // PP: call_opaque "sendTo"{{.*}}#emitc.opaque<"MeshAxis::PP">, 1, #emitc.opaque<"0 + mb">
-// PP: call_opaque "recvFrom"{{.*}}#emitc.opaque<"MeshAxis::PP">, 1, #emitc.opaque<"1 + mb">
+// PP: call_opaque "recvFrom"{{.*}}#emitc.opaque<"MeshAxis::PP">, 1, #emitc.opaque<"0 + mb">
 // PP: verbatim "{}.mesh[MeshAxis::DP] = 2;"
 // PP-NEXT: verbatim "{}.mesh[MeshAxis::PP] = 2;"
 // PP-LABEL: module @stage1
 // PP: call_opaque "recvFrom"{{.*}}#emitc.opaque<"MeshAxis::PP">, -1, #emitc.opaque<"0 + mb">
-// PP: call_opaque "sendTo"{{.*}}#emitc.opaque<"MeshAxis::PP">, -1, #emitc.opaque<"1 + mb">
+// PP: call_opaque "sendTo"{{.*}}#emitc.opaque<"MeshAxis::PP">, -1, #emitc.opaque<"0 + mb">

@@ -54,8 +54,9 @@ Expected<json> readPlan(StringRef dir) {
 // other than those compiled).
 struct RunPlan {
   int64_t world = 0;
-  // Distinct programs in rank order (one, or one per pipeline stage).
-  std::vector<std::pair<std::string, int64_t>> programs;
+  // The binaries in rank order (one, or one per pipeline stage but for
+  // stages that share one), with how many consecutive ranks run each.
+  std::vector<std::pair<std::string, int64_t>> binaries;
   std::string dataFormat, dataPath;
 };
 
@@ -64,6 +65,27 @@ bool isProgramName(StringRef name) {
          llvm::all_of(name, [](char c) {
            return llvm::isAlnum(c) || c == '_' || c == '-' || c == '.';
          });
+}
+
+// DIR/bin/NAME exists, runs, and is the binary the plan entry was compiled
+// with.
+Error checkBinary(StringRef dir, StringRef name, const json &program) {
+  SmallString<256> binary(dir);
+  sys::path::append(binary, "bin", name);
+  if (!sys::fs::can_execute(binary))
+    return createStringError(binary + " is missing or not executable; "
+                                      "compile again");
+  if (!program.contains("sha256"))
+    return Error::success();
+  Expected<std::string> digest = tessel::fileSha256(binary);
+  if (!digest)
+    return digest.takeError();
+  if (!program["sha256"].is_string() ||
+      program["sha256"].get<std::string>() != *digest)
+    return createStringError(
+        binary + " is not the binary this plan was compiled with "
+                 "(its SHA-256 differs from plan.json's); compile again");
+  return Error::success();
 }
 
 Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
@@ -96,27 +118,25 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
       std::string name = program.get<std::string>();
       if (!programs.contains(name))
         return bad(field, "names " + name + ", which programs does not list");
-      if (run.programs.empty() || run.programs.back().first != name)
-        run.programs.push_back({name, 0});
-      ++run.programs.back().second;
-    }
-    for (auto &[name, count] : run.programs) {
-      SmallString<256> binary(dir);
-      sys::path::append(binary, "bin", name);
-      if (!sys::fs::can_execute(binary))
-        return createStringError(binary + " is missing or not executable; "
-                                          "compile again");
-      const json &program = programs.at(name);
-      if (program.contains("sha256")) {
-        Expected<std::string> digest = tessel::fileSha256(binary);
-        if (!digest)
-          return digest.takeError();
-        if (!program["sha256"].is_string() ||
-            program["sha256"].get<std::string>() != *digest)
-          return createStringError(
-              binary + " is not the binary this plan was compiled with "
-                       "(its SHA-256 differs from plan.json's); compile again");
+      // bin/NAME, in DIR/bin and nowhere else, as compiled.
+      const json &entry = programs.at(name);
+      std::string binary = name;
+      if (entry.contains("binary")) {
+        const json &path = entry.at("binary");
+        StringRef text =
+            path.is_string() ? StringRef(path.get_ref<const std::string &>())
+                             : StringRef();
+        if (!text.consume_front("bin/") || !isProgramName(text))
+          return bad("programs." + name + ".binary",
+                     "must be bin/NAME, got " + path.dump().substr(0, 60));
+        binary = text.str();
       }
+      if (run.binaries.empty() || run.binaries.back().first != binary) {
+        if (Error err = checkBinary(dir, binary, entry))
+          return std::move(err);
+        run.binaries.push_back({binary, 0});
+      }
+      ++run.binaries.back().second;
     }
     const json &data = plan.at("data");
     run.dataFormat = data.at("format").get<std::string>();
@@ -210,7 +230,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (!checked)
     return fail(toString(checked.takeError()));
   int64_t world = checked->world;
-  const auto &programs = checked->programs;
+  const auto &binaries = checked->binaries;
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
   if (checked->dataFormat == "llmc" && !hasFlag(forwarded, "--data"))
     forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
@@ -227,7 +247,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     if (getuid() == 0)
       argv.push_back("--allow-run-as-root");
   }
-  for (auto [k, program] : llvm::enumerate(programs)) {
+  for (auto [k, program] : llvm::enumerate(binaries)) {
     SmallString<256> binary(dir);
     sys::path::append(binary, "bin", program.first);
     if (world > 1) {

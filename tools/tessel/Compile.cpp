@@ -132,6 +132,9 @@ json commReport(const std::vector<CollectiveCall> &calls) {
 // One distinct program: the function it is emitted from and what it does.
 struct ProgramOut {
   std::string name; // program0, or stage0, stage1, ...
+  // The binary that runs it: its own, or one it shares with pipeline ranks
+  // alike (stages1-14; see tessel-share-programs).
+  std::string binary;
   std::vector<CollectiveCall> calls;
   json memory;
   json parameters = json::array(); // name, program, local_shape, ...
@@ -277,9 +280,9 @@ json planJson(const Spec &spec, ModuleOp module,
     for (const json &p : program.parameters)
       paramList.push_back(p);
     plan["programs"][program.name] = {
-        {"binary", "bin/" + program.name},
-        {"source",
-         "src/" + program.name + (options.target == "cuda" ? ".cu" : ".cpp")},
+        {"binary", "bin/" + program.binary},
+        {"source", "src/" + program.binary +
+                       (options.target == "cuda" ? ".cu" : ".cpp")},
         {"ranks", layout.ranksPerProgram()},
         {"parameters", program.paramElems},
         {"parameter_tensors", program.parameters.size()},
@@ -332,14 +335,19 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
   // Binaries are found beside the script, and the arguments (a relative
   // --data too) mean what they mean where the script is started; the spec's
   // data file is passed as `tessel run` passes it, unless --data is given.
+  // Consecutive programs that share a binary are one segment.
   std::string segments, confLines;
-  for (auto [k, program] : llvm::enumerate(programs)) {
+  for (size_t k = 0, end = k; k < programs.size(); k = end) {
+    while (end < programs.size() && programs[end].binary == programs[k].binary)
+      ++end;
+    int64_t first = layout.firstRankOfProgram(k),
+            count = perProgram * static_cast<int64_t>(end - k);
     segments += std::string(k ? " \\\n  : " : "") + "-np " +
-                std::to_string(perProgram) + " \"$here/bin/" + program.name +
+                std::to_string(count) + " \"$here/bin/" + programs[k].binary +
                 "\" ${data:+--data \"$data\"} \"$@\"";
-    int64_t first = layout.firstRankOfProgram(k), last = first + perProgram - 1;
-    confLines += std::to_string(first) + "-" + std::to_string(last) + " bin/" +
-                 program.name + "\n";
+    confLines += std::to_string(first) + "-" +
+                 std::to_string(first + count - 1) + " bin/" +
+                 programs[k].binary + "\n";
   }
   std::string data =
       spec.data.format == "llmc" ? shellQuoted(spec.data.path) : "''";
@@ -583,19 +591,35 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (llvm::Error err =
           lower(options, context, diagnostics, spec, module, stage, observe))
     return err;
-  for (const ProgramOut &program : programs) {
-    ModuleOp source;
-    for (auto m : module->getOps<ModuleOp>())
-      if (m.getSymName() == program.name)
-        source = m;
+  // Each emitted program is one binary; a shared one names the programs it
+  // runs.
+  std::map<std::string, ModuleOp> binaries;
+  for (auto m : module->getOps<ModuleOp>()) {
+    if (!m.getSymName())
+      continue;
+    binaries[m.getSymName()->str()] = m;
+    if (auto serves = m->getAttrOfType<ArrayAttr>("rt.serves"))
+      for (Attribute served : serves)
+        for (ProgramOut &program : programs)
+          if (program.name == cast<StringAttr>(served).getValue())
+            program.binary = m.getSymName()->str();
+  }
+  std::vector<std::string> built;
+  for (ProgramOut &program : programs) {
+    if (program.binary.empty())
+      program.binary = program.name;
+    if (llvm::is_contained(built, program.binary))
+      continue;
+    built.push_back(program.binary);
+    ModuleOp source = binaries[program.binary];
     std::string text;
     llvm::raw_string_ostream os(text);
     if (!source || failed(emitc::translateToCpp(source, os)))
-      return diagnostics.error("printing " + program.name + " failed");
+      return diagnostics.error("printing " + program.binary + " failed");
     llvm::SmallString<256> sourcePath(out), binaryPath(out);
     llvm::sys::path::append(sourcePath, "src",
-                            program.name + (cuda ? ".cu" : ".cpp"));
-    llvm::sys::path::append(binaryPath, "bin", program.name);
+                            program.binary + (cuda ? ".cu" : ".cpp"));
+    llvm::sys::path::append(binaryPath, "bin", program.binary);
     if (llvm::Error err = writeFile(sourcePath, text))
       return err;
     if (options.emitOnly)
@@ -613,7 +637,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   if (!options.emitOnly)
     for (const ProgramOut &program : programs) {
       llvm::SmallString<256> binaryPath(out);
-      llvm::sys::path::append(binaryPath, "bin", program.name);
+      llvm::sys::path::append(binaryPath, "bin", program.binary);
       llvm::Expected<std::string> digest = tessel::fileSha256(binaryPath);
       if (!digest)
         return digest.takeError();

@@ -80,6 +80,9 @@ struct StepContext {
   double *normSums;
   void *paramShadow;
   void *scratch;
+  // Which of a shared program's variants this rank runs (Program::variants;
+  // 0 otherwise).
+  int64_t variant;
 };
 
 struct Program;
@@ -104,6 +107,15 @@ struct DeviceHooks {
   const char *(*describe)();
 };
 
+// One pipeline rank a shared program serves: pipeline stages that compute
+// the same on different layers build one binary, which runs with the
+// parameter table and activation arena of the rank it finds itself on.
+struct ProgramVariant {
+  int64_t pipelineRank;
+  const ParamInfo *params; // Program::numParams entries
+  int64_t activationBytes;
+};
+
 struct Program {
   const char *name;
   const ParamInfo *params;
@@ -124,6 +136,11 @@ struct Program {
   int64_t normSums;
   // Null for CPU programs.
   const DeviceHooks *device;
+  // A program shared by pipeline ranks: one entry per rank it serves (the
+  // runtime replaces params and activationBytes by the running rank's).
+  // Null for a program of its own.
+  const ProgramVariant *variants;
+  int numVariants;
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup

@@ -181,6 +181,23 @@ def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def SharePrograms : Pass<"tessel-share-programs", "mlir::ModuleOp"> {
+  let summary = "Pipeline ranks with the same program share one binary";
+  let description = [{
+    On the rank programs after convert-pipe-to-rt (and tessel-order-messages),
+    programs of pipeline ranks that are the same but for their parameters'
+    names, how many microbatches' activations they hold at once, and the
+    order in which their step runs its parts (1F1B's warm-up is p - r - 1
+    forwards) become one program: the middle stages of a uniform model
+    build one binary instead of one each. What differs becomes data chosen
+    by the pipeline rank at run time: `rt.variants` (the ranks, in order),
+    `rt.variant_arena_slots`, each `rt.param`'s `variant_names`, and an
+    `rt.schedule` table for each run of part calls the ranks order
+    differently. `rt.serves` names the programs it replaces.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def LowerPrecision : Pass<"tessel-lower-precision", "mlir::ModuleOp"> {
   let summary = "Makes a program's working buffers bf16 (CUDA mixed precision)";
   let description = [{

@@ -48,6 +48,38 @@ int64_t intAttr(Operation *op, StringRef name, int64_t fallback = 0) {
   return fallback;
 }
 
+// rt.schedule as C++: the tables of all variants in one array, where each
+// variant's starts, and a loop over the running variant's (part,
+// microbatch, first) triples.
+std::vector<std::string> scheduleLoop(rt::ScheduleOp schedule,
+                                      const std::string &name) {
+  std::vector<std::string> lines;
+  std::string entries, starts = "0";
+  int64_t total = 0;
+  for (Attribute table : schedule.getTables()) {
+    ArrayRef<int64_t> triples = cast<DenseI64ArrayAttr>(table).asArrayRef();
+    for (auto [k, v] : llvm::enumerate(triples))
+      entries += (k % 24 ? " " : "\n    ") + std::to_string(v) + ",";
+    total += triples.size();
+    starts += ", " + std::to_string(total);
+  }
+  lines.push_back("static const int64_t " + name + "[] = {" + entries +
+                  "\n};");
+  lines.push_back("static const int64_t " + name + "Start[] = {" + starts +
+                  "};");
+  lines.push_back("for (int64_t i = " + name + "Start[ctx.variant]; i < " +
+                  name + "Start[ctx.variant + 1]; i += 3) {");
+  lines.push_back("  switch (" + name + "[i]) {");
+  for (auto [k, part] : llvm::enumerate(schedule.getParts()))
+    lines.push_back("  case " + std::to_string(k) + ": " +
+                    functionName(cast<FlatSymbolRefAttr>(part).getValue()) +
+                    "(ctx, " + name + "[i + 1], " + name +
+                    "[i + 2] != 0); break;");
+  lines.push_back("  }");
+  lines.push_back("}");
+  return lines;
+}
+
 // func.func -> emitc.func taking the step context first. The body's
 // microbatch and first-run arguments are named `mb` and `first`.
 LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
@@ -94,6 +126,13 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
 
   int64_t slots = intAttr(program, "rt.arena_slots", 1);
   int64_t arenaBytes = intAttr(program, "rt.arena_bytes");
+  // A program shared by pipeline ranks holds as many slots as the running
+  // rank needs (kArenaSlots, by variant).
+  bool variantSlots = program->hasAttr("rt.variant_arena_slots");
+  std::string slotBytes = variantSlots
+                              ? "kArenaSlots[ctx.variant] * " +
+                                    std::to_string(arenaBytes)
+                              : std::to_string(slots * arenaBytes);
   b.setInsertionPointToStart(&entry);
   auto line = [&](const Twine &text, ValueRange args = {}) {
     b.create<emitc::VerbatimOp>(loc, b.getStringAttr(text), args);
@@ -119,8 +158,11 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   for (rt::Space space : spaces) {
     switch (space) {
     case rt::Space::Arena:
-      if (hasMicrobatch && slots > 1 &&
-          slots < intAttr(program, "rt.microbatches", 1))
+      if (hasMicrobatch && slots > 1 && variantSlots)
+        line("char *A = ctx.activations + (mb % kArenaSlots[ctx.variant]) * " +
+             Twine(arenaBytes) + ";");
+      else if (hasMicrobatch && slots > 1 &&
+               slots < intAttr(program, "rt.microbatches", 1))
         // Microbatch mb uses slot mb % slots (fewer slots than microbatches:
         // those in flight on this rank at once).
         line("char *A = ctx.activations + (mb % " + Twine(slots) + ") * " +
@@ -155,15 +197,13 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       break;
     case rt::Space::Received:
       // Held for the step, after the microbatches' arena slots.
-      line("char *R = ctx.activations + " + Twine(slots * arenaBytes) + ";");
+      line("char *R = ctx.activations + " + slotBytes + ";");
       break;
     case rt::Space::Transient:
       // What lives within one run of a part, shared by all of them, after
       // the received parameters.
-      line("char *T = ctx.activations + " +
-           Twine(slots * arenaBytes +
-                 intAttr(program, "rt.received_bytes")) +
-           ";");
+      line("char *T = ctx.activations + " + slotBytes + " + " +
+           Twine(intAttr(program, "rt.received_bytes")) + ";");
       break;
     case rt::Space::Shadow:
       line(target.shadowType() + " *PB = static_cast<" + target.shadowType() +
@@ -203,15 +243,21 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
             use.set(entry.getArgument(2));
   }
 
-  // Calls, returns and constants.
+  // Calls, schedule tables, returns and constants.
   SmallVector<Operation *> rewrite;
   fn.walk([&](Operation *op) {
-    if (isa<func::CallOp, func::ReturnOp, arith::ConstantOp>(op))
+    if (isa<func::CallOp, rt::ScheduleOp, func::ReturnOp, arith::ConstantOp>(
+            op))
       rewrite.push_back(op);
   });
+  int64_t tables = 0;
   for (Operation *op : rewrite) {
     b.setInsertionPoint(op);
-    if (auto c = dyn_cast<arith::ConstantOp>(op)) {
+    if (auto schedule = dyn_cast<rt::ScheduleOp>(op)) {
+      for (const std::string &text :
+           scheduleLoop(schedule, "kSchedule" + std::to_string(tables++)))
+        line(text);
+    } else if (auto c = dyn_cast<arith::ConstantOp>(op)) {
       std::string text;
       if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
         text = c.getType().isInteger(1) ? (i.getInt() ? "true" : "false")
@@ -239,12 +285,24 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
 
 // The parameter table: what the runtime needs to initialise, load and save
 // each parameter (tessel/Runtime/Program.h, ParamInfo).
+// A program shared by pipeline ranks has one table per variant, one after
+// the other, that differ only in the names.
 FailureOr<std::string> parameterTable(ModuleOp program,
-                                      SmallVectorImpl<rt::ParamOp> &params) {
+                                      SmallVectorImpl<rt::ParamOp> &params,
+                                      int64_t variants) {
   std::string table;
   llvm::raw_string_ostream os(table);
   os << "{\n";
+  for (int64_t v = 0; v < variants; ++v)
   for (rt::ParamOp p : params) {
+    StringRef name = p.getName();
+    if (auto names = p.getVariantNames()) {
+      if ((int64_t)names->size() != variants)
+        return p.emitOpError("has ")
+               << names->size() << " variant names for " << variants
+               << " variants";
+      name = cast<StringAttr>((*names)[v]).getValue();
+    }
     if (!p.getOffset())
       return p.emitOpError("has no place in the parameter store (run "
                            "tessel-plan-memory)");
@@ -255,7 +313,7 @@ FailureOr<std::string> parameterTable(ModuleOp program,
     StringRef kind = init == "zeros" ? "Zeros"
                      : init == "ones" ? "Ones"
                                       : "Normal";
-    os << "    {" << cppStringLiteral(p.getName()) << ", " << shape.size()
+    os << "    {" << cppStringLiteral(name) << ", " << shape.size()
        << ", {";
     for (int k = 0; k < 4; ++k)
       os << (k ? ", " : "") << (k < (int)shape.size() ? shape[k] : 0);
@@ -364,6 +422,10 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
                                      intAttr(program, "rt.received_bytes") +
                                      intAttr(program, "rt.transient_bytes"));
   set(var, "step", "trainStep");
+  if (auto variants = program->getAttrOfType<DenseI64ArrayAttr>("rt.variants")) {
+    set(var, "variants", "kVariants");
+    setInt(var, "numVariants", variants.size());
+  }
   setInt(var, "microbatches", intAttr(program, "rt.microbatches", 1));
   setInt(var, "accumulatorElems", intAttr(program, "rt.accumulator_elems"));
   setInt(var, "normSums", intAttr(program, "rt.norm_sums"));
@@ -414,7 +476,9 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
   // The parameters, declared by the step.
   SmallVector<rt::ParamOp> params;
   step.walk([&](rt::ParamOp p) { params.push_back(p); });
-  FailureOr<std::string> table = parameterTable(program, params);
+  auto variants = program->getAttrOfType<DenseI64ArrayAttr>("rt.variants");
+  FailureOr<std::string> table =
+      parameterTable(program, params, variants ? variants.size() : 1);
   if (failed(table))
     return failure();
   for (rt::ParamOp p : params) {
@@ -483,6 +547,14 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
       rank && dist::meshOf(top)[MeshAxis::PP] > 1)
     what = "Pipeline rank " + std::to_string(rank.getInt()) +
            ": one rank's training step";
+  if (variants) {
+    what = "Pipeline ranks";
+    for (int64_t r : variants.asArrayRef())
+      what += (r == variants[0] ? " " : ", ") + std::to_string(r);
+    what += ": one rank's training step, the same on each but for its "
+            "parameters' names, its activation slots and its schedule "
+            "(kVariants)";
+  }
   what += (targetNote.empty() ? "" : " " + targetNote) + ".";
   b.create<emitc::VerbatimOp>(
       loc, b.getStringAttr("// Generated by tessel from \"" +
@@ -494,12 +566,42 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
   for (const std::string &line : target.preludeLines())
     b.create<emitc::VerbatimOp>(loc, line);
   b.create<emitc::VerbatimOp>(loc, "namespace {");
+  int64_t numVariants = variants ? variants.size() : 1;
   b.create<emitc::GlobalOp>(
       loc, "kParams",
-      emitc::ArrayType::get({(int64_t)std::max<size_t>(params.size(), 1)},
-                            opaque(ctx, "ParamInfo")),
+      emitc::ArrayType::get(
+          {numVariants * (int64_t)std::max<size_t>(params.size(), 1)},
+          opaque(ctx, "ParamInfo")),
       params.empty() ? Attribute() : opaqueAttr(ctx, *table), false, true,
       true);
+  if (variants) {
+    // Per pipeline rank served: its parameters (names) and activation
+    // slots.
+    auto slots =
+        program->getAttrOfType<DenseI64ArrayAttr>("rt.variant_arena_slots");
+    if (!slots || slots.size() != variants.size())
+      return program.emitOpError("has rt.variants but no "
+                                 "rt.variant_arena_slots of the same length");
+    std::string slotList, variantList = "{\n";
+    for (auto [k, rank] : llvm::enumerate(variants.asArrayRef())) {
+      slotList += (k ? ", " : "") + std::to_string(slots[k]);
+      variantList +=
+          "    {" + std::to_string(rank) + ", kParams + " +
+          std::to_string(k * params.size()) + ", " +
+          std::to_string(intAttr(program, "rt.arena_bytes") * slots[k] +
+                         intAttr(program, "rt.received_bytes") +
+                         intAttr(program, "rt.transient_bytes")) +
+          "},\n";
+    }
+    b.create<emitc::GlobalOp>(
+        loc, "kArenaSlots",
+        emitc::ArrayType::get({numVariants}, b.getI64Type()),
+        opaqueAttr(ctx, "{" + slotList + "}"), false, true, true);
+    b.create<emitc::GlobalOp>(
+        loc, "kVariants",
+        emitc::ArrayType::get({numVariants}, opaque(ctx, "ProgramVariant")),
+        opaqueAttr(ctx, variantList + "}"), false, true, true);
+  }
   if (int64_t requests = intAttr(program, "rt.request_slots"))
     b.create<emitc::GlobalOp>(
         loc, kRequests,

@@ -388,7 +388,11 @@ struct PointToPointPattern : RtPattern<Op> {
           return op.emitOpError(
               "has no place in the receiver's order (run "
               "tessel-order-messages)");
-        std::string table = "kSendOrder" + std::to_string(op.getTag());
+        // Tags are numbered per channel: the table is the channel's.
+        int64_t offset = op.getOffset();
+        std::string table = "kSendOrderTag" + std::to_string(op.getTag()) +
+                            (offset < 0 ? "Back" : "On") +
+                            std::to_string(offset < 0 ? -offset : offset);
         if (!module.lookupSymbol(table)) {
           OpBuilder::InsertionGuard guard(rewriter);
           rewriter.setInsertionPoint(

@@ -75,6 +75,7 @@ public:
             "using tessel::rt::LrDecay;",
             "using tessel::rt::ParamInfo;",
             "using tessel::rt::Program;",
+            "using tessel::rt::ProgramVariant;",
             "using tessel::rt::StepContext;",
             "using tessel::rt::TraceSpan;",
             "using tessel::rt::TrainConfig;"};
