@@ -9,6 +9,14 @@
 // Groups of size 1 (and every group of a one-rank mesh, which never starts
 // MPI) turn each collective into a copy, but the call is still counted.
 //
+// Watchdog. Every wait (a collective, a pipeline receive, the sends of a
+// step, a started all-reduce) is marked with what it waits for; a thread
+// checks the mark and, when one wait lasts longer than the limit, prints
+// one line naming the rank, the wait and the step and ends the process
+// without calling into MPI (mpirun then stops every rank). Pipeline waits
+// poll and sleep instead of spinning in MPI, so that a rank waiting out a
+// bubble leaves the core to the ranks that compute.
+//
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Comm.h"
@@ -21,6 +29,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -28,7 +38,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace tessel::rt {
 
@@ -57,6 +70,82 @@ CommState &state() {
   static CommState s;
   return s;
 }
+
+//===--- Watchdog
+
+struct Watchdog {
+  double seconds = 0; // 0: off
+  // When the running wait began (steady clock, ns), 0 when none runs, and
+  // what it waits for (written before `since` is set).
+  std::atomic<int64_t> since{0};
+  char what[256] = {};
+  std::atomic<int64_t> step{-1};
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+// Never destroyed: the thread may outlive the statics' destruction order.
+Watchdog &watchdog() {
+  static Watchdog *w = new Watchdog;
+  return *w;
+}
+
+int64_t steadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Marks one wait for the watchdog, for as long as it lives.
+class Waiting {
+public:
+  template <typename... Args> Waiting(const char *format, Args... args) {
+    Watchdog &w = watchdog();
+    if (w.seconds <= 0)
+      return;
+    std::snprintf(w.what, sizeof(w.what), format, args...);
+    w.since.store(steadyNanos(), std::memory_order_release);
+  }
+  ~Waiting() { watchdog().since.store(0, std::memory_order_release); }
+  Waiting(const Waiting &) = delete;
+  Waiting &operator=(const Waiting &) = delete;
+};
+
+void watchdogLoop() {
+  Watchdog &w = watchdog();
+  auto period = std::chrono::milliseconds(
+      std::clamp<int64_t>((int64_t)(w.seconds * 100), 10, 1000));
+  while (!w.stop.load()) {
+    std::this_thread::sleep_for(period);
+    int64_t since = w.since.load(std::memory_order_acquire);
+    if (!since)
+      continue;
+    double waited = (steadyNanos() - since) * 1e-9;
+    if (waited <= w.seconds)
+      continue;
+    const CommState &s = state();
+    char host[256] = "unknown host";
+    ::gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = 0;
+    std::string coords;
+    for (MeshAxis axis : kMeshAxes)
+      if (s.layout.size(axis) > 1)
+        coords += std::string(", ") + meshAxisName(axis) + " " +
+                  std::to_string(s.coord[axis]);
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "rank %d: error: waited %.0f s for %s in step %lld: a rank "
+                 "is stopped, hung or dead (the limit is --timeout %g s, or "
+                 "TESSEL_TIMEOUT); ending the job\n  (on %s, pid %d%s)\n",
+                 s.rank, waited, w.what, (long long)w.step.load() + 1,
+                 w.seconds, host, (int)::getpid(), coords.c_str());
+    std::fflush(stderr);
+    // Not MPI_Abort: MPI runs single-threaded and the main thread is inside
+    // it. A rank that ends without MPI_Finalize makes mpirun stop the job.
+    ::_exit(1);
+  }
+}
+
 
 // `axes` restricted to the axes of size > 1: equal masks mean equal groups.
 unsigned effectiveAxes(unsigned axes) {
@@ -95,6 +184,26 @@ void checkMpi(int result, const char *what) {
   MPI_Error_string(result, text, &length);
   throw std::runtime_error(std::string(what) +
                            " failed: " + std::string(text, length));
+}
+
+// Waits for `requests` to complete: polls, and once the wait has lasted
+// 2 ms (a pipeline bubble, a slow peer) sleeps between polls, up to 1 ms,
+// so a waiting rank does not spin.
+void waitAll(MPI_Request *requests, int n, const char *what,
+             MPI_Status *statuses = MPI_STATUSES_IGNORE) {
+  int done = 0;
+  int64_t start = steadyNanos(), pause = 0;
+  while (true) {
+    checkMpi(MPI_Testall(n, requests, &done, statuses), what);
+    if (done)
+      return;
+    if (!pause && steadyNanos() - start > 2000000)
+      pause = 20;
+    if (pause) {
+      std::this_thread::sleep_for(std::chrono::microseconds(pause));
+      pause = std::min<int64_t>(pause * 2, 1000);
+    }
+  }
 }
 
 } // namespace
@@ -188,7 +297,24 @@ void commInit(int *argc, char ***argv, const MeshShape &meshShape) {
   }
 }
 
+void commStartWatchdog(double seconds) {
+  Watchdog &w = watchdog();
+  if (state().worldSize <= 1 || seconds <= 0 || w.thread.joinable())
+    return;
+  w.seconds = seconds;
+  w.stop = false;
+  w.thread = std::thread(watchdogLoop);
+}
+
+void commSetStep(int64_t step) { watchdog().step.store(step); }
+
 void commFinalize() {
+  Watchdog &w = watchdog();
+  if (w.thread.joinable()) {
+    w.stop = true;
+    w.thread.join();
+    w.seconds = 0;
+  }
   CommState &s = state();
   if (!s.initialized)
     return;
@@ -245,6 +371,9 @@ static void allReduceInPlace(void *buffer, int64_t n, MPI_Datatype type,
   if (g == 1)
     return;
   MPI_Comm comm = state().comms[effectiveAxes(axes)];
+  Waiting waiting("%s over %s (group of %lld, %lld elements)", what,
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
   for (int64_t begin = 0; begin < n; begin += INT_MAX) {
     int chunk = (int)std::min<int64_t>(n - begin, INT_MAX);
     checkMpi(MPI_Allreduce(MPI_IN_PLACE, (char *)buffer + begin * elementBytes,
@@ -267,6 +396,9 @@ void allGather(const float *in, float *out, int64_t n, unsigned axes) {
       std::memmove(out, in, (size_t)n * sizeof(float));
     return;
   }
+  Waiting waiting("allGather over %s (group of %lld, %lld elements)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
   checkMpi(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT,
                          state().comms[effectiveAxes(axes)]),
            "MPI_Allgather");
@@ -282,6 +414,9 @@ void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
       std::memmove(out, in, (size_t)n * sizeof(float));
     return;
   }
+  Waiting waiting("reduceScatterSum over %s (group of %lld, %lld elements)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
   checkMpi(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM,
                                     state().comms[effectiveAxes(axes)]),
            "MPI_Reduce_scatter_block");
@@ -327,8 +462,11 @@ void commWait(CommRequest request) {
       !s.requestInUse[request])
     throw std::runtime_error("commWait on an unknown or finished request " +
                              std::to_string(request));
-  if (s.requests[request] != MPI_REQUEST_NULL)
-    checkMpi(MPI_Wait(&s.requests[request], MPI_STATUS_IGNORE), "MPI_Wait");
+  if (s.requests[request] != MPI_REQUEST_NULL) {
+    Waiting waiting("the gradient all-reduce started as request %d",
+                    (int)request);
+    waitAll(&s.requests[request], 1, "MPI_Wait");
+  }
   s.requestInUse[request] = false;
 }
 
@@ -385,9 +523,13 @@ void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
   TraceSpan span("recv", tag);
   int peer = peerRank(n, axis, offset, tag, "recvFrom");
   MPI_Status status;
-  checkMpi(
-      MPI_Recv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &status),
-      "MPI_Recv");
+  MPI_Request request = MPI_REQUEST_NULL;
+  checkMpi(MPI_Irecv(buffer, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD,
+                     &request),
+           "MPI_Irecv");
+  Waiting waiting("a message from rank %d (%s %+d, tag %d, %lld elements)",
+                  peer, meshAxisName(axis), offset, tag, (long long)n);
+  waitAll(&request, 1, "MPI_Recv", &status);
   int received = 0;
   MPI_Get_count(&status, MPI_FLOAT, &received);
   if (received != n)
@@ -404,9 +546,9 @@ void waitSends() {
     return;
   std::vector<MPI_Request> pending;
   pending.swap(sends);
-  checkMpi(
-      MPI_Waitall((int)pending.size(), pending.data(), MPI_STATUSES_IGNORE),
-      "MPI_Waitall");
+  Waiting waiting("%d pipeline sends of the step to be received",
+                  (int)pending.size());
+  waitAll(pending.data(), (int)pending.size(), "MPI_Waitall");
   state().sendCopies.clear();
 }
 

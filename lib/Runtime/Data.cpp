@@ -106,11 +106,22 @@ TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
     fail("token file " + inQuotes(path) + ": negative token count " +
          std::to_string(count));
   size_t expected = headerBytes + (size_t)count * (size_t)data.width;
-  if (expected != fileBytes)
+  if (expected != fileBytes) {
+    // Tokens of the other width behind this header: a writer's mistake
+    // worth naming.
+    int otherWidth = 6 - data.width;
+    std::string hint =
+        headerBytes + (size_t)count * (size_t)otherWidth == fileBytes
+            ? std::string("; the size fits ") +
+                  (otherWidth == 4 ? "uint32" : "uint16") +
+                  " tokens, but the header's magic " + std::to_string(magic) +
+                  " says " + (data.width == 4 ? "uint32" : "uint16")
+            : std::string();
     fail("token file " + inQuotes(path) + ": header says " +
          std::to_string(count) + " tokens (" + std::to_string(expected) +
          " bytes with the header) but the file has " +
-         std::to_string(fileBytes) + " bytes");
+         std::to_string(fileBytes) + " bytes" + hint);
+  }
   data.count = count;
   data.base = (const char *)mapping + headerBytes;
 

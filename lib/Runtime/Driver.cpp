@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern "C" void openblas_set_num_threads(int numThreads);
@@ -78,6 +79,8 @@ struct Options {
   std::string trace;
   uint64_t seed = 0;
   int threads = 0; // 0: leave the thread counts as they are
+  // Longest wait for another rank before the job is ended (the watchdog).
+  double timeout = 600;
   bool quiet = false;
   bool help = false;
 };
@@ -107,6 +110,9 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "%" PRIu64 ")\n"
       "  --threads N            OpenMP and OpenBLAS threads (default: as set\n"
       "                         by the environment)\n"
+      "  --timeout SECONDS      end the job when a rank waits longer than this\n"
+      "                         for another (a stopped, hung or dead rank;\n"
+      "                         default $TESSEL_TIMEOUT, else 600)\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
       argv0, program.name ? program.name : "program", program.config.steps,
@@ -142,10 +148,24 @@ uint64_t parseUnsigned(const std::string &flag, const std::string &text) {
   return value;
 }
 
+// A positive number of seconds (at most a week).
+double parseSeconds(const std::string &what, const std::string &text) {
+  const char *s = text.c_str();
+  char *end = nullptr;
+  double value = std::strtod(s, &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value) || value <= 0 ||
+      value > 604800)
+    throw UsageError(what + " expects a positive number of seconds (at most " +
+                     "604800), got " + inQuotes(text));
+  return value;
+}
+
 Options parseArgs(int argc, char **argv, const Program &program) {
   Options opts;
   opts.steps = program.config.steps;
   opts.seed = program.config.seed;
+  if (const char *timeout = std::getenv("TESSEL_TIMEOUT"))
+    opts.timeout = parseSeconds("TESSEL_TIMEOUT", timeout);
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     std::string flag = arg, value;
@@ -168,7 +188,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
     bool takesValue =
         flag == "--steps" || flag == "--data" || flag == "--init-from" ||
         flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
-        flag == "--threads" || flag == "--comm-report" || flag == "--trace";
+        flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
+        flag == "--timeout";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -190,6 +211,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.threads = (int)threads;
     } else if (flag == "--seed") {
       opts.seed = parseUnsigned(flag, value);
+    } else if (flag == "--timeout") {
+      opts.timeout = parseSeconds(flag, value);
     } else {
       if (value.empty())
         throw UsageError(flag + " expects a file name");
@@ -520,7 +543,43 @@ void saveParams(const Program &program, const std::string &path,
   std::map<std::string, std::string> metadata = {
       {"program", program.name ? program.name : ""},
       {"steps", std::to_string(steps)}};
-  writeSafetensors(path, views, metadata);
+  // The trained weights are not lost when the file cannot be written at the
+  // end (its directory removed, the disk full): they go next to it, or to
+  // $TMPDIR, and the error says where.
+  std::string failure;
+  try {
+    writeSafetensors(path, views, metadata);
+    return;
+  } catch (const std::runtime_error &e) {
+    failure = e.what();
+  }
+  std::string base = path;
+  while (base.size() > 1 && base.back() == '/')
+    base.pop_back();
+  const std::string extension = ".safetensors";
+  if (base.size() > extension.size() &&
+      base.compare(base.size() - extension.size(), extension.size(),
+                   extension) == 0)
+    base.resize(base.size() - extension.size());
+  std::string suffix = ".rescued-" + std::to_string(::getpid()) +
+                       ".safetensors";
+  const char *tmpdir = std::getenv("TMPDIR");
+  std::string elsewhere =
+      std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/" +
+      base.substr(base.find_last_of('/') + 1) + suffix;
+  for (const std::string &fallback : {base + suffix, elsewhere}) {
+    bool saved = false;
+    try {
+      writeSafetensors(fallback, views, metadata);
+      saved = true;
+    } catch (const std::runtime_error &e) {
+      failure += "; " + std::string(e.what());
+    }
+    if (saved)
+      fail(failure + "; the final weights are saved in " + inQuotes(fallback) +
+           " instead");
+  }
+  fail(failure + "; the final weights could not be saved");
 }
 
 // FILE with ".rank<R>" before its extension: comm.json -> comm.rank3.json.
@@ -593,6 +652,10 @@ std::string describeMesh() { return meshLayout().shape().describe(); }
 
 // Fails early, before any training, when `path` cannot be created.
 void checkWritable(const std::string &path, const char *what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    fail(std::string("cannot write the ") + what + " " + inQuotes(path) +
+         ": it is a directory (give a file name)");
   std::string probe = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(probe.c_str(), "wb");
   if (!f)
@@ -780,6 +843,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (device)
       device->loadBatch(ctx, tokens.data(), targets.data(), B * T);
     ctx.step = step;
+    commSetStep(step);
     ctx.lr = learningRate(config, step, opts.steps);
     ctx.loss = NAN;
     ctx.gradNorm = NAN;
@@ -915,6 +979,12 @@ int runMain(int argc, char **argv, const Program &program) {
   }
   try {
     commInit(&argc, &argv, program.mesh);
+    commStartWatchdog(opts.timeout);
+    // The CUDA runtime's watchdog of NCCL operations takes the same limit
+    // unless given its own.
+    std::string seconds = std::to_string(opts.timeout);
+    if (program.device)
+      ::setenv("TESSEL_NCCL_TIMEOUT", seconds.c_str(), /*overwrite=*/0);
     int code = train(program, opts);
     commFinalize();
     return code;

@@ -326,17 +326,28 @@ void writeSafetensors(const std::string &path,
     if (ok && numel > 0)
       ok = std::fwrite(t.data, sizeof(float), numel, f) == numel;
   }
+  // On the disk before it takes the name: a crash after the rename leaves
+  // the whole file or the previous one, never a torn one.
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  int err = errno;
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) {
-    int err = errno;
+    err = err ? err : errno;
     std::remove(tmp.c_str());
     fail("cannot write " + inQuotes(path) + ": " + std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+    err = errno;
     std::remove(tmp.c_str());
     fail("cannot rename " + inQuotes(tmp) + " to " + inQuotes(path) + ": " +
          std::strerror(err));
+  }
+  // And the directory entry too.
+  std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
   }
 }
 

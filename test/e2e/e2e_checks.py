@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -209,6 +210,88 @@ def stop_run(args):
         sys.exit("FAIL: a stopped job reported success")
 
 
+def hang_run(args):
+    """Stops one rank of a running job (SIGSTOP: a hung rank, as far as the
+    others can tell): the job ends by the watchdog's limit with a message
+    naming a waiting rank, what it waits for and the step, and no rank (the
+    stopped one included) is left."""
+    bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
+    job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", "100000000",
+                            "--timeout", str(args.timeout)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in job.stdout:
+        if line.startswith("step"):
+            break
+    else:
+        sys.exit(f"FAIL: the job ended before training: rc {job.wait()}")
+    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
+    reader.start()
+    ranks = sorted(ranks_left(bindir))
+    if len(ranks) < 2:
+        job.kill()
+        sys.exit(f"FAIL: expected at least 2 ranks, found {ranks}")
+    stopped = time.time()
+    os.kill(ranks[-1], signal.SIGSTOP)
+    try:
+        rc = job.wait(timeout=args.timeout + 60)
+    except subprocess.TimeoutExpired:
+        for pid in ranks_left(bindir):
+            os.kill(pid, signal.SIGKILL)
+        job.kill()
+        sys.exit(f"FAIL: the job did not end within {args.timeout + 60} s of a rank stopping")
+    ended = time.time() - stopped
+    reader.join(timeout=10)
+    deadline = time.time() + 30
+    while ranks_left(bindir) and time.time() < deadline:
+        time.sleep(0.2)
+    left = ranks_left(bindir)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        sys.exit(f"FAIL: ranks {left} were left after the job ended")
+    if rc == 0:
+        sys.exit("FAIL: a job with a hung rank reported success")
+    if ended < args.timeout:
+        sys.exit(f"FAIL: the job ended after {ended:.1f} s, before the limit")
+    for line in lines:
+        if "error: waited" in line:
+            print(line.strip())
+    print(f"the job ended {'within' if ended < args.timeout + 30 else 'after'} "
+          f"the limit + 30 s; no rank left")
+
+
+def save_rescue(args):
+    """Removes the directory of --save-final while the job trains: the save
+    at the end fails there and the weights land in $TMPDIR, which the error
+    names; the rescued file holds every parameter."""
+    target = os.path.join(args.work, "target")
+    rescue = os.path.join(args.work, "rescue")
+    os.makedirs(target, exist_ok=True)
+    os.makedirs(rescue, exist_ok=True)
+    env = dict(os.environ, TMPDIR=rescue)
+    job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", str(args.steps),
+                            "--save-final", os.path.join(target, "w.safetensors")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env)
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if line.startswith("step"):
+            break
+    shutil.rmtree(target)
+    lines.extend(job.stdout)
+    rc = job.wait()
+    if rc == 0:
+        sys.exit("FAIL: a save that did not reach its file reported success")
+    message = [l.strip() for l in lines if "saved in" in l]
+    rescued = glob.glob(os.path.join(rescue, "w.rescued-*.safetensors"))
+    if not message or len(rescued) != 1 or os.path.basename(rescued[0]) not in message[0]:
+        sys.exit(f"FAIL: no rescued file named in the output: {message} {rescued}")
+    print(message[0].replace(rescue, "RESCUE").replace(target, "TARGET"))
+    shutil.copy(rescued[0], args.rescued)
+
+
 def stop_compile(args):
     """Interrupts a `tessel compile` building its binary: neither its
     DIR.tmp-PID staging directory nor DIR is left."""
@@ -263,6 +346,18 @@ def main():
     p.add_argument("dir")
     p.add_argument("--signal", default="TERM")
     p.set_defaults(run=stop_run)
+    p = sub.add_parser("hang-run")
+    p.add_argument("tessel")
+    p.add_argument("dir")
+    p.add_argument("--timeout", type=int, default=3)
+    p.set_defaults(run=hang_run)
+    p = sub.add_parser("save-rescue")
+    p.add_argument("tessel")
+    p.add_argument("dir")
+    p.add_argument("work")
+    p.add_argument("rescued")
+    p.add_argument("--steps", type=int, default=300)
+    p.set_defaults(run=save_rescue)
     p = sub.add_parser("stop-compile")
     p.add_argument("spec")
     p.add_argument("dir")

@@ -153,6 +153,20 @@ TEST(RuntimeData, RejectsBadMagicAndVersion) {
   EXPECT_THROW(TokenData::fromFile(path, 10), std::runtime_error);
 }
 
+TEST(RuntimeData, NamesTokensOfTheOtherWidth) {
+  // uint32 tokens behind the uint16 header (and the other way round): an
+  // error that says what the size fits, never tokens read at the wrong width.
+  std::string path = tempPath("width.bin");
+  std::vector<uint32_t> wide = {1, 2, 3};
+  writeRaw(path, kTokenMagicU16, kTokenVersionU16, 3,
+           std::string((const char *)wide.data(), wide.size() * 4));
+  std::string msg = errorOf([&] { TokenData::fromFile(path, 10); });
+  EXPECT_NE(msg.find("the size fits uint32 tokens"), std::string::npos) << msg;
+  writeRaw(path, kTokenMagicU32, kTokenVersionU32, 4, u16Payload({1, 2, 3, 4}));
+  msg = errorOf([&] { TokenData::fromFile(path, 10); });
+  EXPECT_NE(msg.find("the size fits uint16 tokens"), std::string::npos) << msg;
+}
+
 TEST(RuntimeData, RejectsTruncatedAndOversizedFiles) {
   std::string path = tempPath("trunc.bin");
   // Header claims 4 tokens, only 3 present.

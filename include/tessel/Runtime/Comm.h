@@ -50,6 +50,16 @@ void commFinalize();
 // Aborts every rank (after a fatal error on one of them).
 [[noreturn]] void commAbort(int code);
 
+// The watchdog of a multi-rank CPU run: a background thread ends the job
+// with a message naming this rank, what it waits for (a collective and its
+// group, or a pipeline peer) and the step, when one wait lasts longer than
+// `seconds` (a rank was stopped, hangs or died). Waits for pipeline
+// messages sleep between polls rather than spin. Started after commInit;
+// commFinalize stops it. No-op for a one-rank run.
+void commStartWatchdog(double seconds);
+// The step the driver runs, for the watchdog's message.
+void commSetStep(int64_t step);
+
 int commRank();
 int commWorldSize();
 // The layout the communicators were built for.
