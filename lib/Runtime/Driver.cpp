@@ -79,6 +79,9 @@ struct Options {
   std::string trace;
   uint64_t seed = 0;
   int threads = 0; // 0: leave the thread counts as they are
+  // --init-from: tensors of the file that are not parameters are an error
+  // rather than a warning.
+  bool strict = false;
   // Longest wait for another rank before the job is ended (the watchdog).
   double timeout = 600;
   bool quiet = false;
@@ -97,7 +100,9 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "  --data FILE            llm.c token file (uint16 or uint32 tokens);\n"
       "                         without it, synthetic tokens are used\n"
       "  --init-from FILE       load parameters from a .safetensors file\n"
-      "                         instead of initialising them\n"
+      "                         instead of initialising them (its tensors\n"
+      "                         that are not parameters are named and\n"
+      "                         ignored; with --strict they are an error)\n"
       "  --save-final FILE      save the final parameters as .safetensors\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
@@ -176,11 +181,14 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       value = arg.substr(eq + 1);
       hasInlineValue = true;
     }
-    if (flag == "--help" || flag == "-h" || flag == "--quiet") {
+    if (flag == "--help" || flag == "-h" || flag == "--quiet" ||
+        flag == "--strict") {
       if (hasInlineValue)
         throw UsageError(flag + " takes no value");
       if (flag == "--quiet")
         opts.quiet = true;
+      else if (flag == "--strict")
+        opts.strict = true;
       else
         opts.help = true;
       continue;
@@ -319,8 +327,10 @@ std::vector<std::string> candidateNames(const std::string &name) {
 }
 
 void loadParams(const Program &program, const std::string &path,
-                float *params) {
+                float *params, bool strict) {
   SafetensorsReader reader(path);
+  std::vector<std::string> tensors = reader.names();
+  std::vector<float> used(tensors.size(), 0.0f);
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
     std::vector<std::string> names = candidateNames(p.name);
@@ -337,6 +347,8 @@ void loadParams(const Program &program, const std::string &path,
       fail("parameter " + inQuotes(p.name) + " is not in " + inQuotes(path) +
            " (also tried " + tried + ")");
     }
+    used[std::lower_bound(tensors.begin(), tensors.end(), *found) -
+         tensors.begin()] = 1.0f;
     const SafetensorInfo &info = reader.info(*found);
     if (info.shape != shapeOf(p))
       fail("tensor " + inQuotes(*found) + " in " + inQuotes(path) +
@@ -350,6 +362,32 @@ void loadParams(const Program &program, const std::string &path,
     std::vector<float> global = reader.read(*found);
     copyShardOut(layout, global.data(), params + p.offset);
   }
+  // What no rank read (each holds its stage's parameters).
+  {
+    UncountedCollectives notTraffic;
+    allReduceMax(used.data(), (int64_t)used.size(),
+                 AxisSet::fromBits((1u << kNumMeshAxes) - 1).bits());
+  }
+  std::vector<std::string> unused;
+  for (size_t k = 0; k < tensors.size(); k++)
+    if (used[k] == 0.0f)
+      unused.push_back(tensors[k]);
+  if (unused.empty() || commRank() != 0)
+    return;
+  std::string list;
+  for (size_t k = 0; k < unused.size() && k < 5; k++)
+    list += (k ? ", " : "") + inQuotes(unused[k]);
+  if (unused.size() > 5)
+    list += ", ...";
+  std::string what = std::to_string(unused.size()) + " tensor" +
+                     (unused.size() > 1 ? "s" : "") + " of " + inQuotes(path) +
+                     " (" + list + ") " +
+                     (unused.size() > 1 ? "are" : "is") +
+                     " not a parameter of this model";
+  if (strict)
+    fail(what + " (--strict)");
+  std::fprintf(stderr, "warning: %s; ignored (--strict makes this an error)\n",
+               what.c_str());
 }
 
 // Generates exactly this rank's elements of every parameter: counter-based
@@ -779,7 +817,7 @@ int train(const Program &sharedProgram, const Options &opts) {
 
   float *paramData = (float *)params.get();
   if (!opts.initFrom.empty())
-    loadParams(program, opts.initFrom, paramData);
+    loadParams(program, opts.initFrom, paramData, opts.strict);
   else
     initParams(program, opts.seed, paramData);
 

@@ -217,9 +217,11 @@ bool hasFlag(ArrayRef<std::string> args, StringRef flag) {
 
 int tessel::runCommand(ArrayRef<std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    outs() << "usage: tessel run DIR [--steps N] [--data FILE] [--init-from F]"
-              " [--save-final F] [--metrics FILE] [--seed N] [--threads N]"
-              " [--quiet]\n";
+    outs() << "usage: tessel run DIR [--steps N] [--data FILE] [--init-from F"
+              " [--strict]] [--save-final F] [--metrics FILE] [--seed N]"
+              " [--threads N] [--timeout SECONDS] [--quiet]\n"
+              "(options after DIR go to every rank's program; see "
+              "DIR/bin/<program> --help)\n";
     return args.empty() ? 2 : 0;
   }
   StringRef dir = args[0];

@@ -60,6 +60,16 @@ void commStartWatchdog(double seconds);
 // The step the driver runs, for the watchdog's message.
 void commSetStep(int64_t step);
 
+// While one lives, collectives are not counted: what the driver exchanges
+// around training (checking a checkpoint) is not the step's traffic.
+class UncountedCollectives {
+public:
+  UncountedCollectives();
+  ~UncountedCollectives();
+  UncountedCollectives(const UncountedCollectives &) = delete;
+  UncountedCollectives &operator=(const UncountedCollectives &) = delete;
+};
+
 int commRank();
 int commWorldSize();
 // The layout the communicators were built for.
