@@ -8,6 +8,8 @@
 
 #include "tessel/Transforms/Passes.h"
 
+#include "llvm/ADT/StringMap.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
@@ -66,10 +68,19 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
 
   SmallVector<Operation *> forwardOps;
   SmallVector<ParamOp> params;
+  // A name is a parameter's identity in checkpoints and in the runtime's
+  // tables: two parameters may not share one.
+  llvm::StringMap<ParamOp> byName;
   for (Operation &op : body.without_terminator()) {
     forwardOps.push_back(&op);
-    if (auto param = dyn_cast<ParamOp>(op))
+    if (auto param = dyn_cast<ParamOp>(op)) {
+      auto [it, inserted] = byName.try_emplace(param.getName(), param);
+      if (!inserted)
+        return param.emitOpError("declares parameter '")
+               << param.getName()
+               << "' a second time; parameter names must be unique";
       params.push_back(param);
+    }
   }
 
   for (Operation *op : forwardOps)

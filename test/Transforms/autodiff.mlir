@@ -61,3 +61,18 @@ func.func @forward() -> tensor<2xf32> {
   %w = graph.param "w" : tensor<2xf32>
   return %w : tensor<2xf32>
 }
+
+// -----
+
+// Two parameters with one name would be one tensor in checkpoints and in
+// the runtime's tables: refused at the second.
+func.func @forward() -> tensor<f32> {
+  %w = graph.param "w" : tensor<1x8xf32>
+  // expected-error@+1 {{declares parameter 'w' a second time; parameter names must be unique}}
+  %v = graph.param "w" : tensor<1x8xf32>
+  %s = graph.add %w, %v : (tensor<1x8xf32>, tensor<1x8xf32>) -> tensor<1x8xf32>
+  %t = graph.input "targets" : tensor<1x1xi32>
+  %r = graph.reshape %s : (tensor<1x8xf32>) -> tensor<1x1x8xf32>
+  %loss = graph.cross_entropy %r, %t : (tensor<1x1x8xf32>, tensor<1x1xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
