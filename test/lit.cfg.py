@@ -1,5 +1,6 @@
 # lit configuration of Tessel's tests.
 import os
+import shutil
 import subprocess
 
 import lit.formats
@@ -35,6 +36,12 @@ try:
     config.available_features.add("torch")
 except (OSError, subprocess.CalledProcessError):
     lit_config.warning("python3-torch not found: reference-comparison tests are skipped")
+
+# test/e2e/slurm.test starts a one-node Slurm of its own (munged, slurmctld, slurmd).
+if os.geteuid() == 0 and all(shutil.which(p) for p in ("munged", "slurmctld", "slurmd", "sbatch")):
+    config.available_features.add("slurm")
+else:
+    lit_config.note("the Slurm launch test is skipped: it needs root and slurm-wlm, munge")
 
 # --target cuda compiles wherever Tessel was built with nvcc (no GPU needed);
 # running CUDA programs needs a GPU.

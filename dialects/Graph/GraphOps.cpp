@@ -55,8 +55,15 @@ Attribute LayerAttr::parse(AsmParser &parser, Type) {
     return {};
   }
   int64_t index = 0;
+  SMLoc indexLoc = parser.getCurrentLocation();
   if (*kind == LayerKind::Block && parser.parseInteger(index))
     return {};
+  // As many blocks as a spec may have (model.layers <= 4096).
+  if (index < 0 || index >= 4096) {
+    parser.emitError(indexLoc, "block index must be in [0, 4096), got ")
+        << index;
+    return {};
+  }
   if (parser.parseGreater())
     return {};
   return LayerAttr::get(parser.getContext(), *kind, index);

@@ -15,6 +15,7 @@
 #include "tessel/Pipeline/Schedule.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/Support/GlobPattern.h"
 
 #include <cmath>
@@ -103,30 +104,91 @@ private:
   }
   // Megatron's tensor-parallel plan: split parameter `p` along `dim` over tp.
   // parallel.shard: the user's per-parameter overrides of the plan. A
-  // pattern that matches no parameter is an error (most likely a typo).
+  // pattern that matches no parameter is an error (most likely a typo), and
+  // so is an override that cannot apply: a dimension tp does not divide, or
+  // one of the parameters that hold fused blocks (GPT-2's q, k, v in
+  // c_attn) split otherwise than the others. An override that splits the
+  // dimension the plan splits in blocks keeps the blocks.
   LogicalResult applyShardOverrides(func::FuncOp func) {
+    auto shardingOf = [](ParamOp p) {
+      auto attr = p->getAttrOfType<dist::ShardingAttr>("dist.param_sharding");
+      return attr ? dist::Sharding::fromAttr(attr)
+                  : dist::Sharding::replicated(p.getType().getRank());
+    };
+    llvm::DenseMap<Operation *, dist::Sharding> plan;
+    for (ParamOp p : func.getOps<ParamOp>())
+      plan.try_emplace(p, shardingOf(p));
+    // The pattern that last set each parameter.
+    llvm::DenseMap<Operation *, const std::string *> setBy;
+    int64_t tp = spec.parallel.tp;
     for (const ParallelSpec::ShardOverride &o : spec.parallel.shard) {
       llvm::GlobPattern glob = cantFail(llvm::GlobPattern::create(o.pattern));
+      std::string where = "parallel.shard[\"" + o.pattern + "\"]";
       bool matched = false;
       for (ParamOp p : func.getOps<ParamOp>()) {
         if (!glob.match(p.getName()))
           continue;
         matched = true;
-        if ((int64_t)o.dims.size() != p.getType().getRank())
+        RankedTensorType type = p.getType();
+        if ((int64_t)o.dims.size() != type.getRank())
           return emitError(p.getLoc())
-                 << "parallel.shard[\"" << o.pattern << "\"] has "
-                 << o.dims.size() << " entries but parameter '" << p.getName()
-                 << "' has rank " << p.getType().getRank();
+                 << where << " has " << o.dims.size()
+                 << " entries but parameter '" << p.getName() << "' has rank "
+                 << type.getRank();
+        const dist::Sharding &planned = plan.at(p);
         dist::Sharding s = dist::Sharding::replicated(o.dims.size());
-        for (auto [d, axis] : llvm::enumerate(o.dims))
-          if (axis == "tp")
-            s.dims[d] = MeshAxis::TP;
+        for (auto [d, axis] : llvm::enumerate(o.dims)) {
+          if (axis != "tp")
+            continue;
+          s.dims[d] = MeshAxis::TP;
+          int64_t blocks =
+              planned.dims[d].contains(MeshAxis::TP) ? planned.blocksOf(d) : 1;
+          s.setBlocks(d, blocks);
+          if (type.getDimSize(d) % (blocks * tp) != 0)
+            return emitError(p.getLoc())
+                   << where << ": dimension " << d << " of parameter '"
+                   << p.getName() << "' (size " << type.getDimSize(d)
+                   << (blocks > 1 ? ", in " + std::to_string(blocks) +
+                                        " blocks"
+                                  : std::string())
+                   << ") cannot be split over parallel.tp = " << tp;
+        }
         p->setAttr("dist.param_sharding", s.toAttr(&ctx));
+        setBy[p] = &o.pattern;
       }
       if (!matched)
         return emitError(func.getLoc())
-               << "parallel.shard[\"" << o.pattern
-               << "\"] matches no parameter of the model";
+               << where << " matches no parameter of the model";
+    }
+    // Parameters holding fused blocks (the weight and bias of one
+    // projection) are split alike along their blocked dimension, or none
+    // (with tp = 1 nothing is split).
+    llvm::MapVector<StringRef, SmallVector<ParamOp>> fused;
+    for (ParamOp p : func.getOps<ParamOp>())
+      if (tp > 1 && !plan.at(p).blocks.empty())
+        fused[p.getName().rsplit('.').first].push_back(p);
+    auto splitsBlocks = [&](ParamOp p) {
+      const dist::Sharding &planned = plan.at(p);
+      dist::Sharding now = shardingOf(p);
+      for (size_t d = 0; d < planned.dims.size(); ++d)
+        if (planned.blocksOf(d) > 1)
+          return now.dims[d].contains(MeshAxis::TP);
+      return false;
+    };
+    for (auto &[prefix, group] : fused) {
+      auto other = llvm::find_if(group, [&](ParamOp p) {
+        return splitsBlocks(p) != splitsBlocks(group.front());
+      });
+      if (other == group.end())
+        continue;
+      ParamOp changed = setBy.count(*other) ? *other : group.front();
+      ParamOp kept = changed == *other ? group.front() : *other;
+      const std::string *pattern = setBy.lookup(changed);
+      return emitError(changed.getLoc())
+             << "parallel.shard[\"" << (pattern ? *pattern : "") << "\"]: '"
+             << changed.getName() << "' and '" << kept.getName()
+             << "' hold the same fused blocks (query, key, value) and must "
+                "be split alike: both over tp along their blocks, or neither";
     }
     return success();
   }

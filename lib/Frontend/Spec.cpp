@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Frontend/Spec.h"
+#include "tessel/Pipeline/Schedule.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -17,16 +18,158 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 using namespace tessel;
 using json = nlohmann::json;
 
 namespace {
-// A value quoted in a message: its JSON, cut to 60 characters.
+// A value quoted in a message: its JSON, cut to 60 characters (bytes that
+// are not UTF-8, which a --set value can hold, are shown as U+FFFD).
 std::string brief(const json &value) {
-  std::string text = value.dump();
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
   return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+
+// A key as a step of a JSON path: `.key` for a plain name, `["..."]`
+// (quoted briefly) for anything else.
+std::string pathStep(const std::string &key) {
+  bool plain = !key.empty() && key.size() <= 60 &&
+               llvm::all_of(key, [](char c) {
+                 return llvm::isAlnum(c) || c == '_' || c == '-';
+               });
+  return plain ? "." + key : "[" + brief(json(key)) + "]";
+}
+std::string joinPath(const std::string &path, const std::string &key) {
+  std::string step = pathStep(key);
+  return path.empty() && step[0] == '.' ? step.substr(1) : path + step;
+}
+
+// A spec nests four levels deep; a value nested far deeper is refused before
+// it is built (copying, comparing and printing a JSON value recurse once per
+// level).
+constexpr int kMaxJsonDepth = 64;
+
+// Reads JSON text, refusing what the library would take silently or could
+// not take: a key given twice in one object (the library keeps the last)
+// and nesting deeper than kMaxJsonDepth. `path` is where the text sits in
+// the spec (empty for a whole file); problems are reported with the JSON
+// path of the value.
+class JsonChecker : public nlohmann::json_sax<json> {
+public:
+  explicit JsonChecker(std::string path) : base(std::move(path)) {}
+  std::string problem;  // "<path>: <what>", the first one
+  std::string syntax;   // the parser's message, without the library's tag
+  bool overflow = false; // a number too large for a double (1e400)
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t &) override {
+    return value();
+  }
+  bool string(string_t &) override { return value(); }
+  bool binary(binary_t &) override { return value(); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool key(string_t &key) override {
+    Frame &f = frames.back();
+    f.key = key;
+    if (!f.keys.insert(key).second)
+      return fail("duplicate key (given twice in one object)");
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t position, const std::string &,
+                   const nlohmann::detail::exception &e) override {
+    // "parse error at line L, column C: ...", without the library's tag
+    // ("[json.exception.parse_error.101] "), and cut short: the token it
+    // quotes can be a whole file.
+    llvm::StringRef what(e.what());
+    if (what.starts_with("[json.exception.") && what.contains("] "))
+      what = what.split("] ").second;
+    syntax = what.str();
+    if (syntax.size() > 200)
+      syntax = syntax.substr(0, 197) + "...";
+    overflow = e.id == 406;
+    if (!what.starts_with("parse error"))
+      syntax += " (at byte " + std::to_string(position) + ")";
+    return false;
+  }
+
+private:
+  struct Frame {
+    bool object;
+    std::string key;  // objects: the key being read
+    size_t index = 0; // arrays: the element being read
+    std::set<std::string> keys;
+  };
+  // The path of the value being read, its first `steps` steps.
+  std::string path(size_t steps = SIZE_MAX) const {
+    std::string p = base;
+    for (const Frame &f : llvm::ArrayRef(frames).take_front(steps))
+      p = f.object ? joinPath(p, f.key)
+                   : p + "[" + std::to_string(f.index) + "]";
+    return p + (steps < frames.size() ? "..." : "");
+  }
+  bool fail(const std::string &what, size_t steps = SIZE_MAX) {
+    std::string p = path(steps);
+    problem = (p.empty() ? "" : p + ": ") + what;
+    return false;
+  }
+  bool open(bool object) {
+    if ((int)frames.size() >= kMaxJsonDepth)
+      return fail("nested more than " + std::to_string(kMaxJsonDepth) +
+                      " levels deep",
+                  /*steps=*/4);
+    frames.push_back({object, "", 0, {}});
+    return true;
+  }
+  bool close() {
+    frames.pop_back();
+    return value();
+  }
+  bool value() {
+    if (!frames.empty() && !frames.back().object)
+      ++frames.back().index;
+    return true;
+  }
+  std::string base;
+  std::vector<Frame> frames;
+};
+
+// Parses `text`; the error is "not valid JSON: ..." or "<path>: <what>".
+llvm::Expected<json> parseJson(llvm::StringRef text, const std::string &path) {
+  // The JSON reader takes a NUL byte for the end of the input: what follows
+  // would be ignored.
+  if (size_t nul = text.find('\0'); nul != llvm::StringRef::npos) {
+    llvm::StringRef before = text.take_front(nul);
+    size_t lineStart = before.rfind('\n');
+    return llvm::createStringError(
+        "not valid JSON: a NUL byte at line " +
+        std::to_string(before.count('\n') + 1) + ", column " +
+        std::to_string(nul - (lineStart == llvm::StringRef::npos
+                                  ? 0
+                                  : lineStart + 1) +
+                       1));
+  }
+  JsonChecker checker(path);
+  json::sax_parse(text.begin(), text.end(), &checker);
+  if (checker.overflow && !path.empty())
+    // In a --set value: 1e400 is a number out of range, not a string.
+    return llvm::createStringError(path + ": " + checker.syntax);
+  if (!checker.syntax.empty())
+    return llvm::createStringError("not valid JSON: " + checker.syntax);
+  if (!checker.problem.empty())
+    return llvm::createStringError(checker.problem);
+  json doc = json::parse(text.begin(), text.end(), nullptr,
+                         /*allow_exceptions=*/false);
+  if (doc.is_discarded())
+    return llvm::createStringError("not valid JSON");
+  return doc;
 }
 } // namespace
 
@@ -79,20 +222,32 @@ public:
     const json *value = find(key);
     if (!value)
       return fallback;
-    if (!value->is_number_integer() ||
-        (value->is_number_unsigned() &&
-         value->get<uint64_t>() > (uint64_t)INT64_MAX)) {
+    // Beyond int64 (2^63 and up, which the JSON reader keeps as unsigned
+    // up to 2^64 and as a double past it, and below -2^63): out of range,
+    // not a negative number nor "not an integer".
+    bool huge = value->is_number_unsigned()
+                    ? value->get<uint64_t>() > (uint64_t)INT64_MAX
+                    : value->is_number_float() &&
+                          std::abs(value->get<double>()) >= 0x1p63;
+    if (huge) {
+      problems.report(at(key), (value->get<double>() < 0
+                                    ? "must be >= " + std::to_string(min)
+                                    : "must be <= " + std::to_string(max)) +
+                                   ", got " + brief(*value));
+      return fallback;
+    }
+    if (!value->is_number_integer()) {
       problems.report(at(key), "must be an integer, got " +
                                    brief(*value));
       return fallback;
     }
     int64_t v = value->get<int64_t>();
-    if (v < min)
-      problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
-                                   std::to_string(v));
-    else if (v > max)
-      problems.report(at(key), "must be <= " + std::to_string(max) + ", got " +
-                                   std::to_string(v));
+    if (v < min || v > max) {
+      problems.report(at(key), (v < min ? "must be >= " + std::to_string(min)
+                                        : "must be <= " + std::to_string(max)) +
+                                   ", got " + std::to_string(v));
+      return fallback;
+    }
     return v;
   }
   double number(const std::string &key, double fallback, double min) {
@@ -104,8 +259,13 @@ public:
       return fallback;
     }
     double v = value->get<double>();
+    if (!std::isfinite(v)) {
+      // 1e400 reads as infinity.
+      problems.report(at(key), "must be a finite number");
+      return fallback;
+    }
     if (!(v >= min))
-      problems.report(at(key), "must be >= " + std::to_string(min) + ", got " +
+      problems.report(at(key), "must be >= " + brief(json(min)) + ", got " +
                                    brief(*value));
     return v;
   }
@@ -154,7 +314,7 @@ public:
     return object && object->contains(key);
   }
   std::string at(const std::string &key) const {
-    return path.empty() ? key : path + "." + key;
+    return joinPath(path, key);
   }
   // Reports keys that no read asked for.
   void rejectUnknown() {
@@ -186,12 +346,24 @@ llvm::Error applyOverride(json &doc, const std::string &assignment) {
     return llvm::createStringError("--set expects key=value, got '" +
                                    assignment + "'");
   std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded())
-    value = text; // a bare string such as --set model.family=llama
-  json *node = &doc;
   llvm::SmallVector<llvm::StringRef> parts;
   llvm::StringRef(key).split(parts, '.');
+  if (llvm::is_contained(parts, ""))
+    return llvm::createStringError(
+        "--set expects a dotted key such as train.optimizer.lr, got '" + key +
+        "'");
+  std::string path;
+  for (llvm::StringRef part : parts)
+    path = joinPath(path, part.str());
+  json value;
+  if (llvm::Expected<json> parsed = parseJson(text, path))
+    value = std::move(*parsed);
+  else if (std::string message = llvm::toString(parsed.takeError());
+           llvm::StringRef(message).starts_with("not valid JSON"))
+    value = text; // a bare string such as --set model.family=llama
+  else
+    return llvm::createStringError("--set " + message);
+  json *node = &doc;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     json &next = (*node)[parts[i].str()];
     if (next.is_null())
@@ -302,18 +474,21 @@ void readData(Section s, DataSpec &d, llvm::StringRef specDir,
 void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
                  Problems &problems) {
   auto count = [&](const char *key, std::optional<int64_t> value,
-                   int64_t &field) {
+                   int64_t &field, int64_t max) {
     if (!value)
       return;
     field = *value;
     if (field < 1)
       problems.report(s.at(key), "must be >= 1, got " + std::to_string(field));
+    else if (field > max)
+      problems.report(s.at(key), "must be <= " + std::to_string(max) +
+                                     ", got " + std::to_string(field));
   };
-  count("dp", layout.dp, p.dp);
-  count("tp", layout.tp, p.tp);
-  count("pp", layout.pp, p.pp);
-  count("microbatches", layout.microbatches, p.microbatches);
-  count("virtual_stages", layout.virtualStages, p.virtualStages);
+  count("dp", layout.dp, p.dp, kMaxAxis);
+  count("tp", layout.tp, p.tp, kMaxAxis);
+  count("pp", layout.pp, p.pp, kMaxAxis);
+  count("microbatches", layout.microbatches, p.microbatches, kMaxBatch);
+  count("virtual_stages", layout.virtualStages, p.virtualStages, kMaxLayers);
   if (layout.sequenceParallel)
     p.sequenceParallel = *layout.sequenceParallel;
   if (layout.schedule) {
@@ -323,6 +498,53 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
                       "must be one of \"gpipe\", \"1f1b\", \"interleaved\", "
                       "got \"" +
                           p.schedule + "\"");
+  }
+}
+
+// The layers of each pipeline stage, when there is a pipeline: every layer
+// once, in order, contiguously, one list per stage (virtual stages
+// included). `stages` is a list of integer lists.
+void readStageLayers(const json &stages, const std::string &where,
+                     ParallelSpec &p, int64_t layers, Problems &problems) {
+  int64_t count = p.pp * p.virtualStages;
+  if ((int64_t)stages.size() != count) {
+    problems.report(where,
+                    "lists " + std::to_string(stages.size()) +
+                        (stages.size() == 1 ? " stage" : " stages") +
+                        " but the pipeline has " +
+                        std::to_string(count) +
+                        (p.virtualStages > 1
+                             ? " (parallel.pp * parallel.virtual_stages)"
+                             : " (parallel.pp)"));
+    return;
+  }
+  for (auto [i, stage] : llvm::enumerate(stages)) {
+    std::vector<int> list;
+    for (const json &l : stage) {
+      // Checked before narrowing: 4294967297 is not layer 1.
+      bool big = l.is_number_unsigned() &&
+                 l.get<uint64_t>() > (uint64_t)INT64_MAX;
+      int64_t layer = big ? INT64_MAX : l.get<int64_t>();
+      if (layer < 0 || layer >= layers) {
+        problems.report(where, "layer " + brief(l) + " of stage " +
+                                   std::to_string(i) +
+                                   " does not exist (the model has layers 0.." +
+                                   std::to_string(layers - 1) + ")");
+        return;
+      }
+      list.push_back(static_cast<int>(layer));
+    }
+    p.stageLayers.push_back(std::move(list));
+  }
+  llvm::Expected<std::vector<int>> checked = pipeline::stagesFromLayerLists(
+      p.stageLayers, static_cast<int>(layers),
+      static_cast<int>(p.pp * p.virtualStages));
+  if (!checked) {
+    // "stage_layers: layer 0 is listed twice ...": the field is named once.
+    std::string text = llvm::toString(checked.takeError());
+    llvm::StringRef message(text);
+    message.consume_front("stage_layers: ");
+    problems.report(where, message.str());
   }
 }
 
@@ -337,18 +559,18 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.virtualStages = s.integer("virtual_stages", 1, 1, kMaxLayers);
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
-  if (const json *stages = s.raw("stage_layers")) {
+  // parallel.stage_layers: checked against the model below, once the
+  // layout is known to be sound.
+  const json *stages = s.raw("stage_layers");
+  if (stages) {
     bool ok = stages->is_array();
-    for (const json &stage : ok ? *stages : json::array()) {
-      ok &= stage.is_array();
-      std::vector<int> layers;
-      for (const json &l : stage.is_array() ? stage : json::array()) {
-        ok &= l.is_number_integer();
-        if (l.is_number_integer())
-          layers.push_back(l.get<int>());
+    if (ok)
+      for (const json &stage : *stages) {
+        ok &= stage.is_array();
+        if (stage.is_array())
+          for (const json &l : stage)
+            ok &= l.is_number_integer();
       }
-      p.stageLayers.push_back(layers);
-    }
     if (!ok)
       problems.report(s.at("stage_layers"),
                       "must be a list of layer lists, e.g. [[0, 1], [2, 3]]");
@@ -359,7 +581,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                      "name patterns to per-dimension axes");
     else
       for (auto &[pattern, dims] : shard->items()) {
-        std::string where = s.at("shard") + "[\"" + pattern + "\"]";
+        std::string where = s.at("shard") + "[" + brief(json(pattern)) + "]";
         if (auto glob = llvm::GlobPattern::create(pattern); !glob) {
           problems.report(where, "not a valid pattern: " +
                                      llvm::toString(glob.takeError()));
@@ -438,6 +660,16 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
         "parallel.pp * parallel.virtual_stages = " +
             std::to_string(p.pp * p.virtualStages) +
             " exceeds model.layers = " + std::to_string(spec.model.layers));
+  else if (p.pp > 1 && p.schedule == "interleaved" &&
+           p.microbatches % p.pp != 0)
+    problems.report(s.at("microbatches"),
+                    "the interleaved schedule needs parallel.microbatches = " +
+                        std::to_string(p.microbatches) +
+                        " to be a multiple of parallel.pp = " +
+                        std::to_string(p.pp));
+  else if (stages && p.pp > 1)
+    readStageLayers(*stages, s.at("stage_layers"), p, spec.model.layers,
+                    problems);
 }
 
 } // namespace
@@ -466,18 +698,11 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   if (!buffer)
     return llvm::createStringError(
         path + ": cannot read: " + buffer.getError().message());
-  json doc;
-  try {
-    doc = json::parse((*buffer)->getBuffer().begin(),
-                      (*buffer)->getBuffer().end());
-  } catch (const json::parse_error &e) {
-    // "parse error at line L, column C: ...", without the library's tag.
-    llvm::StringRef what(e.what());
-    size_t at = what.find("parse error");
-    return llvm::createStringError(
-        path + ": not valid JSON: " +
-        (at == llvm::StringRef::npos ? what : what.drop_front(at)));
-  }
+  llvm::Expected<json> parsed = parseJson((*buffer)->getBuffer(), "");
+  if (!parsed)
+    return llvm::createStringError(path + ": " +
+                                   llvm::toString(parsed.takeError()));
+  json doc = std::move(*parsed);
   if (!doc.is_object())
     return llvm::createStringError(path + ": the spec must be a JSON object");
   for (const std::string &assignment : overrides)

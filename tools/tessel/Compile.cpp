@@ -15,6 +15,7 @@
 #include "dialects/Rt/RtOps.h"
 #include "tessel/Emission/BuildProgram.h"
 #include "tessel/Frontend/ModelBuilder.h"
+#include "tessel/Frontend/Nesting.h"
 #include "tessel/InitAllDialects.h"
 #include "tessel/Pipelines/TrainPipeline.h"
 #include "tessel/Frontend/Spec.h"
@@ -320,11 +321,50 @@ std::string shellQuoted(llvm::StringRef text) {
   return out + "'";
 }
 
-// launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program) and
-// launch/slurm.sbatch with its srun --multi-prog configuration.
+// Letters, digits, '.', '_' and '-': what may reach a launch file unquoted
+// (the job name, binary names).
+bool isPlainWord(llvm::StringRef text) {
+  return !text.empty() && llvm::all_of(text, [](char c) {
+    return llvm::isAlnum(c) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+// The #SBATCH resource lines of a plan of `world` ranks. CPU plans ask for
+// one node; CUDA plans for one GPU per rank, up to 8 ranks per node, each
+// rank seeing all GPUs of its node (NCCL's peer transfers need them) and
+// taking the one of its node-local rank.
+std::string sbatchResources(int64_t world, bool cuda) {
+  constexpr int64_t kGpusPerNode = 8;
+  int64_t perNode = cuda && world > kGpusPerNode ? kGpusPerNode : world;
+  int64_t nodes = (world + perNode - 1) / perNode;
+  std::string lines = "#SBATCH --nodes=" + std::to_string(nodes) +
+                      "\n#SBATCH --ntasks=" + std::to_string(world) +
+                      "\n#SBATCH --ntasks-per-node=" + std::to_string(perNode) +
+                      "\n";
+  if (cuda)
+    lines += "#SBATCH --gpus-per-node=" + std::to_string(perNode) + "\n";
+  return lines + "#SBATCH --cpus-per-task=1\n#SBATCH --time=01:00:00\n";
+}
+
+// launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program),
+// launch/slurm.sbatch (srun starting each rank's program) and
+// launch/multi-prog.conf (the same ranks -> programs for srun --multi-prog).
+// Both scripts run what `tessel run` runs: the binaries of the plan directory
+// they are in, the spec's data file unless --data is given, and the other
+// arguments as given, from any directory. Only the data path comes from the
+// user (quoted); the job and binary names are checked plain words.
 llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                              const MeshLayout &layout,
                              const std::vector<ProgramOut> &programs) {
+  if (!isPlainWord(spec.name))
+    return llvm::createStringError("the job name '" + spec.name +
+                                   "' is not letters, digits, '.', '_', '-'");
+  for (const ProgramOut &program : programs)
+    if (!isPlainWord(program.binary))
+      return llvm::createStringError("the binary name '" + program.binary +
+                                     "' is not a plain word");
+  if (spec.data.path.find('\0') != std::string::npos)
+    return llvm::createStringError("data.path holds a NUL character");
   int64_t perProgram = layout.ranksPerProgram();
   std::string np = std::to_string(layout.worldSize());
   llvm::SmallString<256> mpirun(out), sbatch(out), conf(out);
@@ -335,19 +375,24 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
   // Binaries are found beside the script, and the arguments (a relative
   // --data too) mean what they mean where the script is started; the spec's
   // data file is passed as `tessel run` passes it, unless --data is given.
-  // Consecutive programs that share a binary are one segment.
-  std::string segments, confLines;
+  // Consecutive programs that share a binary are one segment, and one range
+  // of ranks in the Slurm files.
+  std::string segments, confLines, rankCases;
   for (size_t k = 0, end = k; k < programs.size(); k = end) {
     while (end < programs.size() && programs[end].binary == programs[k].binary)
       ++end;
     int64_t first = layout.firstRankOfProgram(k),
             count = perProgram * static_cast<int64_t>(end - k);
+    std::string from = std::to_string(first),
+                to = std::to_string(first + count - 1);
     segments += std::string(k ? " \\\n  : " : "") + "-np " +
                 std::to_string(count) + " \"$here/bin/" + programs[k].binary +
                 "\" ${data:+--data \"$data\"} \"$@\"";
-    confLines += std::to_string(first) + "-" +
-                 std::to_string(first + count - 1) + " bin/" +
-                 programs[k].binary + "\n";
+    confLines += from + "-" + to + " bin/" + programs[k].binary + "\n";
+    rankCases += "if [ \"$SLURM_PROCID\" -ge " + from +
+                 " ] && [ \"$SLURM_PROCID\" -le " + to +
+                 " ]; then exec \"$0/bin/" + programs[k].binary +
+                 "\" \"$@\"; fi\n";
   }
   std::string data =
       spec.data.format == "llmc" ? shellQuoted(spec.data.path) : "''";
@@ -370,17 +415,71 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                                             llvm::sys::fs::all_exe |
                                             llvm::sys::fs::owner_write);
   if (llvm::Error err = writeFile(
-          conf, "# srun --multi-prog: ranks -> program (arguments after it)\n" +
+          conf, "# Ranks -> program, as launch/slurm.sbatch starts them (for "
+                "srun --multi-prog\n# in the plan directory; arguments after "
+                "the program)\n" +
                     confLines))
     return err;
-  return writeFile(
-      sbatch, "#!/bin/bash\n#SBATCH --job-name=" + spec.name +
-                  "\n#SBATCH --ntasks=" + np +
-                  (cuda ? "\n#SBATCH --gpus-per-task=1" : "") +
-                  "\n# Tessel orders ranks tp innermost, pp outermost: keep "
-                  "a tp group on one node.\n"
-                  "cd \"$SLURM_SUBMIT_DIR\" || exit 1\n"
-                  "srun --multi-prog launch/multi-prog.conf\n");
+  std::string batch =
+      "#!/bin/bash\n"
+      "# Trains all " + np +
+      " ranks of this plan under Slurm, as `tessel run DIR` does:\n"
+      "#   sbatch [OPTIONS] DIR/launch/slurm.sbatch [--steps N] [--data FILE] "
+      "...\n"
+      "# from any directory. The arguments go to every rank; relative paths in "
+      "them\n"
+      "# are relative to the job's working directory (where sbatch runs, or "
+      "its\n"
+      "# --chdir). sbatch's OPTIONS override the lines below; --cpus-per-task "
+      "sets\n"
+      "# each rank's threads. Ranks are ordered tp innermost, pp outermost: "
+      "keep a\n"
+      "# tp group on one node. SLURM_MPI_TYPE chooses srun's --mpi (default "
+      "pmix).\n"
+      "#SBATCH --job-name=" + spec.name + "\n" +
+      sbatchResources(layout.worldSize(), cuda) +
+      "set -u\n"
+      "# sbatch runs a copy of this script: the plan directory is found from "
+      "the path\n"
+      "# it was submitted as (scontrol's Command=: that path, relative to the "
+      "submit\n"
+      "# directory, and the arguments), or from $0 when it is run directly.\n"
+      "unset CDPATH\n"
+      "script=$0\n"
+      "if [ ! -f \"$(dirname \"$script\")/../plan.json\" ] && "
+      "[ -n \"${SLURM_JOB_ID:-}\" ]; then\n"
+      "  script=$(scontrol show job \"$SLURM_JOB_ID\" 2>/dev/null |\n"
+      "    sed -n 's/^ *Command=//p' | head -n 1)\n"
+      "  [ $# -gt 0 ] && script=${script%\" $*\"}\n"
+      "  case $script in \"\"|/*) ;; *) script=${SLURM_SUBMIT_DIR:-.}/$script "
+      ";; esac\n"
+      "fi\n"
+      "here=\n"
+      "[ -n \"$script\" ] &&\n"
+      "  here=$(cd \"$(dirname \"$script\")/..\" 2>/dev/null && pwd)\n"
+      "if [ -z \"$here\" ] || [ ! -f \"$here/plan.json\" ]; then\n"
+      "  echo \"slurm.sbatch: cannot find the plan directory; submit this "
+      "script as\" \\\n"
+      "    \"sbatch DIR/launch/slurm.sbatch [ARGS]\" >&2\n"
+      "  exit 1\n"
+      "fi\n"
+      "data=" + data + "\n"
+      "for arg in \"$@\"; do\n"
+      "  case \"$arg\" in --data|--data=*) data= ;; esac\n"
+      "done\n"
+      "threads=${SLURM_CPUS_PER_TASK:-1}\n"
+      "export OMP_NUM_THREADS=$threads\n"
+      "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
+      "# Each task runs its rank's program ($0: the plan directory); a CUDA "
+      "rank\n"
+      "# takes the GPU of its node-local rank (SLURM_LOCALID).\n"
+      "rank='" + rankCases +
+      "echo \"slurm.sbatch: no program for rank $SLURM_PROCID\" >&2; exit 1'\n"
+      "exec srun --mpi=\"${SLURM_MPI_TYPE:-pmix}\" --ntasks=" + np +
+      " --cpus-per-task=\"$threads\" \\\n"
+      "  --kill-on-bad-exit=1 /bin/sh -c \"$rank\" \"$here\" \\\n"
+      "  ${data:+--data \"$data\"} --threads \"$threads\" \"$@\"\n";
+  return writeFile(sbatch, batch);
 }
 
 // Replaces `dir` with the finished `staging` directory. Refuses to replace a
@@ -428,42 +527,6 @@ public:
   std::string failedPass = "compilation";
 };
 
-constexpr int64_t kMaxNesting = 256;
-
-// The line where `text` (MLIR) first nests brackets deeper than `limit`,
-// outside string literals and comments; none when it never does.
-std::optional<int64_t> tooDeep(llvm::StringRef text, int64_t limit) {
-  int64_t depth = 0, line = 1;
-  bool inString = false, inComment = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (c == '\n') {
-      ++line;
-      inComment = false;
-      continue;
-    }
-    if (inComment)
-      continue;
-    if (inString) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        inString = false;
-      continue;
-    }
-    if (c == '"')
-      inString = true;
-    else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/')
-      inComment = true;
-    else if (c == '{' || c == '(' || c == '[') {
-      if (++depth > limit)
-        return line;
-    } else if ((c == '}' || c == ')' || c == ']') && depth > 0)
-      --depth;
-  }
-  return std::nullopt;
-}
-
 // The front half of the compile: spec or .mlir to the planned training step.
 // `stage` sees the module after each stage.
 llvm::Error lower(const CompileOptions &options, MLIRContext &context,
@@ -481,10 +544,10 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
       return diagnostics.error(options.input + ": cannot read: " +
                                text.getError().message());
     if (std::optional<int64_t> line =
-            tooDeep((*text)->getBuffer(), kMaxNesting))
+            tooDeep((*text)->getBuffer(), kMaxMLIRNesting))
       return diagnostics.error(options.input + ":" + std::to_string(*line) +
                                ": nested more than " +
-                               std::to_string(kMaxNesting) +
+                               std::to_string(kMaxMLIRNesting) +
                                " levels deep (regions, attributes, lists); "
                                "Tessel reads at most that");
     llvm::SourceMgr sources;

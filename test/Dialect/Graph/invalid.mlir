@@ -143,3 +143,13 @@ func.func @adamw_not_param(%x: tensor<16xf32>, %n: tensor<f32>) {
   graph.adamw %x, %x, %n {beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-8 : f64, weight_decay = 0.0 : f64, max_grad_norm = 1.0 : f64} : tensor<16xf32>, tensor<16xf32>, tensor<f32>
   return
 }
+
+// -----
+
+// Block indices are bounded like model.layers (a wrapped-around or huge
+// index would size per-block tables).
+func.func @huge_block(%x: tensor<16xf32>) {
+  // expected-error@+1 {{block index must be in [0, 4096), got 4294967297}}
+  %y = graph.gelu %x {graph.layer = #graph.layer<block 4294967297>} : (tensor<16xf32>) -> tensor<16xf32>
+  return
+}
