@@ -427,6 +427,7 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
   t.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
   t.gradClip = s.number("grad_clip", 1.0, 0.0);
   t.precision = s.choice("precision", "bf16", {"bf16", "fp32"});
+  t.recompute = s.choice("recompute", "none", {"none", "selective", "full"});
   Section opt = s.child("optimizer");
   t.optimizer = opt.choice("name", "adamw", {"adamw"});
   t.lr = opt.number("lr", 1e-3, 0.0);

@@ -28,7 +28,9 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes = static_cast<int64_t>(options.bucketMB * (1 << 20));
   pm.addPass(createBucketGradients(bucketing));
-  pm.addPass(createStageRegions());
+  StageRegionsOptions stages;
+  stages.recompute = options.recompute;
+  pm.addPass(createStageRegions(stages));
   pm.addPass(createSchedulePipeline());
   pm.addPass(createConvertGraphToRt());
   if (options.target == "cuda")

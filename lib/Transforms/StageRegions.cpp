@@ -66,10 +66,10 @@ struct PartBuild {
 class StageCutter {
 public:
   StageCutter(ModuleOp module, func::FuncOp step, MeshLayout layout,
-              ArrayRef<int64_t> layerStages)
+              ArrayRef<int64_t> layerStages, bool recomputeBlocks)
       : module(module), step(step), ctx(module.getContext()), layout(layout),
         ranks(layout.pipelineRanks()), stages(layout.numStages()),
-        layers(layerStages) {}
+        layers(layerStages), recomputeBlocks(recomputeBlocks) {}
 
   LogicalResult run();
 
@@ -101,6 +101,10 @@ private:
   MeshLayout layout;
   int64_t ranks, stages;
   ArrayRef<int64_t> layers; // the stage of each transformer block
+  // Full recompute: a backward op of block `recomputing` gets what it needs
+  // from that block's forward pass by running those ops again.
+  bool recomputeBlocks;
+  std::optional<int64_t> recomputing;
   DenseMap<Operation *, int64_t> stageOf;
   // Collectives whose results only the update reads: gradient
   // synchronisation, run once per step rather than per microbatch.
@@ -286,10 +290,18 @@ Value StageCutter::lookup(Value v, const Part &user) {
   // by the backward pass, which holds only this rank's piece, as Megatron
   // does: (t-1)/t of the tensor moves once more, a t-th of it is held.
   auto known = home.find({v, user.rank});
-  bool regather = known != home.end() && isa<dist::AllGatherOp>(def) &&
-                  user.phase == Phase::Backward &&
-                  known->second.first.phase == Phase::Forward;
-  if (known != home.end() && (isParameterPiece(v) || regather)) {
+  bool fromForward = known != home.end() && user.phase == Phase::Backward &&
+                     known->second.first.phase == Phase::Forward;
+  bool regather = fromForward && isa<dist::AllGatherOp>(def);
+  // Under full recompute, what the running block's backward needs from the
+  // block's own forward pass is computed again (received values, the
+  // block's input from another rank, stay received).
+  LayerAttr layer = layerOf(def);
+  bool recompute = fromForward && recomputing && layer &&
+                   layer.getKind() == LayerKind::Block &&
+                   layer.getIndex() == *recomputing &&
+                   !isa<dist::RecvOp>(def);
+  if (known != home.end() && (isParameterPiece(v) || regather || recompute)) {
     OpBuilder b = builderAtEnd(user);
     IRMapping map;
     for (Value operand : def->getOperands())
@@ -441,8 +453,13 @@ LogicalResult StageCutter::run() {
     }
     Part part = partOf(&op);
     SmallVector<Value> operands;
+    LayerAttr layer = layerOf(&op);
+    if (recomputeBlocks && part.phase == Phase::Backward && layer &&
+        layer.getKind() == LayerKind::Block)
+      recomputing = layer.getIndex();
     for (Value v : op.getOperands())
       operands.push_back(lookup(v, part));
+    recomputing.reset();
     OpBuilder ob = builderAtEnd(part);
     IRMapping map;
     map.map(op.getOperands(), operands);
@@ -594,8 +611,16 @@ layerStagesOf(ModuleOp module, func::FuncOp step, int64_t stages) {
 }
 
 struct StageRegionsPass : tessel::impl::StageRegionsBase<StageRegionsPass> {
+  using StageRegionsBase::StageRegionsBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
+    if (recompute != "none" && recompute != "selective" &&
+        recompute != "full") {
+      module.emitError("tessel-stage-regions: recompute must be none, "
+                       "selective or full, got '")
+          << recompute << "'";
+      return signalPassFailure();
+    }
     MeshLayout layout(dist::meshOf(module),
                       pipe::layoutOf(module).getVirtualStages());
     auto step = module.lookupSymbol<func::FuncOp>("train_step");
@@ -609,7 +634,9 @@ struct StageRegionsPass : tessel::impl::StageRegionsBase<StageRegionsPass> {
         layerStagesOf(module, step, layout.numStages());
     if (failed(layerStages))
       return signalPassFailure();
-    if (failed(StageCutter(module, step, layout, *layerStages).run()))
+    if (failed(StageCutter(module, step, layout, *layerStages,
+                           recompute == "full")
+                   .run()))
       signalPassFailure();
   }
 };

@@ -2,6 +2,7 @@
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions | FileCheck %s --check-prefix=ONE
 // RUN: sed -e '/"head.w"/d' -e 's/%h1, %wo/%h1, %e/' %S/Inputs/pp-forward.mlir | tessel-opt --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions | FileCheck %s --check-prefix=TIED
 // RUN: sed 's/{dist.mesh = #dist.mesh<pp = 2>}/{dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<microbatches = 1, schedule = "1f1b", virtual_stages = 1, layer_stages = [0, 0]>}/' %S/Inputs/pp-forward.mlir | tessel-opt --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions | FileCheck %s --check-prefix=GIVEN
+// RUN: tessel-opt %S/Inputs/pp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-stage-regions=recompute=full | FileCheck %s --check-prefix=RECOMPUTE
 
 // Two pipeline ranks. Blocks are balanced by matmul work (block 1 carries the
 // head's): the embedding and block 0 on rank 0, block 1 and the head on rank
@@ -87,3 +88,15 @@
 // TIED: pipe.update
 // TIED-NEXT: ^bb0(%[[SUM:.*]]: tensor<32x8xf32>,
 // TIED-NEXT: dist.send %[[SUM]] {axis = #dist.axis<pp>, {{.*}}offset = -1 : i64, tag = [[GT]] : i64}
+
+// Full recompute: the forward pass hands on only block 0's input (the
+// embedding's output); the backward pass runs block 0's matmul again for
+// the GELU's gradient instead of holding its output.
+// RECOMPUTE-LABEL: func.func @stage_0()
+// RECOMPUTE: %[[F:.*]] = pipe.forward_pass chunk 0 -> tensor<2x4x8xf32> {
+// RECOMPUTE: %[[X:.*]] = graph.embedding
+// RECOMPUTE: graph.gelu
+// RECOMPUTE: pipe.yield %[[X]] : tensor<2x4x8xf32>
+// RECOMPUTE: pipe.backward_pass chunk 0
+// RECOMPUTE-NEXT: %[[Y:.*]] = graph.matmul %[[F]], %{{.*}} {{.*}}graph.layer = #graph.layer<block 0>, graph.phase = #graph.phase<backward>
+// RECOMPUTE: graph.gelu_grad %[[Y]],

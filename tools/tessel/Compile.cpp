@@ -296,7 +296,8 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"steps", t.steps},
                    {"seed", t.seed},
                    {"lr", t.lr},
-                   {"decay", t.decay}};
+                   {"decay", t.decay},
+                   {"recompute", t.recompute}};
   const ModelSpec &model = spec.model;
   plan["model"] = {{"family", model.family},
                    {"vocab_size", model.vocabSize},
@@ -576,6 +577,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.target = options.target;
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
   pipeline.bucketMB = spec.parallel.bucketMB;
+  pipeline.recompute = spec.train.recompute;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);
   unsigned archNumber = 90;

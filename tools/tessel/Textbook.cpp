@@ -164,10 +164,17 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   double bsh = b * s * h;
   if (t > 1) {
     // Under sequence parallelism the backward pass gathers a column-parallel
-    // matmul's input again (two per block, one for the head).
+    // matmul's input again (two per block, one for the head). Full
+    // recompute runs a block's forward again up to what its backward reads:
+    // every collective but the block's last reduction (its output, which
+    // its backward does not read): one more all-reduce without sp; with sp
+    // the two gathers (which replace the re-gathers) and one
+    // reduce-scatter. Megatron, which reruns the whole forward, moves one
+    // all-reduce (or gather and reduce-scatter) more.
     double regather = sp ? 1 : 0;
-    double perMicrobatch =
-        blocks.size() * (8 + 2 * regather) * (t - 1) / t * bsh * e;
+    bool full = plan["train"].value("recompute", std::string("none")) == "full";
+    double again = full ? (sp ? 3 : 2) : 2 * regather;
+    double perMicrobatch = blocks.size() * (8 + again) * (t - 1) / t * bsh * e;
     if (first)
       perMicrobatch += 2 * (t - 1) / t * bsh * e;
     if (last)
@@ -240,6 +247,11 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                     (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
                      (llama ? 4 : 2) * f / t) *
                     e;
+  // Full recompute keeps only each block's input (Korthikanti et al.'s
+  // 2sbh in 16 bits; split by the sequence under sp).
+  bool full = plan["train"].value("recompute", std::string("none")) == "full";
+  if (full)
+    perBlock = b * s * h / (sp ? t : 1) * e;
   double slots = memory.value("activation_slots", 1.0);
   MemoryRow kept{"kept per microbatch in flight",
                  memory["activation_slot_bytes"].get<double>(),

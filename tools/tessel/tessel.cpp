@@ -79,6 +79,11 @@ static int compileCommand(int argc, char **argv) {
       cl::desc("Write the sources, IR and plan but build no binaries (e.g. "
                "CUDA sources on a machine without nvcc)"),
       cl::cat(category));
+  cl::opt<std::string> recompute(
+      "recompute",
+      cl::desc("Activation recomputation: none, selective or full "
+               "(train.recompute)"),
+      cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
@@ -98,6 +103,8 @@ static int compileCommand(int argc, char **argv) {
   options.dumpIR = dumpIR;
   options.verbose = verbose;
   options.overrides.assign(sets.begin(), sets.end());
+  if (recompute.getNumOccurrences())
+    options.overrides.push_back("train.recompute=\"" + recompute + "\"");
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
@@ -145,6 +152,11 @@ static int checkCommandLine(int argc, char **argv) {
   cl::opt<std::string> cudaArch("cuda-arch",
                                 cl::desc("GPU architecture for --target cuda"),
                                 cl::init("sm_90"), cl::cat(category));
+  cl::opt<std::string> recompute(
+      "recompute",
+      cl::desc("Activation recomputation: none, selective or full "
+               "(train.recompute)"),
+      cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -157,6 +169,8 @@ static int checkCommandLine(int argc, char **argv) {
   tessel::CheckOptions options;
   options.input = input;
   options.overrides.assign(sets.begin(), sets.end());
+  if (recompute.getNumOccurrences())
+    options.overrides.push_back("train.recompute=\"" + recompute + "\"");
   if (layers.getNumOccurrences())
     options.layers = layers;
   options.steps = steps;
@@ -173,6 +187,11 @@ static int gradcheckCommand(int argc, char **argv) {
   cl::opt<std::string> input(cl::Positional, cl::Required,
                              cl::desc("<spec.json | program.mlir>"),
                              cl::cat(category));
+  cl::opt<std::string> recompute(
+      "recompute",
+      cl::desc("Activation recomputation: none, selective or full "
+               "(train.recompute)"),
+      cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
@@ -188,6 +207,8 @@ static int gradcheckCommand(int argc, char **argv) {
   options.input = input;
   options.verbose = verbose;
   options.overrides.assign(sets.begin(), sets.end());
+  if (recompute.getNumOccurrences())
+    options.overrides.push_back("train.recompute=\"" + recompute + "\"");
   if (Error err = tessel::gradientCheck(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;

@@ -42,6 +42,11 @@ struct TrainSpec {
   // and matmul operands, fp32 master weights, optimizer state and
   // reductions) or "fp32". The CPU target always computes in fp32.
   std::string precision = "bf16";
+  // Activation recomputation: "none", "selective" (what Tessel does anyway:
+  // flash attention never stores the attention scores) or "full" (each
+  // transformer block's forward runs again in its backward; a microbatch in
+  // flight keeps only each block's input).
+  std::string recompute = "none";
 };
 
 struct DataSpec {

@@ -43,6 +43,10 @@ struct TrainPipelineOptions
   Option<double> bucketMB{*this, "bucket-mb",
                           llvm::cl::desc("Gradient all-reduce bucket (MiB)"),
                           llvm::cl::init(25.0)};
+  Option<std::string> recompute{
+      *this, "recompute",
+      llvm::cl::desc("Activation recomputation: none, selective or full"),
+      llvm::cl::init("none")};
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("cpu or cuda"),
                              llvm::cl::init("cpu")};

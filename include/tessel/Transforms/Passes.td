@@ -108,10 +108,19 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     a backward pass needs from its forward pass is handed on, except pieces
     of parameters (cut again) and gathered activations (under sequence
     parallelism, gathered again from the piece the forward pass keeps), so
-    a microbatch in flight holds a t-th of them. Each
+    a microbatch in flight holds a t-th of them. With `recompute=full`,
+    a backward pass recomputes what it needs from its transformer block's
+    forward pass (the block's ops run again, collectives included, before
+    the block's backward), so a microbatch in flight keeps only what crosses
+    from one block to the next (Megatron's full recompute). Each
     rank's update takes the norm of its own gradients (summed over pp too)
     and returns the loss summed over pp.
   }];
+  let options = [
+    Option<"recompute", "recompute", "std::string", "\"none\"",
+           "Activation recomputation: none, selective (the same with flash "
+           "attention: the attention scores are never stored) or full">,
+  ];
   let dependentDialects = ["::tessel::dist::DistDialect",
                            "::tessel::pipe::PipeDialect"];
 }
