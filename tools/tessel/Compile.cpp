@@ -30,6 +30,7 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
@@ -617,6 +618,80 @@ llvm::Expected<int> cudaArchOf(const CompileOptions &options) {
   return static_cast<int>(number);
 }
 
+std::string gigabytes(double bytes) {
+  return llvm::formatv("{0:f1} GB", bytes / 1e9).str();
+}
+
+// The program that holds the most per rank, and how much.
+std::pair<std::string, int64_t>
+largestProgram(const std::vector<ProgramOut> &programs) {
+  std::pair<std::string, int64_t> largest = {"", 0};
+  for (const ProgramOut &program : programs) {
+    int64_t total = program.memory.value("total_bytes", int64_t(0));
+    if (total > largest.second)
+      largest = {program.name, total};
+  }
+  return largest;
+}
+
+// Refuses a plan whose rank holds more than --memory-limit, saying by how
+// much, what the rank holds, and whether full recomputation (compiled here
+// to find out) would make it fit.
+llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
+                             const std::vector<ProgramOut> &programs) {
+  auto [name, total] = largestProgram(programs);
+  if (!options.memoryLimit || total <= options.memoryLimit)
+    return llvm::Error::success();
+  const json *memory = nullptr;
+  for (const ProgramOut &program : programs)
+    if (program.name == name)
+      memory = &program.memory;
+  std::string parts;
+  for (auto [key, what] :
+       {std::pair<const char *, const char *>{"params_bytes", "parameters"},
+        {"grads_bytes", "gradients"},
+        {"optimizer_bytes", "optimizer state"},
+        {"param_shadow_bytes", "bf16 parameters"},
+        {"activation_bytes", "activations"}})
+    if (memory->contains(key))
+      parts += std::string(parts.empty() ? "" : ", ") + what + " " +
+               gigabytes((*memory)[key].get<double>());
+  std::string message =
+      "--memory-limit " + gigabytes(options.memoryLimit) + ": " + name +
+      " holds " + gigabytes(total) + " per rank, " +
+      gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
+  if (spec.train.recompute != "full") {
+    CompileOptions full = options;
+    full.overrides.push_back("train.recompute=\"full\"");
+    MLIRContext context;
+    loadAllDialects(context);
+    DiagnosticCollector diagnostics(context);
+    Spec fullSpec;
+    OwningOpRef<ModuleOp> module;
+    std::vector<ProgramOut> fullPrograms;
+    auto observe = [&](StringRef pass) {
+      if (pass != "convert-pipe-to-rt")
+        return;
+      for (auto program : module->getOps<ModuleOp>())
+        if (program->hasAttr("rt.arena_bytes"))
+          fullPrograms.push_back(describeRtProgram(*module, program));
+    };
+    auto noStage = [](const char *) { return llvm::Error::success(); };
+    if (llvm::Error err = lower(full, context, diagnostics, fullSpec, module,
+                                noStage, observe))
+      return llvm::createStringError(message);
+    auto [fullName, fullTotal] = largestProgram(fullPrograms);
+    message += "; with --recompute full the largest rank (" + fullName +
+               ") holds " + gigabytes(fullTotal) +
+               (fullTotal <= options.memoryLimit ? ", which fits"
+                                                 : ", which does not fit "
+                                                   "either");
+  }
+  return llvm::createStringError(
+      message + "; more pipeline or tensor parallelism spreads the model "
+                "state over more ranks");
+}
+
 llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   llvm::Expected<int> archOr = cudaArchOf(options);
   if (!archOr)
@@ -655,6 +730,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   };
   if (llvm::Error err =
           lower(options, context, diagnostics, spec, module, stage, observe))
+    return err;
+  if (llvm::Error err = checkMemoryLimit(options, spec, programs))
     return err;
   // Each emitted program is one binary; a shared one names the programs it
   // runs.
@@ -734,6 +811,29 @@ void removeStaging() {
   stagingToRemove[0] = 0;
 }
 } // namespace
+
+llvm::Expected<int64_t> tessel::parseBytes(llvm::StringRef text) {
+  llvm::StringRef number = text.trim();
+  double scale = 1;
+  for (auto [suffix, factor] :
+       {std::pair<llvm::StringRef, double>{"GiB", double(1ull << 30)},
+        {"MiB", double(1ull << 20)},
+        {"TB", 1e12},
+        {"GB", 1e9},
+        {"MB", 1e6},
+        {"B", 1}})
+    if (number.consume_back(suffix)) {
+      scale = factor;
+      break;
+    }
+  double value = 0;
+  if (number.trim().getAsDouble(value) || !(value > 0) ||
+      value * scale > 9e18)
+    return llvm::createStringError(
+        "--memory-limit expects a size such as 80GB, 80GiB or 512MB, got '" +
+        text.str() + "'");
+  return static_cast<int64_t>(value * scale);
+}
 
 llvm::Error tessel::compile(const CompileOptions &options) {
   llvm::SmallString<256> staging(options.output);

@@ -22,7 +22,13 @@ struct CompileOptions {
   bool emitOnly = false; // write sources and the plan, build no binaries
   bool dumpIR = false;   // also print every stage to stdout
   bool verbose = false;
+  // --memory-limit: bytes one rank may hold (0: no limit). A plan whose
+  // rank needs more is refused, saying by how much and what would fit.
+  int64_t memoryLimit = 0;
 };
+
+// "80GB", "80GiB", "512MB", "1e9": bytes; an error naming the text otherwise.
+llvm::Expected<int64_t> parseBytes(llvm::StringRef text);
 
 // Runs the whole pipeline and writes the output directory (plan.json, ir/,
 // src/, bin/, launch/) atomically: on failure nothing is left behind.

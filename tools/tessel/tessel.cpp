@@ -88,6 +88,11 @@ static int compileCommand(int argc, char **argv) {
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
                        cl::cat(category));
+  cl::opt<std::string> memoryLimit(
+      "memory-limit",
+      cl::desc("Refuse a plan whose rank holds more than this (e.g. 80GB), "
+               "saying what would fit"),
+      cl::cat(category));
   cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
                         cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -102,6 +107,14 @@ static int compileCommand(int argc, char **argv) {
   options.emitOnly = emitOnly;
   options.dumpIR = dumpIR;
   options.verbose = verbose;
+  if (memoryLimit.getNumOccurrences()) {
+    Expected<int64_t> bytes = tessel::parseBytes(memoryLimit);
+    if (!bytes) {
+      errs() << "tessel: error: " << toString(bytes.takeError()) << "\n";
+      return 1;
+    }
+    options.memoryLimit = *bytes;
+  }
   options.overrides.assign(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
     options.overrides.push_back("train.recompute=\"" + recompute + "\"");
