@@ -106,7 +106,7 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "  --save-final FILE      save the final parameters as .safetensors\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
-      "                         tokens_per_s, step_ms\n"
+      "                         tokens_per_s, step_ms, mem_peak_bytes\n"
       "  --comm-report FILE     write each rank's collective counts as JSON\n"
       "  --trace FILE           write each rank's Chrome trace "
       "(FILE.rankR.json)\n"
@@ -914,7 +914,13 @@ int train(const Program &sharedProgram, const Options &opts) {
           ", \"lr\": " + jsonNumber(ctx.lr, "%.9g") +
           ", \"grad_norm\": " + jsonNumber(ctx.gradNorm, "%.9g") +
           ", \"tokens_per_s\": " + jsonNumber(tokensPerSecond, "%.1f") +
-          ", \"step_ms\": " + jsonNumber(ms, "%.3f") + "}\n";
+          ", \"step_ms\": " + jsonNumber(ms, "%.3f") +
+          // CPU: what rank 0 has held at most since before the plan's
+          // stores (its resident high-water mark), to set beside plan.json.
+          (device ? std::string()
+                  : ", \"mem_peak_bytes\": " +
+                        std::to_string(statusBytes("VmHWM") - rssBefore)) +
+          "}\n";
       if (std::fputs(line.c_str(), metrics.get()) < 0 ||
           std::fflush(metrics.get()) != 0)
         fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
