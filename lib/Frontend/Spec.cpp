@@ -428,6 +428,20 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
   t.gradClip = s.number("grad_clip", 1.0, 0.0);
   t.precision = s.choice("precision", "bf16", {"bf16", "fp32"});
   t.recompute = s.choice("recompute", "none", {"none", "selective", "full"});
+  if (const json *layers = s.raw("recompute_layers")) {
+    std::set<int64_t> seen;
+    bool valid = layers->is_array() && !layers->empty();
+    for (const json &l : valid ? *layers : json::array())
+      valid &= l.is_number_integer() && l.get<int64_t>() >= 0 &&
+               l.get<int64_t>() < kMaxLayers &&
+               seen.insert(l.get<int64_t>()).second;
+    if (!valid)
+      problems.report(s.at("recompute_layers"),
+                      "must be a list of distinct transformer block indices, "
+                      "got " + brief(*layers));
+    else
+      t.recomputeLayers.assign(seen.begin(), seen.end());
+  }
   Section opt = s.child("optimizer");
   t.optimizer = opt.choice("name", "adamw", {"adamw"});
   t.lr = opt.number("lr", 1e-3, 0.0);
@@ -740,6 +754,16 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
     else if (params > kMaxParameters)
       problems.report("model", "about " + llvm::formatv("{0:e2}", params).str() +
                                    " parameters exceeds the limit of 2^44");
+    const TrainSpec &t = spec.train;
+    if (!t.recomputeLayers.empty() && t.recomputeLayers.back() >= m.layers)
+      problems.report("train.recompute_layers",
+                      "block " + std::to_string(t.recomputeLayers.back()) +
+                          " does not exist (the model has blocks 0.." +
+                          std::to_string(m.layers - 1) + ")");
+    else if (!t.recomputeLayers.empty() && t.recompute != "full")
+      problems.report("train.recompute_layers",
+                      "applies to train.recompute = \"full\", which is \"" +
+                          t.recompute + "\"");
   }
   if (!problems.any())
     readParallel(root.child("parallel"), spec.parallel, spec, layout, problems);

@@ -30,6 +30,8 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createBucketGradients(bucketing));
   StageRegionsOptions stages;
   stages.recompute = options.recompute;
+  stages.recomputeBlocks.assign(options.recomputeBlocks.begin(),
+                                options.recomputeBlocks.end());
   pm.addPass(createStageRegions(stages));
   pm.addPass(createSchedulePipeline());
   pm.addPass(createConvertGraphToRt());

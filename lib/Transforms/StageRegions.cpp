@@ -66,10 +66,12 @@ struct PartBuild {
 class StageCutter {
 public:
   StageCutter(ModuleOp module, func::FuncOp step, MeshLayout layout,
-              ArrayRef<int64_t> layerStages, bool recomputeBlocks)
+              ArrayRef<int64_t> layerStages, bool recomputeBlocks,
+              ArrayRef<int64_t> recomputeOnly)
       : module(module), step(step), ctx(module.getContext()), layout(layout),
         ranks(layout.pipelineRanks()), stages(layout.numStages()),
-        layers(layerStages), recomputeBlocks(recomputeBlocks) {}
+        layers(layerStages), recomputeBlocks(recomputeBlocks),
+        recomputeOnly(recomputeOnly.begin(), recomputeOnly.end()) {}
 
   LogicalResult run();
 
@@ -104,6 +106,7 @@ private:
   // Full recompute: a backward op of block `recomputing` gets what it needs
   // from that block's forward pass by running those ops again.
   bool recomputeBlocks;
+  std::set<int64_t> recomputeOnly; // empty: every block
   std::optional<int64_t> recomputing;
   DenseMap<Operation *, int64_t> stageOf;
   // Collectives whose results only the update reads: gradient
@@ -455,7 +458,8 @@ LogicalResult StageCutter::run() {
     SmallVector<Value> operands;
     LayerAttr layer = layerOf(&op);
     if (recomputeBlocks && part.phase == Phase::Backward && layer &&
-        layer.getKind() == LayerKind::Block)
+        layer.getKind() == LayerKind::Block &&
+        (recomputeOnly.empty() || recomputeOnly.count(layer.getIndex())))
       recomputing = layer.getIndex();
     for (Value v : op.getOperands())
       operands.push_back(lookup(v, part));
@@ -635,7 +639,7 @@ struct StageRegionsPass : tessel::impl::StageRegionsBase<StageRegionsPass> {
     if (failed(layerStages))
       return signalPassFailure();
     if (failed(StageCutter(module, step, layout, *layerStages,
-                           recompute == "full")
+                           recompute == "full", recomputeBlocks)
                    .run()))
       signalPassFailure();
   }

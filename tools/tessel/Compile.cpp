@@ -298,7 +298,8 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"seed", t.seed},
                    {"lr", t.lr},
                    {"decay", t.decay},
-                   {"recompute", t.recompute}};
+                   {"recompute", t.recompute},
+                   {"recompute_layers", t.recomputeLayers}};
   const ModelSpec &model = spec.model;
   plan["model"] = {{"family", model.family},
                    {"vocab_size", model.vocabSize},
@@ -579,6 +580,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.recompute = spec.train.recompute;
+  pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);
   unsigned archNumber = 90;

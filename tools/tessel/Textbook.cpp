@@ -130,6 +130,21 @@ Held heldBy(const json &plan, const std::string &program) {
   return held;
 }
 
+// Whether full recompute applies to transformer block `block`
+// (train.recompute, train.recompute_layers).
+bool recomputes(const json &plan, int64_t block) {
+  const json &train = plan["train"];
+  if (train.value("recompute", std::string("none")) != "full")
+    return false;
+  if (!train.contains("recompute_layers") ||
+      train["recompute_layers"].empty())
+    return true;
+  for (const json &l : train["recompute_layers"])
+    if (l.get<int64_t>() == block)
+      return true;
+  return false;
+}
+
 } // namespace
 
 Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
@@ -172,9 +187,11 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // reduce-scatter. Megatron, which reruns the whole forward, moves one
     // all-reduce (or gather and reduce-scatter) more.
     double regather = sp ? 1 : 0;
-    bool full = plan["train"].value("recompute", std::string("none")) == "full";
-    double again = full ? (sp ? 3 : 2) : 2 * regather;
-    double perMicrobatch = blocks.size() * (8 + again) * (t - 1) / t * bsh * e;
+    double perMicrobatch = 0;
+    for (int64_t block : blocks) {
+      double again = recomputes(plan, block) ? (sp ? 3 : 2) : 2 * regather;
+      perMicrobatch += (8 + again) * (t - 1) / t * bsh * e;
+    }
     if (first)
       perMicrobatch += 2 * (t - 1) / t * bsh * e;
     if (last)
@@ -249,13 +266,14 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                     e;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
-  bool full = plan["train"].value("recompute", std::string("none")) == "full";
-  if (full)
-    perBlock = b * s * h / (sp ? t : 1) * e;
+  double keptPerMicrobatch = 0;
+  for (int64_t block : blocks)
+    keptPerMicrobatch +=
+        recomputes(plan, block) ? b * s * h / (sp ? t : 1) * e : perBlock;
   double slots = memory.value("activation_slots", 1.0);
   MemoryRow kept{"kept per microbatch in flight",
                  memory["activation_slot_bytes"].get<double>(),
-                 blocks.size() * perBlock, ""};
+                 keptPerMicrobatch, ""};
   if (slots <= 1)
     kept.note = "one microbatch in flight: the slot also holds what lives "
                 "within a part";

@@ -47,6 +47,9 @@ struct TrainSpec {
   // transformer block's forward runs again in its backward; a microbatch in
   // flight keeps only each block's input).
   std::string recompute = "none";
+  // The transformer blocks `recompute` applies to (train.recompute_layers);
+  // empty: all of them.
+  std::vector<int64_t> recomputeLayers;
 };
 
 struct DataSpec {

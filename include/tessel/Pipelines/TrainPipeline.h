@@ -47,6 +47,9 @@ struct TrainPipelineOptions
       *this, "recompute",
       llvm::cl::desc("Activation recomputation: none, selective or full"),
       llvm::cl::init("none")};
+  ListOption<int64_t> recomputeBlocks{
+      *this, "recompute-blocks",
+      llvm::cl::desc("The blocks full recompute applies to (default: all)")};
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("cpu or cuda"),
                              llvm::cl::init("cpu")};

@@ -120,6 +120,9 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     Option<"recompute", "recompute", "std::string", "\"none\"",
            "Activation recomputation: none, selective (the same with flash "
            "attention: the attention scores are never stored) or full">,
+    ListOption<"recomputeBlocks", "recompute-blocks", "int64_t",
+               "The transformer blocks full recompute applies to (default: "
+               "all)">,
   ];
   let dependentDialects = ["::tessel::dist::DistDialect",
                            "::tessel::pipe::PipeDialect"];
