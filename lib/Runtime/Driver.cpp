@@ -74,6 +74,11 @@ struct Options {
   std::string data;
   std::string initFrom;
   std::string saveFinal;
+  // The training state (parameters, AdamW moments, the step), written at
+  // the end (--save-state) and continued from (--resume).
+  std::string saveState;
+  std::string resume;
+  int64_t stopAfter = 0; // 0: run to --steps
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -104,6 +109,15 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         that are not parameters are named and\n"
       "                         ignored; with --strict they are an error)\n"
       "  --save-final FILE      save the final parameters as .safetensors\n"
+      "  --save-state FILE      at the end, save the training state: the\n"
+      "                         parameters, AdamW's moments (NAME.exp_avg,\n"
+      "                         NAME.exp_avg_sq) and the step, as global\n"
+      "                         tensors (.safetensors), resumable at any\n"
+      "                         layout\n"
+      "  --resume FILE          continue from a --save-state file: its step\n"
+      "                         is the next one, with the same batches and\n"
+      "                         learning rates as an uninterrupted run\n"
+      "  --stop-after N         stop after step N of the --steps schedule\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms, mem_peak_bytes\n"
@@ -197,7 +211,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--steps" || flag == "--data" || flag == "--init-from" ||
         flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
         flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
-        flag == "--timeout";
+        flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
+        flag == "--stop-after";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -221,6 +236,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.seed = parseUnsigned(flag, value);
     } else if (flag == "--timeout") {
       opts.timeout = parseSeconds(flag, value);
+    } else if (flag == "--stop-after") {
+      opts.stopAfter = parsePositive(flag, value);
     } else {
       if (value.empty())
         throw UsageError(flag + " expects a file name");
@@ -230,6 +247,10 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.initFrom = value;
       else if (flag == "--save-final")
         opts.saveFinal = value;
+      else if (flag == "--save-state")
+        opts.saveState = value;
+      else if (flag == "--resume")
+        opts.resume = value;
       else if (flag == "--comm-report")
         opts.commReport = value;
       else if (flag == "--trace")
@@ -326,14 +347,23 @@ std::vector<std::string> candidateNames(const std::string &name) {
   return names;
 }
 
+// One store laid out like the parameters, saved or loaded with its
+// tensors named NAME + suffix.
+struct StateStore {
+  float *data;
+  std::string suffix;
+};
+
 void loadParams(const Program &program, const std::string &path,
-                float *params, bool strict) {
+                const std::vector<StateStore> &stores, bool strict) {
   SafetensorsReader reader(path);
   std::vector<std::string> tensors = reader.names();
   std::vector<float> used(tensors.size(), 0.0f);
+  for (const StateStore &store : stores)
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    std::vector<std::string> names = candidateNames(p.name);
+    float *params = store.data;
+    std::vector<std::string> names = candidateNames(p.name + store.suffix);
     const std::string *found = nullptr;
     for (const std::string &n : names)
       if (reader.contains(n)) {
@@ -344,8 +374,8 @@ void loadParams(const Program &program, const std::string &path,
       std::string tried;
       for (size_t k = 1; k < names.size(); k++)
         tried += (k > 1 ? ", " : "") + inQuotes(names[k]);
-      fail("parameter " + inQuotes(p.name) + " is not in " + inQuotes(path) +
-           " (also tried " + tried + ")");
+      fail("parameter " + inQuotes(p.name + store.suffix) + " is not in " +
+           inQuotes(path) + " (also tried " + tried + ")");
     }
     used[std::lower_bound(tensors.begin(), tensors.end(), *found) -
          tensors.begin()] = 1.0f;
@@ -541,20 +571,21 @@ std::vector<StageTensor> recvStageTensors(int source) {
 // than rank 0 then sends its stage's tensors to rank 0, which writes one
 // file with every stage's parameters in stage order.
 void saveParams(const Program &program, const std::string &path,
-                const float *params, int64_t steps) {
+                const std::vector<StateStore> &stores, int64_t steps) {
   bool writer = commRank() == 0;
   bool stageLeader = isStageLeader();
-  std::vector<std::vector<float>> gathered(program.numParams);
+  std::vector<std::vector<float>> gathered(program.numParams * stores.size());
   std::vector<SafetensorView> views;
+  for (size_t st = 0; st < stores.size(); st++)
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    const float *data = params + p.offset;
+    const float *data = stores[st].data + p.offset;
     ShardLayout layout = shardLayoutOf(p);
     if (isSplit(layout)) {
       std::vector<float> pieces(layout.parts * p.numel);
       allGather(data, pieces.data(), p.numel, AxisSet(p.shardAxis).bits());
       if (stageLeader) {
-        std::vector<float> &global = gathered[i];
+        std::vector<float> &global = gathered[st * program.numParams + i];
         global.resize(layout.globalNumel());
         for (int64_t k = 0; k < layout.parts; k++) {
           ShardLayout piece = layout;
@@ -564,7 +595,7 @@ void saveParams(const Program &program, const std::string &path,
         data = global.data();
       }
     }
-    views.push_back({p.name, shapeOf(p), data});
+    views.push_back({p.name + stores[st].suffix, shapeOf(p), data});
   }
   if (!stageLeader)
     return;
@@ -757,6 +788,11 @@ int train(const Program &sharedProgram, const Options &opts) {
     checkWritable(opts.metrics, "metrics file");
   if (leader && !opts.saveFinal.empty())
     checkWritable(opts.saveFinal, "final weights");
+  if (leader && !opts.saveState.empty())
+    checkWritable(opts.saveState, "training state");
+  if (program.device && (!opts.saveState.empty() || !opts.resume.empty()))
+    fail("--save-state and --resume are not available on the CUDA target "
+         "yet (AdamW's moments live on the device)");
   std::string commReport;
   if (!opts.commReport.empty()) {
     commReport = rankFileName(opts.commReport, commRank());
@@ -816,8 +852,26 @@ int train(const Program &sharedProgram, const Options &opts) {
   }
 
   float *paramData = (float *)params.get();
-  if (!opts.initFrom.empty())
-    loadParams(program, opts.initFrom, paramData, opts.strict);
+  // AdamW's moments beside the parameters, as a state file holds them.
+  std::vector<StateStore> state = {{paramData, ""},
+                                   {(float *)adamM.get(), ".exp_avg"},
+                                   {(float *)adamV.get(), ".exp_avg_sq"}};
+  int64_t firstStep = 0;
+  if (!opts.resume.empty()) {
+    loadParams(program, opts.resume, state, /*strict=*/true);
+    SafetensorsReader reader(opts.resume);
+    auto step = reader.metadata().find("steps");
+    if (step == reader.metadata().end())
+      fail(inQuotes(opts.resume) + " is not a --save-state file (its "
+           "metadata has no step)");
+    firstStep = parseInteger("the step of " + inQuotes(opts.resume),
+                             step->second, 0);
+    if (firstStep >= opts.steps)
+      fail(inQuotes(opts.resume) + " is at step " +
+           std::to_string(firstStep) + ", and --steps is " +
+           std::to_string(opts.steps) + ": nothing is left to train");
+  } else if (!opts.initFrom.empty())
+    loadParams(program, opts.initFrom, {{paramData, ""}}, opts.strict);
   else
     initParams(program, opts.seed, paramData);
 
@@ -869,7 +923,13 @@ int train(const Program &sharedProgram, const Options &opts) {
   int width = std::max<int>(4, (int)std::to_string(opts.steps).size());
   auto runStart = std::chrono::steady_clock::now();
   float lastLoss = 0.0f;
-  for (int64_t step = 0; step < opts.steps; step++) {
+  // The steps this run trains: from a resumed state's, to --stop-after.
+  int64_t lastStep =
+      opts.stopAfter > 0 ? std::min(opts.steps, opts.stopAfter) : opts.steps;
+  if (firstStep >= lastStep && opts.steps > 0)
+    fail("--stop-after " + std::to_string(opts.stopAfter) +
+         " is not after the resumed step " + std::to_string(firstStep));
+  for (int64_t step = firstStep; step < lastStep; step++) {
     if (dataRanks == 1) {
       data->batchForStep(step, B, T, tokens.data(), targets.data());
     } else {
@@ -945,9 +1005,11 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (device)
     device->download(program, paramData);
   if (!opts.saveFinal.empty())
-    saveParams(program, opts.saveFinal, paramData, opts.steps);
+    saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);
+  if (!opts.saveState.empty())
+    saveParams(program, opts.saveState, state, lastStep);
   if (!commReport.empty())
-    writeCommReport(commReport, opts.steps, counters, rssBefore,
+    writeCommReport(commReport, lastStep - firstStep, counters, rssBefore,
                     rssAllocated);
   if (!trace.empty())
     traceWrite(trace, commRank());
@@ -955,7 +1017,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     device->stop();
   if (leader && !opts.quiet) {
     std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
-                opts.steps, seconds, lastLoss);
+                lastStep - firstStep, seconds, lastLoss);
     if (!opts.saveFinal.empty())
       std::printf("saved final weights to %s\n", opts.saveFinal.c_str());
   }
