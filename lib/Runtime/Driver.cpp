@@ -79,6 +79,7 @@ struct Options {
   std::string saveState;
   std::string resume;
   int64_t stopAfter = 0; // 0: run to --steps
+  int64_t checkpointEvery = 0; // with --save-state: also every N steps
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -118,6 +119,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         is the next one, with the same batches and\n"
       "                         learning rates as an uninterrupted run\n"
       "  --stop-after N         stop after step N of the --steps schedule\n"
+      "  --checkpoint-every N   with --save-state, also write the state\n"
+      "                         every N steps (replacing the last one)\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms, mem_peak_bytes\n"
@@ -212,7 +215,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
         flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
         flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
-        flag == "--stop-after";
+        flag == "--stop-after" || flag == "--checkpoint-every";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -238,6 +241,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.timeout = parseSeconds(flag, value);
     } else if (flag == "--stop-after") {
       opts.stopAfter = parsePositive(flag, value);
+    } else if (flag == "--checkpoint-every") {
+      opts.checkpointEvery = parsePositive(flag, value);
     } else {
       if (value.empty())
         throw UsageError(flag + " expects a file name");
@@ -790,6 +795,9 @@ int train(const Program &sharedProgram, const Options &opts) {
     checkWritable(opts.saveFinal, "final weights");
   if (leader && !opts.saveState.empty())
     checkWritable(opts.saveState, "training state");
+  if (opts.checkpointEvery > 0 && opts.saveState.empty())
+    throw UsageError("--checkpoint-every needs --save-state FILE (where the "
+                     "state goes)");
   if (program.device && (!opts.saveState.empty() || !opts.resume.empty()))
     fail("--save-state and --resume are not available on the CUDA target "
          "yet (AdamW's moments live on the device)");
@@ -959,6 +967,14 @@ int train(const Program &sharedProgram, const Options &opts) {
            " at step " + std::to_string(step + 1) + " of " +
            std::to_string(opts.steps));
     lastLoss = ctx.loss;
+    // A state to resume from if the run dies; written to a temporary name
+    // and renamed, so the previous one stays whole until it is replaced.
+    // Its gathers are not the step's traffic.
+    if (opts.checkpointEvery > 0 && (step + 1) % opts.checkpointEvery == 0 &&
+        step + 1 < lastStep) {
+      UncountedCollectives notTraffic;
+      saveParams(program, opts.saveState, state, step + 1);
+    }
 
     if (leader && !opts.quiet) {
       std::printf("step %*" PRId64 "/%" PRId64

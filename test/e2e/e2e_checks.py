@@ -292,6 +292,57 @@ def save_rescue(args):
     shutil.copy(rescued[0], args.rescued)
 
 
+def state_step(path):
+    """The step a --save-state file holds, or -1 while there is none."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return int(json.loads(f.read(n))["__metadata__"]["steps"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def crash_resume(args):
+    """Kills a run (SIGKILL, every rank) once its periodic state reaches
+    --after steps, resumes from that state, and checks the resumed steps'
+    losses equal the uninterrupted run's (bitwise: same layout)."""
+    state = os.path.join(args.work, "state.safetensors")
+    straight = os.path.join(args.work, "straight.jsonl")
+    resumed = os.path.join(args.work, "resumed.jsonl")
+    subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
+                    "--metrics", straight, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
+    job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", str(args.steps),
+                            "--save-state", state, "--checkpoint-every", str(args.every),
+                            "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    while state_step(state) < args.after:
+        if job.poll() is not None:
+            sys.exit(f"FAIL: the run ended (rc {job.returncode}) before its state reached "
+                     f"step {args.after}")
+        time.sleep(0.005)
+    os.killpg(job.pid, signal.SIGKILL)
+    for pid in ranks_left(bindir):
+        os.kill(pid, signal.SIGKILL)
+    job.wait()
+    step = state_step(state)
+    if step >= args.steps:
+        sys.exit("FAIL: the run finished before it could be killed")
+    subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
+                    "--resume", state, "--metrics", resumed, "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    a = [json.loads(l) for l in open(straight)]
+    b = [json.loads(l) for l in open(resumed)]
+    if [r["step"] for r in b] != list(range(step, args.steps)):
+        sys.exit(f"FAIL: the resumed run ran steps {b[0]['step']}..{b[-1]['step']}, "
+                 f"not {step}..{args.steps - 1}")
+    if [r["loss"] for r in a[step:]] != [r["loss"] for r in b]:
+        sys.exit("FAIL: the resumed losses differ from the uninterrupted run's")
+    print(f"killed with the state at a multiple of {args.every} steps; resumed there: "
+          f"{args.steps - step} losses identical to the uninterrupted run's")
+
+
 def stop_compile(args):
     """Interrupts a `tessel compile` building its binary: neither its
     DIR.tmp-PID staging directory nor DIR is left."""
@@ -358,6 +409,14 @@ def main():
     p.add_argument("rescued")
     p.add_argument("--steps", type=int, default=300)
     p.set_defaults(run=save_rescue)
+    p = sub.add_parser("crash-resume")
+    p.add_argument("tessel")
+    p.add_argument("dir")
+    p.add_argument("work")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--every", type=int, default=50)
+    p.add_argument("--after", type=int, default=100)
+    p.set_defaults(run=crash_resume)
     p = sub.add_parser("stop-compile")
     p.add_argument("spec")
     p.add_argument("dir")
