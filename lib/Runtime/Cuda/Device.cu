@@ -144,7 +144,9 @@ template <typename T> T *allocate(int64_t count, const char *what) {
     throw std::runtime_error(text);
   }
   check(status, what);
-  check(cudaMemset(data, 0, bytes), "cudaMemset");
+  // On the compute stream, like everything that follows at start, so that
+  // the first kernels (on that non-blocking stream) see the cleared buffers.
+  check(cudaMemsetAsync(data, 0, bytes, state().compute), "cudaMemsetAsync");
   return (T *)data;
 }
 
@@ -204,10 +206,14 @@ void startDevice(const rt::Program &program, const float *hostParams,
     s.accumulators =
         allocate<float>(program.accumulatorElems, "the accumulators");
 
+  // Ordered before the bf16 copy below: the legacy stream's cudaMemcpy from
+  // pageable memory may still be in flight when a kernel on the
+  // non-blocking compute stream starts.
   if (s.paramElems > 0 && hostParams)
-    check(cudaMemcpy(s.params, hostParams, (size_t)s.paramElems * sizeof(float),
-                     cudaMemcpyHostToDevice),
-          "cudaMemcpy (parameters)");
+    check(cudaMemcpyAsync(s.params, hostParams,
+                          (size_t)s.paramElems * sizeof(float),
+                          cudaMemcpyHostToDevice, s.compute),
+          "cudaMemcpyAsync (parameters)");
   if (b.paramShadow) {
     toBf16Kernel<<<detail::blocksFor(s.paramElems), 256, 0, s.compute>>>(
         s.params, b.paramShadow, s.paramElems);
