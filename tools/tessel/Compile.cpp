@@ -659,7 +659,8 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
       parts += std::string(parts.empty() ? "" : ", ") + what + " " +
                gigabytes((*memory)[key].get<double>());
   std::string message =
-      "--memory-limit " + gigabytes(options.memoryLimit) + ": " + name +
+      options.memoryLimitFrom + " (" + gigabytes(options.memoryLimit) +
+      " per rank): " + name +
       " holds " + gigabytes(total) + " per rank, " +
       gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
   if (spec.train.recompute != "full") {

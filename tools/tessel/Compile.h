@@ -25,6 +25,7 @@ struct CompileOptions {
   // --memory-limit: bytes one rank may hold (0: no limit). A plan whose
   // rank needs more is refused, saying by how much and what would fit.
   int64_t memoryLimit = 0;
+  std::string memoryLimitFrom = "--memory-limit"; // or "--gpu h100"
 };
 
 // "80GB", "80GiB", "512MB", "1e9": bytes; an error naming the text otherwise.

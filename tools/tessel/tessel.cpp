@@ -93,6 +93,11 @@ static int compileCommand(int argc, char **argv) {
       cl::desc("Refuse a plan whose rank holds more than this (e.g. 80GB), "
                "saying what would fit"),
       cl::cat(category));
+  cl::opt<std::string> gpu(
+      "gpu",
+      cl::desc("The memory limit of one GPU: a100-80g, h100 or h200 (the "
+               "memory nvidia-smi reports)"),
+      cl::cat(category));
   cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
                         cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -114,6 +119,23 @@ static int compileCommand(int argc, char **argv) {
       return 1;
     }
     options.memoryLimit = *bytes;
+  }
+  if (gpu.getNumOccurrences()) {
+    // nvidia-smi's total memory of each (MiB).
+    static const std::pair<const char *, int64_t> kGpus[] = {
+        {"a100-80g", 81920}, {"h100", 81559}, {"h200", 143771}};
+    auto it = llvm::find_if(kGpus, [&](auto &g) { return gpu == g.first; });
+    if (it == std::end(kGpus)) {
+      errs() << "tessel: error: --gpu " << gpu
+             << ": expected a100-80g, h100 or h200\n";
+      return 1;
+    }
+    if (memoryLimit.getNumOccurrences()) {
+      errs() << "tessel: error: give --gpu or --memory-limit, not both\n";
+      return 1;
+    }
+    options.memoryLimit = it->second << 20;
+    options.memoryLimitFrom = "--gpu " + gpu;
   }
   options.overrides.assign(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
