@@ -359,8 +359,10 @@ struct StateStore {
   std::string suffix;
 };
 
-void loadParams(const Program &program, const std::string &path,
-                const std::vector<StateStore> &stores, bool strict) {
+// Returns the file's metadata.
+std::map<std::string, std::string>
+loadParams(const Program &program, const std::string &path,
+           const std::vector<StateStore> &stores, bool strict) {
   SafetensorsReader reader(path);
   std::vector<std::string> tensors = reader.names();
   std::vector<float> used(tensors.size(), 0.0f);
@@ -408,7 +410,7 @@ void loadParams(const Program &program, const std::string &path,
     if (used[k] == 0.0f)
       unused.push_back(tensors[k]);
   if (unused.empty() || commRank() != 0)
-    return;
+    return reader.metadata();
   std::string list;
   for (size_t k = 0; k < unused.size() && k < 5; k++)
     list += (k ? ", " : "") + inQuotes(unused[k]);
@@ -423,6 +425,7 @@ void loadParams(const Program &program, const std::string &path,
     fail(what + " (--strict)");
   std::fprintf(stderr, "warning: %s; ignored (--strict makes this an error)\n",
                what.c_str());
+  return reader.metadata();
 }
 
 // Generates exactly this rank's elements of every parameter: counter-based
@@ -866,10 +869,10 @@ int train(const Program &sharedProgram, const Options &opts) {
                                    {(float *)adamV.get(), ".exp_avg_sq"}};
   int64_t firstStep = 0;
   if (!opts.resume.empty()) {
-    loadParams(program, opts.resume, state, /*strict=*/true);
-    SafetensorsReader reader(opts.resume);
-    auto step = reader.metadata().find("steps");
-    if (step == reader.metadata().end())
+    std::map<std::string, std::string> metadata =
+        loadParams(program, opts.resume, state, /*strict=*/true);
+    auto step = metadata.find("steps");
+    if (step == metadata.end())
       fail(inQuotes(opts.resume) + " is not a --save-state file (its "
            "metadata has no step)");
     firstStep = parseInteger("the step of " + inQuotes(opts.resume),

@@ -238,6 +238,15 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   return out;
 }
 
+// Every rank program of `top` (after convert-pipe-to-rt), described.
+std::vector<ProgramOut> describeRtPrograms(ModuleOp top) {
+  std::vector<ProgramOut> programs;
+  for (auto program : top.getOps<ModuleOp>())
+    if (program->hasAttr("rt.arena_bytes"))
+      programs.push_back(describeRtProgram(top, program));
+  return programs;
+}
+
 json planJson(const Spec &spec, ModuleOp module,
               const std::vector<ProgramOut> &programs,
               const CompileOptions &options) {
@@ -673,11 +682,8 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
     OwningOpRef<ModuleOp> module;
     std::vector<ProgramOut> fullPrograms;
     auto observe = [&](StringRef pass) {
-      if (pass != "convert-pipe-to-rt")
-        return;
-      for (auto program : module->getOps<ModuleOp>())
-        if (program->hasAttr("rt.arena_bytes"))
-          fullPrograms.push_back(describeRtProgram(*module, program));
+      if (pass == "convert-pipe-to-rt")
+        fullPrograms = describeRtPrograms(*module);
     };
     auto noStage = [](const char *) { return llvm::Error::success(); };
     if (llvm::Error err = lower(full, context, diagnostics, fullSpec, module,
@@ -725,11 +731,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
-    if (pass != "convert-pipe-to-rt")
-      return;
-    for (auto program : module->getOps<ModuleOp>())
-      if (program->hasAttr("rt.arena_bytes"))
-        programs.push_back(describeRtProgram(*module, program));
+    if (pass == "convert-pipe-to-rt")
+      programs = describeRtPrograms(*module);
   };
   if (llvm::Error err =
           lower(options, context, diagnostics, spec, module, stage, observe))
