@@ -159,6 +159,34 @@ void ReduceScatterOp::describeCommunication(
                            rt::reduceScatterBytesSent(n, g, bytes)));
 }
 
+// A run cut into ceil(n / g)-element pieces moves, per rank, the ring
+// volume of a piece-sized reduce-scatter or all-gather.
+static int64_t pieceOf(int64_t n, int64_t g) { return (n + g - 1) / g; }
+
+void ReduceScatterShardsOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = getN(), g = mesh.groupSize(getAxes());
+  records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
+                           rt::reduceScatterBytesSent(pieceOf(n, g), g, 4)));
+}
+
+void ReduceScatterShardsStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t g = mesh.groupSize(getAxes());
+  for (Value b : getBuffers()) {
+    int64_t n = elementsOf(b);
+    records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
+                             rt::reduceScatterBytesSent(pieceOf(n, g), g, 4)));
+  }
+}
+
+void AllGatherShardsOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = getN(), g = mesh.groupSize(getAxes());
+  records.push_back(record("all_gather", getAxes(), mesh, pieceOf(n, g), 4,
+                           rt::allGatherBytesSent(pieceOf(n, g), g, 4)));
+}
+
 void SendOp::describeCommunication(const MeshShape &mesh,
                                    SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = elementsOf(getBuffer()), bytes = elementBytesOf(getBuffer());

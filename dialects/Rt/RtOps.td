@@ -72,6 +72,10 @@ def Rt_ParamOp : Rt_Op<"param"> {
     In a program shared by several pipeline ranks (`tessel-share-programs`),
     `variant_names` gives the parameter's name on each of them, in the order
     of the program's `rt.variants`.
+    With the optimizer sharded over dp (`tessel-shard-optimizer`),
+    `optimizer_shard` = [state offset, offset in run, piece] says where the
+    parameter's AdamW moments are (see that pass; piece 0: whole, at the
+    state offset).
 
     ```mlir
     %w = rt.param "h.0.mlp.c_fc.weight" {global_shape = array<i64: 64, 256>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = 1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<64x128xf32>
@@ -81,7 +85,8 @@ def Rt_ParamOp : Rt_Op<"param"> {
                    StrAttr:$init, F64Attr:$mean, F64Attr:$std, BoolAttr:$decay,
                    I64Attr:$shard_dim, Dist_AxisAttr:$shard_axis,
                    I64Attr:$shard_blocks, OptionalAttr<I64Attr>:$offset,
-                   OptionalAttr<StrArrayAttr>:$variant_names);
+                   OptionalAttr<StrArrayAttr>:$variant_names,
+                   OptionalAttr<DenseI64ArrayAttr>:$optimizer_shard);
   let results = (outs Rt_Buffer:$buffer);
   let assemblyFormat = "$name attr-dict `:` type($buffer)";
 }
@@ -329,9 +334,48 @@ def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwStep",
          I64Attr:$n, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,
          F32Attr:$weight_decay, F32Attr:$max_grad_norm)>;
 
+// The optimizer sharded over a group (ZeRO-1, tessel-shard-optimizer): a
+// run of `n`-element gradient or parameter storage is cut into pieces of
+// `piece` elements in group order; `run_offset` is where the op's buffer
+// starts in its run. The op touches only the part of its buffer inside this
+// rank's piece, and the moments `m`, `v` are that piece's.
+def Rt_SumSquaresShardOp : Rt_KernelOp<"sum_squares_shard",
+    "addSumOfSquaresShard",
+    (ins Rt_Buffer:$x, Rt_Buffer:$acc, I64Attr:$n, I64Attr:$run_offset,
+         I64Attr:$piece, Dist_AxesAttr:$axes)>;
+def Rt_AdamWShardOp : Rt_KernelOp<"adamw_shard", "adamwStepShard",
+    (ins Rt_Buffer:$param, Optional<Rt_Buffer>:$shadow, Rt_Buffer:$grad,
+         Rt_Buffer:$m, Rt_Buffer:$v, Rt_Buffer:$norm, F32:$lr, I64:$count,
+         I64Attr:$n, I64Attr:$run_offset, I64Attr:$piece, Dist_AxesAttr:$axes,
+         F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps, F32Attr:$weight_decay,
+         F32Attr:$max_grad_norm)>;
+
 //===----------------------------------------------------------------------===//
 // Communication
 //===----------------------------------------------------------------------===//
+
+def Rt_ReduceScatterShardsOp : Rt_KernelOp<"reduce_scatter_shards",
+    "reduceScatterShards", (ins Rt_Buffer:$buffer, I64Attr:$n,
+                                Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]> {
+  let description = [{
+    Sums an `n`-element buffer over the group and leaves this rank's piece
+    of the sum (elements [k * piece, min((k + 1) * piece, n)) at group rank
+    k, piece = ceil(n / g)) in place; the rest of the buffer is left
+    undefined.
+  }];
+}
+def Rt_AllGatherShardsOp : Rt_KernelOp<"all_gather_shards", "allGatherShards",
+    (ins Rt_Buffer:$buffer, Optional<Rt_Buffer>:$shadow, I64Attr:$n,
+         Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]> {
+  let description = [{
+    The reverse of `rt.reduce_scatter_shards`: each rank's piece of the
+    `n`-element buffer, in place, is gathered into every rank's buffer. With
+    a `shadow` (the bf16 copy of parameters), the copy of the whole run is
+    refreshed from the gathered values.
+  }];
+}
 
 class Rt_CommOp<string mnemonic, list<Trait> traits = []>
     : Rt_Op<mnemonic, !listconcat(traits,
@@ -349,6 +393,18 @@ def Rt_AllReduceStartOp : Rt_CommOp<"all_reduce_start"> {
     The buffers may be read only after `rt.wait` on the request. The
     buffer plan gives the started collectives their places in the program's
     request table (`slot`: the first of one per buffer).
+  }];
+  let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes,
+                   OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+}
+
+def Rt_ReduceScatterShardsStartOp : Rt_CommOp<"reduce_scatter_shards_start"> {
+  let summary = "Starts rt.reduce_scatter_shards on each buffer (reduceScatterShardsStart)";
+  let description = [{
+    Like `rt.all_reduce_start`: the pieces may be read only after the
+    request's slots (`slot`, one per buffer) have been waited for.
   }];
   let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes,
                    OptionalAttr<I64Attr>:$slot);

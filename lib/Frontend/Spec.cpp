@@ -574,6 +574,12 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.virtualStages = s.integer("virtual_stages", 1, 1, kMaxLayers);
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
+  p.zero = s.integer("zero", 0, 0, 3);
+  if (p.zero > 1)
+    problems.report(s.at("zero"),
+                    "parallel.zero = " + std::to_string(p.zero) +
+                        " is not built yet: 0 (replicated optimizer) or 1 "
+                        "(AdamW moments sharded over dp)");
   // parallel.stage_layers: checked against the model below, once the
   // layout is known to be sound.
   const json *stages = s.raw("stage_layers");

@@ -40,6 +40,11 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   if (options.target == "cuda" && options.precision == "bf16")
     pm.addPass(createLowerPrecision());
   pm.addPass(createPlanMemory());
+  if (options.zero > 0) {
+    ShardOptimizerOptions sharding;
+    sharding.zero = options.zero;
+    pm.addPass(createShardOptimizer(sharding));
+  }
   pm.addPass(createConvertPipeToRt());
   if (options.target == "cuda")
     pm.addPass(createOrderMessages());
@@ -59,6 +64,7 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"tessel-stage-regions", "04-stages.mlir"},
       {"convert-graph-to-rt", "05-rt.mlir"},
       {"tessel-plan-memory", "06-planned.mlir"},
+      {"tessel-shard-optimizer", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
       {"tessel-share-programs", "08-shared.mlir"},
       {"convert-rt-to-emitc", "09-emitc.mlir"},

@@ -62,6 +62,15 @@ struct CommState {
   int uncounted = 0; // UncountedCollectives alive
   std::vector<MPI_Request> requests; // indexed by CommRequest
   std::vector<bool> requestInUse;
+  // A started reduce-scatter of shards: its counts (kept while MPI works)
+  // and where its piece goes when the request is waited for.
+  struct PieceCopy {
+    std::vector<int> counts;
+    const float *from = nullptr;
+    float *to = nullptr;
+    int size = 0;
+  };
+  std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
   // What each pending send transmits (the caller may reuse its buffer).
   std::vector<std::vector<float>> sendCopies;
@@ -437,29 +446,106 @@ void allReduceMax(float *buffer, int64_t n, unsigned axes) {
   allReduceInPlace(buffer, n, MPI_FLOAT, 4, MPI_MAX, axes, "allReduceMax");
 }
 
-CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
-  checkAxes(axes, "allReduceSumStart");
-  int64_t g = groupSize(axes);
-  checkCount(n, 1, "allReduceSumStart");
-  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
+namespace {
+
+// A free slot of the request table (the first, so the table stays as small
+// as the number of requests in flight at once).
+size_t freeRequestSlot() {
   CommState &s = state();
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (g > 1)
-    checkMpi(MPI_Iallreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_SUM,
-                            s.comms[effectiveAxes(axes)], &request),
-             "MPI_Iallreduce");
-  // Reuse the first free slot so the table stays as small as the number of
-  // requests in flight at once.
   size_t slot = 0;
   while (slot < s.requestInUse.size() && s.requestInUse[slot])
     slot++;
   if (slot == s.requests.size()) {
     s.requests.push_back(MPI_REQUEST_NULL);
     s.requestInUse.push_back(false);
+    s.pieceCopies.emplace_back();
   }
-  s.requests[slot] = request;
   s.requestInUse[slot] = true;
+  s.pieceCopies[slot].to = nullptr;
+  return slot;
+}
+
+// Piece k of a run of n elements cut into g pieces: [k * c, min((k+1) * c,
+// n)) with c = ceil(n / g).
+int64_t pieceSize(int64_t n, int64_t g) { return (n + g - 1) / g; }
+int pieceCount(int64_t n, int64_t g, int64_t k) {
+  int64_t c = pieceSize(n, g);
+  return (int)std::max<int64_t>(0, std::min(n, (k + 1) * c) - k * c);
+}
+
+} // namespace
+
+CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "allReduceSumStart");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "allReduceSumStart");
+  count(CollectiveKind::AllReduce, n, allReduceBytesSent(n, g));
+  CommState &s = state();
+  size_t slot = freeRequestSlot();
+  s.requests[slot] = MPI_REQUEST_NULL;
+  if (g > 1)
+    checkMpi(MPI_Iallreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_SUM,
+                            s.comms[effectiveAxes(axes)], &s.requests[slot]),
+             "MPI_Iallreduce");
   return (CommRequest)slot;
+}
+
+CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "reduceScatterShards");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "reduceScatterShards");
+  count(CollectiveKind::ReduceScatter, n,
+        reduceScatterBytesSent(pieceSize(n, g), g));
+  CommState &s = state();
+  size_t slot = freeRequestSlot();
+  s.requests[slot] = MPI_REQUEST_NULL;
+  if (g == 1)
+    return (CommRequest)slot;
+  int64_t k = groupRank(axes);
+  CommState::PieceCopy &copy = s.pieceCopies[slot];
+  copy.counts.resize(g);
+  for (int64_t r = 0; r < g; ++r)
+    copy.counts[r] = pieceCount(n, g, r);
+  // In place: MPI reads the whole buffer and writes this rank's piece of
+  // the sum at its start; commWait moves it to the piece's place.
+  copy.from = buffer;
+  copy.to = buffer + k * pieceSize(n, g);
+  copy.size = copy.counts[k];
+  checkMpi(MPI_Ireduce_scatter(MPI_IN_PLACE, buffer, copy.counts.data(),
+                               MPI_FLOAT, MPI_SUM,
+                               s.comms[effectiveAxes(axes)],
+                               &s.requests[slot]),
+           "MPI_Ireduce_scatter");
+  return (CommRequest)slot;
+}
+
+void reduceScatterShards(float *buffer, int64_t n, unsigned axes) {
+  commWait(reduceScatterShardsStart(buffer, n, axes));
+}
+
+void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes) {
+  if (shadow)
+    throw std::runtime_error(
+        "allGatherShards: CPU programs keep no parameter copy");
+  checkAxes(axes, "allGatherShards");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "allGatherShards");
+  int64_t c = pieceSize(n, g);
+  count(CollectiveKind::AllGather, c, allGatherBytesSent(c, g));
+  if (g == 1)
+    return;
+  std::vector<int> counts(g), offsets(g);
+  for (int64_t r = 0; r < g; ++r) {
+    counts[r] = pieceCount(n, g, r);
+    offsets[r] = (int)std::min(n, r * c);
+  }
+  Waiting waiting("allGatherShards over %s (group of %lld, %lld elements)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
+  checkMpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer,
+                          counts.data(), offsets.data(), MPI_FLOAT,
+                          state().comms[effectiveAxes(axes)]),
+           "MPI_Allgatherv");
 }
 
 void commWait(CommRequest request) {
@@ -469,9 +555,14 @@ void commWait(CommRequest request) {
     throw std::runtime_error("commWait on an unknown or finished request " +
                              std::to_string(request));
   if (s.requests[request] != MPI_REQUEST_NULL) {
-    Waiting waiting("the gradient all-reduce started as request %d",
+    Waiting waiting("the gradient collective started as request %d",
                     (int)request);
     waitAll(&s.requests[request], 1, "MPI_Wait");
+  }
+  CommState::PieceCopy &copy = s.pieceCopies[request];
+  if (copy.to) {
+    std::memmove(copy.to, copy.from, (size_t)copy.size * sizeof(float));
+    copy.to = nullptr;
   }
   s.requestInUse[request] = false;
 }

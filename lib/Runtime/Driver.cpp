@@ -315,6 +315,61 @@ void validateProgram(const Program &program) {
            "parameter buffer (numel " + std::to_string(p.numel) + ", offset " +
            std::to_string(p.offset) + ", buffer " +
            std::to_string(program.paramElems) + ")");
+    if (program.optimizerElems > 0 &&
+        (p.stateOffset < 0 || p.stateRunOffset < 0 || p.statePiece < 0 ||
+         p.stateOffset + (p.statePiece ? p.statePiece : p.numel) >
+             program.optimizerElems))
+      fail("parameter " + inQuotes(name) + " has its AdamW state outside " +
+           "the sharded moment stores (offset " +
+           std::to_string(p.stateOffset) + ", piece " +
+           std::to_string(p.statePiece) + ", stores " +
+           std::to_string(program.optimizerElems) + ")");
+  }
+  if (program.optimizerElems < 0)
+    fail("program has negative buffer sizes");
+}
+
+// With the optimizer sharded over dp: the elements of parameter p that this
+// rank's piece holds, [lo, hi) of the parameter, and where the first is in
+// the moment store (see ParamInfo::stateOffset).
+struct OwnedState {
+  int64_t lo, hi, state;
+};
+OwnedState ownedState(const ParamInfo &p) {
+  if (p.statePiece == 0)
+    return {0, p.numel, p.stateOffset};
+  unsigned dp = AxisSet(MeshAxis::DP).bits();
+  int64_t start = groupRank(dp) * p.statePiece;
+  int64_t lo = std::max(p.stateRunOffset, start);
+  int64_t hi = std::min(p.stateRunOffset + p.numel, start + p.statePiece);
+  hi = std::max(lo, hi);
+  return {lo - p.stateRunOffset, hi - p.stateRunOffset,
+          p.stateOffset + lo - start};
+}
+
+// Sharded moments laid out like the parameters (as a state file holds
+// them): each rank places its pieces and the sum over dp fills the rest.
+// Whole moments (statePiece 0) are alike on every dp rank: rank 0's count.
+void expandMoments(const Program &program, const float *sharded, float *full) {
+  std::fill_n(full, program.paramElems, 0.0f);
+  bool dpLeader = groupRank(AxisSet(MeshAxis::DP).bits()) == 0;
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    OwnedState o = ownedState(p);
+    if (p.statePiece == 0 && !dpLeader)
+      continue;
+    std::copy_n(sharded + o.state, o.hi - o.lo, full + p.offset + o.lo);
+  }
+  UncountedCollectives notTraffic;
+  allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
+}
+
+// The reverse: this rank's pieces of moments laid out like the parameters.
+void shardMoments(const Program &program, const float *full, float *sharded) {
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    OwnedState o = ownedState(p);
+    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, sharded + o.state);
   }
 }
 
@@ -843,8 +898,14 @@ int train(const Program &sharedProgram, const Options &opts) {
   size_t hostBytes = device ? 0 : floatBytes;
   AlignedBuffer params = allocateZeroed(floatBytes, "parameters");
   AlignedBuffer grads = allocateZeroed(hostBytes, "gradients");
-  AlignedBuffer adamM = allocateZeroed(hostBytes, "AdamW first moments");
-  AlignedBuffer adamV = allocateZeroed(hostBytes, "AdamW second moments");
+  // With the optimizer sharded over dp, the moments of this rank's pieces.
+  bool shardedMoments = program.optimizerElems > 0;
+  size_t momentBytes =
+      device ? 0
+      : shardedMoments ? (size_t)program.optimizerElems * sizeof(float)
+                       : hostBytes;
+  AlignedBuffer adamM = allocateZeroed(momentBytes, "AdamW first moments");
+  AlignedBuffer adamV = allocateZeroed(momentBytes, "AdamW second moments");
   AlignedBuffer activations =
       allocateZeroed(device ? 0 : program.activationBytes, "activations");
   AlignedBuffer accumulators = allocateZeroed(
@@ -864,9 +925,24 @@ int train(const Program &sharedProgram, const Options &opts) {
 
   float *paramData = (float *)params.get();
   // AdamW's moments beside the parameters, as a state file holds them.
-  std::vector<StateStore> state = {{paramData, ""},
-                                   {(float *)adamM.get(), ".exp_avg"},
-                                   {(float *)adamV.get(), ".exp_avg_sq"}};
+  // Sharded moments are saved and resumed through copies laid out like the
+  // parameters (only when a state is saved or resumed).
+  bool stateFiles = !opts.saveState.empty() || !opts.resume.empty();
+  AlignedBuffer fullM = allocateZeroed(
+      shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
+  AlignedBuffer fullV = allocateZeroed(
+      shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
+  float *savedM = shardedMoments ? (float *)fullM.get() : (float *)adamM.get();
+  float *savedV = shardedMoments ? (float *)fullV.get() : (float *)adamV.get();
+  std::vector<StateStore> state = {
+      {paramData, ""}, {savedM, ".exp_avg"}, {savedV, ".exp_avg_sq"}};
+  auto writeState = [&](int64_t step) {
+    if (shardedMoments) {
+      expandMoments(program, (const float *)adamM.get(), savedM);
+      expandMoments(program, (const float *)adamV.get(), savedV);
+    }
+    saveParams(program, opts.saveState, state, step);
+  };
   int64_t firstStep = 0;
   if (!opts.resume.empty()) {
     std::map<std::string, std::string> metadata =
@@ -877,6 +953,10 @@ int train(const Program &sharedProgram, const Options &opts) {
            "metadata has no step)");
     firstStep = parseInteger("the step of " + inQuotes(opts.resume),
                              step->second, 0);
+    if (shardedMoments) {
+      shardMoments(program, savedM, (float *)adamM.get());
+      shardMoments(program, savedV, (float *)adamV.get());
+    }
     if (firstStep >= opts.steps)
       fail(inQuotes(opts.resume) + " is at step " +
            std::to_string(firstStep) + ", and --steps is " +
@@ -976,7 +1056,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (opts.checkpointEvery > 0 && (step + 1) % opts.checkpointEvery == 0 &&
         step + 1 < lastStep) {
       UncountedCollectives notTraffic;
-      saveParams(program, opts.saveState, state, step + 1);
+      writeState(step + 1);
     }
 
     if (leader && !opts.quiet) {
@@ -1026,7 +1106,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (!opts.saveFinal.empty())
     saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);
   if (!opts.saveState.empty())
-    saveParams(program, opts.saveState, state, lastStep);
+    writeState(lastStep);
   if (!commReport.empty())
     writeCommReport(commReport, lastStep - firstStep, counters, rssBefore,
                     rssAllocated);

@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Kernels.h"
 #include "tessel/Runtime/Program.h"
 
@@ -81,6 +82,42 @@ void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
     throw std::runtime_error("adamwStep: CPU programs keep no parameter copy");
   adamwUpdate(p, g, m, v, n, lr, beta1, beta2, eps, weightDecay, step,
               clipCoefficient(norm[0], maxNorm));
+}
+
+namespace {
+
+// The elements [lo, hi) of an n-element tensor at `runOffset` in its run
+// that lie in this rank's piece, and where that piece starts in the run.
+struct Owned {
+  int64_t lo, hi, pieceStart;
+};
+Owned owned(int64_t n, int64_t runOffset, int64_t piece, unsigned axes) {
+  int64_t start = groupRank(axes) * piece;
+  int64_t lo = std::max(runOffset, start);
+  int64_t hi = std::min(runOffset + n, start + piece);
+  return {lo - runOffset, std::max(lo, hi) - runOffset, start};
+}
+
+} // namespace
+
+void addSumOfSquaresShard(const float *x, double *sum, int64_t n,
+                          int64_t runOffset, int64_t piece, unsigned axes) {
+  Owned o = owned(n, runOffset, piece, axes);
+  if (o.hi > o.lo)
+    addSumOfSquares(x + o.lo, sum, o.hi - o.lo);
+}
+
+void adamwStepShard(float *p, void *shadow, const float *g, float *m,
+                    float *v, const float *norm, float lr, int64_t step,
+                    int64_t n, int64_t runOffset, int64_t piece, unsigned axes,
+                    float beta1, float beta2, float eps, float weightDecay,
+                    float maxNorm) {
+  Owned o = owned(n, runOffset, piece, axes);
+  if (o.hi <= o.lo)
+    return;
+  int64_t state = runOffset + o.lo - o.pieceStart;
+  adamwStep(p + o.lo, shadow, g + o.lo, m + state, v + state, norm, lr, step,
+            o.hi - o.lo, beta1, beta2, eps, weightDecay, maxNorm);
 }
 
 float learningRate(const TrainConfig &config, int64_t step,

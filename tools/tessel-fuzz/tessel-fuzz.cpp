@@ -143,7 +143,7 @@ const std::vector<std::string> kKeys = {
     "seed", "grad_clip", "precision", "recompute", "optimizer", "lr", "betas", "eps",
     "weight_decay", "lr_schedule", "warmup_steps", "decay", "min_lr",
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
-    "virtual_stages", "sequence_parallel", "bucket_mb", "stage_layers",
+    "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
     "shard", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",

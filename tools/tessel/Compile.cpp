@@ -208,7 +208,12 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   json m;
   m["params_bytes"] = params * 4;
   m["grads_bytes"] = params * 4;
-  m["optimizer_bytes"] = params * 8;
+  // With the optimizer sharded over dp (parallel.zero 1), the moments of
+  // this rank's pieces.
+  int64_t moments = attr("rt.optimizer_elems") > 0
+                        ? attr("rt.optimizer_elems")
+                        : params;
+  m["optimizer_bytes"] = moments * 8;
   m["activation_bytes"] = arena;
   // Microbatches whose activations the rank holds at once (1F1B: p - r),
   // what each holds from its forward to its backward pass (with several
@@ -222,7 +227,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // Parameters of other ranks held for the step (a tied embedding's copy on
   // the last stage).
   m["received_param_bytes"] = attr("rt.received_bytes");
-  int64_t total = params * 16 + arena + attr("rt.accumulator_elems") * 4 +
+  int64_t total = params * 8 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters.
   bool shadow = false;
@@ -271,6 +276,7 @@ json planJson(const Spec &spec, ModuleOp module,
   plan["mesh"] = mesh;
   plan["sequence_parallel"] = par.sequenceParallel;
   plan["microbatches"] = par.microbatches;
+  plan["zero"] = par.zero;
   if (par.pp > 1) {
     plan["schedule"] = par.schedule;
     plan["virtual_stages"] = par.virtualStages;
@@ -589,6 +595,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.recompute = spec.train.recompute;
+  pipeline.zero = spec.parallel.zero;
   pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);
@@ -672,29 +679,43 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
       " per rank): " + name +
       " holds " + gigabytes(total) + " per rank, " +
       gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
-  if (spec.train.recompute != "full") {
-    CompileOptions full = options;
-    full.overrides.push_back("train.recompute=\"full\"");
+  // The settings that shed memory without changing the layout: the
+  // optimizer sharded over dp, full recompute, and both.
+  std::vector<std::pair<std::string, std::vector<std::string>>> settings;
+  bool zero = spec.parallel.zero == 0 && spec.parallel.dp > 1;
+  bool recompute = spec.train.recompute != "full";
+  if (zero)
+    settings.push_back({"--zero 1", {"parallel.zero=1"}});
+  if (recompute)
+    settings.push_back({"--recompute full", {"train.recompute=\"full\""}});
+  if (zero && recompute)
+    settings.push_back({"--zero 1 --recompute full",
+                        {"parallel.zero=1", "train.recompute=\"full\""}});
+  for (const auto &[flags, overrides] : settings) {
+    CompileOptions other = options;
+    other.overrides.insert(other.overrides.end(), overrides.begin(),
+                           overrides.end());
     MLIRContext context;
     loadAllDialects(context);
     DiagnosticCollector diagnostics(context);
-    Spec fullSpec;
+    Spec otherSpec;
     OwningOpRef<ModuleOp> module;
-    std::vector<ProgramOut> fullPrograms;
+    std::vector<ProgramOut> otherPrograms;
     auto observe = [&](StringRef pass) {
       if (pass == "convert-pipe-to-rt")
-        fullPrograms = describeRtPrograms(*module);
+        otherPrograms = describeRtPrograms(*module);
     };
     auto noStage = [](const char *) { return llvm::Error::success(); };
-    if (llvm::Error err = lower(full, context, diagnostics, fullSpec, module,
-                                noStage, observe))
-      return llvm::createStringError(message);
-    auto [fullName, fullTotal] = largestProgram(fullPrograms);
-    message += "; with --recompute full the largest rank (" + fullName +
-               ") holds " + gigabytes(fullTotal) +
-               (fullTotal <= options.memoryLimit ? ", which fits"
-                                                 : ", which does not fit "
-                                                   "either");
+    if (llvm::Error err = lower(other, context, diagnostics, otherSpec, module,
+                                noStage, observe)) {
+      llvm::consumeError(std::move(err));
+      continue;
+    }
+    auto [otherName, otherTotal] = largestProgram(otherPrograms);
+    message += "; with " + flags + " the largest rank (" + otherName +
+               ") holds " + gigabytes(otherTotal) +
+               (otherTotal <= options.memoryLimit ? ", which fits"
+                                                  : ", which does not fit");
   }
   return llvm::createStringError(
       message + "; more pipeline or tensor parallelism spreads the model "

@@ -22,6 +22,11 @@
 //          head the same (3(t-1)/t under sequence parallelism; last stage),
 //          and the vocabulary-parallel cross-entropy three all-reduces of
 //          b*s fp32 values
+//          With the optimizer sharded over dp (parallel.zero 1, ZeRO-1) a
+//          gradient is reduce-scattered over dp and the updated parameter
+//          all-gathered: (d-1)/d * 4n each, the all-reduce's volume (a
+//          gradient also summed over tp is all-reduced over tp first),
+//          and the norm's partial sums are added over dp
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -156,6 +161,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
               r, first, last] = *sizes;
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
+  bool zero = plan.value("zero", 0) >= 1 && d > 1;
   CommTable table;
   for (const json &param : plan["parameters"]) {
     if (param["program"] != program)
@@ -170,11 +176,19 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       // over tp.
       table.textbook["dp"] += allReduce(n / t, d, 4);
       table.textbook["tp"] += (t - 1) * n / t * 4;
+    } else if (sp && t > 1 && !splitOverTp && zero) {
+      table.textbook["tp"] += allReduce(n, t, 4);
+      table.textbook["dp"] += allReduce(n, d, 4);
     } else if (sp && t > 1 && !splitOverTp)
       table.textbook[d > 1 ? "dp,tp" : "tp"] += allReduce(n, d * t, 4);
     else
       table.textbook["dp"] += allReduce(n, d, 4);
   }
+
+  // The norm's partial sums (fp64; two under tp: parameters split over tp
+  // and those replicated) added over dp; one value counts as a scalar.
+  if (zero && t > 1)
+    table.textbook["dp"] += allReduce(2, d, 8);
 
   double bsh = b * s * h;
   if (t > 1) {
@@ -251,8 +265,20 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                   4 * P, ""});
   rows.push_back({"gradients (fp32)", memory["grads_bytes"].get<double>(),
                   4 * P, ""});
-  rows.push_back({"AdamW moments (fp32)",
-                  memory["optimizer_bytes"].get<double>(), 8 * P, ""});
+  // ZeRO-1 keeps the moments of a 1/d piece of every gradient run (the
+  // paper's K*Psi/N_d with K = 8 for two fp32 moments).
+  // GPT-2's position table under sequence parallelism, whose gradient is
+  // reduced as sequence pieces, keeps whole moments.
+  bool zero = plan.value("zero", 0) >= 1 && d > 1;
+  double whole = 0;
+  if (zero && sp && t > 1 && !llama)
+    for (const json &param : plan["parameters"])
+      if (param["program"] == program && param["name"] == "wpe.weight")
+        whole += elementsOf(param);
+  rows.push_back({zero ? "AdamW moments (fp32, 1/dp)" : "AdamW moments (fp32)",
+                  memory["optimizer_bytes"].get<double>(),
+                  zero ? 8 * (P - whole) / d + 8 * whole : 8 * P,
+                  zero ? "ceil(n/dp) of each gradient run" : ""});
   if (bf16)
     rows.push_back({"parameters (bf16 copy)",
                     memory.value("param_shadow_bytes", 0.0), 2 * P, ""});

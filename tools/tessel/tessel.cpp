@@ -84,6 +84,10 @@ static int compileCommand(int argc, char **argv) {
       cl::desc("Activation recomputation: none, selective or full "
                "(train.recompute)"),
       cl::cat(category));
+  cl::opt<int> zero("zero",
+                    cl::desc("ZeRO level over dp: 0, or 1 to shard AdamW's "
+                             "moments (parallel.zero)"),
+                    cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
@@ -140,6 +144,8 @@ static int compileCommand(int argc, char **argv) {
   options.overrides.assign(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
     options.overrides.push_back("train.recompute=\"" + recompute + "\"");
+  if (zero.getNumOccurrences())
+    options.overrides.push_back("parallel.zero=" + std::to_string(zero));
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
@@ -192,6 +198,10 @@ static int checkCommandLine(int argc, char **argv) {
       cl::desc("Activation recomputation: none, selective or full "
                "(train.recompute)"),
       cl::cat(category));
+  cl::opt<int> zero("zero",
+                    cl::desc("ZeRO level over dp: 0, or 1 to shard AdamW's "
+                             "moments (parallel.zero)"),
+                    cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -206,6 +216,8 @@ static int checkCommandLine(int argc, char **argv) {
   options.overrides.assign(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
     options.overrides.push_back("train.recompute=\"" + recompute + "\"");
+  if (zero.getNumOccurrences())
+    options.overrides.push_back("parallel.zero=" + std::to_string(zero));
   if (layers.getNumOccurrences())
     options.layers = layers;
   options.steps = steps;

@@ -63,6 +63,9 @@ struct ParallelSpec {
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
   double bucketMB = 25.0; // gradient all-reduce bucket size
+  // parallel.zero: 0 replicates the optimizer over dp; 1 shards AdamW's
+  // moments over dp (gradients reduce-scattered, parameters all-gathered).
+  int64_t zero = 0;
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,
   // the mesh axis splitting it ("" for none).

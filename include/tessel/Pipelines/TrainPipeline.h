@@ -43,6 +43,11 @@ struct TrainPipelineOptions
   Option<double> bucketMB{*this, "bucket-mb",
                           llvm::cl::desc("Gradient all-reduce bucket (MiB)"),
                           llvm::cl::init(25.0)};
+  Option<int64_t> zero{
+      *this, "zero",
+      llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer) or 1 "
+                     "(AdamW moments sharded)"),
+      llvm::cl::init(0)};
   Option<std::string> recompute{
       *this, "recompute",
       llvm::cl::desc("Activation recomputation: none, selective or full"),

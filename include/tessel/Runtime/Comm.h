@@ -112,6 +112,19 @@ using CommRequest = int;
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
 
+// The optimizer sharded over a group (ZeRO-1): an n-element buffer is cut
+// into g pieces of c = ceil(n / g) elements (the last ones shorter or
+// empty); piece k belongs to group rank k.
+// Sums the buffer over the group and leaves this rank's piece of the sum in
+// place; the rest of the buffer is undefined afterwards. Counts n elements
+// and (g-1) * c * 4 bytes (a reduce-scatter of pieces of c). The started
+// form completes (and places the piece) at commWait.
+void reduceScatterShards(float *buffer, int64_t n, unsigned axes);
+CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
+// Every rank's piece, in place, to every rank. `shadow` must be null on the
+// CPU. Counts c elements and (g-1) * c * 4 bytes.
+void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes);
+
 // Point-to-point along one mesh axis, with the rank whose coordinate on
 // `axis` is this rank's + offset and every other coordinate equal. sendTo is
 // non-blocking (MPI_Isend): the buffer must stay untouched until

@@ -169,6 +169,19 @@ void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
                float beta1, float beta2, float eps, float weightDecay,
                float maxNorm);
 
+// The optimizer sharded over the group `axes` (ZeRO-1): x, p and g are an
+// n-element tensor at `runOffset` in a run cut into `piece`-element pieces
+// in group order (reduceScatterShards); only its elements inside this
+// rank's piece k are read, and m, v are the moments of piece k (element
+// runOffset + i of the run at m[runOffset + i - k * piece]).
+void addSumOfSquaresShard(const float *x, double *sum, int64_t n,
+                          int64_t runOffset, int64_t piece, unsigned axes);
+void adamwStepShard(float *p, void *shadow, const float *g, float *m,
+                    float *v, const float *norm, float lr, int64_t step,
+                    int64_t n, int64_t runOffset, int64_t piece, unsigned axes,
+                    float beta1, float beta2, float eps, float weightDecay,
+                    float maxNorm);
+
 } // namespace tessel::rt
 
 #endif // TESSEL_RUNTIME_KERNELS_H

@@ -39,6 +39,16 @@ struct ParamInfo {
   int shardDim; // -1: replicated
   MeshAxis shardAxis;
   int shardBlocks;
+  // AdamW's moments. With the optimizer sharded over dp (parallel.zero 1,
+  // Program::optimizerElems > 0), the parameter lies at `stateRunOffset`
+  // in a run of the gradient store cut into `statePiece`-element pieces in
+  // dp order; data-parallel rank k holds the moments of the part of the
+  // parameter inside piece k, at m/v + stateOffset + (element's place in
+  // the run - k * statePiece). statePiece 0: the moments are whole, at
+  // stateOffset (without sharding, stateOffset is `offset`).
+  int64_t stateOffset;
+  int64_t stateRunOffset;
+  int64_t statePiece;
 };
 
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };
@@ -134,6 +144,10 @@ struct Program {
   // Sizes of the accumulators and of the norm's partial sums the step uses.
   int64_t accumulatorElems;
   int64_t normSums;
+  // Elements of each AdamW moment store when the optimizer is sharded over
+  // dp (ParamInfo::stateOffset); 0: the moments are laid out like the
+  // parameters (paramElems).
+  int64_t optimizerElems;
   // Null for CPU programs.
   const DeviceHooks *device;
   // A program shared by pipeline ranks: one entry per rank it serves (the

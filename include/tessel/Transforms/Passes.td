@@ -268,4 +268,39 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
+  let summary = "Shards AdamW's state over data parallel (ZeRO-1)";
+  let description = [{
+    On the planned rank programs (after `tessel-plan-memory`), Megatron's
+    distributed optimizer. Each gradient collective over `dp` whose buffer
+    is a run of the gradient store (a bucket, or one gradient) becomes
+    `rt.reduce_scatter_shards` (or its started form, keeping the request
+    slot): the run's n elements are cut into pieces of ceil(n / dp) elements
+    in dp order, and dp rank k keeps the sum of piece k in place (a
+    collective over dp and other axes first all-reduces over the others).
+    The flattening is the gradient store's: parameters in the order the plan
+    placed them, each run cut independently.
+
+    `rt.adamw` becomes `rt.adamw_shard`, which updates only the elements of
+    the parameter inside this rank's piece; the moment stores hold the
+    pieces one after another in gradient-store order
+    (`rt.optimizer_elems` elements per rank, about 1/dp of the parameters),
+    and each `rt.param` records where its moments are (`optimizer_shard`).
+    The gradient norm sums the squares of the rank's pieces
+    (`rt.sum_squares_shard`) and adds the partial sums over dp before the
+    square root, so the clip is the one-rank program's. After the last
+    update each run of the parameter store is gathered
+    (`rt.all_gather_shards`; with a bf16 copy, that is refreshed too).
+
+    A parameter whose gradient is synchronised otherwise (not as a run of
+    the gradient store: under sequence parallelism, a gradient reduced as
+    sequence pieces) keeps whole moments after the pieces, and only dp rank
+    0 counts its squares.
+  }];
+  let options = [
+    Option<"zero", "zero", "int64_t", "1", "ZeRO level (1)">,
+  ];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 #endif // TESSEL_TRANSFORMS_PASSES

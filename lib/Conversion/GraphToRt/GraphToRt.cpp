@@ -90,7 +90,7 @@ PATTERN(ParamOp) {
       op.getNameAttr(), b.getDenseI64ArrayAttr(shape), op.getInitAttr(),
       op.getMeanAttr(), op.getStdAttr(), flag(b, shape.size() >= 2),
       i(b, shardDim), dist::AxisAttr::get(b.getContext(), shardAxis),
-      i(b, shardBlocks), IntegerAttr(), ArrayAttr());
+      i(b, shardBlocks), IntegerAttr(), ArrayAttr(), DenseI64ArrayAttr());
   b.replaceOp(op, param);
   return success();
 }

@@ -80,7 +80,7 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
                            "rt.accumulator_elems", "rt.norm_sums",
                            "rt.request_slots", "rt.received_bytes",
-                           "rt.transient_bytes"})
+                           "rt.transient_bytes", "rt.optimizer_elems"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",

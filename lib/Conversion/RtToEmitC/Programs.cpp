@@ -323,8 +323,17 @@ FailureOr<std::string> parameterTable(ModuleOp program,
        << floatLiteral(p.getStd().convertToDouble()) << ", "
        << (p.getDecay() ? "true" : "false") << ", "
        << static_cast<int64_t>(p.getShardDim()) << ", "
-       << axisLiteral(p.getShardAxis()) << ", " << p.getShardBlocks()
-       << "},\n";
+       << axisLiteral(p.getShardAxis()) << ", " << p.getShardBlocks();
+    // Where the moments are (tessel-shard-optimizer): [state offset, offset
+    // in run, piece]; by default at the parameter's offset, whole.
+    ArrayRef<int64_t> shard;
+    if (auto s = p.getOptimizerShard())
+      shard = *s;
+    if (shard.size() == 3)
+      os << ", " << shard[0] << ", " << shard[1] << ", " << shard[2];
+    else
+      os << ", " << *p.getOffset() << ", 0, 0";
+    os << "},\n";
   }
   os << "}";
   return table;
@@ -429,6 +438,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "microbatches", intAttr(program, "rt.microbatches", 1));
   setInt(var, "accumulatorElems", intAttr(program, "rt.accumulator_elems"));
   setInt(var, "normSums", intAttr(program, "rt.norm_sums"));
+  setInt(var, "optimizerElems", intAttr(program, "rt.optimizer_elems"));
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(

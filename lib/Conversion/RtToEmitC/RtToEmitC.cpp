@@ -161,8 +161,9 @@ struct KernelCallPattern
       } else if (!arg.value) {
         // An absent optional buffer: a null pointer of the type of the
         // buffer before it (templates deduce their types from it), except
-        // AdamW's untemplated shadow.
-        if (previous && !isa<rt::AdamWOp>(op))
+        // the untemplated bf16 shadows of AdamW and of the parameter gather.
+        if (previous &&
+            !isa<rt::AdamWOp, rt::AdamWShardOp, rt::AllGatherShardsOp>(op))
           call.text("static_cast<" + target.storageType(previous) +
                     " *>(nullptr)");
         else
@@ -289,10 +290,15 @@ Value requestSlot(OpBuilder &b, Location loc, int64_t slot) {
                                       table, ValueRange{index});
 }
 
-struct AllReduceStartPattern : RtPattern<rt::AllReduceStartOp> {
-  using RtPattern::RtPattern;
+// A started collective per buffer, its request kept in the request table.
+template <typename Op>
+struct StartPattern : RtPattern<Op> {
+  StartPattern(const TypeConverter &converter, MLIRContext *ctx,
+               const TargetInfo &target, StringRef function)
+      : RtPattern<Op>(converter, ctx, target), function(function) {}
+  std::string function;
   LogicalResult
-  matchAndRewrite(rt::AllReduceStartOp op, OpAdaptor adaptor,
+  matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     if (!op.getSlot())
       return op.emitOpError("has no request slot (run tessel-plan-memory)");
@@ -307,7 +313,7 @@ struct AllReduceStartPattern : RtPattern<rt::AllReduceStartOp> {
                           .operand(converted)
                           .integer(rt::elementsOf(buffer))
                           .text(axesLiteral(op.getAxes()))
-                          .build("allReduceSumStart", request)
+                          .build(function, request)
                           .getResult(0);
       Value slot = requestSlot(rewriter, op.getLoc(), *op.getSlot() + k);
       rewriter.create<emitc::AssignOp>(op.getLoc(), slot, started);
@@ -458,8 +464,12 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                                        const TargetInfo &target) {
   MLIRContext *ctx = patterns.getContext();
   patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
-               FinishStepPattern, AllReducePattern, AllReduceStartPattern,
-               WaitRequestsPattern>(converter, ctx, target);
+               FinishStepPattern, AllReducePattern, WaitRequestsPattern>(
+      converter, ctx, target);
+  patterns.add<StartPattern<rt::AllReduceStartOp>>(converter, ctx, target,
+                                                   "allReduceSumStart");
+  patterns.add<StartPattern<rt::ReduceScatterShardsStartOp>>(
+      converter, ctx, target, "reduceScatterShardsStart");
   patterns.add<ScalarPattern<rt::LearningRateOp>>(converter, ctx, target,
                                                   "lr");
   patterns.add<ScalarPattern<rt::UpdateCountOp>>(converter, ctx, target,

@@ -61,8 +61,9 @@
 // Ordering. Collectives run on the communication stream. Each one first
 // makes that stream wait for the compute stream (an event), so it sees
 // every kernel enqueued before it; a blocking collective then makes the
-// compute stream wait for its completion event, while allReduceSumStart
-// leaves that to commWait, letting backward go on meanwhile. Point-to-point
+// compute stream wait for its completion event, while the started ones
+// (allReduceSumStart, reduceScatterShardsStart) leave that to commWait,
+// letting backward go on meanwhile. Point-to-point
 // operations do the same on their channel's stream: a receive makes the
 // compute stream wait for it, sends are waited for by waitSends.
 //
@@ -76,6 +77,13 @@
 // the rank; the thread then aborts the communicators and the job, so that
 // no rank waits forever. Completed entries give their event back to a pool
 // created at start.
+//
+// Pieces (ZeRO-1). reduceScatterShards and allGatherShards move pieces of
+// ceil(n / g) elements, the last ones shorter or empty, so NCCL's
+// equal-count reduce-scatter and all-gather do not fit them without a
+// padded copy. Each is instead one NCCL group, on the buffer in place, of
+// one ncclReduce (ncclBroadcast) per root: root k's operation covers piece
+// k alone, so the operations touch disjoint elements. Nothing is allocated.
 //
 // Counting uses the CPU runtime's counters (rt::collectiveCounter) with the
 // same elements and textbook volumes (tessel/Runtime/CommVolume.h), at the
@@ -197,8 +205,8 @@ struct CommState {
   void *staging = nullptr;
   size_t stagingBytes = 0;
 
-  // allReduceSumStart: one completion event per request slot, owned by the
-  // slot (a pooled event may be recorded again before commWait).
+  // Started collectives: one completion event per request slot, owned by
+  // the slot (a pooled event may be recorded again before commWait).
   std::vector<cudaEvent_t> requestEvents;
   std::vector<bool> requestInUse;
   std::vector<bool> requestHasWork;
@@ -401,6 +409,37 @@ void blockingCollective(const char *name, unsigned axes, int64_t elements,
   commAfterCompute();
   enqueue();
   collectiveEnqueued(name, axes, elements, /*computeWaits=*/true);
+}
+
+// Runs `enqueue` (NCCL calls on the communication stream) as a started
+// collective, after the compute stream's work; commWait on the returned
+// request makes the compute stream wait for it. Without `work` nothing is
+// enqueued and the request is done at once.
+template <typename Enqueue>
+CommRequest startedCollective(const char *name, unsigned axes, int64_t elements,
+                              bool work, Enqueue enqueue) {
+  checkNotInGroup(name);
+  CommState &s = state();
+  // Reuse the first free slot so the table stays as small as the number of
+  // requests in flight at once.
+  size_t slot = 0;
+  while (slot < s.requestInUse.size() && s.requestInUse[slot])
+    slot++;
+  if (slot == s.requestInUse.size()) {
+    s.requestEvents.push_back(newEvent());
+    s.requestInUse.push_back(false);
+    s.requestHasWork.push_back(false);
+  }
+  if (work) {
+    commAfterCompute();
+    enqueue();
+    check(cudaEventRecord(s.requestEvents[slot], detail::commStream()),
+          "cudaEventRecord");
+    collectiveEnqueued(name, axes, elements, /*computeWaits=*/false);
+  }
+  s.requestInUse[slot] = true;
+  s.requestHasWork[slot] = work;
+  return (CommRequest)slot;
 }
 
 template <typename T> void copyOnCompute(T *out, const T *in, int64_t n) {
@@ -1072,32 +1111,73 @@ CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes) {
   count(CollectiveKind::AllReduce, n,
         rt::allReduceBytesSent(n, rt::groupSize(axes), sizeof(T)));
   const char *name = rt::collectiveName(CollectiveKind::AllReduce);
-  checkNotInGroup(name);
   ncclComm_t comm = commFor(axes, name);
-  CommState &s = state();
-  // Reuse the first free slot so the table stays as small as the number of
-  // requests in flight at once.
-  size_t slot = 0;
-  while (slot < s.requestInUse.size() && s.requestInUse[slot])
-    slot++;
-  if (slot == s.requestInUse.size()) {
-    s.requestEvents.push_back(newEvent());
-    s.requestInUse.push_back(false);
-    s.requestHasWork.push_back(false);
-  }
-  bool work = comm && n > 0;
-  if (work) {
-    commAfterCompute();
+  return startedCollective(name, axes, n, comm && n > 0, [&] {
     checkNccl(ncclAllReduce(buffer, buffer, (size_t)n, ncclType<T>(), ncclSum,
                             comm, detail::commStream()),
               name, axes, n);
-    check(cudaEventRecord(s.requestEvents[slot], detail::commStream()),
-          "cudaEventRecord");
-    collectiveEnqueued(name, axes, n, /*computeWaits=*/false);
+  });
+}
+
+namespace {
+
+// Enqueues one NCCL group with an operation per root of the group `axes`:
+// call(at, elements, root) for each nonempty piece [at, at + elements) of an
+// n-element run, root k's piece being piece k (see the top).
+template <typename Call>
+void perPiece(int64_t n, unsigned axes, const char *name, Call call) {
+  int64_t g = rt::groupSize(axes), c = detail::shardPiece(n, g);
+  checkNccl(ncclGroupStart(), name, axes, n);
+  for (int64_t root = 0; root < g; root++) {
+    detail::RunRange piece = detail::inPiece(0, n, c, root);
+    if (piece.size() > 0)
+      checkNccl(call(piece.begin, (size_t)piece.size(), (int)root), name, axes,
+                n);
   }
-  s.requestInUse[slot] = true;
-  s.requestHasWork[slot] = work;
-  return (CommRequest)slot;
+  checkNccl(ncclGroupEnd(), name, axes, n);
+}
+
+} // namespace
+
+CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+  checkAxes(axes, "reduceScatterShards");
+  checkCount(n, "reduceScatterShards");
+  int64_t g = rt::groupSize(axes);
+  count(CollectiveKind::ReduceScatter, n,
+        rt::reduceScatterBytesSent(detail::shardPiece(n, g), g));
+  const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
+  ncclComm_t comm = commFor(axes, name);
+  return startedCollective(name, axes, n, comm && n > 0, [&] {
+    perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+      return ncclReduce(buffer + at, buffer + at, elements, ncclFloat32,
+                        ncclSum, root, comm, detail::commStream());
+    });
+  });
+}
+
+// The started form waited for at once (as on the CPU): the compute stream
+// waits for the pieces before its next kernel.
+void reduceScatterShards(float *buffer, int64_t n, unsigned axes) {
+  commWait(reduceScatterShardsStart(buffer, n, axes));
+}
+
+void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes) {
+  checkAxes(axes, "allGatherShards");
+  checkCount(n, "allGatherShards");
+  int64_t g = rt::groupSize(axes), c = detail::shardPiece(n, g);
+  count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
+  const char *name = rt::collectiveName(CollectiveKind::AllGather);
+  ncclComm_t comm = commFor(axes, name);
+  if (comm && n > 0)
+    blockingCollective(name, axes, n, [&] {
+      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+        return ncclBroadcast(buffer + at, buffer + at, elements, ncclFloat32,
+                             root, comm, detail::commStream());
+      });
+    });
+  // On the compute stream, which the gather's completion holds back.
+  if (shadow)
+    copy(buffer, shadow, n);
 }
 
 void commWait(CommRequest request) {

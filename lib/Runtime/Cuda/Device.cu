@@ -190,8 +190,11 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.batchElems = config.batch * config.seqLen;
   s.params = allocate<float>(s.paramElems, "the parameters");
   s.grads = allocate<float>(s.paramElems, "the gradients");
-  s.adamM = allocate<float>(s.paramElems, "the AdamW first moments");
-  s.adamV = allocate<float>(s.paramElems, "the AdamW second moments");
+  // With the optimizer sharded over dp, the moments of this rank's pieces.
+  int64_t momentElems =
+      program.optimizerElems > 0 ? program.optimizerElems : s.paramElems;
+  s.adamM = allocate<float>(momentElems, "the AdamW first moments");
+  s.adamV = allocate<float>(momentElems, "the AdamW second moments");
   s.activations = allocate<char>(program.activationBytes, "the activations");
   s.tokens = allocate<int32_t>(s.batchElems, "the batch's tokens");
   s.targets = allocate<int32_t>(s.batchElems, "the batch's targets");

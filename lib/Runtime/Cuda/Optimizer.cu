@@ -13,10 +13,15 @@
 // multiply-add), as the CPU evaluates it. The clip coefficient is computed
 // on the device from the global norm, so nothing waits for the host.
 //
+// The sharded forms (ZeRO-1) run the same kernels on the part of a tensor
+// inside this rank's piece, which the host finds from the rank's place in
+// its group.
+//
 //===----------------------------------------------------------------------===//
 
 #include "BlockReduce.cuh"
 #include "Internal.h"
+#include "tessel/Runtime/Comm.h"
 
 #include <cmath>
 #include <cstdio>
@@ -173,13 +178,40 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename TI>
+void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
+                          int64_t runOffset, int64_t piece, unsigned axes) {
+  detail::RunRange own =
+      detail::inPiece(runOffset, n, piece, rt::groupRank(axes));
+  if (own.size() > 0)
+    sumSquaresInto(x + (own.begin - runOffset), own.size(), sum);
+}
+
+void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
+                    const float *norm, float lr, int64_t step, int64_t n,
+                    int64_t runOffset, int64_t piece, unsigned axes,
+                    float beta1, float beta2, float eps, float weightDecay,
+                    float maxNorm) {
+  int64_t k = rt::groupRank(axes);
+  detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
+  if (own.size() <= 0)
+    return;
+  int64_t at = own.begin - runOffset;    // in the tensor
+  int64_t state = own.begin - k * piece; // in the piece's moments
+  adamwUpdate(p + at, shadow ? shadow + at : nullptr, g + at, m + state,
+              v + state, own.size(), lr, beta1, beta2, eps, weightDecay, step,
+              norm, maxNorm);
+}
+
 void scalarAccumulate(const float *x, float *acc, bool first) {
   scalarAccumulateKernel<<<1, 1, 0, computeStream()>>>(x, acc, first);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
 #define TESSEL_INSTANTIATE(A)                                                  \
-  template void sumSquaresInto<A>(const A *, int64_t, double *);
+  template void sumSquaresInto<A>(const A *, int64_t, double *);               \
+  template void addSumOfSquaresShard<A>(const A *, double *, int64_t, int64_t, \
+                                        int64_t, unsigned);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

@@ -12,7 +12,8 @@
 //   - a compute stream (kernels, GEMMs) and a communication stream
 //     (collectives). A collective waits for the compute stream with an event;
 //     blocking collectives make the compute stream wait for them; started
-//     ones (allReduceSumStart) let backward go on until commWait;
+//     ones (allReduceSumStart, reduceScatterShardsStart) let backward go on
+//     until commWait;
 //   - pipeline point-to-point on channels of its own, one communicator and
 //     stream per directed edge class (see sendTo below);
 //   - every NCCL call is checked; a watchdog thread turns a collective that
@@ -61,6 +62,18 @@ using CommRequest = int;
 template <typename T>
 CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
+
+// The optimizer sharded over a group (ZeRO-1), as in tessel/Runtime/Comm.h:
+// an n-element buffer cut into pieces of ceil(n / g) elements, piece k
+// belonging to group rank k. reduceScatterShards leaves this rank's piece
+// of the sum in place (the rest is undefined); the started form places it
+// by commWait. allGatherShards gathers every rank's piece in place and
+// then, with a non-null `shadow` (the bf16 copy of the same elements),
+// refreshes the shadow of all n elements. Both are in-place NCCL groups of
+// one reduce (broadcast) per root; counted as on the CPU.
+void reduceScatterShards(float *buffer, int64_t n, unsigned axes);
+CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
+void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue

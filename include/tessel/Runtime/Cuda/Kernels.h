@@ -236,6 +236,20 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
                  int64_t n, float lr, float beta1, float beta2, float eps,
                  float weightDecay, int64_t step, const float *norm,
                  float maxNorm);
+// The optimizer sharded over the group `axes` (ZeRO-1), as the CPU kernels
+// of the same name: x, p and g are an n-element tensor at `runOffset` in a
+// run cut into `piece`-element pieces in group order, and only its elements
+// inside this rank's piece k (groupRank(axes), found on the host) are read
+// or updated; m and v are the moments of piece k (element runOffset + i of
+// the run at m[runOffset + i - k * piece]).
+template <typename TI>
+void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
+                          int64_t runOffset, int64_t piece, unsigned axes);
+void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
+                    const float *norm, float lr, int64_t step, int64_t n,
+                    int64_t runOffset, int64_t piece, unsigned axes,
+                    float beta1, float beta2, float eps, float weightDecay,
+                    float maxNorm);
 // Loss accumulation over microbatches on the device: acc[0] = x[0] when
 // `first`, else acc[0] += x[0].
 void scalarAccumulate(const float *x, float *acc, bool first);
