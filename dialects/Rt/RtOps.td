@@ -338,31 +338,33 @@ def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwStep",
 // run of `n`-element gradient or parameter storage is cut into pieces of
 // `piece` elements in group order; `run_offset` is where the op's buffer
 // starts in its run. The op touches only the part of its buffer inside this
-// rank's piece, and the moments `m`, `v` are that piece's.
+// rank's piece, and the moments `m`, `v` are that piece's. With
+// `piece_grads` (ZeRO-2) the gradient `x` / `grad` is the piece's storage
+// too (indexed like the moments), not the whole tensor's.
 def Rt_SumSquaresShardOp : Rt_KernelOp<"sum_squares_shard",
     "addSumOfSquaresShard",
     (ins Rt_Buffer:$x, Rt_Buffer:$acc, I64Attr:$n, I64Attr:$run_offset,
-         I64Attr:$piece, Dist_AxesAttr:$axes)>;
+         I64Attr:$piece, Dist_AxesAttr:$axes, BoolAttr:$piece_grads)>;
 def Rt_AdamWShardOp : Rt_KernelOp<"adamw_shard", "adamwStepShard",
     (ins Rt_Buffer:$param, Optional<Rt_Buffer>:$shadow, Rt_Buffer:$grad,
          Rt_Buffer:$m, Rt_Buffer:$v, Rt_Buffer:$norm, F32:$lr, I64:$count,
          I64Attr:$n, I64Attr:$run_offset, I64Attr:$piece, Dist_AxesAttr:$axes,
-         F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps, F32Attr:$weight_decay,
-         F32Attr:$max_grad_norm)>;
+         BoolAttr:$piece_grads, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,
+         F32Attr:$weight_decay, F32Attr:$max_grad_norm)>;
 
 //===----------------------------------------------------------------------===//
 // Communication
 //===----------------------------------------------------------------------===//
 
 def Rt_ReduceScatterShardsOp : Rt_KernelOp<"reduce_scatter_shards",
-    "reduceScatterShards", (ins Rt_Buffer:$buffer, I64Attr:$n,
-                                Dist_AxesAttr:$axes),
+    "reduceScatterShards", (ins Rt_Buffer:$buffer, Optional<Rt_Buffer>:$out,
+                                I64Attr:$n, Dist_AxesAttr:$axes),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]> {
   let description = [{
     Sums an `n`-element buffer over the group and leaves this rank's piece
     of the sum (elements [k * piece, min((k + 1) * piece, n)) at group rank
-    k, piece = ceil(n / g)) in place; the rest of the buffer is left
-    undefined.
+    k, piece = ceil(n / g)) in place, or in `out` (ZeRO-2: the piece's
+    own storage); the rest of the buffer is left undefined.
   }];
 }
 def Rt_AllGatherShardsOp : Rt_KernelOp<"all_gather_shards", "allGatherShards",

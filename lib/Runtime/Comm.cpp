@@ -519,8 +519,33 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
   return (CommRequest)slot;
 }
 
-void reduceScatterShards(float *buffer, int64_t n, unsigned axes) {
-  commWait(reduceScatterShardsStart(buffer, n, axes));
+void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
+  if (!out) {
+    commWait(reduceScatterShardsStart(buffer, n, axes));
+    return;
+  }
+  checkAxes(axes, "reduceScatterShards");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "reduceScatterShards");
+  count(CollectiveKind::ReduceScatter, n,
+        reduceScatterBytesSent(pieceSize(n, g), g));
+  int64_t k = groupRank(axes);
+  if (g == 1) {
+    std::memmove(out, buffer, (size_t)n * sizeof(float));
+    return;
+  }
+  std::vector<int> counts(g);
+  for (int64_t r = 0; r < g; ++r)
+    counts[r] = pieceCount(n, g, r);
+  Waiting waiting("reduceScatterShards over %s (group of %lld, %lld elements)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
+  // A rank whose piece is empty still passes a buffer.
+  float unused;
+  checkMpi(MPI_Reduce_scatter(buffer, counts[k] ? out : &unused, counts.data(),
+                              MPI_FLOAT, MPI_SUM,
+                              state().comms[effectiveAxes(axes)]),
+           "MPI_Reduce_scatter");
 }
 
 void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes) {

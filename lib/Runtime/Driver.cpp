@@ -325,7 +325,7 @@ void validateProgram(const Program &program) {
            std::to_string(p.statePiece) + ", stores " +
            std::to_string(program.optimizerElems) + ")");
   }
-  if (program.optimizerElems < 0)
+  if (program.optimizerElems < 0 || program.gradElems < 0)
     fail("program has negative buffer sizes");
 }
 
@@ -897,7 +897,11 @@ int train(const Program &sharedProgram, const Options &opts) {
   // load and save them); the step's buffers live on the device.
   size_t hostBytes = device ? 0 : floatBytes;
   AlignedBuffer params = allocateZeroed(floatBytes, "parameters");
-  AlignedBuffer grads = allocateZeroed(hostBytes, "gradients");
+  AlignedBuffer grads = allocateZeroed(
+      device                       ? 0
+      : program.gradElems > 0 ? (size_t)program.gradElems * sizeof(float)
+                                   : hostBytes,
+      "gradients");
   // With the optimizer sharded over dp, the moments of this rank's pieces.
   bool shardedMoments = program.optimizerElems > 0;
   size_t momentBytes =

@@ -101,22 +101,25 @@ Owned owned(int64_t n, int64_t runOffset, int64_t piece, unsigned axes) {
 } // namespace
 
 void addSumOfSquaresShard(const float *x, double *sum, int64_t n,
-                          int64_t runOffset, int64_t piece, unsigned axes) {
+                          int64_t runOffset, int64_t piece, unsigned axes,
+                          bool pieceGrads) {
   Owned o = owned(n, runOffset, piece, axes);
+  int64_t at = pieceGrads ? runOffset + o.lo - o.pieceStart : o.lo;
   if (o.hi > o.lo)
-    addSumOfSquares(x + o.lo, sum, o.hi - o.lo);
+    addSumOfSquares(x + at, sum, o.hi - o.lo);
 }
 
 void adamwStepShard(float *p, void *shadow, const float *g, float *m,
                     float *v, const float *norm, float lr, int64_t step,
                     int64_t n, int64_t runOffset, int64_t piece, unsigned axes,
-                    float beta1, float beta2, float eps, float weightDecay,
-                    float maxNorm) {
+                    bool pieceGrads, float beta1, float beta2, float eps,
+                    float weightDecay, float maxNorm) {
   Owned o = owned(n, runOffset, piece, axes);
   if (o.hi <= o.lo)
     return;
   int64_t state = runOffset + o.lo - o.pieceStart;
-  adamwStep(p + o.lo, shadow, g + o.lo, m + state, v + state, norm, lr, step,
+  adamwStep(p + o.lo, shadow, g + (pieceGrads ? state : o.lo), m + state,
+            v + state, norm, lr, step,
             o.hi - o.lo, beta1, beta2, eps, weightDecay, maxNorm);
 }
 

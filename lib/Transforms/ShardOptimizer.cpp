@@ -10,7 +10,15 @@
 // pieces and adds them over dp, and each run of the parameter store is
 // all-gathered after the update. A parameter whose gradient is synchronised
 // otherwise (not as a run of the gradient store) keeps whole moments, after
-// the pieces, and its squares are counted by dp rank 0. See Passes.td.
+// the pieces, and its squares are counted by dp rank 0.
+//
+// ZeRO-2 keeps the gradients as pieces too. The gradient store becomes:
+// the pieces (laid out like the moments), a piece-sized buffer that a
+// microbatch's piece is reduced into before it is added to the pieces
+// (with several microbatches), the gradients outside every run, and a
+// staging region where a backward part writes a run's gradients whole; the
+// run is reduce-scattered into its piece right after the part's last write
+// to it, and runs whose writes do not overlap share staging. See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +28,9 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+
+#include <set>
+#include <utility>
 
 namespace tessel {
 #define GEN_PASS_DEF_SHARDOPTIMIZER
@@ -36,6 +47,11 @@ namespace {
 // pieces' moments live.
 struct Run {
   int64_t start, length, piece, state;
+  AxisSet rest; // axes besides dp its gradients are summed over
+  // ZeRO-2: written whole only in staging and kept as a piece (at `grad` in
+  // the gradient store); otherwise kept whole, reduce-scattered in place.
+  bool staged = false;
+  int64_t grad = 0;
 };
 
 int64_t elementsOf(Value v) {
@@ -45,15 +61,18 @@ int64_t elementsOf(Value v) {
 // The gradient-store run of `v`, if it is a placed view of that store.
 std::optional<std::pair<int64_t, int64_t>> gradRange(Value v) {
   auto view = v.getDefiningOp<rt::BufferOp>();
-  if (!view || view.getSpace() != rt::Space::Grads)
+  // (A ZeRO-2 piece is not a place in the parameters' layout.)
+  if (!view || view.getSpace() != rt::Space::Grads ||
+      view->hasAttr("shard.piece"))
     return std::nullopt;
   return std::make_pair((int64_t)view.getOffset(), elementsOf(v));
 }
 
 class Sharder {
 public:
-  Sharder(func::FuncOp func, int64_t dp)
-      : func(func), ctx(func.getContext()), dp(dp) {}
+  Sharder(func::FuncOp func, int64_t dp, int64_t zero, int64_t microbatches)
+      : func(func), ctx(func.getContext()), dp(dp), zero(zero),
+        microbatches(microbatches) {}
   LogicalResult run();
 
 private:
@@ -67,6 +86,18 @@ private:
         return &r;
     return nullptr;
   }
+  Run *runOf(int64_t offset, int64_t n) {
+    return const_cast<Run *>(std::as_const(*this).runOf(offset, n));
+  }
+  // The piece of `r` this rank holds, in the gradient store (ZeRO-2).
+  Value pieceView(OpBuilder &b, Location loc, const Run &r) {
+    Value v = view(b, loc, MemRefType::get({r.piece}, b.getF32Type()),
+                   rt::Space::Grads, r.grad);
+    v.getDefiningOp()->setAttr("shard.piece", UnitAttr::get(ctx));
+    return v;
+  }
+  void chooseStaged();
+  LogicalResult stageGradients();
   dist::AxesAttr dpAxes() { return dist::AxesAttr::get(ctx, MeshAxis::DP); }
   LogicalResult collectRuns();
   void shardSyncs();
@@ -75,10 +106,13 @@ private:
 
   func::FuncOp func;
   MLIRContext *ctx;
-  int64_t dp;
+  int64_t dp, zero, microbatches;
   SmallVector<Run> runs;
   SmallVector<Operation *> syncs;
   int64_t stateElems = 0;
+  std::set<int64_t> erasedSlots;
+  // ZeRO-2: sizes of the gradient store's regions.
+  int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
 };
 
 // The gradient collectives over dp, and the runs they reduce.
@@ -141,7 +175,16 @@ void Sharder::shardSyncs() {
     // use slots): the first new start's stands for it.
     Value newRequest;
     for (auto [k, buffer] : llvm::enumerate(op->getOperands())) {
-      bool isRun = gradRange(buffer).has_value();
+      std::optional<std::pair<int64_t, int64_t>> range = gradRange(buffer);
+      bool isRun = range.has_value();
+      if (isRun && zero >= 2 && runOf(range->first, range->second)->staged) {
+        // Reduced where the backward pass finishes the run instead; the
+        // slot's waits go.
+        runOf(range->first, range->second)->rest = rest;
+        if (slot)
+          erasedSlots.insert(*slot + k);
+        continue;
+      }
       auto slotOf = [&]() -> IntegerAttr {
         return slot ? b.getI64IntegerAttr(*slot + k) : IntegerAttr();
       };
@@ -167,11 +210,40 @@ void Sharder::shardSyncs() {
           newRequest = start.getRequest();
       } else
         rt::ReduceScatterShardsOp::create(
-            b, loc, buffer, b.getI64IntegerAttr(elementsOf(buffer)), dpAxes());
+            b, loc, buffer, Value(), b.getI64IntegerAttr(elementsOf(buffer)),
+            dpAxes());
     }
-    if (started)
+    if (started) {
+      // Something must still stand for the request the parts hand on.
+      if (!newRequest)
+        newRequest = rt::AllReduceStartOp::create(
+                         b, loc, request, ValueRange{}, dpAxes(),
+                         b.getI64IntegerAttr(*slot))
+                         .getRequest();
       op->getResult(0).replaceAllUsesWith(newRequest);
+    }
     op->erase();
+  }
+  if (erasedSlots.empty())
+    return;
+  // Waits for slots nobody starts any more.
+  SmallVector<rt::WaitRequestsOp> waits;
+  func.walk([&](rt::WaitRequestsOp w) { waits.push_back(w); });
+  for (rt::WaitRequestsOp w : waits) {
+    OpBuilder b(w);
+    int64_t first = w.getFirst(), end = first + w.getCount();
+    for (int64_t k = first; k < end;) {
+      if (erasedSlots.count(k)) {
+        ++k;
+        continue;
+      }
+      int64_t runEnd = k;
+      while (runEnd < end && !erasedSlots.count(runEnd))
+        ++runEnd;
+      rt::WaitRequestsOp::create(b, w.getLoc(), k, runEnd - k);
+      k = runEnd;
+    }
+    w.erase();
   }
 }
 
@@ -220,10 +292,12 @@ LogicalResult Sharder::shardUpdates() {
     Type pieceType = MemRefType::get({r->piece}, b.getF32Type());
     Value m = view(b, loc, pieceType, rt::Space::AdamM, r->state);
     Value v = view(b, loc, pieceType, rt::Space::AdamV, r->state);
+    bool pieces = zero >= 2 && r->staged;
+    Value grad = pieces ? pieceView(b, loc, *r) : op.getGrad();
     auto sharded = rt::AdamWShardOp::create(
-        b, loc, op.getParam(), op.getShadow(), op.getGrad(), m, v,
-        op.getNorm(), op.getLr(), op.getCount(), op.getNAttr(),
-        b.getI64IntegerAttr(inRun), b.getI64IntegerAttr(r->piece), dpAxes(),
+        b, loc, op.getParam(), op.getShadow(), grad, m, v, op.getNorm(),
+        op.getLr(), op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
+        b.getI64IntegerAttr(r->piece), dpAxes(), b.getBoolAttr(pieces),
         op.getBeta1Attr(), op.getBeta2Attr(), op.getEpsAttr(),
         op.getWeightDecayAttr(), op.getMaxGradNormAttr());
     if (param)
@@ -264,9 +338,12 @@ void Sharder::shardNorm() {
     const Run *r = range ? runOf(range->first, n) : nullptr;
     int64_t inRun = r ? range->first - r->start : 0;
     int64_t piece = r ? r->piece : n;
-    rt::SumSquaresShardOp::create(b, op.getLoc(), op.getX(), op.getAcc(),
+    bool pieces = r && zero >= 2 && r->staged;
+    Value x = pieces ? pieceView(b, op.getLoc(), *r) : op.getX();
+    rt::SumSquaresShardOp::create(b, op.getLoc(), x, op.getAcc(),
                                   op.getNAttr(), b.getI64IntegerAttr(inRun),
-                                  b.getI64IntegerAttr(piece), dpAxes());
+                                  b.getI64IntegerAttr(piece), dpAxes(),
+                                  b.getBoolAttr(pieces));
     op.erase();
   }
   SmallVector<rt::SqrtSumOp> roots;
@@ -283,9 +360,300 @@ LogicalResult Sharder::run() {
     return failure();
   if (runs.empty())
     return success();
+  if (zero >= 2)
+    chooseStaged();
   shardSyncs();
   shardNorm();
-  return shardUpdates();
+  if (failed(shardUpdates()))
+    return failure();
+  if (zero < 2)
+    return success();
+  // Pieces of gradients summed over tp as well: over tp, once, now.
+  Block *update = nullptr;
+  func.walk([&](pipe::UpdateOp u) { update = &u.getBody().front(); });
+  if (update) {
+    OpBuilder b(ctx);
+    b.setInsertionPointToStart(update);
+    for (const Run &r : runs)
+      if (r.staged && !r.rest.empty())
+        rt::AllReduceOp::create(b, func.getLoc(),
+                                ValueRange{pieceView(b, func.getLoc(), r)},
+                                dist::AxesAttr::get(ctx, r.rest));
+  }
+  if (failed(stageGradients()))
+    return failure();
+  func.walk([&](rt::BufferOp v) { v->removeAttr("shard.piece"); });
+  OpBuilder b(ctx);
+  func->setAttr("rt.grad_elems",
+                b.getI64IntegerAttr(pieceElems + scratchElems + wholeElems +
+                                    stagingElems));
+  func->setAttr("rt.grad_staging_elems", b.getI64IntegerAttr(stagingElems));
+  func->setAttr("rt.grad_piece_elems", b.getI64IntegerAttr(pieceElems));
+  func->setAttr("rt.grad_scratch_elems", b.getI64IntegerAttr(scratchElems));
+  func->setAttr("rt.grad_whole_elems", b.getI64IntegerAttr(wholeElems));
+  return success();
+}
+
+// ZeRO-2: a run is staged when the update reads its gradients only to
+// reduce them, take their norm and apply them, and one backward part writes
+// them; otherwise (a tied embedding's gradient, to which the update adds
+// the other stage's contribution) it stays whole, as under ZeRO-1.
+void Sharder::chooseStaged() {
+  DenseMap<Run *, SmallPtrSet<Block *, 2>> writers;
+  DenseSet<Run *> readInUpdate;
+  std::function<bool(Value)> onlyReduced = [&](Value v) {
+    for (Operation *user : v.getUsers()) {
+      if (auto reshaped = dyn_cast<rt::ViewOp>(user)) {
+        if (!onlyReduced(reshaped.getResult()))
+          return false;
+        continue;
+      }
+      if (!isa<rt::AllReduceOp, rt::AllReduceStartOp, rt::SumSquaresOp,
+               rt::AdamWOp>(user) &&
+          !user->hasTrait<OpTrait::IsTerminator>())
+        return false;
+    }
+    return true;
+  };
+  func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range = gradRange(v);
+    if (!range)
+      return;
+    Run *r = runOf(range->first, range->second);
+    if (!r)
+      return;
+    if (v->getParentOfType<pipe::UpdateOp>()) {
+      if (!onlyReduced(v.getBuffer()))
+        readInUpdate.insert(r);
+    } else if (!v->use_empty()) {
+      writers[r].insert(v->getBlock());
+    }
+  });
+  pieceElems = 0;
+  for (Run &r : runs) {
+    r.staged = !readInUpdate.count(&r) && writers[&r].size() == 1;
+    if (r.staged) {
+      r.grad = pieceElems;
+      pieceElems += r.piece;
+    }
+  }
+}
+
+// ZeRO-2: the gradient store holds [pieces | scratch piece | gradients
+// outside the runs | staging]. Each backward part writes a run whole into
+// staging and reduce-scatters it into its piece (adding a microbatch's
+// piece to the pieces when there are several) right after its last write;
+// runs whose writes in a part do not overlap share a staging slot.
+LogicalResult Sharder::stageGradients() {
+  int64_t maxPiece = 0;
+  for (const Run &r : runs)
+    if (r.staged)
+      maxPiece = std::max(maxPiece, r.piece);
+  scratchElems = microbatches > 1 ? maxPiece : 0;
+  int64_t scratch = pieceElems;
+  int64_t wholeBase = pieceElems + scratchElems;
+  // Gradients kept whole (runs that are not staged, and parameters outside
+  // every run), packed after the pieces, each keeping its layout.
+  SmallVector<std::pair<int64_t, int64_t>> whole; // old offset, elements
+  for (const Run &r : runs)
+    if (!r.staged)
+      whole.push_back({r.start, r.length});
+  func.walk([&](rt::ParamOp p) {
+    if (!p.getOffset())
+      return;
+    int64_t n = elementsOf(p.getBuffer());
+    if (!runOf(*p.getOffset(), n))
+      whole.push_back({*p.getOffset(), n});
+  });
+  llvm::sort(whole);
+  DenseMap<int64_t, int64_t> wholeAt; // old offset -> new
+  for (auto [offset, n] : whole) {
+    wholeAt[offset] = wholeBase + wholeElems;
+    wholeElems += n;
+  }
+  auto wholeOffset = [&](int64_t offset) -> std::optional<int64_t> {
+    for (auto [start, n] : whole)
+      if (start <= offset && offset < start + n)
+        return wholeAt[start] + (offset - start);
+    return std::nullopt;
+  };
+
+  // Where each view's run is written, part by part.
+  struct Use {
+    rt::BufferOp view;
+    Run *run;
+  };
+  DenseMap<Block *, SmallVector<Use>> usesIn;
+  SmallVector<Block *> blocks;
+  SmallVector<rt::BufferOp> dead;
+  WalkResult result = func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range = gradRange(v);
+    if (!range)
+      return WalkResult::advance();
+    auto [offset, n] = *range;
+    Run *r = runOf(offset, n);
+    if (r && r->staged) {
+      if (v->getParentOfType<pipe::UpdateOp>()) {
+        if (!v->use_empty()) {
+          v.emitError("tessel-shard-optimizer: zero 2: a staged gradient "
+                      "is read in the update");
+          return WalkResult::interrupt();
+        }
+        dead.push_back(v); // what the norm and the update read before
+        return WalkResult::advance();
+      }
+      Block *block = v->getBlock();
+      if (!usesIn.count(block))
+        blocks.push_back(block);
+      usesIn[block].push_back({v, r});
+      return WalkResult::advance();
+    }
+    if (std::optional<int64_t> at = wholeOffset(offset)) {
+      v.setOffset(*at);
+      return WalkResult::advance();
+    }
+    v.emitError("tessel-shard-optimizer: zero 2: a gradient view at ")
+        << offset << " (+" << n << ") lies across gradient runs";
+    return WalkResult::interrupt();
+  });
+  if (result.wasInterrupted())
+    return failure();
+  for (rt::BufferOp v : dead)
+    v.erase();
+
+  // The ops that touch a view, through views of it.
+  std::function<void(Value, SmallVectorImpl<Operation *> &)> usersOf =
+      [&](Value v, SmallVectorImpl<Operation *> &out) {
+        for (Operation *user : v.getUsers()) {
+          if (auto reshaped = dyn_cast<rt::ViewOp>(user))
+            usersOf(reshaped.getResult(), out);
+          else if (!user->hasTrait<OpTrait::IsTerminator>())
+            out.push_back(user); // a part's yield hands on, not touches
+        }
+      };
+  // A microbatch's writes accumulate nothing across microbatches: staging
+  // is another run's between them. Each write replaces.
+  if (microbatches > 1) {
+    SmallVector<rt::AccumulateOp> accumulates;
+    for (Block *block : blocks)
+      for (Use u : usesIn[block]) {
+        SmallVector<Operation *> users;
+        usersOf(u.view.getBuffer(), users);
+        for (Operation *user : users)
+          if (auto acc = dyn_cast<rt::AccumulateOp>(user))
+            if (!llvm::is_contained(accumulates, acc))
+              accumulates.push_back(acc);
+      }
+    for (rt::AccumulateOp acc : accumulates) {
+      OpBuilder b(acc);
+      rt::CopyOp::create(b, acc.getLoc(), acc.getSrc(), acc.getAcc(),
+                         acc.getNAttr());
+      acc.erase();
+    }
+  }
+
+  struct Slot {
+    int64_t size = 0, offset = 0;
+  };
+  SmallVector<Slot> slots;
+  struct Placed {
+    rt::BufferOp view;
+    Run *run;
+    int64_t slot;
+  };
+  SmallVector<Placed> placed;
+  struct Reduce {
+    Operation *after;
+    Run *run;
+    int64_t slot;
+  };
+  SmallVector<Reduce> reduces;
+  for (Block *block : blocks) {
+    DenseMap<Operation *, int64_t> position;
+    for (Operation &op : *block)
+      position[&op] = position.size();
+    // Each run's first and last touch in the part (by the top-level op).
+    DenseMap<Run *, std::pair<int64_t, Operation *>> span;
+    DenseMap<Run *, int64_t> first;
+    for (Use u : usesIn[block]) {
+      SmallVector<Operation *> users;
+      usersOf(u.view.getBuffer(), users);
+      int64_t lo = position[u.view], hi = lo;
+      Operation *last = u.view;
+      for (Operation *user : users) {
+        Operation *top = block->findAncestorOpInBlock(*user);
+        if (!top)
+          continue;
+        if (position[top] > hi) {
+          hi = position[top];
+          last = top;
+        }
+      }
+      auto it = first.try_emplace(u.run, lo).first;
+      it->second = std::min(it->second, lo);
+      auto &s = span[u.run];
+      if (!s.second || hi > s.first)
+        s = {hi, last};
+    }
+    // Slots by interval: a run takes a slot whose last run was reduced
+    // before the run's first write.
+    SmallVector<std::pair<int64_t, Run *>> order;
+    for (auto &[run, lo] : first)
+      order.push_back({lo, run});
+    llvm::sort(order, [](auto a, auto b) { return a.first < b.first; });
+    SmallVector<int64_t> busyUntil;
+    DenseMap<Run *, int64_t> slotOf;
+    for (auto [lo, run] : order) {
+      int64_t slot = -1;
+      for (auto [k, until] : llvm::enumerate(busyUntil))
+        if (until < lo) {
+          slot = k;
+          break;
+        }
+      if (slot < 0) {
+        slot = busyUntil.size();
+        busyUntil.push_back(0);
+      }
+      busyUntil[slot] = span[run].first;
+      slotOf[run] = slot;
+      if ((int64_t)slots.size() <= slot)
+        slots.resize(slot + 1);
+      slots[slot].size = std::max(slots[slot].size, run->length);
+      reduces.push_back({span[run].second, run, slot});
+    }
+    for (Use u : usesIn[block])
+      placed.push_back({u.view, u.run, slotOf[u.run]});
+  }
+  int64_t stagingBase = wholeBase + wholeElems;
+  for (Slot &slot : slots) {
+    slot.offset = stagingBase + stagingElems;
+    stagingElems += slot.size;
+  }
+  for (Placed p : placed)
+    p.view.setOffset(slots[p.slot].offset + (p.view.getOffset() - p.run->start));
+
+  // The reductions, right after each run's last write in its part.
+  for (const Reduce &r : reduces) {
+    OpBuilder b(ctx);
+    b.setInsertionPointAfter(r.after);
+    Location loc = r.after->getLoc();
+    Type whole = MemRefType::get({r.run->length}, b.getF32Type());
+    Value staged =
+        view(b, loc, whole, rt::Space::Grads, slots[r.slot].offset);
+    Value piece = pieceView(b, loc, *r.run);
+    auto n = b.getI64IntegerAttr(r.run->length);
+    if (microbatches == 1) {
+      rt::ReduceScatterShardsOp::create(b, loc, staged, piece, n, dpAxes());
+      continue;
+    }
+    Value buffer = view(b, loc, MemRefType::get({r.run->piece}, b.getF32Type()),
+                        rt::Space::Grads, scratch);
+    rt::ReduceScatterShardsOp::create(b, loc, staged, buffer, n, dpAxes());
+    Value first = rt::FirstRunOp::create(b, loc, b.getI1Type());
+    rt::AccumulateOp::create(b, loc, buffer, piece, first,
+                             b.getI64IntegerAttr(r.run->piece));
+  }
+  return success();
 }
 
 struct ShardOptimizerPass
@@ -293,17 +661,18 @@ struct ShardOptimizerPass
   using ShardOptimizerBase::ShardOptimizerBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (zero < 0 || zero > 1) {
+    if (zero < 0 || zero > 2) {
       module.emitError("tessel-shard-optimizer: zero = ")
-          << zero << " is not built (0 or 1)";
+          << zero << " is not built (0, 1 or 2)";
       return signalPassFailure();
     }
     int64_t dp = dist::meshOf(module)[MeshAxis::DP];
     if (zero == 0 || dp == 1)
       return;
+    int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
     for (auto func : module.getOps<func::FuncOp>())
       if (func->hasAttr("pipe.rank") &&
-          failed(Sharder(func, dp).run()))
+          failed(Sharder(func, dp, zero, microbatches).run()))
         return signalPassFailure();
   }
 };

@@ -207,7 +207,17 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
                   attr("rt.transient_bytes");
   json m;
   m["params_bytes"] = params * 4;
-  m["grads_bytes"] = params * 4;
+  // With gradients kept as pieces (parallel.zero 2): the pieces, the runs
+  // being reduced (staging) and the gradients outside the runs.
+  int64_t grads =
+      attr("rt.grad_elems") > 0 ? attr("rt.grad_elems") : params;
+  m["grads_bytes"] = grads * 4;
+  if (attr("rt.grad_elems") > 0) {
+    m["grad_piece_bytes"] = attr("rt.grad_piece_elems") * 4;
+    m["grad_whole_bytes"] = attr("rt.grad_whole_elems") * 4;
+    m["grad_scratch_bytes"] = attr("rt.grad_scratch_elems") * 4;
+    m["grad_staging_bytes"] = attr("rt.grad_staging_elems") * 4;
+  }
   // With the optimizer sharded over dp (parallel.zero 1), the moments of
   // this rank's pieces.
   int64_t moments = attr("rt.optimizer_elems") > 0
@@ -227,7 +237,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // Parameters of other ranks held for the step (a tied embedding's copy on
   // the last stage).
   m["received_param_bytes"] = attr("rt.received_bytes");
-  int64_t total = params * 8 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
+  int64_t total = params * 4 + grads * 4 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters.
   bool shadow = false;

@@ -26,7 +26,12 @@
 //          gradient is reduce-scattered over dp and the updated parameter
 //          all-gathered: (d-1)/d * 4n each, the all-reduce's volume (a
 //          gradient also summed over tp is all-reduced over tp first),
-//          and the norm's partial sums are added over dp
+//          and the norm's partial sums are added over dp. Keeping gradients
+//          as pieces (parallel.zero 2) reduce-scatters each microbatch's:
+//          m times (d-1)/d * 4n, then the gather (a gradient summed over tp
+//          too is all-reduced over tp as a piece, once); a tied embedding
+//          on the first pipeline stage, to which the update adds the last
+//          stage's gradient, is reduced once as under ZeRO-1
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -162,6 +167,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
               r, first, last] = *sizes;
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
+  bool zero2 = plan.value("zero", 0) >= 2 && d > 1;
   CommTable table;
   for (const json &param : plan["parameters"]) {
     if (param["program"] != program)
@@ -176,13 +182,22 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       // over tp.
       table.textbook["dp"] += allReduce(n / t, d, 4);
       table.textbook["tp"] += (t - 1) * n / t * 4;
-    } else if (sp && t > 1 && !splitOverTp && zero) {
-      table.textbook["tp"] += allReduce(n, t, 4);
-      table.textbook["dp"] += allReduce(n, d, 4);
+      continue;
+    }
+    // Under ZeRO-2 a gradient is reduce-scattered per microbatch, but for
+    // a tied embedding on the first of several stages.
+    bool tiedFirst = tied && p > 1 && first &&
+                     (name == "wte.weight" || name == "model.embed_tokens.weight");
+    bool pieces = zero2 && !tiedFirst;
+    double dpBytes = pieces ? (m + 1) / 2 * allReduce(n, d, 4)
+                            : allReduce(n, d, 4);
+    if (sp && t > 1 && !splitOverTp && zero) {
+      table.textbook["tp"] += allReduce(pieces ? n / d : n, t, 4);
+      table.textbook["dp"] += dpBytes;
     } else if (sp && t > 1 && !splitOverTp)
       table.textbook[d > 1 ? "dp,tp" : "tp"] += allReduce(n, d * t, 4);
     else
-      table.textbook["dp"] += allReduce(n, d, 4);
+      table.textbook["dp"] += dpBytes;
   }
 
   // The norm's partial sums (fp64; two under tp: parameters split over tp
@@ -263,8 +278,37 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   std::vector<MemoryRow> rows;
   rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                   4 * P, ""});
-  rows.push_back({"gradients (fp32)", memory["grads_bytes"].get<double>(),
-                  4 * P, ""});
+  bool zero2 = plan.value("zero", 0) >= 2 && d > 1 &&
+               memory.contains("grad_piece_bytes");
+  if (!zero2) {
+    rows.push_back({"gradients (fp32)", memory["grads_bytes"].get<double>(),
+                    4 * P, ""});
+  } else {
+    // ZeRO-2: the pieces (4P/d), what is kept whole (GPT-2's position
+    // table under sequence parallelism; a tied embedding on the first of
+    // several stages), and the staging of the runs being reduced.
+    double kept = 0;
+    for (const json &param : plan["parameters"]) {
+      if (param["program"] != program)
+        continue;
+      std::string name = param["name"].get<std::string>();
+      if ((sp && t > 1 && !llama && name == "wpe.weight") ||
+          (tied && p > 1 && first &&
+           (name == "wte.weight" || name == "model.embed_tokens.weight")))
+        kept += elementsOf(param);
+    }
+    rows.push_back({"gradient pieces (fp32, 1/dp)",
+                    memory["grad_piece_bytes"].get<double>(),
+                    4 * (P - kept) / d, ""});
+    rows.push_back({"gradients kept whole (fp32)",
+                    memory["grad_whole_bytes"].get<double>(), 4 * kept, ""});
+    rows.push_back({"gradient staging",
+                    memory["grad_staging_bytes"].get<double>() +
+                        memory.value("grad_scratch_bytes", 0.0),
+                    0,
+                    "runs being reduced: a bucket (or a gradient) per slot, "
+                    "and a piece per microbatch"});
+  }
   // ZeRO-1 keeps the moments of a 1/d piece of every gradient run (the
   // paper's K*Psi/N_d with K = 8 for two fp32 moments).
   // GPT-2's position table under sequence parallelism, whose gradient is

@@ -45,8 +45,8 @@ struct TrainPipelineOptions
                           llvm::cl::init(25.0)};
   Option<int64_t> zero{
       *this, "zero",
-      llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer) or 1 "
-                     "(AdamW moments sharded)"),
+      llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer), 1 "
+                     "(AdamW moments sharded) or 2 (gradients too)"),
       llvm::cl::init(0)};
   Option<std::string> recompute{
       *this, "recompute",

@@ -119,7 +119,8 @@ void commWait(CommRequest request);
 // place; the rest of the buffer is undefined afterwards. Counts n elements
 // and (g-1) * c * 4 bytes (a reduce-scatter of pieces of c). The started
 // form completes (and places the piece) at commWait.
-void reduceScatterShards(float *buffer, int64_t n, unsigned axes);
+// reduceScatterShards with `out` writes the piece there instead.
+void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
 // Every rank's piece, in place, to every rank. `shadow` must be null on the
 // CPU. Counts c elements and (g-1) * c * 4 bytes.

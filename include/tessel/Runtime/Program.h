@@ -148,6 +148,9 @@ struct Program {
   // dp (ParamInfo::stateOffset); 0: the moments are laid out like the
   // parameters (paramElems).
   int64_t optimizerElems;
+  // Elements of the gradient store when gradients are kept as pieces
+  // (parallel.zero 2); 0: laid out like the parameters (paramElems).
+  int64_t gradElems;
   // Null for CPU programs.
   const DeviceHooks *device;
   // A program shared by pipeline ranks: one entry per rank it serves (the

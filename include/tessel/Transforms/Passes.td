@@ -296,9 +296,25 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     the gradient store: under sequence parallelism, a gradient reduced as
     sequence pieces) keeps whole moments after the pieces, and only dp rank
     0 counts its squares.
+
+    With `zero` 2 the gradients are kept as pieces too (ZeRO-2). A run is
+    staged when one backward part writes it and the update only reduces,
+    measures and applies it: the part writes the run whole into a staging
+    slot of the gradient store and `rt.reduce_scatter_shards` with an `out`
+    puts this rank's piece of the sum in the piece's own place right after
+    the part's last write to the run (with several microbatches, into a
+    piece-sized scratch buffer that `rt.accumulate` adds to the piece, and
+    the part's accumulations into the run become copies). Runs whose
+    writes do not overlap share a slot. The update's norm and AdamW read
+    the pieces (`piece_grads`); a gradient summed over tp as well is
+    all-reduced over tp as a piece, once, at the start of the update. Other
+    runs (a tied embedding on the first of several stages, to which the
+    update adds the last stage's gradient) stay whole, as under ZeRO-1. The
+    gradient store becomes [pieces | scratch | whole gradients | staging]
+    (`rt.grad_elems` and its parts).
   }];
   let options = [
-    Option<"zero", "zero", "int64_t", "1", "ZeRO level (1)">,
+    Option<"zero", "zero", "int64_t", "1", "ZeRO level (1 or 2)">,
   ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

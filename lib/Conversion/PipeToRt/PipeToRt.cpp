@@ -80,7 +80,10 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
                            "rt.accumulator_elems", "rt.norm_sums",
                            "rt.request_slots", "rt.received_bytes",
-                           "rt.transient_bytes", "rt.optimizer_elems"})
+                           "rt.transient_bytes", "rt.optimizer_elems",
+                           "rt.grad_elems", "rt.grad_staging_elems",
+                           "rt.grad_piece_elems", "rt.grad_scratch_elems",
+                           "rt.grad_whole_elems"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",

@@ -439,6 +439,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "accumulatorElems", intAttr(program, "rt.accumulator_elems"));
   setInt(var, "normSums", intAttr(program, "rt.norm_sums"));
   setInt(var, "optimizerElems", intAttr(program, "rt.optimizer_elems"));
+  setInt(var, "gradElems", intAttr(program, "rt.grad_elems"));
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(

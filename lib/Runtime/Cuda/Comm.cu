@@ -1157,8 +1157,31 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
 
 // The started form waited for at once (as on the CPU): the compute stream
 // waits for the pieces before its next kernel.
-void reduceScatterShards(float *buffer, int64_t n, unsigned axes) {
-  commWait(reduceScatterShardsStart(buffer, n, axes));
+// With `out` (ZeRO-2), root k's reduce writes piece k to its `out` (the
+// others' `out` is not written).
+void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
+  if (!out) {
+    commWait(reduceScatterShardsStart(buffer, n, axes));
+    return;
+  }
+  checkAxes(axes, "reduceScatterShards");
+  checkCount(n, "reduceScatterShards");
+  int64_t g = rt::groupSize(axes);
+  count(CollectiveKind::ReduceScatter, n,
+        rt::reduceScatterBytesSent(detail::shardPiece(n, g), g));
+  const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(out, buffer, n);
+    return;
+  }
+  if (n > 0)
+    blockingCollective(name, axes, n, [&] {
+      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+        return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
+                          root, comm, detail::commStream());
+      });
+    });
 }
 
 void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes) {

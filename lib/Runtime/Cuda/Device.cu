@@ -189,7 +189,11 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.paramElems = program.paramElems;
   s.batchElems = config.batch * config.seqLen;
   s.params = allocate<float>(s.paramElems, "the parameters");
-  s.grads = allocate<float>(s.paramElems, "the gradients");
+  // With gradients kept as pieces (parallel.zero 2), the gradient store's
+  // own size.
+  s.grads = allocate<float>(
+      program.gradElems > 0 ? program.gradElems : s.paramElems,
+      "the gradients");
   // With the optimizer sharded over dp, the moments of this rank's pieces.
   int64_t momentElems =
       program.optimizerElems > 0 ? program.optimizerElems : s.paramElems;

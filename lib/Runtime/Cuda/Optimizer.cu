@@ -180,25 +180,29 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
 
 template <typename TI>
 void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
-                          int64_t runOffset, int64_t piece, unsigned axes) {
-  detail::RunRange own =
-      detail::inPiece(runOffset, n, piece, rt::groupRank(axes));
+                          int64_t runOffset, int64_t piece, unsigned axes,
+                          bool pieceGrads) {
+  int64_t k = rt::groupRank(axes);
+  detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
   if (own.size() > 0)
-    sumSquaresInto(x + (own.begin - runOffset), own.size(), sum);
+    sumSquaresInto(x + (pieceGrads ? own.begin - k * piece
+                                   : own.begin - runOffset),
+                   own.size(), sum);
 }
 
 void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
                     const float *norm, float lr, int64_t step, int64_t n,
                     int64_t runOffset, int64_t piece, unsigned axes,
-                    float beta1, float beta2, float eps, float weightDecay,
-                    float maxNorm) {
+                    bool pieceGrads, float beta1, float beta2, float eps,
+                    float weightDecay, float maxNorm) {
   int64_t k = rt::groupRank(axes);
   detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
   if (own.size() <= 0)
     return;
   int64_t at = own.begin - runOffset;    // in the tensor
   int64_t state = own.begin - k * piece; // in the piece's moments
-  adamwUpdate(p + at, shadow ? shadow + at : nullptr, g + at, m + state,
+  adamwUpdate(p + at, shadow ? shadow + at : nullptr,
+              g + (pieceGrads ? state : at), m + state,
               v + state, own.size(), lr, beta1, beta2, eps, weightDecay, step,
               norm, maxNorm);
 }
@@ -211,7 +215,7 @@ void scalarAccumulate(const float *x, float *acc, bool first) {
 #define TESSEL_INSTANTIATE(A)                                                  \
   template void sumSquaresInto<A>(const A *, int64_t, double *);               \
   template void addSumOfSquaresShard<A>(const A *, double *, int64_t, int64_t, \
-                                        int64_t, unsigned);
+                                        int64_t, unsigned, bool);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

@@ -133,6 +133,7 @@
 // CPP-NEXT: [[P]].accumulatorElems = 1;
 // CPP-NEXT: [[P]].normSums = 1;
 // CPP-NEXT: [[P]].optimizerElems = 0;
+// CPP-NEXT: [[P]].gradElems = 0;
 // CPP-NEXT: [[P]].mesh[MeshAxis::DP] = 2;
 // CPP-NEXT: [[P]].mesh[MeshAxis::TP] = 2;
 // CPP-NEXT: [[P]].mesh[MeshAxis::PP] = 2;

@@ -71,7 +71,8 @@ void commWait(CommRequest request);
 // then, with a non-null `shadow` (the bf16 copy of the same elements),
 // refreshes the shadow of all n elements. Both are in-place NCCL groups of
 // one reduce (broadcast) per root; counted as on the CPU.
-void reduceScatterShards(float *buffer, int64_t n, unsigned axes);
+// With `out` (ZeRO-2) the piece goes there instead of in place.
+void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
 void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes);
 

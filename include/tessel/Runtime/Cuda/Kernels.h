@@ -241,15 +241,17 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
 // run cut into `piece`-element pieces in group order, and only its elements
 // inside this rank's piece k (groupRank(axes), found on the host) are read
 // or updated; m and v are the moments of piece k (element runOffset + i of
-// the run at m[runOffset + i - k * piece]).
+// the run at m[runOffset + i - k * piece]). With pieceGrads (ZeRO-2) x and
+// g are piece k's storage too, indexed like the moments.
 template <typename TI>
 void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
-                          int64_t runOffset, int64_t piece, unsigned axes);
+                          int64_t runOffset, int64_t piece, unsigned axes,
+                          bool pieceGrads);
 void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
                     const float *norm, float lr, int64_t step, int64_t n,
                     int64_t runOffset, int64_t piece, unsigned axes,
-                    float beta1, float beta2, float eps, float weightDecay,
-                    float maxNorm);
+                    bool pieceGrads, float beta1, float beta2, float eps,
+                    float weightDecay, float maxNorm);
 // Loss accumulation over microbatches on the device: acc[0] = x[0] when
 // `first`, else acc[0] += x[0].
 void scalarAccumulate(const float *x, float *acc, bool first);
