@@ -1137,16 +1137,22 @@ void perPiece(int64_t n, unsigned axes, const char *name, Call call) {
   checkNccl(ncclGroupEnd(), name, axes, n);
 }
 
-} // namespace
-
-CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+// Checks and counts a reduce-scatter of shards; its communicator.
+ncclComm_t reduceScatterShardsComm(int64_t n, unsigned axes,
+                                   const char *name) {
   checkAxes(axes, "reduceScatterShards");
   checkCount(n, "reduceScatterShards");
   int64_t g = rt::groupSize(axes);
   count(CollectiveKind::ReduceScatter, n,
         rt::reduceScatterBytesSent(detail::shardPiece(n, g), g));
+  return commFor(axes, name);
+}
+
+} // namespace
+
+CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
-  ncclComm_t comm = commFor(axes, name);
+  ncclComm_t comm = reduceScatterShardsComm(n, axes, name);
   return startedCollective(name, axes, n, comm && n > 0, [&] {
     perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
       return ncclReduce(buffer + at, buffer + at, elements, ncclFloat32,
@@ -1156,21 +1162,15 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
 }
 
 // The started form waited for at once (as on the CPU): the compute stream
-// waits for the pieces before its next kernel.
-// With `out` (ZeRO-2), root k's reduce writes piece k to its `out` (the
-// others' `out` is not written).
+// waits for the pieces before its next kernel. With `out` (ZeRO-2), root
+// k's reduce writes piece k to its `out` (the others' `out` is unused).
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
   if (!out) {
     commWait(reduceScatterShardsStart(buffer, n, axes));
     return;
   }
-  checkAxes(axes, "reduceScatterShards");
-  checkCount(n, "reduceScatterShards");
-  int64_t g = rt::groupSize(axes);
-  count(CollectiveKind::ReduceScatter, n,
-        rt::reduceScatterBytesSent(detail::shardPiece(n, g), g));
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
-  ncclComm_t comm = commFor(axes, name);
+  ncclComm_t comm = reduceScatterShardsComm(n, axes, name);
   if (!comm) {
     copyOnCompute(out, buffer, n);
     return;
