@@ -340,7 +340,8 @@ def Rt_AdamWOp : Rt_KernelOp<"adamw", "adamwStep",
 // starts in its run. The op touches only the part of its buffer inside this
 // rank's piece, and the moments `m`, `v` are that piece's. With
 // `piece_grads` (ZeRO-2) the gradient `x` / `grad` is the piece's storage
-// too (indexed like the moments), not the whole tensor's.
+// too (indexed like the moments), not the whole tensor's; with
+// `piece_params` (ZeRO-3) so is the parameter.
 def Rt_SumSquaresShardOp : Rt_KernelOp<"sum_squares_shard",
     "addSumOfSquaresShard",
     (ins Rt_Buffer:$x, Rt_Buffer:$acc, I64Attr:$n, I64Attr:$run_offset,
@@ -349,7 +350,7 @@ def Rt_AdamWShardOp : Rt_KernelOp<"adamw_shard", "adamwStepShard",
     (ins Rt_Buffer:$param, Optional<Rt_Buffer>:$shadow, Rt_Buffer:$grad,
          Rt_Buffer:$m, Rt_Buffer:$v, Rt_Buffer:$norm, F32:$lr, I64:$count,
          I64Attr:$n, I64Attr:$run_offset, I64Attr:$piece, Dist_AxesAttr:$axes,
-         BoolAttr:$piece_grads, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,
+         BoolAttr:$piece_grads, BoolAttr:$piece_params, F32Attr:$beta1, F32Attr:$beta2, F32Attr:$eps,
          F32Attr:$weight_decay, F32Attr:$max_grad_norm)>;
 
 //===----------------------------------------------------------------------===//
@@ -368,13 +369,15 @@ def Rt_ReduceScatterShardsOp : Rt_KernelOp<"reduce_scatter_shards",
   }];
 }
 def Rt_AllGatherShardsOp : Rt_KernelOp<"all_gather_shards", "allGatherShards",
-    (ins Rt_Buffer:$buffer, Optional<Rt_Buffer>:$shadow, I64Attr:$n,
-         Dist_AxesAttr:$axes),
-    [DeclareOpInterfaceMethods<CommunicationOpInterface>]> {
+    (ins Rt_Buffer:$buffer, Optional<Rt_Buffer>:$from,
+         Optional<Rt_Buffer>:$shadow, I64Attr:$n, Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>,
+     AttrSizedOperandSegments]> {
   let description = [{
     The reverse of `rt.reduce_scatter_shards`: each rank's piece of the
-    `n`-element buffer, in place, is gathered into every rank's buffer. With
-    a `shadow` (the bf16 copy of parameters), the copy of the whole run is
+    `n`-element buffer, in place, is gathered into every rank's buffer (with
+    `from`, ZeRO-3, this rank's piece is first copied from there). With a
+    `shadow` (the bf16 copy of parameters), the copy of the whole run is
     refreshed from the gathered values.
   }];
 }

@@ -575,12 +575,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   p.zero = s.integer("zero", 0, 0, 3);
-  if (p.zero > 2)
-    problems.report(s.at("zero"),
-                    "parallel.zero = " + std::to_string(p.zero) +
-                        " is not built yet: 0 (replicated optimizer), 1 "
-                        "(AdamW moments sharded over dp) or 2 (gradients "
-                        "too)");
+
   // parallel.stage_layers: checked against the model below, once the
   // layout is known to be sound.
   const json *stages = s.raw("stage_layers");

@@ -548,7 +548,8 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
            "MPI_Reduce_scatter");
 }
 
-void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes) {
+void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
+                     unsigned axes) {
   if (shadow)
     throw std::runtime_error(
         "allGatherShards: CPU programs keep no parameter copy");
@@ -557,6 +558,11 @@ void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes) {
   checkCount(n, 1, "allGatherShards");
   int64_t c = pieceSize(n, g);
   count(CollectiveKind::AllGather, c, allGatherBytesSent(c, g));
+  if (from) {
+    int64_t k = groupRank(axes);
+    std::memmove(buffer + k * c, from,
+                 (size_t)pieceCount(n, g, k) * sizeof(float));
+  }
   if (g == 1)
     return;
   std::vector<int> counts(g), offsets(g);

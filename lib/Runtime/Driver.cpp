@@ -325,7 +325,16 @@ void validateProgram(const Program &program) {
            std::to_string(p.statePiece) + ", stores " +
            std::to_string(program.optimizerElems) + ")");
   }
-  if (program.optimizerElems < 0 || program.gradElems < 0)
+  for (int i = 0; program.paramStoreElems > 0 && i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    if (p.valueOffset < 0 || p.valuePiece < 0 ||
+        p.valueOffset + (p.valuePiece ? p.valuePiece : p.numel) >
+            program.paramStoreElems)
+      fail("parameter " + inQuotes(p.name ? p.name : "?") +
+           " has its values outside the sharded parameter store");
+  }
+  if (program.optimizerElems < 0 || program.gradElems < 0 ||
+      program.paramStoreElems < 0)
     fail("program has negative buffer sizes");
 }
 
@@ -362,6 +371,39 @@ void expandMoments(const Program &program, const float *sharded, float *full) {
   }
   UncountedCollectives notTraffic;
   allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
+}
+
+// With the parameters sharded over dp (parallel.zero 3): where this rank
+// holds parameter p's values, as ownedState for the moments.
+OwnedState ownedValue(const ParamInfo &p) {
+  ParamInfo moved = p;
+  moved.stateOffset = p.valueOffset;
+  moved.statePiece = p.valuePiece;
+  return ownedState(moved);
+}
+
+// Sharded parameter values laid out by `offset` (as init, load and save
+// see them), and back; as expandMoments and shardMoments.
+void expandValues(const Program &program, const float *store, float *full) {
+  std::fill_n(full, program.paramElems, 0.0f);
+  bool dpLeader = groupRank(AxisSet(MeshAxis::DP).bits()) == 0;
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    OwnedState o = ownedValue(p);
+    if (p.valuePiece == 0 && !dpLeader)
+      continue;
+    std::copy_n(store + o.state, o.hi - o.lo, full + p.offset + o.lo);
+  }
+  UncountedCollectives notTraffic;
+  allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
+}
+
+void shardValues(const Program &program, const float *full, float *store) {
+  for (int i = 0; i < program.numParams; i++) {
+    const ParamInfo &p = program.params[i];
+    OwnedState o = ownedValue(p);
+    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, store + o.state);
+  }
 }
 
 // The reverse: this rank's pieces of moments laid out like the parameters.
@@ -896,7 +938,14 @@ int train(const Program &sharedProgram, const Options &opts) {
   // A device program keeps only the parameters on the host (to initialise,
   // load and save them); the step's buffers live on the device.
   size_t hostBytes = device ? 0 : floatBytes;
-  AlignedBuffer params = allocateZeroed(floatBytes, "parameters");
+  // With the parameters sharded over dp (parallel.zero 3) the step's store
+  // holds this rank's pieces; whole parameters are laid out by `offset`
+  // only while they are initialised, loaded or saved.
+  bool shardedParams = program.paramStoreElems > 0;
+  AlignedBuffer params = allocateZeroed(
+      shardedParams ? (size_t)program.paramStoreElems * sizeof(float)
+                    : floatBytes,
+      "parameters");
   AlignedBuffer grads = allocateZeroed(
       device                       ? 0
       : program.gradElems > 0 ? (size_t)program.gradElems * sizeof(float)
@@ -927,7 +976,10 @@ int train(const Program &sharedProgram, const Options &opts) {
     globalTargets.resize(globalB * T);
   }
 
-  float *paramData = (float *)params.get();
+  AlignedBuffer wholeParams =
+      allocateZeroed(shardedParams ? floatBytes : 0, "parameters (whole)");
+  float *paramData =
+      shardedParams ? (float *)wholeParams.get() : (float *)params.get();
   // AdamW's moments beside the parameters, as a state file holds them.
   // Sharded moments are saved and resumed through copies laid out like the
   // parameters (only when a state is saved or resumed).
@@ -940,12 +992,27 @@ int train(const Program &sharedProgram, const Options &opts) {
   float *savedV = shardedMoments ? (float *)fullV.get() : (float *)adamV.get();
   std::vector<StateStore> state = {
       {paramData, ""}, {savedM, ".exp_avg"}, {savedV, ".exp_avg_sq"}};
+  // Whole parameters for a save, from the pieces.
+  auto wholeForSave = [&]() {
+    if (!shardedParams)
+      return;
+    wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
+    paramData = (float *)wholeParams.get();
+    state[0].data = paramData;
+    expandValues(program, (const float *)params.get(), paramData);
+  };
+  auto doneSaving = [&]() {
+    if (shardedParams)
+      wholeParams.reset();
+  };
   auto writeState = [&](int64_t step) {
+    wholeForSave();
     if (shardedMoments) {
       expandMoments(program, (const float *)adamM.get(), savedM);
       expandMoments(program, (const float *)adamV.get(), savedV);
     }
     saveParams(program, opts.saveState, state, step);
+    doneSaving();
   };
   int64_t firstStep = 0;
   if (!opts.resume.empty()) {
@@ -969,6 +1036,10 @@ int train(const Program &sharedProgram, const Options &opts) {
     loadParams(program, opts.initFrom, {{paramData, ""}}, opts.strict);
   else
     initParams(program, opts.seed, paramData);
+  if (shardedParams) {
+    shardValues(program, paramData, (float *)params.get());
+    wholeParams.reset();
+  }
 
   if (leader && !opts.quiet) {
     const char *name = program.name ? program.name : "program";
@@ -991,7 +1062,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   std::fflush(stdout);
 
   StepContext ctx = {};
-  ctx.params = paramData;
+  ctx.params = (float *)params.get();
   ctx.grads = (float *)grads.get();
   ctx.adamM = (float *)adamM.get();
   ctx.adamV = (float *)adamV.get();
@@ -1107,8 +1178,11 @@ int train(const Program &sharedProgram, const Options &opts) {
   }
   if (device)
     device->download(program, paramData);
-  if (!opts.saveFinal.empty())
+  if (!opts.saveFinal.empty()) {
+    wholeForSave();
     saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);
+    doneSaving();
+  }
   if (!opts.saveState.empty())
     writeState(lastStep);
   if (!commReport.empty())

@@ -112,13 +112,14 @@ void addSumOfSquaresShard(const float *x, double *sum, int64_t n,
 void adamwStepShard(float *p, void *shadow, const float *g, float *m,
                     float *v, const float *norm, float lr, int64_t step,
                     int64_t n, int64_t runOffset, int64_t piece, unsigned axes,
-                    bool pieceGrads, float beta1, float beta2, float eps,
-                    float weightDecay, float maxNorm) {
+                    bool pieceGrads, bool pieceParams, float beta1,
+                    float beta2, float eps, float weightDecay, float maxNorm) {
   Owned o = owned(n, runOffset, piece, axes);
   if (o.hi <= o.lo)
     return;
   int64_t state = runOffset + o.lo - o.pieceStart;
-  adamwStep(p + o.lo, shadow, g + (pieceGrads ? state : o.lo), m + state,
+  adamwStep(p + (pieceParams ? state : o.lo), shadow,
+            g + (pieceGrads ? state : o.lo), m + state,
             v + state, norm, lr, step,
             o.hi - o.lo, beta1, beta2, eps, weightDecay, maxNorm);
 }

@@ -52,6 +52,10 @@ struct Run {
   // the gradient store); otherwise kept whole, reduce-scattered in place.
   bool staged = false;
   int64_t grad = 0;
+  // ZeRO-3: the parameters kept as a piece (at `value` in the parameter
+  // store) and gathered whole where a part reads them.
+  bool sharded = false;
+  int64_t value = 0;
 };
 
 int64_t elementsOf(Value v) {
@@ -66,6 +70,26 @@ std::optional<std::pair<int64_t, int64_t>> gradRange(Value v) {
       view->hasAttr("shard.piece"))
     return std::nullopt;
   return std::make_pair((int64_t)view.getOffset(), elementsOf(v));
+}
+
+// The parameter-store place of `v`, if it is a placed view of that store.
+std::optional<std::pair<int64_t, int64_t>> paramRange(Value v) {
+  auto view = v.getDefiningOp<rt::BufferOp>();
+  if (!view || view.getSpace() != rt::Space::Params ||
+      view->hasAttr("shard.piece"))
+    return std::nullopt;
+  return std::make_pair((int64_t)view.getOffset(), elementsOf(v));
+}
+
+// The ops that touch a view, through views of it (a part's yield hands a
+// value on and does not touch it).
+void usersOf(Value v, SmallVectorImpl<Operation *> &out) {
+  for (Operation *user : v.getUsers()) {
+    if (auto reshaped = dyn_cast<rt::ViewOp>(user))
+      usersOf(reshaped.getResult(), out);
+    else if (!user->hasTrait<OpTrait::IsTerminator>())
+      out.push_back(user);
+  }
 }
 
 class Sharder {
@@ -97,7 +121,51 @@ private:
     return v;
   }
   void chooseStaged();
+  void chooseSharded();
   LogicalResult stageGradients();
+  LogicalResult gatherParams();
+  // A view of a run's whole gradient or parameter in a part.
+  struct Use {
+    rt::BufferOp view;
+    Run *run;
+  };
+  // Where the runs a part writes (reads) whole are staged: slots of the
+  // largest run they hold, shared by runs whose touches do not overlap in
+  // any part; each run's first and last touching op in its part.
+  struct Staging {
+    struct Slot {
+      int64_t size = 0, offset = 0;
+    };
+    SmallVector<Slot> slots;
+    struct Span {
+      Operation *first, *last;
+      Run *run;
+      int64_t slot;
+    };
+    SmallVector<Span> spans;
+    SmallVector<std::pair<Use, int64_t>> placed; // view, slot
+    // Gives the slots their offsets from `base`; returns the size.
+    int64_t place(int64_t base) {
+      int64_t size = 0;
+      for (Slot &slot : slots) {
+        slot.offset = base + size;
+        size += slot.size;
+      }
+      for (auto &[use, slot] : placed)
+        use.view.setOffset(slots[slot].offset +
+                           (use.view.getOffset() - use.run->start));
+      return size;
+    }
+  };
+  Staging stage(ArrayRef<Block *> blocks,
+                DenseMap<Block *, SmallVector<Use>> &usesIn);
+  // A run's piece of the parameters (ZeRO-3).
+  Value valuePieceView(OpBuilder &b, Location loc, const Run &r) {
+    Value v = view(b, loc, MemRefType::get({r.piece}, b.getF32Type()),
+                   rt::Space::Params, r.value);
+    v.getDefiningOp()->setAttr("shard.piece", UnitAttr::get(ctx));
+    return v;
+  }
   dist::AxesAttr dpAxes() { return dist::AxesAttr::get(ctx, MeshAxis::DP); }
   LogicalResult collectRuns();
   void shardSyncs();
@@ -113,6 +181,8 @@ private:
   std::set<int64_t> erasedSlots;
   // ZeRO-2: sizes of the gradient store's regions.
   int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
+  // ZeRO-3: sizes of the parameter store's regions.
+  int64_t valuePieceElems = 0, valueWholeElems = 0, gatherElems = 0;
 };
 
 // The gradient collectives over dp, and the runs they reduce.
@@ -294,10 +364,12 @@ LogicalResult Sharder::shardUpdates() {
     Value v = view(b, loc, pieceType, rt::Space::AdamV, r->state);
     bool pieces = zero >= 2 && r->staged;
     Value grad = pieces ? pieceView(b, loc, *r) : op.getGrad();
+    Value value = r->sharded ? valuePieceView(b, loc, *r) : op.getParam();
     auto sharded = rt::AdamWShardOp::create(
-        b, loc, op.getParam(), op.getShadow(), grad, m, v, op.getNorm(),
-        op.getLr(), op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
+        b, loc, value, op.getShadow(), grad, m, v, op.getNorm(), op.getLr(),
+        op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
         b.getI64IntegerAttr(r->piece), dpAxes(), b.getBoolAttr(pieces),
+        b.getBoolAttr(r->sharded),
         op.getBeta1Attr(), op.getBeta2Attr(), op.getEpsAttr(),
         op.getWeightDecayAttr(), op.getMaxGradNormAttr());
     if (param)
@@ -311,6 +383,8 @@ LogicalResult Sharder::shardUpdates() {
   b.setInsertionPointAfter(last);
   Location loc = last->getLoc();
   for (const Run &r : runs) {
+    if (r.sharded)
+      continue; // gathered where the parts read it
     Value params = view(b, loc, MemRefType::get({r.length}, b.getF32Type()),
                         rt::Space::Params, r.start);
     Value copy;
@@ -319,7 +393,7 @@ LogicalResult Sharder::shardUpdates() {
                   MemRefType::get({r.length}, cast<MemRefType>(shadow.getType())
                                                   .getElementType()),
                   rt::Space::Shadow, r.start);
-    rt::AllGatherShardsOp::create(b, loc, params, copy,
+    rt::AllGatherShardsOp::create(b, loc, params, Value(), copy,
                                   b.getI64IntegerAttr(r.length), dpAxes());
   }
   func->setAttr("rt.optimizer_elems", b.getI64IntegerAttr(whole));
@@ -362,6 +436,8 @@ LogicalResult Sharder::run() {
     return success();
   if (zero >= 2)
     chooseStaged();
+  if (zero >= 3)
+    chooseSharded();
   shardSyncs();
   shardNorm();
   if (failed(shardUpdates()))
@@ -382,6 +458,8 @@ LogicalResult Sharder::run() {
   }
   if (failed(stageGradients()))
     return failure();
+  if (zero >= 3 && failed(gatherParams()))
+    return failure();
   func.walk([&](rt::BufferOp v) { v->removeAttr("shard.piece"); });
   OpBuilder b(ctx);
   func->setAttr("rt.grad_elems",
@@ -391,6 +469,13 @@ LogicalResult Sharder::run() {
   func->setAttr("rt.grad_piece_elems", b.getI64IntegerAttr(pieceElems));
   func->setAttr("rt.grad_scratch_elems", b.getI64IntegerAttr(scratchElems));
   func->setAttr("rt.grad_whole_elems", b.getI64IntegerAttr(wholeElems));
+  if (zero >= 3) {
+    func->setAttr("rt.param_store_elems",
+                  b.getI64IntegerAttr(valuePieceElems + valueWholeElems +
+                                      gatherElems));
+    func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
+    func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(gatherElems));
+  }
   return success();
 }
 
@@ -439,6 +524,185 @@ void Sharder::chooseStaged() {
   }
 }
 
+Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
+                                 DenseMap<Block *, SmallVector<Use>> &usesIn) {
+  Staging staging;
+  for (Block *block : blocks) {
+    DenseMap<Operation *, int64_t> position;
+    for (Operation &op : *block)
+      position[&op] = position.size();
+    // Each run's first and last touching op in the part.
+    DenseMap<Run *, std::pair<Operation *, Operation *>> span;
+    for (Use u : usesIn[block]) {
+      SmallVector<Operation *> users;
+      usersOf(u.view.getBuffer(), users);
+      for (Operation *user : users) {
+        Operation *top = block->findAncestorOpInBlock(*user);
+        if (!top)
+          continue;
+        auto &[first, last] = span[u.run];
+        if (!first || position[top] < position[first])
+          first = top;
+        if (!last || position[top] > position[last])
+          last = top;
+      }
+    }
+    SmallVector<Run *> order;
+    for (auto &[run, s] : span)
+      order.push_back(run);
+    llvm::sort(order, [&](Run *a, Run *b) {
+      return position[span[a].first] < position[span[b].first];
+    });
+    // A run takes a slot whose last run's last touch came before its first.
+    SmallVector<int64_t> busyUntil;
+    DenseMap<Run *, int64_t> slotOf;
+    for (Run *run : order) {
+      int64_t lo = position[span[run].first], slot = -1;
+      for (auto [k, until] : llvm::enumerate(busyUntil))
+        if (until < lo) {
+          slot = k;
+          break;
+        }
+      if (slot < 0) {
+        slot = busyUntil.size();
+        busyUntil.push_back(0);
+      }
+      busyUntil[slot] = position[span[run].second];
+      slotOf[run] = slot;
+      if ((int64_t)staging.slots.size() <= slot)
+        staging.slots.resize(slot + 1);
+      staging.slots[slot].size =
+          std::max(staging.slots[slot].size, run->length);
+      staging.spans.push_back(
+          {span[run].first, span[run].second, run, slot});
+    }
+    for (Use u : usesIn[block])
+      if (slotOf.count(u.run))
+        staging.placed.push_back({u, slotOf[u.run]});
+  }
+  return staging;
+}
+
+// ZeRO-3: a staged run's parameters are sharded too when nothing but the
+// parts (and the run's own update) reads them.
+void Sharder::chooseSharded() {
+  DenseSet<Run *> readElsewhere;
+  func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range = paramRange(v);
+    if (!range)
+      return;
+    Run *r = runOf(range->first, range->second);
+    if (!r || v.use_empty())
+      return;
+    bool inPart = v->getParentOfType<pipe::ForwardPassOp>() ||
+                  v->getParentOfType<pipe::BackwardPassOp>();
+    bool inUpdate = v->getParentOfType<pipe::UpdateOp>();
+    bool updated = inUpdate && llvm::all_of(v->getUsers(), [](Operation *u) {
+                     return isa<rt::AdamWOp>(u);
+                   });
+    if (!inPart && !updated)
+      readElsewhere.insert(r);
+  });
+  for (Run &r : runs) {
+    r.sharded = r.staged && !readElsewhere.count(&r);
+    if (r.sharded) {
+      r.value = valuePieceElems;
+      valuePieceElems += r.piece;
+    }
+  }
+}
+
+// ZeRO-3: the parameter store holds [pieces | parameters kept whole |
+// gather staging]. Each part gathers a sharded run whole into a staging
+// slot right before its first read of it.
+LogicalResult Sharder::gatherParams() {
+  int64_t wholeBase = valuePieceElems;
+  SmallVector<std::pair<int64_t, int64_t>> whole; // old offset, elements
+  for (const Run &r : runs)
+    if (!r.sharded)
+      whole.push_back({r.start, r.length});
+  func.walk([&](rt::ParamOp p) {
+    if (!p.getOffset())
+      return;
+    int64_t n = elementsOf(p.getBuffer());
+    if (!runOf(*p.getOffset(), n))
+      whole.push_back({*p.getOffset(), n});
+  });
+  llvm::sort(whole);
+  DenseMap<int64_t, int64_t> wholeAt;
+  for (auto [offset, n] : whole) {
+    wholeAt[offset] = wholeBase + valueWholeElems;
+    valueWholeElems += n;
+  }
+  auto wholeOffset = [&](int64_t offset) -> std::optional<int64_t> {
+    for (auto [start, n] : whole)
+      if (start <= offset && offset < start + n)
+        return wholeAt[start] + (offset - start);
+    return std::nullopt;
+  };
+  // Where the runtime finds each parameter: [offset, piece], piece 0 for
+  // whole.
+  func.walk([&](rt::ParamOp p) {
+    if (!p.getOffset())
+      return;
+    int64_t offset = *p.getOffset(), n = elementsOf(p.getBuffer());
+    Run *r = runOf(offset, n);
+    if (r && r->sharded)
+      p->setAttr("value_shard", DenseI64ArrayAttr::get(
+                                     ctx, {r->value, r->piece}));
+    else
+      p->setAttr("value_shard",
+                 DenseI64ArrayAttr::get(ctx, {*wholeOffset(offset), 0}));
+  });
+
+  DenseMap<Block *, SmallVector<Use>> usesIn;
+  SmallVector<Block *> blocks;
+  SmallVector<rt::BufferOp> dead;
+  WalkResult result = func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range = paramRange(v);
+    if (!range)
+      return WalkResult::advance();
+    auto [offset, n] = *range;
+    Run *r = runOf(offset, n);
+    if (r && r->sharded) {
+      if (v.use_empty()) {
+        dead.push_back(v);
+        return WalkResult::advance();
+      }
+      Block *block = v->getBlock();
+      if (!usesIn.count(block))
+        blocks.push_back(block);
+      usesIn[block].push_back({v, r});
+      return WalkResult::advance();
+    }
+    if (std::optional<int64_t> at = wholeOffset(offset)) {
+      v.setOffset(*at);
+      return WalkResult::advance();
+    }
+    v.emitError("tessel-shard-optimizer: zero 3: a parameter view at ")
+        << offset << " (+" << n << ") lies across runs";
+    return WalkResult::interrupt();
+  });
+  if (result.wasInterrupted())
+    return failure();
+  for (rt::BufferOp v : dead)
+    v.erase();
+  Staging staging = stage(blocks, usesIn);
+  gatherElems = staging.place(wholeBase + valueWholeElems);
+  for (const Staging::Span &g : staging.spans) {
+    OpBuilder b(g.first);
+    Location loc = g.first->getLoc();
+    Value gathered =
+        view(b, loc, MemRefType::get({g.run->length}, b.getF32Type()),
+             rt::Space::Params, staging.slots[g.slot].offset);
+    rt::AllGatherShardsOp::create(b, loc, gathered,
+                                  valuePieceView(b, loc, *g.run), Value(),
+                                  b.getI64IntegerAttr(g.run->length),
+                                  dpAxes());
+  }
+  return success();
+}
+
 // ZeRO-2: the gradient store holds [pieces | scratch piece | gradients
 // outside the runs | staging]. Each backward part writes a run whole into
 // staging and reduce-scatters it into its piece (adding a microbatch's
@@ -479,10 +743,6 @@ LogicalResult Sharder::stageGradients() {
   };
 
   // Where each view's run is written, part by part.
-  struct Use {
-    rt::BufferOp view;
-    Run *run;
-  };
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
   SmallVector<rt::BufferOp> dead;
@@ -521,16 +781,6 @@ LogicalResult Sharder::stageGradients() {
   for (rt::BufferOp v : dead)
     v.erase();
 
-  // The ops that touch a view, through views of it.
-  std::function<void(Value, SmallVectorImpl<Operation *> &)> usersOf =
-      [&](Value v, SmallVectorImpl<Operation *> &out) {
-        for (Operation *user : v.getUsers()) {
-          if (auto reshaped = dyn_cast<rt::ViewOp>(user))
-            usersOf(reshaped.getResult(), out);
-          else if (!user->hasTrait<OpTrait::IsTerminator>())
-            out.push_back(user); // a part's yield hands on, not touches
-        }
-      };
   // A microbatch's writes accumulate nothing across microbatches: staging
   // is another run's between them. Each write replaces.
   if (microbatches > 1) {
@@ -552,94 +802,17 @@ LogicalResult Sharder::stageGradients() {
     }
   }
 
-  struct Slot {
-    int64_t size = 0, offset = 0;
-  };
-  SmallVector<Slot> slots;
-  struct Placed {
-    rt::BufferOp view;
-    Run *run;
-    int64_t slot;
-  };
-  SmallVector<Placed> placed;
-  struct Reduce {
-    Operation *after;
-    Run *run;
-    int64_t slot;
-  };
-  SmallVector<Reduce> reduces;
-  for (Block *block : blocks) {
-    DenseMap<Operation *, int64_t> position;
-    for (Operation &op : *block)
-      position[&op] = position.size();
-    // Each run's first and last touch in the part (by the top-level op).
-    DenseMap<Run *, std::pair<int64_t, Operation *>> span;
-    DenseMap<Run *, int64_t> first;
-    for (Use u : usesIn[block]) {
-      SmallVector<Operation *> users;
-      usersOf(u.view.getBuffer(), users);
-      int64_t lo = position[u.view], hi = lo;
-      Operation *last = u.view;
-      for (Operation *user : users) {
-        Operation *top = block->findAncestorOpInBlock(*user);
-        if (!top)
-          continue;
-        if (position[top] > hi) {
-          hi = position[top];
-          last = top;
-        }
-      }
-      auto it = first.try_emplace(u.run, lo).first;
-      it->second = std::min(it->second, lo);
-      auto &s = span[u.run];
-      if (!s.second || hi > s.first)
-        s = {hi, last};
-    }
-    // Slots by interval: a run takes a slot whose last run was reduced
-    // before the run's first write.
-    SmallVector<std::pair<int64_t, Run *>> order;
-    for (auto &[run, lo] : first)
-      order.push_back({lo, run});
-    llvm::sort(order, [](auto a, auto b) { return a.first < b.first; });
-    SmallVector<int64_t> busyUntil;
-    DenseMap<Run *, int64_t> slotOf;
-    for (auto [lo, run] : order) {
-      int64_t slot = -1;
-      for (auto [k, until] : llvm::enumerate(busyUntil))
-        if (until < lo) {
-          slot = k;
-          break;
-        }
-      if (slot < 0) {
-        slot = busyUntil.size();
-        busyUntil.push_back(0);
-      }
-      busyUntil[slot] = span[run].first;
-      slotOf[run] = slot;
-      if ((int64_t)slots.size() <= slot)
-        slots.resize(slot + 1);
-      slots[slot].size = std::max(slots[slot].size, run->length);
-      reduces.push_back({span[run].second, run, slot});
-    }
-    for (Use u : usesIn[block])
-      placed.push_back({u.view, u.run, slotOf[u.run]});
-  }
-  int64_t stagingBase = wholeBase + wholeElems;
-  for (Slot &slot : slots) {
-    slot.offset = stagingBase + stagingElems;
-    stagingElems += slot.size;
-  }
-  for (Placed p : placed)
-    p.view.setOffset(slots[p.slot].offset + (p.view.getOffset() - p.run->start));
+  Staging staging = stage(blocks, usesIn);
+  stagingElems = staging.place(wholeBase + wholeElems);
 
   // The reductions, right after each run's last write in its part.
-  for (const Reduce &r : reduces) {
+  for (const Staging::Span &r : staging.spans) {
     OpBuilder b(ctx);
-    b.setInsertionPointAfter(r.after);
-    Location loc = r.after->getLoc();
+    b.setInsertionPointAfter(r.last);
+    Location loc = r.last->getLoc();
     Type whole = MemRefType::get({r.run->length}, b.getF32Type());
     Value staged =
-        view(b, loc, whole, rt::Space::Grads, slots[r.slot].offset);
+        view(b, loc, whole, rt::Space::Grads, staging.slots[r.slot].offset);
     Value piece = pieceView(b, loc, *r.run);
     auto n = b.getI64IntegerAttr(r.run->length);
     if (microbatches == 1) {
@@ -661,9 +834,9 @@ struct ShardOptimizerPass
   using ShardOptimizerBase::ShardOptimizerBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (zero < 0 || zero > 2) {
+    if (zero < 0 || zero > 3) {
       module.emitError("tessel-shard-optimizer: zero = ")
-          << zero << " is not built (0, 1 or 2)";
+          << zero << " is not built (0 to 3)";
       return signalPassFailure();
     }
     int64_t dp = dist::meshOf(module)[MeshAxis::DP];

@@ -206,7 +206,20 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
                       std::max<int64_t>(1, attr("rt.arena_slots")) +
                   attr("rt.transient_bytes");
   json m;
-  m["params_bytes"] = params * 4;
+  // With the parameters sharded (parallel.zero 3): the pieces, the
+  // parameters kept whole and the runs gathered for the parts.
+  int64_t paramStore = attr("rt.param_store_elems") > 0
+                           ? attr("rt.param_store_elems")
+                           : params;
+  m["params_bytes"] = paramStore * 4;
+  if (attr("rt.param_store_elems") > 0) {
+    m["param_piece_bytes"] = attr("rt.param_piece_elems") * 4;
+    m["param_gather_bytes"] = attr("rt.param_gather_elems") * 4;
+    m["param_whole_bytes"] = (attr("rt.param_store_elems") -
+                              attr("rt.param_piece_elems") -
+                              attr("rt.param_gather_elems")) *
+                             4;
+  }
   // With gradients kept as pieces (parallel.zero 2): the pieces, the runs
   // being reduced (staging) and the gradients outside the runs.
   int64_t grads =
@@ -237,7 +250,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // Parameters of other ranks held for the step (a tied embedding's copy on
   // the last stage).
   m["received_param_bytes"] = attr("rt.received_bytes");
-  int64_t total = params * 4 + grads * 4 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
+  int64_t total = paramStore * 4 + grads * 4 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters.
   bool shadow = false;
@@ -606,6 +619,11 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
+  if (spec.parallel.zero == 3 && options.target == "cuda")
+    return diagnostics.error(
+        options.input + ": parallel.zero: parallel.zero = 3 (parameters "
+                        "sharded over dp) is built for the CPU target so far; "
+                        "the CUDA target takes 0, 1 or 2");
   pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);

@@ -31,7 +31,12 @@
 //          m times (d-1)/d * 4n, then the gather (a gradient summed over tp
 //          too is all-reduced over tp as a piece, once); a tied embedding
 //          on the first pipeline stage, to which the update adds the last
-//          stage's gradient, is reduced once as under ZeRO-1
+//          stage's gradient, is reduced once as under ZeRO-1. Sharding
+//          the parameters too (parallel.zero 3) gathers them before each
+//          part that reads them, forward and backward, per microbatch, and
+//          drops the gather after the update: 3m (d-1)/d * 4n, the ZeRO
+//          paper's 1.5x of the all-reduce (a run that a backward part does
+//          not read is not gathered there, so Tessel moves at most that)
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -168,6 +173,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1;
+  bool zero3 = plan.value("zero", 0) >= 3 && d > 1;
   CommTable table;
   for (const json &param : plan["parameters"]) {
     if (param["program"] != program)
@@ -189,8 +195,9 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool tiedFirst = tied && p > 1 && first &&
                      (name == "wte.weight" || name == "model.embed_tokens.weight");
     bool pieces = zero2 && !tiedFirst;
-    double dpBytes = pieces ? (m + 1) / 2 * allReduce(n, d, 4)
-                            : allReduce(n, d, 4);
+    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, d, 4)
+                     : pieces        ? (m + 1) / 2 * allReduce(n, d, 4)
+                                     : allReduce(n, d, 4);
     if (sp && t > 1 && !splitOverTp && zero) {
       table.textbook["tp"] += allReduce(pieces ? n / d : n, t, 4);
       table.textbook["dp"] += dpBytes;
@@ -276,8 +283,32 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   const std::set<int64_t> &blocks = held.blocks;
 
   std::vector<MemoryRow> rows;
-  rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
-                  4 * P, ""});
+  // ZeRO-3: the parameters as pieces, those kept whole (as the gradients
+  // below) and the runs gathered for the parts.
+  double keptWhole = 0;
+  for (const json &param : plan["parameters"]) {
+    if (param["program"] != program)
+      continue;
+    std::string name = param["name"].get<std::string>();
+    if ((sp && t > 1 && !llama && name == "wpe.weight") ||
+        (tied && p > 1 && first &&
+         (name == "wte.weight" || name == "model.embed_tokens.weight")))
+      keptWhole += elementsOf(param);
+  }
+  if (!memory.contains("param_piece_bytes")) {
+    rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
+                    4 * P, ""});
+  } else {
+    rows.push_back({"parameter pieces (fp32, 1/dp)",
+                    memory["param_piece_bytes"].get<double>(),
+                    4 * (P - keptWhole) / d, ""});
+    rows.push_back({"parameters kept whole (fp32)",
+                    memory["param_whole_bytes"].get<double>(), 4 * keptWhole,
+                    ""});
+    rows.push_back({"gathered parameters",
+                    memory["param_gather_bytes"].get<double>(), 0,
+                    "runs a part reads, gathered: a bucket per slot"});
+  }
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1 &&
                memory.contains("grad_piece_bytes");
   if (!zero2) {

@@ -85,8 +85,9 @@ static int compileCommand(int argc, char **argv) {
                "(train.recompute)"),
       cl::cat(category));
   cl::opt<int> zero("zero",
-                    cl::desc("ZeRO level over dp: 0, or 1 to shard AdamW's "
-                             "moments (parallel.zero)"),
+                    cl::desc("ZeRO level over dp (parallel.zero): 1 shards "
+                             "AdamW's moments, 2 the gradients too, 3 the "
+                             "parameters too"),
                     cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
@@ -199,8 +200,9 @@ static int checkCommandLine(int argc, char **argv) {
                "(train.recompute)"),
       cl::cat(category));
   cl::opt<int> zero("zero",
-                    cl::desc("ZeRO level over dp: 0, or 1 to shard AdamW's "
-                             "moments (parallel.zero)"),
+                    cl::desc("ZeRO level over dp (parallel.zero): 1 shards "
+                             "AdamW's moments, 2 the gradients too, 3 the "
+                             "parameters too"),
                     cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));

@@ -65,7 +65,7 @@ struct ParallelSpec {
   double bucketMB = 25.0; // gradient all-reduce bucket size
   // parallel.zero: 0 replicates the optimizer over dp; 1 shards AdamW's
   // moments over dp (gradients reduce-scattered, parameters all-gathered);
-  // 2 keeps the gradients as pieces too.
+  // 2 keeps the gradients as pieces too; 3 the parameters as well (CPU).
   int64_t zero = 0;
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,

@@ -46,7 +46,8 @@ struct TrainPipelineOptions
   Option<int64_t> zero{
       *this, "zero",
       llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer), 1 "
-                     "(AdamW moments sharded) or 2 (gradients too)"),
+                     "(AdamW moments sharded), 2 (gradients too) or 3 "
+                     "(parameters too)"),
       llvm::cl::init(0)};
   Option<std::string> recompute{
       *this, "recompute",

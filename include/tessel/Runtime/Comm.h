@@ -122,9 +122,11 @@ void commWait(CommRequest request);
 // reduceScatterShards with `out` writes the piece there instead.
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
-// Every rank's piece, in place, to every rank. `shadow` must be null on the
-// CPU. Counts c elements and (g-1) * c * 4 bytes.
-void allGatherShards(float *buffer, void *shadow, int64_t n, unsigned axes);
+// Every rank's piece, in place, to every rank; with `from` this rank's piece
+// is first copied from there. `shadow` must be null on the CPU. Counts c
+// elements and (g-1) * c * 4 bytes.
+void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
+                     unsigned axes);
 
 // Point-to-point along one mesh axis, with the rank whose coordinate on
 // `axis` is this rank's + offset and every other coordinate equal. sendTo is

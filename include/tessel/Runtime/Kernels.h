@@ -174,15 +174,16 @@ void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
 // in group order (reduceScatterShards); only its elements inside this
 // rank's piece k are read, and m, v are the moments of piece k (element
 // runOffset + i of the run at m[runOffset + i - k * piece]). With
-// pieceGrads (ZeRO-2) x and g are piece k's storage too, indexed alike.
+// pieceGrads (ZeRO-2) x and g are piece k's storage too, indexed alike;
+// with pieceParams (ZeRO-3) so is p.
 void addSumOfSquaresShard(const float *x, double *sum, int64_t n,
                           int64_t runOffset, int64_t piece, unsigned axes,
                           bool pieceGrads);
 void adamwStepShard(float *p, void *shadow, const float *g, float *m,
                     float *v, const float *norm, float lr, int64_t step,
                     int64_t n, int64_t runOffset, int64_t piece, unsigned axes,
-                    bool pieceGrads, float beta1, float beta2, float eps,
-                    float weightDecay, float maxNorm);
+                    bool pieceGrads, bool pieceParams, float beta1,
+                    float beta2, float eps, float weightDecay, float maxNorm);
 
 } // namespace tessel::rt
 

@@ -49,6 +49,13 @@ struct ParamInfo {
   int64_t stateOffset;
   int64_t stateRunOffset;
   int64_t statePiece;
+  // Its values in the step's parameter store. With the parameters sharded
+  // (parallel.zero 3, Program::paramStoreElems > 0) and valuePiece > 0,
+  // data-parallel rank k holds the part inside piece k, laid out as the
+  // moments are but from valueOffset; valuePiece 0: whole, at valueOffset.
+  // Without sharding the store is laid out by `offset`.
+  int64_t valueOffset;
+  int64_t valuePiece;
 };
 
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };
@@ -151,6 +158,10 @@ struct Program {
   // Elements of the gradient store when gradients are kept as pieces
   // (parallel.zero 2); 0: laid out like the parameters (paramElems).
   int64_t gradElems;
+  // Elements of the step's parameter store when parameters are sharded
+  // (parallel.zero 3: pieces, parameters kept whole and gathered runs); 0:
+  // the store is laid out like `offset` (paramElems).
+  int64_t paramStoreElems;
   // Null for CPU programs.
   const DeviceHooks *device;
   // A program shared by pipeline ranks: one entry per rank it serves (the

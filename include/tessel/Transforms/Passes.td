@@ -312,9 +312,19 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     update adds the last stage's gradient) stay whole, as under ZeRO-1. The
     gradient store becomes [pieces | scratch | whole gradients | staging]
     (`rt.grad_elems` and its parts).
+
+    With `zero` 3 the parameters of a staged run are kept as pieces too
+    (ZeRO-3), unless something besides the parts and the run's update reads
+    them: the parameter store becomes [pieces (laid out like the moments) |
+    parameters kept whole | gathered runs] (`rt.param_store_elems` and its
+    parts; each `rt.param` records where its values are, `value_shard`).
+    Each part gathers a run whole into a slot right before its first read
+    of it (`rt.all_gather_shards` with `from`, the piece), slots shared by
+    runs whose reads do not overlap; AdamW updates the pieces
+    (`piece_params`) and nothing is gathered after the update.
   }];
   let options = [
-    Option<"zero", "zero", "int64_t", "1", "ZeRO level (1 or 2)">,
+    Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,
   ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

@@ -333,6 +333,13 @@ FailureOr<std::string> parameterTable(ModuleOp program,
       os << ", " << shard[0] << ", " << shard[1] << ", " << shard[2];
     else
       os << ", " << *p.getOffset() << ", 0, 0";
+    // Where its values are in the step's parameter store (ZeRO-3: a piece
+    // of its run, laid out like the moments): [offset, piece].
+    auto value = p->getAttrOfType<DenseI64ArrayAttr>("value_shard");
+    if (value && value.size() == 2)
+      os << ", " << value[0] << ", " << value[1];
+    else
+      os << ", " << *p.getOffset() << ", 0";
     os << "},\n";
   }
   os << "}";
@@ -440,6 +447,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "normSums", intAttr(program, "rt.norm_sums"));
   setInt(var, "optimizerElems", intAttr(program, "rt.optimizer_elems"));
   setInt(var, "gradElems", intAttr(program, "rt.grad_elems"));
+  setInt(var, "paramStoreElems", intAttr(program, "rt.param_store_elems"));
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(

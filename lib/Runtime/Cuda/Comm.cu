@@ -1184,11 +1184,19 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
     });
 }
 
-void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes) {
+void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
+                     unsigned axes) {
   checkAxes(axes, "allGatherShards");
   checkCount(n, "allGatherShards");
   int64_t g = rt::groupSize(axes), c = detail::shardPiece(n, g);
   count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
+  if (from) {
+    // This rank's piece into its place first (ZeRO-3), on the compute
+    // stream, which the gather waits for.
+    detail::RunRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
+    if (own.size() > 0)
+      copyOnCompute(buffer + own.begin, from, own.size());
+  }
   const char *name = rt::collectiveName(CollectiveKind::AllGather);
   ncclComm_t comm = commFor(axes, name);
   if (comm && n > 0)

@@ -193,7 +193,8 @@ void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
 void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
                     const float *norm, float lr, int64_t step, int64_t n,
                     int64_t runOffset, int64_t piece, unsigned axes,
-                    bool pieceGrads, float beta1, float beta2, float eps,
+                    bool pieceGrads, bool pieceParams, float beta1,
+                    float beta2, float eps,
                     float weightDecay, float maxNorm) {
   int64_t k = rt::groupRank(axes);
   detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
@@ -201,10 +202,10 @@ void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
     return;
   int64_t at = own.begin - runOffset;    // in the tensor
   int64_t state = own.begin - k * piece; // in the piece's moments
-  adamwUpdate(p + at, shadow ? shadow + at : nullptr,
-              g + (pieceGrads ? state : at), m + state,
-              v + state, own.size(), lr, beta1, beta2, eps, weightDecay, step,
-              norm, maxNorm);
+  int64_t value = pieceParams ? state : at;
+  adamwUpdate(p + value, shadow ? shadow + value : nullptr,
+              g + (pieceGrads ? state : at), m + state, v + state, own.size(),
+              lr, beta1, beta2, eps, weightDecay, step, norm, maxNorm);
 }
 
 void scalarAccumulate(const float *x, float *acc, bool first) {

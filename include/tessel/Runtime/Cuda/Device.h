@@ -74,7 +74,8 @@ void commWait(CommRequest request);
 // With `out` (ZeRO-2) the piece goes there instead of in place.
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
-void allGatherShards(float *buffer, bf16 *shadow, int64_t n, unsigned axes);
+void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
+                     unsigned axes);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue

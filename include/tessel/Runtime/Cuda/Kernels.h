@@ -250,7 +250,8 @@ void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
 void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
                     const float *norm, float lr, int64_t step, int64_t n,
                     int64_t runOffset, int64_t piece, unsigned axes,
-                    bool pieceGrads, float beta1, float beta2, float eps,
+                    bool pieceGrads, bool pieceParams, float beta1,
+                    float beta2, float eps,
                     float weightDecay, float maxNorm);
 // Loss accumulation over microbatches on the device: acc[0] = x[0] when
 // `first`, else acc[0] += x[0].
