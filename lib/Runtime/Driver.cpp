@@ -338,80 +338,55 @@ void validateProgram(const Program &program) {
     fail("program has negative buffer sizes");
 }
 
-// With the optimizer sharded over dp: the elements of parameter p that this
-// rank's piece holds, [lo, hi) of the parameter, and where the first is in
-// the moment store (see ParamInfo::stateOffset).
-struct OwnedState {
-  int64_t lo, hi, state;
+// With the optimizer (ZeRO-1/2) or the parameters too (ZeRO-3) sharded
+// over dp, a store holds per parameter either this rank's part of its run's
+// piece or the whole parameter; `Kind` says which store.
+enum class Kind { Moments, Values };
+
+// The elements of parameter p this rank holds in the store of `kind`, [lo,
+// hi) of the parameter, and where the first is in the store (see
+// ParamInfo::stateOffset and valueOffset).
+struct Owned {
+  int64_t lo, hi, at;
+  bool whole; // the parameter is whole in the store, alike on every dp rank
 };
-OwnedState ownedState(const ParamInfo &p) {
-  if (p.statePiece == 0)
-    return {0, p.numel, p.stateOffset};
+Owned ownedIn(const ParamInfo &p, Kind kind) {
+  int64_t base = kind == Kind::Moments ? p.stateOffset : p.valueOffset;
+  int64_t piece = kind == Kind::Moments ? p.statePiece : p.valuePiece;
+  if (piece == 0)
+    return {0, p.numel, base, true};
   unsigned dp = AxisSet(MeshAxis::DP).bits();
-  int64_t start = groupRank(dp) * p.statePiece;
+  int64_t start = groupRank(dp) * piece;
   int64_t lo = std::max(p.stateRunOffset, start);
-  int64_t hi = std::min(p.stateRunOffset + p.numel, start + p.statePiece);
-  hi = std::max(lo, hi);
-  return {lo - p.stateRunOffset, hi - p.stateRunOffset,
-          p.stateOffset + lo - start};
+  int64_t hi = std::max(lo, std::min(p.stateRunOffset + p.numel, start + piece));
+  return {lo - p.stateRunOffset, hi - p.stateRunOffset, base + lo - start,
+          false};
 }
 
-// Sharded moments laid out like the parameters (as a state file holds
-// them): each rank places its pieces and the sum over dp fills the rest.
-// Whole moments (statePiece 0) are alike on every dp rank: rank 0's count.
-void expandMoments(const Program &program, const float *sharded, float *full) {
+// A sharded store laid out by the parameters' `offset` (as init, load and
+// save see it): each rank places its parts and the sum over dp fills the
+// rest (whole parameters: dp rank 0's count).
+void expandStore(const Program &program, Kind kind, const float *store,
+                 float *full) {
   std::fill_n(full, program.paramElems, 0.0f);
   bool dpLeader = groupRank(AxisSet(MeshAxis::DP).bits()) == 0;
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    OwnedState o = ownedState(p);
-    if (p.statePiece == 0 && !dpLeader)
-      continue;
-    std::copy_n(sharded + o.state, o.hi - o.lo, full + p.offset + o.lo);
+    Owned o = ownedIn(p, kind);
+    if (!o.whole || dpLeader)
+      std::copy_n(store + o.at, o.hi - o.lo, full + p.offset + o.lo);
   }
   UncountedCollectives notTraffic;
   allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
 }
 
-// With the parameters sharded over dp (parallel.zero 3): where this rank
-// holds parameter p's values, as ownedState for the moments.
-OwnedState ownedValue(const ParamInfo &p) {
-  ParamInfo moved = p;
-  moved.stateOffset = p.valueOffset;
-  moved.statePiece = p.valuePiece;
-  return ownedState(moved);
-}
-
-// Sharded parameter values laid out by `offset` (as init, load and save
-// see them), and back; as expandMoments and shardMoments.
-void expandValues(const Program &program, const float *store, float *full) {
-  std::fill_n(full, program.paramElems, 0.0f);
-  bool dpLeader = groupRank(AxisSet(MeshAxis::DP).bits()) == 0;
+// The reverse: this rank's parts of a store laid out by `offset`.
+void shardStore(const Program &program, Kind kind, const float *full,
+                float *store) {
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    OwnedState o = ownedValue(p);
-    if (p.valuePiece == 0 && !dpLeader)
-      continue;
-    std::copy_n(store + o.state, o.hi - o.lo, full + p.offset + o.lo);
-  }
-  UncountedCollectives notTraffic;
-  allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
-}
-
-void shardValues(const Program &program, const float *full, float *store) {
-  for (int i = 0; i < program.numParams; i++) {
-    const ParamInfo &p = program.params[i];
-    OwnedState o = ownedValue(p);
-    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, store + o.state);
-  }
-}
-
-// The reverse: this rank's pieces of moments laid out like the parameters.
-void shardMoments(const Program &program, const float *full, float *sharded) {
-  for (int i = 0; i < program.numParams; i++) {
-    const ParamInfo &p = program.params[i];
-    OwnedState o = ownedState(p);
-    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, sharded + o.state);
+    Owned o = ownedIn(p, kind);
+    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, store + o.at);
   }
 }
 
@@ -999,7 +974,8 @@ int train(const Program &sharedProgram, const Options &opts) {
     wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
     paramData = (float *)wholeParams.get();
     state[0].data = paramData;
-    expandValues(program, (const float *)params.get(), paramData);
+    expandStore(program, Kind::Values, (const float *)params.get(),
+                paramData);
   };
   auto doneSaving = [&]() {
     if (shardedParams)
@@ -1008,8 +984,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   auto writeState = [&](int64_t step) {
     wholeForSave();
     if (shardedMoments) {
-      expandMoments(program, (const float *)adamM.get(), savedM);
-      expandMoments(program, (const float *)adamV.get(), savedV);
+      expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
+      expandStore(program, Kind::Moments, (const float *)adamV.get(), savedV);
     }
     saveParams(program, opts.saveState, state, step);
     doneSaving();
@@ -1025,8 +1001,8 @@ int train(const Program &sharedProgram, const Options &opts) {
     firstStep = parseInteger("the step of " + inQuotes(opts.resume),
                              step->second, 0);
     if (shardedMoments) {
-      shardMoments(program, savedM, (float *)adamM.get());
-      shardMoments(program, savedV, (float *)adamV.get());
+      shardStore(program, Kind::Moments, savedM, (float *)adamM.get());
+      shardStore(program, Kind::Moments, savedV, (float *)adamV.get());
     }
     if (firstStep >= opts.steps)
       fail(inQuotes(opts.resume) + " is at step " +
@@ -1037,7 +1013,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   else
     initParams(program, opts.seed, paramData);
   if (shardedParams) {
-    shardValues(program, paramData, (float *)params.get());
+    shardStore(program, Kind::Values, paramData, (float *)params.get());
     wholeParams.reset();
   }
 

@@ -159,6 +159,28 @@ private:
   };
   Staging stage(ArrayRef<Block *> blocks,
                 DenseMap<Block *, SmallVector<Use>> &usesIn);
+  // Ranges kept whole (the runs `keep` selects and parameters outside every
+  // run), packed from `base`, each keeping its layout.
+  struct Packing {
+    SmallVector<std::pair<int64_t, int64_t>> ranges; // old offset, elements
+    DenseMap<int64_t, int64_t> at;                   // old offset -> new
+    int64_t size = 0;
+    std::optional<int64_t> offsetOf(int64_t offset) const {
+      for (auto [start, n] : ranges)
+        if (start <= offset && offset < start + n)
+          return at.lookup(start) + (offset - start);
+      return std::nullopt;
+    }
+  };
+  Packing packWhole(function_ref<bool(const Run &)> keep, int64_t base);
+  // The placed views of one store (`rangeOf`): of runs `staged` selects, by
+  // part (unread ones erased); the others moved into `whole`.
+  LogicalResult
+  sortViews(function_ref<std::optional<std::pair<int64_t, int64_t>>(Value)>
+                rangeOf,
+            function_ref<bool(const Run &)> staged, const Packing &whole,
+            DenseMap<Block *, SmallVector<Use>> &usesIn,
+            SmallVector<Block *> &blocks, StringRef what);
   // A run's piece of the parameters (ZeRO-3).
   Value valuePieceView(OpBuilder &b, Location loc, const Run &r) {
     Value v = view(b, loc, MemRefType::get({r.piece}, b.getF32Type()),
@@ -524,6 +546,71 @@ void Sharder::chooseStaged() {
   }
 }
 
+Sharder::Packing Sharder::packWhole(function_ref<bool(const Run &)> keep,
+                                     int64_t base) {
+  Packing packing;
+  for (const Run &r : runs)
+    if (keep(r))
+      packing.ranges.push_back({r.start, r.length});
+  func.walk([&](rt::ParamOp p) {
+    if (!p.getOffset())
+      return;
+    int64_t n = elementsOf(p.getBuffer());
+    if (!runOf(*p.getOffset(), n))
+      packing.ranges.push_back({*p.getOffset(), n});
+  });
+  llvm::sort(packing.ranges);
+  for (auto [offset, n] : packing.ranges) {
+    packing.at[offset] = base + packing.size;
+    packing.size += n;
+  }
+  return packing;
+}
+
+LogicalResult Sharder::sortViews(
+    function_ref<std::optional<std::pair<int64_t, int64_t>>(Value)> rangeOf,
+    function_ref<bool(const Run &)> staged, const Packing &whole,
+    DenseMap<Block *, SmallVector<Use>> &usesIn, SmallVector<Block *> &blocks,
+    StringRef what) {
+  SmallVector<rt::BufferOp> dead;
+  WalkResult result = func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range = rangeOf(v.getBuffer());
+    if (!range)
+      return WalkResult::advance();
+    auto [offset, n] = *range;
+    Run *r = runOf(offset, n);
+    if (r && staged(*r)) {
+      if (v.use_empty()) {
+        dead.push_back(v); // what the norm and the update read before
+        return WalkResult::advance();
+      }
+      if (v->getParentOfType<pipe::UpdateOp>()) {
+        v.emitError("tessel-shard-optimizer: the update reads a sharded ")
+            << what << " run whole";
+        return WalkResult::interrupt();
+      }
+      Block *block = v->getBlock();
+      if (!usesIn.count(block))
+        blocks.push_back(block);
+      usesIn[block].push_back({v, r});
+      return WalkResult::advance();
+    }
+    if (std::optional<int64_t> at = whole.offsetOf(offset)) {
+      v.setOffset(*at);
+      return WalkResult::advance();
+    }
+    v.emitError("tessel-shard-optimizer: a ")
+        << what << " view at " << offset << " (+" << n
+        << ") lies across runs";
+    return WalkResult::interrupt();
+  });
+  if (result.wasInterrupted())
+    return failure();
+  for (rt::BufferOp v : dead)
+    v.erase();
+  return success();
+}
+
 Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
                                  DenseMap<Block *, SmallVector<Use>> &usesIn) {
   Staging staging;
@@ -617,29 +704,9 @@ void Sharder::chooseSharded() {
 // slot right before its first read of it.
 LogicalResult Sharder::gatherParams() {
   int64_t wholeBase = valuePieceElems;
-  SmallVector<std::pair<int64_t, int64_t>> whole; // old offset, elements
-  for (const Run &r : runs)
-    if (!r.sharded)
-      whole.push_back({r.start, r.length});
-  func.walk([&](rt::ParamOp p) {
-    if (!p.getOffset())
-      return;
-    int64_t n = elementsOf(p.getBuffer());
-    if (!runOf(*p.getOffset(), n))
-      whole.push_back({*p.getOffset(), n});
-  });
-  llvm::sort(whole);
-  DenseMap<int64_t, int64_t> wholeAt;
-  for (auto [offset, n] : whole) {
-    wholeAt[offset] = wholeBase + valueWholeElems;
-    valueWholeElems += n;
-  }
-  auto wholeOffset = [&](int64_t offset) -> std::optional<int64_t> {
-    for (auto [start, n] : whole)
-      if (start <= offset && offset < start + n)
-        return wholeAt[start] + (offset - start);
-    return std::nullopt;
-  };
+  Packing whole =
+      packWhole([](const Run &r) { return !r.sharded; }, wholeBase);
+  valueWholeElems = whole.size;
   // Where the runtime finds each parameter: [offset, piece], piece 0 for
   // whole.
   func.walk([&](rt::ParamOp p) {
@@ -652,41 +719,14 @@ LogicalResult Sharder::gatherParams() {
                                      ctx, {r->value, r->piece}));
     else
       p->setAttr("value_shard",
-                 DenseI64ArrayAttr::get(ctx, {*wholeOffset(offset), 0}));
+                 DenseI64ArrayAttr::get(ctx, {*whole.offsetOf(offset), 0}));
   });
 
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
-  SmallVector<rt::BufferOp> dead;
-  WalkResult result = func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = paramRange(v);
-    if (!range)
-      return WalkResult::advance();
-    auto [offset, n] = *range;
-    Run *r = runOf(offset, n);
-    if (r && r->sharded) {
-      if (v.use_empty()) {
-        dead.push_back(v);
-        return WalkResult::advance();
-      }
-      Block *block = v->getBlock();
-      if (!usesIn.count(block))
-        blocks.push_back(block);
-      usesIn[block].push_back({v, r});
-      return WalkResult::advance();
-    }
-    if (std::optional<int64_t> at = wholeOffset(offset)) {
-      v.setOffset(*at);
-      return WalkResult::advance();
-    }
-    v.emitError("tessel-shard-optimizer: zero 3: a parameter view at ")
-        << offset << " (+" << n << ") lies across runs";
-    return WalkResult::interrupt();
-  });
-  if (result.wasInterrupted())
+  if (failed(sortViews(paramRange, [](const Run &r) { return r.sharded; },
+                       whole, usesIn, blocks, "parameter")))
     return failure();
-  for (rt::BufferOp v : dead)
-    v.erase();
   Staging staging = stage(blocks, usesIn);
   gatherElems = staging.place(wholeBase + valueWholeElems);
   for (const Staging::Span &g : staging.spans) {
@@ -717,69 +757,15 @@ LogicalResult Sharder::stageGradients() {
   int64_t scratch = pieceElems;
   int64_t wholeBase = pieceElems + scratchElems;
   // Gradients kept whole (runs that are not staged, and parameters outside
-  // every run), packed after the pieces, each keeping its layout.
-  SmallVector<std::pair<int64_t, int64_t>> whole; // old offset, elements
-  for (const Run &r : runs)
-    if (!r.staged)
-      whole.push_back({r.start, r.length});
-  func.walk([&](rt::ParamOp p) {
-    if (!p.getOffset())
-      return;
-    int64_t n = elementsOf(p.getBuffer());
-    if (!runOf(*p.getOffset(), n))
-      whole.push_back({*p.getOffset(), n});
-  });
-  llvm::sort(whole);
-  DenseMap<int64_t, int64_t> wholeAt; // old offset -> new
-  for (auto [offset, n] : whole) {
-    wholeAt[offset] = wholeBase + wholeElems;
-    wholeElems += n;
-  }
-  auto wholeOffset = [&](int64_t offset) -> std::optional<int64_t> {
-    for (auto [start, n] : whole)
-      if (start <= offset && offset < start + n)
-        return wholeAt[start] + (offset - start);
-    return std::nullopt;
-  };
-
-  // Where each view's run is written, part by part.
+  // every run), packed after the pieces; where each staged run is written,
+  // part by part.
+  Packing whole = packWhole([](const Run &r) { return !r.staged; }, wholeBase);
+  wholeElems = whole.size;
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
-  SmallVector<rt::BufferOp> dead;
-  WalkResult result = func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = gradRange(v);
-    if (!range)
-      return WalkResult::advance();
-    auto [offset, n] = *range;
-    Run *r = runOf(offset, n);
-    if (r && r->staged) {
-      if (v->getParentOfType<pipe::UpdateOp>()) {
-        if (!v->use_empty()) {
-          v.emitError("tessel-shard-optimizer: zero 2: a staged gradient "
-                      "is read in the update");
-          return WalkResult::interrupt();
-        }
-        dead.push_back(v); // what the norm and the update read before
-        return WalkResult::advance();
-      }
-      Block *block = v->getBlock();
-      if (!usesIn.count(block))
-        blocks.push_back(block);
-      usesIn[block].push_back({v, r});
-      return WalkResult::advance();
-    }
-    if (std::optional<int64_t> at = wholeOffset(offset)) {
-      v.setOffset(*at);
-      return WalkResult::advance();
-    }
-    v.emitError("tessel-shard-optimizer: zero 2: a gradient view at ")
-        << offset << " (+" << n << ") lies across gradient runs";
-    return WalkResult::interrupt();
-  });
-  if (result.wasInterrupted())
+  if (failed(sortViews(gradRange, [](const Run &r) { return r.staged; }, whole,
+                       usesIn, blocks, "gradient")))
     return failure();
-  for (rt::BufferOp v : dead)
-    v.erase();
 
   // A microbatch's writes accumulate nothing across microbatches: staging
   // is another run's between them. Each write replaces.

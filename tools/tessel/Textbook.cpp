@@ -160,6 +160,25 @@ bool recomputes(const json &plan, int64_t block) {
   return false;
 }
 
+// Elements of the parameters ZeRO-2/3 keep whole on a program: GPT-2's
+// position table under sequence parallelism (reduced as sequence pieces)
+// and a tied embedding on the first of several stages (the update adds the
+// last stage's gradient to it).
+double keptWholeUnderZero(const json &plan, const std::string &program,
+                          const Sizes &z) {
+  double kept = 0;
+  for (const json &param : plan["parameters"]) {
+    if (param["program"] != program)
+      continue;
+    std::string name = param["name"].get<std::string>();
+    if ((z.sp && z.t > 1 && !z.llama && name == "wpe.weight") ||
+        (z.tied && z.p > 1 && z.first &&
+         (name == "wte.weight" || name == "model.embed_tokens.weight")))
+      kept += elementsOf(param);
+  }
+  return kept;
+}
+
 } // namespace
 
 Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
@@ -285,16 +304,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   std::vector<MemoryRow> rows;
   // ZeRO-3: the parameters as pieces, those kept whole (as the gradients
   // below) and the runs gathered for the parts.
-  double keptWhole = 0;
-  for (const json &param : plan["parameters"]) {
-    if (param["program"] != program)
-      continue;
-    std::string name = param["name"].get<std::string>();
-    if ((sp && t > 1 && !llama && name == "wpe.weight") ||
-        (tied && p > 1 && first &&
-         (name == "wte.weight" || name == "model.embed_tokens.weight")))
-      keptWhole += elementsOf(param);
-  }
+  double keptWhole = keptWholeUnderZero(plan, program, *sizes);
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
@@ -318,16 +328,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     // ZeRO-2: the pieces (4P/d), what is kept whole (GPT-2's position
     // table under sequence parallelism; a tied embedding on the first of
     // several stages), and the staging of the runs being reduced.
-    double kept = 0;
-    for (const json &param : plan["parameters"]) {
-      if (param["program"] != program)
-        continue;
-      std::string name = param["name"].get<std::string>();
-      if ((sp && t > 1 && !llama && name == "wpe.weight") ||
-          (tied && p > 1 && first &&
-           (name == "wte.weight" || name == "model.embed_tokens.weight")))
-        kept += elementsOf(param);
-    }
+    double kept = keptWhole;
     rows.push_back({"gradient pieces (fp32, 1/dp)",
                     memory["grad_piece_bytes"].get<double>(),
                     4 * (P - kept) / d, ""});
