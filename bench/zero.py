@@ -10,7 +10,9 @@ The paper's model-state formulas per rank for Psi parameters over N_d
 data-parallel ranks, as Tessel stores them on the CPU (fp32 parameters and
 gradients, two fp32 moments): zero 0: (4 + 4 + 8) Psi; zero 1: (4 + 4 +
 8/N_d) Psi; zero 2: (4 + 4/N_d + 8/N_d) Psi plus the staging of the runs
-being reduced. Prints markdown tables for docs/benchmarks.md.
+being reduced; zero 3: 16/N_d Psi plus the staging of the gradient runs and
+of the gathered parameter runs. Prints markdown tables for
+docs/benchmarks.md.
 """
 import argparse
 import json
@@ -48,20 +50,25 @@ def main():
     print("GPT-2 124M at dp4, per rank (plan.json; formula in parentheses):\n")
     print("| zero | parameters | gradients | AdamW moments | model state | formula |")
     print("|---|---|---|---|---|---|")
-    for level in (0, 1, 2):
+    for level in (0, 1, 2, 3):
         out = os.path.join(work, f"gpt2-z{level}")
         run([TESSEL, "compile", os.path.join(ROOT, "examples", "gpt2-124m.json"),
              "--dp", "4", "--zero", str(level), "--emit-only", "-o", out])
         plan = json.load(open(os.path.join(out, "plan.json")))
         m = plan["programs"]["program0"]["memory"]
         psi = plan["programs"]["program0"]["parameters"]
-        formula = {0: 16 * psi, 1: (8 + 8 / 4) * psi, 2: (4 + 12 / 4) * psi}[level]
+        formula = {0: 16 * psi, 1: (8 + 8 / 4) * psi, 2: (4 + 12 / 4) * psi,
+                   3: 16 / 4 * psi}[level]
         state = m["params_bytes"] + m["grads_bytes"] + m["optimizer_bytes"]
         grads = mb(m["grads_bytes"])
-        if level == 2:
+        if level >= 2:
             grads += (f" ({mb(m['grad_piece_bytes'])} pieces + "
                       f"{mb(m['grad_staging_bytes'])} staging)")
-        print(f"| {level} | {mb(m['params_bytes'])} | {grads} | "
+        params = mb(m["params_bytes"])
+        if level == 3:
+            params += (f" ({mb(m['param_piece_bytes'])} pieces + "
+                       f"{mb(m['param_gather_bytes'])} gathered)")
+        print(f"| {level} | {params} | {grads} | "
               f"{mb(m['optimizer_bytes'])} | {mb(state)} | {mb(formula)} |")
 
     print(f"\nMid-size GPT (8 layers, hidden 512, 29.5M parameters) at dp2 on "
@@ -69,7 +76,7 @@ def main():
     print("| zero | step time | bytes sent per rank and step | planned total | "
           "measured peak (rank 0) |")
     print("|---|---|---|---|---|")
-    for level in (0, 1, 2):
+    for level in (0, 1, 2, 3):
         out = os.path.join(work, f"mid-z{level}")
         run([TESSEL, "compile", os.path.join(ROOT, "examples", "gpt-tiny.json"),
              "--dp", "2", "--zero", str(level), "-o", out] + MID)
