@@ -707,18 +707,24 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
       " per rank): " + name +
       " holds " + gigabytes(total) + " per rank, " +
       gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
-  // The settings that shed memory without changing the layout: the
-  // optimizer sharded over dp, full recompute, and both.
+  // The settings that shed memory without changing the layout: each higher
+  // ZeRO level (the CUDA target takes up to 2), full recompute, and the
+  // highest level with full recompute.
   std::vector<std::pair<std::string, std::vector<std::string>>> settings;
-  bool zero = spec.parallel.zero == 0 && spec.parallel.dp > 1;
+  int64_t highest = options.target == "cuda" ? 2 : 3;
+  bool zero = spec.parallel.zero < highest && spec.parallel.dp > 1;
   bool recompute = spec.train.recompute != "full";
-  if (zero)
-    settings.push_back({"--zero 1", {"parallel.zero=1"}});
+  for (int64_t level = spec.parallel.zero + 1; zero && level <= highest;
+       ++level)
+    settings.push_back({"--zero " + std::to_string(level),
+                        {"parallel.zero=" + std::to_string(level)}});
   if (recompute)
     settings.push_back({"--recompute full", {"train.recompute=\"full\""}});
   if (zero && recompute)
-    settings.push_back({"--zero 1 --recompute full",
-                        {"parallel.zero=1", "train.recompute=\"full\""}});
+    settings.push_back({"--zero " + std::to_string(highest) +
+                            " --recompute full",
+                        {"parallel.zero=" + std::to_string(highest),
+                         "train.recompute=\"full\""}});
   for (const auto &[flags, overrides] : settings) {
     CompileOptions other = options;
     other.overrides.insert(other.overrides.end(), overrides.begin(),
