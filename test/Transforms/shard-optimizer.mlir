@@ -1,0 +1,53 @@
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=1 | FileCheck %s --check-prefix=ONE --implicit-check-not='rt.adamw('
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=2 | FileCheck %s --check-prefix=TWO --implicit-check-not=rt.reduce_scatter_shards_start
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=THREE
+
+// Two gradient buckets at dp 2: w and b side by side (136 elements, pieces
+// of 68) and wte (512, pieces of 256). The moments hold the pieces, w's and
+// b's piece first: 68 + 256 = 324 elements.
+
+// ZeRO-1: each bucket's all-reduce is a reduce-scatter started in the
+// backward pass; the norm adds the pieces' squares over dp; AdamW updates
+// the pieces; the parameter runs are gathered after the update.
+// ONE: rt.optimizer_elems = 324
+// ONE: rt.param "w" {{.*}}optimizer_shard = array<i64: 0, 0, 68>
+// ONE: rt.param "b" {{.*}}optimizer_shard = array<i64: 0, 128, 68>
+// ONE: rt.param "wte" {{.*}}optimizer_shard = array<i64: 68, 0, 256>
+// ONE: rt.reduce_scatter_shards_start({{.*}}) {axes = #dist.axes<dp>, slot = 0 : i64} : memref<136xf32>
+// ONE: rt.reduce_scatter_shards_start({{.*}}) {axes = #dist.axes<dp>, slot = 1 : i64} : memref<32x16xf32>
+// ONE: pipe.update
+// ONE: rt.sum_squares_shard({{.*}}) {axes = #dist.axes<dp>, n = 128 : i64, piece = 68 : i64, piece_grads = false, run_offset = 0 : i64}
+// ONE: rt.sum_squares_shard({{.*}}) {axes = #dist.axes<dp>, n = 8 : i64, piece = 68 : i64, piece_grads = false, run_offset = 128 : i64}
+// ONE: rt.all_reduce({{.*}}) {axes = #dist.axes<dp>} : memref<1xf64>
+// ONE-NEXT: rt.sqrt_sum
+// ONE: rt.adamw_shard({{.*}}n = 128 : i64, piece = 68 : i64, piece_grads = false, piece_params = false, run_offset = 0 : i64
+// ONE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, operandSegmentSizes = array<i32: 1, 0, 0>} : memref<136xf32>
+// ONE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 0, 0>} : memref<512xf32>
+
+// ZeRO-2: the gradient store holds the pieces (324) and staging; the
+// backward part reduce-scatters each run into its piece (w's and b's at 0,
+// wte's at 68) right after its last write, and the update reads the pieces.
+// TWO: rt.grad_piece_elems = 324
+// TWO: pipe.backward_pass
+// TWO: %[[PIECE:.*]] = rt.buffer <grads> 0 : memref<68xf32>
+// TWO-NEXT: rt.reduce_scatter_shards({{.*}}, %[[PIECE]]) {axes = #dist.axes<dp>, n = 136 : i64}
+// TWO: %[[PIECE2:.*]] = rt.buffer <grads> 68 : memref<256xf32>
+// TWO-NEXT: rt.reduce_scatter_shards({{.*}}, %[[PIECE2]]) {axes = #dist.axes<dp>, n = 512 : i64}
+// TWO: pipe.update
+// TWO: rt.sum_squares_shard({{.*}}piece_grads = true
+// TWO: rt.adamw_shard({{.*}}piece_grads = true, piece_params = false
+
+// ZeRO-3: the parameters too: each part gathers a run from its piece right
+// before reading it, AdamW updates the pieces and nothing is gathered after
+// the update.
+// THREE: rt.param_piece_elems = 324
+// THREE: rt.param "w" {{.*}}value_shard = array<i64: 0, 68>
+// THREE: rt.param "wte" {{.*}}value_shard = array<i64: 68, 256>
+// THREE: pipe.forward_pass
+// THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
+// THREE: pipe.backward_pass
+// THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = {{136|512}} : i64, operandSegmentSizes = array<i32: 1, 1, 0>}
+// THREE: pipe.update
+// THREE: rt.adamw_shard({{.*}}piece_grads = true, piece_params = true
+// THREE-NOT: rt.all_gather_shards
+// THREE: pipe.yield
