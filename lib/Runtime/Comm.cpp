@@ -1,5 +1,9 @@
 //===- Comm.cpp - Collectives over mesh axes with MPI ---------------------===//
 //
+// (Long by design: every collective the generated code calls, with its
+// counting and the watchdog's bookkeeping, in one place over one MPI
+// state.)
+//
 // One communicator is built per distinct group of ranks: an axis set is first
 // reduced to its axes of size > 1 (dp|pp with pp = 1 is the dp group), and a
 // set whose axes all have size 1 needs no communicator at all, since the

@@ -1,4 +1,8 @@
-//===- ShardOptimizer.cpp - AdamW's state sharded over data parallel ------===//
+//===- ShardOptimizer.cpp - ZeRO: training state sharded over dp ----------===//
+//
+// (Long by design: the three ZeRO levels share one analysis of the
+// gradient runs, one packing of what stays whole and one staging scheme,
+// and each level extends the one below.)
 //
 // ZeRO-1 (Megatron's distributed optimizer) on the planned rank programs.
 // Every gradient collective over dp whose buffer is a run of the gradient
@@ -18,7 +22,11 @@
 // (with several microbatches), the gradients outside every run, and a
 // staging region where a backward part writes a run's gradients whole; the
 // run is reduce-scattered into its piece right after the part's last write
-// to it, and runs whose writes do not overlap share staging. See Passes.td.
+// to it, and runs whose writes do not overlap share staging.
+//
+// ZeRO-3 keeps the parameters of those runs as pieces as well: each part
+// gathers a run whole into a slot of the parameter store right before its
+// first read of it, and AdamW updates the pieces. See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
