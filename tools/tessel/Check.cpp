@@ -164,18 +164,19 @@ int tessel::checkCommand(const CheckOptions &options) {
     errs() << "tessel: error: " << toString(c.takeError()) << "\n";
     return 1;
   }
+  // What the layout's plan says it computes in, and its ZeRO level.
+  SmallString<256> planPath(layDir);
+  sys::path::append(planPath, "plan.json");
+  auto text = MemoryBuffer::getFile(planPath);
+  auto plan =
+      text ? nlohmann::json::parse((*text)->getBuffer().begin(),
+                                   (*text)->getBuffer().end(), nullptr, false)
+           : nlohmann::json();
+  int64_t zero = plan.is_object() ? plan.value("zero", int64_t(0)) : 0;
   double tolerance = options.tolerance;
   if (tolerance < 0) {
-    // By what the layout's plan says it computes in: the CPU program
-    // matches one rank to rounding, fp32 CUDA kernels to 1e-4, and bf16
-    // (8 bits of mantissa in the activations) to about 1e-2.
-    SmallString<256> planPath(layDir);
-    sys::path::append(planPath, "plan.json");
-    auto text = MemoryBuffer::getFile(planPath);
-    auto plan =
-        text ? nlohmann::json::parse((*text)->getBuffer().begin(),
-                                     (*text)->getBuffer().end(), nullptr, false)
-             : nlohmann::json();
+    // The CPU program matches one rank to rounding, fp32 CUDA kernels to
+    // 1e-4, and bf16 (8 bits of mantissa in the activations) to about 1e-2.
     std::string precision = plan.is_object()
                                 ? plan.value("precision", std::string("fp32"))
                                 : "fp32";
@@ -186,6 +187,8 @@ int tessel::checkCommand(const CheckOptions &options) {
   bool ok = c->lossDiff <= tolerance && c->paramDiff <= tolerance;
   outs() << "tessel check: " << options.input << ", layout "
          << options.layout.describe();
+  if (zero > 0)
+    outs() << " zero=" << zero;
   if (options.target != "cpu")
     outs() << " on " << options.target;
   outs() << " vs one rank on the cpu, " << options.steps << " steps\n"
