@@ -3,6 +3,7 @@
 #include "dialects/Rt/RtOps.h"
 
 #include "tessel/Runtime/CommVolume.h"
+#include "tessel/Runtime/Pieces.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -159,15 +160,16 @@ void ReduceScatterOp::describeCommunication(
                            rt::reduceScatterBytesSent(n, g, bytes)));
 }
 
-// A run cut into ceil(n / g)-element pieces moves, per rank, the ring
-// volume of a piece-sized reduce-scatter or all-gather.
-static int64_t pieceOf(int64_t n, int64_t g) { return (n + g - 1) / g; }
+// A run cut into ceil(n / g)-element pieces (tessel/Runtime/Pieces.h)
+// moves, per rank, the ring volume of a piece-sized reduce-scatter or
+// all-gather.
+using rt::pieceSize;
 
 void ReduceScatterShardsOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = getN(), g = mesh.groupSize(getAxes());
   records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
-                           rt::reduceScatterBytesSent(pieceOf(n, g), g, 4)));
+                           rt::reduceScatterBytesSent(pieceSize(n, g), g, 4)));
 }
 
 void ReduceScatterShardsStartOp::describeCommunication(
@@ -176,15 +178,15 @@ void ReduceScatterShardsStartOp::describeCommunication(
   for (Value b : getBuffers()) {
     int64_t n = elementsOf(b);
     records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
-                             rt::reduceScatterBytesSent(pieceOf(n, g), g, 4)));
+                             rt::reduceScatterBytesSent(pieceSize(n, g), g, 4)));
   }
 }
 
 void AllGatherShardsOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = getN(), g = mesh.groupSize(getAxes());
-  records.push_back(record("all_gather", getAxes(), mesh, pieceOf(n, g), 4,
-                           rt::allGatherBytesSent(pieceOf(n, g), g, 4)));
+  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g), 4,
+                           rt::allGatherBytesSent(pieceSize(n, g), g, 4)));
 }
 
 void SendOp::describeCommunication(const MeshShape &mesh,

@@ -25,6 +25,7 @@
 
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/CommVolume.h"
+#include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Trace.h"
 
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
@@ -469,12 +470,9 @@ size_t freeRequestSlot() {
   return slot;
 }
 
-// Piece k of a run of n elements cut into g pieces: [k * c, min((k+1) * c,
-// n)) with c = ceil(n / g).
-int64_t pieceSize(int64_t n, int64_t g) { return (n + g - 1) / g; }
+// Elements of piece k of an n-element run over g ranks (Pieces.h).
 int pieceCount(int64_t n, int64_t g, int64_t k) {
-  int64_t c = pieceSize(n, g);
-  return (int)std::max<int64_t>(0, std::min(n, (k + 1) * c) - k * c);
+  return (int)inPiece(0, n, pieceSize(n, g), k).size();
 }
 
 } // namespace
@@ -572,7 +570,7 @@ void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
   std::vector<int> counts(g), offsets(g);
   for (int64_t r = 0; r < g; ++r) {
     counts[r] = pieceCount(n, g, r);
-    offsets[r] = (int)std::min(n, r * c);
+    offsets[r] = (int)inPiece(0, n, c, r).begin;
   }
   Waiting waiting("allGatherShards over %s (group of %lld, %lld elements)",
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,

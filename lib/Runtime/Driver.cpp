@@ -23,6 +23,7 @@
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
+#include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Program.h"
 #include "tessel/Runtime/Safetensors.h"
 #include "tessel/Runtime/Sharding.h"
@@ -355,11 +356,10 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
   int64_t piece = kind == Kind::Moments ? p.statePiece : p.valuePiece;
   if (piece == 0)
     return {0, p.numel, base, true};
-  unsigned dp = AxisSet(MeshAxis::DP).bits();
-  int64_t start = groupRank(dp) * piece;
-  int64_t lo = std::max(p.stateRunOffset, start);
-  int64_t hi = std::max(lo, std::min(p.stateRunOffset + p.numel, start + piece));
-  return {lo - p.stateRunOffset, hi - p.stateRunOffset, base + lo - start,
+  int64_t k = groupRank(AxisSet(MeshAxis::DP).bits());
+  PieceRange own = inPiece(p.stateRunOffset, p.numel, piece, k);
+  return {own.begin - p.stateRunOffset, own.end - p.stateRunOffset,
+          base + own.begin - k * piece,
           false};
 }
 

@@ -13,6 +13,7 @@
 
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Program.h"
 
 #include <algorithm>
@@ -92,10 +93,9 @@ struct Owned {
   int64_t lo, hi, pieceStart;
 };
 Owned owned(int64_t n, int64_t runOffset, int64_t piece, unsigned axes) {
-  int64_t start = groupRank(axes) * piece;
-  int64_t lo = std::max(runOffset, start);
-  int64_t hi = std::min(runOffset + n, start + piece);
-  return {lo - runOffset, std::max(lo, hi) - runOffset, start};
+  int64_t k = groupRank(axes);
+  PieceRange own = inPiece(runOffset, n, piece, k);
+  return {own.begin - runOffset, own.end - runOffset, k * piece};
 }
 
 } // namespace

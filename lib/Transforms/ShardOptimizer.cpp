@@ -70,21 +70,12 @@ int64_t elementsOf(Value v) {
   return cast<MemRefType>(v.getType()).getNumElements();
 }
 
-// The gradient-store run of `v`, if it is a placed view of that store.
-std::optional<std::pair<int64_t, int64_t>> gradRange(Value v) {
+// The place (offset, elements) of `v` in the store `space` (the gradient
+// or the parameter store), if it is a placed view of it laid out like the
+// parameters (a piece this pass made is not).
+std::optional<std::pair<int64_t, int64_t>> placeIn(rt::Space space, Value v) {
   auto view = v.getDefiningOp<rt::BufferOp>();
-  // (A ZeRO-2 piece is not a place in the parameters' layout.)
-  if (!view || view.getSpace() != rt::Space::Grads ||
-      view->hasAttr("shard.piece"))
-    return std::nullopt;
-  return std::make_pair((int64_t)view.getOffset(), elementsOf(v));
-}
-
-// The parameter-store place of `v`, if it is a placed view of that store.
-std::optional<std::pair<int64_t, int64_t>> paramRange(Value v) {
-  auto view = v.getDefiningOp<rt::BufferOp>();
-  if (!view || view.getSpace() != rt::Space::Params ||
-      view->hasAttr("shard.piece"))
+  if (!view || view.getSpace() != space || view->hasAttr("shard.piece"))
     return std::nullopt;
   return std::make_pair((int64_t)view.getOffset(), elementsOf(v));
 }
@@ -181,12 +172,11 @@ private:
     }
   };
   Packing packWhole(function_ref<bool(const Run &)> keep, int64_t base);
-  // The placed views of one store (`rangeOf`): of runs `staged` selects, by
+  // The placed views of one store (`space`): of runs `staged` selects, by
   // part (unread ones erased); the others moved into `whole`.
   LogicalResult
-  sortViews(function_ref<std::optional<std::pair<int64_t, int64_t>>(Value)>
-                rangeOf,
-            function_ref<bool(const Run &)> staged, const Packing &whole,
+  sortViews(rt::Space space, function_ref<bool(const Run &)> staged,
+            const Packing &whole,
             DenseMap<Block *, SmallVector<Use>> &usesIn,
             SmallVector<Block *> &blocks, StringRef what);
   // A run's piece of the parameters (ZeRO-3).
@@ -230,7 +220,7 @@ LogicalResult Sharder::collectRuns() {
       return;
     bool any = false;
     for (Value b : buffers)
-      if (auto range = gradRange(b)) {
+      if (auto range = placeIn(rt::Space::Grads, b)) {
         any = true;
         runs.push_back({range->first, range->second, 0, 0});
       }
@@ -244,6 +234,7 @@ LogicalResult Sharder::collectRuns() {
              << runs[k - 1].start << ", +" << runs[k - 1].length << ") and ["
              << runs[k].start << ", +" << runs[k].length
              << ") overlap; each gradient must be synchronised once";
+    // ceil(n / dp), as the runtime cuts it (tessel/Runtime/Pieces.h).
     runs[k].piece = (runs[k].length + dp - 1) / dp;
     runs[k].state = stateElems;
     stateElems += runs[k].piece;
@@ -275,7 +266,7 @@ void Sharder::shardSyncs() {
     // use slots): the first new start's stands for it.
     Value newRequest;
     for (auto [k, buffer] : llvm::enumerate(op->getOperands())) {
-      std::optional<std::pair<int64_t, int64_t>> range = gradRange(buffer);
+      std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Grads, buffer);
       bool isRun = range.has_value();
       if (isRun && zero >= 2 && runOf(range->first, range->second)->staged) {
         // Reduced where the backward pass finishes the run instead; the
@@ -371,7 +362,7 @@ LogicalResult Sharder::shardUpdates() {
     OpBuilder b(op);
     Location loc = op.getLoc();
     int64_t n = op.getN();
-    std::optional<std::pair<int64_t, int64_t>> range = gradRange(op.getGrad());
+    std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Grads, op.getGrad());
     const Run *r = range ? runOf(range->first, n) : nullptr;
     auto paramView = op.getParam().getDefiningOp<rt::BufferOp>();
     rt::ParamOp param =
@@ -438,7 +429,7 @@ void Sharder::shardNorm() {
   for (rt::SumSquaresOp op : squares) {
     OpBuilder b(op);
     int64_t n = op.getN();
-    std::optional<std::pair<int64_t, int64_t>> range = gradRange(op.getX());
+    std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Grads, op.getX());
     const Run *r = range ? runOf(range->first, n) : nullptr;
     int64_t inRun = r ? range->first - r->start : 0;
     int64_t piece = r ? r->piece : n;
@@ -516,22 +507,16 @@ LogicalResult Sharder::run() {
 void Sharder::chooseStaged() {
   DenseMap<Run *, SmallPtrSet<Block *, 2>> writers;
   DenseSet<Run *> readInUpdate;
-  std::function<bool(Value)> onlyReduced = [&](Value v) {
-    for (Operation *user : v.getUsers()) {
-      if (auto reshaped = dyn_cast<rt::ViewOp>(user)) {
-        if (!onlyReduced(reshaped.getResult()))
-          return false;
-        continue;
-      }
-      if (!isa<rt::AllReduceOp, rt::AllReduceStartOp, rt::SumSquaresOp,
-               rt::AdamWOp>(user) &&
-          !user->hasTrait<OpTrait::IsTerminator>())
-        return false;
-    }
-    return true;
+  auto onlyReduced = [](Value v) {
+    SmallVector<Operation *> users;
+    usersOf(v, users);
+    return llvm::all_of(users, [](Operation *user) {
+      return isa<rt::AllReduceOp, rt::AllReduceStartOp, rt::SumSquaresOp,
+                 rt::AdamWOp>(user);
+    });
   };
   func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = gradRange(v);
+    std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Grads, v);
     if (!range)
       return;
     Run *r = runOf(range->first, range->second);
@@ -576,13 +561,14 @@ Sharder::Packing Sharder::packWhole(function_ref<bool(const Run &)> keep,
 }
 
 LogicalResult Sharder::sortViews(
-    function_ref<std::optional<std::pair<int64_t, int64_t>>(Value)> rangeOf,
-    function_ref<bool(const Run &)> staged, const Packing &whole,
+    rt::Space space, function_ref<bool(const Run &)> staged,
+    const Packing &whole,
     DenseMap<Block *, SmallVector<Use>> &usesIn, SmallVector<Block *> &blocks,
     StringRef what) {
   SmallVector<rt::BufferOp> dead;
   WalkResult result = func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = rangeOf(v.getBuffer());
+    std::optional<std::pair<int64_t, int64_t>> range =
+        placeIn(space, v.getBuffer());
     if (!range)
       return WalkResult::advance();
     auto [offset, n] = *range;
@@ -683,7 +669,7 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
 void Sharder::chooseSharded() {
   DenseSet<Run *> readElsewhere;
   func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = paramRange(v);
+    std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Params, v);
     if (!range)
       return;
     Run *r = runOf(range->first, range->second);
@@ -692,7 +678,9 @@ void Sharder::chooseSharded() {
     bool inPart = v->getParentOfType<pipe::ForwardPassOp>() ||
                   v->getParentOfType<pipe::BackwardPassOp>();
     bool inUpdate = v->getParentOfType<pipe::UpdateOp>();
-    bool updated = inUpdate && llvm::all_of(v->getUsers(), [](Operation *u) {
+    SmallVector<Operation *> users;
+    usersOf(v.getBuffer(), users);
+    bool updated = inUpdate && llvm::all_of(users, [](Operation *u) {
                      return isa<rt::AdamWOp>(u);
                    });
     if (!inPart && !updated)
@@ -732,7 +720,7 @@ LogicalResult Sharder::gatherParams() {
 
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
-  if (failed(sortViews(paramRange, [](const Run &r) { return r.sharded; },
+  if (failed(sortViews(rt::Space::Params, [](const Run &r) { return r.sharded; },
                        whole, usesIn, blocks, "parameter")))
     return failure();
   Staging staging = stage(blocks, usesIn);
@@ -771,7 +759,7 @@ LogicalResult Sharder::stageGradients() {
   wholeElems = whole.size;
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
-  if (failed(sortViews(gradRange, [](const Run &r) { return r.staged; }, whole,
+  if (failed(sortViews(rt::Space::Grads, [](const Run &r) { return r.staged; }, whole,
                        usesIn, blocks, "gradient")))
     return failure();
 

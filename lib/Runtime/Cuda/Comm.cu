@@ -1126,10 +1126,10 @@ namespace {
 // n-element run, root k's piece being piece k (see the top).
 template <typename Call>
 void perPiece(int64_t n, unsigned axes, const char *name, Call call) {
-  int64_t g = rt::groupSize(axes), c = detail::shardPiece(n, g);
+  int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
   checkNccl(ncclGroupStart(), name, axes, n);
   for (int64_t root = 0; root < g; root++) {
-    detail::RunRange piece = detail::inPiece(0, n, c, root);
+    detail::PieceRange piece = detail::inPiece(0, n, c, root);
     if (piece.size() > 0)
       checkNccl(call(piece.begin, (size_t)piece.size(), (int)root), name, axes,
                 n);
@@ -1144,7 +1144,7 @@ ncclComm_t reduceScatterShardsComm(int64_t n, unsigned axes,
   checkCount(n, "reduceScatterShards");
   int64_t g = rt::groupSize(axes);
   count(CollectiveKind::ReduceScatter, n,
-        rt::reduceScatterBytesSent(detail::shardPiece(n, g), g));
+        rt::reduceScatterBytesSent(detail::pieceSize(n, g), g));
   return commFor(axes, name);
 }
 
@@ -1188,12 +1188,12 @@ void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
                      unsigned axes) {
   checkAxes(axes, "allGatherShards");
   checkCount(n, "allGatherShards");
-  int64_t g = rt::groupSize(axes), c = detail::shardPiece(n, g);
+  int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
   count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
   if (from) {
     // This rank's piece into its place first (ZeRO-3), on the compute
     // stream, which the gather waits for.
-    detail::RunRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
+    detail::PieceRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
     if (own.size() > 0)
       copyOnCompute(buffer + own.begin, from, own.size());
   }

@@ -3,6 +3,7 @@
 #define TESSEL_RUNTIME_CUDA_INTERNAL_H
 
 #include "tessel/Runtime/Cuda/Kernels.h"
+#include "tessel/Runtime/Pieces.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,21 +26,10 @@ inline unsigned blocksFor(int64_t n, int threads = 256) {
   return b > 65535 * 8 ? 65535u * 8u : (unsigned)b;
 }
 
-// The optimizer sharded over a group (ZeRO-1, tessel/Runtime/Comm.h): an
-// n-element run is cut into pieces of ceil(n / g) elements, piece k
-// belonging to group rank k.
-inline int64_t shardPiece(int64_t n, int64_t g) { return (n + g - 1) / g; }
-// The part [begin, end) of the elements [start, start + n) of a run that
-// lies in piece k of `piece`-element pieces (begin == end when none does).
-struct RunRange {
-  int64_t begin, end;
-  int64_t size() const { return end - begin; }
-};
-inline RunRange inPiece(int64_t start, int64_t n, int64_t piece, int64_t k) {
-  int64_t begin = std::max(start, k * piece);
-  int64_t end = std::min(start + n, (k + 1) * piece);
-  return {begin, std::max(begin, end)};
-}
+// Runs cut into data-parallel pieces (ZeRO): tessel/Runtime/Pieces.h.
+using rt::inPiece;
+using rt::PieceRange;
+using rt::pieceSize;
 
 // fp32 arithmetic whatever the storage type.
 __host__ __device__ inline float toFloat(float x) { return x; }

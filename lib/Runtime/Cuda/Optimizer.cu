@@ -183,7 +183,7 @@ void addSumOfSquaresShard(const TI *x, double *sum, int64_t n,
                           int64_t runOffset, int64_t piece, unsigned axes,
                           bool pieceGrads) {
   int64_t k = rt::groupRank(axes);
-  detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
+  detail::PieceRange own = detail::inPiece(runOffset, n, piece, k);
   if (own.size() > 0)
     sumSquaresInto(x + (pieceGrads ? own.begin - k * piece
                                    : own.begin - runOffset),
@@ -197,7 +197,7 @@ void adamwStepShard(float *p, bf16 *shadow, const float *g, float *m, float *v,
                     float beta2, float eps,
                     float weightDecay, float maxNorm) {
   int64_t k = rt::groupRank(axes);
-  detail::RunRange own = detail::inPiece(runOffset, n, piece, k);
+  detail::PieceRange own = detail::inPiece(runOffset, n, piece, k);
   if (own.size() <= 0)
     return;
   int64_t at = own.begin - runOffset;    // in the tensor
