@@ -43,6 +43,18 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
   return layout;
 }
 
+// --set, --recompute and --zero as spec overrides, in that order.
+static std::vector<std::string>
+specOverrides(const cl::list<std::string> &sets,
+              const cl::opt<std::string> &recompute, const cl::opt<int> &zero) {
+  std::vector<std::string> overrides(sets.begin(), sets.end());
+  if (recompute.getNumOccurrences())
+    overrides.push_back("train.recompute=\"" + recompute + "\"");
+  if (zero.getNumOccurrences())
+    overrides.push_back("parallel.zero=" + std::to_string(zero));
+  return overrides;
+}
+
 static int compileCommand(int argc, char **argv) {
   cl::OptionCategory category("tessel compile options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
@@ -142,11 +154,7 @@ static int compileCommand(int argc, char **argv) {
     options.memoryLimit = it->second << 20;
     options.memoryLimitFrom = "--gpu " + gpu;
   }
-  options.overrides.assign(sets.begin(), sets.end());
-  if (recompute.getNumOccurrences())
-    options.overrides.push_back("train.recompute=\"" + recompute + "\"");
-  if (zero.getNumOccurrences())
-    options.overrides.push_back("parallel.zero=" + std::to_string(zero));
+  options.overrides = specOverrides(sets, recompute, zero);
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
@@ -215,11 +223,7 @@ static int checkCommandLine(int argc, char **argv) {
     return 2;
   tessel::CheckOptions options;
   options.input = input;
-  options.overrides.assign(sets.begin(), sets.end());
-  if (recompute.getNumOccurrences())
-    options.overrides.push_back("train.recompute=\"" + recompute + "\"");
-  if (zero.getNumOccurrences())
-    options.overrides.push_back("parallel.zero=" + std::to_string(zero));
+  options.overrides = specOverrides(sets, recompute, zero);
   if (layers.getNumOccurrences())
     options.layers = layers;
   options.steps = steps;
