@@ -32,7 +32,8 @@ def run(cmd):
 
 
 def measured_idle(trace_path, skip_steps=2):
-    events = json.load(open(trace_path))["traceEvents"]
+    events = [e for e in json.load(open(trace_path))["traceEvents"]
+              if e["ph"] == "X"]
     # Steps end with an "update" span; split the events by them.
     steps, current = [], []
     for e in sorted(events, key=lambda e: e["ts"]):

@@ -189,6 +189,13 @@ void AllGatherShardsOp::describeCommunication(
                            rt::allGatherBytesSent(pieceSize(n, g), g, 4)));
 }
 
+void AllGatherShardsStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = getN(), g = mesh.groupSize(getAxes());
+  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g), 4,
+                           rt::allGatherBytesSent(pieceSize(n, g), g, 4)));
+}
+
 void SendOp::describeCommunication(const MeshShape &mesh,
                                    SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = elementsOf(getBuffer()), bytes = elementBytesOf(getBuffer());

@@ -417,6 +417,20 @@ def Rt_ReduceScatterShardsStartOp : Rt_CommOp<"reduce_scatter_shards_start"> {
   let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
 }
 
+def Rt_AllGatherShardsStartOp : Rt_CommOp<"all_gather_shards_start"> {
+  let summary = "Starts rt.all_gather_shards of a run from this rank's piece (allGatherShardsStart)";
+  let description = [{
+    ZeRO-3's prefetch: the gather of the next run a part reads is started
+    before the compute that precedes its first read. `buffer` may be read,
+    and `from` written, only after request slot `slot` has been waited for
+    (`rt.wait_requests`).
+  }];
+  let arguments = (ins Rt_Buffer:$buffer, Rt_Buffer:$from, I64Attr:$n,
+                   Dist_AxesAttr:$axes, OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $buffer `,` $from `)` attr-dict `:` type($buffer) `,` type($from)";
+}
+
 def Rt_WaitOp : Rt_Op<"wait"> {
   let summary = "Waits for the collectives a start op began (commWait)";
   let arguments = (ins Rt_RequestType:$request);

@@ -67,13 +67,18 @@ struct CommState {
   int uncounted = 0; // UncountedCollectives alive
   std::vector<MPI_Request> requests; // indexed by CommRequest
   std::vector<bool> requestInUse;
-  // A started reduce-scatter of shards: its counts (kept while MPI works)
-  // and where its piece goes when the request is waited for.
+  // A started collective of shards: its counts and offsets (kept while MPI
+  // works), where a reduce-scatter's piece goes when the request is waited
+  // for, and, for a traced gather, when it started and what it moves.
   struct PieceCopy {
-    std::vector<int> counts;
+    std::vector<int> counts, offsets;
     const float *from = nullptr;
     float *to = nullptr;
     int size = 0;
+    const char *traced = nullptr;
+    double tracedSince = 0;
+    int64_t tracedBytes = 0;
+    unsigned tracedAxes = 0;
   };
   std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
@@ -467,6 +472,7 @@ size_t freeRequestSlot() {
   }
   s.requestInUse[slot] = true;
   s.pieceCopies[slot].to = nullptr;
+  s.pieceCopies[slot].traced = nullptr;
   return slot;
 }
 
@@ -581,18 +587,58 @@ void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
            "MPI_Allgatherv");
 }
 
+CommRequest allGatherShardsStart(float *buffer, const float *from, int64_t n,
+                                 unsigned axes) {
+  checkAxes(axes, "allGatherShardsStart");
+  int64_t g = groupSize(axes);
+  checkCount(n, 1, "allGatherShardsStart");
+  int64_t c = pieceSize(n, g), k = groupRank(axes);
+  int64_t bytes = allGatherBytesSent(c, g);
+  count(CollectiveKind::AllGather, c, bytes);
+  CommState &s = state();
+  size_t slot = freeRequestSlot();
+  s.requests[slot] = MPI_REQUEST_NULL;
+  std::memmove(buffer + k * c, from,
+               (size_t)pieceCount(n, g, k) * sizeof(float));
+  CommState::PieceCopy &copy = s.pieceCopies[slot];
+  if (traceEnabled()) {
+    copy.traced = "all_gather_shards";
+    copy.tracedSince = traceNowMicros();
+    copy.tracedBytes = bytes;
+    copy.tracedAxes = axes;
+  }
+  if (g == 1)
+    return (CommRequest)slot;
+  copy.counts.resize(g);
+  copy.offsets.resize(g);
+  for (int64_t r = 0; r < g; ++r) {
+    copy.counts[r] = pieceCount(n, g, r);
+    copy.offsets[r] = (int)inPiece(0, n, c, r).begin;
+  }
+  checkMpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer,
+                           copy.counts.data(), copy.offsets.data(), MPI_FLOAT,
+                           s.comms[effectiveAxes(axes)], &s.requests[slot]),
+           "MPI_Iallgatherv");
+  return (CommRequest)slot;
+}
+
 void commWait(CommRequest request) {
   CommState &s = state();
   if (request < 0 || (size_t)request >= s.requests.size() ||
       !s.requestInUse[request])
     throw std::runtime_error("commWait on an unknown or finished request " +
                              std::to_string(request));
+  CommState::PieceCopy &copy = s.pieceCopies[request];
   if (s.requests[request] != MPI_REQUEST_NULL) {
-    Waiting waiting("the gradient collective started as request %d",
-                    (int)request);
+    TraceSpan span(copy.traced ? "gather wait" : nullptr);
+    Waiting waiting("the collective started as request %d", (int)request);
     waitAll(&s.requests[request], 1, "MPI_Wait");
   }
-  CommState::PieceCopy &copy = s.pieceCopies[request];
+  if (copy.traced) {
+    traceRecordCollective(copy.traced, copy.tracedSince, copy.tracedBytes,
+                          AxisSet::fromBits(copy.tracedAxes).str());
+    copy.traced = nullptr;
+  }
   if (copy.to) {
     std::memmove(copy.to, copy.from, (size_t)copy.size * sizeof(float));
     copy.to = nullptr;

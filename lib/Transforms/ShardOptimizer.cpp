@@ -25,8 +25,9 @@
 // to it, and runs whose writes do not overlap share staging.
 //
 // ZeRO-3 keeps the parameters of those runs as pieces as well: each part
-// gathers a run whole into a slot of the parameter store right before its
-// first read of it, and AdamW updates the pieces. See Passes.td.
+// gathers a run whole into a slot of the parameter store before its first
+// read of it (the next run's gather in flight while the previous run is
+// computed on), and AdamW updates the pieces. See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -140,6 +141,9 @@ private:
       Operation *first, *last;
       Run *run;
       int64_t slot;
+      // With prefetch: the op before which the run's gather starts (the
+      // previous run's first touch in the part), or null for the first.
+      Operation *issue = nullptr;
     };
     SmallVector<Span> spans;
     SmallVector<std::pair<Use, int64_t>> placed; // view, slot
@@ -157,7 +161,8 @@ private:
     }
   };
   Staging stage(ArrayRef<Block *> blocks,
-                DenseMap<Block *, SmallVector<Use>> &usesIn);
+                DenseMap<Block *, SmallVector<Use>> &usesIn,
+                bool prefetch = false);
   // Ranges kept whole (the runs `keep` selects and parameters outside every
   // run), packed from `base`, each keeping its layout.
   struct Packing {
@@ -605,8 +610,11 @@ LogicalResult Sharder::sortViews(
   return success();
 }
 
+// With `prefetch`, a run's slot is taken from the previous run's first
+// touch on (its gather is in flight while the previous run is computed).
 Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
-                                 DenseMap<Block *, SmallVector<Use>> &usesIn) {
+                                 DenseMap<Block *, SmallVector<Use>> &usesIn,
+                                 bool prefetch) {
   Staging staging;
   for (Block *block : blocks) {
     DenseMap<Operation *, int64_t> position;
@@ -637,8 +645,10 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
     // A run takes a slot whose last run's last touch came before its first.
     SmallVector<int64_t> busyUntil;
     DenseMap<Run *, int64_t> slotOf;
-    for (Run *run : order) {
-      int64_t lo = position[span[run].first], slot = -1;
+    for (auto [i, run] : llvm::enumerate(order)) {
+      Operation *issue =
+          prefetch && i > 0 ? span[order[i - 1]].first : nullptr;
+      int64_t lo = position[issue ? issue : span[run].first], slot = -1;
       for (auto [k, until] : llvm::enumerate(busyUntil))
         if (until < lo) {
           slot = k;
@@ -655,7 +665,7 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
       staging.slots[slot].size =
           std::max(staging.slots[slot].size, run->length);
       staging.spans.push_back(
-          {span[run].first, span[run].second, run, slot});
+          {span[run].first, span[run].second, run, slot, issue});
     }
     for (Use u : usesIn[block])
       if (slotOf.count(u.run))
@@ -723,19 +733,38 @@ LogicalResult Sharder::gatherParams() {
   if (failed(sortViews(rt::Space::Params, [](const Run &r) { return r.sharded; },
                        whole, usesIn, blocks, "parameter")))
     return failure();
-  Staging staging = stage(blocks, usesIn);
+  Staging staging = stage(blocks, usesIn, /*prefetch=*/true);
   gatherElems = staging.place(wholeBase + valueWholeElems);
+  // The first run of a part is gathered right before its first read; each
+  // later one is started before the previous run's first read (after that
+  // run's wait), so one gather is in flight at a time: one request slot.
+  int64_t request = 0;
+  if (auto slots = func->getAttrOfType<IntegerAttr>("rt.request_slots"))
+    request = slots.getInt();
+  bool started = false;
   for (const Staging::Span &g : staging.spans) {
-    OpBuilder b(g.first);
+    OpBuilder b(g.issue ? g.issue : g.first);
     Location loc = g.first->getLoc();
     Value gathered =
         view(b, loc, MemRefType::get({g.run->length}, b.getF32Type()),
              rt::Space::Params, staging.slots[g.slot].offset);
-    rt::AllGatherShardsOp::create(b, loc, gathered,
-                                  valuePieceView(b, loc, *g.run), Value(),
-                                  b.getI64IntegerAttr(g.run->length),
-                                  dpAxes());
+    Value from = valuePieceView(b, loc, *g.run);
+    auto n = b.getI64IntegerAttr(g.run->length);
+    if (!g.issue) {
+      rt::AllGatherShardsOp::create(b, loc, gathered, from, Value(), n,
+                                    dpAxes());
+      continue;
+    }
+    rt::AllGatherShardsStartOp::create(b, loc, rt::RequestType::get(ctx),
+                                       gathered, from, n, dpAxes(),
+                                       b.getI64IntegerAttr(request));
+    b.setInsertionPoint(g.first);
+    rt::WaitRequestsOp::create(b, loc, request, 1);
+    started = true;
   }
+  if (started)
+    func->setAttr("rt.request_slots",
+                  IntegerAttr::get(IntegerType::get(ctx, 64), request + 1));
   return success();
 }
 

@@ -37,16 +37,29 @@
 // TWO: rt.sum_squares_shard({{.*}}piece_grads = true
 // TWO: rt.adamw_shard({{.*}}piece_grads = true, piece_params = false
 
-// ZeRO-3: the parameters too: each part gathers a run from its piece right
+// ZeRO-3: the parameters too: each part gathers a run from its piece
 // before reading it, AdamW updates the pieces and nothing is gathered after
-// the update.
+// the update. A part's first run is gathered right before its first read;
+// the next one's gather is started then (prefetch, in request slot 2, after
+// the two the gradient buckets take) and waited for right before its own
+// first read, so it is in flight while the previous run is computed on.
 // THREE: rt.param_piece_elems = 324
+// THREE-SAME: rt.request_slots = 3
 // THREE: rt.param "w" {{.*}}value_shard = array<i64: 0, 68>
 // THREE: rt.param "wte" {{.*}}value_shard = array<i64: 68, 256>
 // THREE: pipe.forward_pass
 // THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
+// THREE-NEXT: rt.buffer
+// THREE-NEXT: rt.buffer
+// THREE-NEXT: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64} : memref<136xf32>, memref<68xf32>
+// THREE: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
 // THREE: pipe.backward_pass
-// THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = {{136|512}} : i64, operandSegmentSizes = array<i32: 1, 1, 0>}
+// THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>}
+// THREE: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64}
+// THREE-NEXT: rt.matmul({{.*}}memref<32x16xf32>
+// THREE: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
 // THREE: pipe.update
 // THREE: rt.adamw_shard({{.*}}piece_grads = true, piece_params = true
 // THREE-NOT: rt.all_gather_shards

@@ -372,6 +372,42 @@ def stop_compile(args):
     print(f"compile interrupted by SIG{args.signal} (rc {rc}); nothing left")
 
 
+def prefetch(args):
+    """ZeRO-3's prefetched gathers in a rank's trace: each started gather
+    (planned program: `allGatherShardsStart` calls) is drawn on the
+    collectives track with its group and bytes, and the rank waited for it
+    only after computing on: its wait begins after the gather began, inside
+    the time it was in flight."""
+    source = open(args.program).read()
+    started = source.count("allGatherShardsStart(")
+    if not started:
+        fail(f"{args.program} starts no gather")
+    events = [e for e in json.load(open(args.trace))["traceEvents"]
+              if e["ph"] == "X"]
+    flights = sorted((e for e in events if e["tid"] == 1
+                      and e["name"] == "all_gather_shards"),
+                     key=lambda e: e["ts"])
+    waits = sorted((e for e in events if e["name"] == "gather wait"),
+                   key=lambda e: e["ts"])
+    steps = sum(e["name"] == "update" for e in events)
+    if len(flights) != started * steps:
+        fail(f"{len(flights)} gathers in flight in {steps} steps, "
+             f"expected {started} per step")
+    if len(waits) > len(flights):
+        fail("more gather waits than gathers")
+    for f in flights:
+        if f["args"]["group"] != args.group or f["args"]["bytes"] <= 0:
+            fail(f"gather without its group or bytes: {f}")
+    for w in waits:
+        f = next((f for f in flights if f["ts"] <= w["ts"] and
+                  w["ts"] + w["dur"] <= f["ts"] + f["dur"] + 1e-3), None)
+        if f is None:
+            fail(f"a gather wait outside every gather's flight: {w}")
+        if not w["ts"] > f["ts"]:
+            fail(f"a gather waited for as soon as it started: {f}")
+    print(f"{len(flights)} gathers prefetched over {steps} steps")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -430,6 +466,11 @@ def main():
     p = sub.add_parser("textbook")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.set_defaults(run=textbook)
+    p = sub.add_parser("prefetch")
+    p.add_argument("program")
+    p.add_argument("trace")
+    p.add_argument("--group", default="dp")
+    p.set_defaults(run=prefetch)
     p = sub.add_parser("comm")
     p.add_argument("plan")
     p.add_argument("report")

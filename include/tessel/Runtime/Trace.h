@@ -2,8 +2,10 @@
 //
 // With `--trace FILE`, each rank records spans (forward, backward, update,
 // send, recv, wait) and writes them in the Chrome trace event format
-// (FILE with .rankR before the extension), viewable in Perfetto. Without it,
-// a span costs one branch.
+// (FILE with .rankR before the extension), viewable in Perfetto. Started
+// collectives are drawn from start to completion on a second track of the
+// rank ("collectives in flight"), with their group and bytes. Without it, a
+// span costs one branch.
 //
 //===----------------------------------------------------------------------===//
 #ifndef TESSEL_RUNTIME_TRACE_H
@@ -19,18 +21,21 @@ bool traceEnabled();
 // Records [start, now) as a complete event; `detail` is the microbatch (or
 // -1 when there is none).
 void traceRecord(const char *name, int64_t detail, double startMicros);
+// Records a started collective's [start, now) on the collectives track.
+void traceRecordCollective(const char *name, double startMicros, int64_t bytes,
+                           const std::string &group);
 double traceNowMicros();
 // Writes the recorded events for `rank` to `path` (atomically).
 void traceWrite(const std::string &path, int rank);
 
-// A span from construction to destruction.
+// A span from construction to destruction (none for a null name).
 class TraceSpan {
 public:
   TraceSpan(const char *name, int64_t detail = -1)
       : name(name), detail(detail),
         start(traceEnabled() ? traceNowMicros() : 0.0) {}
   ~TraceSpan() {
-    if (traceEnabled())
+    if (name && traceEnabled())
       traceRecord(name, detail, start);
   }
   TraceSpan(const TraceSpan &) = delete;

@@ -318,10 +318,16 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     them: the parameter store becomes [pieces (laid out like the moments) |
     parameters kept whole | gathered runs] (`rt.param_store_elems` and its
     parts; each `rt.param` records where its values are, `value_shard`).
-    Each part gathers a run whole into a slot right before its first read
-    of it (`rt.all_gather_shards` with `from`, the piece), slots shared by
-    runs whose reads do not overlap; AdamW updates the pieces
-    (`piece_params`) and nothing is gathered after the update.
+    Each part gathers its first run whole into a slot right before its
+    first read of it (`rt.all_gather_shards` with `from`, the piece) and
+    prefetches the rest: the gather of each next run is started
+    (`rt.all_gather_shards_start`, one request slot added to
+    `rt.request_slots`) before the previous run's first read and waited for
+    (`rt.wait_requests`) before its own, so one gather is in flight while
+    the rank computes. A run's slot is held from its gather's start to its
+    last read; slots are shared by runs whose holds do not overlap. AdamW
+    updates the pieces (`piece_params`) and nothing is gathered after the
+    update.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,

@@ -323,6 +323,34 @@ struct StartPattern : RtPattern<Op> {
   }
 };
 
+// ZeRO-3's prefetched gather: started into its request slot, waited for by
+// rt.wait_requests before the run's first read.
+struct GatherStartPattern : RtPattern<rt::AllGatherShardsStartOp> {
+  using RtPattern::RtPattern;
+  LogicalResult
+  matchAndRewrite(rt::AllGatherShardsStartOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    if (!op.getSlot())
+      return op.emitOpError("has no request slot (run tessel-shard-optimizer)");
+    if (!op.getRequest().use_empty())
+      return op.emitOpError("is still waited on by rt.wait");
+    Value started =
+        CallBuilder(rewriter, op.getLoc())
+            .operand(adaptor.getBuffer())
+            .operand(adaptor.getFrom())
+            .integer(op.getN())
+            .text(axesLiteral(op.getAxes()))
+            .build("allGatherShardsStart",
+                   opaque(rewriter.getContext(), "CommRequest"))
+            .getResult(0);
+    rewriter.create<emitc::AssignOp>(
+        op.getLoc(), requestSlot(rewriter, op.getLoc(), *op.getSlot()),
+        started);
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 struct WaitRequestsPattern : RtPattern<rt::WaitRequestsOp> {
   using RtPattern::RtPattern;
   LogicalResult
@@ -464,7 +492,8 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                                        const TargetInfo &target) {
   MLIRContext *ctx = patterns.getContext();
   patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
-               FinishStepPattern, AllReducePattern, WaitRequestsPattern>(
+               FinishStepPattern, AllReducePattern, WaitRequestsPattern,
+               GatherStartPattern>(
       converter, ctx, target);
   patterns.add<StartPattern<rt::AllReduceStartOp>>(converter, ctx, target,
                                                    "allReduceSumStart");
