@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
@@ -44,7 +45,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -81,6 +84,10 @@ struct Options {
   std::string resume;
   int64_t stopAfter = 0; // 0: run to --steps
   int64_t checkpointEvery = 0; // with --save-state: also every N steps
+  // Sharded checkpoints (Checkpoint.h): where, how often, which to keep.
+  std::string ckptDir;
+  int64_t ckptEvery = 0;
+  Retention ckptKeep;
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -116,9 +123,19 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         NAME.exp_avg_sq) and the step, as global\n"
       "                         tensors (.safetensors), resumable at any\n"
       "                         layout\n"
-      "  --resume FILE          continue from a --save-state file: its step\n"
-      "                         is the next one, with the same batches and\n"
+      "  --resume PATH          continue from a checkpoint directory (its\n"
+      "                         newest committed checkpoint whose files\n"
+      "                         pass their checksums) or a --save-state\n"
+      "                         file, saved at any layout: its step is the\n"
+      "                         next one, with the same batches and\n"
       "                         learning rates as an uninterrupted run\n"
+      "  --ckpt-dir DIR         write sharded checkpoints to DIR/step-N/\n"
+      "                         (one file per writing rank, a manifest\n"
+      "                         committed last, DIR/latest) at the end and\n"
+      "                         every --ckpt-every steps, in the background\n"
+      "  --ckpt-every N         with --ckpt-dir, a checkpoint every N steps\n"
+      "  --ckpt-keep K[:M]      keep the last K checkpoints and every one at\n"
+      "                         a multiple of M steps (default: keep all)\n"
       "  --stop-after N         stop after step N of the --steps schedule\n"
       "  --checkpoint-every N   with --save-state, also write the state\n"
       "                         every N steps (replacing the last one)\n"
@@ -216,7 +233,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
         flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
         flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
-        flag == "--stop-after" || flag == "--checkpoint-every";
+        flag == "--stop-after" || flag == "--checkpoint-every" ||
+        flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -244,6 +262,13 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.stopAfter = parsePositive(flag, value);
     } else if (flag == "--checkpoint-every") {
       opts.checkpointEvery = parsePositive(flag, value);
+    } else if (flag == "--ckpt-every") {
+      opts.ckptEvery = parsePositive(flag, value);
+    } else if (flag == "--ckpt-keep") {
+      size_t colon = value.find(':');
+      opts.ckptKeep.keepLast = parsePositive(flag, value.substr(0, colon));
+      if (colon != std::string::npos)
+        opts.ckptKeep.keepEvery = parsePositive(flag, value.substr(colon + 1));
     } else {
       if (value.empty())
         throw UsageError(flag + " expects a file name");
@@ -257,6 +282,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.saveState = value;
       else if (flag == "--resume")
         opts.resume = value;
+      else if (flag == "--ckpt-dir")
+        opts.ckptDir = value;
       else if (flag == "--comm-report")
         opts.commReport = value;
       else if (flag == "--trace")
@@ -731,6 +758,208 @@ void saveParams(const Program &program, const std::string &path,
   fail(failure + "; the final weights could not be saved");
 }
 
+// The boxes of the global tensor that this rank's shard of `p` holds, one
+// per block, in the shard's block order.
+std::vector<Box> shardBoxes(const ParamInfo &p, const ShardLayout &layout) {
+  Box whole{std::vector<int64_t>(p.rank, 0), shapeOf(p)};
+  if (!isSplit(layout))
+    return {whole};
+  std::vector<Box> boxes;
+  int64_t blockRows = layout.dim / layout.blocks;
+  for (int64_t b = 0; b < layout.blocks; b++) {
+    Box box = whole;
+    box.offsets[p.shardDim] = b * blockRows + layout.index * layout.pieceRows();
+    box.sizes[p.shardDim] = layout.pieceRows();
+    boxes.push_back(box);
+  }
+  return boxes;
+}
+
+// Block b of a shard (laid out [outer][block][piece rows x inner]) as its
+// own row-major box: copied out of the shard, or into it.
+void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
+               bool intoShard) {
+  int64_t run = layout.pieceRows() * layout.inner;
+  for (int64_t o = 0; o < layout.outer; o++) {
+    float *at = shard + (o * layout.blocks + b) * run;
+    if (intoShard)
+      std::copy_n(box + o * run, run, at);
+    else
+      std::copy_n(at, run, box + o * run);
+  }
+}
+
+// This rank's share of a checkpoint: the boxes of its shards that it
+// writes. A box that several ranks hold (replicas over every axis but the
+// one that splits the tensor and pp) is written by one of them, the
+// replicas taking tensors in turn.
+std::vector<CheckpointPiece>
+checkpointPieces(const Program &program, const std::vector<StateStore> &stores) {
+  std::vector<CheckpointPiece> pieces;
+  for (size_t st = 0; st < stores.size(); st++)
+    for (int i = 0; i < program.numParams; i++) {
+      const ParamInfo &p = program.params[i];
+      ShardLayout layout = shardLayoutOf(p);
+      unsigned replicaAxes = 0;
+      int64_t replicas = 1;
+      for (MeshAxis axis : kMeshAxes)
+        if (axis != MeshAxis::PP && !(isSplit(layout) && axis == p.shardAxis) &&
+            meshSize(axis) > 1) {
+          replicaAxes |= AxisSet(axis).bits();
+          replicas *= meshSize(axis);
+        }
+      int64_t tensor = (int64_t)st * program.numParams + i;
+      if (replicas > 1 && groupRank(replicaAxes) != tensor % replicas)
+        continue;
+      std::vector<Box> boxes = shardBoxes(p, layout);
+      for (size_t b = 0; b < boxes.size(); b++) {
+        CheckpointPiece piece;
+        piece.tensor = p.name + stores[st].suffix;
+        piece.shape = shapeOf(p);
+        piece.box = boxes[b];
+        piece.data.resize(piece.box.numel());
+        copyBlock(layout, (int64_t)b, stores[st].data + p.offset,
+                  piece.data.data(), /*intoShard=*/false);
+        pieces.push_back(std::move(piece));
+      }
+    }
+  return pieces;
+}
+
+// Whether every rank says yes.
+bool everyRank(bool yes) {
+  float no = yes ? 0.0f : 1.0f;
+  UncountedCollectives notTraffic;
+  allReduceMax(&no, 1, AxisSet::fromBits((1u << kNumMeshAxes) - 1).bits());
+  return no == 0.0f;
+}
+
+// The newest committed checkpoint under `path` whose files (those this
+// rank reads) pass their size and checksum checks on every rank; an older
+// one when not, saying why.
+CheckpointManifest chooseCheckpoint(const Program &program,
+                                    const std::string &path,
+                                    const std::vector<StateStore> &stores) {
+  std::vector<std::string> dirs = committedCheckpoints(path);
+  for (const std::string &dir : dirs) {
+    CheckpointManifest m;
+    std::string problem;
+    try {
+      m = readManifest(dir);
+      std::set<std::string> files;
+      for (const StateStore &store : stores)
+        for (int i = 0; i < program.numParams; i++) {
+          const ParamInfo &p = program.params[i];
+          auto t = m.tensors.find(p.name + store.suffix);
+          if (t == m.tensors.end())
+            continue;
+          for (const Box &want : shardBoxes(p, shardLayoutOf(p)))
+            for (const CheckpointManifest::Source &s : t->second.boxes) {
+              bool meets = s.box.offsets.size() == want.offsets.size();
+              for (size_t d = 0; meets && d < want.offsets.size(); d++)
+                meets = s.box.offsets[d] < want.offsets[d] + want.sizes[d] &&
+                        want.offsets[d] < s.box.offsets[d] + s.box.sizes[d];
+              if (meets)
+                files.insert(s.file);
+            }
+        }
+      for (const std::string &file : files)
+        if (!(problem = verifyCheckpointFile(m, file)).empty())
+          break;
+    } catch (const std::exception &e) {
+      problem = e.what();
+    }
+    if (!problem.empty())
+      std::fprintf(stderr,
+                   "warning: rank %d: the checkpoint '%s' is not used: %s\n",
+                   commRank(), dir.c_str(), problem.c_str());
+    if (everyRank(problem.empty())) {
+      if (dir != dirs.front() && commRank() == 0)
+        std::fprintf(stderr, "warning: resuming from the older checkpoint "
+                             "'%s'\n", dir.c_str());
+      return m;
+    }
+  }
+  fail("no checkpoint under " + inQuotes(path) +
+       " passes its checks (see the warnings above)");
+}
+
+// Loads the stores from a checkpoint saved at any layout: each rank reads
+// the boxes that meet its shards. A checkpoint of another model (tensors
+// missing, of other shapes, or not in this model) is refused naming them.
+void loadCheckpoint(const Program &program, const CheckpointManifest &m,
+                    const std::vector<StateStore> &stores) {
+  // What differs, by kind: missing here, of another shape, not in this model.
+  std::vector<std::string> missing, reshaped, extra;
+  std::vector<std::string> names;
+  for (auto &[name, t] : m.tensors)
+    names.push_back(name);
+  std::vector<float> used(names.size(), 0.0f);
+  for (const StateStore &store : stores)
+    for (int i = 0; i < program.numParams; i++) {
+      const ParamInfo &p = program.params[i];
+      std::string name = p.name + store.suffix;
+      auto t = m.tensors.find(name);
+      if (t == m.tensors.end()) {
+        missing.push_back(inQuotes(name));
+        continue;
+      }
+      used[std::lower_bound(names.begin(), names.end(), name) -
+           names.begin()] = 1.0f;
+      if (t->second.shape != shapeOf(p))
+        reshaped.push_back(inQuotes(name) + " " +
+                           formatShape(t->second.shape) + " there, " +
+                           formatShape(shapeOf(p)) + " here");
+    }
+  {
+    UncountedCollectives notTraffic;
+    allReduceMax(used.data(), (int64_t)used.size(),
+                 AxisSet::fromBits((1u << kNumMeshAxes) - 1).bits());
+  }
+  if (commRank() == 0)
+    for (size_t k = 0; k < names.size(); k++)
+      if (used[k] == 0.0f)
+        extra.push_back(inQuotes(names[k]));
+  if (!missing.empty() || !reshaped.empty() || !extra.empty()) {
+    std::string list;
+    auto add = [&](const std::vector<std::string> &items, const char *what) {
+      if (items.empty())
+        return;
+      list += "\n  " + std::to_string(items.size()) + " " + what + ": ";
+      for (size_t k = 0; k < items.size() && k < 4; k++)
+        list += (k ? ", " : "") + items[k];
+      if (items.size() > 4)
+        list += ", ...";
+    };
+    add(missing, "of this program's tensors not in the checkpoint");
+    add(reshaped, "of other shapes");
+    add(extra, "of the checkpoint's tensors not in this program");
+    fail("the checkpoint " + inQuotes(m.dir) +
+         " is of another model than this program's (saved at " + m.layout +
+         "):" + list);
+  }
+  if (!everyRank(true))
+    fail("another rank found the checkpoint of another model");
+  for (const StateStore &store : stores)
+    for (int i = 0; i < program.numParams; i++) {
+      const ParamInfo &p = program.params[i];
+      ShardLayout layout = shardLayoutOf(p);
+      std::vector<Box> boxes = shardBoxes(p, layout);
+      for (size_t b = 0; b < boxes.size(); b++) {
+        std::vector<float> box(boxes[b].numel());
+        readCheckpointBox(m, p.name + store.suffix, shapeOf(p), boxes[b],
+                          box.data());
+        copyBlock(layout, (int64_t)b, store.data + p.offset, box.data(),
+                  /*intoShard=*/true);
+      }
+    }
+}
+
+bool isDirectory(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 // FILE with ".rank<R>" before its extension: comm.json -> comm.rank3.json.
 std::string rankFileName(const std::string &path, int rank) {
   std::string tag = ".rank" + std::to_string(rank);
@@ -873,9 +1102,26 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (opts.checkpointEvery > 0 && opts.saveState.empty())
     throw UsageError("--checkpoint-every needs --save-state FILE (where the "
                      "state goes)");
-  if (program.device && (!opts.saveState.empty() || !opts.resume.empty()))
-    fail("--save-state and --resume are not available on the CUDA target "
-         "yet (AdamW's moments live on the device)");
+  if (program.device && (!opts.saveState.empty() || !opts.resume.empty() ||
+                         !opts.ckptDir.empty()))
+    fail("--save-state, --ckpt-dir and --resume are not available on the "
+         "CUDA target yet (AdamW's moments live on the device)");
+  if (opts.ckptDir.empty() && (opts.ckptEvery > 0 || opts.ckptKeep.keepLast))
+    throw UsageError(std::string(opts.ckptEvery > 0 ? "--ckpt-every"
+                                                    : "--ckpt-keep") +
+                     " needs --ckpt-dir DIR (where the checkpoints go)");
+  std::unique_ptr<CheckpointWriter> checkpoints;
+  if (!opts.ckptDir.empty()) {
+    if (leader) {
+      std::error_code ec;
+      std::filesystem::create_directories(opts.ckptDir, ec);
+      if (ec || !isDirectory(opts.ckptDir) ||
+          ::access(opts.ckptDir.c_str(), W_OK) != 0)
+        fail("cannot write checkpoints to " + inQuotes(opts.ckptDir) +
+             (ec ? ": " + ec.message() : std::string(": not a writable directory")));
+    }
+    checkpoints = std::make_unique<CheckpointWriter>(opts.ckptDir, opts.ckptKeep);
+  }
   std::string commReport;
   if (!opts.commReport.empty()) {
     commReport = rankFileName(opts.commReport, commRank());
@@ -958,7 +1204,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   // AdamW's moments beside the parameters, as a state file holds them.
   // Sharded moments are saved and resumed through copies laid out like the
   // parameters (only when a state is saved or resumed).
-  bool stateFiles = !opts.saveState.empty() || !opts.resume.empty();
+  bool stateFiles = !opts.saveState.empty() || !opts.resume.empty() ||
+                    checkpoints;
   AlignedBuffer fullM = allocateZeroed(
       shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
   AlignedBuffer fullV = allocateZeroed(
@@ -990,8 +1237,55 @@ int train(const Program &sharedProgram, const Options &opts) {
     saveParams(program, opts.saveState, state, step);
     doneSaving();
   };
+  // A checkpoint of this rank's shards, written in the background.
+  auto writeCheckpoint = [&](int64_t step, float loss) {
+    UncountedCollectives notTraffic;
+    wholeForSave();
+    if (shardedMoments) {
+      expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
+      expandStore(program, Kind::Moments, (const float *)adamV.get(), savedV);
+    }
+    CheckpointInfo info;
+    info.step = step;
+    info.consumedSamples = step * globalB;
+    info.loss = loss;
+    info.program = program.name ? program.name : "";
+    info.layout = describeMesh();
+    info.worldSize = commWorldSize();
+    const TrainConfig &c = program.config;
+    info.config = {{"global_batch", std::to_string(globalB)},
+                   {"seq_len", std::to_string(T)},
+                   {"vocab", std::to_string(c.vocab)},
+                   {"steps", std::to_string(opts.steps)},
+                   {"seed", std::to_string(opts.seed)},
+                   {"data", opts.data.empty() ? "synthetic" : opts.data}};
+    std::vector<CheckpointPiece> pieces = checkpointPieces(program, state);
+    doneSaving();
+    checkpoints->begin(info, std::move(pieces));
+  };
   int64_t firstStep = 0;
-  if (!opts.resume.empty()) {
+  if (!opts.resume.empty() && isDirectory(opts.resume)) {
+    CheckpointManifest m = chooseCheckpoint(program, opts.resume, state);
+    loadCheckpoint(program, m, state);
+    if (m.consumedSamples != m.step * globalB)
+      fail("the checkpoint " + inQuotes(m.dir) + " read " +
+           std::to_string(m.consumedSamples) + " sequences in " +
+           std::to_string(m.step) + " steps, but this run's global batch is " +
+           std::to_string(globalB) +
+           ": its batches would not continue the saved run's");
+    firstStep = m.step;
+    if (shardedMoments) {
+      shardStore(program, Kind::Moments, savedM, (float *)adamM.get());
+      shardStore(program, Kind::Moments, savedV, (float *)adamV.get());
+    }
+    if (firstStep >= opts.steps)
+      fail(inQuotes(m.dir) + " is at step " + std::to_string(firstStep) +
+           ", and --steps is " + std::to_string(opts.steps) +
+           ": nothing is left to train");
+    if (leader && !opts.quiet)
+      std::printf("resuming from %s (step %" PRId64 ", saved at %s)\n",
+                  m.dir.c_str(), firstStep, m.layout.c_str());
+  } else if (!opts.resume.empty()) {
     std::map<std::string, std::string> metadata =
         loadParams(program, opts.resume, state, /*strict=*/true);
     auto step = metadata.find("steps");
@@ -1109,6 +1403,14 @@ int train(const Program &sharedProgram, const Options &opts) {
       UncountedCollectives notTraffic;
       writeState(step + 1);
     }
+    // Sharded checkpoints: commit one whose writes have finished, start the
+    // next at its step.
+    if (checkpoints) {
+      checkpoints->poll(/*wait=*/false);
+      if (opts.ckptEvery > 0 && (step + 1) % opts.ckptEvery == 0 &&
+          step + 1 < lastStep)
+        writeCheckpoint(step + 1, ctx.loss);
+    }
 
     if (leader && !opts.quiet) {
       std::printf("step %*" PRId64 "/%" PRId64
@@ -1161,6 +1463,12 @@ int train(const Program &sharedProgram, const Options &opts) {
   }
   if (!opts.saveState.empty())
     writeState(lastStep);
+  if (checkpoints && lastStep > firstStep) {
+    writeCheckpoint(lastStep, lastLoss);
+    checkpoints->poll(/*wait=*/true);
+    if (leader && !opts.quiet)
+      std::printf("checkpoint: %s\n", checkpoints->lastCommitted().c_str());
+  }
   if (!commReport.empty())
     writeCommReport(commReport, lastStep - firstStep, counters, rssBefore,
                     rssAllocated);

@@ -302,11 +302,30 @@ def state_step(path):
         return -1
 
 
+def committed_step(root):
+    """The step of the newest committed checkpoint under `root`, or -1."""
+    steps = [-1]
+    for d in glob.glob(os.path.join(root, "step-*")):
+        try:
+            steps.append(json.load(open(os.path.join(d, "manifest.json")))["step"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return max(steps)
+
+
 def crash_resume(args):
     """Kills a run (SIGKILL, every rank) once its periodic state reaches
     --after steps, resumes from that state, and checks the resumed steps'
-    losses equal the uninterrupted run's (bitwise: same layout)."""
+    losses equal the uninterrupted run's (bitwise: same layout). With
+    --sharded the state is a checkpoint directory (--ckpt-dir), whose
+    writes run in the background: the kill may fall in one."""
     state = os.path.join(args.work, "state.safetensors")
+    saving = ["--save-state", state, "--checkpoint-every", str(args.every)]
+    step_of = state_step
+    if args.sharded:
+        state = os.path.join(args.work, "ckpt")
+        saving = ["--ckpt-dir", state, "--ckpt-every", str(args.every)]
+        step_of = committed_step
     straight = os.path.join(args.work, "straight.jsonl")
     resumed = os.path.join(args.work, "resumed.jsonl")
     subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
@@ -314,10 +333,10 @@ def crash_resume(args):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
     job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", str(args.steps),
-                            "--save-state", state, "--checkpoint-every", str(args.every),
-                            "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            *saving, "--quiet"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
-    while state_step(state) < args.after:
+    while step_of(state) < args.after:
         if job.poll() is not None:
             sys.exit(f"FAIL: the run ended (rc {job.returncode}) before its state reached "
                      f"step {args.after}")
@@ -326,7 +345,7 @@ def crash_resume(args):
     for pid in ranks_left(bindir):
         os.kill(pid, signal.SIGKILL)
     job.wait()
-    step = state_step(state)
+    step = step_of(state)
     if step >= args.steps:
         sys.exit("FAIL: the run finished before it could be killed")
     subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
@@ -408,6 +427,53 @@ def prefetch(args):
     print(f"{len(flights)} gathers prefetched over {steps} steps")
 
 
+def resume_matrix(args):
+    """Sharded checkpoints resume at any layout: each layout trains --half
+    steps of --steps into a checkpoint directory; every layout resumes from
+    every checkpoint. Same layout: the losses and the final parameters equal
+    the uninterrupted run's bitwise. Another layout: the losses equal the
+    uninterrupted first layout's within --tolerance."""
+    def run(layout, *extra):
+        r = subprocess.run(["tessel", "run", layout, "--steps", str(args.steps),
+                            "--quiet", *extra], capture_output=True, text=True)
+        if r.returncode:
+            fail(f"tessel run {layout} {' '.join(extra)} failed:\n{r.stderr}")
+    def losses(path):
+        return [json.loads(l)["loss"] for l in open(path)]
+    work = args.work
+    straight = {}
+    for k, layout in enumerate(args.layouts):
+        run(layout, "--metrics", f"{work}/straight{k}.jsonl",
+            "--save-final", f"{work}/straight{k}.safetensors")
+        straight[k] = losses(f"{work}/straight{k}.jsonl")[args.half:]
+        run(layout, "--stop-after", str(args.half), "--ckpt-dir", f"{work}/ckpt{k}")
+    reference = straight[0]
+    worst = 0.0
+    for a in range(len(args.layouts)):
+        for b, layout in enumerate(args.layouts):
+            out = f"{work}/from{a}to{b}"
+            run(layout, "--resume", f"{work}/ckpt{a}", "--metrics", out + ".jsonl",
+                "--save-final", out + ".safetensors")
+            got = losses(out + ".jsonl")
+            if len(got) != args.steps - args.half:
+                fail(f"{layout} resumed from {args.layouts[a]} ran {len(got)} steps")
+            if a == b:
+                if got != straight[b]:
+                    fail(f"{layout}: the resumed losses differ from the uninterrupted "
+                         f"run's: {got} vs {straight[b]}")
+                if open(out + ".safetensors", "rb").read() != \
+                        open(f"{work}/straight{b}.safetensors", "rb").read():
+                    fail(f"{layout}: the resumed final parameters differ from the "
+                         "uninterrupted run's")
+            worst = max(worst, max(abs(x - y) / abs(y) for x, y in zip(got, reference)))
+    if worst > args.tolerance:
+        fail(f"a resumed run's loss differs from the uninterrupted run's by {worst:.2e} "
+             f"(relative), more than {args.tolerance}")
+    n = len(args.layouts)
+    print(f"{n} layouts, {n * n} resumes: same layout bitwise, "
+          f"across layouts within {args.tolerance}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -452,6 +518,7 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--after", type=int, default=100)
+    p.add_argument("--sharded", action="store_true")
     p.set_defaults(run=crash_resume)
     p = sub.add_parser("stop-compile")
     p.add_argument("spec")
@@ -466,6 +533,13 @@ def main():
     p = sub.add_parser("textbook")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.set_defaults(run=textbook)
+    p = sub.add_parser("resume-matrix")
+    p.add_argument("work")
+    p.add_argument("layouts", nargs="+")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--half", type=int, default=4)
+    p.add_argument("--tolerance", type=float, default=1e-5)
+    p.set_defaults(run=resume_matrix)
     p = sub.add_parser("prefetch")
     p.add_argument("program")
     p.add_argument("trace")

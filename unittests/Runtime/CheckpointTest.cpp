@@ -1,0 +1,108 @@
+//===- CheckpointTest.cpp - Boxes, manifests and checksums ----------------===//
+
+#include "tessel/Runtime/Checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <zlib.h>
+
+using namespace tessel::rt;
+
+namespace {
+
+// A [4, 5, 6] tensor whose element at (i, j, k) is i * 100 + j * 10 + k.
+float at(int64_t i, int64_t j, int64_t k) { return i * 100 + j * 10 + k; }
+
+std::vector<float> fill(const Box &box) {
+  std::vector<float> data;
+  for (int64_t i = 0; i < box.sizes[0]; i++)
+    for (int64_t j = 0; j < box.sizes[1]; j++)
+      for (int64_t k = 0; k < box.sizes[2]; k++)
+        data.push_back(at(box.offsets[0] + i, box.offsets[1] + j,
+                          box.offsets[2] + k));
+  return data;
+}
+
+// Boxes cut along one dimension and read back along another rebuild every
+// element once.
+TEST(Checkpoint, IntersectionsRebuildATensorCutAnotherWay) {
+  Box whole{{0, 0, 0}, {4, 5, 6}};
+  std::vector<Box> saved = {{{0, 0, 0}, {4, 5, 2}},
+                            {{0, 0, 2}, {4, 5, 2}},
+                            {{0, 0, 4}, {4, 5, 2}}};
+  for (int64_t half = 0; half < 2; half++) {
+    Box want{{half * 2, 1, 0}, {2, 4, 6}};
+    std::vector<float> out(want.numel(), -1.0f);
+    int64_t copied = 0;
+    for (const Box &b : saved)
+      copied += copyIntersection(b, fill(b).data(), want, out.data());
+    EXPECT_EQ(copied, want.numel());
+    EXPECT_EQ(out, fill(want));
+  }
+  // Disjoint boxes copy nothing.
+  std::vector<float> out(whole.numel());
+  Box a{{0, 0, 0}, {1, 5, 6}}, b{{1, 0, 0}, {1, 5, 6}};
+  EXPECT_EQ(copyIntersection(a, fill(a).data(), b, out.data()), 0);
+}
+
+TEST(Checkpoint, OneDimensionalAndScalarBoxes) {
+  Box from{{3}, {5}}, to{{5}, {6}};
+  std::vector<float> src = {3, 4, 5, 6, 7}, dst(6, -1.0f);
+  EXPECT_EQ(copyIntersection(from, src.data(), to, dst.data()), 3);
+  EXPECT_EQ(dst, (std::vector<float>{5, 6, 7, -1, -1, -1}));
+  float x = 2.5f, y = 0.0f;
+  EXPECT_EQ(copyIntersection(Box{}, &x, Box{}, &y), 1);
+  EXPECT_EQ(y, 2.5f);
+}
+
+TEST(Checkpoint, FileCrcIsZlibs) {
+  std::string path = testing::TempDir() + "/tessel-crc-test.bin";
+  std::string text = "123456789";
+  std::ofstream(path, std::ios::binary) << text;
+  int64_t bytes = 0;
+  EXPECT_EQ(fileCrc32(path, &bytes), 0xcbf43926u); // the CRC-32 check value
+  EXPECT_EQ(bytes, 9);
+  std::remove(path.c_str());
+  EXPECT_THROW(fileCrc32(path), std::runtime_error);
+}
+
+// A manifest that lists a file its tensors do not name, or a box outside
+// the tensor, is refused naming the file.
+TEST(Checkpoint, MalformedManifestsAreRefused) {
+  std::string dir = testing::TempDir() + "/tessel-manifest-test";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string &text) {
+    std::ofstream(dir + "/manifest.json") << text;
+  };
+  const char *head = R"({"format": "tessel-checkpoint", "version": 1,
+      "step": 2, "consumed_samples": 16, "loss": 1.5, "layout": "dp=2",
+      "files": {"rank-00000.safetensors": {"bytes": 10, "crc32": "0a"}},)";
+  write(std::string(head) + R"("tensors": {"w": {"shape": [4],
+      "boxes": [{"file": "rank-00000.safetensors", "key": "w@0",
+                 "offsets": [0], "sizes": [4]}]}}})");
+  CheckpointManifest m = readManifest(dir);
+  EXPECT_EQ(m.step, 2);
+  EXPECT_EQ(m.files["rank-00000.safetensors"].second, 10u);
+  write(std::string(head) + R"("tensors": {"w": {"shape": [4],
+      "boxes": [{"file": "rank-00001.safetensors", "key": "w@0",
+                 "offsets": [0], "sizes": [4]}]}}})");
+  EXPECT_THROW(readManifest(dir), std::runtime_error);
+  write(std::string(head) + R"("tensors": {"w": {"shape": [4],
+      "boxes": [{"file": "rank-00000.safetensors", "key": "w@0",
+                 "offsets": [2], "sizes": [4]}]}}})");
+  try {
+    readManifest(dir);
+    FAIL() << "a box outside its tensor was accepted";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("lies outside its shape"),
+              std::string::npos);
+  }
+  write("{\"format\": \"something else\"}");
+  EXPECT_THROW(readManifest(dir), std::runtime_error);
+  std::filesystem::remove_all(dir);
+}
+
+} // namespace
