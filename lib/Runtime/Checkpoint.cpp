@@ -42,8 +42,9 @@ std::string stepDirName(int64_t step) {
   return name;
 }
 
-// The step of a directory named step-N, or -1.
-int64_t stepOfName(const std::string &name) {
+} // namespace
+
+int64_t checkpointStepOf(const std::string &name) {
   if (name.rfind("step-", 0) != 0 || name.size() == 5)
     return -1;
   int64_t step = 0;
@@ -54,6 +55,8 @@ int64_t stepOfName(const std::string &name) {
   }
   return step;
 }
+
+namespace {
 
 void fsyncPath(const std::string &path, bool directory) {
   int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -364,7 +367,7 @@ void CheckpointWriter::commit() {
       if (retention.keepLast > 0) {
         std::vector<std::pair<int64_t, fs::path>> found;
         for (const fs::directory_entry &e : fs::directory_iterator(root)) {
-          int64_t step = stepOfName(e.path().filename().string());
+          int64_t step = checkpointStepOf(e.path().filename().string());
           if (step >= 0 && e.is_directory())
             found.push_back({step, e.path()});
         }
@@ -406,7 +409,7 @@ bool isCheckpointDirectory(const std::string &path) {
       fs::exists(fs::path(path) / "latest", ec))
     return true;
   for (const fs::directory_entry &e : fs::directory_iterator(path, ec))
-    if (stepOfName(e.path().filename().string()) >= 0)
+    if (checkpointStepOf(e.path().filename().string()) >= 0)
       return true;
   return false;
 }
@@ -417,7 +420,7 @@ std::vector<std::string> committedCheckpoints(const std::string &path) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const fs::directory_entry &e : fs::directory_iterator(path, ec)) {
-    int64_t step = stepOfName(e.path().filename().string());
+    int64_t step = checkpointStepOf(e.path().filename().string());
     if (step >= 0 && fs::exists(e.path() / "manifest.json"))
       found.push_back({step, e.path().string()});
   }

@@ -1350,7 +1350,25 @@ int train(const Program &sharedProgram, const Options &opts) {
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
   if (leader && !opts.metrics.empty()) {
+    // A resumed run continues the metrics of the run it resumes: the lines
+    // of the steps before the resumed one are kept, later ones (trained
+    // after the checkpoint by a run that then died) are dropped.
+    std::string kept;
+    if (firstStep > 0)
+      if (FILE *old = std::fopen(opts.metrics.c_str(), "r")) {
+        char line[4096];
+        long long step;
+        while (std::fgets(line, sizeof(line), old))
+          if (std::sscanf(line, "{\"step\": %lld", &step) == 1 &&
+              step < firstStep && std::strchr(line, '\n'))
+            kept += line;
+        std::fclose(old);
+      }
     metrics.reset(std::fopen(opts.metrics.c_str(), "w"));
+    if (metrics && !kept.empty() &&
+        std::fputs(kept.c_str(), metrics.get()) < 0)
+      fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
+           std::strerror(errno));
     if (!metrics)
       fail("cannot open the metrics file " + inQuotes(opts.metrics) + ": " +
            std::strerror(errno));

@@ -362,6 +362,67 @@ def crash_resume(args):
           f"{args.steps - step} losses identical to the uninterrupted run's")
 
 
+def kill_restarts(args):
+    """SIGKILLs a random rank of a job at a random moment, --kills times, while
+    `tessel run --max-restarts` starts the job again from its newest committed
+    checkpoint each time; the finished job's losses and final parameters
+    equal the uninterrupted run's bitwise."""
+    work = args.work
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["tessel", "run", args.dir, "--steps", str(args.steps),
+                    "--metrics", f"{work}/straight.jsonl",
+                    "--save-final", f"{work}/straight.safetensors", "--quiet"],
+                   check=True, **quiet)
+    ckpt = f"{work}/ckpt"
+    log_path = f"{work}/job.log"
+    with open(log_path, "w") as log:
+        job = subprocess.Popen(
+            ["tessel", "run", args.dir, "--steps", str(args.steps),
+             "--ckpt-dir", ckpt, "--ckpt-every", str(args.every),
+             "--max-restarts", str(args.kills), "--metrics", f"{work}/job.jsonl",
+             "--save-final", f"{work}/job.safetensors", "--quiet"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
+    rng = random.SystemRandom()
+    killed, last = 0, -1
+    while killed < args.kills:
+        # Once the job has committed a checkpoint since the last kill (so it
+        # makes progress), at a random moment, a random rank.
+        step = committed_step(ckpt)
+        if job.poll() is not None:
+            sys.exit(f"FAIL: the job ended (rc {job.returncode}) after {killed} kills:\n"
+                     + open(log_path).read())
+        if step <= last or step >= args.steps - 4 * args.every:
+            time.sleep(0.005)
+            continue
+        time.sleep(rng.uniform(0, 0.05))
+        ranks = ranks_left(bindir)
+        if not ranks:
+            continue
+        try:
+            os.kill(rng.choice(ranks), signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed, last = killed + 1, step
+    rc = job.wait(timeout=600)
+    log = open(log_path).read()
+    if rc:
+        sys.exit(f"FAIL: the job ended with rc {rc}:\n{log}")
+    restarts = log.count("tessel: restart ")
+    if restarts != args.kills:
+        sys.exit(f"FAIL: {restarts} restarts logged for {args.kills} kills:\n{log}")
+    a = [json.loads(l) for l in open(f"{work}/straight.jsonl")]
+    b = [json.loads(l) for l in open(f"{work}/job.jsonl")]
+    if [(r["step"], r["loss"]) for r in a] != [(r["step"], r["loss"]) for r in b]:
+        sys.exit("FAIL: the restarted job's losses differ from the uninterrupted run's")
+    if open(f"{work}/job.safetensors", "rb").read() != \
+            open(f"{work}/straight.safetensors", "rb").read():
+        sys.exit("FAIL: the restarted job's final parameters differ from the "
+                 "uninterrupted run's")
+    print(f"{args.kills} ranks killed, {restarts} restarts: losses and final "
+          "parameters identical to the uninterrupted run's")
+
+
 def stop_compile(args):
     """Interrupts a `tessel compile` building its binary: neither its
     DIR.tmp-PID staging directory nor DIR is left."""
@@ -520,6 +581,13 @@ def main():
     p.add_argument("--after", type=int, default=100)
     p.add_argument("--sharded", action="store_true")
     p.set_defaults(run=crash_resume)
+    p = sub.add_parser("kill-restarts")
+    p.add_argument("dir")
+    p.add_argument("work")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--kills", type=int, default=3)
+    p.set_defaults(run=kill_restarts)
     p = sub.add_parser("stop-compile")
     p.add_argument("spec")
     p.add_argument("dir")

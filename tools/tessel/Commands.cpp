@@ -4,6 +4,7 @@
 #include "Textbook.h"
 
 #include "tessel/Pipeline/Schedule.h"
+#include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Data.h"
 
 #include "llvm/ADT/SmallString.h"
@@ -153,8 +154,11 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
 // it (mpirun passes them on to every rank), so that stopping tessel (as
 // Slurm or a shell does) stops the job instead of orphaning it.
 volatile sig_atomic_t runningChild = 0;
+// A stop signal arrived: the job is not restarted.
+volatile sig_atomic_t stopRequested = 0;
 
 void forwardSignal(int sig) {
+  stopRequested = 1;
   if (runningChild > 0)
     ::kill(runningChild, sig);
 }
@@ -213,6 +217,65 @@ bool hasFlag(ArrayRef<std::string> args, StringRef flag) {
   return false;
 }
 
+// The value of `flag` in args (--flag V or --flag=V), or "".
+std::string flagValue(ArrayRef<std::string> args, StringRef flag) {
+  for (size_t k = 0; k < args.size(); ++k) {
+    StringRef a = args[k];
+    if (a == flag && k + 1 < args.size())
+      return args[k + 1];
+    if (a.starts_with((flag + "=").str()))
+      return a.drop_front(flag.size() + 1).str();
+  }
+  return "";
+}
+
+// args without `flag` and its value.
+std::vector<std::string> withoutFlag(ArrayRef<std::string> args,
+                                     StringRef flag) {
+  std::vector<std::string> kept;
+  for (size_t k = 0; k < args.size(); ++k) {
+    if (args[k] == flag) {
+      ++k;
+      continue;
+    }
+    if (!StringRef(args[k]).starts_with((flag + "=").str()))
+      kept.push_back(args[k]);
+  }
+  return kept;
+}
+
+// The newest committed checkpoint under `root` (step-N with a manifest),
+// or "".
+std::string newestCheckpoint(StringRef root) {
+  std::error_code ec;
+  std::string newest;
+  int64_t newestStep = -1;
+  for (sys::fs::directory_iterator it(root, ec), end; it != end && !ec;
+       it.increment(ec)) {
+    int64_t step =
+        tessel::rt::checkpointStepOf(sys::path::filename(it->path()).str());
+    if (step < 0)
+      continue;
+    SmallString<256> manifest(it->path());
+    sys::path::append(manifest, "manifest.json");
+    if (sys::fs::exists(manifest) && step > newestStep) {
+      newestStep = step;
+      newest = it->path();
+    }
+  }
+  return newest;
+}
+
+// Why a run ended, from its exit code.
+std::string describeExit(int rc) {
+  if (rc > 128) {
+    const char *name = strsignal(rc - 128);
+    return "exit code " + std::to_string(rc) + " (" +
+           (name ? name : "a signal") + ")";
+  }
+  return "exit code " + std::to_string(rc);
+}
+
 } // namespace
 
 int tessel::runCommand(ArrayRef<std::string> args) {
@@ -220,8 +283,12 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     outs() << "usage: tessel run DIR [--steps N] [--data FILE] [--init-from F"
               " [--strict]] [--save-final F] [--metrics FILE] [--seed N]"
               " [--threads N] [--timeout SECONDS] [--quiet]\n"
+              "       [--ckpt-dir DIR [--ckpt-every N] [--ckpt-keep K[:M]]"
+              " [--max-restarts K]] [--resume PATH]\n"
               "(options after DIR go to every rank's program; see "
-              "DIR/bin/<program> --help)\n";
+              "DIR/bin/<program> --help; --max-restarts K, tessel's own, "
+              "starts a failed run again from the newest committed "
+              "checkpoint of --ckpt-dir, up to K times)\n";
     return args.empty() ? 2 : 0;
   }
   StringRef dir = args[0];
@@ -234,17 +301,34 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   int64_t world = checked->world;
   const auto &binaries = checked->binaries;
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
+  // --max-restarts K: the launcher's own option. A run that fails (a rank
+  // died, the watchdog ended it) is started again from the newest
+  // committed checkpoint of --ckpt-dir, up to K times.
+  int64_t maxRestarts = 0;
+  if (hasFlag(forwarded, "--max-restarts")) {
+    std::string value = flagValue(forwarded, "--max-restarts");
+    if (StringRef(value).getAsInteger(10, maxRestarts) || maxRestarts < 0)
+      return fail("--max-restarts expects a non-negative integer, got '" +
+                  value + "'");
+    forwarded = withoutFlag(forwarded, "--max-restarts");
+  }
+  std::string ckptDir = flagValue(forwarded, "--ckpt-dir");
+  if (maxRestarts > 0 && ckptDir.empty())
+    return fail("--max-restarts needs --ckpt-dir DIR (where a restarted "
+                "run resumes from)");
   if (checked->dataFormat == "llmc" && !hasFlag(forwarded, "--data"))
     forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's
   // machine or in CI).
+  auto commandLine = [&](ArrayRef<std::string> forwarded)
+      -> Expected<std::vector<std::string>> {
   std::vector<std::string> argv;
   if (world > 1) {
     auto mpirun = sys::findProgramByName("mpirun");
     if (!mpirun)
-      return fail("this plan has " + Twine(world) +
-                  " ranks and needs mpirun (Debian: openmpi-bin)");
+      return createStringError("this plan has " + Twine(world) +
+                               " ranks and needs mpirun (Debian: openmpi-bin)");
     argv = {*mpirun, "--oversubscribe"};
     if (getuid() == 0)
       argv.push_back("--allow-run-as-root");
@@ -260,6 +344,8 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     argv.push_back(std::string(binary));
     argv.insert(argv.end(), forwarded.begin(), forwarded.end());
   }
+  return argv;
+  };
   // OpenBLAS's threads and the kernels' OpenMP threads take turns on the
   // same cores; spinning OpenMP workers would starve the GEMMs (measured:
   // 1.7x slower steps on 2 cores), so idle workers sleep unless the user
@@ -269,14 +355,40 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     env.push_back(*e);
   if (!std::getenv("OMP_WAIT_POLICY"))
     env.push_back("OMP_WAIT_POLICY=PASSIVE");
-  int rc = runForwardingSignals(argv, env);
-  if (rc < 0)
-    return fail(argv[0] + " could not be started: " +
-                std::strerror(-rc));
-  if (rc != 0 && world > 1)
-    errs() << "tessel: error: the " << world << "-rank run failed (exit code "
-           << rc << "); the messages above name the failing rank\n";
-  return rc;
+  std::string cause;
+  for (int64_t restart = 0;; ++restart) {
+    std::vector<std::string> attempt = forwarded;
+    if (restart > 0) {
+      std::string from = newestCheckpoint(ckptDir);
+      if (!from.empty()) {
+        attempt = withoutFlag(attempt, "--resume");
+        attempt.insert(attempt.end(), {"--resume", ckptDir});
+      }
+      errs() << "tessel: restart " << restart << " of " << maxRestarts
+             << " after " << cause << ": resuming from "
+             << (from.empty() ? std::string("the start (no committed "
+                                            "checkpoint yet)")
+                              : from)
+             << "\n";
+    }
+    Expected<std::vector<std::string>> argv = commandLine(attempt);
+    if (!argv)
+      return fail(toString(argv.takeError()));
+    int rc = runForwardingSignals(*argv, env);
+    if (rc < 0)
+      return fail((*argv)[0] + " could not be started: " +
+                  std::strerror(-rc));
+    if (rc == 0)
+      return 0;
+    if (world > 1)
+      errs() << "tessel: error: the " << world << "-rank run failed ("
+             << describeExit(rc)
+             << "); the messages above name the failing rank\n";
+    // Usage mistakes and stops asked for are not failures to recover from.
+    if (restart >= maxRestarts || rc == 2 || stopRequested)
+      return rc;
+    cause = describeExit(rc);
+  }
 }
 
 Expected<std::string> tessel::fileSha256(StringRef path) {

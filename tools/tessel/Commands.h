@@ -15,6 +15,9 @@ int runCommand(llvm::ArrayRef<std::string> args);
 llvm::Expected<std::string> fileSha256(llvm::StringRef path);
 int inspectCommand(llvm::ArrayRef<std::string> args);
 int dataCommand(llvm::ArrayRef<std::string> args);
+// `tessel ckpt list|verify|diff|export`: tools over sharded checkpoints
+// (Ckpt.cpp).
+int ckptCommand(llvm::ArrayRef<std::string> args);
 
 struct CheckOptions {
   std::string input;

@@ -277,6 +277,7 @@ int main(int argc, char **argv) {
       "  run DIR               train with a compiled output\n"
       "  inspect DIR --ir STAGE | --plan | --source\n"
       "  data encode|synth     make llm.c token files\n"
+      "  ckpt list|verify|...  list, verify, diff or export checkpoints\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
       "Run 'tessel <command> --help' for a command's options.\n";
@@ -316,6 +317,8 @@ int main(int argc, char **argv) {
   }
   if (command == "data")
     return tessel::dataCommand(rest);
+  if (command == "ckpt")
+    return tessel::ckptCommand(rest);
   if (command == "--help" || command == "-h" || command == "help") {
     outs() << usage;
     return 0;

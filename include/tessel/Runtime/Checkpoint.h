@@ -123,12 +123,14 @@ struct CheckpointManifest {
   std::map<std::string, std::pair<int64_t, uint32_t>> files; // bytes, crc
 };
 
+// The step of a directory named step-N (N decimal digits), or -1.
+int64_t checkpointStepOf(const std::string &dirName);
 // Whether `path` names a checkpoint directory: a step directory (with a
 // manifest) or a root holding step directories or a `latest` pointer.
 bool isCheckpointDirectory(const std::string &path);
-// The committed step directories under `path` to try, newest first: the
-// one `latest` names (or `path` itself when it is a step directory), then
-// the older ones. Throws when there is none.
+// The committed step directories under `path` to try, newest first (by
+// step; `path` alone when it is a step directory). Throws when there is
+// none.
 std::vector<std::string> committedCheckpoints(const std::string &path);
 // Parses dir/manifest.json; throws naming the file and field when it is
 // malformed.
