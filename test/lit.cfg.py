@@ -43,6 +43,23 @@ if os.geteuid() == 0 and all(shutil.which(p) for p in ("munged", "slurmctld", "s
 else:
     lit_config.note("the Slurm launch test is skipped: it needs root and slurm-wlm, munge")
 
+# test/e2e/checkpoint-full-disk.test fills a small tmpfs of its own: it needs
+# root and a kernel that lets it mount one.
+def can_mount_tmpfs():
+    import tempfile
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    with tempfile.TemporaryDirectory() as where:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", where],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+            return False
+        subprocess.run(["umount", where])
+    return True
+if can_mount_tmpfs():
+    config.available_features.add("tmpfs")
+else:
+    lit_config.note("the full-disk checkpoint test is skipped: it needs root and tmpfs mounts")
+
 # --target cuda compiles wherever Tessel was built with nvcc (no GPU needed);
 # running CUDA programs needs a GPU.
 if getattr(config, "tessel_cuda", 0):

@@ -791,11 +791,13 @@ void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
 
 // This rank's share of a checkpoint: the boxes of its shards that it
 // writes. A box that several ranks hold (replicas over every axis but the
-// one that splits the tensor and pp) is written by one of them, the
-// replicas taking tensors in turn.
+// one that splits the tensor and pp) is written by one of them: each
+// tensor goes to the replica with the fewest bytes so far (the lowest
+// first), which every replica works out alike.
 std::vector<CheckpointPiece>
 checkpointPieces(const Program &program, const std::vector<StateStore> &stores) {
   std::vector<CheckpointPiece> pieces;
+  std::map<unsigned, std::vector<int64_t>> bytesOf; // per replica group
   for (size_t st = 0; st < stores.size(); st++)
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
@@ -808,9 +810,15 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores) 
           replicaAxes |= AxisSet(axis).bits();
           replicas *= meshSize(axis);
         }
-      int64_t tensor = (int64_t)st * program.numParams + i;
-      if (replicas > 1 && groupRank(replicaAxes) != tensor % replicas)
-        continue;
+      if (replicas > 1) {
+        std::vector<int64_t> &bytes = bytesOf[replicaAxes];
+        bytes.resize(replicas, 0);
+        int64_t writer =
+            std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
+        bytes[writer] += p.numel;
+        if (groupRank(replicaAxes) != writer)
+          continue;
+      }
       std::vector<Box> boxes = shardBoxes(p, layout);
       for (size_t b = 0; b < boxes.size(); b++) {
         CheckpointPiece piece;
