@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -255,7 +256,9 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
   writing = true;
   std::string dir = (fs::path(root) / stepDirName(info.step)).string();
   int rank = commRank();
+  fileBytes = 0;
   writer = std::thread([this, dir, rank] {
+    auto start = std::chrono::steady_clock::now();
     try {
       std::error_code ec;
       fs::create_directories(dir, ec);
@@ -280,6 +283,9 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
     } catch (const std::exception &e) {
       error = e.what();
     }
+    writeSeconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
     done = true;
   });
 }

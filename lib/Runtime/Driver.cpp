@@ -1273,8 +1273,12 @@ int train(const Program &sharedProgram, const Options &opts) {
   };
   int64_t firstStep = 0;
   if (!opts.resume.empty() && isDirectory(opts.resume)) {
+    auto loadStart = std::chrono::steady_clock::now();
     CheckpointManifest m = chooseCheckpoint(program, opts.resume, state);
     loadCheckpoint(program, m, state);
+    double loadSeconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - loadStart)
+                             .count();
     if (m.consumedSamples != m.step * globalB)
       fail("the checkpoint " + inQuotes(m.dir) + " read " +
            std::to_string(m.consumedSamples) + " sequences in " +
@@ -1291,8 +1295,9 @@ int train(const Program &sharedProgram, const Options &opts) {
            ", and --steps is " + std::to_string(opts.steps) +
            ": nothing is left to train");
     if (leader && !opts.quiet)
-      std::printf("resuming from %s (step %" PRId64 ", saved at %s)\n",
-                  m.dir.c_str(), firstStep, m.layout.c_str());
+      std::printf("resuming from %s (step %" PRId64 ", saved at %s; "
+                  "checked and read in %.2f s)\n",
+                  m.dir.c_str(), firstStep, m.layout.c_str(), loadSeconds);
   } else if (!opts.resume.empty()) {
     std::map<std::string, std::string> metadata =
         loadParams(program, opts.resume, state, /*strict=*/true);
@@ -1430,12 +1435,23 @@ int train(const Program &sharedProgram, const Options &opts) {
       writeState(step + 1);
     }
     // Sharded checkpoints: commit one whose writes have finished, start the
-    // next at its step.
+    // next at its step. What the training thread spends on them (the
+    // snapshot, a commit) goes into the metrics.
+    std::string checkpointFields;
     if (checkpoints) {
-      checkpoints->poll(/*wait=*/false);
+      auto begin = std::chrono::steady_clock::now();
+      if (checkpoints->poll(/*wait=*/false) >= 0)
+        checkpointFields +=
+            ", \"ckpt_write_ms\": " +
+            jsonNumber(checkpoints->lastWriteSeconds() * 1000, "%.3f") +
+            ", \"ckpt_bytes\": " + std::to_string(checkpoints->lastBytes());
       if (opts.ckptEvery > 0 && (step + 1) % opts.ckptEvery == 0 &&
           step + 1 < lastStep)
         writeCheckpoint(step + 1, ctx.loss);
+      double stall = std::chrono::duration<double, std::milli>(
+                         std::chrono::steady_clock::now() - begin)
+                         .count();
+      checkpointFields += ", \"ckpt_stall_ms\": " + jsonNumber(stall, "%.3f");
     }
 
     if (leader && !opts.quiet) {
@@ -1458,7 +1474,7 @@ int train(const Program &sharedProgram, const Options &opts) {
           (device ? std::string()
                   : ", \"mem_peak_bytes\": " +
                         std::to_string(statusBytes("VmHWM") - rssBefore)) +
-          "}\n";
+          checkpointFields + "}\n";
       if (std::fputs(line.c_str(), metrics.get()) < 0 ||
           std::fflush(metrics.get()) != 0)
         fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +

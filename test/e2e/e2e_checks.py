@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -364,9 +365,10 @@ def crash_resume(args):
 
 def kill_restarts(args):
     """SIGKILLs a random rank of a job at a random moment, --kills times, while
-    `tessel run --max-restarts` starts the job again from its newest committed
-    checkpoint each time; the finished job's losses and final parameters
-    equal the uninterrupted run's bitwise."""
+    `tessel run --max-restarts` (or the launch script, --launch mpirun or
+    slurm) starts the job again from its newest committed checkpoint each
+    time; the finished job's losses and final parameters equal the
+    uninterrupted run's bitwise."""
     work = args.work
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run(["tessel", "run", args.dir, "--steps", str(args.steps),
@@ -375,12 +377,16 @@ def kill_restarts(args):
                    check=True, **quiet)
     ckpt = f"{work}/ckpt"
     log_path = f"{work}/job.log"
-    with open(log_path, "w") as log:
+    launch = {"tessel": ["tessel", "run", args.dir],
+              "mpirun": ["sh", f"{args.dir}/launch/mpirun.sh"],
+              "slurm": ["sbatch", "--wait", f"--output={log_path}",
+                        f"{args.dir}/launch/slurm.sbatch"]}[args.launch]
+    with open(log_path if args.launch != "slurm" else f"{work}/sbatch.log", "w") as log:
         job = subprocess.Popen(
-            ["tessel", "run", args.dir, "--steps", str(args.steps),
-             "--ckpt-dir", ckpt, "--ckpt-every", str(args.every),
-             "--max-restarts", str(args.kills), "--metrics", f"{work}/job.jsonl",
-             "--save-final", f"{work}/job.safetensors", "--quiet"],
+            launch + ["--steps", str(args.steps),
+                      "--ckpt-dir", ckpt, "--ckpt-every", str(args.every),
+                      "--max-restarts", str(args.kills), "--metrics", f"{work}/job.jsonl",
+                      "--save-final", f"{work}/job.safetensors", "--quiet"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
     rng = random.SystemRandom()
@@ -408,7 +414,7 @@ def kill_restarts(args):
     log = open(log_path).read()
     if rc:
         sys.exit(f"FAIL: the job ended with rc {rc}:\n{log}")
-    restarts = log.count("tessel: restart ")
+    restarts = len(re.findall(r": restart [0-9]+ of ", log))
     if restarts != args.kills:
         sys.exit(f"FAIL: {restarts} restarts logged for {args.kills} kills:\n{log}")
     a = [json.loads(l) for l in open(f"{work}/straight.jsonl")]
@@ -587,6 +593,7 @@ def main():
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--launch", choices=["tessel", "mpirun", "slurm"], default="tessel")
     p.set_defaults(run=kill_restarts)
     p = sub.add_parser("stop-compile")
     p.add_argument("spec")

@@ -387,6 +387,78 @@ std::string sbatchResources(int64_t world, bool cuda) {
   return lines + "#SBATCH --cpus-per-task=1\n#SBATCH --time=01:00:00\n";
 }
 
+// The end of a launch script: `command` (which passes on "$@" and, on a
+// restart, ${resume:+--resume "$resume"}) run as `tessel run` runs it. With
+// --max-restarts K (taken out of the arguments; it needs --ckpt-dir DIR) a
+// failed run starts again from the newest committed checkpoint in DIR, up
+// to K times; a stop signal is passed to the run and ends the script.
+// Without it the script execs the command, as before.
+std::string restartingLaunch(llvm::StringRef name, llvm::StringRef command) {
+  std::string n = name.str(), c = command.str();
+  return "# --max-restarts K (with --ckpt-dir DIR): a failed run starts again "
+         "from the\n# newest committed checkpoint in DIR, up to K times, as "
+         "`tessel run` does.\n"
+         "restarts=0\n"
+         "ckpt=\n"
+         "n=$#\n"
+         "while [ \"$n\" -gt 0 ]; do\n"
+         "  arg=$1\n"
+         "  shift\n"
+         "  n=$((n - 1))\n"
+         "  case $arg in\n"
+         "    --max-restarts=*) restarts=${arg#*=} ;;\n"
+         "    --max-restarts)\n"
+         "      restarts=${1-}\n"
+         "      if [ \"$n\" -gt 0 ]; then shift; n=$((n - 1)); fi ;;\n"
+         "    *)\n"
+         "      case $arg in --ckpt-dir=*) ckpt=${arg#*=} ;; --ckpt-dir) "
+         "ckpt=${1-} ;; esac\n"
+         "      set -- \"$@\" \"$arg\" ;;\n"
+         "  esac\n"
+         "done\n"
+         "case $restarts in\n"
+         "  ''|*[!0-9]*)\n"
+         "    echo \"" + n + ": --max-restarts expects a non-negative integer, "
+         "got '$restarts'\" >&2\n"
+         "    exit 2 ;;\n"
+         "esac\n"
+         "if [ \"$restarts\" -gt 0 ] && [ -z \"$ckpt\" ]; then\n"
+         "  echo \"" + n + ": --max-restarts needs --ckpt-dir DIR (where a "
+         "restarted run resumes from)\" >&2\n"
+         "  exit 2\n"
+         "fi\n"
+         "resume=\n"
+         "if [ \"$restarts\" -eq 0 ]; then\n"
+         "  exec " + c + "\n"
+         "fi\n"
+         "child=\n"
+         "stopped=\n"
+         "trap 'stopped=1; [ -n \"$child\" ] && kill -TERM \"$child\" "
+         "2>/dev/null' TERM INT HUP\n"
+         "attempt=0\n"
+         "while :; do\n"
+         "  " + c + " &\n"
+         "  child=$!\n"
+         "  wait \"$child\"\n"
+         "  rc=$?\n"
+         "  while [ -n \"$stopped\" ] && kill -0 \"$child\" 2>/dev/null; do\n"
+         "    wait \"$child\"\n"
+         "    rc=$?\n"
+         "  done\n"
+         "  if [ \"$rc\" -eq 0 ] || [ -n \"$stopped\" ] || [ \"$rc\" -eq 2 ] ||\n"
+         "     [ \"$attempt\" -ge \"$restarts\" ]; then\n"
+         "    exit \"$rc\"\n"
+         "  fi\n"
+         "  attempt=$((attempt + 1))\n"
+         "  resume=\n"
+         "  for manifest in \"$ckpt\"/step-*/manifest.json; do\n"
+         "    [ -f \"$manifest\" ] && resume=$ckpt\n"
+         "  done\n"
+         "  echo \"" + n + ": restart $attempt of $restarts after exit code "
+         "$rc: resuming from ${resume:-the start}\" >&2\n"
+         "done\n";
+}
+
 // launch/mpirun.sh (MPMD form: one `-np N binary` per distinct program),
 // launch/slurm.sbatch (srun starting each rank's program) and
 // launch/multi-prog.conf (the same ranks -> programs for srun --multi-prog).
@@ -428,7 +500,8 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                 to = std::to_string(first + count - 1);
     segments += std::string(k ? " \\\n  : " : "") + "-np " +
                 std::to_string(count) + " \"$here/bin/" + programs[k].binary +
-                "\" ${data:+--data \"$data\"} \"$@\"";
+                "\" ${data:+--data \"$data\"} \"$@\" "
+                "${resume:+--resume \"$resume\"}";
     confLines += from + "-" + to + " bin/" + programs[k].binary + "\n";
     rankCases += "if [ \"$SLURM_PROCID\" -ge " + from +
                  " ] && [ \"$SLURM_PROCID\" -le " + to +
@@ -447,9 +520,10 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                        "done\n"
                        "extra=\"\"\n"
                        "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
-                       "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n"
-                       "exec mpirun $extra --oversubscribe \\\n  " +
-                       segments + "\n";
+                       "[ \"$(id -u)\" = 0 ] && extra=\"--allow-run-as-root\"\n" +
+                       restartingLaunch("mpirun.sh",
+                                        "mpirun $extra --oversubscribe \\\n  " +
+                                            segments);
   if (llvm::Error err = writeFile(mpirun, script))
     return err;
   llvm::sys::fs::setPermissions(mpirun, llvm::sys::fs::all_read |
@@ -515,11 +589,14 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
       "rank\n"
       "# takes the GPU of its node-local rank (SLURM_LOCALID).\n"
       "rank='" + rankCases +
-      "echo \"slurm.sbatch: no program for rank $SLURM_PROCID\" >&2; exit 1'\n"
-      "exec srun --mpi=\"${SLURM_MPI_TYPE:-pmix}\" --ntasks=" + np +
-      " --cpus-per-task=\"$threads\" \\\n"
-      "  --kill-on-bad-exit=1 /bin/sh -c \"$rank\" \"$here\" \\\n"
-      "  ${data:+--data \"$data\"} --threads \"$threads\" \"$@\"\n";
+      "echo \"slurm.sbatch: no program for rank $SLURM_PROCID\" >&2; exit 1'\n" +
+      restartingLaunch(
+          "slurm.sbatch",
+          "srun --mpi=\"${SLURM_MPI_TYPE:-pmix}\" --ntasks=" + np +
+              " --cpus-per-task=\"$threads\" \\\n"
+              "  --kill-on-bad-exit=1 /bin/sh -c \"$rank\" \"$here\" \\\n"
+              "  ${data:+--data \"$data\"} --threads \"$threads\" \"$@\" "
+              "${resume:+--resume \"$resume\"}");
   return writeFile(sbatch, batch);
 }
 

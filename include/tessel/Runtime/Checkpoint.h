@@ -85,8 +85,11 @@ public:
   // step committed, or -1.
   int64_t poll(bool wait);
   bool pending() const { return writing; }
-  // The committed checkpoint directory of the last commit.
+  // The committed checkpoint directory of the last commit, this rank's
+  // file's bytes in it and the seconds its background write took.
   const std::string &lastCommitted() const { return committed; }
+  int64_t lastBytes() const { return fileBytes; }
+  double lastWriteSeconds() const { return writeSeconds; }
 
 private:
   void commit();
@@ -102,6 +105,7 @@ private:
   std::string error, fileName;
   int64_t fileBytes = 0;
   uint32_t fileCrc = 0;
+  double writeSeconds = 0;
   std::string committed;
 };
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""What a sharded checkpoint costs: GPT-2 124M (shortened sequences, so that
+a CPU step takes seconds) on one rank and at dp2, checkpointing every 2
+steps into --ckpt-dir, against the same run without checkpoints, side by
+side with the disk's own `dd` bandwidth.
+
+    /usr/bin/python3 bench/checkpoint.py [--work DIR] [--steps N]
+
+Per checkpoint: the training thread's stall (the snapshot of the state and
+the commit; `ckpt_stall_ms` in the metrics), the background write (its
+seconds and bytes per rank, `ckpt_write_ms` and `ckpt_bytes`), and the step
+time while a write is in flight against the median step without
+checkpoints. Then the load: a resume's check (CRC-32 of every file it reads)
+and read, against `dd`'s read. Prints markdown for docs/benchmarks.md.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
+SHORT = ["--set", "model.seq_len=64", "--set", "train.global_batch=4",
+         "--set", "data.format=synthetic"]
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if r.returncode:
+        sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r.stdout + r.stderr
+
+
+def dd_bandwidth(work):
+    """MB/s of a 1 GiB synced write and of reading it back (cold if the page
+    cache can be dropped, else from the cache, and said so)."""
+    path = os.path.join(work, "dd.bin")
+    out = run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", "count=64",
+               "conv=fsync"])
+    write = float(re.search(r"([0-9.]+) s, ", out).group(1))
+    cold = False
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        cold = True
+    except OSError:
+        pass
+    out = run(["dd", f"if={path}", "of=/dev/null", "bs=16M"])
+    read = float(re.search(r"([0-9.]+) s, ", out).group(1))
+    os.remove(path)
+    return 1073.741824 / write, 1073.741824 / read, cold
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--work", default=None)
+    p.add_argument("--steps", type=int, default=8)
+    args = p.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="tessel-ckpt-bench-")
+    dd_write, dd_read, cold = dd_bandwidth(work)
+    print(f"disk (dd, 1 GiB): write {dd_write:.0f} MB/s with fsync, read "
+          f"{dd_read:.0f} MB/s ({'cold' if cold else 'page cache'})\n")
+    print("| layout | step, no checkpoints | step while writing | snapshot stall | "
+          "commit stall | write per rank | write throughput per rank | "
+          "load (check + read) | load throughput |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, layout in [("1 rank", []), ("dp2", ["--dp", "2"])]:
+        d = os.path.join(work, name.replace(" ", ""))
+        run([TESSEL, "compile", os.path.join(ROOT, "examples", "gpt2-124m.json"),
+             *SHORT, *layout, "-o", d])
+        plain = os.path.join(work, "plain.jsonl")
+        run([TESSEL, "run", d, "--steps", str(args.steps), "--metrics", plain, "--quiet"])
+        base = statistics.median(r["step_ms"] for r in map(json.loads, open(plain))
+                                 if r["step"] >= 2)
+        ckpt = os.path.join(work, "ckpt-" + name.replace(" ", ""))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        metrics = os.path.join(work, "ckpt.jsonl")
+        run([TESSEL, "run", d, "--steps", str(args.steps), "--ckpt-dir", ckpt,
+             "--ckpt-every", "2", "--metrics", metrics, "--quiet"])
+        rows = [json.loads(l) for l in open(metrics)]
+        # Checkpoints start after steps 1, 3, 5 (0-based); the next step
+        # trains while the write runs.
+        starts = [r for r in rows if (r["step"] + 1) % 2 == 0 and r["step"] + 1 < args.steps]
+        stall = statistics.median(r["ckpt_stall_ms"] for r in starts)
+        during = statistics.median(r["step_ms"] for r in rows
+                                   if r["step"] % 2 == 0 and r["step"] > 0)
+        writes = [r for r in rows if "ckpt_write_ms" in r]
+        commit = statistics.median(r["ckpt_stall_ms"] for r in writes)
+        write_ms = statistics.median(r["ckpt_write_ms"] for r in writes)
+        write_mb = statistics.median(r["ckpt_bytes"] for r in writes) / 1e6
+        total_mb = sum(os.path.getsize(os.path.join(ckpt, "step-00000006", f))
+                       for f in os.listdir(os.path.join(ckpt, "step-00000006"))) / 1e6
+        if cold:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        out = run([TESSEL, "run", d, "--steps", str(args.steps), "--resume",
+                   os.path.join(ckpt, "step-00000006")])
+        load = float(re.search(r"checked and read in ([0-9.]+) s", out).group(1))
+        print(f"| {name} | {base:.0f} ms | {during:.0f} ms | {stall:.0f} ms | {commit:.0f} ms | "
+              f"{write_mb:.0f} MB in {write_ms:.0f} ms | {write_mb / write_ms * 1000:.0f} MB/s | "
+              f"{total_mb:.0f} MB in {load:.2f} s | {total_mb / load:.0f} MB/s |")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
