@@ -156,6 +156,15 @@ std::string crcText(uint32_t crc) {
   return text;
 }
 
+json parsedOrNull(const std::string &text) {
+  return text.empty() ? json() : json::parse(text);
+}
+
+uint32_t textCrc(const std::string &text) {
+  return (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)text.data(),
+                         (uInt)text.size());
+}
+
 std::string boxKey(const std::string &tensor, const Box &box) {
   std::string key = tensor + "@";
   for (size_t d = 0; d < box.offsets.size(); ++d)
@@ -361,6 +370,11 @@ void CheckpointWriter::commit() {
                        {"layout", info.layout},
                        {"world_size", info.worldSize},
                        {"config", info.config},
+                       {"tessel_version", TESSEL_VERSION},
+                       {"model", parsedOrNull(info.model)},
+                       {"model_crc32", crcText(textCrc(info.model))},
+                       {"train", parsedOrNull(info.train)},
+                       {"data", parsedOrNull(info.data)},
                        {"tensors", tensors},
                        {"files", files}};
       writeCommitted((fs::path(dir) / "manifest.json").string(),
@@ -467,6 +481,11 @@ CheckpointManifest readManifest(const std::string &dir) {
     m.consumedSamples = j.at("consumed_samples").get<int64_t>();
     m.loss = j.at("loss").get<double>();
     m.layout = j.at("layout").get<std::string>();
+    if (j.contains("model") && !j["model"].is_null())
+      m.model = j["model"].dump();
+    if (j.contains("train") && !j["train"].is_null())
+      m.train = j["train"].dump();
+    m.tesselVersion = j.value("tessel_version", "");
     for (auto &[file, f] : j.at("files").items())
       m.files[file] = {f.at("bytes").get<int64_t>(),
                        (uint32_t)std::stoul(f.at("crc32").get<std::string>(),

@@ -34,6 +34,7 @@
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
 #include <algorithm>
@@ -963,6 +964,46 @@ void loadCheckpoint(const Program &program, const CheckpointManifest &m,
     }
 }
 
+// The plan.json of the directory this program was compiled into
+// (DIR/bin/PROGRAM -> DIR/plan.json), or null when there is none.
+nlohmann::json ownPlan() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    return nullptr;
+  std::filesystem::path plan = exe.parent_path().parent_path() / "plan.json";
+  FILE *f = std::fopen(plan.c_str(), "r");
+  if (!f)
+    return nullptr;
+  std::string text;
+  char buffer[65536];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0)
+    text.append(buffer, n);
+  std::fclose(f);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json(nullptr);
+}
+
+// The fields of two JSON objects that differ, as "NAME: A there, B here".
+std::vector<std::string> fieldDifferences(const std::string &prefix,
+                                          const nlohmann::json &there,
+                                          const nlohmann::json &here) {
+  std::vector<std::string> out;
+  std::set<std::string> keys;
+  for (auto &[k, v] : there.items())
+    keys.insert(k);
+  for (auto &[k, v] : here.items())
+    keys.insert(k);
+  for (const std::string &k : keys) {
+    std::string a = there.contains(k) ? there[k].dump() : "(none)",
+                b = here.contains(k) ? here[k].dump() : "(none)";
+    if (a != b)
+      out.push_back(prefix + k + ": " + a + " there, " + b + " here");
+  }
+  return out;
+}
+
 bool isDirectory(const std::string &path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -1245,6 +1286,13 @@ int train(const Program &sharedProgram, const Options &opts) {
     saveParams(program, opts.saveState, state, step);
     doneSaving();
   };
+  nlohmann::json plan = checkpoints || !opts.resume.empty()
+                            ? ownPlan()
+                            : nlohmann::json(nullptr);
+  auto planSection = [&](const char *name) {
+    return plan.is_object() && plan.contains(name) ? plan[name].dump()
+                                                   : std::string();
+  };
   // A checkpoint of this rank's shards, written in the background.
   auto writeCheckpoint = [&](int64_t step, float loss) {
     UncountedCollectives notTraffic;
@@ -1267,6 +1315,9 @@ int train(const Program &sharedProgram, const Options &opts) {
                    {"steps", std::to_string(opts.steps)},
                    {"seed", std::to_string(opts.seed)},
                    {"data", opts.data.empty() ? "synthetic" : opts.data}};
+    info.model = planSection("model");
+    info.train = planSection("train");
+    info.data = planSection("data");
     std::vector<CheckpointPiece> pieces = checkpointPieces(program, state);
     doneSaving();
     checkpoints->begin(info, std::move(pieces));
@@ -1275,6 +1326,24 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (!opts.resume.empty() && isDirectory(opts.resume)) {
     auto loadStart = std::chrono::steady_clock::now();
     CheckpointManifest m = chooseCheckpoint(program, opts.resume, state);
+    // Another model is refused by its settings first (the tensors would
+    // differ too); other training settings are allowed, and named.
+    if (!m.model.empty() && !planSection("model").empty()) {
+      std::vector<std::string> model = fieldDifferences(
+          "model.", nlohmann::json::parse(m.model), plan["model"]);
+      if (!model.empty()) {
+        std::string list;
+        for (const std::string &d : model)
+          list += "\n  " + d;
+        fail("the checkpoint " + inQuotes(m.dir) +
+             " is of another model than this program's:" + list);
+      }
+    }
+    if (!m.train.empty() && !planSection("train").empty() && leader)
+      for (const std::string &d : fieldDifferences(
+               "train.", nlohmann::json::parse(m.train), plan["train"]))
+        std::fprintf(stderr, "warning: resuming with another setting: %s\n",
+                     d.c_str());
     loadCheckpoint(program, m, state);
     double loadSeconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - loadStart)

@@ -60,6 +60,9 @@ struct CheckpointInfo {
   std::string program, layout;  // program name, mesh ("dp2 x tp2")
   int64_t worldSize = 1;
   std::map<std::string, std::string> config; // the training settings
+  // The plan's "model", "train" and "data" sections (JSON text; empty when
+  // the program runs without its plan.json).
+  std::string model, train, data;
 };
 
 // Retention: keep the last `keepLast` checkpoints and every checkpoint whose
@@ -115,6 +118,8 @@ struct CheckpointManifest {
   int64_t step = 0, consumedSamples = 0;
   double loss = 0;
   std::string layout;
+  std::string model, train; // JSON text, "" when the manifest has none
+  std::string tesselVersion;
   struct Source {
     std::string file, key;
     Box box;
