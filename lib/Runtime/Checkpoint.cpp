@@ -93,20 +93,6 @@ void writeCommitted(const std::string &path, const std::string &text) {
   fsyncPath(fs::path(path).parent_path().string(), /*directory=*/true);
 }
 
-std::string readText(const std::string &path) {
-  FILE *f = std::fopen(path.c_str(), "r");
-  if (!f)
-    throw std::runtime_error("cannot read " + inQuotes(path) + ": " +
-                             std::strerror(errno));
-  std::string text;
-  char buffer[65536];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0)
-    text.append(buffer, n);
-  std::fclose(f);
-  return text;
-}
-
 bool multiRank() { return commWorldSize() > 1; }
 
 // Every rank's `text`, on rank 0 (others get an empty list).
@@ -173,6 +159,20 @@ std::string boxKey(const std::string &tensor, const Box &box) {
 }
 
 } // namespace
+
+std::string readTextFile(const std::string &path) {
+  FILE *f = std::fopen(path.c_str(), "r");
+  if (!f)
+    throw std::runtime_error("cannot read " + inQuotes(path) + ": " +
+                             std::strerror(errno));
+  std::string text;
+  char buffer[65536];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0)
+    text.append(buffer, n);
+  std::fclose(f);
+  return text;
+}
 
 int64_t Box::numel() const {
   int64_t n = 1;
@@ -467,7 +467,7 @@ CheckpointManifest readManifest(const std::string &dir) {
   };
   json j;
   try {
-    j = json::parse(readText(path));
+    j = json::parse(readTextFile(path));
   } catch (const json::exception &e) {
     throw bad(std::string("not valid JSON (") + e.what() + ")");
   }

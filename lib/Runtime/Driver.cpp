@@ -972,15 +972,12 @@ nlohmann::json ownPlan() {
   if (ec)
     return nullptr;
   std::filesystem::path plan = exe.parent_path().parent_path() / "plan.json";
-  FILE *f = std::fopen(plan.c_str(), "r");
-  if (!f)
-    return nullptr;
   std::string text;
-  char buffer[65536];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0)
-    text.append(buffer, n);
-  std::fclose(f);
+  try {
+    text = readTextFile(plan.string());
+  } catch (const std::runtime_error &) {
+    return nullptr;
+  }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   return j.is_object() ? j : nlohmann::json(nullptr);
 }

@@ -157,6 +157,9 @@ void readCheckpointBox(const CheckpointManifest &manifest,
                        const std::vector<int64_t> &shape, const Box &want,
                        float *out);
 
+// A whole file's text; throws naming it when it cannot be read.
+std::string readTextFile(const std::string &path);
+
 // CRC-32 (zlib's) of a file's bytes; throws when it cannot be read.
 uint32_t fileCrc32(const std::string &path, int64_t *bytes = nullptr);
 
