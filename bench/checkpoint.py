@@ -63,6 +63,7 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     args = p.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="tessel-ckpt-bench-")
+    os.makedirs(work, exist_ok=True)
     dd_write, dd_read, cold = dd_bandwidth(work)
     print(f"disk (dd, 1 GiB): write {dd_write:.0f} MB/s with fsync, read "
           f"{dd_read:.0f} MB/s ({'cold' if cold else 'page cache'})\n")

@@ -306,8 +306,12 @@ int64_t CheckpointWriter::poll(bool wait) {
     return -1;
   writer.join();
   writing = false;
+  // Kept for the next snapshot, also when the commit fails (it throws).
+  struct Keep {
+    CheckpointWriter &w;
+    ~Keep() { w.spare = std::move(w.pieces); w.pieces.clear(); }
+  } keep{*this};
   commit();
-  pieces.clear();
   return info.step;
 }
 

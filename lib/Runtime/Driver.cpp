@@ -796,7 +796,8 @@ void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
 // tensor goes to the replica with the fewest bytes so far (the lowest
 // first), which every replica works out alike.
 std::vector<CheckpointPiece>
-checkpointPieces(const Program &program, const std::vector<StateStore> &stores) {
+checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
+                 std::vector<CheckpointPiece> recycled) {
   std::vector<CheckpointPiece> pieces;
   std::map<unsigned, std::vector<int64_t>> bytesOf; // per replica group
   for (size_t st = 0; st < stores.size(); st++)
@@ -823,6 +824,9 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores) 
       std::vector<Box> boxes = shardBoxes(p, layout);
       for (size_t b = 0; b < boxes.size(); b++) {
         CheckpointPiece piece;
+        // The previous snapshot's memory, in the same order.
+        if (pieces.size() < recycled.size())
+          piece.data = std::move(recycled[pieces.size()].data);
         piece.tensor = p.name + stores[st].suffix;
         piece.shape = shapeOf(p);
         piece.box = boxes[b];
@@ -1148,10 +1152,6 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (opts.checkpointEvery > 0 && opts.saveState.empty())
     throw UsageError("--checkpoint-every needs --save-state FILE (where the "
                      "state goes)");
-  if (program.device && (!opts.saveState.empty() || !opts.resume.empty() ||
-                         !opts.ckptDir.empty()))
-    fail("--save-state, --ckpt-dir and --resume are not available on the "
-         "CUDA target yet (AdamW's moments live on the device)");
   if (opts.ckptDir.empty() && (opts.ckptEvery > 0 || opts.ckptKeep.keepLast))
     throw UsageError(std::string(opts.ckptEvery > 0 ? "--ckpt-every"
                                                     : "--ckpt-keep") +
@@ -1220,10 +1220,14 @@ int train(const Program &sharedProgram, const Options &opts) {
       "gradients");
   // With the optimizer sharded over dp, the moments of this rank's pieces.
   bool shardedMoments = program.optimizerElems > 0;
+  // Saved and resumed states go through host copies of the moments; a
+  // device program keeps them on the host only then.
+  bool stateFiles = !opts.saveState.empty() || !opts.resume.empty() ||
+                    checkpoints;
   size_t momentBytes =
-      device ? 0
-      : shardedMoments ? (size_t)program.optimizerElems * sizeof(float)
-                       : hostBytes;
+      device && !stateFiles ? 0
+      : shardedMoments      ? (size_t)program.optimizerElems * sizeof(float)
+                            : floatBytes;
   AlignedBuffer adamM = allocateZeroed(momentBytes, "AdamW first moments");
   AlignedBuffer adamV = allocateZeroed(momentBytes, "AdamW second moments");
   AlignedBuffer activations =
@@ -1250,8 +1254,6 @@ int train(const Program &sharedProgram, const Options &opts) {
   // AdamW's moments beside the parameters, as a state file holds them.
   // Sharded moments are saved and resumed through copies laid out like the
   // parameters (only when a state is saved or resumed).
-  bool stateFiles = !opts.saveState.empty() || !opts.resume.empty() ||
-                    checkpoints;
   AlignedBuffer fullM = allocateZeroed(
       shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
   AlignedBuffer fullV = allocateZeroed(
@@ -1274,7 +1276,16 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (shardedParams)
       wholeParams.reset();
   };
+  // A device program's state, copied to the host to be saved.
+  auto fromDevice = [&]() {
+    if (!device)
+      return;
+    device->download(program, paramData);
+    device->copyMoments(program, (float *)adamM.get(), (float *)adamV.get(),
+                        /*toDevice=*/false);
+  };
   auto writeState = [&](int64_t step) {
+    fromDevice();
     wholeForSave();
     if (shardedMoments) {
       expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
@@ -1293,6 +1304,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   // A checkpoint of this rank's shards, written in the background.
   auto writeCheckpoint = [&](int64_t step, float loss) {
     UncountedCollectives notTraffic;
+    fromDevice();
     wholeForSave();
     if (shardedMoments) {
       expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
@@ -1315,7 +1327,8 @@ int train(const Program &sharedProgram, const Options &opts) {
     info.model = planSection("model");
     info.train = planSection("train");
     info.data = planSection("data");
-    std::vector<CheckpointPiece> pieces = checkpointPieces(program, state);
+    std::vector<CheckpointPiece> pieces =
+        checkpointPieces(program, state, checkpoints->recycle());
     doneSaving();
     checkpoints->begin(info, std::move(pieces));
   };
@@ -1423,6 +1436,10 @@ int train(const Program &sharedProgram, const Options &opts) {
   ctx.variant = variant;
   if (device) {
     device->start(program, paramData, ctx);
+    // A resumed state's moments (its parameters went in with start).
+    if (firstStep > 0)
+      device->copyMoments(program, (float *)adamM.get(), (float *)adamV.get(),
+                          /*toDevice=*/true);
     if (leader && !opts.quiet)
       std::printf("device: %s\n", device->describe());
   }

@@ -88,6 +88,10 @@ public:
   // step committed, or -1.
   int64_t poll(bool wait);
   bool pending() const { return writing; }
+  // The pieces of the last committed checkpoint, handed back so that the
+  // next snapshot reuses their memory (already paged in) instead of
+  // allocating it afresh.
+  std::vector<CheckpointPiece> recycle() { return std::move(spare); }
   // The committed checkpoint directory of the last commit, this rank's
   // file's bytes in it and the seconds its background write took.
   const std::string &lastCommitted() const { return committed; }
@@ -100,7 +104,7 @@ private:
   std::string root;
   Retention retention;
   CheckpointInfo info;
-  std::vector<CheckpointPiece> pieces;
+  std::vector<CheckpointPiece> pieces, spare;
   std::thread writer;
   std::atomic<bool> done{false};
   bool writing = false;

@@ -122,6 +122,11 @@ struct DeviceHooks {
   void (*stop)();
   // One line naming the device and the precision, for the run's banner.
   const char *(*describe)();
+  // Copies AdamW's moments between the device and host stores laid out as
+  // a CPU program's (Program::optimizerElems, or paramElems, floats each),
+  // for saving and resuming.
+  void (*copyMoments)(const Program &program, float *hostM, float *hostV,
+                      bool toDevice);
 };
 
 // One pipeline rank a shared program serves: pipeline stages that compute

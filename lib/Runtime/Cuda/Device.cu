@@ -55,6 +55,7 @@ struct DeviceState {
   float *params = nullptr;
   float *grads = nullptr;
   float *adamM = nullptr;
+  int64_t momentElems = 0;
   float *adamV = nullptr;
   float *accumulators = nullptr;
   char *activations = nullptr;
@@ -197,6 +198,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
   // With the optimizer sharded over dp, the moments of this rank's pieces.
   int64_t momentElems =
       program.optimizerElems > 0 ? program.optimizerElems : s.paramElems;
+  s.momentElems = momentElems;
   s.adamM = allocate<float>(momentElems, "the AdamW first moments");
   s.adamV = allocate<float>(momentElems, "the AdamW second moments");
   s.activations = allocate<char>(program.activationBytes, "the activations");
@@ -276,6 +278,34 @@ void download(const rt::Program &program, float *hostParams) {
           "cudaMemcpy (parameters)");
 }
 
+void copyMoments(const rt::Program &program, float *hostM, float *hostV,
+                 bool toDevice) {
+  DeviceState &s = state();
+  if (!s.started)
+    throw std::runtime_error("copyMoments before the CUDA device was started");
+  int64_t elems =
+      program.optimizerElems > 0 ? program.optimizerElems : program.paramElems;
+  if (elems != s.momentElems)
+    throw std::runtime_error("copyMoments of " + std::to_string(elems) +
+                             " elements with a device holding " +
+                             std::to_string(s.momentElems));
+  check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
+  size_t bytes = (size_t)elems * sizeof(float);
+  if (bytes == 0)
+    return;
+  if (toDevice) {
+    check(cudaMemcpy(s.adamM, hostM, bytes, cudaMemcpyHostToDevice),
+          "cudaMemcpy (first moments)");
+    check(cudaMemcpy(s.adamV, hostV, bytes, cudaMemcpyHostToDevice),
+          "cudaMemcpy (second moments)");
+  } else {
+    check(cudaMemcpy(hostM, s.adamM, bytes, cudaMemcpyDeviceToHost),
+          "cudaMemcpy (first moments)");
+    check(cudaMemcpy(hostV, s.adamV, bytes, cudaMemcpyDeviceToHost),
+          "cudaMemcpy (second moments)");
+  }
+}
+
 void stopDevice() {
   DeviceState &s = state();
   if (!s.started)
@@ -349,7 +379,7 @@ const rt::DeviceHooks *deviceHooks(const DeviceProgram &program) {
     s.p2pOffsets.clear();
   }
   static const rt::DeviceHooks hooks = {&startDevice, &loadBatch, &download,
-                                        &stopDevice, &describe};
+                                        &stopDevice, &describe, &copyMoments};
   return &hooks;
 }
 
