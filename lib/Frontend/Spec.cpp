@@ -725,6 +725,25 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   for (const std::string &assignment : overrides)
     if (llvm::Error err = applyOverride(doc, assignment))
       return std::move(err);
+  // The spec as compiled: the layout flags in their fields.
+  json resolved = doc;
+  if (!resolved.contains("parallel") || !resolved["parallel"].is_object())
+    resolved["parallel"] = json::object();
+  json &parallel = resolved["parallel"];
+  auto put = [&](const char *key, const auto &value) {
+    if (value)
+      parallel[key] = *value;
+  };
+  put("dp", layout.dp);
+  put("tp", layout.tp);
+  put("pp", layout.pp);
+  put("microbatches", layout.microbatches);
+  put("virtual_stages", layout.virtualStages);
+  put("schedule", layout.schedule);
+  put("sequence_parallel", layout.sequenceParallel);
+  if (layout.layers && resolved.contains("model") &&
+      resolved["model"].is_object())
+    resolved["model"]["layers"] = *layout.layers;
 
   Spec spec;
   spec.name = llvm::sys::path::stem(path).str();
@@ -740,6 +759,10 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
     dir = ".";
   llvm::sys::fs::make_absolute(dir);
   readData(root.child("data"), spec.data, dir, problems);
+  if (!spec.data.path.empty() && resolved.contains("data") &&
+      resolved["data"].is_object())
+    resolved["data"]["path"] = spec.data.path;
+  spec.document = resolved.dump(2) + "\n";
   if (!problems.any()) {
     const ModelSpec &m = spec.model;
     double widest = std::max({double(m.vocabSize), double(m.ffnHidden),

@@ -1522,19 +1522,33 @@ int train(const Program &sharedProgram, const Options &opts) {
     // snapshot, a commit) goes into the metrics.
     std::string checkpointFields;
     if (checkpoints) {
+      auto since = [](std::chrono::steady_clock::time_point t) {
+        return jsonNumber(std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t)
+                              .count(),
+                          "%.3f");
+      };
       auto begin = std::chrono::steady_clock::now();
       if (checkpoints->poll(/*wait=*/false) >= 0)
         checkpointFields +=
             ", \"ckpt_write_ms\": " +
             jsonNumber(checkpoints->lastWriteSeconds() * 1000, "%.3f") +
-            ", \"ckpt_bytes\": " + std::to_string(checkpoints->lastBytes());
+            ", \"ckpt_bytes\": " + std::to_string(checkpoints->lastBytes()) +
+            ", \"ckpt_commit_ms\": " + since(begin);
       if (opts.ckptEvery > 0 && (step + 1) % opts.ckptEvery == 0 &&
-          step + 1 < lastStep)
+          step + 1 < lastStep) {
+        // At most one write in flight: a slower write than the interval
+        // makes the next checkpoint wait for it.
+        if (checkpoints->pending()) {
+          auto wait = std::chrono::steady_clock::now();
+          checkpoints->poll(/*wait=*/true);
+          checkpointFields += ", \"ckpt_wait_ms\": " + since(wait);
+        }
+        auto snapshot = std::chrono::steady_clock::now();
         writeCheckpoint(step + 1, ctx.loss);
-      double stall = std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - begin)
-                         .count();
-      checkpointFields += ", \"ckpt_stall_ms\": " + jsonNumber(stall, "%.3f");
+        checkpointFields += ", \"ckpt_snapshot_ms\": " + since(snapshot);
+      }
+      checkpointFields += ", \"ckpt_stall_ms\": " + since(begin);
     }
 
     if (leader && !opts.quiet) {

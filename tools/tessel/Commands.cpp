@@ -266,6 +266,60 @@ std::string newestCheckpoint(StringRef root) {
   return newest;
 }
 
+// --elastic: compiles the plan in `dir` again with the data-parallel size
+// divided by its smallest prime factor and the microbatches multiplied by
+// it (the global batch and each microbatch stay), into
+// ORIGINAL.elastic-dpN; returns that directory, or "" when dp is 1 already.
+Expected<std::string> shrinkDataParallel(StringRef dir, StringRef original) {
+  Expected<json> plan = readPlan(dir);
+  if (!plan)
+    return plan.takeError();
+  try {
+    int64_t dp = plan->at("mesh").at("dp").get<int64_t>();
+    int64_t microbatches = plan->value("microbatches", (int64_t)1);
+    std::string name = plan->at("name").get<std::string>();
+    std::string target = plan->value("target", std::string("cpu"));
+    if (dp <= 1) {
+      errs() << "tessel: elastic: the run is at dp 1 already; it restarts "
+                "as it is\n";
+      return std::string();
+    }
+    int64_t factor = 2;
+    while (dp % factor)
+      ++factor;
+    SmallString<256> spec(dir);
+    sys::path::append(spec, "spec", name + ".json");
+    if (!sys::fs::exists(spec))
+      return createStringError(spec + " is missing (compile again with this "
+                                      "tessel)");
+    std::string out = (original.rtrim('/') + ".elastic-dp" +
+                       Twine(dp / factor)).str();
+    SmallString<256> self;
+    if (std::error_code ec = sys::fs::real_path("/proc/self/exe", self))
+      return createStringError("cannot find the tessel executable: " +
+                               ec.message());
+    std::vector<std::string> argv = {
+        self.str().str(), "compile", spec.str().str(),
+        "--dp", std::to_string(dp / factor),
+        "--microbatches", std::to_string(microbatches * factor),
+        "--target", target, "-o", out};
+    errs() << "tessel: elastic: dp " << dp << " -> " << dp / factor
+           << ", microbatches " << microbatches << " -> "
+           << microbatches * factor << " (the same global batch); compiling "
+           << out << "\n";
+    std::vector<StringRef> refs(argv.begin(), argv.end());
+    std::string message;
+    int rc = sys::ExecuteAndWait(argv[0], refs, std::nullopt, {}, 0, 0,
+                                 &message);
+    if (rc != 0)
+      return createStringError("compiling " + out + " failed" +
+                               (message.empty() ? "" : ": " + message));
+    return out;
+  } catch (const json::exception &e) {
+    return createStringError(dir + "/plan.json: malformed (" + e.what() + ")");
+  }
+}
+
 // Why a run ended, from its exit code.
 std::string describeExit(int rc) {
   if (rc > 128) {
@@ -284,14 +338,15 @@ int tessel::runCommand(ArrayRef<std::string> args) {
               " [--strict]] [--save-final F] [--metrics FILE] [--seed N]"
               " [--threads N] [--timeout SECONDS] [--quiet]\n"
               "       [--ckpt-dir DIR [--ckpt-every N] [--ckpt-keep K[:M]]"
-              " [--max-restarts K]] [--resume PATH]\n"
+              " [--max-restarts K [--elastic]]] [--resume PATH]\n"
               "(options after DIR go to every rank's program; see "
               "DIR/bin/<program> --help; --max-restarts K, tessel's own, "
               "starts a failed run again from the newest committed "
-              "checkpoint of --ckpt-dir, up to K times)\n";
+              "checkpoint of --ckpt-dir, up to K times; --elastic makes each "
+              "restart continue on fewer data-parallel ranks)\n";
     return args.empty() ? 2 : 0;
   }
-  StringRef dir = args[0];
+  std::string dir = args[0];
   Expected<json> plan = readPlan(dir);
   if (!plan)
     return fail(toString(plan.takeError()));
@@ -299,8 +354,13 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (!checked)
     return fail(toString(checked.takeError()));
   int64_t world = checked->world;
-  const auto &binaries = checked->binaries;
+  std::vector<std::pair<std::string, int64_t>> binaries(
+      checked->binaries.begin(), checked->binaries.end());
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
+  // --elastic: each restart continues on fewer data-parallel ranks.
+  bool elastic = hasFlag(forwarded, "--elastic");
+  forwarded.erase(std::remove(forwarded.begin(), forwarded.end(), "--elastic"),
+                  forwarded.end());
   // --max-restarts K: the launcher's own option. A run that fails (a rank
   // died, the watchdog ended it) is started again from the newest
   // committed checkpoint of --ckpt-dir, up to K times.
@@ -316,6 +376,9 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (maxRestarts > 0 && ckptDir.empty())
     return fail("--max-restarts needs --ckpt-dir DIR (where a restarted "
                 "run resumes from)");
+  if (elastic && maxRestarts == 0)
+    return fail("--elastic needs --max-restarts K (it changes the layout of "
+                "a restarted run)");
   if (checked->dataFormat == "llmc" && !hasFlag(forwarded, "--data"))
     forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
@@ -370,6 +433,23 @@ int tessel::runCommand(ArrayRef<std::string> args) {
                                             "checkpoint yet)")
                               : from)
              << "\n";
+      if (elastic) {
+        Expected<std::string> smaller = shrinkDataParallel(dir, args[0]);
+        if (!smaller)
+          return fail("--elastic: " + toString(smaller.takeError()));
+        if (!smaller->empty()) {
+          Expected<json> next = readPlan(*smaller);
+          Expected<RunPlan> nextChecked =
+              next ? checkPlan(*smaller, *next)
+                   : Expected<RunPlan>(next.takeError());
+          if (!nextChecked)
+            return fail("--elastic: " + toString(nextChecked.takeError()));
+          dir = *smaller;
+          world = nextChecked->world;
+          binaries.assign(nextChecked->binaries.begin(),
+                          nextChecked->binaries.end());
+        }
+      }
     }
     Expected<std::vector<std::string>> argv = commandLine(attempt);
     if (!argv)

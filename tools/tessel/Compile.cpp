@@ -925,6 +925,17 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     }
   if (llvm::Error err = writeFile(planPath, plan.dump(2) + "\n"))
     return err;
+  // The spec as compiled, to compile again from (tessel run --elastic).
+  if (!spec.document.empty()) {
+    llvm::SmallString<256> specPath(out);
+    llvm::sys::path::append(specPath, "spec");
+    if (std::error_code ec = llvm::sys::fs::create_directories(specPath))
+      return llvm::createStringError("cannot create " + specPath + ": " +
+                                     ec.message());
+    llvm::sys::path::append(specPath, spec.name + ".json");
+    if (llvm::Error err = writeFile(specPath, spec.document))
+      return err;
+  }
   return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
 }
 

@@ -86,6 +86,11 @@ struct Spec {
   TrainSpec train;
   DataSpec data;
   ParallelSpec parallel;
+  // The spec as compiled (JSON text): the file with the overrides and the
+  // layout flags applied and the data path made absolute, so that it
+  // compiles again from anywhere (tessel run --elastic does). Empty for
+  // programs given as IR.
+  std::string document;
 };
 
 // Layout fields given on the command line (--dp, --tp, ..., and tessel
