@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <unistd.h>
 
@@ -278,12 +279,26 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
       // describes the files being written.
       if (rank == 0)
         fs::remove(fs::path(dir) / "manifest.json", ec);
-      if (!pieces.empty()) {
+      // A box whose contents are those of the last checkpoint's is
+      // referenced there, not written again.
+      pieceCrc.assign(pieces.size(), 0);
+      reused.assign(pieces.size(), nullptr);
+      std::vector<SafetensorView> views;
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const CheckpointPiece &p = pieces[k];
+        std::string key = boxKey(p.tensor, p.box);
+        pieceCrc[k] = (uint32_t)crc32(
+            crc32(0L, Z_NULL, 0), (const Bytef *)p.data.data(),
+            (uInt)(p.data.size() * sizeof(float)));
+        auto it = stored.find(key);
+        if (it != stored.end() && it->second.boxCrc == pieceCrc[k])
+          reused[k] = &it->second;
+        else
+          views.push_back({key, p.box.sizes, p.data.data()});
+      }
+      if (!views.empty()) {
         char name[32];
         std::snprintf(name, sizeof(name), "rank-%05d.safetensors", rank);
-        std::vector<SafetensorView> views;
-        for (const CheckpointPiece &p : pieces)
-          views.push_back({boxKey(p.tensor, p.box), p.box.sizes, p.data.data()});
         std::string path = (fs::path(dir) / name).string();
         writeSafetensors(path, views, {{"step", std::to_string(info.step)}});
         fileCrc = fileCrc32(path, &fileBytes);
@@ -321,14 +336,24 @@ void CheckpointWriter::commit() {
   record["file"] = fileName;
   record["bytes"] = fileBytes;
   record["crc32"] = crcText(fileCrc);
-  json boxes = json::array();
-  for (const CheckpointPiece &p : pieces)
+  json boxes = json::array(), referenced = json::object();
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const CheckpointPiece &p = pieces[k];
+    std::string file = fileName;
+    if (k < reused.size() && reused[k]) {
+      file = "../" + reused[k]->file;
+      referenced[file] = {{"bytes", reused[k]->fileBytes},
+                          {"crc32", crcText(reused[k]->fileCrc)}};
+    }
     boxes.push_back({{"tensor", p.tensor},
                      {"shape", p.shape},
                      {"key", boxKey(p.tensor, p.box)},
+                     {"file", file},
                      {"offsets", p.box.offsets},
                      {"sizes", p.box.sizes}});
+  }
   record["boxes"] = std::move(boxes);
+  record["referenced"] = std::move(referenced);
   std::vector<std::string> records = gatherText(record.dump());
   std::string dirName = stepDirName(info.step);
   std::string dir = (fs::path(root) / dirName).string();
@@ -341,11 +366,13 @@ void CheckpointWriter::commit() {
         if (!rec["error"].get<std::string>().empty())
           throw std::runtime_error("rank " + std::to_string(r) + ": " +
                                    rec["error"].get<std::string>());
-        std::string file = rec["file"];
-        if (file.empty())
-          continue;
-        files[file] = {{"bytes", rec["bytes"]}, {"crc32", rec["crc32"]}};
+        std::string own = rec["file"];
+        if (!own.empty())
+          files[own] = {{"bytes", rec["bytes"]}, {"crc32", rec["crc32"]}};
+        for (auto &[file, f] : rec["referenced"].items())
+          files[file] = f;
         for (json &b : rec["boxes"]) {
+          std::string file = b["file"];
           std::string name = b["tensor"];
           if (!tensors.contains(name))
             tensors[name] = {{"shape", b["shape"]},
@@ -386,29 +413,35 @@ void CheckpointWriter::commit() {
       writeCommitted((fs::path(root) / "latest").string(), dirName + "\n");
       committed = dir;
       // Retention: the newest keepLast checkpoints, every keepEvery-th
-      // step, and nothing uncommitted older than this one (an interrupted
-      // write).
+      // step, the directories their files refer to (incremental saves),
+      // and nothing uncommitted older than this one (an interrupted write).
       if (retention.keepLast > 0) {
         std::vector<std::pair<int64_t, fs::path>> found;
         for (const fs::directory_entry &e : fs::directory_iterator(root)) {
           int64_t step = checkpointStepOf(e.path().filename().string());
-          if (step >= 0 && e.is_directory())
+          if (step >= 0 && e.is_directory() && step <= info.step)
             found.push_back({step, e.path()});
         }
         std::sort(found.rbegin(), found.rend());
+        std::set<std::string> keep;
         int64_t kept = 0;
         for (auto &[step, path] : found) {
-          if (step > info.step)
+          if (!fs::exists(path / "manifest.json"))
             continue;
-          bool isCommitted = fs::exists(path / "manifest.json");
-          bool keep = isCommitted && (kept < retention.keepLast ||
-                                      (retention.keepEvery > 0 &&
-                                       step % retention.keepEvery == 0));
-          if (isCommitted && kept < retention.keepLast)
+          if (kept < retention.keepLast ||
+              (retention.keepEvery > 0 && step % retention.keepEvery == 0)) {
+            keep.insert(path.filename().string());
+            json m = json::parse(readTextFile((path / "manifest.json").string()));
+            for (auto &[file, f] : m.at("files").items())
+              if (file.rfind("../", 0) == 0)
+                keep.insert(fs::path(file.substr(3)).begin()->string());
+          }
+          if (kept < retention.keepLast)
             ++kept;
-          if (!keep)
-            fs::remove_all(path);
         }
+        for (auto &[step, path] : found)
+          if (!keep.count(path.filename().string()))
+            fs::remove_all(path);
       }
     } catch (const std::exception &e) {
       status = e.what();
@@ -419,6 +452,16 @@ void CheckpointWriter::commit() {
     throw std::runtime_error("the checkpoint " + inQuotes(dir) +
                              " was not committed: " + status);
   committed = dir;
+  // Where this checkpoint's boxes lie, for the next one to refer to.
+  std::map<std::string, Stored> next;
+  for (size_t k = 0; k < pieces.size() && k < pieceCrc.size(); ++k) {
+    Stored s = reused[k] ? *reused[k]
+                         : Stored{dirName + "/" + fileName, fileBytes, fileCrc,
+                                  0};
+    s.boxCrc = pieceCrc[k];
+    next[boxKey(pieces[k].tensor, pieces[k].box)] = s;
+  }
+  stored = std::move(next);
 }
 
 //===----------------------------------------------------------------------===//
@@ -490,10 +533,33 @@ CheckpointManifest readManifest(const std::string &dir) {
     if (j.contains("train") && !j["train"].is_null())
       m.train = j["train"].dump();
     m.tesselVersion = j.value("tessel_version", "");
-    for (auto &[file, f] : j.at("files").items())
+    for (auto &[file, f] : j.at("files").items()) {
+      // A rank's file here, or one of an earlier checkpoint's that an
+      // incremental save refers to: nothing else is read.
+      std::string name = file;
+      if (name.rfind("../", 0) == 0) {
+        size_t slash = name.find('/', 3);
+        if (slash == std::string::npos ||
+            checkpointStepOf(name.substr(3, slash - 3)) < 0)
+          throw bad("the file " + inQuotes(file) +
+                    " is neither a rank's file nor one of an earlier step's");
+        name = name.substr(slash + 1);
+      }
+      const std::string head = "rank-", tail = ".safetensors";
+      bool rankFile = name.size() > head.size() + tail.size() &&
+                      name.rfind(head, 0) == 0 &&
+                      name.compare(name.size() - tail.size(), tail.size(),
+                                   tail) == 0 &&
+                      std::all_of(name.begin() + head.size(),
+                                  name.end() - tail.size(),
+                                  [](char c) { return c >= '0' && c <= '9'; });
+      if (!rankFile)
+        throw bad("the file " + inQuotes(file) +
+                  " is neither a rank's file nor one of an earlier step's");
       m.files[file] = {f.at("bytes").get<int64_t>(),
                        (uint32_t)std::stoul(f.at("crc32").get<std::string>(),
                                             nullptr, 16)};
+    }
     for (auto &[name, t] : j.at("tensors").items()) {
       CheckpointManifest::Tensor &tensor = m.tensors[name];
       tensor.shape = t.at("shape").get<std::vector<int64_t>>();

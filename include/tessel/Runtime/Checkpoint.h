@@ -114,6 +114,20 @@ private:
   uint32_t fileCrc = 0;
   double writeSeconds = 0;
   std::string committed;
+  // Incremental saves: where each box of the last committed checkpoint
+  // lies (its file relative to the root, that file's size and CRC-32, the
+  // box's CRC-32), by key; a box whose contents are unchanged is referenced
+  // there instead of written again.
+  struct Stored {
+    std::string file;
+    int64_t fileBytes = 0;
+    uint32_t fileCrc = 0, boxCrc = 0;
+  };
+  std::map<std::string, Stored> stored;
+  // Per piece of the write in flight: its CRC-32 and, when unchanged, the
+  // box it refers to.
+  std::vector<uint32_t> pieceCrc;
+  std::vector<const Stored *> reused;
 };
 
 // A committed checkpoint, parsed.
