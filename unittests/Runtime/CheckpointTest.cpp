@@ -100,6 +100,23 @@ TEST(Checkpoint, MalformedManifestsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("lies outside its shape"),
               std::string::npos);
   }
+  // Files are a rank's here or an earlier step's (incremental saves), and
+  // nothing else: no path outside the checkpoint directory is read.
+  for (const char *file : {"../etc/rank-00000.safetensors",
+                           "../../step-00000002/rank-00000.safetensors",
+                           "rank-00000.safetensors/../../x", "manifest.json"}) {
+    write(std::string(R"({"format": "tessel-checkpoint", "version": 1,
+        "step": 2, "consumed_samples": 16, "loss": 1.5, "layout": "dp=2",
+        "files": {")") + file + R"(": {"bytes": 10, "crc32": "0a"}},
+        "tensors": {}})");
+    EXPECT_THROW(readManifest(dir), std::runtime_error) << file;
+  }
+  write(std::string(head) + R"("tensors": {}})");
+  write(R"({"format": "tessel-checkpoint", "version": 1, "step": 4,
+      "consumed_samples": 32, "loss": 1.5, "layout": "dp=2",
+      "files": {"../step-00000002/rank-00001.safetensors":
+                {"bytes": 10, "crc32": "0a"}}, "tensors": {}})");
+  EXPECT_EQ(readManifest(dir).files.size(), 1u);
   write("{\"format\": \"something else\"}");
   EXPECT_THROW(readManifest(dir), std::runtime_error);
   std::filesystem::remove_all(dir);
