@@ -470,11 +470,12 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
 void readData(Section s, DataSpec &d, llvm::StringRef specDir,
               Problems &problems) {
   d.format = s.choice("format", s.has("path") ? "llmc" : "synthetic",
-                      {"llmc", "synthetic"});
+                      {"llmc", "megatron", "synthetic"});
   std::string path = s.string("path", "");
-  if (d.format == "llmc") {
+  if (d.format != "synthetic") {
     if (path.empty())
-      problems.report(s.at("path"), "is required for format \"llmc\"");
+      problems.report(s.at("path"),
+                      "is required for format \"" + d.format + "\"");
     llvm::SmallString<256> full(path);
     if (!path.empty() && !llvm::sys::path::is_absolute(full)) {
       full = specDir;

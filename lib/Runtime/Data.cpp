@@ -45,7 +45,126 @@ struct SplitMix64 {
 // TokenData
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+bool exists(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool endsWith(const std::string &s, const std::string &tail) {
+  return s.size() >= tail.size() &&
+         s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The file mapped read-only, with its size; throws naming it.
+std::pair<void *, size_t> mapFile(const std::string &path, const char *what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    fail(std::string("cannot open ") + what + " " + inQuotes(path) + ": " +
+         std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail(std::string("cannot stat ") + what + " " + inQuotes(path) + ": " +
+         std::strerror(err));
+  }
+  size_t bytes = (size_t)st.st_size;
+  void *mapping = bytes ? ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0)
+                        : nullptr;
+  int err = errno;
+  ::close(fd);
+  if (mapping == MAP_FAILED)
+    fail(std::string("cannot map ") + what + " " + inQuotes(path) + ": " +
+         std::strerror(err));
+  return {mapping, bytes};
+}
+
+} // namespace
+
+TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
+  if (vocab <= 0)
+    fail("dataset " + inQuotes(prefix) + ": vocabulary size must be positive");
+  std::string idxPath = prefix + ".idx", binPath = prefix + ".bin";
+  auto [idx, idxBytes] = mapFile(idxPath, "Megatron index");
+  // The index is read once, here; only the tokens stay mapped.
+  std::vector<char> index((const char *)idx, (const char *)idx + idxBytes);
+  if (idx)
+    ::munmap(idx, idxBytes);
+  auto bad = [&](const std::string &what) {
+    fail("Megatron index " + inQuotes(idxPath) + ": " + what);
+  };
+  const char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+  const size_t head = 9 + 8 + 1 + 8 + 8;
+  if (index.size() < head || std::memcmp(index.data(), magic, 9) != 0)
+    bad("does not start with MMIDIDX (not a Megatron indexed dataset)");
+  uint64_t version, sequences, documents;
+  std::memcpy(&version, index.data() + 9, 8);
+  uint8_t code = (uint8_t)index[17];
+  std::memcpy(&sequences, index.data() + 18, 8);
+  std::memcpy(&documents, index.data() + 26, 8);
+  if (version != 1)
+    bad("version " + std::to_string(version) + " (this build reads 1)");
+  // Megatron's dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
+  // 6 float64, 7 float32, 8 uint16.
+  int width = code == 1 ? 1 : code == 3 || code == 8 ? 2 : code == 4 ? 4 : 0;
+  if (!width)
+    bad("dtype code " + std::to_string(code) +
+        " is not a token type this build reads (1 uint8, 3 int16, 4 int32, "
+        "8 uint16)");
+  if (sequences > (index.size() - head) / 12 ||
+      head + sequences * 12 + documents * 8 != index.size())
+    bad("its size (" + std::to_string(index.size()) + " bytes) does not fit " +
+        std::to_string(sequences) + " sequences and " +
+        std::to_string(documents) + " document entries");
+  const char *lengths = index.data() + head;
+  const char *pointers = lengths + sequences * 4;
+  int64_t total = 0;
+  for (uint64_t k = 0; k < sequences; ++k) {
+    int32_t length;
+    int64_t pointer;
+    std::memcpy(&length, lengths + k * 4, 4);
+    std::memcpy(&pointer, pointers + k * 8, 8);
+    if (length < 0 || pointer != total * width)
+      bad("sequence " + std::to_string(k) + " (length " +
+          std::to_string(length) + ", offset " + std::to_string(pointer) +
+          ") does not follow the one before it in the .bin");
+    total += length;
+  }
+  auto [bin, binBytes] = mapFile(binPath, "Megatron data file");
+  TokenData data;
+  data.source = prefix;
+  data.mapping = bin;
+  data.mappingBytes = binBytes;
+  data.width = width;
+  if ((int64_t)binBytes != total * width)
+    fail("Megatron data file " + inQuotes(binPath) + " has " +
+         std::to_string(binBytes) + " bytes; its index says " +
+         std::to_string(total) + " tokens of " + std::to_string(width) +
+         (width == 1 ? " byte" : " bytes"));
+  data.count = total;
+  data.base = bin;
+  for (int64_t i = 0; i < total; i++) {
+    int64_t token = data.at(i);
+    if (code == 3 && token >= 32768)
+      token -= 65536;
+    if (token < 0 || token >= vocab)
+      fail("dataset " + inQuotes(prefix) + ": token " + std::to_string(token) +
+           " at position " + std::to_string(i) +
+           " is out of range for vocabulary size " + std::to_string(vocab));
+  }
+  return data;
+}
+
 TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
+  // A Megatron dataset: PREFIX, PREFIX.idx or PREFIX.bin with PREFIX.idx.
+  for (const char *ext : {".idx", ".bin"})
+    if (endsWith(path, ext) &&
+        exists(path.substr(0, path.size() - 4) + ".idx"))
+      return fromMegatron(path.substr(0, path.size() - 4), vocab);
+  if (!exists(path) && exists(path + ".idx"))
+    return fromMegatron(path, vocab);
   if (vocab <= 0)
     fail("token file " + inQuotes(path) + ": vocabulary size must be positive");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -379,7 +379,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (elastic && maxRestarts == 0)
     return fail("--elastic needs --max-restarts K (it changes the layout of "
                 "a restarted run)");
-  if (checked->dataFormat == "llmc" && !hasFlag(forwarded, "--data"))
+  if (checked->dataFormat != "synthetic" && !hasFlag(forwarded, "--data"))
     forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's

@@ -509,7 +509,7 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                  "\" \"$@\"; fi\n";
   }
   std::string data =
-      spec.data.format == "llmc" ? shellQuoted(spec.data.path) : "''";
+      spec.data.format != "synthetic" ? shellQuoted(spec.data.path) : "''";
   std::string script = "#!/bin/sh\n# Launches all " + np +
                        " ranks of this plan (MPMD), as `tessel run` does:\n"
                        "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"

@@ -5,6 +5,13 @@
 // count. Magic 20240520 with version 1 stores uint16 tokens; magic 20240801
 // with version 7 stores uint32 tokens.
 //
+// Megatron's indexed datasets are read too: PREFIX.bin (the documents'
+// tokens, one after another) and PREFIX.idx ("MMIDIDX\0\0", version 1, the
+// dtype code, the sequence and document counts, then the sequence lengths
+// (int32), their byte offsets in the .bin (int64) and the document index
+// (int64)). Their tokens, concatenated in order, are a token stream like an
+// llm.c file's, and batches follow the same rule.
+//
 // Batches follow one fixed rule so that every rank and every reference
 // implementation sees the same data: with nSamples = (N - 1) / T, sequence i
 // of step s is sample j = (s * B + i) mod nSamples, its inputs are
@@ -36,8 +43,11 @@ class TokenData {
 public:
   // Maps and validates a token file: magic, version, token count against the
   // file size, and every token < vocab. Errors name the file (and, for a bad
-  // token, its position).
+  // token, its position). A Megatron dataset is named by its prefix, or its
+  // .idx or .bin file.
   static TokenData fromFile(const std::string &path, int64_t vocab);
+  // The Megatron dataset PREFIX.bin + PREFIX.idx.
+  static TokenData fromMegatron(const std::string &prefix, int64_t vocab);
   // Takes tokens held in memory; `name` is used in error messages.
   static TokenData fromTokens(std::vector<int32_t> tokens, int64_t vocab,
                               std::string name);
@@ -50,8 +60,9 @@ public:
 
   int64_t size() const { return count; }
   int32_t at(int64_t i) const {
-    return width == 2 ? (int32_t)((const uint16_t *)base)[i]
-                      : (int32_t)((const uint32_t *)base)[i];
+    return width == 2   ? (int32_t)((const uint16_t *)base)[i]
+           : width == 1 ? (int32_t)((const uint8_t *)base)[i]
+                        : (int32_t)((const uint32_t *)base)[i];
   }
   const std::string &name() const { return source; }
 
