@@ -387,6 +387,9 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec) {
           b.getNamedAttr("warmup_steps", i(t.warmupSteps)),
           b.getNamedAttr("decay", b.getStringAttr(t.decay)),
           b.getNamedAttr("min_lr", f(t.minLr)),
+          b.getNamedAttr("data_shuffle", b.getBoolAttr(spec.data.shuffle)),
+          b.getNamedAttr("data_seed",
+                         i(static_cast<int64_t>(spec.data.seed))),
       }));
 }
 

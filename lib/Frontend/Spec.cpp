@@ -483,6 +483,8 @@ void readData(Section s, DataSpec &d, llvm::StringRef specDir,
     }
     d.path = std::string(full);
   }
+  d.shuffle = s.boolean("shuffle", false);
+  d.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
   s.rejectUnknown();
 }
 

@@ -4,6 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -314,8 +319,75 @@ int64_t TokenData::numSamples(int64_t T) const {
   return (count - 1) / T;
 }
 
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+} // namespace
+
+int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch) {
+  if (n <= 1)
+    return 0;
+  int half = 1;
+  while ((uint64_t)1 << (2 * half) < (uint64_t)n)
+    ++half;
+  uint64_t mask = ((uint64_t)1 << half) - 1;
+  uint64_t keys[4];
+  uint64_t k = splitmix64(seed ^ splitmix64((uint64_t)epoch));
+  for (uint64_t &key : keys)
+    key = k = splitmix64(k);
+  uint64_t x = (uint64_t)index;
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t key : keys) {
+      uint64_t next = left ^ (splitmix64(right ^ key) & mask);
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= (uint64_t)n);
+  return (int64_t)x;
+}
+
+int64_t TokenData::sampleOf(int64_t g, int64_t T) const {
+  int64_t n = numSamples(T);
+  if (!shuffled)
+    return g % n;
+  return permute(g % n, n, shuffleSeed, g / n);
+}
+
+void TokenData::rowsForStep(int64_t step, int64_t B, int64_t first,
+                            int64_t rows, int64_t T, int32_t *inputs,
+                            int32_t *targets) const {
+  if (step < 0 || B <= 0 || T <= 0 || first < 0 || rows < 0 ||
+      first + rows > B)
+    fail(source + ": invalid batch request (step " + std::to_string(step) +
+         ", rows " + std::to_string(first) + " to " +
+         std::to_string(first + rows) + " of " + std::to_string(B) +
+         ", sequence length " + std::to_string(T) + ")");
+  if (numSamples(T) == 0)
+    fail(source + " has " + std::to_string(count) + " tokens, fewer than the " +
+         std::to_string(T + 1) + " needed for one sequence of length " +
+         std::to_string(T));
+  for (int64_t i = 0; i < rows; i++) {
+    // Steps times batch stays far below 2^63 for any run this reads.
+    int64_t start = sampleOf(step * B + first + i, T) * T;
+    for (int64_t t = 0; t < T; t++) {
+      inputs[i * T + t] = at(start + t);
+      targets[i * T + t] = at(start + t + 1);
+    }
+  }
+}
+
 void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
                              int32_t *inputs, int32_t *targets) const {
+  if (shuffled) {
+    rowsForStep(step, B, 0, B, T, inputs, targets);
+    return;
+  }
   if (step < 0 || B <= 0 || T <= 0)
     fail(source + ": invalid batch request (step " + std::to_string(step) +
          ", batch " + std::to_string(B) + ", sequence length " +
@@ -336,6 +408,107 @@ void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
       targets[i * T + t] = at(start + t + 1);
     }
   }
+}
+
+//===----------------------------------------------------------------------===//
+// Prefetching
+//===----------------------------------------------------------------------===//
+
+struct BatchPrefetcher::State {
+  const TokenData &data;
+  int64_t B, first, rows, T, next, last;
+  int depth;
+  std::mutex mutex;
+  std::condition_variable changed;
+  struct Batch {
+    int64_t step;
+    std::vector<int32_t> inputs, targets;
+  };
+  std::deque<Batch> ready;
+  std::vector<Batch> spare; // buffers to reuse
+  bool stop = false;
+  std::string error;
+  std::thread reader;
+};
+
+BatchPrefetcher::BatchPrefetcher(const TokenData &data, int64_t B,
+                                 int64_t first, int64_t rows, int64_t T,
+                                 int64_t firstStep, int64_t lastStep,
+                                 int depth)
+    : state(new State{data, B, first, rows, T, firstStep, lastStep, depth}) {
+  if (depth <= 0)
+    return;
+  State &s = *state;
+  s.reader = std::thread([&s] {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    while (!s.stop && s.next < s.last) {
+      if ((int)s.ready.size() >= s.depth) {
+        s.changed.wait(lock);
+        continue;
+      }
+      State::Batch batch;
+      if (!s.spare.empty()) {
+        batch = std::move(s.spare.back());
+        s.spare.pop_back();
+      }
+      batch.step = s.next++;
+      lock.unlock();
+      std::string error;
+      try {
+        batch.inputs.resize(s.rows * s.T);
+        batch.targets.resize(s.rows * s.T);
+        s.data.rowsForStep(batch.step, s.B, s.first, s.rows, s.T,
+                           batch.inputs.data(), batch.targets.data());
+      } catch (const std::exception &e) {
+        error = e.what();
+      }
+      lock.lock();
+      if (!error.empty()) {
+        s.error = error;
+        s.changed.notify_all();
+        return;
+      }
+      s.ready.push_back(std::move(batch));
+      s.changed.notify_all();
+    }
+  });
+}
+
+BatchPrefetcher::~BatchPrefetcher() {
+  if (!state->reader.joinable())
+    return;
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->stop = true;
+  }
+  state->changed.notify_all();
+  state->reader.join();
+}
+
+double BatchPrefetcher::get(int64_t step, int32_t *inputs, int32_t *targets) {
+  State &s = *state;
+  if (s.depth <= 0) {
+    s.data.rowsForStep(step, s.B, s.first, s.rows, s.T, inputs, targets);
+    return 0.0;
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.changed.wait(lock, [&] { return !s.ready.empty() || !s.error.empty(); });
+  if (s.ready.empty())
+    fail(s.error);
+  State::Batch batch = std::move(s.ready.front());
+  s.ready.pop_front();
+  if (batch.step != step)
+    fail(s.data.name() + ": the batch of step " + std::to_string(step) +
+         " was asked for out of order (step " + std::to_string(batch.step) +
+         " is next)");
+  std::copy(batch.inputs.begin(), batch.inputs.end(), inputs);
+  std::copy(batch.targets.begin(), batch.targets.end(), targets);
+  s.spare.push_back(std::move(batch));
+  s.changed.notify_all();
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 //===----------------------------------------------------------------------===//

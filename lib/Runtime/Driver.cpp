@@ -89,6 +89,7 @@ struct Options {
   std::string ckptDir;
   int64_t ckptEvery = 0;
   Retention ckptKeep;
+  int prefetch = 2; // batches read ahead (0: on the training thread)
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -135,6 +136,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         committed last, DIR/latest) at the end and\n"
       "                         every --ckpt-every steps, in the background\n"
       "  --ckpt-every N         with --ckpt-dir, a checkpoint every N steps\n"
+      "  --prefetch N           batches read ahead on a background thread\n"
+      "                         (default 2; 0 reads on the training thread)\n"
       "  --ckpt-keep K[:M]      keep the last K checkpoints and every one at\n"
       "                         a multiple of M steps (default: keep all)\n"
       "  --stop-after N         stop after step N of the --steps schedule\n"
@@ -142,7 +145,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         every N steps (replacing the last one)\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
-      "                         tokens_per_s, step_ms, mem_peak_bytes\n"
+      "                         tokens_per_s, step_ms, data_wait_ms,\n"
+      "                         mem_peak_bytes, ckpt_* with --ckpt-dir\n"
       "  --comm-report FILE     write each rank's collective counts as JSON\n"
       "  --trace FILE           write each rank's Chrome trace "
       "(FILE.rankR.json)\n"
@@ -235,7 +239,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
         flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
         flag == "--stop-after" || flag == "--checkpoint-every" ||
-        flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep";
+        flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep" ||
+        flag == "--prefetch";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -263,6 +268,12 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.stopAfter = parsePositive(flag, value);
     } else if (flag == "--checkpoint-every") {
       opts.checkpointEvery = parsePositive(flag, value);
+    } else if (flag == "--prefetch") {
+      int64_t depth = parseInteger(flag, value, 0);
+      if (depth > 64)
+        throw UsageError(flag + " expects at most 64 batches, got " +
+                         inQuotes(value));
+      opts.prefetch = (int)depth;
     } else if (flag == "--ckpt-every") {
       opts.ckptEvery = parsePositive(flag, value);
     } else if (flag == "--ckpt-keep") {
@@ -1181,6 +1192,10 @@ int train(const Program &sharedProgram, const Options &opts) {
   }
 
   std::unique_ptr<TokenData> data;
+  auto shuffled = [&]() {
+    if (config.dataShuffle)
+      data->shuffle(config.dataSeed);
+  };
   if (!opts.data.empty()) {
     data = std::make_unique<TokenData>(
         TokenData::fromFile(opts.data, config.vocab));
@@ -1192,6 +1207,7 @@ int train(const Program &sharedProgram, const Options &opts) {
         TokenData::fromTokens(syntheticTokens(config.vocab, 1 << 20, 1234),
                               config.vocab, "synthetic data"));
   }
+  shuffled();
   if (data->numSamples(T) == 0)
     fail(inQuotes(data->name()) + " has " + std::to_string(data->size()) +
          " tokens, fewer than the " + std::to_string(T + 1) +
@@ -1241,11 +1257,6 @@ int train(const Program &sharedProgram, const Options &opts) {
   // With the stores allocated (and zeroed, so resident).
   int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);
-  std::vector<int32_t> globalTokens, globalTargets;
-  if (dataRanks > 1) {
-    globalTokens.resize(globalB * T);
-    globalTargets.resize(globalB * T);
-  }
 
   AlignedBuffer wholeParams =
       allocateZeroed(shardedParams ? floatBytes : 0, "parameters (whole)");
@@ -1479,15 +1490,12 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (firstStep >= lastStep && opts.steps > 0)
     fail("--stop-after " + std::to_string(opts.stopAfter) +
          " is not after the resumed step " + std::to_string(firstStep));
+  // This rank's rows of each step's batch, read ahead on a background
+  // thread (--prefetch batches at most).
+  BatchPrefetcher batches(*data, globalB, firstRow, B, T, firstStep, lastStep,
+                          opts.prefetch);
   for (int64_t step = firstStep; step < lastStep; step++) {
-    if (dataRanks == 1) {
-      data->batchForStep(step, B, T, tokens.data(), targets.data());
-    } else {
-      data->batchForStep(step, globalB, T, globalTokens.data(),
-                         globalTargets.data());
-      std::copy_n(globalTokens.begin() + firstRow * T, B * T, tokens.begin());
-      std::copy_n(globalTargets.begin() + firstRow * T, B * T, targets.begin());
-    }
+    double dataWaitMs = batches.get(step, tokens.data(), targets.data());
     if (device)
       device->loadBatch(ctx, tokens.data(), targets.data(), B * T);
     ctx.step = step;
@@ -1566,6 +1574,7 @@ int train(const Program &sharedProgram, const Options &opts) {
           ", \"grad_norm\": " + jsonNumber(ctx.gradNorm, "%.9g") +
           ", \"tokens_per_s\": " + jsonNumber(tokensPerSecond, "%.1f") +
           ", \"step_ms\": " + jsonNumber(ms, "%.3f") +
+          ", \"data_wait_ms\": " + jsonNumber(dataWaitMs, "%.3f") +
           // CPU: what rank 0 has held at most since before the plan's
           // stores (its resident high-water mark), to set beside plan.json.
           (device ? std::string()

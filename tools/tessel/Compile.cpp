@@ -348,7 +348,10 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"kv_heads", model.kvHeads},
                    {"ffn_hidden", model.ffnHidden},
                    {"tie_embeddings", model.tieEmbeddings}};
-  plan["data"] = {{"format", spec.data.format}, {"path", spec.data.path}};
+  plan["data"] = {{"format", spec.data.format},
+                  {"path", spec.data.path},
+                  {"shuffle", spec.data.shuffle},
+                  {"seed", spec.data.seed}};
   plan["parameters"] = paramList;
   return plan;
 }

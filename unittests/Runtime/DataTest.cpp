@@ -267,3 +267,58 @@ TEST(RuntimeData, SyntheticIsLearnable) {
   EXPECT_LT(entropy, 0.5 * std::log(256.0));
   EXPECT_LE(firsts.size(), 256u);
 }
+
+namespace {
+
+// The shuffle is a permutation of each epoch's samples, drawn from the seed
+// and the epoch alone.
+TEST(DataShuffle, EachEpochIsAPermutation) {
+  for (int64_t n : {1, 2, 3, 7, 64, 100, 1000, 4097}) {
+    for (int64_t epoch : {0, 1, 5}) {
+      std::vector<int> seen(n, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t j = tessel::rt::permute(i, n, 1234, epoch);
+        ASSERT_GE(j, 0);
+        ASSERT_LT(j, n);
+        seen[j]++;
+      }
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(seen[j], 1) << "n " << n << " epoch " << epoch;
+    }
+  }
+  // Another epoch or seed is another order; the same is the same.
+  int64_t n = 1000, moved = 0, reseeded = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(tessel::rt::permute(i, n, 7, 3), tessel::rt::permute(i, n, 7, 3));
+    moved += tessel::rt::permute(i, n, 7, 0) != tessel::rt::permute(i, n, 7, 1);
+    reseeded += tessel::rt::permute(i, n, 7, 0) != tessel::rt::permute(i, n, 8, 0);
+  }
+  EXPECT_GT(moved, n / 2);
+  EXPECT_GT(reseeded, n / 2);
+}
+
+// A data-parallel rank's rows are the same sequences as the rows of the
+// global batch, shuffled or not.
+TEST(DataShuffle, RowsAreSlicesOfTheGlobalBatch) {
+  std::vector<int32_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = (int32_t)(i * 7919 % 251);
+  for (bool shuffled : {false, true}) {
+    tessel::rt::TokenData data =
+        tessel::rt::TokenData::fromTokens(tokens, 256, "tokens");
+    if (shuffled)
+      data.shuffle(99);
+    const int64_t B = 8, T = 16;
+    for (int64_t step : {0, 3, 40, 1000}) {
+      std::vector<int32_t> in(B * T), out(B * T), rin(2 * T), rout(2 * T);
+      data.batchForStep(step, B, T, in.data(), out.data());
+      for (int64_t first = 0; first < B; first += 2) {
+        data.rowsForStep(step, B, first, 2, T, rin.data(), rout.data());
+        EXPECT_TRUE(std::equal(rin.begin(), rin.end(), in.begin() + first * T));
+        EXPECT_TRUE(std::equal(rout.begin(), rout.end(), out.begin() + first * T));
+      }
+    }
+  }
+}
+
+} // namespace

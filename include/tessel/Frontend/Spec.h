@@ -53,8 +53,10 @@ struct TrainSpec {
 };
 
 struct DataSpec {
-  std::string format = "synthetic"; // "synthetic" | "llmc"
-  std::string path;                 // absolute, for "llmc"
+  std::string format = "synthetic"; // "synthetic" | "llmc" | "megatron"
+  std::string path;                 // absolute, for a file
+  bool shuffle = false;             // a permutation of the samples per epoch
+  uint64_t seed = 1234;             // the shuffle's seed
 };
 
 struct ParallelSpec {

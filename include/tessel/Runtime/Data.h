@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,20 @@ public:
   // above. Throws when there are fewer than T + 1 tokens.
   void batchForStep(int64_t step, int64_t B, int64_t T, int32_t *inputs,
                     int32_t *targets) const;
+  // Rows [first, first + rows) of step's global batch of B sequences (a
+  // data-parallel rank's share).
+  void rowsForStep(int64_t step, int64_t B, int64_t first, int64_t rows,
+                   int64_t T, int32_t *inputs, int32_t *targets) const;
+  // Shuffled sampling (data.shuffle): global sample g = step * B + i is
+  // sample permute(g mod n, n, seed, g / n) of the n samples, a permutation
+  // of each epoch drawn from the seed and the epoch alone, so the order is
+  // independent of the layout and a step is all a resume needs.
+  void shuffle(uint64_t seed) {
+    shuffled = true;
+    shuffleSeed = seed;
+  }
+  // The sample that global sample g of the run reads.
+  int64_t sampleOf(int64_t g, int64_t T) const;
 
 private:
   TokenData() = default;
@@ -84,7 +99,34 @@ private:
   void *mapping = nullptr; // mmap'ed file, or null
   size_t mappingBytes = 0;
   std::vector<uint32_t> owned; // tokens held in memory
+  bool shuffled = false;
+  uint64_t shuffleSeed = 0;
 };
+
+// Reads the batches of the steps ahead on a background thread, so that the
+// training thread does not wait for the data: at most `depth` batches (this
+// rank's rows [first, first + rows) of each global batch of B) wait in
+// memory. get() must ask for steps in order from firstStep; it returns how
+// long it waited, in milliseconds. depth 0 reads on the caller's thread.
+class BatchPrefetcher {
+public:
+  BatchPrefetcher(const TokenData &data, int64_t B, int64_t first,
+                  int64_t rows, int64_t T, int64_t firstStep,
+                  int64_t lastStep, int depth);
+  ~BatchPrefetcher();
+  BatchPrefetcher(const BatchPrefetcher &) = delete;
+  BatchPrefetcher &operator=(const BatchPrefetcher &) = delete;
+  double get(int64_t step, int32_t *inputs, int32_t *targets);
+
+private:
+  struct State;
+  std::unique_ptr<State> state;
+};
+
+// A pseudo-random permutation of [0, n), one per (seed, epoch): a Feistel
+// network over the smallest power of four >= n, cycle-walked into range.
+// O(1) memory, so a corpus of any size shuffles without a table.
+int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch);
 
 // Writes tokens as an llm.c token file: uint16 (magic 20240520, version 1)
 // when every token is < 65536, else uint32 (magic 20240801, version 7).

@@ -71,6 +71,9 @@ struct TrainConfig {
   int64_t warmupSteps;
   LrDecay decay;
   float minLr;
+  // Shuffled sampling (data.shuffle, data.seed; TokenData::shuffle).
+  bool dataShuffle;
+  uint64_t dataSeed;
 };
 
 // What the step function reads and writes. All pointers are owned by the

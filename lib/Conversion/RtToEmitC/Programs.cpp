@@ -420,6 +420,15 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
       return failure();
     set(config, member, floatLiteral(*v));
   }
+  // Shuffled sampling (absent from recipes written before it: off).
+  if (auto shuffle = recipe.getAs<BoolAttr>("data_shuffle");
+      shuffle && shuffle.getValue()) {
+    set(config, "dataShuffle", "true");
+    auto seed = recipe.getAs<IntegerAttr>("data_seed");
+    set(config, "dataSeed",
+        std::to_string(seed ? static_cast<uint64_t>(seed.getInt()) : 0) +
+            "ull");
+  }
   auto decay = recipe.getAs<StringAttr>("decay");
   StringRef decayKind = "Cosine";
   if (decay && decay.getValue() == "linear")
