@@ -1,6 +1,7 @@
 //===- Data.cpp - Token files and the training batch rule -----------------===//
 
 #include "tessel/Runtime/Data.h"
+#include "tessel/Runtime/Init.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -319,15 +320,6 @@ int64_t TokenData::numSamples(int64_t T) const {
   return (count - 1) / T;
 }
 
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-} // namespace
-
 int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch) {
   if (n <= 1)
     return 0;
@@ -336,14 +328,14 @@ int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch) {
     ++half;
   uint64_t mask = ((uint64_t)1 << half) - 1;
   uint64_t keys[4];
-  uint64_t k = splitmix64(seed ^ splitmix64((uint64_t)epoch));
+  uint64_t k = mix64(seed ^ mix64((uint64_t)epoch));
   for (uint64_t &key : keys)
-    key = k = splitmix64(k);
+    key = k = mix64(k);
   uint64_t x = (uint64_t)index;
   do {
     uint64_t left = x >> half, right = x & mask;
     for (uint64_t key : keys) {
-      uint64_t next = left ^ (splitmix64(right ^ key) & mask);
+      uint64_t next = left ^ (mix64(right ^ key) & mask);
       left = right;
       right = next;
     }

@@ -8,16 +8,12 @@
 
 namespace tessel::rt {
 
-namespace {
-
 uint64_t mix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-
-} // namespace
 
 uint64_t hashName(const char *name) {
   uint64_t h = 0xCBF29CE484222325ull;

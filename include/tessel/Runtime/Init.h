@@ -20,6 +20,9 @@
 
 namespace tessel::rt {
 
+// splitmix64's finalising mix (also the data shuffle's round function).
+uint64_t mix64(uint64_t z);
+
 // 64-bit FNV-1a of the name, finished with a splitmix64 mix.
 uint64_t hashName(const char *name);
 
