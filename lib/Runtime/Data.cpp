@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -163,7 +164,130 @@ TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
   return data;
 }
 
+struct TokenData::Shards {
+  std::vector<std::string> paths;
+  std::vector<int64_t> begin; // each shard's first token; then the total
+  int64_t vocab = 0;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<TokenData>> open; // null until reached
+
+  const TokenData &shard(size_t k) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!open[k]) {
+      auto data = std::make_unique<TokenData>(fromFile(paths[k], vocab));
+      if (data->size() != begin[k + 1] - begin[k])
+        fail("shard " + inQuotes(paths[k]) + " holds " +
+             std::to_string(data->size()) + " tokens; its header said " +
+             std::to_string(begin[k + 1] - begin[k]) +
+             " when the run started (was it changed?)");
+      open[k] = std::move(data);
+    }
+    return *open[k];
+  }
+};
+
+namespace {
+
+// A shard's token count from its header alone (llm.c) or its index
+// (Megatron), without reading or checking its tokens.
+int64_t shardTokens(const std::string &path) {
+  if (exists(path + ".idx") || endsWith(path, ".idx"))
+    // The index is small next to the tokens; opening it checks it too.
+    return TokenData::fromMegatron(
+               endsWith(path, ".idx") ? path.substr(0, path.size() - 4) : path,
+               INT32_MAX)
+        .size();
+  FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f)
+    fail("cannot open token file " + inQuotes(path) + ": " +
+         std::strerror(errno));
+  int32_t header[kTokenHeaderInts] = {};
+  size_t got = std::fread(header, sizeof(int32_t), kTokenHeaderInts, f);
+  std::fclose(f);
+  if (got != (size_t)kTokenHeaderInts ||
+      (header[0] != kTokenMagicU16 && header[0] != kTokenMagicU32) ||
+      header[2] < 0)
+    fail("token file " + inQuotes(path) +
+         ": not an llm.c token file (bad header)");
+  return header[2];
+}
+
+// The shards a directory or a glob pattern names, sorted by name: llm.c
+// files (*.bin) and Megatron prefixes (a .bin with its .idx, once).
+std::vector<std::string> shardPaths(const std::string &path) {
+  std::vector<std::string> found;
+  glob_t matches = {};
+  std::string pattern = path;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    pattern = path + (endsWith(path, "/") ? "*.bin" : "/*.bin");
+  int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  if (rc == 0)
+    for (size_t k = 0; k < matches.gl_pathc; ++k) {
+      std::string file = matches.gl_pathv[k];
+      std::string prefix = file.substr(0, file.size() - 4);
+      if (endsWith(file, ".idx"))
+        continue;
+      found.push_back(endsWith(file, ".bin") && exists(prefix + ".idx")
+                          ? prefix
+                          : file);
+    }
+  ::globfree(&matches);
+  if (found.empty())
+    fail(inQuotes(path) + " names no token files (a directory is read as its "
+         "*.bin files, a pattern as the files it matches)");
+  return found;
+}
+
+} // namespace
+
+TokenData TokenData::fromShards(std::vector<std::string> paths, int64_t vocab,
+                                std::string name) {
+  if (vocab <= 0)
+    fail(name + ": vocabulary size must be positive");
+  auto shards = std::make_shared<Shards>();
+  shards->vocab = vocab;
+  shards->begin.push_back(0);
+  for (const std::string &path : paths)
+    shards->begin.push_back(shards->begin.back() + shardTokens(path));
+  shards->open.resize(paths.size());
+  shards->paths = std::move(paths);
+  TokenData data;
+  data.source = std::move(name);
+  data.count = shards->begin.back();
+  data.shards = std::move(shards);
+  return data;
+}
+
+void TokenData::copyTokens(int64_t start, int64_t n, int32_t *out) const {
+  if (!shards) {
+    for (int64_t t = 0; t < n; t++)
+      out[t] = at(start + t);
+    return;
+  }
+  const std::vector<int64_t> &begin = shards->begin;
+  size_t k = std::upper_bound(begin.begin(), begin.end(), start) -
+             begin.begin() - 1;
+  while (n > 0) {
+    const TokenData &shard = shards->shard(k);
+    int64_t offset = start - begin[k];
+    int64_t take = std::min(n, begin[k + 1] - start);
+    for (int64_t t = 0; t < take; t++)
+      out[t] = shard.at(offset + t);
+    out += take;
+    start += take;
+    n -= take;
+    ++k;
+  }
+}
+
 TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
+  // Shards: a directory or a glob pattern.
+  struct stat info;
+  bool directory = ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+  if (directory ||
+      (path.find_first_of("*?[") != std::string::npos && !exists(path)))
+    return fromShards(shardPaths(path), vocab, path);
   // A Megatron dataset: PREFIX, PREFIX.idx or PREFIX.bin with PREFIX.idx.
   for (const char *ext : {".idx", ".bin"})
     if (endsWith(path, ext) &&
@@ -294,6 +418,9 @@ TokenData &TokenData::operator=(TokenData &&other) noexcept {
   mappingBytes = other.mappingBytes;
   // Moving a vector keeps its buffer, so `base` stays valid.
   owned = std::move(other.owned);
+  shards = std::move(other.shards);
+  shuffled = other.shuffled;
+  shuffleSeed = other.shuffleSeed;
   base = other.base;
   other.base = nullptr;
   other.mapping = nullptr;
@@ -364,19 +491,19 @@ void TokenData::rowsForStep(int64_t step, int64_t B, int64_t first,
     fail(source + " has " + std::to_string(count) + " tokens, fewer than the " +
          std::to_string(T + 1) + " needed for one sequence of length " +
          std::to_string(T));
+  std::vector<int32_t> window(T + 1);
   for (int64_t i = 0; i < rows; i++) {
     // Steps times batch stays far below 2^63 for any run this reads.
     int64_t start = sampleOf(step * B + first + i, T) * T;
-    for (int64_t t = 0; t < T; t++) {
-      inputs[i * T + t] = at(start + t);
-      targets[i * T + t] = at(start + t + 1);
-    }
+    copyTokens(start, T + 1, window.data());
+    std::copy_n(window.begin(), T, inputs + i * T);
+    std::copy_n(window.begin() + 1, T, targets + i * T);
   }
 }
 
 void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
                              int32_t *inputs, int32_t *targets) const {
-  if (shuffled) {
+  if (shuffled || shards) {
     rowsForStep(step, B, 0, B, T, inputs, targets);
     return;
   }

@@ -22,6 +22,11 @@ def main():
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--tokens", type=int, default=40000)
     p.add_argument("--break", dest="broken", default="")
+    p.add_argument("--shards", default="",
+                   help="also write the tokens as llm.c shards DIR/shard-K.bin "
+                        "(3 of them; the last one as a Megatron prefix too)")
+    p.add_argument("--bad-shard", action="store_true",
+                   help="with --shards: a token out of range in the last shard")
     args = p.parse_args()
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, args.vocab, size=args.tokens)
@@ -47,9 +52,22 @@ def main():
         f.write(lengths.astype(np.int32).tobytes())
         f.write(pointers.astype(np.int64).tobytes())
         f.write(np.arange(len(lengths) + 1, dtype=np.int64).tobytes())
+    write_llmc(args.llmc, tokens)
+    if args.shards:
+        import os
+        os.makedirs(args.shards, exist_ok=True)
+        cuts = [0, args.tokens // 3 + 17, 2 * args.tokens // 3 + 5, args.tokens]
+        for k in range(3):
+            part = tokens[cuts[k]:cuts[k + 1]].copy()
+            if args.bad_shard and k == 2:
+                part[100] = args.vocab
+            write_llmc(os.path.join(args.shards, f"shard-{k}.bin"), part)
+
+
+def write_llmc(path, tokens):
     header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, args.tokens]
-    with open(args.llmc, "wb") as f:
+    header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(np.minimum(tokens, 65535).astype(np.uint16).tobytes())
 

@@ -49,6 +49,13 @@ public:
   static TokenData fromFile(const std::string &path, int64_t vocab);
   // The Megatron dataset PREFIX.bin + PREFIX.idx.
   static TokenData fromMegatron(const std::string &prefix, int64_t vocab);
+  // Shards read as one token stream, in the order given: llm.c files or
+  // Megatron prefixes. Only their headers are read here; a shard is mapped
+  // and checked when a batch first reaches it, so a corpus of any size
+  // starts at once. fromFile takes a directory (its *.bin files and
+  // Megatron prefixes, sorted by name) or a glob pattern the same way.
+  static TokenData fromShards(std::vector<std::string> paths, int64_t vocab,
+                              std::string name);
   // Takes tokens held in memory; `name` is used in error messages.
   static TokenData fromTokens(std::vector<int32_t> tokens, int64_t vocab,
                               std::string name);
@@ -60,6 +67,7 @@ public:
   ~TokenData();
 
   int64_t size() const { return count; }
+  // Token i (of a single file or tokens in memory; shards: copyTokens).
   int32_t at(int64_t i) const {
     return width == 2   ? (int32_t)((const uint16_t *)base)[i]
            : width == 1 ? (int32_t)((const uint8_t *)base)[i]
@@ -87,6 +95,8 @@ public:
   }
   // The sample that global sample g of the run reads.
   int64_t sampleOf(int64_t g, int64_t T) const;
+  // Tokens [start, start + n) into out, across shards.
+  void copyTokens(int64_t start, int64_t n, int32_t *out) const;
 
 private:
   TokenData() = default;
@@ -101,6 +111,9 @@ private:
   std::vector<uint32_t> owned; // tokens held in memory
   bool shuffled = false;
   uint64_t shuffleSeed = 0;
+  // Shards: each one's path, first token and (once reached) its data.
+  struct Shards;
+  std::shared_ptr<Shards> shards;
 };
 
 // Reads the batches of the steps ahead on a background thread, so that the
