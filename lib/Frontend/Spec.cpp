@@ -469,10 +469,47 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
 
 void readData(Section s, DataSpec &d, llvm::StringRef specDir,
               Problems &problems) {
-  d.format = s.choice("format", s.has("path") ? "llmc" : "synthetic",
-                      {"llmc", "megatron", "synthetic"});
+  auto absolute = [&](const std::string &path) {
+    llvm::SmallString<256> full(path);
+    if (!path.empty() && !llvm::sys::path::is_absolute(full)) {
+      full = specDir;
+      llvm::sys::path::append(full, path);
+    }
+    return std::string(full);
+  };
+  // A blend: [{"path": ..., "weight": ...}, ...], drawn by Megatron's rule.
+  if (const json *blend = s.raw("blend")) {
+    std::string where = s.at("blend");
+    if (!blend->is_array() || blend->empty())
+      problems.report(where, "must be a non-empty list of {\"path\", "
+                             "\"weight\"} objects");
+    else
+      for (size_t k = 0; k < blend->size(); ++k) {
+        const json &e = (*blend)[k];
+        std::string at = where + "[" + std::to_string(k) + "]";
+        if (!e.is_object() || !e.contains("path") || !e["path"].is_string() ||
+            e["path"].get<std::string>().empty() || !e.contains("weight") ||
+            !e["weight"].is_number() || e["weight"].get<double>() <= 0 ||
+            e.size() != 2)
+          problems.report(at, "must be {\"path\": a non-empty string, "
+                              "\"weight\": a number > 0}, got " +
+                                  e.dump());
+        else
+          d.blend.push_back({absolute(e["path"].get<std::string>()),
+                             e["weight"].get<double>()});
+      }
+    if (s.has("path"))
+      problems.report(s.at("path"), "cannot be given with data.blend");
+  }
+  d.format = s.choice("format",
+                      !d.blend.empty() ? "blend"
+                      : s.has("path")  ? "llmc"
+                                       : "synthetic",
+                      {"llmc", "megatron", "synthetic", "blend"});
   std::string path = s.string("path", "");
-  if (d.format != "synthetic") {
+  if (d.format == "blend" && d.blend.empty())
+    problems.report(s.at("format"), "\"blend\" needs data.blend");
+  if (d.format != "synthetic" && d.format != "blend") {
     if (path.empty())
       problems.report(s.at("path"),
                       "is required for format \"" + d.format + "\"");
@@ -765,7 +802,16 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   if (!spec.data.path.empty() && resolved.contains("data") &&
       resolved["data"].is_object())
     resolved["data"]["path"] = spec.data.path;
-  spec.document = resolved.dump(2) + "\n";
+  if (!spec.data.blend.empty()) {
+    json blend = json::array();
+    for (const auto &[path, weight] : spec.data.blend)
+      blend.push_back({{"path", path}, {"weight", weight}});
+    resolved["data"]["blend"] = blend;
+  }
+  // (A spec with text that is not UTF-8 is refused below; its document is
+  // never used, but must not throw.)
+  spec.document =
+      resolved.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   if (!problems.any()) {
     const ModelSpec &m = spec.model;
     double widest = std::max({double(m.vocabSize), double(m.ffnHidden),

@@ -15,6 +15,8 @@
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -186,6 +188,73 @@ struct TokenData::Shards {
   }
 };
 
+struct TokenData::Blend {
+  std::vector<std::unique_ptr<TokenData>> parts;
+  std::vector<std::string> paths;
+  std::vector<double> weights; // normalised
+  std::mutex mutex;
+  int64_t drawn = 0;           // draws made so far
+  std::vector<int64_t> counts; // per dataset, of those draws
+};
+
+TokenData TokenData::fromBlend(const std::string &path, int64_t vocab) {
+  std::ifstream in(path);
+  if (!in)
+    fail("cannot open the blend " + inQuotes(path) + ": " +
+         std::strerror(errno));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || !j.contains("blend") || !j["blend"].is_array() ||
+      j["blend"].empty())
+    fail("blend " + inQuotes(path) +
+         ": expected {\"blend\": [{\"path\": ..., \"weight\": ...}, ...]}");
+  auto blend = std::make_shared<Blend>();
+  double total = 0;
+  for (const nlohmann::json &e : j["blend"]) {
+    if (!e.is_object() || !e.contains("path") || !e["path"].is_string() ||
+        !e.contains("weight") || !e["weight"].is_number() ||
+        e["weight"].get<double>() <= 0)
+      fail("blend " + inQuotes(path) + ": an entry is not {\"path\": a "
+           "string, \"weight\": a number > 0}: " + e.dump());
+    blend->paths.push_back(e["path"].get<std::string>());
+    blend->parts.push_back(
+        std::make_unique<TokenData>(fromFile(blend->paths.back(), vocab)));
+    blend->weights.push_back(e["weight"].get<double>());
+    total += blend->weights.back();
+  }
+  for (double &w : blend->weights)
+    w /= total;
+  blend->counts.assign(blend->parts.size(), 0);
+  TokenData data;
+  data.source = path;
+  for (const auto &part : blend->parts)
+    data.count += part->size();
+  data.blend = std::move(blend);
+  return data;
+}
+
+std::pair<int64_t, int64_t> TokenData::blendDraw(int64_t g) const {
+  Blend &b = *blend;
+  std::lock_guard<std::mutex> lock(b.mutex);
+  if (g < b.drawn) {
+    b.drawn = 0;
+    std::fill(b.counts.begin(), b.counts.end(), 0);
+  }
+  while (true) {
+    size_t best = 0;
+    double bestError = -1e300;
+    for (size_t d = 0; d < b.weights.size(); ++d) {
+      double error = b.weights[d] * (double)(b.drawn + 1) - (double)b.counts[d];
+      if (error > bestError) {
+        bestError = error;
+        best = d;
+      }
+    }
+    int64_t index = b.counts[best]++;
+    if (b.drawn++ == g)
+      return {(int64_t)best, index};
+  }
+}
+
 namespace {
 
 // A shard's token count from its header alone (llm.c) or its index
@@ -282,6 +351,8 @@ void TokenData::copyTokens(int64_t start, int64_t n, int32_t *out) const {
 }
 
 TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
+  if (endsWith(path, ".json"))
+    return fromBlend(path, vocab);
   // Shards: a directory or a glob pattern.
   struct stat info;
   bool directory = ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -419,6 +490,7 @@ TokenData &TokenData::operator=(TokenData &&other) noexcept {
   // Moving a vector keeps its buffer, so `base` stays valid.
   owned = std::move(other.owned);
   shards = std::move(other.shards);
+  blend = std::move(other.blend);
   shuffled = other.shuffled;
   shuffleSeed = other.shuffleSeed;
   base = other.base;
@@ -471,6 +543,15 @@ int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch) {
   return (int64_t)x;
 }
 
+void TokenData::shuffle(uint64_t seed) {
+  shuffled = true;
+  shuffleSeed = seed;
+  // A blend's datasets each in an order of their own.
+  if (blend)
+    for (size_t d = 0; d < blend->parts.size(); ++d)
+      blend->parts[d]->shuffle(mix64(seed ^ mix64(d + 1)));
+}
+
 int64_t TokenData::sampleOf(int64_t g, int64_t T) const {
   int64_t n = numSamples(T);
   if (!shuffled)
@@ -492,6 +573,21 @@ void TokenData::rowsForStep(int64_t step, int64_t B, int64_t first,
          std::to_string(T + 1) + " needed for one sequence of length " +
          std::to_string(T));
   std::vector<int32_t> window(T + 1);
+  if (blend) {
+    for (int64_t i = 0; i < rows; i++) {
+      auto [d, c] = blendDraw(step * B + first + i);
+      const TokenData &part = *blend->parts[d];
+      int64_t n = part.numSamples(T);
+      if (n == 0)
+        fail(part.name() + " (in the blend " + inQuotes(source) + ") has " +
+             std::to_string(part.size()) + " tokens, fewer than the " +
+             std::to_string(T + 1) + " needed for one sequence");
+      part.copyTokens(part.sampleOf(c, T) * T, T + 1, window.data());
+      std::copy_n(window.begin(), T, inputs + i * T);
+      std::copy_n(window.begin() + 1, T, targets + i * T);
+    }
+    return;
+  }
   for (int64_t i = 0; i < rows; i++) {
     // Steps times batch stays far below 2^63 for any run this reads.
     int64_t start = sampleOf(step * B + first + i, T) * T;
@@ -503,7 +599,7 @@ void TokenData::rowsForStep(int64_t step, int64_t B, int64_t first,
 
 void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
                              int32_t *inputs, int32_t *targets) const {
-  if (shuffled || shards) {
+  if (shuffled || shards || blend) {
     rowsForStep(step, B, 0, B, T, inputs, targets);
     return;
   }

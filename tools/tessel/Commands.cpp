@@ -379,8 +379,12 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   if (elastic && maxRestarts == 0)
     return fail("--elastic needs --max-restarts K (it changes the layout of "
                 "a restarted run)");
-  if (checked->dataFormat != "synthetic" && !hasFlag(forwarded, "--data"))
-    forwarded.insert(forwarded.begin(), {"--data", checked->dataPath});
+  if (checked->dataFormat != "synthetic" && !hasFlag(forwarded, "--data")) {
+    std::string path = checked->dataPath;
+    if (checked->dataFormat == "blend") // data/blend.json in the plan
+      path = (Twine(dir) + "/" + path).str();
+    forwarded.insert(forwarded.begin(), {"--data", path});
+  }
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's
   // machine or in CI).

@@ -348,8 +348,11 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"kv_heads", model.kvHeads},
                    {"ffn_hidden", model.ffnHidden},
                    {"tie_embeddings", model.tieEmbeddings}};
+  // A blend's datasets are listed in data/blend.json, which the runtime
+  // reads (the path is relative to the plan directory).
   plan["data"] = {{"format", spec.data.format},
-                  {"path", spec.data.path},
+                  {"path", spec.data.format == "blend" ? "data/blend.json"
+                                                       : spec.data.path},
                   {"shuffle", spec.data.shuffle},
                   {"seed", spec.data.seed}};
   plan["parameters"] = paramList;
@@ -511,8 +514,10 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                  " ]; then exec \"$0/bin/" + programs[k].binary +
                  "\" \"$@\"; fi\n";
   }
-  std::string data =
-      spec.data.format != "synthetic" ? shellQuoted(spec.data.path) : "''";
+  std::string data = spec.data.format == "blend" ? "\"$here/data/blend.json\""
+                     : spec.data.format != "synthetic"
+                         ? shellQuoted(spec.data.path)
+                         : "''";
   std::string script = "#!/bin/sh\n# Launches all " + np +
                        " ranks of this plan (MPMD), as `tessel run` does:\n"
                        "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
@@ -928,6 +933,21 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     }
   if (llvm::Error err = writeFile(planPath, plan.dump(2) + "\n"))
     return err;
+  // A blend's datasets and weights, for the runtime.
+  if (spec.data.format == "blend") {
+    json blend = json::array();
+    for (const auto &[path, weight] : spec.data.blend)
+      blend.push_back({{"path", path}, {"weight", weight}});
+    llvm::SmallString<256> blendPath(out);
+    llvm::sys::path::append(blendPath, "data");
+    if (std::error_code ec = llvm::sys::fs::create_directories(blendPath))
+      return llvm::createStringError("cannot create " + blendPath + ": " +
+                                     ec.message());
+    llvm::sys::path::append(blendPath, "blend.json");
+    if (llvm::Error err =
+            writeFile(blendPath, json{{"blend", blend}}.dump(2) + "\n"))
+      return err;
+  }
   // The spec as compiled, to compile again from (tessel run --elastic).
   if (!spec.document.empty()) {
     llvm::SmallString<256> specPath(out);

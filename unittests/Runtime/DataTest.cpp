@@ -322,3 +322,41 @@ TEST(DataShuffle, RowsAreSlicesOfTheGlobalBatch) {
 }
 
 } // namespace
+
+namespace {
+
+// Megatron's blending rule: over every prefix of the draws, each dataset's
+// share is within one sample of its weight, and a dataset's draws take its
+// samples in order.
+TEST(DataBlend, SharesFollowTheWeightsOverEveryPrefix) {
+  std::string dir = testing::TempDir();
+  std::vector<int32_t> tokens(3000, 1);
+  tessel::rt::writeTokenFile(dir + "/blend-a.bin", tokens);
+  tessel::rt::writeTokenFile(dir + "/blend-b.bin", tokens);
+  tessel::rt::writeTokenFile(dir + "/blend-c.bin", tokens);
+  {
+    std::ofstream f(dir + "/blend.json");
+    f << "{\"blend\": [{\"path\": \"" << dir << "/blend-a.bin\", \"weight\": 2},"
+      << " {\"path\": \"" << dir << "/blend-b.bin\", \"weight\": 5},"
+      << " {\"path\": \"" << dir << "/blend-c.bin\", \"weight\": 3}]}";
+  }
+  tessel::rt::TokenData data =
+      tessel::rt::TokenData::fromFile(dir + "/blend.json", 256);
+  const double weights[3] = {0.2, 0.5, 0.3};
+  int64_t counts[3] = {0, 0, 0};
+  for (int64_t g = 0; g < 2000; ++g) {
+    auto [d, index] = data.blendDraw(g);
+    ASSERT_EQ(index, counts[d]) << "draw " << g;
+    counts[d]++;
+    for (int k = 0; k < 3; ++k)
+      ASSERT_LE(std::abs(counts[k] - weights[k] * (g + 1)), 1.0)
+          << "dataset " << k << " after " << g + 1 << " draws";
+  }
+  // Random access gives the same draws (a resume starts anywhere).
+  EXPECT_EQ(data.blendDraw(1234), data.blendDraw(1234));
+  auto late = data.blendDraw(1999);
+  data.blendDraw(5);
+  EXPECT_EQ(data.blendDraw(1999), late);
+}
+
+} // namespace

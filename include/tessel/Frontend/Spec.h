@@ -57,6 +57,8 @@ struct DataSpec {
   std::string path;                 // absolute, for a file
   bool shuffle = false;             // a permutation of the samples per epoch
   uint64_t seed = 1234;             // the shuffle's seed
+  // data.blend: datasets (absolute paths) drawn by weight; format "blend".
+  std::vector<std::pair<std::string, double>> blend;
 };
 
 struct ParallelSpec {

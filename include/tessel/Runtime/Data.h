@@ -56,6 +56,15 @@ public:
   // Megatron prefixes, sorted by name) or a glob pattern the same way.
   static TokenData fromShards(std::vector<std::string> paths, int64_t vocab,
                               std::string name);
+  // A blend (a JSON file {"blend": [{"path": P, "weight": W}, ...]}, which
+  // fromFile takes for a path ending in .json): global sample g is drawn
+  // from the dataset whose realised share of the first g draws is furthest
+  // below its weight (Megatron's rule; ties to the first), and is that
+  // dataset's next sample, so every dataset's share is within one sample of
+  // its weight over any prefix.
+  static TokenData fromBlend(const std::string &path, int64_t vocab);
+  // The blend's draw of global sample g: the dataset and its sample index.
+  std::pair<int64_t, int64_t> blendDraw(int64_t g) const;
   // Takes tokens held in memory; `name` is used in error messages.
   static TokenData fromTokens(std::vector<int32_t> tokens, int64_t vocab,
                               std::string name);
@@ -89,10 +98,7 @@ public:
   // sample permute(g mod n, n, seed, g / n) of the n samples, a permutation
   // of each epoch drawn from the seed and the epoch alone, so the order is
   // independent of the layout and a step is all a resume needs.
-  void shuffle(uint64_t seed) {
-    shuffled = true;
-    shuffleSeed = seed;
-  }
+  void shuffle(uint64_t seed);
   // The sample that global sample g of the run reads.
   int64_t sampleOf(int64_t g, int64_t T) const;
   // Tokens [start, start + n) into out, across shards.
@@ -114,6 +120,8 @@ private:
   // Shards: each one's path, first token and (once reached) its data.
   struct Shards;
   std::shared_ptr<Shards> shards;
+  struct Blend;
+  std::shared_ptr<Blend> blend;
 };
 
 // Reads the batches of the steps ahead on a background thread, so that the
