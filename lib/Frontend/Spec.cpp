@@ -509,6 +509,9 @@ void readData(Section s, DataSpec &d, llvm::StringRef specDir,
   std::string path = s.string("path", "");
   if (d.format == "blend" && d.blend.empty())
     problems.report(s.at("format"), "\"blend\" needs data.blend");
+  if (d.format != "blend" && !d.blend.empty())
+    problems.report(s.at("format"), "must be \"blend\" (or left out) with "
+                                    "data.blend, got \"" + d.format + "\"");
   if (d.format != "synthetic" && d.format != "blend") {
     if (path.empty())
       problems.report(s.at("path"),
