@@ -195,6 +195,9 @@ struct TokenData::Blend {
   std::mutex mutex;
   int64_t drawn = 0;           // draws made so far
   std::vector<int64_t> counts; // per dataset, of those draws
+  // The latest draws, so that readers a few steps apart (the prefetcher,
+  // --record-samples) do not start again from the first draw.
+  std::deque<std::pair<int64_t, int64_t>> recent;
 };
 
 TokenData TokenData::fromBlend(const std::string &path, int64_t vocab) {
@@ -235,9 +238,12 @@ TokenData TokenData::fromBlend(const std::string &path, int64_t vocab) {
 std::pair<int64_t, int64_t> TokenData::blendDraw(int64_t g) const {
   Blend &b = *blend;
   std::lock_guard<std::mutex> lock(b.mutex);
+  if (g < b.drawn && g >= b.drawn - (int64_t)b.recent.size())
+    return b.recent[b.recent.size() - (size_t)(b.drawn - g)];
   if (g < b.drawn) {
     b.drawn = 0;
     std::fill(b.counts.begin(), b.counts.end(), 0);
+    b.recent.clear();
   }
   while (true) {
     size_t best = 0;
@@ -250,6 +256,9 @@ std::pair<int64_t, int64_t> TokenData::blendDraw(int64_t g) const {
       }
     }
     int64_t index = b.counts[best]++;
+    b.recent.push_back({(int64_t)best, index});
+    if (b.recent.size() > (1u << 16))
+      b.recent.pop_front();
     if (b.drawn++ == g)
       return {(int64_t)best, index};
   }
@@ -541,6 +550,14 @@ int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch) {
     x = (left << half) | right;
   } while (x >= (uint64_t)n);
   return (int64_t)x;
+}
+
+std::string TokenData::describeSample(int64_t g, int64_t T) const {
+  if (!blend)
+    return std::to_string(sampleOf(g, T));
+  auto [d, c] = blendDraw(g);
+  return "[" + std::to_string(d) + ", " +
+         std::to_string(blend->parts[d]->sampleOf(c, T)) + "]";
 }
 
 void TokenData::shuffle(uint64_t seed) {

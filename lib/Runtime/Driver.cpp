@@ -90,6 +90,7 @@ struct Options {
   int64_t ckptEvery = 0;
   Retention ckptKeep;
   int prefetch = 2; // batches read ahead (0: on the training thread)
+  std::string recordSamples; // per rank: the samples of each step
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -136,6 +137,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         committed last, DIR/latest) at the end and\n"
       "                         every --ckpt-every steps, in the background\n"
       "  --ckpt-every N         with --ckpt-dir, a checkpoint every N steps\n"
+      "  --record-samples FILE  each rank writes the samples it reads, one\n"
+      "                         JSON line per step (FILE.rankR.jsonl)\n"
       "  --prefetch N           batches read ahead on a background thread\n"
       "                         (default 2; 0 reads on the training thread)\n"
       "  --ckpt-keep K[:M]      keep the last K checkpoints and every one at\n"
@@ -240,7 +243,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
         flag == "--stop-after" || flag == "--checkpoint-every" ||
         flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep" ||
-        flag == "--prefetch";
+        flag == "--prefetch" || flag == "--record-samples";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -296,6 +299,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.resume = value;
       else if (flag == "--ckpt-dir")
         opts.ckptDir = value;
+      else if (flag == "--record-samples")
+        opts.recordSamples = value;
       else if (flag == "--comm-report")
         opts.commReport = value;
       else if (flag == "--trace")
@@ -1184,6 +1189,16 @@ int train(const Program &sharedProgram, const Options &opts) {
     commReport = rankFileName(opts.commReport, commRank());
     checkWritable(commReport, "communication report");
   }
+  // --record-samples: the samples each rank reads, step by step.
+  std::unique_ptr<FILE, int (*)(FILE *)> sampleLog(nullptr, &std::fclose);
+  if (!opts.recordSamples.empty()) {
+    std::string path = rankFileName(opts.recordSamples, commRank());
+    checkWritable(path, "sample record");
+    sampleLog.reset(std::fopen(path.c_str(), "w"));
+    if (!sampleLog)
+      fail("cannot write the sample record " + inQuotes(path) + ": " +
+           std::strerror(errno));
+  }
   std::string trace;
   if (!opts.trace.empty()) {
     trace = rankFileName(opts.trace, commRank());
@@ -1496,6 +1511,18 @@ int train(const Program &sharedProgram, const Options &opts) {
                           opts.prefetch);
   for (int64_t step = firstStep; step < lastStep; step++) {
     double dataWaitMs = batches.get(step, tokens.data(), targets.data());
+    if (sampleLog) {
+      std::string line = "{\"step\": " + std::to_string(step) +
+                         ", \"first_row\": " + std::to_string(firstRow) +
+                         ", \"samples\": [";
+      for (int64_t i = 0; i < B; i++)
+        line += (i ? ", " : "") +
+                data->describeSample(step * globalB + firstRow + i, T);
+      line += "]}\n";
+      if (std::fputs(line.c_str(), sampleLog.get()) < 0)
+        fail("cannot write the sample record: " +
+             std::string(std::strerror(errno)));
+    }
     if (device)
       device->loadBatch(ctx, tokens.data(), targets.data(), B * T);
     ctx.step = step;

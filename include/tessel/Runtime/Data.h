@@ -101,6 +101,9 @@ public:
   void shuffle(uint64_t seed);
   // The sample that global sample g of the run reads.
   int64_t sampleOf(int64_t g, int64_t T) const;
+  // What global sample g reads, as JSON: the sample's index in the token
+  // stream, or [dataset, index] in a blend.
+  std::string describeSample(int64_t g, int64_t T) const;
   // Tokens [start, start + n) into out, across shards.
   void copyTokens(int64_t start, int64_t n, int32_t *out) const;
 
