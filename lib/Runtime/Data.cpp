@@ -650,6 +650,7 @@ struct BatchPrefetcher::State {
   const TokenData &data;
   int64_t B, first, rows, T, next, last;
   int depth;
+  double delayMs;
   std::mutex mutex;
   std::condition_variable changed;
   struct Batch {
@@ -666,8 +667,9 @@ struct BatchPrefetcher::State {
 BatchPrefetcher::BatchPrefetcher(const TokenData &data, int64_t B,
                                  int64_t first, int64_t rows, int64_t T,
                                  int64_t firstStep, int64_t lastStep,
-                                 int depth)
-    : state(new State{data, B, first, rows, T, firstStep, lastStep, depth}) {
+                                 int depth, double delayMs)
+    : state(new State{data, B, first, rows, T, firstStep, lastStep, depth,
+                      delayMs}) {
   if (depth <= 0)
     return;
   State &s = *state;
@@ -691,6 +693,9 @@ BatchPrefetcher::BatchPrefetcher(const TokenData &data, int64_t B,
         batch.targets.resize(s.rows * s.T);
         s.data.rowsForStep(batch.step, s.B, s.first, s.rows, s.T,
                            batch.inputs.data(), batch.targets.data());
+        if (s.delayMs > 0)
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(s.delayMs));
       } catch (const std::exception &e) {
         error = e.what();
       }
@@ -719,11 +724,16 @@ BatchPrefetcher::~BatchPrefetcher() {
 
 double BatchPrefetcher::get(int64_t step, int32_t *inputs, int32_t *targets) {
   State &s = *state;
+  auto start = std::chrono::steady_clock::now();
   if (s.depth <= 0) {
     s.data.rowsForStep(step, s.B, s.first, s.rows, s.T, inputs, targets);
-    return 0.0;
+    if (s.delayMs > 0)
+      std::this_thread::sleep_for(
+          std::chrono::duration<double, std::milli>(s.delayMs));
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now() - start)
+        .count();
   }
-  auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(s.mutex);
   s.changed.wait(lock, [&] { return !s.ready.empty() || !s.error.empty(); });
   if (s.ready.empty())

@@ -91,6 +91,7 @@ struct Options {
   Retention ckptKeep;
   int prefetch = 2; // batches read ahead (0: on the training thread)
   std::string recordSamples; // per rank: the samples of each step
+  double dataDelayMs = 0;    // each batch read made this much slower
   std::string metrics;
   std::string commReport;
   std::string trace;
@@ -139,6 +140,8 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "  --ckpt-every N         with --ckpt-dir, a checkpoint every N steps\n"
       "  --record-samples FILE  each rank writes the samples it reads, one\n"
       "                         JSON line per step (FILE.rankR.jsonl)\n"
+      "  --data-delay-ms MS     make each batch read MS milliseconds slower\n"
+      "                         (a slow disk, to see the prefetch overlap)\n"
       "  --prefetch N           batches read ahead on a background thread\n"
       "                         (default 2; 0 reads on the training thread)\n"
       "  --ckpt-keep K[:M]      keep the last K checkpoints and every one at\n"
@@ -243,7 +246,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
         flag == "--stop-after" || flag == "--checkpoint-every" ||
         flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep" ||
-        flag == "--prefetch" || flag == "--record-samples";
+        flag == "--prefetch" || flag == "--record-samples" ||
+        flag == "--data-delay-ms";
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
@@ -271,6 +275,14 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.stopAfter = parsePositive(flag, value);
     } else if (flag == "--checkpoint-every") {
       opts.checkpointEvery = parsePositive(flag, value);
+    } else if (flag == "--data-delay-ms") {
+      char *end = nullptr;
+      double ms = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(ms) || ms < 0 ||
+          ms > 60000)
+        throw UsageError(flag + " expects milliseconds in [0, 60000], got " +
+                         inQuotes(value));
+      opts.dataDelayMs = ms;
     } else if (flag == "--prefetch") {
       int64_t depth = parseInteger(flag, value, 0);
       if (depth > 64)
@@ -1508,7 +1520,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   // This rank's rows of each step's batch, read ahead on a background
   // thread (--prefetch batches at most).
   BatchPrefetcher batches(*data, globalB, firstRow, B, T, firstStep, lastStep,
-                          opts.prefetch);
+                          opts.prefetch, opts.dataDelayMs);
   for (int64_t step = firstStep; step < lastStep; step++) {
     double dataWaitMs = batches.get(step, tokens.data(), targets.data());
     if (sampleLog) {

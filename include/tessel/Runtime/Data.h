@@ -131,12 +131,14 @@ private:
 // training thread does not wait for the data: at most `depth` batches (this
 // rank's rows [first, first + rows) of each global batch of B) wait in
 // memory. get() must ask for steps in order from firstStep; it returns how
-// long it waited, in milliseconds. depth 0 reads on the caller's thread.
+// long it waited, in milliseconds. depth 0 reads on the caller's thread
+// (the wait is then the read). `delayMs` makes each read that much slower
+// (a slow disk, for measuring the overlap).
 class BatchPrefetcher {
 public:
   BatchPrefetcher(const TokenData &data, int64_t B, int64_t first,
                   int64_t rows, int64_t T, int64_t firstStep,
-                  int64_t lastStep, int depth);
+                  int64_t lastStep, int depth, double delayMs = 0);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher &) = delete;
   BatchPrefetcher &operator=(const BatchPrefetcher &) = delete;
