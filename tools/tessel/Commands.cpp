@@ -18,6 +18,7 @@
 #include "llvm/Support/Program.h"
 
 #include "llvm/Support/raw_ostream.h"
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <sys/wait.h>
@@ -658,15 +659,83 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   return 0;
 }
 
+// tessel data bench DATA: how many tokens per second the loader reads, as
+// a run reads them (one rank's batches, in step order, on one thread).
+static int dataBench(ArrayRef<std::string> args) {
+  std::string path;
+  int64_t vocab = 50257, seqLen = 1024, batch = 8, steps = 200;
+  std::optional<uint64_t> shuffle;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string &arg = args[i];
+    int64_t *field = arg == "--vocab"     ? &vocab
+                     : arg == "--seq-len" ? &seqLen
+                     : arg == "--batch"   ? &batch
+                     : arg == "--steps"   ? &steps
+                                          : nullptr;
+    if (field || arg == "--shuffle") {
+      int64_t value;
+      if (i + 1 >= args.size() ||
+          StringRef(args[i + 1]).getAsInteger(10, value) || value < 0 ||
+          (field && value == 0)) {
+        errs() << "tessel data bench: " << arg
+               << " expects a positive integer\n";
+        return 2;
+      }
+      ++i;
+      if (field)
+        *field = value;
+      else
+        shuffle = (uint64_t)value;
+    } else if (arg[0] != '-' && path.empty()) {
+      path = arg;
+    } else {
+      errs() << "tessel data bench: unknown argument '" << arg << "'\n";
+      return 2;
+    }
+  }
+  if (path.empty())
+    return fail("data bench: which data (a token file, Megatron prefix, "
+                "directory, pattern or blend)?");
+  try {
+    auto opened = std::chrono::steady_clock::now();
+    tessel::rt::TokenData data = tessel::rt::TokenData::fromFile(path, vocab);
+    double openSeconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - opened)
+                             .count();
+    if (shuffle)
+      data.shuffle(*shuffle);
+    std::vector<int32_t> inputs(batch * seqLen), targets(batch * seqLen);
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0; step < steps; ++step)
+      data.rowsForStep(step, batch, 0, batch, seqLen, inputs.data(),
+                       targets.data());
+    double seconds = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+    outs() << formatv("{0}: opened in {1:f3} s; {2} steps of {3} x {4} "
+                      "tokens{5} in {6:f3} s: {7:f0} tokens/s\n",
+                      path, openSeconds, steps, batch, seqLen,
+                      shuffle ? " (shuffled)" : "", seconds,
+                      seconds > 0 ? steps * batch * seqLen / seconds : 0.0);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+}
+
 int tessel::dataCommand(ArrayRef<std::string> args) {
   const char *usage =
       "usage: tessel data encode TEXT_FILE -o TOKENS.bin\n"
       "       tessel data synth -o TOKENS.bin [--vocab 256] [--tokens N] "
-      "[--seed S]\n";
+      "[--seed S]\n"
+      "       tessel data bench DATA [--vocab V] [--seq-len T] [--batch B] "
+      "[--steps N] [--shuffle SEED]\n";
   if (args.empty()) {
     errs() << usage;
     return 2;
   }
+  if (args[0] == "bench")
+    return dataBench(args);
   std::string output, input;
   int64_t vocab = 256, count = 1 << 20;
   uint64_t seed = 1234;
