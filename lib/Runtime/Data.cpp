@@ -144,6 +144,12 @@ TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
   auto [bin, binBytes] = mapFile(binPath, "Megatron data file");
   TokenData data;
   data.source = prefix;
+  const char *type = code == 1 ? "uint8" : code == 3 ? "int16"
+                     : code == 8 ? "uint16" : "int32";
+  data.description = std::string("Megatron dataset (") + type + ", " +
+                     std::to_string(sequences) + " sequences, " +
+                     std::to_string(documents ? documents - 1 : 0) +
+                     " documents)";
   data.mapping = bin;
   data.mappingBytes = binBytes;
   data.width = width;
@@ -229,6 +235,14 @@ TokenData TokenData::fromBlend(const std::string &path, int64_t vocab) {
   blend->counts.assign(blend->parts.size(), 0);
   TokenData data;
   data.source = path;
+  data.description = "blend of " + std::to_string(blend->parts.size()) +
+                     " datasets (weights";
+  for (size_t d = 0; d < blend->weights.size(); ++d) {
+    char w[32];
+    std::snprintf(w, sizeof(w), "%s %.4g", d ? "," : "", blend->weights[d]);
+    data.description += w;
+  }
+  data.description += ")";
   for (const auto &part : blend->parts)
     data.count += part->size();
   data.blend = std::move(blend);
@@ -332,6 +346,7 @@ TokenData TokenData::fromShards(std::vector<std::string> paths, int64_t vocab,
   shards->paths = std::move(paths);
   TokenData data;
   data.source = std::move(name);
+  data.description = std::to_string(shards->paths.size()) + " shards";
   data.count = shards->begin.back();
   data.shards = std::move(shards);
   return data;
@@ -407,6 +422,10 @@ TokenData TokenData::fromFile(const std::string &path, int64_t vocab) {
   data.source = path;
   data.mapping = mapping;
   data.mappingBytes = fileBytes;
+  data.description = std::string("llm.c token file (") +
+                     (((const int32_t *)mapping)[0] == kTokenMagicU16 ? "uint16"
+                                                                      : "uint32") +
+                     ")";
 
   int32_t header[kTokenHeaderInts];
   std::memcpy(header, mapping, headerBytes);
@@ -471,6 +490,7 @@ TokenData TokenData::fromTokens(std::vector<int32_t> tokens, int64_t vocab,
     fail(name + ": vocabulary size must be positive");
   TokenData data;
   data.source = std::move(name);
+  data.description = "tokens in memory";
   data.owned.resize(tokens.size());
   for (size_t i = 0; i < tokens.size(); i++) {
     if (tokens[i] < 0 || tokens[i] >= vocab)
@@ -492,6 +512,7 @@ TokenData &TokenData::operator=(TokenData &&other) noexcept {
     return *this;
   release();
   source = std::move(other.source);
+  description = std::move(other.description);
   width = other.width;
   count = other.count;
   mapping = other.mapping;

@@ -723,19 +723,91 @@ static int dataBench(ArrayRef<std::string> args) {
   }
 }
 
+// tessel data inspect DATA: what the data is, how many tokens and samples,
+// and one sample's tokens (decoded as bytes for a byte-level vocabulary).
+static int dataInspect(ArrayRef<std::string> args) {
+  std::string path;
+  int64_t vocab = 50257, seqLen = 1024, sample = 0;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string &arg = args[i];
+    int64_t *field = arg == "--vocab"     ? &vocab
+                     : arg == "--seq-len" ? &seqLen
+                     : arg == "--sample"  ? &sample
+                                          : nullptr;
+    if (field) {
+      int64_t value;
+      if (i + 1 >= args.size() ||
+          StringRef(args[i + 1]).getAsInteger(10, value) || value < 0 ||
+          (field != &sample && value == 0)) {
+        errs() << "tessel data inspect: " << arg
+               << " expects a non-negative integer (positive for --vocab "
+                  "and --seq-len)\n";
+        return 2;
+      }
+      *field = value;
+      ++i;
+    } else if (arg[0] != '-' && path.empty()) {
+      path = arg;
+    } else {
+      errs() << "tessel data inspect: unknown argument '" << arg << "'\n";
+      return 2;
+    }
+  }
+  if (path.empty())
+    return fail("data inspect: which data?");
+  try {
+    tessel::rt::TokenData data = tessel::rt::TokenData::fromFile(path, vocab);
+    int64_t samples = data.numSamples(seqLen);
+    outs() << path << ": " << data.kind() << "\n"
+           << "tokens: " << data.size() << "; samples of " << seqLen
+           << " tokens (+1 target): " << samples << "\n";
+    if (samples == 0)
+      return 0;
+    if (sample >= samples)
+      return fail("data inspect: --sample " + Twine(sample) + " is past the " +
+                  Twine(samples) + " samples");
+    std::vector<int32_t> inputs(seqLen), targets(seqLen);
+    data.rowsForStep(sample, 1, 0, 1, seqLen, inputs.data(), targets.data());
+    outs() << "sample " << sample << ":";
+    for (int64_t t = 0; t < std::min<int64_t>(seqLen, 32); ++t)
+      outs() << " " << inputs[t];
+    outs() << (seqLen > 32 ? " ..." : "") << "\n";
+    if (vocab <= 256) {
+      std::string text;
+      for (int64_t t = 0; t < seqLen; ++t) {
+        unsigned char c = (unsigned char)inputs[t];
+        if (c == '\\')
+          text += "\\\\";
+        else if (c >= 32 && c < 127)
+          text += (char)c;
+        else
+          text += formatv("\\x{0:x-2}", (unsigned)c).str();
+      }
+      outs() << "as bytes: \"" << text << "\"\n";
+    }
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+}
+
 int tessel::dataCommand(ArrayRef<std::string> args) {
   const char *usage =
       "usage: tessel data encode TEXT_FILE -o TOKENS.bin\n"
       "       tessel data synth -o TOKENS.bin [--vocab 256] [--tokens N] "
       "[--seed S]\n"
       "       tessel data bench DATA [--vocab V] [--seq-len T] [--batch B] "
-      "[--steps N] [--shuffle SEED]\n";
+      "[--steps N] [--shuffle SEED]\n"
+      "       tessel data inspect DATA [--vocab V] [--seq-len T] "
+      "[--sample N]\n";
   if (args.empty()) {
     errs() << usage;
     return 2;
   }
   if (args[0] == "bench")
     return dataBench(args);
+  if (args[0] == "inspect")
+    return dataInspect(args);
   std::string output, input;
   int64_t vocab = 256, count = 1 << 20;
   uint64_t seed = 1234;

@@ -83,6 +83,10 @@ public:
                         : (int32_t)((const uint32_t *)base)[i];
   }
   const std::string &name() const { return source; }
+  // What the data is, in words: "llm.c token file (uint16)", "Megatron
+  // dataset (int32, 80 documents)", "3 shards", "blend of 2 datasets
+  // (weights 0.25, 0.75)".
+  const std::string &kind() const { return description; }
 
   // Number of distinct training sequences of length T: (N - 1) / T.
   int64_t numSamples(int64_t T) const;
@@ -111,7 +115,7 @@ private:
   TokenData() = default;
   void release();
 
-  std::string source;
+  std::string source, description;
   const void *base = nullptr; // the tokens, uint16 or uint32
   int width = 4;              // bytes per token
   int64_t count = 0;
