@@ -129,14 +129,6 @@ std::string broadcastText(std::string text) {
   return text;
 }
 
-bool allRanks(bool value) {
-  if (!multiRank())
-    return value;
-  int v = value ? 1 : 0, all = 0;
-  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all != 0;
-}
-
 std::string crcText(uint32_t crc) {
   char text[16];
   std::snprintf(text, sizeof(text), "%08x", crc);
@@ -173,6 +165,14 @@ std::string readTextFile(const std::string &path) {
     text.append(buffer, n);
   std::fclose(f);
   return text;
+}
+
+bool everyRank(bool yes) {
+  if (!multiRank())
+    return yes;
+  int v = yes ? 1 : 0, all = 0;
+  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all != 0;
 }
 
 int64_t Box::numel() const {
@@ -317,7 +317,7 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
 int64_t CheckpointWriter::poll(bool wait) {
   if (!writing)
     return -1;
-  if (!wait && !allRanks(done.load()))
+  if (!wait && !everyRank(done.load()))
     return -1;
   writer.join();
   writing = false;

@@ -92,10 +92,19 @@ std::pair<void *, size_t> mapFile(const std::string &path, const char *what) {
 
 } // namespace
 
-TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
-  if (vocab <= 0)
-    fail("dataset " + inQuotes(prefix) + ": vocabulary size must be positive");
-  std::string idxPath = prefix + ".idx", binPath = prefix + ".bin";
+namespace {
+
+// What a Megatron index says: the token type and the tokens in all.
+struct MegatronIndex {
+  uint8_t code = 0;
+  int width = 0;
+  uint64_t sequences = 0, documents = 0;
+  int64_t tokens = 0;
+};
+
+// Reads and checks PREFIX.idx (not the tokens).
+MegatronIndex readMegatronIndex(const std::string &prefix) {
+  std::string idxPath = prefix + ".idx";
   auto [idx, idxBytes] = mapFile(idxPath, "Megatron index");
   // The index is read once, here; only the tokens stay mapped.
   std::vector<char> index((const char *)idx, (const char *)idx + idxBytes);
@@ -108,16 +117,19 @@ TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
   const size_t head = 9 + 8 + 1 + 8 + 8;
   if (index.size() < head || std::memcmp(index.data(), magic, 9) != 0)
     bad("does not start with MMIDIDX (not a Megatron indexed dataset)");
-  uint64_t version, sequences, documents;
+  MegatronIndex m;
+  uint64_t version;
+  uint64_t &sequences = m.sequences, &documents = m.documents;
   std::memcpy(&version, index.data() + 9, 8);
-  uint8_t code = (uint8_t)index[17];
+  uint8_t code = m.code = (uint8_t)index[17];
   std::memcpy(&sequences, index.data() + 18, 8);
   std::memcpy(&documents, index.data() + 26, 8);
   if (version != 1)
     bad("version " + std::to_string(version) + " (this build reads 1)");
   // Megatron's dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
   // 6 float64, 7 float32, 8 uint16.
-  int width = code == 1 ? 1 : code == 3 || code == 8 ? 2 : code == 4 ? 4 : 0;
+  int width = m.width =
+      code == 1 ? 1 : code == 3 || code == 8 ? 2 : code == 4 ? 4 : 0;
   if (!width)
     bad("dtype code " + std::to_string(code) +
         " is not a token type this build reads (1 uint8, 3 int16, 4 int32, "
@@ -141,14 +153,28 @@ TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
           ") does not follow the one before it in the .bin");
     total += length;
   }
+  m.tokens = total;
+  return m;
+}
+
+} // namespace
+
+TokenData TokenData::fromMegatron(const std::string &prefix, int64_t vocab) {
+  if (vocab <= 0)
+    fail("dataset " + inQuotes(prefix) + ": vocabulary size must be positive");
+  MegatronIndex index = readMegatronIndex(prefix);
+  uint8_t code = index.code;
+  int width = index.width;
+  int64_t total = index.tokens;
+  std::string binPath = prefix + ".bin";
   auto [bin, binBytes] = mapFile(binPath, "Megatron data file");
   TokenData data;
   data.source = prefix;
   const char *type = code == 1 ? "uint8" : code == 3 ? "int16"
                      : code == 8 ? "uint16" : "int32";
   data.description = std::string("Megatron dataset (") + type + ", " +
-                     std::to_string(sequences) + " sequences, " +
-                     std::to_string(documents ? documents - 1 : 0) +
+                     std::to_string(index.sequences) + " sequences, " +
+                     std::to_string(index.documents ? index.documents - 1 : 0) +
                      " documents)";
   data.mapping = bin;
   data.mappingBytes = binBytes;
@@ -284,11 +310,10 @@ namespace {
 // (Megatron), without reading or checking its tokens.
 int64_t shardTokens(const std::string &path) {
   if (exists(path + ".idx") || endsWith(path, ".idx"))
-    // The index is small next to the tokens; opening it checks it too.
-    return TokenData::fromMegatron(
-               endsWith(path, ".idx") ? path.substr(0, path.size() - 4) : path,
-               INT32_MAX)
-        .size();
+    return readMegatronIndex(endsWith(path, ".idx")
+                                 ? path.substr(0, path.size() - 4)
+                                 : path)
+        .tokens;
   FILE *f = std::fopen(path.c_str(), "rb");
   if (!f)
     fail("cannot open token file " + inQuotes(path) + ": " +

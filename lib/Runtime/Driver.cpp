@@ -867,14 +867,6 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
   return pieces;
 }
 
-// Whether every rank says yes.
-bool everyRank(bool yes) {
-  float no = yes ? 0.0f : 1.0f;
-  UncountedCollectives notTraffic;
-  allReduceMax(&no, 1, AxisSet::fromBits((1u << kNumMeshAxes) - 1).bits());
-  return no == 0.0f;
-}
-
 // The newest committed checkpoint under `path` whose files (those this
 // rank reads) pass their size and checksum checks on every rank; an older
 // one when not, saying why.

@@ -659,40 +659,53 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   return 0;
 }
 
+// The data tools' command line: DATA and integer flags, each with its
+// smallest value. Returns false after a usage message.
+static bool parseDataTool(
+    ArrayRef<std::string> args, StringRef tool, std::string &path,
+    std::initializer_list<std::tuple<StringRef, int64_t *, int64_t>> flags) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string &arg = args[i];
+    auto flag = llvm::find_if(flags, [&](const auto &f) {
+      return std::get<0>(f) == arg;
+    });
+    if (flag != flags.end()) {
+      auto [name, field, min] = *flag;
+      int64_t value;
+      if (i + 1 >= args.size() ||
+          StringRef(args[i + 1]).getAsInteger(10, value) || value < min) {
+        errs() << "tessel data " << tool << ": " << arg
+               << " expects an integer >= " << min << "\n";
+        return false;
+      }
+      *field = value;
+      ++i;
+    } else if (arg[0] != '-' && path.empty()) {
+      path = arg;
+    } else {
+      errs() << "tessel data " << tool << ": unknown argument '" << arg
+             << "'\n";
+      return false;
+    }
+  }
+  return true;
+}
+
 // tessel data bench DATA: how many tokens per second the loader reads, as
 // a run reads them (one rank's batches, in step order, on one thread).
 static int dataBench(ArrayRef<std::string> args) {
   std::string path;
-  int64_t vocab = 50257, seqLen = 1024, batch = 8, steps = 200;
+  int64_t vocab = 50257, seqLen = 1024, batch = 8, steps = 200, seed = -1;
+  if (!parseDataTool(args, "bench", path,
+                     {{"--vocab", &vocab, 1},
+                      {"--seq-len", &seqLen, 1},
+                      {"--batch", &batch, 1},
+                      {"--steps", &steps, 1},
+                      {"--shuffle", &seed, 0}}))
+    return 2;
   std::optional<uint64_t> shuffle;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string &arg = args[i];
-    int64_t *field = arg == "--vocab"     ? &vocab
-                     : arg == "--seq-len" ? &seqLen
-                     : arg == "--batch"   ? &batch
-                     : arg == "--steps"   ? &steps
-                                          : nullptr;
-    if (field || arg == "--shuffle") {
-      int64_t value;
-      if (i + 1 >= args.size() ||
-          StringRef(args[i + 1]).getAsInteger(10, value) || value < 0 ||
-          (field && value == 0)) {
-        errs() << "tessel data bench: " << arg
-               << " expects a positive integer\n";
-        return 2;
-      }
-      ++i;
-      if (field)
-        *field = value;
-      else
-        shuffle = (uint64_t)value;
-    } else if (arg[0] != '-' && path.empty()) {
-      path = arg;
-    } else {
-      errs() << "tessel data bench: unknown argument '" << arg << "'\n";
-      return 2;
-    }
-  }
+  if (seed >= 0)
+    shuffle = (uint64_t)seed;
   if (path.empty())
     return fail("data bench: which data (a token file, Megatron prefix, "
                 "directory, pattern or blend)?");
@@ -728,31 +741,11 @@ static int dataBench(ArrayRef<std::string> args) {
 static int dataInspect(ArrayRef<std::string> args) {
   std::string path;
   int64_t vocab = 50257, seqLen = 1024, sample = 0;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string &arg = args[i];
-    int64_t *field = arg == "--vocab"     ? &vocab
-                     : arg == "--seq-len" ? &seqLen
-                     : arg == "--sample"  ? &sample
-                                          : nullptr;
-    if (field) {
-      int64_t value;
-      if (i + 1 >= args.size() ||
-          StringRef(args[i + 1]).getAsInteger(10, value) || value < 0 ||
-          (field != &sample && value == 0)) {
-        errs() << "tessel data inspect: " << arg
-               << " expects a non-negative integer (positive for --vocab "
-                  "and --seq-len)\n";
-        return 2;
-      }
-      *field = value;
-      ++i;
-    } else if (arg[0] != '-' && path.empty()) {
-      path = arg;
-    } else {
-      errs() << "tessel data inspect: unknown argument '" << arg << "'\n";
-      return 2;
-    }
-  }
+  if (!parseDataTool(args, "inspect", path,
+                     {{"--vocab", &vocab, 1},
+                      {"--seq-len", &seqLen, 1},
+                      {"--sample", &sample, 0}}))
+    return 2;
   if (path.empty())
     return fail("data inspect: which data?");
   try {

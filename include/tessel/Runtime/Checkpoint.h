@@ -175,6 +175,10 @@ void readCheckpointBox(const CheckpointManifest &manifest,
                        const std::vector<int64_t> &shape, const Box &want,
                        float *out);
 
+// Whether every rank says yes (an all-reduce of one flag over the world, not
+// counted as the step's traffic).
+bool everyRank(bool yes);
+
 // A whole file's text; throws naming it when it cannot be read.
 std::string readTextFile(const std::string &path);
 
