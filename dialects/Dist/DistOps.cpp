@@ -28,37 +28,49 @@ static void printAxisName(AsmPrinter &printer, tessel::MeshAxis axis) {
   printer << tessel::meshAxisName(axis);
 }
 
+// One member of an axis list: a mesh axis, or a sub-group of dp under
+// hybrid sharding (dp_shard, dp_replica).
+static std::optional<tessel::AxisSet> axisMember(StringRef name) {
+  if (name == "dp_shard")
+    return tessel::AxisSet::dpShard();
+  if (name == "dp_replica")
+    return tessel::AxisSet::dpReplica();
+  if (std::optional<tessel::MeshAxis> axis = tessel::parseMeshAxis(name))
+    return tessel::AxisSet(*axis);
+  return std::nullopt;
+}
+
 // `dp, tp` (possibly empty), each axis once.
 static ParseResult parseAxisList(AsmParser &parser, tessel::AxisSet &axes) {
   axes = tessel::AxisSet();
-  tessel::MeshAxis axis;
-  SMLoc loc = parser.getCurrentLocation();
   StringRef name;
   if (failed(parser.parseOptionalKeyword(&name)))
     return success(); // no axes
-  std::optional<tessel::MeshAxis> parsed = tessel::parseMeshAxis(name);
-  if (!parsed)
-    return parser.emitError(loc, "unknown mesh axis '")
-           << name << "' (axes: dp, tp, pp, cp, ep)";
-  axes |= *parsed;
-  while (succeeded(parser.parseOptionalComma())) {
-    loc = parser.getCurrentLocation();
-    if (parseAxisName(parser, axis))
-      return failure();
-    if (axes.contains(axis))
+  while (true) {
+    SMLoc loc = parser.getCurrentLocation();
+    std::optional<tessel::AxisSet> member = axisMember(name);
+    if (!member)
+      return parser.emitError(loc, "unknown mesh axis '")
+             << name << "' (axes: dp, tp, pp, cp, ep, dp_shard, dp_replica)";
+    if (axes.intersects(*member))
       return parser.emitError(loc, "mesh axis '")
-             << tessel::meshAxisName(axis) << "' appears twice";
-    axes |= axis;
+             << name << "' appears twice";
+    axes |= *member;
+    if (failed(parser.parseOptionalComma()))
+      return success();
+    if (parser.parseKeyword(&name))
+      return failure();
   }
-  return success();
 }
 static void printAxisList(AsmPrinter &printer, tessel::AxisSet axes) {
-  bool first = true;
-  for (tessel::MeshAxis axis : tessel::kMeshAxes)
-    if (axes.contains(axis)) {
-      printer << (first ? "" : ", ") << tessel::meshAxisName(axis);
-      first = false;
-    }
+  std::string text = axes.str();
+  if (axes.empty())
+    return;
+  for (char &c : text)
+    if (c == ',')
+      printer << ", ";
+    else
+      printer << c;
 }
 
 // `pp = 2, dp = 4` (possibly empty): the axes larger than one.
@@ -73,10 +85,15 @@ static ParseResult parseMeshSizes(AsmParser &parser, tessel::MeshShape &shape) {
     if (!first && parser.parseKeyword(&name))
       return failure();
     first = false;
+    if (name == "zero_group") {
+      if (parser.parseEqual() || parser.parseInteger(shape.dpShard))
+        return failure();
+      continue;
+    }
     std::optional<tessel::MeshAxis> axis = tessel::parseMeshAxis(name);
     if (!axis)
       return parser.emitError(loc, "unknown mesh axis '")
-             << name << "' (axes: dp, tp, pp, cp, ep)";
+             << name << "' (axes: dp, tp, pp, cp, ep; and zero_group)";
     int64_t size = 0;
     if (parser.parseEqual() || parser.parseInteger(size))
       return failure();
@@ -93,6 +110,8 @@ static void printMeshSizes(AsmPrinter &printer,
               << shape[axis];
       first = false;
     }
+  if (shape.hybrid())
+    printer << (first ? "" : ", ") << "zero_group = " << shape.dpShard;
 }
 
 #include "dialects/Dist/DistDialect.cpp.inc"
@@ -194,6 +213,10 @@ LogicalResult MeshAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     if (shape[axis] < 1)
       return emitError() << "mesh axis " << tessel::meshAxisName(axis)
                          << " must have size >= 1";
+  int64_t dp = shape[tessel::MeshAxis::DP];
+  if (shape.dpShard != 0 && (shape.dpShard < 1 || dp % shape.dpShard != 0))
+    return emitError() << "zero_group = " << shape.dpShard
+                       << " must divide dp = " << dp;
   return success();
 }
 

@@ -20,7 +20,9 @@ inline llvm::hash_code hash_value(AxisSet axes) {
   return llvm::hash_value(axes.bits());
 }
 inline llvm::hash_code hash_value(const MeshShape &shape) {
-  return llvm::hash_combine_range(shape.size, shape.size + kNumMeshAxes);
+  return llvm::hash_combine(
+      llvm::hash_combine_range(shape.size, shape.size + kNumMeshAxes),
+      shape.hybrid() ? shape.dpShard : 0);
 }
 } // namespace tessel
 

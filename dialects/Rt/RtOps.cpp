@@ -165,21 +165,31 @@ void ReduceScatterOp::describeCommunication(
 // all-gather.
 using rt::pieceSize;
 
+// A reduce-scatter of an n-element run's pieces over `axes`; under hybrid
+// sharding `axes` may hold the shard group's replicas too, over which each
+// piece is then all-reduced (as the runtime does).
+static void shardsReduced(const MeshShape &mesh, AxisSet axes, int64_t n,
+                          SmallVectorImpl<CollectiveRecord> &records) {
+  AxisSet replicas = axes & AxisSet::dpReplica();
+  axes -= replicas;
+  int64_t g = mesh.groupSize(axes), c = pieceSize(n, g);
+  records.push_back(record("reduce_scatter", axes, mesh, n, 4,
+                           rt::reduceScatterBytesSent(c, g, 4)));
+  if (!replicas.empty())
+    records.push_back(
+        record("all_reduce", replicas, mesh, c, 4,
+               rt::allReduceBytesSent(c, mesh.groupSize(replicas), 4)));
+}
+
 void ReduceScatterShardsOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = getN(), g = mesh.groupSize(getAxes());
-  records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
-                           rt::reduceScatterBytesSent(pieceSize(n, g), g, 4)));
+  shardsReduced(mesh, getAxes(), getN(), records);
 }
 
 void ReduceScatterShardsStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t g = mesh.groupSize(getAxes());
-  for (Value b : getBuffers()) {
-    int64_t n = elementsOf(b);
-    records.push_back(record("reduce_scatter", getAxes(), mesh, n, 4,
-                             rt::reduceScatterBytesSent(pieceSize(n, g), g, 4)));
-  }
+  for (Value b : getBuffers())
+    shardsReduced(mesh, getAxes(), elementsOf(b), records);
 }
 
 void AllGatherShardsOp::describeCommunication(

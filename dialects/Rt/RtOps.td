@@ -365,7 +365,9 @@ def Rt_ReduceScatterShardsOp : Rt_KernelOp<"reduce_scatter_shards",
     Sums an `n`-element buffer over the group and leaves this rank's piece
     of the sum (elements [k * piece, min((k + 1) * piece, n)) at group rank
     k, piece = ceil(n / g)) in place, or in `out` (ZeRO-2: the piece's
-    own storage); the rest of the buffer is left undefined.
+    own storage); the rest of the buffer is left undefined. With hybrid
+    sharding the axes may include `dp_replica`: the pieces are cut over the
+    other axes and each piece is then summed over the replicas.
   }];
 }
 def Rt_AllGatherShardsOp : Rt_KernelOp<"all_gather_shards", "allGatherShards",

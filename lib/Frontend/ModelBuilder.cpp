@@ -42,6 +42,7 @@ public:
     mesh[MeshAxis::PP] = par.pp;
     mesh[MeshAxis::DP] = par.dp;
     mesh[MeshAxis::TP] = par.tp;
+    mesh.dpShard = par.zeroGroup;
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());

@@ -618,6 +618,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   p.zero = s.integer("zero", 0, 0, 3);
+  p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
 
   // parallel.stage_layers: checked against the model below, once the
   // layout is known to be sound.
@@ -727,6 +728,19 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                         std::to_string(p.microbatches) +
                         " to be a multiple of parallel.pp = " +
                         std::to_string(p.pp));
+  else if (p.zeroGroup > 0 && p.zero == 0)
+    problems.report(s.at("zero_group"),
+                    "shards ZeRO's state over groups of dp ranks: it needs "
+                    "parallel.zero >= 1");
+  else if (p.zeroGroup == 1)
+    problems.report(s.at("zero_group"),
+                    "= 1 would shard nothing (every rank its own group); use "
+                    "parallel.zero = 0, or a group of 2 or more dp ranks");
+  else if (p.zeroGroup > 0 && p.dp % p.zeroGroup != 0)
+    problems.report(s.at("zero_group"),
+                    "parallel.zero_group = " + std::to_string(p.zeroGroup) +
+                        " does not divide parallel.dp = " +
+                        std::to_string(p.dp));
   else if (stages && p.pp > 1)
     readStageLayers(*stages, s.at("stage_layers"), p, spec.model.layers,
                     problems);

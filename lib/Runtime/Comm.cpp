@@ -52,7 +52,7 @@ namespace tessel::rt {
 
 namespace {
 
-constexpr unsigned kNumAxisSets = 1u << kNumMeshAxes;
+constexpr unsigned kNumAxisSets = 1u << kNumAxisBits;
 constexpr unsigned kAllAxes = kNumAxisSets - 1;
 
 struct CommState {
@@ -79,6 +79,10 @@ struct CommState {
     double tracedSince = 0;
     int64_t tracedBytes = 0;
     unsigned tracedAxes = 0;
+    // Hybrid sharding: the replicas the placed piece is then summed over,
+    // and the piece size it is counted as.
+    unsigned replicas = 0;
+    int64_t pieceElems = 0;
   };
   std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
@@ -169,7 +173,7 @@ void watchdogLoop() {
 
 // `axes` restricted to the axes of size > 1: equal masks mean equal groups.
 unsigned effectiveAxes(unsigned axes) {
-  return (AxisSet::fromBits(axes) & state().layout.shape().activeAxes()).bits();
+  return state().layout.shape().effective(AxisSet::fromBits(axes)).bits();
 }
 
 void checkAxes(unsigned axes, const char *what) {
@@ -473,7 +477,20 @@ size_t freeRequestSlot() {
   s.requestInUse[slot] = true;
   s.pieceCopies[slot].to = nullptr;
   s.pieceCopies[slot].traced = nullptr;
+  s.pieceCopies[slot].replicas = 0;
   return slot;
+}
+
+// Hybrid sharding: this rank's piece (`count` elements of a c-element
+// piece) summed over the replicas of its shard group. Counted as an
+// all-reduce of c, as the plan counts it.
+void reducePieceOverReplicas(float *piece, int held, int64_t c,
+                             unsigned replicas) {
+  int64_t r = groupSize(replicas);
+  checkAxes(replicas, "reduceScatterShards");
+  count(CollectiveKind::AllReduce, c, allReduceBytesSent(c, r));
+  UncountedCollectives counted;
+  allReduceSum(piece, held, replicas);
 }
 
 // Elements of piece k of an n-element run over g ranks (Pieces.h).
@@ -499,6 +516,8 @@ CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
 }
 
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+  unsigned replicas = axes & kDpReplicaBit;
+  axes &= ~kDpReplicaBit;
   checkAxes(axes, "reduceScatterShards");
   int64_t g = groupSize(axes);
   checkCount(n, 1, "reduceScatterShards");
@@ -507,10 +526,17 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
   CommState &s = state();
   size_t slot = freeRequestSlot();
   s.requests[slot] = MPI_REQUEST_NULL;
-  if (g == 1)
-    return (CommRequest)slot;
   int64_t k = groupRank(axes);
   CommState::PieceCopy &copy = s.pieceCopies[slot];
+  if (replicas) {
+    copy.replicas = replicas;
+    copy.pieceElems = pieceSize(n, g);
+    copy.size = pieceCount(n, g, k);
+  }
+  if (g == 1) {
+    copy.from = copy.to = buffer;
+    return (CommRequest)slot;
+  }
   copy.counts.resize(g);
   for (int64_t r = 0; r < g; ++r)
     copy.counts[r] = pieceCount(n, g, r);
@@ -532,6 +558,8 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
     commWait(reduceScatterShardsStart(buffer, n, axes));
     return;
   }
+  unsigned replicas = axes & kDpReplicaBit;
+  axes &= ~kDpReplicaBit;
   checkAxes(axes, "reduceScatterShards");
   int64_t g = groupSize(axes);
   checkCount(n, 1, "reduceScatterShards");
@@ -540,6 +568,8 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
   int64_t k = groupRank(axes);
   if (g == 1) {
     std::memmove(out, buffer, (size_t)n * sizeof(float));
+    if (replicas)
+      reducePieceOverReplicas(out, (int)n, n, replicas);
     return;
   }
   std::vector<int> counts(g);
@@ -554,6 +584,8 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
                               MPI_FLOAT, MPI_SUM,
                               state().comms[effectiveAxes(axes)]),
            "MPI_Reduce_scatter");
+  if (replicas)
+    reducePieceOverReplicas(out, counts[k], pieceSize(n, g), replicas);
 }
 
 void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
@@ -640,7 +672,11 @@ void commWait(CommRequest request) {
     copy.traced = nullptr;
   }
   if (copy.to) {
-    std::memmove(copy.to, copy.from, (size_t)copy.size * sizeof(float));
+    if (copy.to != copy.from)
+      std::memmove(copy.to, copy.from, (size_t)copy.size * sizeof(float));
+    if (copy.replicas)
+      reducePieceOverReplicas(copy.to, copy.size, copy.pieceElems,
+                              copy.replicas);
     copy.to = nullptr;
   }
   s.requestInUse[request] = false;

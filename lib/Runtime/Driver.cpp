@@ -412,7 +412,7 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
   int64_t piece = kind == Kind::Moments ? p.statePiece : p.valuePiece;
   if (piece == 0)
     return {0, p.numel, base, true};
-  int64_t k = groupRank(AxisSet(MeshAxis::DP).bits());
+  int64_t k = groupRank(meshLayout().shape().shardAxes().bits());
   PieceRange own = inPiece(p.stateRunOffset, p.numel, piece, k);
   return {own.begin - p.stateRunOffset, own.end - p.stateRunOffset,
           base + own.begin - k * piece,
@@ -420,12 +420,14 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
 }
 
 // A sharded store laid out by the parameters' `offset` (as init, load and
-// save see it): each rank places its parts and the sum over dp fills the
-// rest (whole parameters: dp rank 0's count).
+// save see it): each rank places its parts and the sum over the shard group
+// (dp, or a hybrid group of it) fills the rest (whole parameters: the
+// group's rank 0's count).
 void expandStore(const Program &program, Kind kind, const float *store,
                  float *full) {
   std::fill_n(full, program.paramElems, 0.0f);
-  bool dpLeader = groupRank(AxisSet(MeshAxis::DP).bits()) == 0;
+  unsigned shard = meshLayout().shape().shardAxes().bits();
+  bool dpLeader = groupRank(shard) == 0;
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
     Owned o = ownedIn(p, kind);
@@ -433,7 +435,7 @@ void expandStore(const Program &program, Kind kind, const float *store,
       std::copy_n(store + o.at, o.hi - o.lo, full + p.offset + o.lo);
   }
   UncountedCollectives notTraffic;
-  allReduceSum(full, program.paramElems, AxisSet(MeshAxis::DP).bits());
+  allReduceSum(full, program.paramElems, shard);
 }
 
 // The reverse: this rank's parts of a store laid out by `offset`.

@@ -94,9 +94,12 @@ void usersOf(Value v, SmallVectorImpl<Operation *> &out) {
 
 class Sharder {
 public:
-  Sharder(func::FuncOp func, int64_t dp, int64_t zero, int64_t microbatches)
-      : func(func), ctx(func.getContext()), dp(dp), zero(zero),
-        microbatches(microbatches) {}
+  Sharder(func::FuncOp func, const MeshShape &mesh, int64_t zero,
+          int64_t microbatches)
+      : func(func), ctx(func.getContext()), dp(mesh.shardGroupSize()),
+        shardAxes(mesh.shardAxes()),
+        replicaAxes(mesh.hybrid() ? AxisSet::dpReplica() : AxisSet()),
+        zero(zero), microbatches(microbatches) {}
   LogicalResult run();
 
 private:
@@ -191,7 +194,8 @@ private:
     v.getDefiningOp()->setAttr("shard.piece", UnitAttr::get(ctx));
     return v;
   }
-  dist::AxesAttr dpAxes() { return dist::AxesAttr::get(ctx, MeshAxis::DP); }
+  // The group the pieces are cut over: dp, or a hybrid shard group of it.
+  dist::AxesAttr dpAxes() { return dist::AxesAttr::get(ctx, shardAxes); }
   LogicalResult collectRuns();
   void shardSyncs();
   LogicalResult shardUpdates();
@@ -199,7 +203,13 @@ private:
 
   func::FuncOp func;
   MLIRContext *ctx;
-  int64_t dp, zero, microbatches;
+  // dp: the ranks of a shard group (all of dp unless hybrid).
+  int64_t dp;
+  AxisSet shardAxes;
+  // Hybrid sharding: the groups' replicas, over which each piece of a
+  // gradient is summed as well; empty otherwise.
+  AxisSet replicaAxes;
+  int64_t zero, microbatches;
   SmallVector<Run> runs;
   SmallVector<Operation *> syncs;
   int64_t stateElems = 0;
@@ -266,6 +276,9 @@ void Sharder::shardSyncs() {
     }
     AxisSet rest = axes - AxisSet(MeshAxis::DP);
     auto restAttr = dist::AxesAttr::get(ctx, rest);
+    // In place, the pieces are summed over the replicas by the
+    // reduce-scatter itself (see rt.reduce_scatter_shards).
+    auto reducedAxes = dist::AxesAttr::get(ctx, shardAxes | replicaAxes);
     Type request = rt::RequestType::get(ctx);
     // The request is still handed on through the parts' yields (the waits
     // use slots): the first new start's stands for it.
@@ -275,8 +288,9 @@ void Sharder::shardSyncs() {
       bool isRun = range.has_value();
       if (isRun && zero >= 2 && runOf(range->first, range->second)->staged) {
         // Reduced where the backward pass finishes the run instead; the
-        // slot's waits go.
-        runOf(range->first, range->second)->rest = rest;
+        // slot's waits go. Its piece is summed over the other axes (and
+        // the replicas) once, in the update.
+        runOf(range->first, range->second)->rest = rest | replicaAxes;
         if (slot)
           erasedSlots.insert(*slot + k);
         continue;
@@ -301,13 +315,13 @@ void Sharder::shardSyncs() {
         rt::AllReduceOp::create(b, loc, ValueRange{buffer}, restAttr);
       if (started) {
         auto start = rt::ReduceScatterShardsStartOp::create(
-            b, loc, request, ValueRange{buffer}, dpAxes(), slotOf());
+            b, loc, request, ValueRange{buffer}, reducedAxes, slotOf());
         if (!newRequest)
           newRequest = start.getRequest();
       } else
         rt::ReduceScatterShardsOp::create(
             b, loc, buffer, Value(), b.getI64IntegerAttr(elementsOf(buffer)),
-            dpAxes());
+            reducedAxes);
     }
     if (started) {
       // Something must still stand for the request the parts hand on.
@@ -850,13 +864,13 @@ struct ShardOptimizerPass
           << zero << " is not built (0 to 3)";
       return signalPassFailure();
     }
-    int64_t dp = dist::meshOf(module)[MeshAxis::DP];
-    if (zero == 0 || dp == 1)
+    MeshShape mesh = dist::meshOf(module);
+    if (zero == 0 || mesh[MeshAxis::DP] == 1)
       return;
     int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
     for (auto func : module.getOps<func::FuncOp>())
       if (func->hasAttr("pipe.rank") &&
-          failed(Sharder(func, dp, zero, microbatches).run()))
+          failed(Sharder(func, mesh, zero, microbatches).run()))
         return signalPassFailure();
   }
 };

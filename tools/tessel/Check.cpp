@@ -134,6 +134,8 @@ int tessel::checkCommand(const CheckOptions &options) {
   CompileOptions layout = ref;
   layout.output = std::string(layDir);
   layout.layout = options.layout;
+  // One rank has no dp groups to shard over.
+  ref.overrides.push_back("parallel.zero_group=0");
   layout.layout.layers = options.layers;
   layout.target = options.target;
   layout.cudaArch = options.cudaArch;
@@ -189,6 +191,8 @@ int tessel::checkCommand(const CheckOptions &options) {
          << options.layout.describe();
   if (zero > 0)
     outs() << " zero=" << zero;
+  if (zero > 0 && plan.contains("zero_group"))
+    outs() << " zero_group=" << plan["zero_group"].get<int64_t>();
   if (options.target != "cpu")
     outs() << " on " << options.target;
   outs() << " vs one rank on the cpu, " << options.steps << " steps\n"

@@ -543,14 +543,20 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
         return fail(dir + "/plan.json: " + toString(table.takeError()));
       outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
              << " ranks): bytes sent per rank and step\n";
-      outs() << formatv("  {0,-8} {1,14} {2,14} {3,8}\n", "axes", "predicted",
-                        "textbook", "ratio");
+      size_t width = 8; // as wide as the widest group ("dp_replica")
+      for (auto &[group, textbook] : table->textbook)
+        width = std::max(width, group.size());
+      auto axes = [&](std::string text) {
+        return text.append(width - std::min(width, text.size()), ' ');
+      };
+      outs() << formatv("  {0} {1,14} {2,14} {3,8}\n", axes("axes"),
+                        "predicted", "textbook", "ratio");
       for (auto &[group, textbook] : table->textbook) {
         double predicted = table->predicted[group];
         std::string ratio =
             textbook > 0 ? formatv("{0:f3}", predicted / textbook).str()
                          : (predicted > 0 ? "extra" : "-");
-        outs() << formatv("  {0,-8} {1,14:f0} {2,14:f0} {3,8}\n", group,
+        outs() << formatv("  {0} {1,14:f0} {2,14:f0} {3,8}\n", axes(group),
                           predicted, textbook, ratio);
       }
       if (table->textbook.empty())
@@ -594,14 +600,22 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
     for (auto &[name, program] : (*plan)["programs"].items()) {
       outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
              << " ranks): collectives per rank and step\n";
-      outs() << formatv("  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}\n",
-                        "collective", "axes", "group", "elements", "bytes sent",
-                        "op (x times per step)");
+      // The axes column as wide as its widest entry ("dp_replica").
+      size_t width = 6;
+      for (const json &c : program["comm"]["per_step"])
+        width = std::max(width, c["axes"].get<std::string>().size());
+      auto axes = [&](std::string text) {
+        return text.append(width - std::min(width, text.size()), ' ');
+      };
+      outs() << formatv("  {0,-15} {1} {2,5} {3,12} {4,14}  {5}\n",
+                        "collective", axes("axes"), "group", "elements",
+                        "bytes sent", "op (x times per step)");
       for (const json &c : program["comm"]["per_step"]) {
         int64_t count = c.value("count", 1);
         outs() << formatv(
-            "  {0,-15} {1,-6} {2,5} {3,12} {4,14}  {5}{6}\n",
-            c["collective"].get<std::string>(), c["axes"].get<std::string>(),
+            "  {0,-15} {1} {2,5} {3,12} {4,14}  {5}{6}\n",
+            c["collective"].get<std::string>(),
+            axes(c["axes"].get<std::string>()),
             c["group"].get<int64_t>(), c["elements"].get<int64_t>(),
             c["bytes_sent"].get<int64_t>(), c["op"].get<std::string>(),
             count > 1 ? " x" + std::to_string(count) : std::string());

@@ -37,6 +37,10 @@
 //          drops the gather after the update: 3m (d-1)/d * 4n, the ZeRO
 //          paper's 1.5x of the all-reduce (a run that a backward part does
 //          not read is not gathered there, so Tessel moves at most that)
+//          With hybrid sharding (parallel.zero_group = g) the pieces are
+//          cut over a group of g dp ranks ("dp_shard": d becomes g in the
+//          terms above) and each piece is summed over the d/g groups
+//          ("dp_replica"): 2(d/g-1)/(d/g) * 4n/g once per step
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -179,6 +183,13 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
   return kept;
 }
 
+// The ranks ZeRO shards over (parallel.zero_group, else all of dp), and the
+// group the shard collectives are reported under.
+double shardGroupOf(const json &plan, double d) {
+  double g = plan.value("zero_group", 0);
+  return g > 0 && g < d ? g : d;
+}
+
 } // namespace
 
 Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
@@ -193,6 +204,9 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1;
   bool zero3 = plan.value("zero", 0) >= 3 && d > 1;
+  // Hybrid sharding: pieces over a group of g, summed over d/g groups.
+  double g = shardGroupOf(plan, d), replicas = d / g;
+  std::string shard = g < d ? "dp_shard" : "dp";
   CommTable table;
   for (const json &param : plan["parameters"]) {
     if (param["program"] != program)
@@ -214,22 +228,25 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool tiedFirst = tied && p > 1 && first &&
                      (name == "wte.weight" || name == "model.embed_tokens.weight");
     bool pieces = zero2 && !tiedFirst;
-    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, d, 4)
-                     : pieces        ? (m + 1) / 2 * allReduce(n, d, 4)
-                                     : allReduce(n, d, 4);
+    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, g, 4)
+                     : pieces        ? (m + 1) / 2 * allReduce(n, g, 4)
+                                     : allReduce(n, g, 4);
+    if (zero && replicas > 1)
+      table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
     if (sp && t > 1 && !splitOverTp && zero) {
-      table.textbook["tp"] += allReduce(pieces ? n / d : n, t, 4);
-      table.textbook["dp"] += dpBytes;
+      table.textbook["tp"] += allReduce(pieces ? n / g : n, t, 4);
+      table.textbook[shard] += dpBytes;
     } else if (sp && t > 1 && !splitOverTp)
       table.textbook[d > 1 ? "dp,tp" : "tp"] += allReduce(n, d * t, 4);
     else
-      table.textbook["dp"] += dpBytes;
+      table.textbook[zero ? shard : "dp"] += dpBytes;
   }
 
   // The norm's partial sums (fp64; two under tp: parameters split over tp
-  // and those replicated) added over dp; one value counts as a scalar.
+  // and those replicated) added over the shard group; one value counts as
+  // a scalar.
   if (zero && t > 1)
-    table.textbook["dp"] += allReduce(2, d, 8);
+    table.textbook[shard] += allReduce(2, g, 8);
 
   double bsh = b * s * h;
   if (t > 1) {
@@ -305,13 +322,16 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // ZeRO-3: the parameters as pieces, those kept whole (as the gradients
   // below) and the runs gathered for the parts.
   double keptWhole = keptWholeUnderZero(plan, program, *sizes);
+  // The pieces are 1/g of a run, g the shard group (dp unless hybrid).
+  const double dz = shardGroupOf(plan, d);
+  const std::string part = dz < d ? "1/zero_group" : "1/dp";
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
   } else {
-    rows.push_back({"parameter pieces (fp32, 1/dp)",
+    rows.push_back({"parameter pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
-                    4 * (P - keptWhole) / d, ""});
+                    4 * (P - keptWhole) / dz, ""});
     rows.push_back({"parameters kept whole (fp32)",
                     memory["param_whole_bytes"].get<double>(), 4 * keptWhole,
                     ""});
@@ -329,9 +349,9 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     // table under sequence parallelism; a tied embedding on the first of
     // several stages), and the staging of the runs being reduced.
     double kept = keptWhole;
-    rows.push_back({"gradient pieces (fp32, 1/dp)",
+    rows.push_back({"gradient pieces (fp32, " + part + ")",
                     memory["grad_piece_bytes"].get<double>(),
-                    4 * (P - kept) / d, ""});
+                    4 * (P - kept) / dz, ""});
     rows.push_back({"gradients kept whole (fp32)",
                     memory["grad_whole_bytes"].get<double>(), 4 * kept, ""});
     rows.push_back({"gradient staging",
@@ -351,9 +371,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     for (const json &param : plan["parameters"])
       if (param["program"] == program && param["name"] == "wpe.weight")
         whole += elementsOf(param);
-  rows.push_back({zero ? "AdamW moments (fp32, 1/dp)" : "AdamW moments (fp32)",
+  rows.push_back({zero ? "AdamW moments (fp32, " + part + ")"
+                       : "AdamW moments (fp32)",
                   memory["optimizer_bytes"].get<double>(),
-                  zero ? 8 * (P - whole) / d + 8 * whole : 8 * P,
+                  zero ? 8 * (P - whole) / dz + 8 * whole : 8 * P,
                   zero ? "ceil(n/dp) of each gradient run" : ""});
   if (bf16)
     rows.push_back({"parameters (bf16 copy)",

@@ -43,15 +43,19 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
   return layout;
 }
 
-// --set, --recompute and --zero as spec overrides, in that order.
+// --set, --recompute, --zero and --zero-group as spec overrides, in that
+// order.
 static std::vector<std::string>
 specOverrides(const cl::list<std::string> &sets,
-              const cl::opt<std::string> &recompute, const cl::opt<int> &zero) {
+              const cl::opt<std::string> &recompute, const cl::opt<int> &zero,
+              const cl::opt<int> &zeroGroup) {
   std::vector<std::string> overrides(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
     overrides.push_back("train.recompute=\"" + recompute + "\"");
   if (zero.getNumOccurrences())
     overrides.push_back("parallel.zero=" + std::to_string(zero));
+  if (zeroGroup.getNumOccurrences())
+    overrides.push_back("parallel.zero_group=" + std::to_string(zeroGroup));
   return overrides;
 }
 
@@ -101,6 +105,11 @@ static int compileCommand(int argc, char **argv) {
                              "AdamW's moments, 2 the gradients too, 3 the "
                              "parameters too"),
                     cl::init(0), cl::cat(category));
+  cl::opt<int> zeroGroup(
+      "zero-group",
+      cl::desc("Hybrid sharding (parallel.zero_group): shard ZeRO's state "
+               "over groups of this many dp ranks, replicate across groups"),
+      cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
@@ -154,7 +163,7 @@ static int compileCommand(int argc, char **argv) {
     options.memoryLimit = it->second << 20;
     options.memoryLimitFrom = "--gpu " + gpu;
   }
-  options.overrides = specOverrides(sets, recompute, zero);
+  options.overrides = specOverrides(sets, recompute, zero, zeroGroup);
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
@@ -212,6 +221,11 @@ static int checkCommandLine(int argc, char **argv) {
                              "AdamW's moments, 2 the gradients too, 3 the "
                              "parameters too"),
                     cl::init(0), cl::cat(category));
+  cl::opt<int> zeroGroup(
+      "zero-group",
+      cl::desc("Hybrid sharding (parallel.zero_group): shard ZeRO's state "
+               "over groups of this many dp ranks, replicate across groups"),
+      cl::init(0), cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -223,7 +237,7 @@ static int checkCommandLine(int argc, char **argv) {
     return 2;
   tessel::CheckOptions options;
   options.input = input;
-  options.overrides = specOverrides(sets, recompute, zero);
+  options.overrides = specOverrides(sets, recompute, zero, zeroGroup);
   if (layers.getNumOccurrences())
     options.layers = layers;
   options.steps = steps;

@@ -71,6 +71,10 @@ struct ParallelSpec {
   // moments over dp (gradients reduce-scattered, parameters all-gathered);
   // 2 keeps the gradients as pieces too; 3 the parameters as well (CPU).
   int64_t zero = 0;
+  // parallel.zero_group: shard over groups of this many consecutive dp
+  // ranks and replicate across the groups (hybrid sharding, as HSDP and
+  // ZeRO++'s hpZ do); 0: over all of dp.
+  int64_t zeroGroup = 0;
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,
   // the mesh axis splitting it ("" for none).

@@ -120,6 +120,9 @@ void commWait(CommRequest request);
 // and (g-1) * c * 4 bytes (a reduce-scatter of pieces of c). The started
 // form completes (and places the piece) at commWait.
 // reduceScatterShards with `out` writes the piece there instead.
+// With hybrid sharding `axes` may also hold the replicas of the shard group
+// (kDpReplicaBit): the pieces are cut over the other axes and then each
+// piece is all-reduced over the replicas (counted as an all-reduce of c).
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
 // Every rank's piece, in place, to every rank; with `from` this rank's piece

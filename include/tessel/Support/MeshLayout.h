@@ -13,6 +13,12 @@
 //
 //   rank = (((pp * DP + dp) * EP + ep) * CP + cp) * TP + tp
 //
+// ZeRO's hybrid sharding (parallel.zero_group = G) splits dp in two: a
+// shard group of G consecutive dp coordinates (dp % G, inner) and the
+// replicas across such groups (dp / G, outer). They are not axes of their
+// own (data parallel is still dp) but two more members of an AxisSet,
+// kDpShard and kDpReplica, that name those sub-groups of dp.
+//
 // Header-only and free of MLIR so that generated programs and the runtime
 // can include it.
 //
@@ -60,19 +66,32 @@ inline std::optional<MeshAxis> parseMeshAxis(std::string_view name) {
   return std::nullopt;
 }
 
+// The sub-groups of dp under hybrid sharding: bits after the axes'.
+inline constexpr unsigned kDpShardBit = 1u << kNumMeshAxes;
+inline constexpr unsigned kDpReplicaBit = 1u << (kNumMeshAxes + 1);
+// Bits an AxisSet may hold: the axes and the two sub-groups of dp.
+inline constexpr int kNumAxisBits = kNumMeshAxes + 2;
+
 // A set of mesh axes. Collectives run over one: the group of ranks whose
 // coordinates differ only along those axes. `bits()` is the form the
-// runtime's collectives take (bit i for axis i).
+// runtime's collectives take (bit i for axis i, then kDpShardBit and
+// kDpReplicaBit).
 class AxisSet {
 public:
   constexpr AxisSet() = default;
   constexpr AxisSet(MeshAxis axis) : bits_(1u << static_cast<int>(axis)) {}
   static constexpr AxisSet fromBits(unsigned bits) {
     AxisSet set;
-    set.bits_ = bits & ((1u << kNumMeshAxes) - 1);
+    set.bits_ = bits & ((1u << kNumAxisBits) - 1);
     return set;
   }
-  static constexpr AxisSet all() { return fromBits(~0u); }
+  // Every axis (not the sub-groups of dp, which dp covers).
+  static constexpr AxisSet all() {
+    return fromBits((1u << kNumMeshAxes) - 1);
+  }
+  // dp within a hybrid shard group, and dp across the groups.
+  static constexpr AxisSet dpShard() { return fromBits(kDpShardBit); }
+  static constexpr AxisSet dpReplica() { return fromBits(kDpReplicaBit); }
 
   constexpr unsigned bits() const { return bits_; }
   constexpr bool empty() const { return bits_ == 0; }
@@ -105,12 +124,16 @@ public:
   constexpr bool operator!=(AxisSet o) const { return bits_ != o.bits_; }
   constexpr bool operator<(AxisSet o) const { return bits_ < o.bits_; }
 
-  // "dp,tp", or "-" for the empty set.
+  // "dp,tp", "dp_shard", or "-" for the empty set.
   std::string str() const {
     std::string text;
     for (MeshAxis axis : kMeshAxes)
       if (contains(axis))
         text += (text.empty() ? "" : ",") + std::string(meshAxisName(axis));
+    if (bits_ & kDpShardBit)
+      text += text.empty() ? "dp_shard" : ",dp_shard";
+    if (bits_ & kDpReplicaBit)
+      text += text.empty() ? "dp_replica" : ",dp_replica";
     return text.empty() ? "-" : text;
   }
 
@@ -121,16 +144,54 @@ private:
 // Axis sizes. A one-rank program has every size 1.
 struct MeshShape {
   int64_t size[kNumMeshAxes] = {1, 1, 1, 1, 1};
+  // ZeRO's hybrid shard group along dp (parallel.zero_group): dp ranks
+  // d and d' share a shard group when d / G == d' / G. 0: not split.
+  int64_t dpShard = 0;
 
   int64_t &operator[](MeshAxis axis) { return size[static_cast<int>(axis)]; }
   int64_t operator[](MeshAxis axis) const {
     return size[static_cast<int>(axis)];
   }
+  // Whether dp is split into shard groups (of fewer ranks than dp).
+  bool hybrid() const {
+    return dpShard > 0 && dpShard < (*this)[MeshAxis::DP];
+  }
+  // The ranks of a shard group along dp, and how many groups there are.
+  int64_t shardGroupSize() const {
+    return hybrid() ? dpShard : (*this)[MeshAxis::DP];
+  }
+  int64_t shardGroups() const {
+    return (*this)[MeshAxis::DP] / shardGroupSize();
+  }
+  // The axes ZeRO shards over: dp, or the shard group under hybrid
+  // sharding.
+  AxisSet shardAxes() const {
+    return hybrid() ? AxisSet::dpShard() : AxisSet(MeshAxis::DP);
+  }
+  // One spelling per group: dp for both halves of dp, no half with dp;
+  // without hybrid sharding the shard group is dp and there are no
+  // replicas.
+  AxisSet canonical(AxisSet axes) const {
+    unsigned halves = kDpShardBit | kDpReplicaBit;
+    unsigned bits = axes.bits();
+    if (!hybrid() && (bits & kDpShardBit))
+      bits |= AxisSet(MeshAxis::DP).bits();
+    if (!hybrid() || axes.contains(MeshAxis::DP))
+      bits &= ~halves;
+    else if ((bits & halves) == halves)
+      bits = (bits & ~halves) | AxisSet(MeshAxis::DP).bits();
+    return AxisSet::fromBits(bits);
+  }
   int64_t groupSize(AxisSet axes) const {
+    axes = canonical(axes);
     int64_t g = 1;
     for (MeshAxis axis : kMeshAxes)
       if (axes.contains(axis))
         g *= (*this)[axis];
+    if (axes.bits() & kDpShardBit)
+      g *= shardGroupSize();
+    if (axes.bits() & kDpReplicaBit)
+      g *= shardGroups();
     return g;
   }
   int64_t worldSize() const { return groupSize(AxisSet::all()); }
@@ -141,13 +202,24 @@ struct MeshShape {
     for (MeshAxis axis : kMeshAxes)
       if ((*this)[axis] > 1)
         active |= axis;
+    if (hybrid()) {
+      if (shardGroupSize() > 1)
+        active |= AxisSet::dpShard();
+      if (shardGroups() > 1)
+        active |= AxisSet::dpReplica();
+    }
     return active;
+  }
+  // `axes` restricted to the active ones, in one spelling: equal results
+  // mean equal groups.
+  AxisSet effective(AxisSet axes) const {
+    return canonical(axes) & activeAxes();
   }
   bool operator==(const MeshShape &o) const {
     for (MeshAxis axis : kMeshAxes)
       if ((*this)[axis] != o[axis])
         return false;
-    return true;
+    return (hybrid() ? dpShard : 0) == (o.hybrid() ? o.dpShard : 0);
   }
   bool operator!=(const MeshShape &o) const { return !(*this == o); }
   // "dp=2 tp=4" (axes of size 1 left out; "1 rank" when all are).
@@ -157,6 +229,8 @@ struct MeshShape {
       if ((*this)[axis] > 1)
         text += (text.empty() ? "" : " ") + std::string(meshAxisName(axis)) +
                 "=" + std::to_string((*this)[axis]);
+    if (hybrid())
+      text += " zero_group=" + std::to_string(dpShard);
     return text.empty() ? "1 rank" : text;
   }
 };
@@ -206,22 +280,12 @@ public:
   // This rank's index in its group over `axes`: the group's ranks ordered
   // by world rank (outer axes vary slowest).
   int64_t groupRank(int64_t rank, AxisSet axes) const {
-    MeshCoords c = coordsOf(rank);
-    int64_t index = 0;
-    for (MeshAxis axis : kRankOrder)
-      if (axes.contains(axis))
-        index = index * shape_[axis] + c[axis];
-    return index;
+    return fold(rank, shape_.effective(axes), /*inGroup=*/true);
   }
   // Equal for exactly the ranks of one group over `axes` (their
   // coordinates along every other axis).
   int64_t groupColor(int64_t rank, AxisSet axes) const {
-    MeshCoords c = coordsOf(rank);
-    int64_t color = 0;
-    for (MeshAxis axis : kRankOrder)
-      if (!axes.contains(axis))
-        color = color * shape_[axis] + c[axis];
-    return color;
+    return fold(rank, shape_.effective(axes), /*inGroup=*/false);
   }
   // The rank whose coordinate along `axis` is `rank`'s plus `offset`, all
   // others equal; none when that leaves the mesh.
@@ -258,6 +322,30 @@ public:
   }
 
 private:
+  // The mixed-radix number of `rank`'s coordinates along the axes of
+  // `axes` (inGroup) or along the others, outermost first; dp counts as
+  // its replica then its shard coordinate.
+  int64_t fold(int64_t rank, AxisSet axes, bool inGroup) const {
+    MeshCoords c = coordsOf(rank);
+    int64_t number = 0;
+    auto digit = [&](bool member, int64_t size, int64_t value) {
+      if (member == inGroup)
+        number = number * size + value;
+    };
+    for (MeshAxis axis : kRankOrder) {
+      if (axis != MeshAxis::DP || !shape_.hybrid()) {
+        digit(axes.contains(axis), shape_[axis], c[axis]);
+        continue;
+      }
+      bool whole = axes.contains(MeshAxis::DP);
+      int64_t g = shape_.dpShard;
+      digit(whole || (axes.bits() & kDpReplicaBit), shape_.shardGroups(),
+            c[axis] / g);
+      digit(whole || (axes.bits() & kDpShardBit), g, c[axis] % g);
+    }
+    return number;
+  }
+
   MeshShape shape_;
   int64_t virtualStages_ = 1;
 };

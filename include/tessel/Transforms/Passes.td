@@ -328,6 +328,13 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     last read; slots are shared by runs whose holds do not overlap. AdamW
     updates the pieces (`piece_params`) and nothing is gathered after the
     update.
+
+    With hybrid sharding (the mesh's `zero_group` g below dp) "dp" above is
+    the shard group, `dp_shard`: pieces of ceil(n / g), cut, gathered and
+    measured within it. Each piece is summed over the groups' replicas,
+    `dp_replica`, as well: by the in-place reduce-scatter itself (over
+    `dp_shard, dp_replica`) for a run kept whole, and with the tp sum at the
+    start of the update for a staged run.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,

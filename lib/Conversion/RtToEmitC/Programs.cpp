@@ -464,6 +464,12 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
           b.getStringAttr("{}.mesh[" + axisLiteral(axis) +
                           "] = " + std::to_string(mesh[axis]) + ";"),
           ValueRange{var});
+  if (mesh.hybrid())
+    b.create<emitc::VerbatimOp>(
+        loc,
+        b.getStringAttr("{}.mesh.dpShard = " + std::to_string(mesh.dpShard) +
+                        ";"),
+        ValueRange{var});
   if (failed(target.addDeviceSetup(device, var, b)))
     return failure();
   if (gradientCheck) {

@@ -124,7 +124,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using rt::CollectiveKind;
 
-constexpr unsigned kNumAxisSets = 1u << tessel::kNumMeshAxes;
+constexpr unsigned kNumAxisSets = 1u << tessel::kNumAxisBits;
 constexpr unsigned kAllAxes = kNumAxisSets - 1;
 // Events the watchdog pool starts with; it grows if more are in flight.
 constexpr int kInitialEvents = 256;
@@ -257,8 +257,7 @@ std::string axesName(unsigned axes) { return AxisSet::fromBits(axes).str(); }
 
 // `axes` restricted to the axes of size > 1: equal masks mean equal groups.
 unsigned effectiveAxes(unsigned axes) {
-  return (AxisSet::fromBits(axes) & rt::meshLayout().shape().activeAxes())
-      .bits();
+  return rt::meshLayout().shape().effective(AxisSet::fromBits(axes)).bits();
 }
 
 void checkAxes(unsigned axes, const char *what) {
@@ -758,7 +757,8 @@ void commStart(const DeviceProgram &program, int device) {
     return;
 
   // Bit m: axis set m needs a communicator on some rank.
-  uint32_t wanted = 0;
+  static_assert(kNumAxisSets <= 128, "two 64-bit words of axis sets");
+  uint64_t wanted[2] = {0, 0};
   if (program.numCommAxes > 0 && !program.commAxes)
     throw std::runtime_error("DeviceProgram::commAxes is null");
   for (int i = 0; i < program.numCommAxes; i++) {
@@ -767,10 +767,11 @@ void commStart(const DeviceProgram &program, int device) {
       throw std::runtime_error("DeviceProgram::commAxes holds an invalid axis "
                                "set " +
                                std::to_string(axes));
-    wanted |= 1u << effectiveAxes(axes);
+    unsigned set = effectiveAxes(axes);
+    wanted[set / 64] |= uint64_t(1) << (set % 64);
   }
-  wanted &= ~1u; // the empty set: groups of one rank
-  checkMpi(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_UINT32_T, MPI_BOR,
+  wanted[0] &= ~uint64_t(1); // the empty set: groups of one rank
+  checkMpi(MPI_Allreduce(MPI_IN_PLACE, wanted, 2, MPI_UINT64_T, MPI_BOR,
                          MPI_COMM_WORLD),
            "MPI_Allreduce");
 
@@ -822,7 +823,7 @@ void commStart(const DeviceProgram &program, int device) {
         call.c_str());
   };
   for (unsigned axes = 1; axes < kNumAxisSets; axes++)
-    if (wanted & (1u << axes))
+    if (wanted[axes / 64] & (uint64_t(1) << (axes % 64)))
       split(axes, &s.comms[axes], axesName(axes));
   // The point-to-point channels, in increasing (offset, parity) order on
   // every rank, including those this rank never uses: each split is
@@ -1148,16 +1149,50 @@ ncclComm_t reduceScatterShardsComm(int64_t n, unsigned axes,
   return commFor(axes, name);
 }
 
+// Hybrid sharding: after the pieces are reduced within the shard group,
+// this rank's piece (at `piece`, `n` the run's elements over the group of
+// `axes`) is summed over the replicas of the group, on the same stream.
+// Counted as an all-reduce of a whole piece, as the plan counts it.
+struct ReplicaSum {
+  unsigned replicas = 0;
+  ncclComm_t comm = nullptr;
+  detail::PieceRange own{0, 0};
+
+  ReplicaSum(unsigned replicas, int64_t n, unsigned axes) : replicas(replicas) {
+    if (!replicas)
+      return;
+    checkAxes(replicas, "reduceScatterShards");
+    int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
+    own = detail::inPiece(0, n, c, rt::groupRank(axes));
+    count(CollectiveKind::AllReduce, c,
+          rt::allReduceBytesSent(c, rt::groupSize(replicas)));
+    comm = commFor(replicas,
+                   rt::collectiveName(CollectiveKind::AllReduce));
+  }
+  // Enqueues the sum of the piece that starts at `piece`.
+  void enqueue(float *piece, const char *name, unsigned axes, int64_t n) {
+    if (comm && own.size() > 0)
+      checkNccl(ncclAllReduce(piece, piece, (size_t)own.size(), ncclFloat32,
+                              ncclSum, comm, detail::commStream()),
+                name, replicas, n);
+  }
+};
+
 } // namespace
 
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+  unsigned replicas = axes & tessel::kDpReplicaBit;
+  axes &= ~tessel::kDpReplicaBit;
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
   ncclComm_t comm = reduceScatterShardsComm(n, axes, name);
-  return startedCollective(name, axes, n, comm && n > 0, [&] {
-    perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
-      return ncclReduce(buffer + at, buffer + at, elements, ncclFloat32,
-                        ncclSum, root, comm, detail::commStream());
-    });
+  ReplicaSum sum(replicas, n, axes);
+  return startedCollective(name, axes, n, (comm || sum.comm) && n > 0, [&] {
+    if (comm)
+      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+        return ncclReduce(buffer + at, buffer + at, elements, ncclFloat32,
+                          ncclSum, root, comm, detail::commStream());
+      });
+    sum.enqueue(buffer + sum.own.begin, name, axes, n);
   });
 }
 
@@ -1169,18 +1204,21 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
     commWait(reduceScatterShardsStart(buffer, n, axes));
     return;
   }
+  unsigned replicas = axes & tessel::kDpReplicaBit;
+  axes &= ~tessel::kDpReplicaBit;
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
   ncclComm_t comm = reduceScatterShardsComm(n, axes, name);
-  if (!comm) {
+  ReplicaSum sum(replicas, n, axes);
+  if (!comm)
     copyOnCompute(out, buffer, n);
-    return;
-  }
-  if (n > 0)
+  if ((comm || sum.comm) && n > 0)
     blockingCollective(name, axes, n, [&] {
-      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
-        return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
-                          root, comm, detail::commStream());
-      });
+      if (comm)
+        perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+          return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
+                            root, comm, detail::commStream());
+        });
+      sum.enqueue(out, name, axes, n);
     });
 }
 
