@@ -803,44 +803,24 @@ double BatchPrefetcher::get(int64_t step, int32_t *inputs, int32_t *targets) {
 // Writing, byte encoding, synthetic data
 //===----------------------------------------------------------------------===//
 
-void writeTokenFile(const std::string &path,
-                    const std::vector<int32_t> &tokens) {
-  if (tokens.size() > (size_t)INT32_MAX)
-    fail("cannot write token file " + inQuotes(path) + ": " +
-         std::to_string(tokens.size()) +
-         " tokens exceed the int32 count in the header");
-  int32_t maxToken = 0;
-  for (size_t i = 0; i < tokens.size(); i++) {
-    if (tokens[i] < 0)
-      fail("cannot write token file " + inQuotes(path) + ": negative token " +
-           std::to_string(tokens[i]) + " at position " + std::to_string(i));
-    maxToken = std::max(maxToken, tokens[i]);
-  }
-  bool narrow = maxToken < 65536;
-  int32_t header[kTokenHeaderInts] = {};
-  header[0] = narrow ? kTokenMagicU16 : kTokenMagicU32;
-  header[1] = narrow ? kTokenVersionU16 : kTokenVersionU32;
-  header[2] = (int32_t)tokens.size();
+namespace {
 
+// Writes `parts` one after another to `path` through a temporary file
+// beside it, renamed into place only once complete.
+void writeAtomically(const std::string &path, const std::string &what,
+                     const std::vector<std::pair<const void *, size_t>> &parts) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
   if (!f)
     fail("cannot create " + inQuotes(tmp) + ": " + std::strerror(errno));
-  bool ok = std::fwrite(header, sizeof(header), 1, f) == 1;
-  if (narrow) {
-    std::vector<uint16_t> out(tokens.begin(), tokens.end());
-    ok = ok &&
-         std::fwrite(out.data(), sizeof(uint16_t), out.size(), f) == out.size();
-  } else {
-    std::vector<uint32_t> out(tokens.begin(), tokens.end());
-    ok = ok &&
-         std::fwrite(out.data(), sizeof(uint32_t), out.size(), f) == out.size();
-  }
+  bool ok = true;
+  for (auto [data, bytes] : parts)
+    ok = ok && (bytes == 0 || std::fwrite(data, bytes, 1, f) == 1);
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) {
     int err = errno;
     std::remove(tmp.c_str());
-    fail("cannot write token file " + inQuotes(path) + ": " +
+    fail("cannot write " + what + " " + inQuotes(path) + ": " +
          std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -849,6 +829,106 @@ void writeTokenFile(const std::string &path,
     fail("cannot rename " + inQuotes(tmp) + " to " + inQuotes(path) + ": " +
          std::strerror(err));
   }
+}
+
+// The largest token, after checking that none is negative.
+int32_t checkedMaxToken(const std::vector<int32_t> &tokens,
+                        const std::string &path) {
+  int32_t maxToken = 0;
+  for (size_t i = 0; i < tokens.size(); i++) {
+    if (tokens[i] < 0)
+      fail("cannot write " + inQuotes(path) + ": negative token " +
+           std::to_string(tokens[i]) + " at position " + std::to_string(i));
+    maxToken = std::max(maxToken, tokens[i]);
+  }
+  return maxToken;
+}
+
+} // namespace
+
+void writeTokenFile(const std::string &path,
+                    const std::vector<int32_t> &tokens) {
+  if (tokens.size() > (size_t)INT32_MAX)
+    fail("cannot write token file " + inQuotes(path) + ": " +
+         std::to_string(tokens.size()) +
+         " tokens exceed the int32 count in the header");
+  bool narrow = checkedMaxToken(tokens, path) < 65536;
+  int32_t header[kTokenHeaderInts] = {};
+  header[0] = narrow ? kTokenMagicU16 : kTokenMagicU32;
+  header[1] = narrow ? kTokenVersionU16 : kTokenVersionU32;
+  header[2] = (int32_t)tokens.size();
+  std::vector<uint16_t> u16;
+  std::vector<uint32_t> u32;
+  std::pair<const void *, size_t> body;
+  if (narrow) {
+    u16.assign(tokens.begin(), tokens.end());
+    body = {u16.data(), u16.size() * sizeof(uint16_t)};
+  } else {
+    u32.assign(tokens.begin(), tokens.end());
+    body = {u32.data(), u32.size() * sizeof(uint32_t)};
+  }
+  writeAtomically(path, "token file", {{header, sizeof(header)}, body});
+}
+
+void writeMegatronDataset(const std::string &prefix,
+                          const std::vector<int32_t> &tokens,
+                          const std::vector<int64_t> &documentEnds) {
+  bool narrow = checkedMaxToken(tokens, prefix + ".bin") < 65536;
+  int64_t previous = 0;
+  for (int64_t end : documentEnds) {
+    if (end < previous || end > (int64_t)tokens.size() ||
+        end - previous > INT32_MAX)
+      fail("cannot write Megatron dataset " + inQuotes(prefix) +
+           ": document ends are not increasing within the tokens");
+    previous = end;
+  }
+  if (previous != (int64_t)tokens.size())
+    fail("cannot write Megatron dataset " + inQuotes(prefix) +
+         ": the last document does not end with the tokens");
+  // The tokens: uint16 (dtype code 8) or int32 (code 4).
+  int width = narrow ? 2 : 4;
+  std::vector<uint16_t> u16;
+  std::vector<int32_t> i32;
+  std::pair<const void *, size_t> body;
+  if (narrow) {
+    u16.assign(tokens.begin(), tokens.end());
+    body = {u16.data(), u16.size() * 2};
+  } else {
+    i32 = tokens;
+    body = {i32.data(), i32.size() * 4};
+  }
+  // The index (MMIDIDX version 1): one sequence per document, its length
+  // and byte offset, and the document index [0, 1, ..., documents].
+  uint64_t sequences = documentEnds.size();
+  std::string index("MMIDIDX\0\0", 9);
+  auto put = [&](const void *data, size_t bytes) {
+    index.append((const char *)data, bytes);
+  };
+  uint64_t version = 1, documents = sequences + 1;
+  uint8_t code = narrow ? 8 : 4;
+  put(&version, 8);
+  put(&code, 1);
+  put(&sequences, 8);
+  put(&documents, 8);
+  previous = 0;
+  for (int64_t end : documentEnds) {
+    int32_t length = (int32_t)(end - previous);
+    put(&length, 4);
+    previous = end;
+  }
+  previous = 0;
+  for (int64_t end : documentEnds) {
+    int64_t pointer = previous * width;
+    put(&pointer, 8);
+    previous = end;
+  }
+  for (uint64_t d = 0; d < documents; d++) {
+    int64_t entry = (int64_t)d;
+    put(&entry, 8);
+  }
+  // The data first: an index names a complete .bin.
+  writeAtomically(prefix + ".bin", "Megatron data file", {body});
+  writeAtomically(prefix + ".idx", "Megatron index", {{index.data(), index.size()}});
 }
 
 std::vector<int32_t> encodeTextBytes(std::string_view text) {

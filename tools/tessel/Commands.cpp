@@ -2,6 +2,7 @@
 
 #include "Commands.h"
 #include "Textbook.h"
+#include "Tokenizer.h"
 
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Runtime/Checkpoint.h"
@@ -798,9 +799,139 @@ static int dataInspect(ArrayRef<std::string> args) {
   }
 }
 
+// tessel data prepare INPUT... -o OUT: text files (one document each) or
+// JSON lines (a document per line, its `text` field) tokenized by bytes or
+// by GPT-2's BPE, written as an llm.c token file or a Megatron dataset.
+static int dataPrepare(ArrayRef<std::string> args) {
+  const char *usage =
+      "usage: tessel data prepare INPUT... -o OUTPUT [--format llmc|megatron] "
+      "[--tokenizer bytes|gpt2 --vocab-json vocab.json --merges merges.txt] "
+      "[--json-key text]\n";
+  std::vector<std::string> inputs;
+  std::string output, format = "llmc", tokenizer = "bytes", vocabJson, merges,
+                      jsonKey = "text";
+  for (size_t i = 1; i < args.size(); ++i) {
+    auto value = [&](std::string &out) {
+      if (i + 1 >= args.size()) {
+        errs() << "tessel data prepare: " << args[i] << " expects a value\n";
+        return false;
+      }
+      out = args[++i];
+      return true;
+    };
+    bool ok = true;
+    if (args[i] == "-o")
+      ok = value(output);
+    else if (args[i] == "--format")
+      ok = value(format);
+    else if (args[i] == "--tokenizer")
+      ok = value(tokenizer);
+    else if (args[i] == "--vocab-json")
+      ok = value(vocabJson);
+    else if (args[i] == "--merges")
+      ok = value(merges);
+    else if (args[i] == "--json-key")
+      ok = value(jsonKey);
+    else if (!args[i].empty() && args[i][0] != '-')
+      inputs.push_back(args[i]);
+    else {
+      errs() << "tessel data prepare: unknown argument '" << args[i] << "'\n"
+             << usage;
+      return 2;
+    }
+    if (!ok)
+      return 2;
+  }
+  if (inputs.empty() || output.empty()) {
+    errs() << usage;
+    return 2;
+  }
+  if (format != "llmc" && format != "megatron")
+    return fail("data prepare: --format is llmc or megatron, not '" + format +
+                "'");
+  if (tokenizer != "bytes" && tokenizer != "gpt2")
+    return fail("data prepare: --tokenizer is bytes or gpt2, not '" +
+                tokenizer + "'");
+  if (tokenizer == "gpt2" && (vocabJson.empty() || merges.empty()))
+    return fail("data prepare: --tokenizer gpt2 needs --vocab-json and "
+                "--merges (a Hugging Face GPT-2 tokenizer's vocab.json and "
+                "merges.txt)");
+  if (tokenizer == "bytes" && (!vocabJson.empty() || !merges.empty()))
+    return fail("data prepare: --vocab-json and --merges are for "
+                "--tokenizer gpt2");
+  try {
+    std::optional<tessel::Gpt2Bpe> bpe;
+    if (tokenizer == "gpt2")
+      bpe = tessel::Gpt2Bpe::load(vocabJson, merges);
+    // llm.c starts each document with <|endoftext|>, Megatron ends each
+    // with it (--append-eod); bytes have no such token.
+    int32_t eot = bpe ? bpe->endOfText() : -1;
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> ends;
+    auto document = [&](std::string_view text) {
+      if (eot >= 0 && format == "llmc")
+        tokens.push_back(eot);
+      if (bpe) {
+        bpe->encode(text, tokens);
+      } else {
+        std::vector<int32_t> bytes = tessel::rt::encodeTextBytes(text);
+        tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+      }
+      if (eot >= 0 && format == "megatron")
+        tokens.push_back(eot);
+      ends.push_back((int64_t)tokens.size());
+    };
+    for (const std::string &input : inputs) {
+      auto text = MemoryBuffer::getFile(input, /*IsText=*/false,
+                                        /*RequiresNullTerminator=*/false);
+      if (!text)
+        return fail(input + ": " + text.getError().message());
+      StringRef body = (*text)->getBuffer();
+      if (!StringRef(input).ends_with(".jsonl") &&
+          !StringRef(input).ends_with(".json")) {
+        document(std::string_view(body.data(), body.size()));
+        continue;
+      }
+      // JSON lines: one document per non-empty line.
+      int64_t number = 0;
+      while (!body.empty()) {
+        auto [line, rest] = body.split('\n');
+        body = rest;
+        number++;
+        if (line.trim().empty())
+          continue;
+        nlohmann::json record =
+            nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+        if (!record.is_object() || !record.contains(jsonKey) ||
+            !record[jsonKey].is_string())
+          return fail(input + " line " + Twine(number) +
+                      ": not a JSON object with a string field '" + jsonKey +
+                      "' (--json-key names the field)");
+        document(record[jsonKey].get_ref<const std::string &>());
+      }
+    }
+    int64_t vocab = bpe ? bpe->vocabSize() : 256;
+    if (format == "llmc")
+      tessel::rt::writeTokenFile(output, tokens);
+    else
+      tessel::rt::writeMegatronDataset(output, tokens, ends);
+    outs() << "wrote " << tokens.size() << " tokens of " << ends.size()
+           << " documents to "
+           << (format == "llmc" ? output : output + ".bin and " + output +
+                                               ".idx")
+           << " (" << tokenizer << " tokens: model.vocab_size >= " << vocab
+           << ")\n";
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+  return 0;
+}
+
 int tessel::dataCommand(ArrayRef<std::string> args) {
   const char *usage =
-      "usage: tessel data encode TEXT_FILE -o TOKENS.bin\n"
+      "usage: tessel data prepare INPUT... -o OUTPUT [--format llmc|megatron] "
+      "[--tokenizer bytes|gpt2 --vocab-json F --merges F] [--json-key K]\n"
+      "       tessel data encode TEXT_FILE -o TOKENS.bin\n"
       "       tessel data synth -o TOKENS.bin [--vocab 256] [--tokens N] "
       "[--seed S]\n"
       "       tessel data bench DATA [--vocab V] [--seq-len T] [--batch B] "
@@ -815,6 +946,8 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
     return dataBench(args);
   if (args[0] == "inspect")
     return dataInspect(args);
+  if (args[0] == "prepare")
+    return dataPrepare(args);
   std::string output, input;
   int64_t vocab = 256, count = 1 << 20;
   uint64_t seed = 1234;

@@ -165,6 +165,15 @@ int64_t permute(int64_t index, int64_t n, uint64_t seed, int64_t epoch);
 void writeTokenFile(const std::string &path,
                     const std::vector<int32_t> &tokens);
 
+// Writes tokens as a Megatron indexed dataset, PREFIX.bin and PREFIX.idx
+// (MMIDIDX version 1; uint16 when every token is < 65536, else int32), one
+// sequence per document: document k is tokens [documentEnds[k-1],
+// documentEnds[k]). Each file is written beside its place and renamed into
+// it, the index last.
+void writeMegatronDataset(const std::string &prefix,
+                          const std::vector<int32_t> &tokens,
+                          const std::vector<int64_t> &documentEnds);
+
 // Byte-level tokenisation: each byte of `text` is one token in [0, 256).
 std::vector<int32_t> encodeTextBytes(std::string_view text);
 
