@@ -110,6 +110,49 @@ def train(args):
     print(f"{len(merges)} merges, vocabulary {len(vocab)}")
 
 
+def corpus(args):
+    """Writes --lines lines of varied text (a seeded mix of words in several
+    scripts, numbers, contractions, punctuation, emoji and whitespace runs)
+    as a text file and as JSON lines, a document per 50 lines."""
+    import random
+    rng = random.Random(args.seed)
+    words_ = ("the of and to in is was for on that with as by at from it "
+              "model train data tensor pipeline parallel gradient token Tessel "
+              "Über naïve café façade résumé Straße ÆØÅ "
+              "Ελληνικά αβγ русский язык 中文 字符 日本語 テキスト 한국어 "
+              "עברית العربية हिन्दी ไทย").split()
+    pieces = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "n't", "'S", "''"]
+    marks = list(".,;:!?-()[]{}\"'/\\@#$%^&*_+=<>|~`") + ["...", "--", "—", "–", "…", "«", "»"]
+    numbers = lambda: rng.choice([str(rng.randint(0, 10 ** rng.randint(1, 7))),
+                                  f"{rng.random() * 1000:.3f}", "٣٤٥", "½", "²³", "Ⅻ", "1,024"])
+    spaces = [" ", " ", " ", " ", "  ", "   ", "\t", " \t ", "\u00a0", "\u3000"]
+    emoji = ["🙂", "🚀", "👍🏽", "❤️", "©", "™"]
+    lines = []
+    for _ in range(args.lines):
+        parts = []
+        for _ in range(rng.randint(0, 18)):
+            r = rng.random()
+            if r < 0.6:
+                w = rng.choice(words_)
+                w = w.upper() if rng.random() < 0.05 else w.capitalize() if rng.random() < 0.1 else w
+                parts.append(w + (rng.choice(pieces) if rng.random() < 0.08 else ""))
+            elif r < 0.75:
+                parts.append(numbers())
+            elif r < 0.92:
+                parts.append(rng.choice(marks) * rng.randint(1, 2))
+            else:
+                parts.append(rng.choice(emoji))
+            parts.append(rng.choice(spaces))
+        lines.append("".join(parts).rstrip(" ") if rng.random() < 0.7 else "".join(parts))
+    text = "\n".join(lines) + "\n"
+    with open(args.text, "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(args.jsonl, "w", encoding="utf-8") as f:
+        for k in range(0, len(lines), 50):
+            f.write(json.dumps({"text": "\n".join(lines[k:k + 50])}, ensure_ascii=False) + "\n")
+    print(f"{len(lines)} lines, {len(text)} characters")
+
+
 def documents(paths, key="text"):
     for path in paths:
         if path.endswith(".jsonl") or path.endswith(".json"):
@@ -186,6 +229,12 @@ def main():
     p.add_argument("inputs", nargs="+")
     p.add_argument("--merges", type=int, default=300)
     p.set_defaults(run=train)
+    p = sub.add_parser("corpus")
+    p.add_argument("text")
+    p.add_argument("jsonl")
+    p.add_argument("--lines", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=1)
+    p.set_defaults(run=corpus)
     p = sub.add_parser("compare")
     p.add_argument("format", choices=["llmc", "megatron"])
     p.add_argument("output")

@@ -20,6 +20,7 @@
 
 #include "llvm/Support/raw_ostream.h"
 #include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstring>
 #include <sys/wait.h>
@@ -806,10 +807,10 @@ static int dataPrepare(ArrayRef<std::string> args) {
   const char *usage =
       "usage: tessel data prepare INPUT... -o OUTPUT [--format llmc|megatron] "
       "[--tokenizer bytes|gpt2 --vocab-json vocab.json --merges merges.txt] "
-      "[--json-key text]\n";
+      "[--json-key text] [--workers N]\n";
   std::vector<std::string> inputs;
   std::string output, format = "llmc", tokenizer = "bytes", vocabJson, merges,
-                      jsonKey = "text";
+                      jsonKey = "text", workersText;
   for (size_t i = 1; i < args.size(); ++i) {
     auto value = [&](std::string &out) {
       if (i + 1 >= args.size()) {
@@ -832,6 +833,8 @@ static int dataPrepare(ArrayRef<std::string> args) {
       ok = value(merges);
     else if (args[i] == "--json-key")
       ok = value(jsonKey);
+    else if (args[i] == "--workers")
+      ok = value(workersText);
     else if (!args[i].empty() && args[i][0] != '-')
       inputs.push_back(args[i]);
     else {
@@ -849,6 +852,12 @@ static int dataPrepare(ArrayRef<std::string> args) {
   if (format != "llmc" && format != "megatron")
     return fail("data prepare: --format is llmc or megatron, not '" + format +
                 "'");
+  int workers = std::max(1u, std::thread::hardware_concurrency());
+  if (!workersText.empty() &&
+      (StringRef(workersText).getAsInteger(10, workers) || workers < 1 ||
+       workers > 1024))
+    return fail("data prepare: --workers expects 1 to 1024, got '" +
+                workersText + "'");
   if (tokenizer != "bytes" && tokenizer != "gpt2")
     return fail("data prepare: --tokenizer is bytes or gpt2, not '" +
                 tokenizer + "'");
@@ -868,18 +877,63 @@ static int dataPrepare(ArrayRef<std::string> args) {
     int32_t eot = bpe ? bpe->endOfText() : -1;
     std::vector<int32_t> tokens;
     std::vector<int64_t> ends;
-    auto document = [&](std::string_view text) {
-      if (eot >= 0 && format == "llmc")
-        tokens.push_back(eot);
-      if (bpe) {
-        bpe->encode(text, tokens);
-      } else {
-        std::vector<int32_t> bytes = tessel::rt::encodeTextBytes(text);
-        tokens.insert(tokens.end(), bytes.begin(), bytes.end());
+    // Documents are encoded a batch at a time by `workers` threads, each
+    // with its own tokenizer (and cache), and appended in order.
+    std::vector<tessel::Gpt2Bpe> encoders;
+    if (bpe)
+      encoders.assign(workers, *bpe);
+    std::vector<std::string> batch;
+    int64_t batchBytes = 0, readBytes = 0, totalBytes = 0;
+    for (const std::string &input : inputs) {
+      uint64_t size = 0;
+      if (!sys::fs::file_size(input, size))
+        totalBytes += (int64_t)size;
+    }
+    auto start = std::chrono::steady_clock::now();
+    bool progress = sys::Process::StandardErrIsDisplayed();
+    auto flush = [&] {
+      std::vector<std::vector<int32_t>> encoded(batch.size());
+      auto work = [&](int w) {
+        for (size_t d = w; d < batch.size(); d += workers) {
+          if (bpe)
+            encoders[w].encode(batch[d], encoded[d]);
+          else
+            encoded[d] = tessel::rt::encodeTextBytes(batch[d]);
+        }
+      };
+      std::vector<std::thread> threads;
+      for (int w = 1; w < workers; w++)
+        threads.emplace_back(work, w);
+      work(0);
+      for (std::thread &t : threads)
+        t.join();
+      for (const std::vector<int32_t> &ids : encoded) {
+        if (eot >= 0 && format == "llmc")
+          tokens.push_back(eot);
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+        if (eot >= 0 && format == "megatron")
+          tokens.push_back(eot);
+        ends.push_back((int64_t)tokens.size());
       }
-      if (eot >= 0 && format == "megatron")
-        tokens.push_back(eot);
-      ends.push_back((int64_t)tokens.size());
+      readBytes += batchBytes;
+      batch.clear();
+      batchBytes = 0;
+      if (progress) {
+        double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+        errs() << formatv("\r{0} documents, {1} tokens, {2:f0}% of the "
+                          "input, {3:f0} tokens/s   ",
+                          ends.size(), tokens.size(),
+                          totalBytes ? 100.0 * readBytes / totalBytes : 100.0,
+                          tokens.size() / std::max(seconds, 1e-9));
+      }
+    };
+    auto document = [&](std::string text) {
+      batchBytes += (int64_t)text.size();
+      batch.push_back(std::move(text));
+      if (batch.size() >= 4096 || batchBytes >= (64 << 20))
+        flush();
     };
     for (const std::string &input : inputs) {
       auto text = MemoryBuffer::getFile(input, /*IsText=*/false,
@@ -889,7 +943,7 @@ static int dataPrepare(ArrayRef<std::string> args) {
       StringRef body = (*text)->getBuffer();
       if (!StringRef(input).ends_with(".jsonl") &&
           !StringRef(input).ends_with(".json")) {
-        document(std::string_view(body.data(), body.size()));
+        document(body.str());
         continue;
       }
       // JSON lines: one document per non-empty line.
@@ -907,9 +961,15 @@ static int dataPrepare(ArrayRef<std::string> args) {
           return fail(input + " line " + Twine(number) +
                       ": not a JSON object with a string field '" + jsonKey +
                       "' (--json-key names the field)");
-        document(record[jsonKey].get_ref<const std::string &>());
+        document(record[jsonKey].get<std::string>());
       }
     }
+    flush();
+    if (progress)
+      errs() << "\n";
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     int64_t vocab = bpe ? bpe->vocabSize() : 256;
     if (format == "llmc")
       tessel::rt::writeTokenFile(output, tokens);
@@ -921,6 +981,11 @@ static int dataPrepare(ArrayRef<std::string> args) {
                                                ".idx")
            << " (" << tokenizer << " tokens: model.vocab_size >= " << vocab
            << ")\n";
+    outs() << formatv("  {0} MB of text in {1:f2} s: {2:f0} tokens/s with {3} "
+                      "worker{4}\n",
+                      formatv("{0:f1}", readBytes / 1e6), seconds,
+                      tokens.size() / std::max(seconds, 1e-9), workers,
+                      workers == 1 ? "" : "s");
   } catch (const std::exception &e) {
     return fail(e.what());
   }
