@@ -135,6 +135,28 @@ public:
   Waiting &operator=(const Waiting &) = delete;
 };
 
+// A blocking collective's span on the trace's program track, with its
+// group and bytes, for as long as it lives.
+class Traced {
+public:
+  Traced(const char *name, unsigned axes, int64_t bytes)
+      : name(traceEnabled() ? name : nullptr), axes(axes), bytes(bytes),
+        start(this->name ? traceNowMicros() : 0) {}
+  ~Traced() {
+    if (name)
+      traceRecordCollective(name, start, bytes, AxisSet::fromBits(axes).str(),
+                            /*track=*/0);
+  }
+  Traced(const Traced &) = delete;
+  Traced &operator=(const Traced &) = delete;
+
+private:
+  const char *name;
+  unsigned axes;
+  int64_t bytes;
+  double start;
+};
+
 void watchdogLoop() {
   Watchdog &w = watchdog();
   auto period = std::chrono::milliseconds(
@@ -400,6 +422,7 @@ static void allReduceInPlace(void *buffer, int64_t n, MPI_Datatype type,
   if (g == 1)
     return;
   MPI_Comm comm = state().comms[effectiveAxes(axes)];
+  Traced traced("all_reduce", axes, allReduceBytesSent(n, g, elementBytes));
   Waiting waiting("%s over %s (group of %lld, %lld elements)", what,
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,
                   (long long)n);
@@ -425,6 +448,7 @@ void allGather(const float *in, float *out, int64_t n, unsigned axes) {
       std::memmove(out, in, (size_t)n * sizeof(float));
     return;
   }
+  Traced traced("all_gather", axes, allGatherBytesSent(n, g));
   Waiting waiting("allGather over %s (group of %lld, %lld elements)",
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,
                   (long long)n);
@@ -443,6 +467,7 @@ void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes) {
       std::memmove(out, in, (size_t)n * sizeof(float));
     return;
   }
+  Traced traced("reduce_scatter", axes, reduceScatterBytesSent(n, g));
   Waiting waiting("reduceScatterSum over %s (group of %lld, %lld elements)",
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,
                   (long long)n);
@@ -575,6 +600,8 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
   std::vector<int> counts(g);
   for (int64_t r = 0; r < g; ++r)
     counts[r] = pieceCount(n, g, r);
+  Traced traced("reduce_scatter", axes,
+                reduceScatterBytesSent(pieceSize(n, g), g));
   Waiting waiting("reduceScatterShards over %s (group of %lld, %lld elements)",
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,
                   (long long)n);
@@ -610,6 +637,7 @@ void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
     counts[r] = pieceCount(n, g, r);
     offsets[r] = (int)inPiece(0, n, c, r).begin;
   }
+  Traced traced("all_gather", axes, allGatherBytesSent(c, g));
   Waiting waiting("allGatherShards over %s (group of %lld, %lld elements)",
                   AxisSet::fromBits(axes).str().c_str(), (long long)g,
                   (long long)n);

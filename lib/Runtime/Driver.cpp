@@ -1209,6 +1209,15 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (!opts.trace.empty()) {
     trace = rankFileName(opts.trace, commRank());
     checkWritable(trace, "trace");
+    // A common instant for `tessel trace merge` to align the ranks' clocks
+    // by: leaving a barrier (the second of two, which all enter together).
+    {
+      UncountedCollectives notTraffic;
+      float zero = 0;
+      for (int k = 0; k < 2; k++)
+        allReduceSum(&zero, 1, AxisSet::all().bits());
+    }
+    traceSetSync(traceNowMicros());
     traceEnable(true);
   }
 

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
+
+#include <unistd.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@ struct Event {
 };
 bool enabled = false;
 std::vector<Event> events;
+double syncMicros = 0;
 const auto origin = std::chrono::steady_clock::now();
 } // namespace
 
@@ -42,9 +45,12 @@ void traceRecord(const char *name, int64_t detail, double startMicros) {
 }
 
 void traceRecordCollective(const char *name, double startMicros, int64_t bytes,
-                           const std::string &group) {
-  events.push_back({name, -1, startMicros, traceNowMicros(), 1, bytes, group});
+                           const std::string &group, int track) {
+  events.push_back(
+      {name, -1, startMicros, traceNowMicros(), track, bytes, group});
 }
+
+void traceSetSync(double micros) { syncMicros = micros; }
 
 void traceWrite(const std::string &path, int rank) {
   std::string tmp = path + ".tmp";
@@ -61,7 +67,7 @@ void traceWrite(const std::string &path, int rank) {
   for (size_t i = 0; i < events.size(); ++i) {
     const Event &e = events[i];
     std::string args = "\"id\": " + std::to_string(e.detail);
-    if (e.track == 1)
+    if (!e.group.empty())
       args = "\"bytes\": " + std::to_string(e.bytes) + ", \"group\": \"" +
              e.group + "\"";
     std::fprintf(f,
@@ -70,7 +76,22 @@ void traceWrite(const std::string &path, int rank) {
                  e.name, rank, e.track, e.start, e.end - e.start, args.c_str(),
                  i + 1 < events.size() ? "," : "");
   }
-  std::fprintf(f, "], \"displayTimeUnit\": \"ms\"}\n");
+  // Where the trace's time 0 is on this host's monotonic clock (shared by
+  // the processes of one host), and the host.
+  char host[256] = "";
+  ::gethostname(host, sizeof(host) - 1);
+  std::string hostName;
+  for (const char *c = host; *c; ++c)
+    if (*c != '"' && *c != '\\' && (unsigned char)*c >= 0x20)
+      hostName += *c;
+  double origin_us = std::chrono::duration<double, std::micro>(
+                         origin.time_since_epoch())
+                         .count();
+  std::fprintf(f,
+               "], \"displayTimeUnit\": \"ms\", \"otherData\": {\"rank\": %d, "
+               "\"sync_us\": %.3f, \"clock_origin_us\": %.3f, \"host\": "
+               "\"%s\"}}\n",
+               rank, syncMicros, origin_us, hostName.c_str());
   if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0)
     throw std::runtime_error("cannot write the trace '" + path + "'");
 }

@@ -516,6 +516,51 @@ def prefetch(args):
     print(f"{len(flights)} gathers prefetched over {steps} steps")
 
 
+def merged_trace(args):
+    """`tessel trace merge`: one process per rank, every event of every rank
+    file there with its time moved onto the host's clock (time 0: the first
+    rank to leave the start barrier), blocking collectives with their group
+    and bytes, and the clocks aligned: the ranks of a data-parallel group
+    leave each gradient all-reduce together (median difference of its end
+    under --within ms)."""
+    merged = json.load(open(args.merged))["traceEvents"]
+    base, ext = os.path.splitext(args.trace)
+    files = sorted(glob.glob(f"{base}.rank*{ext}"))
+    names = {e["pid"]: e["args"]["name"] for e in merged
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    if sorted(names) != list(range(len(files))) or \
+            any(names[r] != f"rank {r}" for r in names):
+        fail(f"processes {names} for {len(files)} rank files")
+    by_rank = {}
+    traces = [json.load(open(f)) for f in files]
+    zero = min(t["otherData"]["clock_origin_us"] + t["otherData"]["sync_us"] for t in traces)
+    for t in traces:
+        rank, origin = t["otherData"]["rank"], t["otherData"]["clock_origin_us"]
+        want = sorted((e["name"], e["tid"], round(e["ts"] + origin - zero, 3))
+                      for e in t["traceEvents"] if e["ph"] == "X")
+        got = sorted((e["name"], e["tid"], round(e["ts"], 3)) for e in merged
+                     if e["ph"] == "X" and e["pid"] == rank)
+        if want != got:
+            fail(f"rank {rank}: {len(got)} merged events differ from its file's {len(want)}")
+        by_rank[rank] = [e for e in merged if e["ph"] == "X" and e["pid"] == rank]
+    reduces = {r: sorted((e for e in ev if e["name"] == "all_reduce" and e["tid"] == 0
+                          and e["args"].get("group") == args.group
+                          and e["args"].get("bytes", 0) > 0), key=lambda e: e["ts"])
+               for r, ev in by_rank.items()}
+    a, b = args.peers
+    if not reduces[a] or len(reduces[a]) != len(reduces[b]):
+        fail(f"ranks {a} and {b}: {len(reduces[a])} and {len(reduces[b])} all-reduces "
+             f"over {args.group} with their bytes")
+    gaps = sorted(abs((x["ts"] + x["dur"]) - (y["ts"] + y["dur"])) / 1e3
+                  for x, y in zip(reduces[a], reduces[b]))
+    median = gaps[len(gaps) // 2]
+    if median > args.within:
+        fail(f"ranks {a} and {b} end their all-reduces {median:.3f} ms apart "
+             f"(median), more than {args.within} ms: the clocks are not aligned")
+    print(f"{len(files)} ranks merged; {len(gaps)} all-reduces over {args.group} end "
+          f"together within {args.within} ms (median)")
+
+
 def resume_matrix(args):
     """Sharded checkpoints resume at any layout: each layout trains --half
     steps of --steps into a checkpoint directory; every layout resumes from
@@ -631,6 +676,13 @@ def main():
     p = sub.add_parser("textbook")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.set_defaults(run=textbook)
+    p = sub.add_parser("merged-trace")
+    p.add_argument("merged")
+    p.add_argument("trace")
+    p.add_argument("--group", default="dp")
+    p.add_argument("--peers", type=int, nargs=2, default=[0, 1])
+    p.add_argument("--within", type=float, default=2.0)
+    p.set_defaults(run=merged_trace)
     p = sub.add_parser("resume-matrix")
     p.add_argument("work")
     p.add_argument("layouts", nargs="+")

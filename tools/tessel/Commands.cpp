@@ -20,6 +20,7 @@
 
 #include "llvm/Support/raw_ostream.h"
 #include <chrono>
+#include <set>
 #include <thread>
 #include <csignal>
 #include <cstring>
@@ -1078,5 +1079,154 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
   } catch (const std::exception &e) {
     return fail(e.what());
   }
+  return 0;
+}
+
+// tessel trace merge TRACE... -o OUT: the Chrome traces `--trace` wrote,
+// one per rank, as one trace with a process per rank, the ranks' times on
+// one clock.
+int tessel::traceCommand(ArrayRef<std::string> args) {
+  const char *usage = "usage: tessel trace merge TRACE... -o MERGED.json\n"
+                      "  TRACE: the --trace FILE of a run (its FILE.rankR "
+                      "files are read) or rank files\n";
+  if (args.empty() || args[0] != "merge") {
+    errs() << usage;
+    return 2;
+  }
+  std::vector<std::string> inputs;
+  std::string output;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "-o" && i + 1 < args.size())
+      output = args[++i];
+    else if (!args[i].empty() && args[i][0] != '-')
+      inputs.push_back(args[i]);
+    else {
+      errs() << "tessel trace merge: unknown argument '" << args[i] << "'\n"
+             << usage;
+      return 2;
+    }
+  }
+  if (inputs.empty() || output.empty()) {
+    errs() << usage;
+    return 2;
+  }
+  // A run's --trace FILE stands for FILE.rank0..., as the runtime names
+  // them (tessel/Runtime/Driver.cpp, rankFileName).
+  std::vector<std::string> files;
+  for (const std::string &input : inputs) {
+    if (sys::fs::exists(input)) {
+      files.push_back(input);
+      continue;
+    }
+    StringRef ext = sys::path::extension(input);
+    std::string stem = input.substr(0, input.size() - ext.size());
+    size_t before = files.size();
+    for (int r = 0;; r++) {
+      std::string rank = stem + ".rank" + std::to_string(r) + ext.str();
+      if (!sys::fs::exists(rank))
+        break;
+      files.push_back(rank);
+    }
+    if (files.size() == before)
+      return fail("trace merge: " + input + " does not exist, nor do its "
+                  "rank files (" + stem + ".rank0" + ext + ", ...)");
+  }
+  // Each rank's time 0 on a common clock. Ranks of one host share its
+  // monotonic clock (otherData.clock_origin_us), which aligns them
+  // exactly; across hosts the instant every rank left the start barrier
+  // (sync_us) is taken as simultaneous.
+  std::vector<nlohmann::json> traces;
+  std::set<std::string> hosts;
+  for (const std::string &file : files) {
+    auto text = MemoryBuffer::getFile(file);
+    if (!text)
+      return fail(file + ": " + text.getError().message());
+    nlohmann::json trace = nlohmann::json::parse(
+        (*text)->getBuffer().begin(), (*text)->getBuffer().end(), nullptr,
+        false);
+    if (!trace.is_object() || !trace.contains("traceEvents") ||
+        !trace["traceEvents"].is_array())
+      return fail(file + ": not a Chrome trace (no traceEvents list)");
+    const nlohmann::json *other =
+        trace.contains("otherData") ? &trace["otherData"] : nullptr;
+    if (!other || !other->contains("rank") || !other->contains("sync_us") ||
+        !other->contains("clock_origin_us") ||
+        !(*other)["rank"].is_number_integer() ||
+        !(*other)["sync_us"].is_number() ||
+        !(*other)["clock_origin_us"].is_number())
+      return fail(file + ": has no otherData.rank and sync_us (not written "
+                  "by tessel run --trace, or by an older version)");
+    hosts.insert(other->value("host", std::string()));
+    traces.push_back(std::move(trace));
+  }
+  bool oneHost = hosts.size() == 1;
+  // One host: times relative to the earliest barrier exit, on its clock.
+  double zero = 0;
+  for (size_t k = 0; k < traces.size(); k++) {
+    const nlohmann::json &o = traces[k]["otherData"];
+    double at = o["clock_origin_us"].get<double>() + o["sync_us"].get<double>();
+    zero = k == 0 ? at : std::min(zero, at);
+  }
+  nlohmann::json merged = nlohmann::json::array();
+  std::set<int64_t> ranks;
+  size_t events = 0;
+  for (size_t k = 0; k < traces.size(); k++) {
+    const std::string &file = files[k];
+    nlohmann::json &trace = traces[k];
+    const nlohmann::json &other = trace["otherData"];
+    int64_t rank = other["rank"].get<int64_t>();
+    double shift = oneHost
+                       ? other["clock_origin_us"].get<double>() - zero
+                       : -other["sync_us"].get<double>();
+    if (!ranks.insert(rank).second)
+      return fail(file + ": rank " + Twine(rank) + " is given twice");
+    merged.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"args", {{"name", "rank " + std::to_string(rank)}}}});
+    merged.push_back({{"name", "process_sort_index"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"args", {{"sort_index", rank}}}});
+    for (nlohmann::json event : trace["traceEvents"]) {
+      if (!event.is_object())
+        return fail(file + ": a trace event is not an object");
+      event["pid"] = rank;
+      if (event.contains("ts") && event["ts"].is_number())
+        event["ts"] = event["ts"].get<double>() + shift;
+      merged.push_back(std::move(event));
+      events++;
+    }
+  }
+  nlohmann::json out = {{"traceEvents", std::move(merged)},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData",
+                         {{"ranks", ranks.size()},
+                          {"aligned", oneHost ? "one host's monotonic clock"
+                                              : "the start barrier"}}}};
+  std::string tmp = output + ".tmp";
+  {
+    std::error_code ec;
+    raw_fd_ostream file(tmp, ec);
+    if (ec)
+      return fail("cannot write " + tmp + ": " + ec.message());
+    file << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << "\n";
+    file.close();
+    if (file.has_error()) {
+      sys::fs::remove(tmp);
+      return fail("cannot write " + output);
+    }
+  }
+  if (std::error_code ec = sys::fs::rename(tmp, output)) {
+    sys::fs::remove(tmp);
+    return fail("cannot write " + output + ": " + ec.message());
+  }
+  outs() << "merged " << ranks.size() << " ranks (" << events
+         << " events) into " << output << ", clocks aligned by "
+         << (oneHost ? "the host's monotonic clock"
+                     : "the start barrier (ranks on " +
+                           std::to_string(hosts.size()) + " hosts)")
+         << "\n";
   return 0;
 }

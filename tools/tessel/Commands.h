@@ -18,6 +18,8 @@ int dataCommand(llvm::ArrayRef<std::string> args);
 // `tessel ckpt list|verify|diff|export`: tools over sharded checkpoints
 // (Ckpt.cpp).
 int ckptCommand(llvm::ArrayRef<std::string> args);
+// tessel trace merge: the ranks' Chrome traces as one, clocks aligned.
+int traceCommand(llvm::ArrayRef<std::string> args);
 
 struct CheckOptions {
   std::string input;

@@ -294,6 +294,7 @@ int main(int argc, char **argv) {
       "                        or Megatron data; also encode, synth, bench,\n"
       "                        inspect\n"
       "  ckpt list|verify|...  list, verify, diff or export checkpoints\n"
+      "  trace merge TRACE -o OUT  one Perfetto trace of every rank's\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
       "Run 'tessel <command> --help' for a command's options.\n";
@@ -335,6 +336,8 @@ int main(int argc, char **argv) {
     return tessel::dataCommand(rest);
   if (command == "ckpt")
     return tessel::ckptCommand(rest);
+  if (command == "trace")
+    return tessel::traceCommand(rest);
   if (command == "--help" || command == "-h" || command == "help") {
     outs() << usage;
     return 0;
