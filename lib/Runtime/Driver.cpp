@@ -107,16 +107,30 @@ struct Options {
 };
 
 void printUsage(FILE *out, const char *argv0, const Program &program) {
+  std::fprintf(out,
+               "usage: %s [options]\n"
+               "Trains '%s' for a number of steps.\n"
+               "\n",
+               argv0, program.name ? program.name : "program");
+  printRunOptions(out, &program);
+}
+
+} // namespace
+
+void printRunOptions(FILE *out, const Program *program) {
+  std::string steps =
+      program ? std::to_string(program->config.steps) : "train.steps";
+  std::string seed =
+      program ? std::to_string(program->config.seed) : "train.seed";
   std::fprintf(
       out,
-      "usage: %s [options]\n"
-      "Trains '%s' for a number of steps.\n"
-      "\n"
       "options:\n"
       "  --steps N              number of steps, also the learning-rate\n"
-      "                         schedule horizon (default %" PRId64 ")\n"
-      "  --data FILE            llm.c token file (uint16 or uint32 tokens);\n"
-      "                         without it, synthetic tokens are used\n"
+      "                         schedule horizon (default %s)\n"
+      "  --data PATH            the tokens: an llm.c token file, a Megatron\n"
+      "                         dataset (PREFIX, .idx or .bin), or a\n"
+      "                         directory or glob of shards; without it,\n"
+      "                         the spec's data, else synthetic tokens\n"
       "  --init-from FILE       load parameters from a .safetensors file\n"
       "                         instead of initialising them (its tensors\n"
       "                         that are not parameters are named and\n"
@@ -158,7 +172,7 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "(FILE.rankR.json)\n"
       "                         to FILE with .rank<R> before the extension\n"
       "  --seed N               parameter initialisation seed (default "
-      "%" PRIu64 ")\n"
+      "%s)\n"
       "  --threads N            OpenMP and OpenBLAS threads (default: as set\n"
       "                         by the environment)\n"
       "  --timeout SECONDS      end the job when a rank waits longer than this\n"
@@ -166,9 +180,10 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
       "                         default $TESSEL_TIMEOUT, else 600)\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
-      argv0, program.name ? program.name : "program", program.config.steps,
-      program.config.seed);
+      steps.c_str(), seed.c_str());
 }
+
+namespace {
 
 int64_t parseInteger(const std::string &flag, const std::string &text,
                      int64_t min) {

@@ -395,14 +395,23 @@ def kill_restarts(args):
         bindir = os.path.abspath(args.dir)
     rng = random.SystemRandom()
     killed, last = 0, -1
+
+    def restarted():
+        try:
+            return len(re.findall(r": restart [0-9]+ of ", open(log_path).read()))
+        except OSError:
+            return 0
     while killed < args.kills:
-        # Once the job has committed a checkpoint since the last kill (so it
-        # makes progress), at a random moment, a random rank.
+        # Once the job has started again after the last kill (the other
+        # ranks of a killed job may still commit the checkpoint they were
+        # writing, which is no progress of the new one) and committed a
+        # checkpoint since, at a random moment, a random rank.
         step = committed_step(ckpt)
         if job.poll() is not None:
             sys.exit(f"FAIL: the job ended (rc {job.returncode}) after {killed} kills:\n"
                      + open(log_path).read())
-        if step <= last or step >= args.steps - 4 * args.every:
+        if restarted() < killed or step <= last or \
+                step >= args.steps - 4 * args.every:
             time.sleep(0.005)
             continue
         time.sleep(rng.uniform(0, 0.05))

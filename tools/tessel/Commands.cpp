@@ -7,6 +7,7 @@
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Data.h"
+#include "tessel/Runtime/Program.h"
 
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
@@ -347,7 +348,10 @@ int tessel::runCommand(ArrayRef<std::string> args) {
               "DIR/bin/<program> --help; --max-restarts K, tessel's own, "
               "starts a failed run again from the newest committed "
               "checkpoint of --ckpt-dir, up to K times; --elastic makes each "
-              "restart continue on fewer data-parallel ranks)\n";
+              "restart continue on fewer data-parallel ranks)\n\n";
+    outs().flush();
+    tessel::rt::printRunOptions(stdout, nullptr);
+    std::fflush(stdout);
     return args.empty() ? 2 : 0;
   }
   std::string dir = args[0];
@@ -494,6 +498,10 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
                       "--source | --comm [--textbook] | --memory | --schedule)\n  "
                       "stages: graph, "
                       "train, sharded, partitioned, stages, planned\n";
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    outs() << usage;
+    return 0;
+  }
   if (args.size() < 2) {
     errs() << usage;
     return 2;
@@ -1008,6 +1016,12 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
     errs() << usage;
     return 2;
   }
+  // `tessel data --help`, `tessel data TOOL --help`.
+  for (const std::string &arg : args)
+    if (arg == "--help" || arg == "-h") {
+      outs() << usage;
+      return 0;
+    }
   if (args[0] == "bench")
     return dataBench(args);
   if (args[0] == "inspect")

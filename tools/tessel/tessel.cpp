@@ -289,14 +289,16 @@ int main(int argc, char **argv) {
       "  compile SPEC -o DIR   compile a spec (.json) or graph program "
       "(.mlir)\n"
       "  run DIR               train with a compiled output\n"
-      "  inspect DIR --ir STAGE | --plan | --source\n"
+      "  inspect DIR --ir STAGE | --plan | --source | --comm | --memory\n"
       "  data prepare ...      tokenize text (bytes or GPT-2 BPE) into llm.c\n"
       "                        or Megatron data; also encode, synth, bench,\n"
       "                        inspect\n"
       "  ckpt list|verify|...  list, verify, diff or export checkpoints\n"
-      "  trace merge TRACE -o OUT  one Perfetto trace of every rank's\n"
+      "  trace merge TRACE -o OUT\n"
+      "                        the ranks' traces as one, on one clock\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
+      "  --version             print Tessel's version\n"
       "Run 'tessel <command> --help' for a command's options.\n";
   if (argc < 2) {
     errs() << usage;
@@ -338,6 +340,10 @@ int main(int argc, char **argv) {
     return tessel::ckptCommand(rest);
   if (command == "trace")
     return tessel::traceCommand(rest);
+  if (command == "--version" || command == "version") {
+    outs() << "tessel " << TESSEL_VERSION << "\n";
+    return 0;
+  }
   if (command == "--help" || command == "-h" || command == "help") {
     outs() << usage;
     return 0;

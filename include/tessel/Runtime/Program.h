@@ -13,6 +13,8 @@
 
 #include "tessel/Support/MeshLayout.h"
 
+#include <cstdio>
+
 #include <cstdint>
 
 namespace tessel::rt {
@@ -201,6 +203,10 @@ int gradientCheckMain(const Program &program);
 // Parses the command line (see `--help`), runs the training loop and returns
 // the process exit code.
 int runMain(int argc, char **argv, const Program &program);
+
+// The options a rank program takes (what `--help` lists), with `program`'s
+// defaults, or the spec fields they come from when it is null.
+void printRunOptions(FILE *out, const Program *program);
 
 } // namespace tessel::rt
 
