@@ -106,6 +106,33 @@ struct Options {
   bool help = false;
 };
 
+// The options of a rank program that take a value.
+const char *const kValueFlags[] = {
+    "--steps",       "--data",         "--init-from",   "--save-final",
+    "--metrics",     "--seed",         "--threads",     "--comm-report",
+    "--trace",       "--timeout",      "--save-state",  "--resume",
+    "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
+    "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms"};
+const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
+
+// Levenshtein distance, for suggestions.
+size_t editDistance(const std::string &a, const std::string &b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
 void printUsage(FILE *out, const char *argv0, const Program &program) {
   std::fprintf(out,
                "usage: %s [options]\n"
@@ -116,6 +143,39 @@ void printUsage(FILE *out, const char *argv0, const Program &program) {
 }
 
 } // namespace
+
+bool runFlagTakesValue(const std::string &flag) {
+  for (const char *f : kValueFlags)
+    if (flag == f)
+      return true;
+  return false;
+}
+
+bool isRunFlag(const std::string &flag) {
+  if (runFlagTakesValue(flag))
+    return true;
+  for (const char *f : kSwitchFlags)
+    if (flag == f)
+      return true;
+  return false;
+}
+
+std::string suggestRunFlag(const std::string &flag) {
+  std::string best;
+  size_t bestDistance = std::max<size_t>(2, flag.size() / 3) + 1;
+  auto consider = [&](const char *f) {
+    size_t d = editDistance(flag, f);
+    if (d < bestDistance) {
+      bestDistance = d;
+      best = f;
+    }
+  };
+  for (const char *f : kValueFlags)
+    consider(f);
+  for (const char *f : kSwitchFlags)
+    consider(f);
+  return best;
+}
 
 void printRunOptions(FILE *out, const Program *program) {
   std::string steps =
@@ -254,20 +314,17 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         opts.help = true;
       continue;
     }
-    bool takesValue =
-        flag == "--steps" || flag == "--data" || flag == "--init-from" ||
-        flag == "--save-final" || flag == "--metrics" || flag == "--seed" ||
-        flag == "--threads" || flag == "--comm-report" || flag == "--trace" ||
-        flag == "--timeout" || flag == "--save-state" || flag == "--resume" ||
-        flag == "--stop-after" || flag == "--checkpoint-every" ||
-        flag == "--ckpt-dir" || flag == "--ckpt-every" || flag == "--ckpt-keep" ||
-        flag == "--prefetch" || flag == "--record-samples" ||
-        flag == "--data-delay-ms";
+    bool takesValue = runFlagTakesValue(flag);
     if (!takesValue && arg.rfind("-", 0) != 0)
       throw UsageError("unexpected argument " + inQuotes(arg) +
                        " (see --help)");
-    if (!takesValue)
-      throw UsageError("unknown option " + inQuotes(arg) + " (see --help)");
+    if (!takesValue) {
+      std::string near = suggestRunFlag(flag);
+      throw UsageError("unknown option " + inQuotes(arg) +
+                       (near.empty() ? "" : "; did you mean " + inQuotes(near) +
+                                                "?") +
+                       " (see --help)");
+    }
     if (!hasInlineValue) {
       if (i + 1 >= argc)
         throw UsageError(flag + " expects a value");

@@ -380,6 +380,22 @@ int tessel::runCommand(ArrayRef<std::string> args) {
                   value + "'");
     forwarded = withoutFlag(forwarded, "--max-restarts");
   }
+  // The ranks' options, checked here once rather than by every rank under
+  // mpirun.
+  for (size_t i = 0; i < forwarded.size(); i++) {
+    const std::string &arg = forwarded[i];
+    std::string flag = arg.substr(0, arg.find('='));
+    if (arg.rfind("-", 0) != 0)
+      return fail("unexpected argument '" + arg + "' (see tessel run --help)");
+    if (!tessel::rt::isRunFlag(flag)) {
+      std::string near = tessel::rt::suggestRunFlag(flag);
+      return fail("unknown option '" + arg + "'" +
+                  (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                  " (see tessel run --help)");
+    }
+    if (tessel::rt::runFlagTakesValue(flag) && flag == arg)
+      i++; // its value
+  }
   std::string ckptDir = flagValue(forwarded, "--ckpt-dir");
   if (maxRestarts > 0 && ckptDir.empty())
     return fail("--max-restarts needs --ckpt-dir DIR (where a restarted "

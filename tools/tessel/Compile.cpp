@@ -691,6 +691,13 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     if (!loaded)
       return loaded.takeError();
     spec = std::move(*loaded);
+    // Settings that compile but surprise.
+    if (spec.train.warmupSteps > spec.train.steps)
+      llvm::errs() << "tessel compile: warning: " << options.input
+                   << ": train.lr_schedule.warmup_steps = "
+                   << spec.train.warmupSteps << " is longer than train.steps = "
+                   << spec.train.steps
+                   << ": the learning rate never reaches train.optimizer.lr\n";
     module = buildModel(context, spec);
     if (!module)
       return diagnostics.error(options.input +

@@ -59,6 +59,43 @@ specOverrides(const cl::list<std::string> &sets,
   return overrides;
 }
 
+// An option the command does not have: one message naming the closest
+// that it has (LLVM's parser would go on to take the option's value for a
+// positional argument and report that too). Call after
+// HideUnrelatedOptions.
+static bool unknownOption(int argc, char **argv) {
+  auto options = cl::getRegisteredOptions();
+  for (int i = 1; i < argc; ++i) {
+    StringRef arg = argv[i];
+    if (arg == "--")
+      return false;
+    if (!arg.starts_with("-") || arg.size() < 2 ||
+        (arg[1] >= '0' && arg[1] <= '9') || arg[1] == '.')
+      continue; // a value or a negative number
+    StringRef name = arg.ltrim('-').split('=').first;
+    if (name.empty() || options.count(name))
+      continue;
+    StringRef best;
+    unsigned bestDistance = std::max<unsigned>(2, name.size() / 3) + 1;
+    for (auto &[key, option] : options) {
+      if (option->getOptionHiddenFlag() != cl::NotHidden)
+        continue;
+      unsigned d = name.edit_distance(key);
+      if (d < bestDistance) {
+        bestDistance = d;
+        best = key;
+      }
+    }
+    errs() << argv[0] << ": unknown option '" << arg << "'";
+    if (!best.empty())
+      errs() << "; did you mean '" << (best.size() > 1 ? "--" : "-") << best
+             << "'?";
+    errs() << " (see --help)\n";
+    return true;
+  }
+  return false;
+}
+
 static int compileCommand(int argc, char **argv) {
   cl::OptionCategory category("tessel compile options");
   cl::opt<std::string> input(cl::Positional, cl::Required,
@@ -127,6 +164,8 @@ static int compileCommand(int argc, char **argv) {
   cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
                         cl::cat(category));
   cl::HideUnrelatedOptions(category);
+  if (unknownOption(argc, argv))
+    return 2;
   if (!cl::ParseCommandLineOptions(argc, argv, "tessel compile\n", &errs()))
     return 2;
 
@@ -229,6 +268,8 @@ static int checkCommandLine(int argc, char **argv) {
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::HideUnrelatedOptions(category);
+  if (unknownOption(argc, argv))
+    return 2;
   if (!cl::ParseCommandLineOptions(
           argc, argv,
           "tessel check: trains a layout and the one-rank program and "
@@ -264,6 +305,8 @@ static int gradcheckCommand(int argc, char **argv) {
   cl::opt<bool> verbose("v", cl::desc("Show compiler commands"),
                         cl::cat(category));
   cl::HideUnrelatedOptions(category);
+  if (unknownOption(argc, argv))
+    return 2;
   if (!cl::ParseCommandLineOptions(
           argc, argv,
           "tessel gradcheck: compares every parameter's gradient with central "

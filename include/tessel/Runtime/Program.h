@@ -14,6 +14,7 @@
 #include "tessel/Support/MeshLayout.h"
 
 #include <cstdio>
+#include <string>
 
 #include <cstdint>
 
@@ -207,6 +208,12 @@ int runMain(int argc, char **argv, const Program &program);
 // The options a rank program takes (what `--help` lists), with `program`'s
 // defaults, or the spec fields they come from when it is null.
 void printRunOptions(FILE *out, const Program *program);
+// Whether `flag` ("--steps") is an option of a rank program, whether it
+// takes a value, and the option a misspelt one most likely meant ("" when
+// none is close).
+bool isRunFlag(const std::string &flag);
+bool runFlagTakesValue(const std::string &flag);
+std::string suggestRunFlag(const std::string &flag);
 
 } // namespace tessel::rt
 
