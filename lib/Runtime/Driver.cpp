@@ -90,6 +90,7 @@ struct Options {
   int64_t ckptEvery = 0;
   Retention ckptKeep;
   int prefetch = 2; // batches read ahead (0: on the training thread)
+  int64_t logEvery = 1; // a progress line every this many steps
   std::string recordSamples; // per rank: the samples of each step
   double dataDelayMs = 0;    // each batch read made this much slower
   std::string metrics;
@@ -112,8 +113,34 @@ const char *const kValueFlags[] = {
     "--metrics",     "--seed",         "--threads",     "--comm-report",
     "--trace",       "--timeout",      "--save-state",  "--resume",
     "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
-    "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms"};
+    "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
+    "--log-every"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
+
+// "1:02:03" (hours:minutes:seconds), "0:42" under an hour.
+std::string clockTime(double seconds) {
+  int64_t t = std::isfinite(seconds) && seconds > 0 ? (int64_t)(seconds + 0.5)
+                                                    : 0;
+  char text[32];
+  if (t >= 3600)
+    std::snprintf(text, sizeof(text), "%" PRId64 ":%02d:%02d", t / 3600,
+                  (int)(t / 60 % 60), (int)(t % 60));
+  else
+    std::snprintf(text, sizeof(text), "%d:%02d", (int)(t / 60), (int)(t % 60));
+  return text;
+}
+
+// "512 MB", "1.25 GB".
+std::string megabytes(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t)10 << 30)
+    std::snprintf(text, sizeof(text), "%.1f GB", bytes / 1073741824.0);
+  else if (bytes >= (int64_t)1 << 30)
+    std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1073741824.0);
+  else
+    std::snprintf(text, sizeof(text), "%.0f MB", bytes / 1048576.0);
+  return text;
+}
 
 // Levenshtein distance, for suggestions.
 size_t editDistance(const std::string &a, const std::string &b) {
@@ -238,6 +265,7 @@ void printRunOptions(FILE *out, const Program *program) {
       "  --timeout SECONDS      end the job when a rank waits longer than this\n"
       "                         for another (a stopped, hung or dead rank;\n"
       "                         default $TESSEL_TIMEOUT, else 600)\n"
+      "  --log-every N          a progress line every N steps (default 1)\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
       steps.c_str(), seed.c_str());
@@ -355,6 +383,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects milliseconds in [0, 60000], got " +
                          inQuotes(value));
       opts.dataDelayMs = ms;
+    } else if (flag == "--log-every") {
+      opts.logEvery = parsePositive(flag, value);
     } else if (flag == "--prefetch") {
       int64_t depth = parseInteger(flag, value, 0);
       if (depth > 64)
@@ -1585,7 +1615,8 @@ int train(const Program &sharedProgram, const Options &opts) {
 
   int width = std::max<int>(4, (int)std::to_string(opts.steps).size());
   auto runStart = std::chrono::steady_clock::now();
-  float lastLoss = 0.0f;
+  float lastLoss = 0.0f, lowestLoss = INFINITY;
+  int64_t lowestStep = -1;
   // The steps this run trains: from a resumed state's, to --stop-after.
   int64_t lastStep =
       opts.stopAfter > 0 ? std::min(opts.steps, opts.stopAfter) : opts.steps;
@@ -1673,11 +1704,27 @@ int train(const Program &sharedProgram, const Options &opts) {
       checkpointFields += ", \"ckpt_stall_ms\": " + since(begin);
     }
 
-    if (leader && !opts.quiet) {
+    if (ctx.loss < lowestLoss) {
+      lowestLoss = ctx.loss;
+      lowestStep = step;
+    }
+    // Time so far and, at this run's mean step time, the time left.
+    double elapsed = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - runStart)
+                         .count();
+    double eta = elapsed / (double)(step + 1 - firstStep) *
+                 (double)(lastStep - step - 1);
+    if (leader && !opts.quiet &&
+        ((step + 1) % opts.logEvery == 0 || step + 1 == lastStep)) {
+      std::string memory;
+      if (!device)
+        memory = " | " + megabytes(statusBytes("VmHWM")) + " peak";
       std::printf("step %*" PRId64 "/%" PRId64
-                  " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s\n",
+                  " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s | %.0f ms"
+                  " | %s elapsed, %s left%s\n",
                   width, step + 1, opts.steps, ctx.loss, ctx.lr, ctx.gradNorm,
-                  tokensPerSecond);
+                  tokensPerSecond, ms, clockTime(elapsed).c_str(),
+                  clockTime(eta).c_str(), memory.c_str());
       std::fflush(stdout);
     }
     if (metrics) {
@@ -1689,6 +1736,8 @@ int train(const Program &sharedProgram, const Options &opts) {
           ", \"tokens_per_s\": " + jsonNumber(tokensPerSecond, "%.1f") +
           ", \"step_ms\": " + jsonNumber(ms, "%.3f") +
           ", \"data_wait_ms\": " + jsonNumber(dataWaitMs, "%.3f") +
+          ", \"elapsed_s\": " + jsonNumber(elapsed, "%.3f") +
+          ", \"eta_s\": " + jsonNumber(eta, "%.3f") +
           // CPU: what rank 0 has held at most since before the plan's
           // stores (its resident high-water mark), to set beside plan.json.
           (device ? std::string()
@@ -1739,8 +1788,16 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (device)
     device->stop();
   if (leader && !opts.quiet) {
-    std::printf("done: %" PRId64 " steps in %.2f s, final loss %.4f\n",
-                lastStep - firstStep, seconds, lastLoss);
+    int64_t steps = lastStep - firstStep;
+    double tokens = (double)steps * (double)(globalB * T);
+    std::printf("done: %" PRId64 " steps in %.2f s (%.0f tokens, %.0f tok/s "
+                "mean), final loss %.4f, lowest %.4f at step %" PRId64 "%s\n",
+                steps, seconds, tokens, seconds > 0 ? tokens / seconds : 0.0,
+                lastLoss, lowestLoss, lowestStep + 1,
+                device ? ""
+                       : (", peak memory " + megabytes(statusBytes("VmHWM")) +
+                          " (rank 0)")
+                             .c_str());
     if (!opts.saveFinal.empty())
       std::printf("saved final weights to %s\n", opts.saveFinal.c_str());
   }
