@@ -449,8 +449,8 @@ void CheckpointWriter::commit() {
   }
   status = broadcastText(status);
   if (!status.empty())
-    throw std::runtime_error("the checkpoint " + inQuotes(dir) +
-                             " was not committed: " + status);
+    throw AgreedError("the checkpoint " + inQuotes(dir) +
+                      " was not committed: " + status);
   committed = dir;
   // Where this checkpoint's boxes lie, for the next one to refer to.
   std::map<std::string, Stored> next;

@@ -1017,8 +1017,8 @@ CheckpointManifest chooseCheckpoint(const Program &program,
       return m;
     }
   }
-  fail("no checkpoint under " + inQuotes(path) +
-       " passes its checks (see the warnings above)");
+  throw AgreedError("no checkpoint under " + inQuotes(path) +
+                    " passes its checks (see the warnings above)");
 }
 
 // Loads the stores from a checkpoint saved at any layout: each rank reads
@@ -1809,7 +1809,7 @@ int train(const Program &sharedProgram, const Options &opts) {
 // its host, process id and mesh coordinates (what mpirun's own notice does
 // not say right), and every rank is aborted, so that none waits forever in a
 // collective.
-int reportFatal(const std::string &message) {
+int reportFatal(const std::string &message, bool agreed = false) {
   std::fflush(stdout);
   if (commWorldSize() > 1) {
     char host[256] = "unknown host";
@@ -1827,6 +1827,19 @@ int reportFatal(const std::string &message) {
     std::fprintf(stderr, "rank %d: error: %s\n  (on %s, pid %d%s)\n",
                  commRank(), message.c_str(), host, (int)::getpid(),
                  coords.c_str());
+    if (agreed) {
+      // Every rank is here: end together once all have said it.
+      std::fflush(stderr);
+      try {
+        UncountedCollectives notTraffic;
+        float zero = 0;
+        allReduceSum(&zero, 1, AxisSet::all().bits());
+        commFinalize();
+        return 1;
+      } catch (const std::exception &) {
+        // The ranks cannot meet: end this one alone.
+      }
+    }
     commAbort(1);
   }
   std::fprintf(stderr, "error: %s\n", message.c_str());
@@ -1876,6 +1889,8 @@ int runMain(int argc, char **argv, const Program &program) {
     return code;
   } catch (const std::bad_alloc &) {
     return reportFatal("out of memory");
+  } catch (const AgreedError &e) {
+    return reportFatal(e.what(), /*agreed=*/true);
   } catch (const std::exception &e) {
     return reportFatal(e.what());
   } catch (...) {

@@ -16,6 +16,8 @@
 
 #include "tessel/Support/MeshLayout.h"
 
+#include <stdexcept>
+
 #include <cstdint>
 
 namespace tessel::rt {
@@ -76,6 +78,15 @@ int commWorldSize();
 const MeshLayout &meshLayout();
 int64_t meshCoord(MeshAxis axis);
 int64_t meshSize(MeshAxis axis);
+// A failure every rank raises at the same point, having agreed on it
+// through a collective (a checkpoint no rank could commit): each rank
+// reports it and the ranks end together, so that none is stopped before it
+// has said why.
+class AgreedError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
 // Size of the group spanned by `axes`.
 int64_t groupSize(unsigned axes);
 // This rank's index within that group (MeshLayout::groupRank).
