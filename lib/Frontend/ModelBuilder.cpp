@@ -365,7 +365,27 @@ private:
 
 } // namespace
 
-void tessel::setRecipe(ModuleOp module, const Spec &spec) {
+// Model FLOPs per trained token (forward and backward), as MFU counts them
+// (PaLM, appendix B; Megatron-LM): 6N for the parameters' matmuls, N every
+// parameter of the graph (the tied embedding once, the LM head's matmul in
+// it), and 12 L h s for the attention scores and their weighted sum, at
+// full (not causally halved) cost. Recomputation is not counted: MFU counts
+// the model's FLOPs, not the hardware's. A graph program (no spec model)
+// counts its parameters only.
+static double modelFlopsPerToken(ModuleOp module, const Spec &spec,
+                                 bool fromSpec) {
+  double params = 0;
+  module.walk([&](ParamOp p) {
+    params += (double)cast<RankedTensorType>(p.getType()).getNumElements();
+  });
+  double attention = fromSpec ? 12.0 * (double)spec.model.layers *
+                                    (double)spec.model.hidden *
+                                    (double)spec.model.seqLen
+                              : 0.0;
+  return 6.0 * params + attention;
+}
+
+void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
   Builder b(module.getContext());
   const TrainSpec &t = spec.train;
   auto i = [&](int64_t v) { return b.getI64IntegerAttr(v); };
@@ -391,6 +411,8 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec) {
           b.getNamedAttr("data_shuffle", b.getBoolAttr(spec.data.shuffle)),
           b.getNamedAttr("data_seed",
                          i(static_cast<int64_t>(spec.data.seed))),
+          b.getNamedAttr("flops_per_token",
+                         f(modelFlopsPerToken(module, spec, fromSpec))),
       }));
 }
 
@@ -404,7 +426,7 @@ void tessel::setRecipeFromGraph(ModuleOp module, Spec spec) {
         cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
   });
   spec.train.globalBatch *= pipe::layoutOf(module).getMicrobatches();
-  setRecipe(module, spec);
+  setRecipe(module, spec, /*fromSpec=*/false);
 }
 
 OwningOpRef<ModuleOp> tessel::buildModel(MLIRContext &context,

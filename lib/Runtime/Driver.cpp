@@ -91,6 +91,7 @@ struct Options {
   Retention ckptKeep;
   int prefetch = 2; // batches read ahead (0: on the training thread)
   int64_t logEvery = 1; // a progress line every this many steps
+  double peakTflops = 0; // a rank's peak, for MFU (0: not given)
   std::string recordSamples; // per rank: the samples of each step
   double dataDelayMs = 0;    // each batch read made this much slower
   std::string metrics;
@@ -114,7 +115,7 @@ const char *const kValueFlags[] = {
     "--trace",       "--timeout",      "--save-state",  "--resume",
     "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
     "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
-    "--log-every"};
+    "--log-every",   "--peak-tflops"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
 
 // "1:02:03" (hours:minutes:seconds), "0:42" under an hour.
@@ -266,6 +267,8 @@ void printRunOptions(FILE *out, const Program *program) {
       "                         for another (a stopped, hung or dead rank;\n"
       "                         default $TESSEL_TIMEOUT, else 600)\n"
       "  --log-every N          a progress line every N steps (default 1)\n"
+      "  --peak-tflops X        a rank's peak TFLOP/s (its GPU's, or what\n"
+      "                         the CPU reaches): MFU in the log and metrics\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
       steps.c_str(), seed.c_str());
@@ -383,6 +386,13 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects milliseconds in [0, 60000], got " +
                          inQuotes(value));
       opts.dataDelayMs = ms;
+    } else if (flag == "--peak-tflops") {
+      char *end = nullptr;
+      double peak = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end || !std::isfinite(peak) || peak <= 0)
+        throw UsageError(flag + " expects a positive number of TFLOP/s, got " +
+                         inQuotes(value));
+      opts.peakTflops = peak;
     } else if (flag == "--log-every") {
       opts.logEvery = parsePositive(flag, value);
     } else if (flag == "--prefetch") {
@@ -1714,11 +1724,20 @@ int train(const Program &sharedProgram, const Options &opts) {
                          .count();
     double eta = elapsed / (double)(step + 1 - firstStep) *
                  (double)(lastStep - step - 1);
+    // The model FLOP/s each rank reached (docs/metrics.md).
+    double modelTflops = tokensPerSecond * config.flopsPerToken /
+                         (double)commWorldSize() / 1e12;
     if (leader && !opts.quiet &&
         ((step + 1) % opts.logEvery == 0 || step + 1 == lastStep)) {
       std::string memory;
       if (!device)
         memory = " | " + megabytes(statusBytes("VmHWM")) + " peak";
+      if (opts.peakTflops > 0 && config.flopsPerToken > 0) {
+        char text[32];
+        std::snprintf(text, sizeof(text), " | MFU %.1f%%",
+                      100 * modelTflops / opts.peakTflops);
+        memory = text + memory;
+      }
       std::printf("step %*" PRId64 "/%" PRId64
                   " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s | %.0f ms"
                   " | %s elapsed, %s left%s\n",
@@ -1737,6 +1756,14 @@ int train(const Program &sharedProgram, const Options &opts) {
           ", \"step_ms\": " + jsonNumber(ms, "%.3f") +
           ", \"data_wait_ms\": " + jsonNumber(dataWaitMs, "%.3f") +
           ", \"elapsed_s\": " + jsonNumber(elapsed, "%.3f") +
+          (config.flopsPerToken > 0
+               ? ", \"model_tflops_per_rank\": " +
+                     jsonNumber(modelTflops, "%.6g")
+               : std::string()) +
+          (opts.peakTflops > 0 && config.flopsPerToken > 0
+               ? ", \"mfu\": " + jsonNumber(modelTflops / opts.peakTflops,
+                                             "%.6g")
+               : std::string()) +
           ", \"eta_s\": " + jsonNumber(eta, "%.3f") +
           // CPU: what rank 0 has held at most since before the plan's
           // stores (its resident high-water mark), to set beside plan.json.
@@ -1790,10 +1817,19 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (leader && !opts.quiet) {
     int64_t steps = lastStep - firstStep;
     double tokens = (double)steps * (double)(globalB * T);
+    std::string mfu;
+    if (opts.peakTflops > 0 && config.flopsPerToken > 0 && seconds > 0) {
+      char text[48];
+      std::snprintf(text, sizeof(text), ", MFU %.1f%% mean",
+                    100 * tokens / seconds * config.flopsPerToken /
+                        (double)commWorldSize() / 1e12 / opts.peakTflops);
+      mfu = text;
+    }
     std::printf("done: %" PRId64 " steps in %.2f s (%.0f tokens, %.0f tok/s "
-                "mean), final loss %.4f, lowest %.4f at step %" PRId64 "%s\n",
+                "mean%s), final loss %.4f, lowest %.4f at step %" PRId64
+                "%s\n",
                 steps, seconds, tokens, seconds > 0 ? tokens / seconds : 0.0,
-                lastLoss, lowestLoss, lowestStep + 1,
+                mfu.c_str(), lastLoss, lowestLoss, lowestStep + 1,
                 device ? ""
                        : (", peak memory " + megabytes(statusBytes("VmHWM")) +
                           " (rank 0)")

@@ -19,7 +19,7 @@ mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &context,
 // spec's name, global batch, sequence length, vocabulary, steps, seed,
 // clipping, learning rate and its schedule, AdamW settings), as the
 // module's `graph.recipe` dictionary.
-void setRecipe(mlir::ModuleOp module, const Spec &spec);
+void setRecipe(mlir::ModuleOp module, const Spec &spec, bool fromSpec = true);
 // For a graph given as .mlir: the recipe of `spec` (defaults) with the
 // batch, sequence length and vocabulary the graph's inputs and loss have.
 void setRecipeFromGraph(mlir::ModuleOp module, Spec spec);

@@ -77,6 +77,9 @@ struct TrainConfig {
   // Shuffled sampling (data.shuffle, data.seed; TokenData::shuffle).
   bool dataShuffle;
   uint64_t dataSeed;
+  // Model FLOPs per trained token (forward and backward; docs/metrics.md),
+  // for MFU; 0 when unknown.
+  double flopsPerToken;
 };
 
 // What the step function reads and writes. All pointers are owned by the

@@ -429,6 +429,14 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
         std::to_string(seed ? static_cast<uint64_t>(seed.getInt()) : 0) +
             "ull");
   }
+  // Model FLOPs per token (absent from recipes written before it: 0).
+  if (auto flops = recipe.getAs<FloatAttr>("flops_per_token"))
+  {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << llvm::format("%.17g", flops.getValueAsDouble());
+    set(config, "flopsPerToken", text);
+  }
   auto decay = recipe.getAs<StringAttr>("decay");
   StringRef decayKind = "Cosine";
   if (decay && decay.getValue() == "linear")
