@@ -351,10 +351,11 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"ffn_hidden", model.ffnHidden},
                    {"tie_embeddings", model.tieEmbeddings}};
   // Model FLOPs per trained token, as the programs count MFU by
-  // (docs/metrics.md).
+  // (docs/metrics.md). Derived from the model, so not one of the model
+  // fields a checkpoint is matched by.
   if (auto recipe = module->getAttrOfType<DictionaryAttr>("graph.recipe"))
     if (auto flops = recipe.getAs<FloatAttr>("flops_per_token"))
-      plan["model"]["flops_per_token"] = flops.getValueAsDouble();
+      plan["model_flops_per_token"] = flops.getValueAsDouble();
   // A blend's datasets are listed in data/blend.json, which the runtime
   // reads (the path is relative to the plan directory).
   plan["data"] = {{"format", spec.data.format},
