@@ -506,15 +506,15 @@ size_t freeRequestSlot() {
   return slot;
 }
 
-// Hybrid sharding: this rank's piece (`count` elements of a c-element
-// piece) summed over the replicas of its shard group. Counted as an
+// Hybrid sharding: this rank's piece (`held` elements of a c-element
+// piece) summed over the replicas of its shard group. Counted once, as an
 // all-reduce of c, as the plan counts it.
 void reducePieceOverReplicas(float *piece, int held, int64_t c,
                              unsigned replicas) {
   int64_t r = groupSize(replicas);
   checkAxes(replicas, "reduceScatterShards");
   count(CollectiveKind::AllReduce, c, allReduceBytesSent(c, r));
-  UncountedCollectives counted;
+  UncountedCollectives countedAbove;
   allReduceSum(piece, held, replicas);
 }
 

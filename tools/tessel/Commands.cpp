@@ -836,39 +836,27 @@ static int dataPrepare(ArrayRef<std::string> args) {
   std::vector<std::string> inputs;
   std::string output, format = "llmc", tokenizer = "bytes", vocabJson, merges,
                       jsonKey = "text", workersText;
+  const std::pair<StringRef, std::string *> flags[] = {
+      {"-o", &output},          {"--format", &format},
+      {"--tokenizer", &tokenizer}, {"--vocab-json", &vocabJson},
+      {"--merges", &merges},    {"--json-key", &jsonKey},
+      {"--workers", &workersText}};
   for (size_t i = 1; i < args.size(); ++i) {
-    auto value = [&](std::string &out) {
+    const std::string &arg = args[i];
+    auto flag = llvm::find_if(flags, [&](const auto &f) { return f.first == arg; });
+    if (flag != std::end(flags)) {
       if (i + 1 >= args.size()) {
-        errs() << "tessel data prepare: " << args[i] << " expects a value\n";
-        return false;
+        errs() << "tessel data prepare: " << arg << " expects a value\n";
+        return 2;
       }
-      out = args[++i];
-      return true;
-    };
-    bool ok = true;
-    if (args[i] == "-o")
-      ok = value(output);
-    else if (args[i] == "--format")
-      ok = value(format);
-    else if (args[i] == "--tokenizer")
-      ok = value(tokenizer);
-    else if (args[i] == "--vocab-json")
-      ok = value(vocabJson);
-    else if (args[i] == "--merges")
-      ok = value(merges);
-    else if (args[i] == "--json-key")
-      ok = value(jsonKey);
-    else if (args[i] == "--workers")
-      ok = value(workersText);
-    else if (!args[i].empty() && args[i][0] != '-')
-      inputs.push_back(args[i]);
-    else {
-      errs() << "tessel data prepare: unknown argument '" << args[i] << "'\n"
+      *flag->second = args[++i];
+    } else if (!arg.empty() && arg[0] != '-') {
+      inputs.push_back(arg);
+    } else {
+      errs() << "tessel data prepare: unknown argument '" << arg << "'\n"
              << usage;
       return 2;
     }
-    if (!ok)
-      return 2;
   }
   if (inputs.empty() || output.empty()) {
     errs() << usage;
@@ -1110,6 +1098,58 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
     return fail(e.what());
   }
   return 0;
+}
+
+// After a compile: ranks, binaries and the planned memory per rank, against
+// this machine's memory when its ranks run here (a CPU plan), with a
+// warning when they would not fit.
+void tessel::summarizePlan(StringRef dir, bool emitOnly) {
+  Expected<json> read = readPlan(dir);
+  if (!read) {
+    consumeError(read.takeError());
+    return;
+  }
+  const json &plan = *read;
+  if (!plan.contains("programs"))
+    return;
+  std::set<std::string> binaries;
+  double most = 0, all = 0;
+  for (const json &rank : plan["ranks"]) {
+    std::string program = rank.value("program", std::string());
+    auto found = plan["programs"].find(program);
+    if (found == plan["programs"].end())
+      continue;
+    const json &p = *found;
+    binaries.insert(p.value("binary", program));
+    double bytes = p.contains("memory")
+                       ? p["memory"].value("total_bytes", 0.0)
+                       : 0.0;
+    most = std::max(most, bytes);
+    all += bytes;
+  }
+  auto gb = [](double bytes) {
+    if (bytes < 1073741824.0)
+      return formatv("{0:f1} MB", bytes / 1048576.0).str();
+    return formatv("{0:f2} GB", bytes / 1073741824.0).str();
+  };
+  outs() << "  " << plan["ranks"].size() << " ranks, " << binaries.size()
+         << (binaries.size() == 1 ? " binary" : " binaries")
+         << (emitOnly ? " (sources only)" : "") << "; planned memory per rank "
+         << "up to " << gb(most);
+  std::string target = plan.value("target", std::string("cpu"));
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  double machine = pages > 0 && page > 0 ? (double)pages * page : 0;
+  if (target == "cpu" && machine > 0) {
+    outs() << ", " << gb(all) << " for all ranks (this machine has "
+           << gb(machine) << ")\n";
+    if (all > machine)
+      errs() << "tessel compile: warning: the " << plan["ranks"].size()
+             << " ranks together plan " << gb(all) << ", more than this "
+             << "machine's " << gb(machine)
+             << ": run them on more machines, or see --memory-limit\n";
+  } else {
+    outs() << "\n";
+  }
 }
 
 // tessel trace merge TRACE... -o OUT: the Chrome traces `--trace` wrote,

@@ -18,6 +18,9 @@ int dataCommand(llvm::ArrayRef<std::string> args);
 // `tessel ckpt list|verify|diff|export`: tools over sharded checkpoints
 // (Ckpt.cpp).
 int ckptCommand(llvm::ArrayRef<std::string> args);
+// The lines after a compile: ranks, binaries, planned memory per rank and,
+// for a CPU plan, against this machine's memory.
+void summarizePlan(llvm::StringRef dir, bool emitOnly);
 // tessel trace merge: the ranks' Chrome traces as one, clocks aligned.
 int traceCommand(llvm::ArrayRef<std::string> args);
 

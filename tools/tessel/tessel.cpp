@@ -11,15 +11,9 @@
 #include "Compile.h"
 
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/MemoryBuffer.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <set>
 #include <string>
-
-#include <nlohmann/json.hpp>
-#include <unistd.h>
 #include <vector>
 
 using namespace llvm;
@@ -100,54 +94,6 @@ static bool unknownOption(int argc, char **argv) {
     return true;
   }
   return false;
-}
-
-// After a compile: ranks, binaries and the planned memory per rank, against
-// this machine's memory when its ranks run here (a CPU plan), with a
-// warning when they would not fit.
-static void summarizePlan(const std::string &dir, bool emitOnly) {
-  auto text = llvm::MemoryBuffer::getFile(dir + "/plan.json");
-  if (!text)
-    return;
-  nlohmann::json plan = nlohmann::json::parse(
-      (*text)->getBuffer().begin(), (*text)->getBuffer().end(), nullptr, false);
-  if (!plan.is_object() || !plan.contains("programs") || !plan.contains("ranks"))
-    return;
-  std::set<std::string> binaries;
-  double most = 0, all = 0;
-  for (const nlohmann::json &rank : plan["ranks"]) {
-    std::string program = rank.value("program", std::string());
-    const nlohmann::json &p = plan["programs"][program];
-    binaries.insert(p.value("binary", program));
-    double bytes = p.contains("memory")
-                       ? p["memory"].value("total_bytes", 0.0)
-                       : 0.0;
-    most = std::max(most, bytes);
-    all += bytes;
-  }
-  auto gb = [](double bytes) {
-    if (bytes < 1073741824.0)
-      return llvm::formatv("{0:f1} MB", bytes / 1048576.0).str();
-    return llvm::formatv("{0:f2} GB", bytes / 1073741824.0).str();
-  };
-  outs() << "  " << plan["ranks"].size() << " ranks, " << binaries.size()
-         << (binaries.size() == 1 ? " binary" : " binaries")
-         << (emitOnly ? " (sources only)" : "") << "; planned memory per rank "
-         << "up to " << gb(most);
-  std::string target = plan.value("target", std::string("cpu"));
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  double machine = pages > 0 && page > 0 ? (double)pages * page : 0;
-  if (target == "cpu" && machine > 0) {
-    outs() << ", " << gb(all) << " for all ranks (this machine has "
-           << gb(machine) << ")\n";
-    if (all > machine)
-      errs() << "tessel compile: warning: the " << plan["ranks"].size()
-             << " ranks together plan " << gb(all) << ", more than this "
-             << "machine's " << gb(machine)
-             << ": run them on more machines, or see --memory-limit\n";
-  } else {
-    outs() << "\n";
-  }
 }
 
 static int compileCommand(int argc, char **argv) {
@@ -264,7 +210,7 @@ static int compileCommand(int argc, char **argv) {
     return 1;
   }
   outs() << "compiled " << input << " -> " << output << "\n";
-  summarizePlan(output, options.emitOnly);
+  tessel::summarizePlan(output, options.emitOnly);
   return 0;
 }
 

@@ -17,7 +17,7 @@
 // shard group of G consecutive dp coordinates (dp % G, inner) and the
 // replicas across such groups (dp / G, outer). They are not axes of their
 // own (data parallel is still dp) but two more members of an AxisSet,
-// kDpShard and kDpReplica, that name those sub-groups of dp.
+// kDpShardBit and kDpReplicaBit, that name those sub-groups of dp.
 //
 // Header-only and free of MLIR so that generated programs and the runtime
 // can include it.
