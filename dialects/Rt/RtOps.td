@@ -163,6 +163,16 @@ def Rt_FinishStepOp : Rt_Op<"finish_step"> {
   let assemblyFormat = "`(` $loss `,` $norm `)` attr-dict `:` type($loss) `,` type($norm)";
 }
 
+def Rt_FinishEvalOp : Rt_Op<"finish_eval"> {
+  let summary = "Hands a forward-only step's loss to the runtime";
+  let description = [{
+    The end of `@eval_step` (see `tessel-eval-step`): the loss of the batch,
+    reduced as the training step reduces it, and no gradient norm.
+  }];
+  let arguments = (ins Rt_Buffer:$loss);
+  let assemblyFormat = "`(` $loss `)` attr-dict `:` type($loss)";
+}
+
 //===----------------------------------------------------------------------===//
 // Kernels: one call of a runtime function each. Operands first, then the
 // attributes, in the order the runtime function takes them.
@@ -468,10 +478,12 @@ def Rt_SendOp : Rt_CommOp<"send"> {
   let description = [{
     `tag` names the message; `microbatch` is the running microbatch. The
     runtime keys each message by both (CPU: an MPI tag; CUDA: its place in
-    the receiver's order, `order`, which tessel-order-messages fills in).
+    the receiver's order, `order`, which tessel-order-messages fills in;
+    `eval_order` is its place when the forward-only `@eval_step` runs).
   }];
   let arguments = (ins Rt_Buffer:$buffer, I64:$microbatch, I64Attr:$offset,
-                   I64Attr:$tag, OptionalAttr<DenseI64ArrayAttr>:$order);
+                   I64Attr:$tag, OptionalAttr<DenseI64ArrayAttr>:$order,
+                   OptionalAttr<DenseI64ArrayAttr>:$eval_order);
   let assemblyFormat = "`(` $buffer `)` `microbatch` $microbatch attr-dict `:` type($buffer)";
 }
 

@@ -408,6 +408,8 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
           b.getNamedAttr("warmup_steps", i(t.warmupSteps)),
           b.getNamedAttr("decay", b.getStringAttr(t.decay)),
           b.getNamedAttr("min_lr", f(t.minLr)),
+          b.getNamedAttr("eval_every", i(t.evalEvery)),
+          b.getNamedAttr("eval_batches", i(t.evalBatches)),
           b.getNamedAttr("data_shuffle", b.getBoolAttr(spec.data.shuffle)),
           b.getNamedAttr("data_seed",
                          i(static_cast<int64_t>(spec.data.seed))),

@@ -426,6 +426,8 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
   t.steps = s.integer("steps", 100, 0);
   t.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
   t.gradClip = s.number("grad_clip", 1.0, 0.0);
+  t.evalEvery = s.integer("eval_every", 0, 0);
+  t.evalBatches = s.integer("eval_batches", 8, 1);
   t.precision = s.choice("precision", "bf16", {"bf16", "fp32"});
   t.recompute = s.choice("recompute", "none", {"none", "selective", "full"});
   if (const json *layers = s.raw("recompute_layers")) {
@@ -522,6 +524,15 @@ void readData(Section s, DataSpec &d, llvm::StringRef specDir,
       llvm::sys::path::append(full, path);
     }
     d.path = std::string(full);
+  }
+  if (s.has("valid")) {
+    std::string valid = s.string("valid", "");
+    if (valid.empty())
+      problems.report(s.at("valid"), "must name the validation data (a "
+                                     "token file, Megatron prefix, "
+                                     "directory or glob)");
+    else
+      d.valid = absolute(valid);
   }
   d.shuffle = s.boolean("shuffle", false);
   d.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0));
@@ -819,6 +830,9 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   if (!spec.data.path.empty() && resolved.contains("data") &&
       resolved["data"].is_object())
     resolved["data"]["path"] = spec.data.path;
+  if (!spec.data.valid.empty() && resolved.contains("data") &&
+      resolved["data"].is_object())
+    resolved["data"]["valid"] = spec.data.valid;
   if (!spec.data.blend.empty()) {
     json blend = json::array();
     for (const auto &[path, weight] : spec.data.blend)

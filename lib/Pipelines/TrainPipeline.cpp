@@ -46,6 +46,8 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     pm.addPass(createShardOptimizer(sharding));
   }
   pm.addPass(createConvertPipeToRt());
+  if (!options.gradientCheck)
+    pm.addPass(createEvalStep());
   if (options.target == "cuda")
     pm.addPass(createOrderMessages());
   pm.addPass(createSharePrograms());
@@ -66,6 +68,7 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"tessel-plan-memory", "06-planned.mlir"},
       {"tessel-shard-optimizer", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
+      {"tessel-eval-step", "07-programs.mlir"},
       {"tessel-share-programs", "08-shared.mlir"},
       {"convert-rt-to-emitc", "09-emitc.mlir"},
   };

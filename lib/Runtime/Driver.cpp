@@ -77,6 +77,10 @@ std::string inQuotes(const std::string &s) { return "'" + s + "'"; }
 struct Options {
   int64_t steps = 0;
   std::string data;
+  // Validation: the data, how often (0: never) and how many global batches.
+  std::string validData;
+  int64_t evalEvery = 0;
+  int64_t evalBatches = 8;
   std::string initFrom;
   std::string saveFinal;
   // The training state (parameters, AdamW moments, the step), written at
@@ -115,7 +119,8 @@ const char *const kValueFlags[] = {
     "--trace",       "--timeout",      "--save-state",  "--resume",
     "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
     "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
-    "--log-every",   "--peak-tflops"};
+    "--log-every",   "--peak-tflops",  "--valid-data",  "--eval-every",
+    "--eval-batches"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
 
 // "1:02:03" (hours:minutes:seconds), "0:42" under an hour.
@@ -210,6 +215,11 @@ void printRunOptions(FILE *out, const Program *program) {
       program ? std::to_string(program->config.steps) : "train.steps";
   std::string seed =
       program ? std::to_string(program->config.seed) : "train.seed";
+  std::string evalEvery = program ? std::to_string(program->config.evalEvery)
+                                  : "train.eval_every";
+  std::string evalBatches =
+      program ? std::to_string(program->config.evalBatches)
+              : "train.eval_batches";
   std::fprintf(
       out,
       "options:\n"
@@ -219,6 +229,14 @@ void printRunOptions(FILE *out, const Program *program) {
       "                         dataset (PREFIX, .idx or .bin), or a\n"
       "                         directory or glob of shards; without it,\n"
       "                         the spec's data, else synthetic tokens\n"
+      "  --valid-data PATH      validation data (any form --data takes);\n"
+      "                         without it, the spec's data.valid\n"
+      "  --eval-every N         the validation loss every N steps and at\n"
+      "                         the end, by the forward-only step at this\n"
+      "                         layout (default %s; 0: never)\n"
+      "  --eval-batches N       global batches each evaluation reads from\n"
+      "                         the start of the validation data (default\n"
+      "                         %s)\n"
       "  --init-from FILE       load parameters from a .safetensors file\n"
       "                         instead of initialising them (its tensors\n"
       "                         that are not parameters are named and\n"
@@ -254,7 +272,8 @@ void printRunOptions(FILE *out, const Program *program) {
       "  --metrics FILE         write one JSON object per step (step is\n"
       "                         0-based): step, loss, lr, grad_norm,\n"
       "                         tokens_per_s, step_ms, data_wait_ms,\n"
-      "                         mem_peak_bytes, ckpt_* with --ckpt-dir\n"
+      "                         mem_peak_bytes, ckpt_* with --ckpt-dir,\n"
+      "                         val_loss and eval_ms after an evaluation\n"
       "  --comm-report FILE     write each rank's collective counts as JSON\n"
       "  --trace FILE           write each rank's Chrome trace "
       "(FILE.rankR.json)\n"
@@ -271,7 +290,7 @@ void printRunOptions(FILE *out, const Program *program) {
       "                         the CPU reaches): MFU in the log and metrics\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
-      steps.c_str(), seed.c_str());
+      steps.c_str(), evalEvery.c_str(), evalBatches.c_str(), seed.c_str());
 }
 
 namespace {
@@ -321,6 +340,9 @@ Options parseArgs(int argc, char **argv, const Program &program) {
   Options opts;
   opts.steps = program.config.steps;
   opts.seed = program.config.seed;
+  opts.evalEvery = program.config.evalEvery;
+  if (program.config.evalBatches > 0)
+    opts.evalBatches = program.config.evalBatches;
   if (const char *timeout = std::getenv("TESSEL_TIMEOUT"))
     opts.timeout = parseSeconds("TESSEL_TIMEOUT", timeout);
   for (int i = 1; i < argc; i++) {
@@ -393,6 +415,10 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects a positive number of TFLOP/s, got " +
                          inQuotes(value));
       opts.peakTflops = peak;
+    } else if (flag == "--eval-every") {
+      opts.evalEvery = parseInteger(flag, value, 0);
+    } else if (flag == "--eval-batches") {
+      opts.evalBatches = parsePositive(flag, value);
     } else if (flag == "--log-every") {
       opts.logEvery = parsePositive(flag, value);
     } else if (flag == "--prefetch") {
@@ -413,6 +439,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects a file name");
       if (flag == "--data")
         opts.data = value;
+      else if (flag == "--valid-data")
+        opts.validData = value;
       else if (flag == "--init-from")
         opts.initFrom = value;
       else if (flag == "--save-final")
@@ -1355,6 +1383,44 @@ int train(const Program &sharedProgram, const Options &opts) {
          " tokens, fewer than the " + std::to_string(T + 1) +
          " needed for one sequence of length " + std::to_string(T));
 
+  // Validation data: --valid-data (the spec's data.valid); with synthetic
+  // training data, the synthetic tokens that follow the training ones.
+  std::unique_ptr<TokenData> valid;
+  if (opts.evalEvery > 0) {
+    if (!program.evalStep)
+      fail("--eval-every: this program has no forward-only step (it was "
+           "compiled for a gradient check, or by an older tessel); compile "
+           "it again");
+    if (!opts.validData.empty()) {
+      valid = std::make_unique<TokenData>(
+          TokenData::fromFile(opts.validData, config.vocab));
+    } else if (opts.data.empty()) {
+      const int64_t trainTokens = 1 << 20, heldOut = 1 << 17;
+      std::vector<int32_t> tokens =
+          syntheticTokens(config.vocab, trainTokens + heldOut, 1234);
+      tokens.erase(tokens.begin(), tokens.begin() + trainTokens);
+      valid = std::make_unique<TokenData>(TokenData::fromTokens(
+          std::move(tokens), config.vocab, "synthetic validation data"));
+    } else {
+      fail("--eval-every " + std::to_string(opts.evalEvery) +
+           " needs validation data: data.valid in the spec, or --valid-data "
+           "PATH");
+    }
+    if (valid->numSamples(T) == 0)
+      fail("validation data " + inQuotes(valid->name()) + " has " +
+           std::to_string(valid->size()) + " tokens, fewer than the " +
+           std::to_string(T + 1) + " needed for one sequence of length " +
+           std::to_string(T));
+    if (leader && !opts.quiet &&
+        valid->numSamples(T) < opts.evalBatches * globalB)
+      std::printf("note: the validation data holds %" PRId64
+                  " sequences; each evaluation reads %" PRId64
+                  " (--eval-batches %" PRId64 " x %" PRId64
+                  "), so some are read more than once\n",
+                  valid->numSamples(T), opts.evalBatches * globalB,
+                  opts.evalBatches, globalB);
+  }
+
   const DeviceHooks *device = program.device;
   // What the process holds before the plan's stores: the program, MPI, the
   // data. The report compares the growth from here with the plan.
@@ -1637,6 +1703,35 @@ int train(const Program &sharedProgram, const Options &opts) {
   // thread (--prefetch batches at most).
   BatchPrefetcher batches(*data, globalB, firstRow, B, T, firstStep, lastStep,
                           opts.prefetch, opts.dataDelayMs);
+  // The validation loss: the forward-only step on this rank's rows of the
+  // first --eval-batches global batches of the validation data, averaged.
+  // Its messages are not the training step's traffic.
+  std::vector<int32_t> validTokens, validTargets;
+  float lastValLoss = NAN;
+  auto evaluate = [&]() {
+    UncountedCollectives notTraffic;
+    TraceSpan span("eval");
+    validTokens.resize(B * T);
+    validTargets.resize(B * T);
+    StepContext saved = ctx;
+    double sum = 0;
+    ctx.evaluating = true;
+    for (int64_t k = 0; k < opts.evalBatches; k++) {
+      valid->rowsForStep(k, globalB, firstRow, B, T, validTokens.data(),
+                         validTargets.data());
+      if (device) {
+        device->loadBatch(ctx, validTokens.data(), validTargets.data(), B * T);
+      } else {
+        ctx.tokens = validTokens.data();
+        ctx.targets = validTargets.data();
+      }
+      ctx.loss = NAN;
+      program.evalStep(ctx);
+      sum += ctx.loss;
+    }
+    ctx = saved;
+    return (float)(sum / (double)opts.evalBatches);
+  };
   for (int64_t step = firstStep; step < lastStep; step++) {
     double dataWaitMs = batches.get(step, tokens.data(), targets.data());
     if (sampleLog) {
@@ -1672,6 +1767,22 @@ int train(const Program &sharedProgram, const Options &opts) {
            " at step " + std::to_string(step + 1) + " of " +
            std::to_string(opts.steps));
     lastLoss = ctx.loss;
+    // The validation loss, every --eval-every steps and after the last.
+    std::string evalFields;
+    double evalMs = 0;
+    if (valid && ((step + 1) % opts.evalEvery == 0 || step + 1 == lastStep)) {
+      auto begin = std::chrono::steady_clock::now();
+      lastValLoss = evaluate();
+      evalMs = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - begin)
+                          .count();
+      if (!std::isfinite(lastValLoss))
+        fail("validation loss is " +
+             std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
+             " after step " + std::to_string(step + 1));
+      evalFields = ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
+                   ", \"eval_ms\": " + jsonNumber(evalMs, "%.3f");
+    }
     // A state to resume from if the run dies; written to a temporary name
     // and renamed, so the previous one stays whole until it is replaced.
     // Its gathers are not the step's traffic.
@@ -1746,6 +1857,13 @@ int train(const Program &sharedProgram, const Options &opts) {
                   clockTime(eta).c_str(), memory.c_str());
       std::fflush(stdout);
     }
+    if (leader && !opts.quiet && !evalFields.empty()) {
+      std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
+                  " batch%s | %.0f ms\n",
+                  width, step + 1, opts.steps, lastValLoss, opts.evalBatches,
+                  opts.evalBatches == 1 ? "" : "es", evalMs);
+      std::fflush(stdout);
+    }
     if (metrics) {
       std::string line =
           "{\"step\": " + std::to_string(step) +
@@ -1770,7 +1888,7 @@ int train(const Program &sharedProgram, const Options &opts) {
           (device ? std::string()
                   : ", \"mem_peak_bytes\": " +
                         std::to_string(statusBytes("VmHWM") - rssBefore)) +
-          checkpointFields + "}\n";
+          evalFields + checkpointFields + "}\n";
       if (std::fputs(line.c_str(), metrics.get()) < 0 ||
           std::fflush(metrics.get()) != 0)
         fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
@@ -1825,11 +1943,18 @@ int train(const Program &sharedProgram, const Options &opts) {
                         (double)commWorldSize() / 1e12 / opts.peakTflops);
       mfu = text;
     }
+    std::string validation;
+    if (std::isfinite(lastValLoss)) {
+      char text[40];
+      std::snprintf(text, sizeof(text), ", val_loss %.4f", lastValLoss);
+      validation = text;
+    }
     std::printf("done: %" PRId64 " steps in %.2f s (%.0f tokens, %.0f tok/s "
-                "mean%s), final loss %.4f, lowest %.4f at step %" PRId64
+                "mean%s), final loss %.4f%s, lowest %.4f at step %" PRId64
                 "%s\n",
                 steps, seconds, tokens, seconds > 0 ? tokens / seconds : 0.0,
-                mfu.c_str(), lastLoss, lowestLoss, lowestStep + 1,
+                mfu.c_str(), lastLoss, validation.c_str(), lowestLoss,
+                lowestStep + 1,
                 device ? ""
                        : (", peak memory " + megabytes(statusBytes("VmHWM")) +
                           " (rank 0)")
@@ -1888,13 +2013,13 @@ int reportFatal(const std::string &message, bool agreed = false) {
 void finishStep(StepContext &ctx, const float *loss, const float *norm) {
   ctx.loss = loss[0];
   ctx.lossExact = loss[0];
-  ctx.gradNorm = norm[0];
+  ctx.gradNorm = norm ? norm[0] : NAN;
 }
 
 void finishStep(StepContext &ctx, const double *loss, const double *norm) {
   ctx.loss = (float)loss[0];
   ctx.lossExact = loss[0];
-  ctx.gradNorm = (float)norm[0];
+  ctx.gradNorm = norm ? (float)norm[0] : NAN;
 }
 
 int runMain(int argc, char **argv, const Program &program) {

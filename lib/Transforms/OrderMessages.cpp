@@ -45,11 +45,19 @@ struct OrderMessagesPass
     : tessel::impl::OrderMessagesBase<OrderMessagesPass> {
   void runOnOperation() override {
     ModuleOp top = getOperation();
+    if (failed(order(top, "train_step", /*eval=*/false)) ||
+        failed(order(top, "eval_step", /*eval=*/true)))
+      signalPassFailure();
+  }
+
+  // Orders the messages of each program's step function `stepName`: `order`
+  // on its sends, or `eval_order` for the forward-only step.
+  LogicalResult order(ModuleOp top, StringRef stepName, bool eval) {
     std::map<Channel, std::vector<Message>> sent, received;
     std::map<int64_t, std::vector<StepMessages>> steps; // by rank
     for (auto program : top.getOps<ModuleOp>()) {
       auto rankAttr = program->getAttrOfType<IntegerAttr>("pipe.rank");
-      auto step = program.lookupSymbol<func::FuncOp>("train_step");
+      auto step = program.lookupSymbol<func::FuncOp>(stepName);
       if (!rankAttr || !step)
         continue;
       int64_t rank = rankAttr.getInt();
@@ -79,9 +87,9 @@ struct OrderMessagesPass
           continue;
         IntegerAttr mbAttr;
         if (!matchPattern(call.getOperand(0), m_Constant(&mbAttr))) {
-          call.emitOpError("runs a part for a microbatch not known when "
-                           "compiling; the messages cannot be ordered");
-          return signalPassFailure();
+          return call.emitOpError("runs a part for a microbatch not known "
+                                  "when compiling; the messages cannot be "
+                                  "ordered");
         }
         int64_t mb = mbAttr.getInt();
         StepMessages &messages = mine.emplace_back();
@@ -102,21 +110,21 @@ struct OrderMessagesPass
       std::map<Message, int64_t> place;
       for (auto [k, m] : llvm::enumerate(received[channel]))
         place.emplace(m, k);
-      std::string where = "pipeline rank " + std::to_string(channel.first) +
+      std::string where = std::string(eval ? "evaluation: " : "") +
+                          "pipeline rank " + std::to_string(channel.first) +
                           " -> rank " + std::to_string(channel.second) + ": ";
       if (messages.size() != received[channel].size() ||
           place.size() != messages.size()) {
-        top.emitError(where) << messages.size() << " messages are sent and "
-                             << received[channel].size() << " received";
-        return signalPassFailure();
+        return top.emitError(where)
+               << messages.size() << " messages are sent and "
+               << received[channel].size() << " received";
       }
       for (const Message &m : messages) {
         auto it = place.find(m);
         if (it == place.end()) {
-          top.emitError(where)
-              << "message " << m.first << " of microbatch " << m.second
-              << " is sent but never received";
-          return signalPassFailure();
+          return top.emitError(where)
+                 << "message " << m.first << " of microbatch " << m.second
+                 << " is sent but never received";
         }
         std::vector<int64_t> &perMicrobatch = orders[{channel, m.first}];
         if ((int64_t)perMicrobatch.size() <= m.second)
@@ -161,20 +169,25 @@ struct OrderMessagesPass
       const StepMessages &call = calls[next[rank]];
       for (auto &[channel, m] : call.receives)
         if (orderOf(channel, m) >= issued[channel]) {
-          top.emitError("pipeline rank ")
-              << rank << " would wait forever: its " << call.what
-              << " receives message " << m.first << " from rank "
-              << channel.first << ", which is never sent in turn";
-          return signalPassFailure();
+          return top.emitError(eval ? "evaluation: pipeline rank "
+                                    : "pipeline rank ")
+                 << rank << " would wait forever: its " << call.what
+                 << " receives message " << m.first << " from rank "
+                 << channel.first << ", which is never sent in turn";
         }
     }
 
     Builder b(&getContext());
     for (auto &[rank, calls] : steps)
       for (StepMessages &call : calls)
-        for (auto &[channel, m, send] : call.sends)
-          send.setOrderAttr(
-              b.getDenseI64ArrayAttr(orders[{channel, m.first}]));
+        for (auto &[channel, m, send] : call.sends) {
+          auto order = b.getDenseI64ArrayAttr(orders[{channel, m.first}]);
+          if (eval)
+            send.setEvalOrderAttr(order);
+          else
+            send.setOrderAttr(order);
+        }
+    return success();
   }
 };
 

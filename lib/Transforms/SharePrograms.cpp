@@ -123,6 +123,11 @@ bool sameStep(func::FuncOp a, func::FuncOp b) {
   return true;
 }
 
+// The step functions: training's and the forward-only evaluation's.
+bool isStep(func::FuncOp f) {
+  return f.getSymName() == "train_step" || f.getSymName() == "eval_step";
+}
+
 bool samePrograms(ModuleOp a, ModuleOp b) {
   if (comparedAttributes(a) != comparedAttributes(b))
     return false;
@@ -131,8 +136,7 @@ bool samePrograms(ModuleOp a, ModuleOp b) {
     return false;
   for (auto [x, y] : llvm::zip(bodyA, bodyB)) {
     auto fx = dyn_cast<func::FuncOp>(x), fy = dyn_cast<func::FuncOp>(y);
-    if (fx && fy && fx.getSymName() == "train_step" &&
-        fy.getSymName() == "train_step") {
+    if (fx && fy && isStep(fx) && fx.getSymName() == fy.getSymName()) {
       if (!sameStep(fx, fy))
         return false;
     } else if (!OperationEquivalence::isEquivalentTo(
@@ -159,25 +163,15 @@ std::string sharedName(ArrayRef<int64_t> ranks) {
          std::to_string(ranks.back()) + "x" + std::to_string(ranks.size());
 }
 
-// Makes group[0] the program of every rank of the group and erases the rest.
-void share(ArrayRef<ModuleOp> group) {
+// In step function `name` of each program of the group, each run of part
+// calls that the ranks order differently becomes a table of group[0]'s.
+void shareSchedule(ArrayRef<ModuleOp> group, StringRef name) {
   ModuleOp shared = group.front();
   MLIRContext *ctx = shared.getContext();
   Builder b(ctx);
-  SmallVector<func::FuncOp> steps;
   SmallVector<SmallVector<StepItem>> items;
-  SmallVector<int64_t> ranks, slots;
-  SmallVector<Attribute> serves;
-  for (ModuleOp program : group) {
-    steps.push_back(program.lookupSymbol<func::FuncOp>("train_step"));
-    items.push_back(stepItems(steps.back()));
-    ranks.push_back(program->getAttrOfType<IntegerAttr>("pipe.rank").getInt());
-    auto s = program->getAttrOfType<IntegerAttr>("rt.arena_slots");
-    slots.push_back(s ? s.getInt() : 1);
-    serves.push_back(b.getStringAttr(*program.getSymName()));
-  }
-
-  // Each run of part calls the ranks order differently becomes a table.
+  for (ModuleOp program : group)
+    items.push_back(stepItems(ModuleOp(program).lookupSymbol<func::FuncOp>(name)));
   for (auto [k, item] : llvm::enumerate(items.front())) {
     if (item.op)
       continue;
@@ -207,6 +201,30 @@ void share(ArrayRef<ModuleOp> group) {
     for (func::CallOp call : item.calls)
       call.erase();
   }
+  auto step = shared.lookupSymbol<func::FuncOp>(name);
+  for (Operation &op : llvm::make_early_inc_range(step.getOps()))
+    if (isa<arith::ConstantOp>(op) && op.use_empty())
+      op.erase();
+}
+
+// Makes group[0] the program of every rank of the group and erases the rest.
+void share(ArrayRef<ModuleOp> group) {
+  ModuleOp shared = group.front();
+  MLIRContext *ctx = shared.getContext();
+  Builder b(ctx);
+  SmallVector<func::FuncOp> steps;
+  SmallVector<int64_t> ranks, slots;
+  SmallVector<Attribute> serves;
+  for (ModuleOp program : group) {
+    steps.push_back(program.lookupSymbol<func::FuncOp>("train_step"));
+    ranks.push_back(program->getAttrOfType<IntegerAttr>("pipe.rank").getInt());
+    auto s = program->getAttrOfType<IntegerAttr>("rt.arena_slots");
+    slots.push_back(s ? s.getInt() : 1);
+    serves.push_back(b.getStringAttr(*program.getSymName()));
+  }
+  for (StringRef name : {"train_step", "eval_step"})
+    if (shared.lookupSymbol<func::FuncOp>(name))
+      shareSchedule(group, name);
 
   // Each parameter's name on every rank, in the order of rt.variants.
   SmallVector<SmallVector<rt::ParamOp>> params;
@@ -221,9 +239,6 @@ void share(ArrayRef<ModuleOp> group) {
     param.setVariantNamesAttr(b.getStrArrayAttr(names));
   }
 
-  for (Operation &op : llvm::make_early_inc_range(steps.front().getOps()))
-    if (isa<arith::ConstantOp>(op) && op.use_empty())
-      op.erase();
   shared->removeAttr("pipe.rank");
   shared->setAttr("rt.variants", b.getDenseI64ArrayAttr(ranks));
   shared->setAttr("rt.variant_arena_slots", b.getDenseI64ArrayAttr(slots));

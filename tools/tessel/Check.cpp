@@ -29,25 +29,34 @@ using tessel::LayoutOverrides;
 
 namespace {
 
-Expected<std::vector<double>> readLosses(StringRef path) {
+// Each step's loss and, at the steps that evaluated, the validation loss
+// (NaN elsewhere).
+struct Losses {
+  std::vector<double> train, valid;
+};
+
+Expected<Losses> readLosses(StringRef path) {
   auto text = MemoryBuffer::getFile(path);
   if (!text)
     return createStringError(path + ": " + text.getError().message());
-  std::vector<double> losses;
+  Losses losses;
   SmallVector<StringRef> lines;
   (*text)->getBuffer().split(lines, '\n', -1, false);
   for (StringRef line : lines) {
     auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
     if (j.is_discarded() || !j.contains("loss") || !j["loss"].is_number())
       return createStringError(path + ": bad metrics line");
-    losses.push_back(j["loss"].get<double>());
+    losses.train.push_back(j["loss"].get<double>());
+    losses.valid.push_back(j.contains("val_loss") && j["val_loss"].is_number()
+                               ? j["val_loss"].get<double>()
+                               : NAN);
   }
   return losses;
 }
 
 struct Comparison {
-  double lossDiff = 0, paramDiff = 0;
-  int64_t lossStep = -1;
+  double lossDiff = 0, paramDiff = 0, validDiff = 0;
+  int64_t lossStep = -1, validStep = -1;
   std::string paramName;
 };
 
@@ -61,14 +70,25 @@ Expected<Comparison> compareRuns(StringRef refDir, StringRef layoutDir) {
     return ref.takeError();
   if (!lay)
     return lay.takeError();
-  if (ref->size() != lay->size())
+  if (ref->train.size() != lay->train.size())
     return createStringError("the runs logged different step counts");
-  for (size_t s = 0; s < ref->size(); ++s) {
-    double d = std::fabs((*ref)[s] - (*lay)[s]) /
-               std::max(std::fabs((*ref)[s]), 1e-30);
-    if (!(d <= c.lossDiff)) {
+  auto relative = [](double a, double b) {
+    return std::fabs(a - b) / std::max(std::fabs(a), 1e-30);
+  };
+  for (size_t s = 0; s < ref->train.size(); ++s) {
+    double d = relative(ref->train[s], lay->train[s]);
+    if (c.lossStep < 0 || !(d <= c.lossDiff)) {
       c.lossDiff = d;
       c.lossStep = s;
+    }
+    if (std::isnan(ref->valid[s]) != std::isnan(lay->valid[s]))
+      return createStringError("the runs evaluated at different steps");
+    if (std::isnan(ref->valid[s]))
+      continue;
+    d = relative(ref->valid[s], lay->valid[s]);
+    if (c.validStep < 0 || !(d <= c.validDiff)) {
+      c.validDiff = d;
+      c.validStep = s;
     }
   }
   SmallString<256> refWeights(refDir), layWeights(layoutDir);
@@ -144,6 +164,22 @@ int tessel::checkCommand(const CheckOptions &options) {
       errs() << "tessel: error: " << toString(std::move(err)) << "\n";
       return 1;
     }
+  // The validation loss is compared too, where there is validation data
+  // (the spec's data.valid, or held-out synthetic tokens): twice in the run.
+  bool evaluate = false;
+  {
+    SmallString<256> planPath(refDir);
+    sys::path::append(planPath, "plan.json");
+    auto text = MemoryBuffer::getFile(planPath);
+    auto plan = text ? nlohmann::json::parse((*text)->getBuffer().begin(),
+                                             (*text)->getBuffer().end(),
+                                             nullptr, false)
+                     : nlohmann::json();
+    if (plan.is_object() && plan.contains("data") &&
+        plan["data"].is_object())
+      evaluate = plan["data"].value("format", std::string()) == "synthetic" ||
+                 plan["data"].contains("valid");
+  }
   for (StringRef dir : {StringRef(refDir), StringRef(layDir)}) {
     SmallString<256> metrics(dir), weights(dir);
     sys::path::append(metrics, "check-metrics.jsonl");
@@ -156,6 +192,11 @@ int tessel::checkCommand(const CheckOptions &options) {
                                      "--save-final",
                                      std::string(weights),
                                      "--quiet"};
+    if (evaluate && options.steps > 0)
+      args.insert(args.end(),
+                  {"--eval-every", std::to_string(std::max<int64_t>(
+                                       1, options.steps / 2)),
+                   "--eval-batches", "2"});
     if (int rc = runCommand(args)) {
       errs() << "tessel: error: the run of " << dir << " failed\n";
       return 1;
@@ -186,7 +227,8 @@ int tessel::checkCommand(const CheckOptions &options) {
                 : precision == "bf16"    ? 3e-2
                                          : 1e-4;
   }
-  bool ok = c->lossDiff <= tolerance && c->paramDiff <= tolerance;
+  bool ok = c->lossDiff <= tolerance && c->paramDiff <= tolerance &&
+            c->validDiff <= tolerance;
   outs() << "tessel check: " << options.input << ", layout "
          << options.layout.describe();
   if (zero > 0)
@@ -199,7 +241,11 @@ int tessel::checkCommand(const CheckOptions &options) {
          << format("  largest relative loss difference      %.3e (step %lld)\n",
                    c->lossDiff, (long long)c->lossStep)
          << format("  largest relative parameter difference %.3e (%s)\n",
-                   c->paramDiff, c->paramName.c_str())
+                   c->paramDiff, c->paramName.c_str());
+  if (c->validStep >= 0)
+    outs() << format("  largest relative val_loss difference  %.3e (step %lld)\n",
+                     c->validDiff, (long long)c->validStep);
+  outs()
          << (ok ? "  OK" : "  FAILED")
          << format(" (tolerance %.1e)\n", tolerance);
   return ok ? 0 : 1;

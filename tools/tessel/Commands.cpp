@@ -63,7 +63,7 @@ struct RunPlan {
   // The binaries in rank order (one, or one per pipeline stage but for
   // stages that share one), with how many consecutive ranks run each.
   std::vector<std::pair<std::string, int64_t>> binaries;
-  std::string dataFormat, dataPath;
+  std::string dataFormat, dataPath, validPath;
 };
 
 bool isProgramName(StringRef name) {
@@ -147,6 +147,7 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
     const json &data = plan.at("data");
     run.dataFormat = data.at("format").get<std::string>();
     run.dataPath = data.at("path").get<std::string>();
+    run.validPath = data.value("valid", std::string());
     return run;
   } catch (const json::exception &e) {
     // A missing field or one of the wrong type.
@@ -409,6 +410,8 @@ int tessel::runCommand(ArrayRef<std::string> args) {
       path = (Twine(dir) + "/" + path).str();
     forwarded.insert(forwarded.begin(), {"--data", path});
   }
+  if (!checked->validPath.empty() && !hasFlag(forwarded, "--valid-data"))
+    forwarded.insert(forwarded.begin(), {"--valid-data", checked->validPath});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's
   // machine or in CI).
@@ -832,15 +835,18 @@ static int dataPrepare(ArrayRef<std::string> args) {
   const char *usage =
       "usage: tessel data prepare INPUT... -o OUTPUT [--format llmc|megatron] "
       "[--tokenizer bytes|gpt2 --vocab-json vocab.json --merges merges.txt] "
-      "[--json-key text] [--workers N]\n";
+      "[--json-key text] [--workers N] [--valid-fraction F "
+      "[--valid-output VALID]]\n";
   std::vector<std::string> inputs;
   std::string output, format = "llmc", tokenizer = "bytes", vocabJson, merges,
-                      jsonKey = "text", workersText;
+                      jsonKey = "text", workersText, validFractionText,
+                      validOutput;
   const std::pair<StringRef, std::string *> flags[] = {
       {"-o", &output},          {"--format", &format},
       {"--tokenizer", &tokenizer}, {"--vocab-json", &vocabJson},
       {"--merges", &merges},    {"--json-key", &jsonKey},
-      {"--workers", &workersText}};
+      {"--workers", &workersText}, {"--valid-fraction", &validFractionText},
+      {"--valid-output", &validOutput}};
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string &arg = args[i];
     auto flag = llvm::find_if(flags, [&](const auto &f) { return f.first == arg; });
@@ -881,6 +887,29 @@ static int dataPrepare(ArrayRef<std::string> args) {
   if (tokenizer == "bytes" && (!vocabJson.empty() || !merges.empty()))
     return fail("data prepare: --vocab-json and --merges are for "
                 "--tokenizer gpt2");
+  // --valid-fraction F: the last documents, F of them (at least one), are
+  // written to the validation output instead, as Megatron's split takes
+  // contiguous ranges of documents.
+  double validFraction = 0;
+  if (!validFractionText.empty() &&
+      (StringRef(validFractionText).getAsDouble(validFraction) ||
+       !(validFraction > 0 && validFraction < 1)))
+    return fail("data prepare: --valid-fraction expects a fraction of the "
+                "documents between 0 and 1 (exclusive), got '" +
+                validFractionText + "'");
+  if (!validOutput.empty() && validFraction == 0)
+    return fail("data prepare: --valid-output needs --valid-fraction");
+  if (validFraction > 0 && validOutput.empty()) {
+    // train.bin -> train.valid.bin; a Megatron PREFIX -> PREFIX_valid.
+    StringRef out(output);
+    if (format == "llmc" && out.ends_with(".bin"))
+      validOutput = out.drop_back(4).str() + ".valid.bin";
+    else
+      validOutput = output + (format == "llmc" ? ".valid" : "_valid");
+  }
+  if (validFraction > 0 && validOutput == output)
+    return fail("data prepare: --valid-output names the training output '" +
+                output + "'");
   try {
     std::optional<tessel::Gpt2Bpe> bpe;
     if (tokenizer == "gpt2")
@@ -984,20 +1013,46 @@ static int dataPrepare(ArrayRef<std::string> args) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     int64_t vocab = bpe ? bpe->vocabSize() : 256;
-    if (format == "llmc")
-      tessel::rt::writeTokenFile(output, tokens);
-    else
-      tessel::rt::writeMegatronDataset(output, tokens, ends);
+    int64_t allTokens = (int64_t)tokens.size();
+    std::vector<int32_t> validTokens;
+    std::vector<int64_t> validEnds;
+    if (validFraction > 0) {
+      int64_t documents = (int64_t)ends.size();
+      if (documents < 2)
+        return fail("data prepare: --valid-fraction needs at least two "
+                    "documents (one to train on, one to validate on); the "
+                    "input holds " +
+                    Twine(documents));
+      int64_t held = std::clamp<int64_t>(
+          (int64_t)std::llround(validFraction * (double)documents), 1,
+          documents - 1);
+      int64_t cut = ends[documents - held - 1];
+      validTokens.assign(tokens.begin() + cut, tokens.end());
+      tokens.resize(cut);
+      for (int64_t d = documents - held; d < documents; d++)
+        validEnds.push_back(ends[d] - cut);
+      ends.resize(documents - held);
+    }
+    auto write = [&](const std::string &path, const std::vector<int32_t> &t,
+                     const std::vector<int64_t> &e) {
+      if (format == "llmc")
+        tessel::rt::writeTokenFile(path, t);
+      else
+        tessel::rt::writeMegatronDataset(path, t, e);
+      return format == "llmc" ? path : path + ".bin and " + path + ".idx";
+    };
     outs() << "wrote " << tokens.size() << " tokens of " << ends.size()
-           << " documents to "
-           << (format == "llmc" ? output : output + ".bin and " + output +
-                                               ".idx")
-           << " (" << tokenizer << " tokens: model.vocab_size >= " << vocab
-           << ")\n";
+           << " documents to " << write(output, tokens, ends) << " ("
+           << tokenizer << " tokens: model.vocab_size >= " << vocab << ")\n";
+    if (validFraction > 0)
+      outs() << "  and held out " << validTokens.size() << " tokens of "
+             << validEnds.size() << " documents for validation in "
+             << write(validOutput, validTokens, validEnds)
+             << " (data.valid, --valid-data)\n";
     outs() << formatv("  {0} MB of text in {1:f2} s: {2:f0} tokens/s with {3} "
                       "worker{4}\n",
                       formatv("{0:f1}", readBytes / 1e6), seconds,
-                      tokens.size() / std::max(seconds, 1e-9), workers,
+                      allTokens / std::max(seconds, 1e-9), workers,
                       workers == 1 ? "" : "s");
   } catch (const std::exception &e) {
     return fail(e.what());
@@ -1009,6 +1064,7 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
   const char *usage =
       "usage: tessel data prepare INPUT... -o OUTPUT [--format llmc|megatron] "
       "[--tokenizer bytes|gpt2 --vocab-json F --merges F] [--json-key K]\n"
+      "           [--workers N] [--valid-fraction F [--valid-output V]]\n"
       "       tessel data encode TEXT_FILE -o TOKENS.bin\n"
       "       tessel data synth -o TOKENS.bin [--vocab 256] [--tokens N] "
       "[--seed S]\n"

@@ -363,6 +363,8 @@ json planJson(const Spec &spec, ModuleOp module,
                                                        : spec.data.path},
                   {"shuffle", spec.data.shuffle},
                   {"seed", spec.data.seed}};
+  if (!spec.data.valid.empty())
+    plan["data"]["valid"] = spec.data.valid;
   plan["parameters"] = paramList;
   return plan;
 }
@@ -492,6 +494,8 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                                      "' is not a plain word");
   if (spec.data.path.find('\0') != std::string::npos)
     return llvm::createStringError("data.path holds a NUL character");
+  if (spec.data.valid.find('\0') != std::string::npos)
+    return llvm::createStringError("data.valid holds a NUL character");
   int64_t perProgram = layout.ranksPerProgram();
   std::string np = std::to_string(layout.worldSize());
   llvm::SmallString<256> mpirun(out), sbatch(out), conf(out);
@@ -514,7 +518,7 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                 to = std::to_string(first + count - 1);
     segments += std::string(k ? " \\\n  : " : "") + "-np " +
                 std::to_string(count) + " \"$here/bin/" + programs[k].binary +
-                "\" ${data:+--data \"$data\"} \"$@\" "
+                "\" ${data:+--data \"$data\"} ${valid:+--valid-data \"$valid\"} \"$@\" "
                 "${resume:+--resume \"$resume\"}";
     confLines += from + "-" + to + " bin/" + programs[k].binary + "\n";
     rankCases += "if [ \"$SLURM_PROCID\" -ge " + from +
@@ -526,13 +530,17 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
                      : spec.data.format != "synthetic"
                          ? shellQuoted(spec.data.path)
                          : "''";
+  std::string valid =
+      spec.data.valid.empty() ? "''" : shellQuoted(spec.data.valid);
   std::string script = "#!/bin/sh\n# Launches all " + np +
                        " ranks of this plan (MPMD), as `tessel run` does:\n"
                        "#   launch/mpirun.sh [--steps N] [--data FILE] ...\n"
                        "here=$(cd \"$(dirname \"$0\")/..\" && pwd) || exit 1\n"
                        "data=" + data + "\n"
+                       "valid=" + valid + "\n"
                        "for arg in \"$@\"; do\n"
-                       "  case \"$arg\" in --data|--data=*) data= ;; esac\n"
+                       "  case \"$arg\" in --data|--data=*) data= ;; "
+                       "--valid-data|--valid-data=*) valid= ;; esac\n"
                        "done\n"
                        "extra=\"\"\n"
                        "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}\n"
@@ -595,8 +603,10 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
       "  exit 1\n"
       "fi\n"
       "data=" + data + "\n"
+      "valid=" + valid + "\n"
       "for arg in \"$@\"; do\n"
-      "  case \"$arg\" in --data|--data=*) data= ;; esac\n"
+      "  case \"$arg\" in --data|--data=*) data= ;; "
+      "--valid-data|--valid-data=*) valid= ;; esac\n"
       "done\n"
       "threads=${SLURM_CPUS_PER_TASK:-1}\n"
       "export OMP_NUM_THREADS=$threads\n"
@@ -611,7 +621,8 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
           "srun --mpi=\"${SLURM_MPI_TYPE:-pmix}\" --ntasks=" + np +
               " --cpus-per-task=\"$threads\" \\\n"
               "  --kill-on-bad-exit=1 /bin/sh -c \"$rank\" \"$here\" \\\n"
-              "  ${data:+--data \"$data\"} --threads \"$threads\" \"$@\" "
+              "  ${data:+--data \"$data\"} ${valid:+--valid-data \"$valid\"} "
+              "--threads \"$threads\" \"$@\" "
               "${resume:+--resume \"$resume\"}");
   return writeFile(sbatch, batch);
 }

@@ -38,6 +38,10 @@ struct TrainSpec {
   int64_t warmupSteps = 0;
   std::string decay = "cosine"; // "cosine" | "linear" | "constant"
   double minLr = 0.0;
+  // Validation loss (train.eval_every, train.eval_batches): every this many
+  // steps and at the end, the mean loss of the first eval_batches global
+  // batches of the validation data; 0: never.
+  int64_t evalEvery = 0, evalBatches = 8;
   // Storage and matmul precision on accelerators: "bf16" (bf16 activations
   // and matmul operands, fp32 master weights, optimizer state and
   // reductions) or "fp32". The CPU target always computes in fp32.
@@ -55,6 +59,7 @@ struct TrainSpec {
 struct DataSpec {
   std::string format = "synthetic"; // "synthetic" | "llmc" | "megatron"
   std::string path;                 // absolute, for a file
+  std::string valid; // data.valid: validation data (absolute), or empty
   bool shuffle = false;             // a permutation of the samples per epoch
   uint64_t seed = 1234;             // the shuffle's seed
   // data.blend: datasets (absolute paths) drawn by weight; format "blend".

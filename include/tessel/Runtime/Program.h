@@ -80,6 +80,10 @@ struct TrainConfig {
   // Model FLOPs per trained token (forward and backward; docs/metrics.md),
   // for MFU; 0 when unknown.
   double flopsPerToken;
+  // Validation loss every evalEvery steps and at the end (0: never), as the
+  // mean over the first evalBatches global batches of the validation data.
+  int64_t evalEvery;
+  int64_t evalBatches;
 };
 
 // What the step function reads and writes. All pointers are owned by the
@@ -109,6 +113,9 @@ struct StepContext {
   // Which of a shared program's variants this rank runs (Program::variants;
   // 0 otherwise).
   int64_t variant;
+  // Set while Program::evalStep runs (a device program's pipeline messages
+  // are ordered differently then).
+  bool evaluating;
 };
 
 struct Program;
@@ -155,6 +162,10 @@ struct Program {
   int64_t activationBytes; // size of the activation arena
   TrainConfig config;
   void (*step)(StepContext &);
+  // The forward-only step (tessel-eval-step): the loss of the batch at the
+  // current parameters, reduced as `step` reduces it, without gradients or
+  // an update; it writes ctx.loss only. Null in gradient checks.
+  void (*evalStep)(StepContext &);
   // Mesh sizes; all 1 for a one-rank program. The runtime checks the launch
   // against it, and data parallel rank d reads rows [d * batch,
   // (d + 1) * batch) of each global batch.

@@ -179,13 +179,30 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
+  let summary = "Derives each rank program's forward-only step (validation loss)";
+  let description = [{
+    On the rank programs after convert-pipe-to-rt, adds `@eval_step`: the
+    step's forward parts in the step's order, with their messages and what
+    the step exchanges once before its parts, then the reductions that make
+    the step's loss (the `rt.all_reduce`s of the update's loss buffer over
+    dp and pp, and on a rank without the loss the fill that makes its zero)
+    and `rt.finish_eval`. No backward part or update runs, so evaluating
+    leaves parameters and optimizer state as they are, and the loss equals
+    what the training step computes on the same batch and parameters. The
+    runtime runs it for `train.eval_every` (validation loss).
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
   let summary = "Gives each pipeline send its place in the receiver's order (CUDA)";
   let description = [{
     NCCL matches point-to-point messages on a channel in the order they are
     posted, not by tag. On the rank programs after convert-pipe-to-rt, each
     `rt.send` gets `order`: per microbatch, its place in the sequence its
-    receiver takes messages on that channel. The ranks are then run as the
+    receiver takes messages on that channel in `@train_step`, and
+    `eval_order` its place in `@eval_step` (tessel-eval-step). The ranks are then run as the
     CUDA runtime runs them (a part starts once its messages have been
     issued; each channel issues queued sends in order); a rank that would
     wait forever is an error naming the part and the message.

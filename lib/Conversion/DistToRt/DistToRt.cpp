@@ -189,7 +189,8 @@ struct SendLowering : OpConversionPattern<dist::SendOp> {
                   ConversionPatternRewriter &b) const override {
     Value mb = rt::MicrobatchOp::create(b, op.getLoc(), b.getI64Type());
     b.replaceOpWithNewOp<rt::SendOp>(op, a.getInput(), mb, op.getOffsetAttr(),
-                                     op.getTagAttr(), DenseI64ArrayAttr());
+                                     op.getTagAttr(), DenseI64ArrayAttr(),
+                                     DenseI64ArrayAttr());
     return success();
   }
 };

@@ -39,7 +39,9 @@ namespace {
 
 // The C++ name of a step function.
 std::string functionName(StringRef symbol) {
-  return symbol == "train_step" ? "trainStep" : symbol.str();
+  return symbol == "train_step"  ? "trainStep"
+         : symbol == "eval_step" ? "evalStep"
+                                 : symbol.str();
 }
 
 int64_t intAttr(Operation *op, StringRef name, int64_t fallback = 0) {
@@ -120,7 +122,7 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       lr = true;
     else if (isa<rt::UpdateCountOp>(op))
       updates = true;
-    else if (isa<rt::FinishStepOp, func::CallOp>(op))
+    else if (isa<rt::FinishStepOp, rt::FinishEvalOp, func::CallOp>(op))
       ; // read ctx
   });
 
@@ -278,7 +280,7 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   }
   func.erase();
   // The step comes after the parts it calls.
-  if (fn.getSymName() == "trainStep")
+  if (fn.getSymName() == "trainStep" || fn.getSymName() == "evalStep")
     fn->moveBefore(program.getBody(), program.getBody()->end());
   return success();
 }
@@ -429,6 +431,12 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
         std::to_string(seed ? static_cast<uint64_t>(seed.getInt()) : 0) +
             "ull");
   }
+  // Validation (absent from recipes written before it: never).
+  for (auto [key, member] :
+       {std::pair<StringRef, StringRef>{"eval_every", "evalEvery"},
+        {"eval_batches", "evalBatches"}})
+    if (auto v = recipe.getAs<IntegerAttr>(key))
+      setInt(config, member, v.getInt());
   // Model FLOPs per token (absent from recipes written before it: 0).
   if (auto flops = recipe.getAs<FloatAttr>("flops_per_token"))
   {
@@ -455,6 +463,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
                                      intAttr(program, "rt.received_bytes") +
                                      intAttr(program, "rt.transient_bytes"));
   set(var, "step", "trainStep");
+  if (program.lookupSymbol("evalStep"))
+    set(var, "evalStep", "evalStep");
   if (auto variants = program->getAttrOfType<DenseI64ArrayAttr>("rt.variants")) {
     set(var, "variants", "kVariants");
     setInt(var, "numVariants", variants.size());

@@ -246,16 +246,21 @@ struct ScalarPattern : RtPattern<Op> {
   StringRef name;
 };
 
-struct FinishStepPattern : RtPattern<rt::FinishStepOp> {
-  using RtPattern::RtPattern;
+// rt.finish_step hands the loss and the norm to the runtime, rt.finish_eval
+// the loss alone (no norm: nullptr).
+template <typename Op>
+struct FinishPattern : RtPattern<Op> {
+  using RtPattern<Op>::RtPattern;
   LogicalResult
-  matchAndRewrite(rt::FinishStepOp op, OpAdaptor adaptor,
+  matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
-    CallBuilder(rewriter, op.getLoc())
-        .text("ctx")
-        .operand(adaptor.getLoss())
-        .operand(adaptor.getNorm())
-        .build(target.finishStepFunction());
+    CallBuilder call(rewriter, op.getLoc());
+    call.text("ctx").operand(adaptor.getLoss());
+    if constexpr (std::is_same_v<Op, rt::FinishStepOp>)
+      call.operand(adaptor.getNorm());
+    else
+      call.text("nullptr");
+    call.build(this->target.finishStepFunction());
     rewriter.eraseOp(op);
     return success();
   }
@@ -418,30 +423,46 @@ struct PointToPointPattern : RtPattern<Op> {
         mb = std::to_string(i.getInt());
     if (this->target.keysByOrder()) {
       if constexpr (std::is_same_v<Op, rt::SendOp>) {
-        if (!op.getOrder())
+        if (!op.getOrder() && !op.getEvalOrder())
           return op.emitOpError(
               "has no place in the receiver's order (run "
               "tessel-order-messages)");
-        // Tags are numbered per channel: the table is the channel's.
+        // Tags are numbered per channel: the table is the channel's. A send
+        // of a forward part runs in both steps, which order differently.
         int64_t offset = op.getOffset();
-        std::string table = "kSendOrderTag" + std::to_string(op.getTag()) +
-                            (offset < 0 ? "Back" : "On") +
-                            std::to_string(offset < 0 ? -offset : offset);
-        if (!module.lookupSymbol(table)) {
-          OpBuilder::InsertionGuard guard(rewriter);
-          rewriter.setInsertionPoint(
-              op->template getParentOfType<emitc::FuncOp>());
-          std::string init = "{";
-          for (auto [k, v] : llvm::enumerate(*op.getOrder()))
-            init += (k ? ", " : "") + std::to_string(v);
-          rewriter.create<emitc::GlobalOp>(
-              op.getLoc(), table,
-              emitc::ArrayType::get({(int64_t)op.getOrder()->size()},
-                                    rewriter.getI64Type()),
-              opaqueAttr(rewriter.getContext(), init + "}"), false, true,
-              true);
-        }
-        call.text(table + "[" + mb + "]");
+        std::string channel = std::to_string(op.getTag()) +
+                              (offset < 0 ? "Back" : "On") +
+                              std::to_string(offset < 0 ? -offset : offset);
+        auto tableOf = [&](StringRef prefix,
+                           ArrayRef<int64_t> order) -> std::string {
+          std::string table = prefix.str() + channel;
+          if (!module.lookupSymbol(table)) {
+            OpBuilder::InsertionGuard guard(rewriter);
+            rewriter.setInsertionPoint(
+                op->template getParentOfType<emitc::FuncOp>());
+            std::string init = "{";
+            for (auto [k, v] : llvm::enumerate(order))
+              init += (k ? ", " : "") + std::to_string(v);
+            rewriter.create<emitc::GlobalOp>(
+                op.getLoc(), table,
+                emitc::ArrayType::get({(int64_t)order.size()},
+                                      rewriter.getI64Type()),
+                opaqueAttr(rewriter.getContext(), init + "}"), false, true,
+                true);
+          }
+          return table + "[" + mb + "]";
+        };
+        std::string train, eval;
+        if (op.getOrder())
+          train = tableOf("kSendOrderTag", *op.getOrder());
+        // One table where both steps order the channel alike.
+        if (op.getEvalOrder() &&
+            !(op.getOrder() && *op.getOrder() == *op.getEvalOrder()))
+          eval = tableOf("kEvalSendOrderTag", *op.getEvalOrder());
+        call.text(train.empty()  ? eval
+                  : eval.empty() ? train
+                                 : "(ctx.evaluating ? " + eval + " : " +
+                                       train + ")");
       }
     } else {
       call.text(Twine(op.getTag() * microbatches) + " + " + mb);
@@ -492,8 +513,8 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                                        const TargetInfo &target) {
   MLIRContext *ctx = patterns.getContext();
   patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
-               FinishStepPattern, AllReducePattern, WaitRequestsPattern,
-               GatherStartPattern>(
+               FinishPattern<rt::FinishStepOp>, FinishPattern<rt::FinishEvalOp>,
+               AllReducePattern, WaitRequestsPattern, GatherStartPattern>(
       converter, ctx, target);
   patterns.add<StartPattern<rt::AllReduceStartOp>>(converter, ctx, target,
                                                    "allReduceSumStart");

@@ -1,0 +1,176 @@
+//===- EvalStep.cpp - The forward-only step of each rank program ----------===//
+//
+// Validation loss is computed by the program that trains, at its layout:
+// @eval_step runs the forward parts of @train_step in the same order, with
+// the messages they exchange and what the step exchanges once before its
+// parts (a tied weight), then reduces the loss as the update does (over dp
+// and pp) and hands it to the runtime. No backward part, gradient or update
+// runs, so the parameters and the optimizer's state are untouched and the
+// loss is the one the next training step would report on the same batch.
+//
+// Dropping every backward part and its messages from each rank's sequence
+// cannot deadlock a schedule that did not: what remains waits on a subset
+// of what it waited on before.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Transforms/Passes.h"
+
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
+
+namespace tessel {
+#define GEN_PASS_DEF_EVALSTEP
+#include "tessel/Transforms/Passes.h.inc"
+} // namespace tessel
+
+using namespace mlir;
+using namespace tessel;
+namespace rt = tessel::rtir;
+
+namespace {
+
+// The part of a store a buffer covers, in the store's units (bytes in the
+// arena, the received and the transient spaces; elements elsewhere).
+struct Region {
+  rt::Space space;
+  int64_t begin, end;
+  bool operator==(const Region &o) const {
+    return space == o.space && begin == o.begin && end == o.end;
+  }
+  bool overlaps(const Region &o) const {
+    return space == o.space && begin < o.end && o.begin < end;
+  }
+};
+
+std::optional<Region> regionOf(Value v) {
+  while (auto view = v.getDefiningOp<rt::ViewOp>())
+    v = view.getSource();
+  auto buffer = v.getDefiningOp<rt::BufferOp>();
+  if (!buffer)
+    return std::nullopt;
+  int64_t size = rt::elementsOf(buffer.getBuffer());
+  rt::Space space = buffer.getSpace();
+  if (space == rt::Space::Arena || space == rt::Space::Received ||
+      space == rt::Space::Transient)
+    size *= cast<MemRefType>(buffer.getType()).getElementTypeBitWidth() / 8;
+  int64_t offset = buffer.getOffset();
+  return Region{space, offset, offset + size};
+}
+
+bool touches(Operation *op, const Region &loss) {
+  for (Value v : op->getOperands())
+    if (auto r = regionOf(v); r && r->overlaps(loss))
+      return true;
+  return false;
+}
+
+struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
+  void runOnOperation() override {
+    ModuleOp top = getOperation();
+    for (auto program : top.getOps<ModuleOp>()) {
+      auto step = program.lookupSymbol<func::FuncOp>("train_step");
+      if (!step || program.lookupSymbol("eval_step"))
+        continue;
+      if (failed(derive(program, step)))
+        return signalPassFailure();
+    }
+  }
+
+  LogicalResult derive(ModuleOp program, func::FuncOp step) {
+    auto partOf = [&](func::CallOp call) -> StringRef {
+      auto fn = program.lookupSymbol<func::FuncOp>(call.getCallee());
+      auto part = fn ? fn->getAttrOfType<StringAttr>("rt.part") : StringAttr();
+      return part ? part.getValue() : StringRef();
+    };
+    func::FuncOp update;
+    for (auto call : step.getBody().getOps<func::CallOp>())
+      if (partOf(call) == "update")
+        update = program.lookupSymbol<func::FuncOp>(call.getCallee());
+    if (!update)
+      return step.emitOpError("calls no update part; there is no loss to "
+                              "evaluate");
+    rt::FinishStepOp finish;
+    update.walk([&](rt::FinishStepOp f) { finish = f; });
+    if (!finish)
+      return update.emitOpError("does not finish the step (rt.finish_step)");
+    std::optional<Region> loss = regionOf(finish.getLoss());
+    if (!loss)
+      return finish.emitOpError("hands on a loss that is not a placed buffer");
+
+    // The loss's tail in the update: from rt.finish_step back, the
+    // all-reduces of the loss and, on a rank without it, the fill that
+    // makes its zero. Ops that only reach other buffers are skipped; any
+    // other op on the loss's buffer ends the tail there, where the forward
+    // parts' sum is the loss. The same code builds every rank's tail, so
+    // the ranks of a group take part in the same reductions.
+    SmallVector<Operation *> tail;
+    for (Operation *op = finish->getPrevNode(); op; op = op->getPrevNode()) {
+      if (isa<rt::BufferOp, rt::ViewOp>(op) || !touches(op, *loss))
+        continue;
+      if (auto reduce = dyn_cast<rt::AllReduceOp>(op)) {
+        bool whole = llvm::any_of(reduce.getBuffers(), [&](Value v) {
+          return regionOf(v) == loss;
+        });
+        if (!whole)
+          return reduce.emitOpError("reduces part of the loss's buffer with "
+                                    "other values; the loss cannot be "
+                                    "evaluated alone");
+        tail.push_back(op);
+        continue;
+      }
+      if (auto fill = dyn_cast<rt::FillOp>(op);
+          fill && regionOf(fill->getOperand(0)) == loss) {
+        tail.push_back(op);
+        break;
+      }
+      break;
+    }
+    std::reverse(tail.begin(), tail.end());
+
+    // The step without the backward parts and the update.
+    OpBuilder b(step);
+    b.setInsertionPointAfter(step);
+    auto eval = cast<func::FuncOp>(b.clone(*step));
+    eval.setSymName("eval_step");
+    for (Operation &op : llvm::make_early_inc_range(eval.getBody().getOps())) {
+      if (isa<rt::ParamOp>(op)) {
+        if (!op.use_empty())
+          return op.emitOpError("is read by the step itself");
+        op.erase();
+        continue;
+      }
+      if (auto call = dyn_cast<func::CallOp>(op);
+          call && partOf(call) != "forward")
+        call.erase();
+    }
+    // Then the loss's reductions, on a buffer of its own view.
+    auto ret = cast<func::ReturnOp>(eval.getBody().front().getTerminator());
+    b.setInsertionPoint(ret);
+    auto lossBuffer = [&]() {
+      auto def = finish.getLoss().getDefiningOp<rt::BufferOp>();
+      return rt::BufferOp::create(b, finish.getLoc(), def.getType(),
+                                  def.getSpaceAttr(), def.getOffsetAttr())
+          .getBuffer();
+    };
+    if (!finish.getLoss().getDefiningOp<rt::BufferOp>())
+      return finish.emitOpError("hands on a view of the loss; expected its "
+                                "buffer");
+    for (Operation *op : tail) {
+      if (auto reduce = dyn_cast<rt::AllReduceOp>(op)) {
+        rt::AllReduceOp::create(b, op->getLoc(), ValueRange{lossBuffer()},
+                                reduce.getAxesAttr());
+      } else {
+        IRMapping map;
+        map.map(op->getOperand(0), lossBuffer());
+        b.clone(*op, map);
+      }
+    }
+    rt::FinishEvalOp::create(b, finish.getLoc(), lossBuffer());
+    return success();
+  }
+};
+
+} // namespace

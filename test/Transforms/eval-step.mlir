@@ -1,0 +1,107 @@
+// RUN: tessel-opt %s --split-input-file --tessel-eval-step --verify-diagnostics | FileCheck %s
+
+// The forward-only step: what train_step does before its parts (the tied
+// weight's send), the forward calls in the same order, then the loss's tail
+// of the update (the zero on a rank without the loss, its reductions) on
+// the loss's buffer, and rt.finish_eval. Gradient reductions, the norm,
+// the backward calls and the update stay out; rt.param goes (the runtime
+// reads the parameters' table from train_step).
+
+// CHECK-LABEL: func.func @train_step()
+// CHECK: call @update
+// CHECK-LABEL: func.func @eval_step()
+// CHECK-NOT: rt.param
+// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = 1 : i64, tag = 1 : i64}
+// CHECK-NEXT: rt.flush_sends
+// CHECK-NEXT: call @forward0(%{{.*}}, %{{.*}}) : (i64, i1) -> ()
+// CHECK-NEXT: call @forward0(%{{.*}}, %{{.*}}) : (i64, i1) -> ()
+// CHECK-NEXT: rt.wait_sends
+// CHECK-NEXT: %[[Z:.*]] = rt.buffer <transient> 64 : memref<f32>
+// CHECK-NEXT: rt.fill(%[[Z]]) {n = 1 : i64, value = 0.000000e+00 : f64} : memref<f32>
+// CHECK-NEXT: %[[P:.*]] = rt.buffer <transient> 64 : memref<f32>
+// CHECK-NEXT: rt.all_reduce(%[[P]]) {axes = #dist.axes<pp>} : memref<f32>
+// CHECK-NEXT: %[[D:.*]] = rt.buffer <transient> 64 : memref<f32>
+// CHECK-NEXT: rt.all_reduce(%[[D]]) {axes = #dist.axes<dp>} : memref<f32>
+// CHECK-NEXT: %[[L:.*]] = rt.buffer <transient> 64 : memref<f32>
+// CHECK-NEXT: rt.finish_eval(%[[L]]) : memref<f32>
+// CHECK-NEXT: return
+module attributes {dist.mesh = #dist.mesh<dp = 2, pp = 2>} {
+  module @stage0 attributes {pipe.rank = 0 : i64} {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %c1 = arith.constant 1 : i64
+      %t = arith.constant true
+      %f = arith.constant false
+      %w = rt.param "wte" {global_shape = array<i64: 16>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = -1 : i64, shard_axis = #dist.axis<dp>, shard_blocks = 1 : i64, offset = 0 : i64} : memref<16xf32>
+      %tied = rt.buffer <params> 0 : memref<16xf32>
+      rt.send(%tied) microbatch %c0 {offset = 1 : i64, tag = 1 : i64} : memref<16xf32>
+      rt.flush_sends
+      call @forward0(%c0, %t) : (i64, i1) -> ()
+      call @forward0(%c1, %f) : (i64, i1) -> ()
+      call @backward0(%c0, %t) : (i64, i1) -> ()
+      call @backward0(%c1, %f) : (i64, i1) -> ()
+      rt.wait_sends
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @forward0(%mb: i64, %first: i1) attributes {rt.part = "forward"} {
+      %act = rt.buffer <arena> 0 : memref<8xf32>
+      rt.send(%act) microbatch %mb {offset = 1 : i64, tag = 0 : i64} : memref<8xf32>
+      return
+    }
+    func.func private @backward0(%mb: i64, %first: i1) attributes {rt.part = "backward"} {
+      %grad = rt.buffer <arena> 0 : memref<8xf32>
+      rt.recv(%grad) microbatch %mb {offset = 1 : i64, tag = 2 : i64} : memref<8xf32>
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %loss = rt.buffer <transient> 64 : memref<f32>
+      rt.fill(%loss) {n = 1 : i64, value = 0.0 : f64} : memref<f32>
+      %g = rt.buffer <grads> 0 : memref<16xf32>
+      rt.all_reduce(%g) {axes = #dist.axes<dp>} : memref<16xf32>
+      %loss1 = rt.buffer <transient> 64 : memref<f32>
+      rt.all_reduce(%loss1) {axes = #dist.axes<pp>} : memref<f32>
+      %loss2 = rt.buffer <transient> 64 : memref<f32>
+      rt.all_reduce(%loss2) {axes = #dist.axes<dp>} : memref<f32>
+      %norm = rt.buffer <transient> 0 : memref<f32>
+      %loss3 = rt.buffer <transient> 64 : memref<f32>
+      rt.finish_step(%loss3, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}
+
+// -----
+
+// A rank whose loss is reduced together with another value cannot have it
+// reduced alone; the pass says so rather than reduce the wrong thing.
+module attributes {dist.mesh = #dist.mesh<dp = 2>} {
+  module @program0 {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %t = arith.constant true
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %both = rt.buffer <transient> 0 : memref<2xf32>
+      // expected-error @+1 {{reduces part of the loss's buffer with other values}}
+      rt.all_reduce(%both) {axes = #dist.axes<dp>} : memref<2xf32>
+      %loss = rt.buffer <transient> 4 : memref<f32>
+      %norm = rt.buffer <transient> 0 : memref<f32>
+      rt.finish_step(%loss, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}
+
+// -----
+
+module attributes {dist.mesh = #dist.mesh<dp = 2>} {
+  module @program0 {
+    // expected-error @+1 {{calls no update part; there is no loss to evaluate}}
+    func.func @train_step() {
+      return
+    }
+  }
+}
