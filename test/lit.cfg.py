@@ -60,6 +60,17 @@ if can_mount_tmpfs():
 else:
     lit_config.note("the full-disk checkpoint test is skipped: it needs root and tmpfs mounts")
 
+# Hugging Face transformers with a PyTorch it supports: the export test
+# also loads its output with AutoModelForCausalLM.
+try:
+    subprocess.run(["/usr/bin/python3", "-c",
+                    "from transformers import AutoModelForCausalLM, GPT2LMHeadModel"],
+                   check=True, capture_output=True, timeout=120)
+    config.available_features.add("transformers")
+except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+    lit_config.note("transformers is not installed: the export test checks its "
+                    "output with its own PyTorch forward only")
+
 # --target cuda compiles wherever Tessel was built with nvcc (no GPU needed);
 # running CUDA programs needs a GPU.
 if getattr(config, "tessel_cuda", 0):

@@ -848,6 +848,8 @@ std::vector<StageTensor> recvStageTensors(int source) {
 // written from the leader's copy. With pipeline stages, each leader other
 // than rank 0 then sends its stage's tensors to rank 0, which writes one
 // file with every stage's parameters in stage order.
+nlohmann::json ownPlan();
+
 void saveParams(const Program &program, const std::string &path,
                 const std::vector<StateStore> &stores, int64_t steps) {
   bool writer = commRank() == 0;
@@ -890,6 +892,11 @@ void saveParams(const Program &program, const std::string &path,
   std::map<std::string, std::string> metadata = {
       {"program", program.name ? program.name : ""},
       {"steps", std::to_string(steps)}};
+  // The model's fields, as plan.json records them: what `tessel export`
+  // writes a Hugging Face config from.
+  nlohmann::json plan = ownPlan();
+  if (plan.is_object() && plan.contains("model"))
+    metadata["model"] = plan["model"].dump();
   // The trained weights are not lost when the file cannot be written at the
   // end (its directory removed, the disk full): they go next to it, or to
   // $TMPDIR, and the error says where.
@@ -1895,6 +1902,38 @@ int train(const Program &sharedProgram, const Options &opts) {
              std::strerror(errno));
     }
   }
+  // A run of no steps with --eval-every evaluates the parameters it starts
+  // from (loaded by --init-from or --resume, or initialised): one eval line
+  // and one metrics record at step firstStep - 1, the step after which
+  // these parameters are.
+  if (valid && firstStep == lastStep) {
+    auto begin = std::chrono::steady_clock::now();
+    lastValLoss = evaluate();
+    double evalMs = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - begin)
+                        .count();
+    if (!std::isfinite(lastValLoss))
+      fail("validation loss is " +
+           std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
+           " at step " + std::to_string(firstStep));
+    if (leader && !opts.quiet) {
+      std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
+                  " batch%s | %.0f ms\n",
+                  width, firstStep, opts.steps, lastValLoss, opts.evalBatches,
+                  opts.evalBatches == 1 ? "" : "es", evalMs);
+      std::fflush(stdout);
+    }
+    if (metrics) {
+      std::string line = "{\"step\": " + std::to_string(firstStep - 1) +
+                         ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
+                         ", \"eval_ms\": " + jsonNumber(evalMs, "%.3f") +
+                         "}\n";
+      if (std::fputs(line.c_str(), metrics.get()) < 0 ||
+          std::fflush(metrics.get()) != 0)
+        fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
+             std::strerror(errno));
+    }
+  }
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart)
           .count();
@@ -1949,16 +1988,19 @@ int train(const Program &sharedProgram, const Options &opts) {
       std::snprintf(text, sizeof(text), ", val_loss %.4f", lastValLoss);
       validation = text;
     }
-    std::printf("done: %" PRId64 " steps in %.2f s (%.0f tokens, %.0f tok/s "
-                "mean%s), final loss %.4f%s, lowest %.4f at step %" PRId64
-                "%s\n",
-                steps, seconds, tokens, seconds > 0 ? tokens / seconds : 0.0,
-                mfu.c_str(), lastLoss, validation.c_str(), lowestLoss,
-                lowestStep + 1,
-                device ? ""
-                       : (", peak memory " + megabytes(statusBytes("VmHWM")) +
-                          " (rank 0)")
-                             .c_str());
+    std::string peak =
+        device ? std::string()
+               : ", peak memory " + megabytes(statusBytes("VmHWM")) +
+                     " (rank 0)";
+    if (steps > 0)
+      std::printf("done: %" PRId64 " steps in %.2f s (%.0f tokens, %.0f "
+                  "tok/s mean%s), final loss %.4f%s, lowest %.4f at step "
+                  "%" PRId64 "%s\n",
+                  steps, seconds, tokens, seconds > 0 ? tokens / seconds : 0.0,
+                  mfu.c_str(), lastLoss, validation.c_str(), lowestLoss,
+                  lowestStep + 1, peak.c_str());
+    else
+      std::printf("done: no steps%s%s\n", validation.c_str(), peak.c_str());
     if (!opts.saveFinal.empty())
       std::printf("saved final weights to %s\n", opts.saveFinal.c_str());
   }

@@ -33,6 +33,8 @@
 using namespace llvm;
 namespace fs = std::filesystem;
 namespace rt = tessel::rt;
+using tessel::fail;
+using tessel::inQuotes;
 
 namespace {
 
@@ -45,12 +47,6 @@ const char *kUsage =
     "  committed checkpoint; for verify, every committed one) or one step-N\n"
     "  directory.\n";
 
-// Errors follow what was printed so far, also when both go to one pipe.
-int fail(const Twine &message) {
-  outs().flush();
-  errs() << "tessel: error: " << message << "\n";
-  return 1;
-}
 
 int usageError(const Twine &message) {
   outs().flush();
@@ -58,7 +54,6 @@ int usageError(const Twine &message) {
   return 2;
 }
 
-std::string inQuotes(const std::string &s) { return "'" + s + "'"; }
 
 // printf's %.4g: "0" for zero, short for anything else.
 std::string number(double value) {
@@ -592,33 +587,43 @@ int exportCheckpoint(ArrayRef<std::string> args) {
   if (fs::exists(path, ec) && !parsed.switches.count("--force"))
     return fail(inQuotes(path) + " exists; --force overwrites it");
 
-  rt::CheckpointManifest m =
-      rt::readManifest(resolveCheckpoint(parsed.positionals[0]));
-  requireIntactFiles(m);
-  std::vector<std::string> names;
-  std::vector<std::vector<float>> data;
-  int64_t elements = 0;
-  for (const auto &entry : m.tensors) {
-    if (isMoment(entry.first))
-      continue;
-    names.push_back(entry.first);
-    data.push_back(readWholeTensor(m, entry.first));
-    elements += (int64_t)data.back().size();
-  }
-  if (names.empty())
-    return fail("the checkpoint " + inQuotes(m.dir) +
-                " holds no parameters (only optimizer moments)");
+  tessel::CheckpointParameters c =
+      tessel::readCheckpointParameters(parsed.positionals[0]);
   std::vector<rt::SafetensorView> views;
-  for (size_t k = 0; k < names.size(); ++k)
-    views.push_back({names[k], m.tensors.at(names[k]).shape, data[k].data()});
-  rt::writeSafetensors(path, views, {{"step", std::to_string(m.step)}});
-  outs() << "exported " << names.size() << " parameters (" << elements
-         << " elements) of " << m.dir << " (step " << m.step << ") to " << path
+  int64_t elements = 0;
+  for (size_t k = 0; k < c.names.size(); ++k) {
+    views.push_back({c.names[k], c.shapes[k], c.data[k].data()});
+    elements += (int64_t)c.data[k].size();
+  }
+  rt::writeSafetensors(path, views, {{"step", std::to_string(c.step)}});
+  outs() << "exported " << c.names.size() << " parameters (" << elements
+         << " elements) of " << c.dir << " (step " << c.step << ") to " << path
          << "\n";
   return 0;
 }
 
 } // namespace
+
+tessel::CheckpointParameters
+tessel::readCheckpointParameters(const std::string &path) {
+  rt::CheckpointManifest m = rt::readManifest(resolveCheckpoint(path));
+  requireIntactFiles(m);
+  CheckpointParameters c;
+  c.dir = m.dir;
+  c.step = m.step;
+  c.model = m.model;
+  for (const auto &entry : m.tensors) {
+    if (isMoment(entry.first))
+      continue;
+    c.names.push_back(entry.first);
+    c.shapes.push_back(entry.second.shape);
+    c.data.push_back(readWholeTensor(m, entry.first));
+  }
+  if (c.names.empty())
+    throw std::runtime_error("the checkpoint " + inQuotes(m.dir) +
+                             " holds no parameters (only optimizer moments)");
+  return c;
+}
 
 int tessel::ckptCommand(ArrayRef<std::string> args) {
   if (args.empty()) {

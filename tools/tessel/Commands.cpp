@@ -33,12 +33,17 @@
 using namespace llvm;
 using json = nlohmann::json;
 
-namespace {
-
-int fail(const Twine &message) {
+int tessel::fail(const Twine &message) {
+  outs().flush();
   errs() << "tessel: error: " << message << "\n";
   return 1;
 }
+
+std::string tessel::inQuotes(const std::string &s) { return "'" + s + "'"; }
+
+using tessel::fail;
+
+namespace {
 
 Expected<json> readPlan(StringRef dir) {
   SmallString<256> path(dir);
@@ -1033,21 +1038,29 @@ static int dataPrepare(ArrayRef<std::string> args) {
         validEnds.push_back(ends[d] - cut);
       ends.resize(documents - held);
     }
+    // The outputs' directories are made as needed.
     auto write = [&](const std::string &path, const std::vector<int32_t> &t,
                      const std::vector<int64_t> &e) {
+      StringRef parent = sys::path::parent_path(path);
+      if (!parent.empty())
+        if (std::error_code ec = sys::fs::create_directories(parent))
+          throw std::runtime_error("cannot create the directory '" +
+                                   parent.str() + "': " + ec.message());
       if (format == "llmc")
         tessel::rt::writeTokenFile(path, t);
       else
         tessel::rt::writeMegatronDataset(path, t, e);
       return format == "llmc" ? path : path + ".bin and " + path + ".idx";
     };
+    std::string wrote = write(output, tokens, ends);
+    std::string held =
+        validFraction > 0 ? write(validOutput, validTokens, validEnds) : "";
     outs() << "wrote " << tokens.size() << " tokens of " << ends.size()
-           << " documents to " << write(output, tokens, ends) << " ("
-           << tokenizer << " tokens: model.vocab_size >= " << vocab << ")\n";
+           << " documents to " << wrote << " (" << tokenizer
+           << " tokens: model.vocab_size >= " << vocab << ")\n";
     if (validFraction > 0)
       outs() << "  and held out " << validTokens.size() << " tokens of "
-             << validEnds.size() << " documents for validation in "
-             << write(validOutput, validTokens, validEnds)
+             << validEnds.size() << " documents for validation in " << held
              << " (data.valid, --valid-data)\n";
     outs() << formatv("  {0} MB of text in {1:f2} s: {2:f0} tokens/s with {3} "
                       "worker{4}\n",

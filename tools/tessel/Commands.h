@@ -10,6 +10,9 @@
 #include <vector>
 
 namespace tessel {
+// "tessel: error: MESSAGE" on stderr after what stdout has so far; 1.
+int fail(const llvm::Twine &message);
+std::string inQuotes(const std::string &s);
 int runCommand(llvm::ArrayRef<std::string> args);
 // The SHA-256 of a file, in hex (plan.json records each binary's).
 llvm::Expected<std::string> fileSha256(llvm::StringRef path);
@@ -18,6 +21,21 @@ int dataCommand(llvm::ArrayRef<std::string> args);
 // `tessel ckpt list|verify|diff|export`: tools over sharded checkpoints
 // (Ckpt.cpp).
 int ckptCommand(llvm::ArrayRef<std::string> args);
+// The parameters of a committed checkpoint (a --ckpt-dir root: its newest;
+// or one step directory), whole, without the optimizer's moments, and the
+// model fields its manifest records (JSON; empty if none). Throws naming
+// the checkpoint and what is wrong; a damaged file is never read.
+struct CheckpointParameters {
+  std::string dir, model;
+  int64_t step = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<float>> data;
+};
+CheckpointParameters readCheckpointParameters(const std::string &path);
+// `tessel export SOURCE --to hf DIR`: a Hugging Face model directory
+// (Export.cpp).
+int exportCommand(llvm::ArrayRef<std::string> args);
 // The lines after a compile: ranks, binaries, planned memory per rank and,
 // for a CPU plan, against this machine's memory.
 void summarizePlan(llvm::StringRef dir, bool emitOnly);

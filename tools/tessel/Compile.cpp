@@ -349,7 +349,9 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"heads", model.heads},
                    {"kv_heads", model.kvHeads},
                    {"ffn_hidden", model.ffnHidden},
-                   {"tie_embeddings", model.tieEmbeddings}};
+                   {"tie_embeddings", model.tieEmbeddings},
+                   {"norm_eps", model.normEps},
+                   {"rope_theta", model.ropeTheta}};
   // Model FLOPs per trained token, as the programs count MFU by
   // (docs/metrics.md). Derived from the model, so not one of the model
   // fields a checkpoint is matched by.

@@ -338,6 +338,9 @@ int main(int argc, char **argv) {
       "                        or Megatron data; also encode, synth, bench,\n"
       "                        inspect\n"
       "  ckpt list|verify|...  list, verify, diff or export checkpoints\n"
+      "  export SRC --to hf DIR\n"
+      "                        a checkpoint or saved weights as a Hugging\n"
+      "                        Face model directory (config.json, ...)\n"
       "  trace merge TRACE -o OUT\n"
       "                        the ranks' traces as one, on one clock\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
@@ -384,6 +387,8 @@ int main(int argc, char **argv) {
     return tessel::ckptCommand(rest);
   if (command == "trace")
     return tessel::traceCommand(rest);
+  if (command == "export")
+    return tessel::exportCommand(rest);
   if (command == "--version" || command == "version") {
     outs() << "tessel " << TESSEL_VERSION << "\n";
     return 0;

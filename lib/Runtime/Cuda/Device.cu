@@ -59,8 +59,13 @@ struct DeviceState {
   float *adamV = nullptr;
   float *accumulators = nullptr;
   char *activations = nullptr;
-  int32_t *tokens = nullptr;
+  int32_t *tokens = nullptr; // the batch: tokens, then targets, one block
   int32_t *targets = nullptr;
+  // Pinned host staging of the batch (tokens, then targets): one DMA copy
+  // on the compute stream, which the host does not wait for; `staged` marks
+  // its end, before which the staging is not written again.
+  int32_t *hostBatch = nullptr;
+  cudaEvent_t staged = nullptr;
   DeviceBuffers buffers;
 };
 
@@ -202,8 +207,14 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.adamM = allocate<float>(momentElems, "the AdamW first moments");
   s.adamV = allocate<float>(momentElems, "the AdamW second moments");
   s.activations = allocate<char>(program.activationBytes, "the activations");
-  s.tokens = allocate<int32_t>(s.batchElems, "the batch's tokens");
-  s.targets = allocate<int32_t>(s.batchElems, "the batch's targets");
+  s.tokens = allocate<int32_t>(2 * s.batchElems, "the batch");
+  s.targets = s.tokens + s.batchElems;
+  check(cudaMallocHost(&s.hostBatch,
+                       std::max<size_t>(1, 2 * (size_t)s.batchElems) *
+                           sizeof(int32_t)),
+        "cudaMallocHost (the batch's staging)");
+  check(cudaEventCreateWithFlags(&s.staged, cudaEventDisableTiming),
+        "cudaEventCreate");
   DeviceBuffers &b = s.buffers;
   if (device.bf16)
     b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
@@ -252,15 +263,28 @@ void loadBatch(rt::StepContext &, const int32_t *tokens, const int32_t *targets,
     throw std::runtime_error("loadBatch of " + std::to_string(count) +
                              " tokens into a batch of " +
                              std::to_string(s.batchElems));
-  // From pageable memory the copy returns once the host data has been
-  // staged, so the caller may refill its buffers right away.
+  // The previous batch's copy has left the staging (it has long: the step
+  // that read it ended in finishStep's synchronisation). The copy runs on
+  // the compute stream, after the kernels that read the previous batch and
+  // before the step's, and the host goes on at once; the caller may refill
+  // its own buffers right away.
+  check(cudaEventSynchronize(s.staged), "cudaEventSynchronize (batch)");
   size_t bytes = (size_t)count * sizeof(int32_t);
-  check(cudaMemcpyAsync(s.tokens, tokens, bytes, cudaMemcpyHostToDevice,
-                        s.compute),
-        "cudaMemcpyAsync (tokens)");
-  check(cudaMemcpyAsync(s.targets, targets, bytes, cudaMemcpyHostToDevice,
-                        s.compute),
-        "cudaMemcpyAsync (targets)");
+  std::memcpy(s.hostBatch, tokens, bytes);
+  std::memcpy(s.hostBatch + s.batchElems, targets, bytes);
+  if (count == s.batchElems) {
+    check(cudaMemcpyAsync(s.tokens, s.hostBatch, 2 * bytes,
+                          cudaMemcpyHostToDevice, s.compute),
+          "cudaMemcpyAsync (batch)");
+  } else {
+    check(cudaMemcpyAsync(s.tokens, s.hostBatch, bytes,
+                          cudaMemcpyHostToDevice, s.compute),
+          "cudaMemcpyAsync (tokens)");
+    check(cudaMemcpyAsync(s.targets, s.hostBatch + s.batchElems, bytes,
+                          cudaMemcpyHostToDevice, s.compute),
+          "cudaMemcpyAsync (targets)");
+  }
+  check(cudaEventRecord(s.staged, s.compute), "cudaEventRecord (batch)");
 }
 
 void download(const rt::Program &program, float *hostParams) {
@@ -319,7 +343,7 @@ void stopDevice() {
   detail::gemmShutdown();
   DeviceBuffers &b = s.buffers;
   void *buffers[] = {s.params,      s.grads,       s.adamM,   s.adamV,
-                     s.activations, s.tokens,  s.targets,
+                     s.activations, s.tokens,
                      b.paramShadow, b.scratch,     b.scalars, b.normAcc,
                      s.accumulators};
   for (void *data : buffers)
@@ -329,6 +353,12 @@ void stopDevice() {
       nullptr;
   s.activations = nullptr;
   s.tokens = s.targets = nullptr;
+  if (s.hostBatch)
+    cudaFreeHost(s.hostBatch);
+  s.hostBatch = nullptr;
+  if (s.staged)
+    cudaEventDestroy(s.staged);
+  s.staged = nullptr;
   b = DeviceBuffers();
   if (s.hostScalars)
     cudaFreeHost(s.hostScalars);
