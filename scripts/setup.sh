@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(cmake ninja-build g++ pkg-config ccache
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   nlohmann-json3-dev zlib1g-dev libicu-dev libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
-  python3 python3-numpy python3-regex python3-torch slurm-wlm munge)
+  python3 python3-numpy python3-regex python3-torch slurm-wlm munge chromium)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -71,6 +71,13 @@ except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
     lit_config.note("transformers is not installed: the export test checks its "
                     "output with its own PyTorch forward only")
 
+# A headless browser opens the run report (test/e2e/report.test).
+if shutil.which("chromium"):
+    config.available_features.add("chromium")
+else:
+    lit_config.note("chromium is not installed: the report test does not "
+                    "open its page in a browser")
+
 # --target cuda compiles wherever Tessel was built with nvcc (no GPU needed);
 # running CUDA programs needs a GPU.
 if getattr(config, "tessel_cuda", 0):

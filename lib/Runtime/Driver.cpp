@@ -96,6 +96,7 @@ struct Options {
   int prefetch = 2; // batches read ahead (0: on the training thread)
   int64_t logEvery = 1; // a progress line every this many steps
   double peakTflops = 0; // a rank's peak, for MFU (0: not given)
+  double pricePerGpuHour = 0; // for the cost in the summary (0: not given)
   std::string recordSamples; // per rank: the samples of each step
   double dataDelayMs = 0;    // each batch read made this much slower
   std::string metrics;
@@ -120,6 +121,7 @@ const char *const kValueFlags[] = {
     "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
     "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
     "--log-every",   "--peak-tflops",  "--valid-data",  "--eval-every",
+    "--price-per-gpu-hour",
     "--eval-batches"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
 
@@ -288,6 +290,9 @@ void printRunOptions(FILE *out, const Program *program) {
       "  --log-every N          a progress line every N steps (default 1)\n"
       "  --peak-tflops X        a rank's peak TFLOP/s (its GPU's, or what\n"
       "                         the CPU reaches): MFU in the log and metrics\n"
+      "  --price-per-gpu-hour X the price of one rank (GPU) for an hour: the\n"
+      "                         run's cost, per step and per million tokens\n"
+      "                         in the summary\n"
       "  --quiet                no per-step output\n"
       "  --help                 show this message\n",
       steps.c_str(), evalEvery.c_str(), evalBatches.c_str(), seed.c_str());
@@ -415,6 +420,13 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects a positive number of TFLOP/s, got " +
                          inQuotes(value));
       opts.peakTflops = peak;
+    } else if (flag == "--price-per-gpu-hour") {
+      char *end = nullptr;
+      double price = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end || !std::isfinite(price) || price <= 0)
+        throw UsageError(flag + " expects a positive price, got " +
+                         inQuotes(value));
+      opts.pricePerGpuHour = price;
     } else if (flag == "--eval-every") {
       opts.evalEvery = parseInteger(flag, value, 0);
     } else if (flag == "--eval-batches") {
@@ -2003,6 +2015,16 @@ int train(const Program &sharedProgram, const Options &opts) {
       std::printf("done: no steps%s%s\n", validation.c_str(), peak.c_str());
     if (!opts.saveFinal.empty())
       std::printf("saved final weights to %s\n", opts.saveFinal.c_str());
+    // The price of every rank for the steps' wall time.
+    if (opts.pricePerGpuHour > 0 && steps > 0) {
+      double cost = seconds / 3600 * (double)commWorldSize() *
+                    opts.pricePerGpuHour;
+      std::printf("cost: %.4g for %" PRId64 " ranks x %.3g h at %.4g per "
+                  "rank-hour: %.4g per step, %.4g per million tokens\n",
+                  cost, (int64_t)commWorldSize(), seconds / 3600,
+                  opts.pricePerGpuHour, cost / (double)steps,
+                  tokens > 0 ? cost / tokens * 1e6 : 0.0);
+    }
   }
   std::fflush(stdout);
   return 0;

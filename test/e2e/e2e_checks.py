@@ -617,6 +617,60 @@ def resume_matrix(args):
           f"across layouts within {args.tolerance}")
 
 
+def png_colors(args):
+    """Decodes an 8-bit RGB(A) PNG (zlib, the five scanline filters) and
+    prints its size and how many distinct colours cover at least
+    --min-pixels pixels each: a blank or failed screenshot has one or two."""
+    import struct
+    import zlib
+    data = open(args.png, "rb").read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        fail(f"{args.png} is not a PNG")
+    at, idat, width = 8, b"", 0
+    while at < len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        chunk = data[at + 8:at + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", chunk[:10])
+            if depth != 8 or colour not in (2, 6):
+                fail(f"{args.png}: depth {depth}, colour type {colour} not handled")
+            bpp = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        at += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    prev = bytearray(stride)
+    counts = {}
+    for y in range(height):
+        line = raw[y * (stride + 1):(y + 1) * (stride + 1)]
+        f, cur = line[0], bytearray(line[1:])
+        for i in range(stride):
+            a = cur[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                cur[i] = (cur[i] + a) & 255
+            elif f == 2:
+                cur[i] = (cur[i] + b) & 255
+            elif f == 3:
+                cur[i] = (cur[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                cur[i] = (cur[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        for x in range(0, stride, bpp * args.sample):
+            px = bytes(cur[x:x + 3])
+            counts[px] = counts.get(px, 0) + 1
+        prev = cur
+    colours = sum(1 for n in counts.values() if n >= args.min_pixels)
+    print(f"{width}x{height}, {colours} colours")
+    for hex_colour in args.expect:
+        px = bytes.fromhex(hex_colour.lstrip("#"))
+        n = counts.get(px, 0)
+        print(f"{hex_colour}: {'present' if n >= args.min_pixels else 'absent'}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -629,6 +683,12 @@ def main():
     p.add_argument("metrics")
     p.add_argument("--drop", type=float, default=1.0)
     p.set_defaults(run=falls)
+    p = sub.add_parser("png-colors")
+    p.add_argument("png")
+    p.add_argument("--min-pixels", type=int, default=50)
+    p.add_argument("--sample", type=int, default=1)
+    p.add_argument("--expect", nargs="*", default=[])
+    p.set_defaults(run=png_colors)
     p = sub.add_parser("same-tensors")
     p.add_argument("a")
     p.add_argument("b")

@@ -62,42 +62,17 @@ std::string number(double value) {
   return text;
 }
 
-// The arguments of one subcommand: positionals, flags with a value
-// (`--flag V` or `--flag=V`) and switches.
-struct Arguments {
-  std::vector<std::string> positionals;
-  std::map<std::string, std::string> values;
-  std::set<std::string> switches;
-};
+using tessel::Arguments;
 
-// Sorts `args` into `out`; false (having printed the usage error) on an
-// unknown flag or a flag without its value.
-bool parseArguments(ArrayRef<std::string> args, ArrayRef<StringRef> valueFlags,
-                    ArrayRef<StringRef> switchFlags, Arguments &out) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    StringRef arg = args[i];
-    if (arg.size() < 2 || arg[0] != '-') {
-      out.positionals.push_back(arg.str());
-      continue;
-    }
-    auto [flag, value] = arg.split('=');
-    if (llvm::is_contained(switchFlags, arg)) {
-      out.switches.insert(arg.str());
-    } else if (llvm::is_contained(valueFlags, flag)) {
-      if (arg.contains('=')) {
-        out.values[flag.str()] = value.str();
-      } else if (i + 1 < args.size()) {
-        out.values[flag.str()] = args[++i];
-      } else {
-        usageError(flag + " expects a value");
-        return false;
-      }
-    } else {
-      usageError("unknown argument '" + arg + "'");
-      return false;
-    }
-  }
-  return true;
+// tessel::parseArguments, with the usage on an error.
+bool parseCkptArguments(ArrayRef<std::string> args,
+                        ArrayRef<StringRef> valueFlags,
+                        ArrayRef<StringRef> switchFlags, Arguments &out) {
+  std::string error =
+      tessel::parseArguments(args, valueFlags, switchFlags, out);
+  if (!error.empty())
+    usageError(error);
+  return error.empty();
 }
 
 // The step of a directory named step-N, if it is one.
@@ -247,7 +222,7 @@ ListedCheckpoint describeStepDirectory(const fs::path &dir, int64_t step) {
 
 int listCheckpoints(ArrayRef<std::string> args) {
   Arguments parsed;
-  if (!parseArguments(args, {}, {"--json"}, parsed))
+  if (!parseCkptArguments(args, {}, {"--json"}, parsed))
     return 2;
   if (parsed.positionals.size() != 1)
     return usageError("list expects one checkpoint directory");
@@ -422,7 +397,7 @@ std::vector<std::string> checkpointProblems(const std::string &dir) {
 
 int verifyCheckpoints(ArrayRef<std::string> args) {
   Arguments parsed;
-  if (!parseArguments(args, {}, {}, parsed))
+  if (!parseCkptArguments(args, {}, {}, parsed))
     return 2;
   if (parsed.positionals.size() != 1)
     return usageError("verify expects one checkpoint directory");
@@ -480,7 +455,7 @@ Difference compareTensors(const std::vector<float> &a,
 
 int diffCheckpoints(ArrayRef<std::string> args) {
   Arguments parsed;
-  if (!parseArguments(args, {"--tolerance"}, {}, parsed))
+  if (!parseCkptArguments(args, {"--tolerance"}, {}, parsed))
     return 2;
   if (parsed.positionals.size() != 2)
     return usageError("diff expects two checkpoints, A and B");
@@ -575,7 +550,7 @@ int diffCheckpoints(ArrayRef<std::string> args) {
 
 int exportCheckpoint(ArrayRef<std::string> args) {
   Arguments parsed;
-  if (!parseArguments(args, {"-o"}, {"--force"}, parsed))
+  if (!parseCkptArguments(args, {"-o"}, {"--force"}, parsed))
     return 2;
   if (parsed.positionals.size() != 1)
     return usageError("export expects one checkpoint");

@@ -41,6 +41,33 @@ int tessel::fail(const Twine &message) {
 
 std::string tessel::inQuotes(const std::string &s) { return "'" + s + "'"; }
 
+std::string tessel::parseArguments(ArrayRef<std::string> args,
+                                   ArrayRef<StringRef> valueFlags,
+                                   ArrayRef<StringRef> switchFlags,
+                                   Arguments &out) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    StringRef arg = args[i];
+    if (arg.size() < 2 || arg[0] != '-') {
+      out.positionals.push_back(arg.str());
+      continue;
+    }
+    auto [flag, value] = arg.split('=');
+    if (llvm::is_contained(switchFlags, arg)) {
+      out.switches.insert(arg.str());
+    } else if (llvm::is_contained(valueFlags, flag)) {
+      if (arg.contains('='))
+        out.values[flag.str()] = value.str();
+      else if (i + 1 < args.size())
+        out.values[flag.str()] = args[++i];
+      else
+        return (flag + " expects a value").str();
+    } else {
+      return ("unknown argument '" + arg + "'").str();
+    }
+  }
+  return "";
+}
+
 using tessel::fail;
 
 namespace {
@@ -1224,6 +1251,28 @@ void tessel::summarizePlan(StringRef dir, bool emitOnly) {
 // tessel trace merge TRACE... -o OUT: the Chrome traces `--trace` wrote,
 // one per rank, as one trace with a process per rank, the ranks' times on
 // one clock.
+std::vector<double>
+tessel::traceClockShifts(const std::vector<nlohmann::json> &traces) {
+  std::set<std::string> hosts;
+  for (const nlohmann::json &t : traces)
+    hosts.insert(t["otherData"].value("host", std::string()));
+  bool oneHost = hosts.size() == 1;
+  // One host: times relative to the earliest barrier exit, on its clock.
+  double zero = 0;
+  for (size_t k = 0; k < traces.size(); k++) {
+    const nlohmann::json &o = traces[k]["otherData"];
+    double at = o["clock_origin_us"].get<double>() + o["sync_us"].get<double>();
+    zero = k == 0 ? at : std::min(zero, at);
+  }
+  std::vector<double> shifts;
+  for (const nlohmann::json &t : traces) {
+    const nlohmann::json &o = t["otherData"];
+    shifts.push_back(oneHost ? o["clock_origin_us"].get<double>() - zero
+                             : -o["sync_us"].get<double>());
+  }
+  return shifts;
+}
+
 int tessel::traceCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel trace merge TRACE... -o MERGED.json\n"
                       "  TRACE: the --trace FILE of a run (its FILE.rankR "
@@ -1299,13 +1348,7 @@ int tessel::traceCommand(ArrayRef<std::string> args) {
     traces.push_back(std::move(trace));
   }
   bool oneHost = hosts.size() == 1;
-  // One host: times relative to the earliest barrier exit, on its clock.
-  double zero = 0;
-  for (size_t k = 0; k < traces.size(); k++) {
-    const nlohmann::json &o = traces[k]["otherData"];
-    double at = o["clock_origin_us"].get<double>() + o["sync_us"].get<double>();
-    zero = k == 0 ? at : std::min(zero, at);
-  }
+  std::vector<double> shifts = tessel::traceClockShifts(traces);
   nlohmann::json merged = nlohmann::json::array();
   std::set<int64_t> ranks;
   size_t events = 0;
@@ -1314,9 +1357,7 @@ int tessel::traceCommand(ArrayRef<std::string> args) {
     nlohmann::json &trace = traces[k];
     const nlohmann::json &other = trace["otherData"];
     int64_t rank = other["rank"].get<int64_t>();
-    double shift = oneHost
-                       ? other["clock_origin_us"].get<double>() - zero
-                       : -other["sync_us"].get<double>();
+    double shift = shifts[k];
     if (!ranks.insert(rank).second)
       return fail(file + ": rank " + Twine(rank) + " is given twice");
     merged.push_back({{"name", "process_name"},

@@ -5,11 +5,27 @@
 #include "tessel/Frontend/Spec.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include <nlohmann/json_fwd.hpp>
 #include "llvm/Support/Error.h"
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace tessel {
+// The arguments of a subcommand: positionals, flags with a value (`--flag
+// V` or `--flag=V`) and switches. parseArguments sorts `args` into `out`
+// and returns what is wrong (an unknown flag, a flag without its value), or
+// "" when nothing is.
+struct Arguments {
+  std::vector<std::string> positionals;
+  std::map<std::string, std::string> values;
+  std::set<std::string> switches;
+};
+std::string parseArguments(llvm::ArrayRef<std::string> args,
+                           llvm::ArrayRef<llvm::StringRef> valueFlags,
+                           llvm::ArrayRef<llvm::StringRef> switchFlags,
+                           Arguments &out);
 // "tessel: error: MESSAGE" on stderr after what stdout has so far; 1.
 int fail(const llvm::Twine &message);
 std::string inQuotes(const std::string &s);
@@ -41,6 +57,13 @@ int exportCommand(llvm::ArrayRef<std::string> args);
 void summarizePlan(llvm::StringRef dir, bool emitOnly);
 // tessel trace merge: the ranks' Chrome traces as one, clocks aligned.
 int traceCommand(llvm::ArrayRef<std::string> args);
+// What to add to each rank trace's timestamps (tessel run --trace; their
+// otherData checked) to put them on one clock: a host's monotonic clock
+// when all ran on one host, else the start barrier's exit.
+std::vector<double>
+traceClockShifts(const std::vector<nlohmann::json> &traces);
+// `tessel report DIR`: one HTML page of a run's charts (Report.cpp).
+int reportCommand(llvm::ArrayRef<std::string> args);
 
 struct CheckOptions {
   std::string input;

@@ -209,29 +209,19 @@ void writeText(const fs::path &path, const std::string &text) {
 } // namespace
 
 int tessel::exportCommand(ArrayRef<std::string> args) {
-  std::vector<std::string> positionals;
-  std::map<std::string, std::string> values;
-  bool force = false;
-  const StringRef valueFlags[] = {"--to", "-o", "--plan", "--vocab-json",
-                                  "--merges"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    StringRef arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      outs() << kUsage;
-      return 0;
-    }
-    if (arg == "--force") {
-      force = true;
-    } else if (llvm::is_contained(valueFlags, arg)) {
-      if (i + 1 >= args.size())
-        return usageError(arg + " expects a value");
-      values[arg.str()] = args[++i];
-    } else if (arg.starts_with("-") && arg.size() > 1) {
-      return usageError("unknown argument '" + arg + "'");
-    } else {
-      positionals.push_back(arg.str());
-    }
+  Arguments parsed;
+  std::string error = parseArguments(
+      args, {"--to", "-o", "--plan", "--vocab-json", "--merges"},
+      {"--force", "--help", "-h"}, parsed);
+  if (!error.empty())
+    return usageError(error);
+  if (parsed.switches.count("--help") || parsed.switches.count("-h")) {
+    outs() << kUsage;
+    return 0;
   }
+  std::vector<std::string> &positionals = parsed.positionals;
+  std::map<std::string, std::string> &values = parsed.values;
+  bool force = parsed.switches.count("--force");
   // `--to hf DIR` or `--to hf -o DIR`.
   if (values.count("-o"))
     positionals.push_back(values["-o"]);

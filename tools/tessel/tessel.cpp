@@ -341,6 +341,8 @@ int main(int argc, char **argv) {
       "  export SRC --to hf DIR\n"
       "                        a checkpoint or saved weights as a Hugging\n"
       "                        Face model directory (config.json, ...)\n"
+      "  report DIR --metrics F [--trace P --comm-report P]\n"
+      "                        a run's charts as one HTML page\n"
       "  trace merge TRACE -o OUT\n"
       "                        the ranks' traces as one, on one clock\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
@@ -389,6 +391,8 @@ int main(int argc, char **argv) {
     return tessel::traceCommand(rest);
   if (command == "export")
     return tessel::exportCommand(rest);
+  if (command == "report")
+    return tessel::reportCommand(rest);
   if (command == "--version" || command == "version") {
     outs() << "tessel " << TESSEL_VERSION << "\n";
     return 0;
