@@ -1380,6 +1380,14 @@ int train(const Program &sharedProgram, const Options &opts) {
     traceEnable(true);
   }
 
+  // A run shorter than its warmup never reaches the peak learning rate.
+  if (leader && opts.steps > 0 && opts.steps < config.warmupSteps)
+    std::fprintf(stderr,
+                 "warning: --steps %" PRId64 " is shorter than the %" PRId64
+                 " warmup steps (train.lr_schedule.warmup_steps): the "
+                 "learning rate never reaches train.optimizer.lr\n",
+                 opts.steps, config.warmupSteps);
+
   std::unique_ptr<TokenData> data;
   auto shuffled = [&]() {
     if (config.dataShuffle)
