@@ -28,6 +28,7 @@
 #include "tessel/Runtime/Program.h"
 #include "tessel/Runtime/Safetensors.h"
 #include "tessel/Runtime/Sharding.h"
+#include "tessel/Runtime/TensorBoard.h"
 #include "tessel/Runtime/Trace.h"
 
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
@@ -97,6 +98,8 @@ struct Options {
   int64_t logEvery = 1; // a progress line every this many steps
   double peakTflops = 0; // a rank's peak, for MFU (0: not given)
   double pricePerGpuHour = 0; // for the cost in the summary (0: not given)
+  std::string progress = "auto"; // bar | lines | auto
+  std::string tensorboard;        // a directory for a TensorBoard event file
   std::string recordSamples; // per rank: the samples of each step
   double dataDelayMs = 0;    // each batch read made this much slower
   std::string metrics;
@@ -121,7 +124,7 @@ const char *const kValueFlags[] = {
     "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
     "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
     "--log-every",   "--peak-tflops",  "--valid-data",  "--eval-every",
-    "--price-per-gpu-hour",
+    "--price-per-gpu-hour", "--progress", "--tensorboard",
     "--eval-batches"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
 
@@ -290,6 +293,12 @@ void printRunOptions(FILE *out, const Program *program) {
       "  --log-every N          a progress line every N steps (default 1)\n"
       "  --peak-tflops X        a rank's peak TFLOP/s (its GPU's, or what\n"
       "                         the CPU reaches): MFU in the log and metrics\n"
+      "  --tensorboard DIR      also write the metrics' scalars as a\n"
+      "                         TensorBoard event file in DIR\n"
+      "  --progress MODE        bar: one progress line rewritten in place (a\n"
+      "                         terminal); lines: a line per logged step;\n"
+      "                         auto (default): bar on a terminal, outside\n"
+      "                         mpirun\n"
       "  --price-per-gpu-hour X the price of one rank (GPU) for an hour: the\n"
       "                         run's cost, per step and per million tokens\n"
       "                         in the summary\n"
@@ -420,6 +429,13 @@ Options parseArgs(int argc, char **argv, const Program &program) {
         throw UsageError(flag + " expects a positive number of TFLOP/s, got " +
                          inQuotes(value));
       opts.peakTflops = peak;
+    } else if (flag == "--tensorboard") {
+      opts.tensorboard = value;
+    } else if (flag == "--progress") {
+      if (value != "auto" && value != "bar" && value != "lines")
+        throw UsageError(flag + " is auto, bar or lines, not " +
+                         inQuotes(value));
+      opts.progress = value;
     } else if (flag == "--price-per-gpu-hour") {
       char *end = nullptr;
       double price = std::strtod(value.c_str(), &end);
@@ -1716,7 +1732,24 @@ int train(const Program &sharedProgram, const Options &opts) {
            std::strerror(errno));
   }
 
+  std::unique_ptr<TensorBoardWriter> board;
+  if (leader && !opts.tensorboard.empty())
+    board = std::make_unique<TensorBoardWriter>(opts.tensorboard);
+
   int width = std::max<int>(4, (int)std::to_string(opts.steps).size());
+  // A progress bar rewrites one line on a terminal; plain lines otherwise.
+  // Under mpirun the output may look like a terminal when it is not, so
+  // auto means lines there (tessel run says which it is).
+  bool bar = opts.progress == "bar" ||
+             (opts.progress == "auto" && isatty(STDOUT_FILENO) &&
+              !std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK"));
+  bool barOpen = false; // the bar's line is not yet ended
+  auto endBar = [&]() {
+    if (barOpen) {
+      std::printf("\n");
+      barOpen = false;
+    }
+  };
   auto runStart = std::chrono::steady_clock::now();
   float lastLoss = 0.0f, lowestLoss = INFINITY;
   int64_t lowestStep = -1;
@@ -1876,15 +1909,28 @@ int train(const Program &sharedProgram, const Options &opts) {
                       100 * modelTflops / opts.peakTflops);
         memory = text + memory;
       }
-      std::printf("step %*" PRId64 "/%" PRId64
+      std::string prefix;
+      if (bar) {
+        const int cells = 20;
+        int filled = opts.steps > 0 ? (int)((step + 1) * cells / opts.steps)
+                                    : cells;
+        prefix = "\r\033[K[" + std::string(filled, '#') +
+                 std::string(cells - filled, '.') + "] ";
+      }
+      std::printf("%sstep %*" PRId64 "/%" PRId64
                   " | loss %.4f | lr %.4e | norm %.4f | %.0f tok/s | %.0f ms"
-                  " | %s elapsed, %s left%s\n",
-                  width, step + 1, opts.steps, ctx.loss, ctx.lr, ctx.gradNorm,
-                  tokensPerSecond, ms, clockTime(elapsed).c_str(),
-                  clockTime(eta).c_str(), memory.c_str());
+                  " | %s elapsed, %s left%s%s",
+                  prefix.c_str(), width, step + 1, opts.steps, ctx.loss,
+                  ctx.lr, ctx.gradNorm, tokensPerSecond, ms,
+                  clockTime(elapsed).c_str(), clockTime(eta).c_str(),
+                  memory.c_str(), bar ? "" : "\n");
+      barOpen = bar;
+      if (step + 1 == lastStep)
+        endBar();
       std::fflush(stdout);
     }
     if (leader && !opts.quiet && !evalFields.empty()) {
+      endBar();
       std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
                   " batch%s | %.0f ms\n",
                   width, step + 1, opts.steps, lastValLoss, opts.evalBatches,
@@ -1921,6 +1967,20 @@ int train(const Program &sharedProgram, const Options &opts) {
         fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
              std::strerror(errno));
     }
+    if (board) {
+      std::vector<std::pair<std::string, double>> scalars = {
+          {"loss", ctx.loss},
+          {"lr", ctx.lr},
+          {"grad_norm", ctx.gradNorm},
+          {"tokens_per_s", tokensPerSecond},
+          {"step_ms", ms},
+          {"data_wait_ms", dataWaitMs}};
+      if (opts.peakTflops > 0 && config.flopsPerToken > 0)
+        scalars.push_back({"mfu", modelTflops / opts.peakTflops});
+      if (!evalFields.empty())
+        scalars.push_back({"val_loss", lastValLoss});
+      board->scalars(step, scalars);
+    }
   }
   // A run of no steps with --eval-every evaluates the parameters it starts
   // from (loaded by --init-from or --resume, or initialised): one eval line
@@ -1943,6 +2003,8 @@ int train(const Program &sharedProgram, const Options &opts) {
                   opts.evalBatches == 1 ? "" : "es", evalMs);
       std::fflush(stdout);
     }
+    if (board)
+      board->scalars(firstStep - 1, {{"val_loss", lastValLoss}});
     if (metrics) {
       std::string line = "{\"step\": " + std::to_string(firstStep - 1) +
                          ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
@@ -1954,6 +2016,8 @@ int train(const Program &sharedProgram, const Options &opts) {
              std::strerror(errno));
     }
   }
+  if (leader && !opts.quiet)
+    endBar();
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - runStart)
           .count();

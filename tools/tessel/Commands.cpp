@@ -444,6 +444,13 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   }
   if (!checked->validPath.empty() && !hasFlag(forwarded, "--valid-data"))
     forwarded.insert(forwarded.begin(), {"--valid-data", checked->validPath});
+  // Under mpirun a rank cannot tell whether the output ends at a terminal:
+  // tessel run can, and says so.
+  if (!hasFlag(forwarded, "--progress"))
+    forwarded.insert(forwarded.begin(),
+                     {"--progress", sys::Process::StandardOutIsDisplayed()
+                                        ? "bar"
+                                        : "lines"});
   // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
   // program; root and more ranks than cores are allowed, as on a developer's
   // machine or in CI).
