@@ -1767,7 +1767,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   // first --eval-batches global batches of the validation data, averaged.
   // Its messages are not the training step's traffic.
   std::vector<int32_t> validTokens, validTargets;
-  float lastValLoss = NAN;
+  float lastValLoss = NAN, bestValLoss = NAN;
+  int64_t bestValStep = 0; // the steps trained before the best evaluation
   auto evaluate = [&]() {
     UncountedCollectives notTraffic;
     TraceSpan span("eval");
@@ -1840,6 +1841,10 @@ int train(const Program &sharedProgram, const Options &opts) {
         fail("validation loss is " +
              std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
              " after step " + std::to_string(step + 1));
+      if (!(lastValLoss >= bestValLoss)) {
+        bestValLoss = lastValLoss;
+        bestValStep = step + 1;
+      }
       evalFields = ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
                    ", \"eval_ms\": " + jsonNumber(evalMs, "%.3f");
     }
@@ -2068,8 +2073,13 @@ int train(const Program &sharedProgram, const Options &opts) {
     }
     std::string validation;
     if (std::isfinite(lastValLoss)) {
-      char text[40];
-      std::snprintf(text, sizeof(text), ", val_loss %.4f", lastValLoss);
+      char text[96];
+      if (std::isfinite(bestValLoss) && bestValLoss < lastValLoss)
+        std::snprintf(text, sizeof(text),
+                      ", val_loss %.4f (best %.4f after step %" PRId64 ")",
+                      lastValLoss, bestValLoss, bestValStep);
+      else
+        std::snprintf(text, sizeof(text), ", val_loss %.4f", lastValLoss);
       validation = text;
     }
     std::string peak =
