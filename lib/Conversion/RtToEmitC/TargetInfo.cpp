@@ -5,6 +5,7 @@
 #include "dialects/Rt/RtOps.h"
 
 #include "mlir/Dialect/EmitC/IR/EmitC.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 
 #include <set>
@@ -108,6 +109,8 @@ public:
     DeviceInfo info;
     std::set<unsigned> axes;
     MeshShape mesh = dist::meshOf(top);
+    auto m = program->getAttrOfType<IntegerAttr>("rt.microbatches");
+    int64_t microbatches = m ? m.getInt() : 1;
     program.walk([&](Operation *op) {
       for (Type t : op->getResultTypes())
         if (auto type = dyn_cast<MemRefType>(t))
@@ -122,6 +125,33 @@ public:
       std::string bytes = scratchBytes(op);
       if (!bytes.empty())
         info.scratch.push_back(bytes);
+      // The staging allGatherAlong / reduceScatterAlong ask for when the
+      // gathered dimension is not the outermost: the gathered blocks, the
+      // packed input, g x n elements of the piece's n.
+      auto staged = [&](int64_t outer, Value piece, Value anyBuffer,
+                        auto axes) {
+        if (outer > 1)
+          info.stagingBytes = std::max(
+              info.stagingBytes, mesh.groupSize(axes) *
+                                     rt::elementsOf(piece) *
+                                     rt::elementBytesOf(anyBuffer));
+      };
+      if (auto a = dyn_cast<rt::AllGatherOp>(op))
+        staged(a.getOuter(), a.getInput(), a.getInput(), a.getAxes());
+      if (auto r = dyn_cast<rt::ReduceScatterOp>(op))
+        staged(r.getOuter(), r.getOutput(), r.getInput(), r.getAxes());
+      // Each send is copied to a buffer that lives until the step waits for
+      // its sends: a forward or backward part's sends once per microbatch,
+      // the update's and the step's own once.
+      if (auto send = dyn_cast<rt::SendOp>(op)) {
+        auto fn = send->getParentOfType<func::FuncOp>();
+        auto part = fn ? fn->getAttrOfType<StringAttr>("rt.part") : nullptr;
+        int64_t times =
+            part && part.getValue() != "update" ? microbatches : 1;
+        int64_t bytes = rt::elementsOf(send->getOperand(0)) *
+                        rt::elementBytesOf(send->getOperand(0));
+        info.sendBytes += times * ((bytes + 255) / 256 * 256);
+      }
     });
     axes.erase(0);
     info.commAxes.assign(axes.begin(), axes.end());
@@ -149,6 +179,10 @@ public:
     lines.push_back("device.scratchBytes = std::max<int64_t>({" + bytes +
                     "});");
     lines.push_back("device.cudaArch = " + std::to_string(arch) + ";");
+    lines.push_back("device.stagingBytes = " +
+                    std::to_string(info.stagingBytes) + ";");
+    lines.push_back("device.sendBytes = " + std::to_string(info.sendBytes) +
+                    ";");
     lines.push_back("device.commAxes = kCommAxes;");
     lines.push_back("device.numCommAxes = " +
                     std::to_string(info.commAxes.size()) + ";");

@@ -199,9 +199,10 @@ struct CommState {
   // state when it is issued, so one event serves every operation.
   cudaEvent_t computeReady = nullptr;
 
-  // Staging of allGatherAlong / reduceScatterAlong with outer > 1: grown to
-  // the largest collective the first time it runs, so only the first step
-  // allocates.
+  // Staging of allGatherAlong / reduceScatterAlong with outer > 1:
+  // allocated at start at the size the compiler planned
+  // (DeviceProgram::stagingBytes); grown only if a call needs more, which a
+  // program that planned it does not.
   void *staging = nullptr;
   size_t stagingBytes = 0;
 
@@ -226,6 +227,11 @@ struct CommState {
   // step the buffers are reused as they are.
   std::vector<SendBuffer> sendBuffers;
   size_t nextSendBuffer = 0;
+  // With DeviceProgram::sendBytes: one arena allocated at start that the
+  // sends of a step take in turn (256-byte aligned), from its start again
+  // after waitSends; a send that does not fit falls back to sendBuffers.
+  char *sendArena = nullptr;
+  size_t sendArenaBytes = 0, sendArenaUsed = 0;
 
   // Watchdog; `mutex` guards everything below.
   std::mutex mutex;
@@ -720,6 +726,12 @@ void p2pEnqueued(int channel, bool isRecv, int offset, int64_t n) {
 // A send buffer of at least `bytes` for the next send since waitSends.
 void *nextSendBuffer(size_t bytes) {
   CommState &s = state();
+  size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  if (s.sendArena && s.sendArenaUsed + rounded <= s.sendArenaBytes) {
+    void *data = s.sendArena + s.sendArenaUsed;
+    s.sendArenaUsed += rounded;
+    return data;
+  }
   if (s.nextSendBuffer == s.sendBuffers.size() ||
       s.sendBuffers[s.nextSendBuffer].bytes < bytes) {
     // A new schedule (or the first step): keep the existing buffers, which
@@ -750,6 +762,18 @@ void commStart(const DeviceProgram &program, int device) {
   for (int i = 0; i < kInitialEvents; i++)
     s.eventPool.push_back(newEvent());
   s.started = true;
+  // The buffers a step would otherwise allocate (and, for the staging,
+  // synchronise the device for), sized by the compiler.
+  if (program.stagingBytes > 0) {
+    check(cudaMalloc(&s.staging, (size_t)program.stagingBytes),
+          "cudaMalloc (collective staging)");
+    s.stagingBytes = (size_t)program.stagingBytes;
+  }
+  if (program.sendBytes > 0) {
+    check(cudaMalloc(&s.sendArena, (size_t)program.sendBytes),
+          "cudaMalloc (pipeline send buffers)");
+    s.sendArenaBytes = (size_t)program.sendBytes;
+  }
 
   // A one-rank mesh never starts MPI and needs no communicator.
   int worldSize = rt::commWorldSize(), rank = rt::commRank();
@@ -914,6 +938,10 @@ void commStop() {
     cudaFree(buffer.data);
   s.sendBuffers.clear();
   s.nextSendBuffer = 0;
+  if (s.sendArena)
+    cudaFree(s.sendArena);
+  s.sendArena = nullptr;
+  s.sendArenaBytes = s.sendArenaUsed = 0;
   s.queuedSends.clear();
   s.inGroup = false;
   for (std::deque<InFlight> &inFlight : s.inFlight)
@@ -1393,6 +1421,7 @@ void waitSends() {
   }
   s.nextOrder.clear();
   s.nextSendBuffer = 0;
+  s.sendArenaUsed = 0;
   for (P2PChannel &channel : s.channels) {
     if (!channel.sendsPending)
       continue;

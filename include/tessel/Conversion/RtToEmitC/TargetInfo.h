@@ -58,6 +58,11 @@ public:
     std::vector<std::string> scratch; // byte-count expressions
     std::vector<unsigned> commAxes;   // AxisSet bits
     std::vector<int64_t> p2pOffsets;
+    // Device buffers sized at start rather than inside a step: the largest
+    // all_gather / reduce_scatter staging along a dimension, and the bytes
+    // of every pipeline send between two waits for the sends.
+    int64_t stagingBytes = 0;
+    int64_t sendBytes = 0;
   };
   virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
                                 mlir::ModuleOp top) const {

@@ -134,6 +134,12 @@ struct DeviceProgram {
   bool bf16 = false;        // train.precision
   int64_t scratchBytes = 0; // largest attention / cross-entropy scratch
   int cudaArch = 90;        // the arch the program was built for
+  // Allocated at start so that no step allocates or synchronises the
+  // device: the largest staging of an all-gather or reduce-scatter along a
+  // dimension, and room for the copies of every pipeline send one step
+  // makes (each rounded up to 256 bytes). 0: grown on first use.
+  int64_t stagingBytes = 0;
+  int64_t sendBytes = 0;
   // Axis sets (masks) that collectives of this program run over.
   const unsigned *commAxes = nullptr;
   int numCommAxes = 0;
