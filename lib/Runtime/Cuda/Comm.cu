@@ -113,7 +113,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <atomic>
 #include <thread>
+#include <unistd.h>
 #include <tuple>
 #include <vector>
 
@@ -475,8 +477,18 @@ void *staging(size_t bytes) {
 //----------------------------------------------------------===//
 
 // Reports `message` as this rank's fatal error, aborts the communicators (so
-// that kernels blocked in a collective return) and then the job.
+// that kernels blocked in a collective return) and ends the process; called
+// by the watchdog thread only. The first caller owns the teardown (a second
+// waits for the process to end), and the communicators it aborts are never
+// destroyed meanwhile: commStop joins the watchdog before it destroys them.
+// MPI stays single-threaded (only the main thread calls it), so the process
+// ends with _exit, not MPI_Abort; a rank that ends without MPI_Finalize
+// makes mpirun stop the job, as the CPU runtime's watchdog does.
 [[noreturn]] void abortJob(const std::string &message) {
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true))
+    for (;;)
+      std::this_thread::sleep_for(std::chrono::seconds(1));
   CommState &s = state();
   std::fflush(stdout);
   std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(), message.c_str());
@@ -489,7 +501,8 @@ void *staging(size_t bytes) {
       ncclCommAbort(channel.comm);
   if (s.world)
     ncclCommAbort(s.world);
-  rt::commAbort(1);
+  std::fflush(stderr);
+  ::_exit(1);
 }
 
 // "collective all_reduce over dp (4096 elements)", "send to pp+1 (4096
