@@ -318,10 +318,16 @@ void copyMoments(const rt::Program &program, float *hostM, float *hostV,
   if (bytes == 0)
     return;
   if (toDevice) {
-    check(cudaMemcpy(s.adamM, hostM, bytes, cudaMemcpyHostToDevice),
-          "cudaMemcpy (first moments)");
-    check(cudaMemcpy(s.adamV, hostV, bytes, cudaMemcpyHostToDevice),
-          "cudaMemcpy (second moments)");
+    // On the compute stream, which the next step's kernels follow: a
+    // pageable cudaMemcpy on the legacy stream may return before its DMA
+    // has landed, and the non-blocking compute stream does not wait for it.
+    check(cudaMemcpyAsync(s.adamM, hostM, bytes, cudaMemcpyHostToDevice,
+                          s.compute),
+          "cudaMemcpyAsync (first moments)");
+    check(cudaMemcpyAsync(s.adamV, hostV, bytes, cudaMemcpyHostToDevice,
+                          s.compute),
+          "cudaMemcpyAsync (second moments)");
+    check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
   } else {
     check(cudaMemcpy(hostM, s.adamM, bytes, cudaMemcpyDeviceToHost),
           "cudaMemcpy (first moments)");
