@@ -96,6 +96,7 @@ struct RunPlan {
   // stages that share one), with how many consecutive ranks run each.
   std::vector<std::pair<std::string, int64_t>> binaries;
   std::string dataFormat, dataPath, validPath;
+  int64_t vocab = 0; // model.vocab_size
 };
 
 bool isProgramName(StringRef name) {
@@ -180,6 +181,9 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
     run.dataFormat = data.at("format").get<std::string>();
     run.dataPath = data.at("path").get<std::string>();
     run.validPath = data.value("valid", std::string());
+    run.vocab = plan.contains("model")
+                    ? plan["model"].value("vocab_size", int64_t(0))
+                    : 0;
     return run;
   } catch (const json::exception &e) {
     // A missing field or one of the wrong type.
@@ -440,6 +444,27 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     std::string path = checked->dataPath;
     if (checked->dataFormat == "blend") // data/blend.json in the plan
       path = (Twine(dir) + "/" + path).str();
+    // The spec's data is not there (an example's, before it was made):
+    // say how to make it rather than let every rank fail to open it.
+    bool pattern = StringRef(path).find_first_of("*?[") != StringRef::npos;
+    SmallString<256> clean(path);
+    sys::path::remove_dots(clean, /*remove_dot_dot=*/true);
+    if (!pattern && !sys::fs::exists(path) &&
+        !sys::fs::exists(path + ".idx")) {
+      path = std::string(clean);
+      return fail(
+          "the spec's data.path '" + path +
+          "' does not exist. Make it from text with 'tessel data prepare "
+          "FILES... -o " +
+          path +
+          "' (GPT-2 tokens: --tokenizer gpt2 --vocab-json vocab.json "
+          "--merges merges.txt, the files of Hugging Face's gpt2 "
+          "tokenizer), use a token file made by llm.c's dev/data scripts "
+          "(e.g. fineweb.py), write synthetic tokens there with 'tessel "
+          "data synth -o " +
+          path + " --vocab " + std::to_string(checked->vocab) +
+          "', or pass --data PATH");
+    }
     forwarded.insert(forwarded.begin(), {"--data", path});
   }
   if (!checked->validPath.empty() && !hasFlag(forwarded, "--valid-data"))
@@ -867,6 +892,16 @@ static int dataInspect(ArrayRef<std::string> args) {
   }
 }
 
+// The directories an output file goes into, made as needed; throws naming
+// the directory.
+static void makeParentDirectories(StringRef path) {
+  StringRef parent = sys::path::parent_path(path);
+  if (!parent.empty())
+    if (std::error_code ec = sys::fs::create_directories(parent))
+      throw std::runtime_error("cannot create the directory '" + parent.str() +
+                               "': " + ec.message());
+}
+
 // tessel data prepare INPUT... -o OUT: text files (one document each) or
 // JSON lines (a document per line, its `text` field) tokenized by bytes or
 // by GPT-2's BPE, written as an llm.c token file or a Megatron dataset.
@@ -1072,14 +1107,9 @@ static int dataPrepare(ArrayRef<std::string> args) {
         validEnds.push_back(ends[d] - cut);
       ends.resize(documents - held);
     }
-    // The outputs' directories are made as needed.
     auto write = [&](const std::string &path, const std::vector<int32_t> &t,
                      const std::vector<int64_t> &e) {
-      StringRef parent = sys::path::parent_path(path);
-      if (!parent.empty())
-        if (std::error_code ec = sys::fs::create_directories(parent))
-          throw std::runtime_error("cannot create the directory '" +
-                                   parent.str() + "': " + ec.message());
+      makeParentDirectories(path);
       if (format == "llmc")
         tessel::rt::writeTokenFile(path, t);
       else
@@ -1195,6 +1225,7 @@ int tessel::dataCommand(ArrayRef<std::string> args) {
       errs() << usage;
       return 2;
     }
+    makeParentDirectories(output);
     tessel::rt::writeTokenFile(output, tokens);
     outs() << "wrote " << tokens.size() << " tokens to " << output << "\n";
   } catch (const std::exception &e) {
