@@ -8,10 +8,10 @@
 //   loss       training loss and validation loss over steps
 //   lr         the learning rate over steps
 //   throughput tokens/s (and MFU with --peak-tflops) over steps
-//   breakdown  per rank, the mean step split into compute, communication
-//              the rank waits for, optimizer, data wait and idle (from the
-//              traces; idle is what no span of the rank covers: the
-//              pipeline bubble, waits outside spans)
+//   breakdown  per rank, the mean step split into compute, the
+//              collectives it waits for, its pipeline messages (where a
+//              stage waits out the bubble), optimizer, data wait and idle
+//              (from the traces; idle is what no span of the rank covers)
 //   memory     per rank, the plan's bytes beside the measured growth of
 //              resident memory (from the comm reports)
 //   comm       bytes per step of each collective and group, planned, beside
@@ -252,10 +252,11 @@ std::string barChart(const std::vector<std::string> &labels,
              escape(format(total)) + "</text>";
   }
   double ly = kTop + rowH * labels.size() + 20;
+  double step = std::min(120.0, (kW - 20) / (double)parts.size());
   for (size_t p = 0; p < parts.size(); p++) {
-    svg += "<rect x=\"" + num(left + 120 * p) + "\" y=\"" + num(ly - 9) +
+    svg += "<rect x=\"" + num(20 + step * p) + "\" y=\"" + num(ly - 9) +
            "\" width=\"10\" height=\"10\" fill=\"" + kColors[p % 8] + "\"/>";
-    svg += "<text x=\"" + num(left + 14 + 120 * p) + "\" y=\"" + num(ly) +
+    svg += "<text x=\"" + num(34 + step * p) + "\" y=\"" + num(ly) +
            "\" font-size=\"11\">" + escape(parts[p]) + "</text>";
   }
   svg += "<text x=\"" + num(left) + "\" y=\"" + num(ly + 20) +
@@ -268,10 +269,11 @@ struct Span {
   double begin, end; // microseconds, on the common clock
 };
 
-// What a trace span is: a part of the step, an evaluation, or a wait on
-// other ranks (everything else on the program's thread: collectives,
-// send, recv, wait).
-enum class Kind { Forward, Backward, Update, Eval, Comm, Other };
+// What a trace span is: a part of the step, an evaluation, a pipeline
+// message (send, recv, the wait for the step's sends: where a stage waits
+// out the bubble), or a collective (everything else on the program's
+// thread).
+enum class Kind { Forward, Backward, Update, Eval, Pipeline, Comm, Other };
 Kind kindOf(StringRef name) {
   if (name == "forward")
     return Kind::Forward;
@@ -281,6 +283,8 @@ Kind kindOf(StringRef name) {
     return Kind::Update;
   if (name == "eval")
     return Kind::Eval;
+  if (name == "send" || name == "recv" || name == "wait")
+    return Kind::Pipeline;
   return Kind::Comm;
 }
 
@@ -439,10 +443,12 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
                    "--peak-tflops stated (docs/metrics.md)");
 
   // The step-time breakdown and the timeline, from the traces.
-  const std::vector<std::string> parts = {"compute", "communication",
-                                          "optimizer", "data wait", "idle"};
-  std::vector<std::vector<double>> breakdown(world,
-                                             std::vector<double>(5, 0.0));
+  const std::vector<std::string> parts = {
+      "compute",   "collectives", "pipeline waits",
+      "optimizer", "data wait",   "idle"};
+  const size_t numParts = parts.size();
+  std::vector<std::vector<double>> breakdown(
+      world, std::vector<double>(numParts, 0.0));
   double dataWaitMs = 0;
   for (const json &s : steps)
     dataWaitMs += s.value("data_wait_ms", 0.0);
@@ -477,12 +483,12 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
       });
       // Parts contain communication spans; communication counts once, in
       // its own part, and nothing inside an evaluation counts.
-      double compute = 0, comm = 0, optimizer = 0;
+      double compute = 0, comm = 0, pipeline = 0, optimizer = 0;
       const Span *container = nullptr;
       for (const Span &s : spans) {
         Kind kind = kindOf(s.name);
         double d = (s.end - s.begin) / 1000.0;
-        if (kind != Kind::Comm) {
+        if (kind != Kind::Comm && kind != Kind::Pipeline) {
           container = &s;
           if (kind == Kind::Forward || kind == Kind::Backward)
             compute += d;
@@ -495,16 +501,17 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
         Kind outer = inside ? kindOf(container->name) : Kind::Other;
         if (outer == Kind::Eval)
           continue;
-        comm += d;
+        (kind == Kind::Pipeline ? pipeline : comm) += d;
         if (outer == Kind::Forward || outer == Kind::Backward)
           compute -= d;
         else if (outer == Kind::Update)
           optimizer -= d;
       }
       double wait = r == 0 ? dataWaitMs : 0;
-      double idle = std::max(0.0, wallMs - compute - comm - optimizer - wait);
+      double idle = std::max(
+          0.0, wallMs - compute - comm - pipeline - optimizer - wait);
       double n = std::max(1.0, stepsRun);
-      breakdown[r] = {std::max(0.0, compute) / n, comm / n,
+      breakdown[r] = {std::max(0.0, compute) / n, comm / n, pipeline / n,
                       std::max(0.0, optimizer) / n, wait / n, idle / n};
       rankSpans[r] = std::move(spans);
     }
@@ -520,10 +527,9 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
         barChart(labels, parts, rows, "milliseconds per step", false,
                  [](double v) { return num(v, "%.3g") + " ms"; }),
         "the mean step of each rank: forward and backward compute, the "
-        "communication it waited for (collectives, sends, receives), the "
-        "optimizer's own work, rank 0's wait for data, and idle (what no span "
-        "covers: the pipeline bubble, the wait for other ranks outside "
-        "spans)");
+        "collectives it waited for, its pipeline messages (a receive waits "
+        "out the bubble), the optimizer's own work, rank 0's wait for data, "
+        "and idle (what no span covers)");
 
     // The last training step of every rank: from the end of the "update"
     // before it to the end of its own.
@@ -718,16 +724,16 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
     if (tokens > 0)
       row("cost per million tokens", "$" + num(cost / tokens * 1e6, "%.4g"));
     if (haveTraces) {
-      std::vector<double> total(5, 0.0);
+      std::vector<double> total(numParts, 0.0);
       for (const auto &b : breakdown)
-        for (int p = 0; p < 5; p++)
+        for (size_t p = 0; p < numParts; p++)
           total[p] += b[p];
       double all = 0;
       for (double v : total)
         all += v;
       if (all > 0) {
         std::string split;
-        for (int p = 0; p < 5; p++)
+        for (size_t p = 0; p < numParts; p++)
           split += (p ? ", " : "") + parts[p] + " $" +
                    num(cost * total[p] / all, "%.3g");
         row("cost by part", split);
