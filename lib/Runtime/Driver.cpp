@@ -338,6 +338,17 @@ uint64_t parseUnsigned(const std::string &flag, const std::string &text) {
   return value;
 }
 
+// A positive finite number; `what` completes "expects a positive ...".
+double parsePositiveNumber(const std::string &flag, const std::string &text,
+                           const std::string &what) {
+  char *end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end || !std::isfinite(value) || value <= 0)
+    throw UsageError(flag + " expects a positive " + what + ", got " +
+                     inQuotes(text));
+  return value;
+}
+
 // A positive number of seconds (at most a week).
 double parseSeconds(const std::string &what, const std::string &text) {
   const char *s = text.c_str();
@@ -423,12 +434,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
                          inQuotes(value));
       opts.dataDelayMs = ms;
     } else if (flag == "--peak-tflops") {
-      char *end = nullptr;
-      double peak = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end || !std::isfinite(peak) || peak <= 0)
-        throw UsageError(flag + " expects a positive number of TFLOP/s, got " +
-                         inQuotes(value));
-      opts.peakTflops = peak;
+      opts.peakTflops = parsePositiveNumber(flag, value, "number of TFLOP/s");
     } else if (flag == "--tensorboard") {
       opts.tensorboard = value;
     } else if (flag == "--progress") {
@@ -437,12 +443,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
                          inQuotes(value));
       opts.progress = value;
     } else if (flag == "--price-per-gpu-hour") {
-      char *end = nullptr;
-      double price = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end || !std::isfinite(price) || price <= 0)
-        throw UsageError(flag + " expects a positive price, got " +
-                         inQuotes(value));
-      opts.pricePerGpuHour = price;
+      opts.pricePerGpuHour = parsePositiveNumber(flag, value, "price");
     } else if (flag == "--eval-every") {
       opts.evalEvery = parseInteger(flag, value, 0);
     } else if (flag == "--eval-batches") {
@@ -1769,7 +1770,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   std::vector<int32_t> validTokens, validTargets;
   float lastValLoss = NAN, bestValLoss = NAN;
   int64_t bestValStep = 0; // the steps trained before the best evaluation
-  auto evaluate = [&]() {
+  auto evaluateBatches = [&]() {
     UncountedCollectives notTraffic;
     TraceSpan span("eval");
     validTokens.resize(B * T);
@@ -1792,6 +1793,44 @@ int train(const Program &sharedProgram, const Options &opts) {
     }
     ctx = saved;
     return (float)(sum / (double)opts.evalBatches);
+  };
+  // An evaluation of the parameters after `trained` steps: timed, checked,
+  // the best kept, its log line printed; returns its milliseconds.
+  auto evaluate = [&](int64_t trained) {
+    auto begin = std::chrono::steady_clock::now();
+    lastValLoss = evaluateBatches();
+    double ms = std::chrono::duration<double, std::milli>(
+                    std::chrono::steady_clock::now() - begin)
+                    .count();
+    if (!std::isfinite(lastValLoss))
+      fail("validation loss is " +
+           std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
+           " after step " + std::to_string(trained));
+    if (!(lastValLoss >= bestValLoss)) {
+      bestValLoss = lastValLoss;
+      bestValStep = trained;
+    }
+    return ms;
+  };
+  auto printEval = [&](int64_t trained, double ms) {
+    if (!leader || opts.quiet)
+      return;
+    endBar();
+    std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
+                " batch%s | %.0f ms\n",
+                width, trained, opts.steps, lastValLoss, opts.evalBatches,
+                opts.evalBatches == 1 ? "" : "es", ms);
+    std::fflush(stdout);
+  };
+  auto evalJson = [&](double ms) {
+    return ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
+           ", \"eval_ms\": " + jsonNumber(ms, "%.3f");
+  };
+  auto writeMetricsLine = [&](const std::string &line) {
+    if (std::fputs(line.c_str(), metrics.get()) < 0 ||
+        std::fflush(metrics.get()) != 0)
+      fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
+           std::strerror(errno));
   };
   for (int64_t step = firstStep; step < lastStep; step++) {
     double dataWaitMs = batches.get(step, tokens.data(), targets.data());
@@ -1832,21 +1871,8 @@ int train(const Program &sharedProgram, const Options &opts) {
     std::string evalFields;
     double evalMs = 0;
     if (valid && ((step + 1) % opts.evalEvery == 0 || step + 1 == lastStep)) {
-      auto begin = std::chrono::steady_clock::now();
-      lastValLoss = evaluate();
-      evalMs = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - begin)
-                          .count();
-      if (!std::isfinite(lastValLoss))
-        fail("validation loss is " +
-             std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
-             " after step " + std::to_string(step + 1));
-      if (!(lastValLoss >= bestValLoss)) {
-        bestValLoss = lastValLoss;
-        bestValStep = step + 1;
-      }
-      evalFields = ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
-                   ", \"eval_ms\": " + jsonNumber(evalMs, "%.3f");
+      evalMs = evaluate(step + 1);
+      evalFields = evalJson(evalMs);
     }
     // A state to resume from if the run dies; written to a temporary name
     // and renamed, so the previous one stays whole until it is replaced.
@@ -1934,14 +1960,8 @@ int train(const Program &sharedProgram, const Options &opts) {
         endBar();
       std::fflush(stdout);
     }
-    if (leader && !opts.quiet && !evalFields.empty()) {
-      endBar();
-      std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
-                  " batch%s | %.0f ms\n",
-                  width, step + 1, opts.steps, lastValLoss, opts.evalBatches,
-                  opts.evalBatches == 1 ? "" : "es", evalMs);
-      std::fflush(stdout);
-    }
+    if (!evalFields.empty())
+      printEval(step + 1, evalMs);
     if (metrics) {
       std::string line =
           "{\"step\": " + std::to_string(step) +
@@ -1967,10 +1987,7 @@ int train(const Program &sharedProgram, const Options &opts) {
                   : ", \"mem_peak_bytes\": " +
                         std::to_string(statusBytes("VmHWM") - rssBefore)) +
           evalFields + checkpointFields + "}\n";
-      if (std::fputs(line.c_str(), metrics.get()) < 0 ||
-          std::fflush(metrics.get()) != 0)
-        fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
-             std::strerror(errno));
+      writeMetricsLine(line);
     }
     if (board) {
       std::vector<std::pair<std::string, double>> scalars = {
@@ -1992,34 +2009,13 @@ int train(const Program &sharedProgram, const Options &opts) {
   // and one metrics record at step firstStep - 1, the step after which
   // these parameters are.
   if (valid && firstStep == lastStep) {
-    auto begin = std::chrono::steady_clock::now();
-    lastValLoss = evaluate();
-    double evalMs = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - begin)
-                        .count();
-    if (!std::isfinite(lastValLoss))
-      fail("validation loss is " +
-           std::string(std::isnan(lastValLoss) ? "nan" : "inf") +
-           " at step " + std::to_string(firstStep));
-    if (leader && !opts.quiet) {
-      std::printf("eval %*" PRId64 "/%" PRId64 " | val_loss %.4f | %" PRId64
-                  " batch%s | %.0f ms\n",
-                  width, firstStep, opts.steps, lastValLoss, opts.evalBatches,
-                  opts.evalBatches == 1 ? "" : "es", evalMs);
-      std::fflush(stdout);
-    }
+    double evalMs = evaluate(firstStep);
+    printEval(firstStep, evalMs);
     if (board)
       board->scalars(firstStep - 1, {{"val_loss", lastValLoss}});
-    if (metrics) {
-      std::string line = "{\"step\": " + std::to_string(firstStep - 1) +
-                         ", \"val_loss\": " + jsonNumber(lastValLoss, "%.9g") +
-                         ", \"eval_ms\": " + jsonNumber(evalMs, "%.3f") +
-                         "}\n";
-      if (std::fputs(line.c_str(), metrics.get()) < 0 ||
-          std::fflush(metrics.get()) != 0)
-        fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
-             std::strerror(errno));
-    }
+    if (metrics)
+      writeMetricsLine("{\"step\": " + std::to_string(firstStep - 1) +
+                       evalJson(evalMs) + "}\n");
   }
   if (leader && !opts.quiet)
     endBar();

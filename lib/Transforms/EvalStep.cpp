@@ -55,7 +55,7 @@ std::optional<Region> regionOf(Value v) {
   rt::Space space = buffer.getSpace();
   if (space == rt::Space::Arena || space == rt::Space::Received ||
       space == rt::Space::Transient)
-    size *= cast<MemRefType>(buffer.getType()).getElementTypeBitWidth() / 8;
+    size *= rt::elementBytesOf(buffer.getBuffer());
   int64_t offset = buffer.getOffset();
   return Region{space, offset, offset + size};
 }

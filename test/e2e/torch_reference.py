@@ -311,7 +311,12 @@ def state_tensors(model):
 
 
 def load_weights(model, path):
-    tensors = safetensors_io.load_file(path)
+    load_tensors(model, safetensors_io.load_file(path), path)
+
+
+def load_tensors(model, tensors, path):
+    """Copies name -> array into the model's parameters; every parameter and
+    nothing else, each of its shape, or a ValueError naming `path`."""
     params = state_tensors(model)
     missing = sorted(set(params) - set(tensors))
     unexpected = sorted(set(tensors) - set(params))

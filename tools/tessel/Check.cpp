@@ -164,22 +164,18 @@ int tessel::checkCommand(const CheckOptions &options) {
       errs() << "tessel: error: " << toString(std::move(err)) << "\n";
       return 1;
     }
+  Expected<nlohmann::json> refPlan = readPlan(refDir),
+                           plan = readPlan(layDir);
+  for (Expected<nlohmann::json> *p : {&refPlan, &plan})
+    if (!*p) {
+      errs() << "tessel: error: " << toString(p->takeError()) << "\n";
+      return 1;
+    }
   // The validation loss is compared too, where there is validation data
   // (the spec's data.valid, or held-out synthetic tokens): twice in the run.
-  bool evaluate = false;
-  {
-    SmallString<256> planPath(refDir);
-    sys::path::append(planPath, "plan.json");
-    auto text = MemoryBuffer::getFile(planPath);
-    auto plan = text ? nlohmann::json::parse((*text)->getBuffer().begin(),
-                                             (*text)->getBuffer().end(),
-                                             nullptr, false)
-                     : nlohmann::json();
-    if (plan.is_object() && plan.contains("data") &&
-        plan["data"].is_object())
-      evaluate = plan["data"].value("format", std::string()) == "synthetic" ||
-                 plan["data"].contains("valid");
-  }
+  const nlohmann::json data = refPlan->value("data", nlohmann::json::object());
+  bool evaluate = data.value("format", std::string()) == "synthetic" ||
+                  data.contains("valid");
   for (StringRef dir : {StringRef(refDir), StringRef(layDir)}) {
     SmallString<256> metrics(dir), weights(dir);
     sys::path::append(metrics, "check-metrics.jsonl");
@@ -208,21 +204,12 @@ int tessel::checkCommand(const CheckOptions &options) {
     return 1;
   }
   // What the layout's plan says it computes in, and its ZeRO level.
-  SmallString<256> planPath(layDir);
-  sys::path::append(planPath, "plan.json");
-  auto text = MemoryBuffer::getFile(planPath);
-  auto plan =
-      text ? nlohmann::json::parse((*text)->getBuffer().begin(),
-                                   (*text)->getBuffer().end(), nullptr, false)
-           : nlohmann::json();
-  int64_t zero = plan.is_object() ? plan.value("zero", int64_t(0)) : 0;
+  int64_t zero = plan->value("zero", int64_t(0));
   double tolerance = options.tolerance;
   if (tolerance < 0) {
     // The CPU program matches one rank to rounding, fp32 CUDA kernels to
     // 1e-4, and bf16 (8 bits of mantissa in the activations) to about 1e-2.
-    std::string precision = plan.is_object()
-                                ? plan.value("precision", std::string("fp32"))
-                                : "fp32";
+    std::string precision = plan->value("precision", std::string("fp32"));
     tolerance = options.target != "cuda" ? 1e-5
                 : precision == "bf16"    ? 3e-2
                                          : 1e-4;
@@ -233,8 +220,8 @@ int tessel::checkCommand(const CheckOptions &options) {
          << options.layout.describe();
   if (zero > 0)
     outs() << " zero=" << zero;
-  if (zero > 0 && plan.contains("zero_group"))
-    outs() << " zero_group=" << plan["zero_group"].get<int64_t>();
+  if (zero > 0 && plan->contains("zero_group"))
+    outs() << " zero_group=" << (*plan)["zero_group"].get<int64_t>();
   if (options.target != "cpu")
     outs() << " on " << options.target;
   outs() << " vs one rank on the cpu, " << options.steps << " steps\n"
@@ -245,8 +232,7 @@ int tessel::checkCommand(const CheckOptions &options) {
   if (c->validStep >= 0)
     outs() << format("  largest relative val_loss difference  %.3e (step %lld)\n",
                      c->validDiff, (long long)c->validStep);
-  outs()
-         << (ok ? "  OK" : "  FAILED")
+  outs() << (ok ? "  OK" : "  FAILED")
          << format(" (tolerance %.1e)\n", tolerance);
   return ok ? 0 : 1;
 }

@@ -70,9 +70,7 @@ std::string tessel::parseArguments(ArrayRef<std::string> args,
 
 using tessel::fail;
 
-namespace {
-
-Expected<json> readPlan(StringRef dir) {
+Expected<json> tessel::readPlan(StringRef dir) {
   SmallString<256> path(dir);
   sys::path::append(path, "plan.json");
   auto text = MemoryBuffer::getFile(path);
@@ -85,6 +83,10 @@ Expected<json> readPlan(StringRef dir) {
     return createStringError(path + ": not a valid plan");
   return plan;
 }
+
+using tessel::readPlan;
+
+namespace {
 
 // What `tessel run` takes from a plan, checked: plan.json is read from a
 // directory a user may have edited or copied, so nothing in it is trusted
@@ -447,10 +449,10 @@ int tessel::runCommand(ArrayRef<std::string> args) {
     // The spec's data is not there (an example's, before it was made):
     // say how to make it rather than let every rank fail to open it.
     bool pattern = StringRef(path).find_first_of("*?[") != StringRef::npos;
-    SmallString<256> clean(path);
-    sys::path::remove_dots(clean, /*remove_dot_dot=*/true);
     if (!pattern && !sys::fs::exists(path) &&
         !sys::fs::exists(path + ".idx")) {
+      SmallString<256> clean(path);
+      sys::path::remove_dots(clean, /*remove_dot_dot=*/true);
       path = std::string(clean);
       return fail(
           "the spec's data.path '" + path +
@@ -1117,14 +1119,14 @@ static int dataPrepare(ArrayRef<std::string> args) {
       return format == "llmc" ? path : path + ".bin and " + path + ".idx";
     };
     std::string wrote = write(output, tokens, ends);
-    std::string held =
+    std::string heldIn =
         validFraction > 0 ? write(validOutput, validTokens, validEnds) : "";
     outs() << "wrote " << tokens.size() << " tokens of " << ends.size()
            << " documents to " << wrote << " (" << tokenizer
            << " tokens: model.vocab_size >= " << vocab << ")\n";
     if (validFraction > 0)
       outs() << "  and held out " << validTokens.size() << " tokens of "
-             << validEnds.size() << " documents for validation in " << held
+             << validEnds.size() << " documents for validation in " << heldIn
              << " (data.valid, --valid-data)\n";
     outs() << formatv("  {0} MB of text in {1:f2} s: {2:f0} tokens/s with {3} "
                       "worker{4}\n",
@@ -1286,9 +1288,6 @@ void tessel::summarizePlan(StringRef dir, bool emitOnly) {
   }
 }
 
-// tessel trace merge TRACE... -o OUT: the Chrome traces `--trace` wrote,
-// one per rank, as one trace with a process per rank, the ranks' times on
-// one clock.
 std::vector<double>
 tessel::traceClockShifts(const std::vector<nlohmann::json> &traces) {
   std::set<std::string> hosts;
@@ -1311,6 +1310,9 @@ tessel::traceClockShifts(const std::vector<nlohmann::json> &traces) {
   return shifts;
 }
 
+// tessel trace merge TRACE... -o OUT: the Chrome traces `--trace` wrote,
+// one per rank, as one trace with a process per rank, the ranks' times on
+// one clock.
 int tessel::traceCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel trace merge TRACE... -o MERGED.json\n"
                       "  TRACE: the --trace FILE of a run (its FILE.rankR "

@@ -30,6 +30,9 @@ std::string parseArguments(llvm::ArrayRef<std::string> args,
 int fail(const llvm::Twine &message);
 std::string inQuotes(const std::string &s);
 int runCommand(llvm::ArrayRef<std::string> args);
+// DIR/plan.json, parsed; an error names DIR when it is not a compiled
+// output, or the file when it is not a plan.
+llvm::Expected<nlohmann::json> readPlan(llvm::StringRef dir);
 // The SHA-256 of a file, in hex (plan.json records each binary's).
 llvm::Expected<std::string> fileSha256(llvm::StringRef path);
 int inspectCommand(llvm::ArrayRef<std::string> args);

@@ -149,6 +149,14 @@ std::string hfName(const Model &m, const std::string &name) {
   return name;
 }
 
+// GPT-2's <|endoftext|> both begins and ends a text.
+void setEndOfText(json &config, std::optional<int64_t> eos) {
+  if (eos) {
+    config["bos_token_id"] = *eos;
+    config["eos_token_id"] = *eos;
+  }
+}
+
 json configOf(const Model &m, std::optional<int64_t> eos) {
   json c;
   if (m.family == "gpt") {
@@ -191,10 +199,7 @@ json configOf(const Model &m, std::optional<int64_t> eos) {
          {"tie_word_embeddings", m.tied}};
   }
   c["torch_dtype"] = "float32";
-  if (eos) {
-    c["bos_token_id"] = *eos;
-    c["eos_token_id"] = *eos;
-  }
+  setEndOfText(c, eos);
   return c;
 }
 
@@ -267,17 +272,13 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       modelWhere = inQuotes(source);
     }
     if (values.count("--plan")) {
-      fs::path plan = fs::path(values["--plan"]) / "plan.json";
-      auto text = MemoryBuffer::getFile(plan.string());
-      if (!text)
-        return fail(inQuotes(plan.string()) + ": " +
-                    text.getError().message());
-      json j = json::parse((*text)->getBuffer().begin(),
-                           (*text)->getBuffer().end(), nullptr, false);
-      if (!j.is_object() || !j.contains("model"))
-        return fail(inQuotes(plan.string()) + " has no model section");
-      modelJson = j["model"].dump();
-      modelWhere = inQuotes(plan.string());
+      Expected<json> plan = readPlan(values["--plan"]);
+      if (!plan)
+        return fail(toString(plan.takeError()));
+      modelWhere = inQuotes((fs::path(values["--plan"]) / "plan.json").string());
+      if (!plan->contains("model"))
+        return fail(modelWhere + " has no model section");
+      modelJson = (*plan)["model"].dump();
     }
     if (modelJson.empty())
       return fail(modelWhere +
@@ -343,10 +344,7 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     try {
       writeText(staging / "config.json", configOf(m, eos).dump(2) + "\n");
       json generation = {{"do_sample", false}, {"max_length", m.seqLen}};
-      if (eos) {
-        generation["bos_token_id"] = *eos;
-        generation["eos_token_id"] = *eos;
-      }
+      setEndOfText(generation, eos);
       writeText(staging / "generation_config.json",
                 generation.dump(2) + "\n");
       rt::writeSafetensors((staging / "model.safetensors").string(), views,

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -319,12 +320,11 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
   std::string output = values.count("-o") ? values["-o"] : dir + "/report.html";
 
   std::string error;
-  std::optional<json> plan = readJson(dir + "/plan.json", error);
+  Expected<json> plan = readPlan(dir);
   if (!plan)
-    return fail(error + " (is " + inQuotes(dir) + " a compiled directory?)");
-  if (!plan->is_object() || !plan->contains("ranks") ||
-      !plan->contains("programs"))
-    return fail(inQuotes(dir + "/plan.json") + " has no ranks or programs");
+    return fail(toString(plan.takeError()));
+  if (!plan->contains("programs"))
+    return fail(inQuotes(dir + "/plan.json") + " has no programs");
   int64_t world = plan->value("world_size", int64_t(1));
 
   // The metrics: training records and evaluations.
