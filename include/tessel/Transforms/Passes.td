@@ -202,8 +202,8 @@ def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
     posted, not by tag. On the rank programs after convert-pipe-to-rt, each
     `rt.send` gets `order`: per microbatch, its place in the sequence its
     receiver takes messages on that channel in `@train_step`, and
-    `eval_order` its place in `@eval_step` (tessel-eval-step). The ranks are then run as the
-    CUDA runtime runs them (a part starts once its messages have been
+    `eval_order` its place in `@eval_step` (tessel-eval-step). The ranks
+    are then run as the CUDA runtime runs them (a part starts once its messages have been
     issued; each channel issues queued sends in order); a rank that would
     wait forever is an error naming the part and the message.
   }];
