@@ -129,9 +129,13 @@ void checkAdamw(float norm, float maxNorm, bool withShadow) {
                 dnorm.get(), maxNorm);
     sync();
   }
-  // The same fp32 operations; the CPU build may fuse multiply-adds.
+  // The same fp32 operations; the CPU build may fuse multiply-adds. m's
+  // update m + 0.1 (g - m) cancels where m is small: the product is O(0.1)
+  // for gradients of O(1), one rounding of it is up to 7.5e-9, and a fused
+  // multiply-add skips that rounding, so over three steps m may differ by a
+  // few 1e-8 in absolute terms (seen on an H200: 1.6e-8 at m = 1.7e-4).
   expectClose(dp.download(), p, 1e-6, 1e-8, "p");
-  expectClose(dm.download(), m, 1e-5, 1e-8, "m");
+  expectClose(dm.download(), m, 1e-5, 1e-7, "m");
   expectClose(dv.download(), v, 1e-5, 1e-12, "v");
   if (withShadow)
     expectClose(shadow.download(), roundTo<bf16>(p), 1e-2, 0, "shadow");
