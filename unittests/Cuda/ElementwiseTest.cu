@@ -77,6 +77,13 @@ TEST(CudaElementwise, AddMulBroadcast) {
     }
     checkBroadcast<bf16, float, bf16>(37 * 1001, 1001, mul);
     checkBroadcast<float, bf16, float>(37 * 1001, 1001, mul);
+    // Multiples of 8: the vectorised add (and the element-wise multiply).
+    for (int64_t nb : {int64_t(1000), int64_t(8), int64_t(64 * 1000)}) {
+      checkBroadcast<float, float, float>(64 * 1000, nb, mul);
+      checkBroadcast<bf16, bf16, bf16>(64 * 1000, nb, mul);
+      checkBroadcast<bf16, float, bf16>(64 * 1000, nb, mul);
+      checkBroadcast<float, bf16, float>(64 * 1000, nb, mul);
+    }
   }
 }
 
@@ -159,22 +166,24 @@ template <typename TI, typename TG, typename TO>
 void checkActivationBackward(Act act) {
   SCOPED_TRACE(std::string(act == Act::Gelu ? "gelu " : "silu ") +
                typeName<TI>() + "," + typeName<TG>() + "->" + typeName<TO>());
-  const int64_t n = 65537;
-  auto x = roundTo<TI>(randomVector(size_t(n), 6, -5.0f, 5.0f));
-  auto dout = roundTo<TG>(randomVector(size_t(n), 7));
-  std::vector<float> want(n);
-  DeviceArray<TI> dx(x);
-  DeviceArray<TG> ddout(dout);
-  DeviceArray<TO> out(n);
-  sync();
-  if (act == Act::Gelu) {
-    tessel::rt::geluBackward(x.data(), dout.data(), want.data(), n);
-    geluBackward(dx.get(), ddout.get(), out.get(), n);
-  } else {
-    tessel::rt::siluBackward(x.data(), dout.data(), want.data(), n);
-    siluBackward(dx.get(), ddout.get(), out.get(), n);
+  for (int64_t n : {int64_t(65537), int64_t(65536)}) { // 65536: vectorised
+    SCOPED_TRACE("n=" + std::to_string(n));
+    auto x = roundTo<TI>(randomVector(size_t(n), 6, -5.0f, 5.0f));
+    auto dout = roundTo<TG>(randomVector(size_t(n), 7));
+    std::vector<float> want(n);
+    DeviceArray<TI> dx(x);
+    DeviceArray<TG> ddout(dout);
+    DeviceArray<TO> out(n);
+    sync();
+    if (act == Act::Gelu) {
+      tessel::rt::geluBackward(x.data(), dout.data(), want.data(), n);
+      geluBackward(dx.get(), ddout.get(), out.get(), n);
+    } else {
+      tessel::rt::siluBackward(x.data(), dout.data(), want.data(), n);
+      siluBackward(dx.get(), ddout.get(), out.get(), n);
+    }
+    expectClose(out.download(), want, rtolFor<TO>(), 1e-5, "backward");
   }
-  expectClose(out.download(), want, rtolFor<TO>(), 1e-5, "backward");
 }
 
 TEST(CudaElementwise, GeluSilu) {

@@ -505,15 +505,22 @@ __global__ void __launch_bounds__(128)
 // D rounded up to 16 (zeros beyond D); the k-chunks and column tiles of the
 // products stop at D16.
 
-// Rows [row0, row0 + ROWS) of one head into a shared tile, by cp.async when
-// s.vec (then the caller commits and waits), else by plain stores.
-template <int ROWS, int NT>
-__device__ void loadTileBf16(bf16 *tile, int stride, const bf16 *head,
-                             int64_t rowStride, int row0, int d16,
-                             const Dims &s) {
-  const int chunks = d16 / 8;
-  for (int idx = threadIdx.x; idx < ROWS * chunks; idx += NT) {
-    const int r = idx / chunks, c = (idx - r * chunks) * 8;
+// Rows [row0, row0 + ROWS) of one head into a shared tile of DP columns, by
+// cp.async when s.vec (then the caller commits and waits), else by plain
+// stores; columns from D on are zeros. The chunk count is a compile-time
+// constant, so the index arithmetic is shifts (the loop stays rolled: its
+// addresses would take registers the products need).
+template <int ROWS, int NT, int DP>
+__device__ __forceinline__ void
+loadTileBf16(bf16 *tile, int stride, const bf16 *head, int64_t rowStride,
+             int row0, const Dims &s) {
+  constexpr int chunks = DP / 8, total = ROWS * chunks;
+#pragma unroll 1
+  for (int it = 0; it < (total + NT - 1) / NT; ++it) {
+    const int idx = threadIdx.x + it * NT;
+    if (total % NT != 0 && idx >= total)
+      break;
+    const int r = idx / chunks, c = (idx % chunks) * 8;
     const int t = row0 + r;
     bf16 *dst = tile + r * stride + c;
     const bool in = t < s.T && c < s.D;
@@ -526,6 +533,21 @@ __device__ void loadTileBf16(bf16 *tile, int stride, const bf16 *head,
       for (int e = 0; e < 8; ++e)
         dst[e] = in && c + e < s.D ? src[e] : fromFloat<bf16>(0.f);
     }
+  }
+}
+
+// Two adjacent bf16 of a row, columns d and d + 1 (d even), with one 4-byte
+// store where both are inside the row and the address allows it.
+__device__ __forceinline__ void storePairBf16(bf16 *row, int d, int D, float x0,
+                                              float x1) {
+  bf16 *dst = row + d;
+  if (d + 1 < D && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+    *reinterpret_cast<__nv_bfloat162 *>(dst) = __floats2bfloat162_rn(x0, x1);
+  } else {
+    if (d < D)
+      dst[0] = fromFloat<bf16>(x0);
+    if (d + 1 < D)
+      dst[1] = fromFloat<bf16>(x1);
   }
 }
 
@@ -570,7 +592,7 @@ template <int DP> int64_t mmaBackwardQSmem() {
 // possibly empty), so waiting for all but the newest group always completes
 // the tile about to be read.
 template <int DP>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(128, 3)
     forwardMma(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                const bf16 *__restrict__ v, bf16 *__restrict__ out,
                float *__restrict__ lse, const bf16 *__restrict__ dout,
@@ -590,10 +612,10 @@ __global__ void __launch_bounds__(128)
   const int gq = lane >> 2, tq = lane & 3; // fragment row group, column pair
   const int kEnd = s.causal ? imin(s.T, q0 + BR) : s.T;
 
-  loadTileBf16<BR, NT>(Qs, S, qHead, qStride, q0, d16, s);
-  loadTileBf16<BC, NT>(Ks, S, kHead, kStride, 0, d16, s);
+  loadTileBf16<BR, NT, DP>(Qs, S, qHead, qStride, q0, s);
+  loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, 0, s);
   cpAsyncCommit();
-  loadTileBf16<BC, NT>(Vs, S, vHead, kStride, 0, d16, s);
+  loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, 0, s);
   cpAsyncCommit();
 
   unsigned qf[DP / 16][4];
@@ -625,35 +647,36 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads(); // every warp is done with Ks
     if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT>(Ks, S, kHead, kStride, k0 + BC, d16, s);
+      loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, k0 + BC, s);
     cpAsyncCommit();
 
-    // Online softmax of rows gq (elements 0, 1) and gq + 8 (2, 3).
+    // Online softmax of rows gq (elements 0, 1) and gq + 8 (2, 3). The max
+    // is taken of the unscaled scores (scaling by a positive factor keeps
+    // it), and the scale folds into the exponent's multiply-add.
     const int row0 = q0 + warp * 16 + gq;
     const bool edge = k0 + BC > s.T || (s.causal && k0 + BC - 1 > q0);
-    float mx[2] = {m[0], m[1]};
+    float mxRaw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = sc[nt][e] * s.scaleLog2;
         if (edge &&
             masked(s, row0 + (e >> 1) * 8, k0 + nt * 8 + 2 * tq + (e & 1)))
-          x = -INFINITY;
-        sc[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          sc[nt][e] = -INFINITY;
+        mxRaw[e >> 1] = fmaxf(mxRaw[e >> 1], sc[nt][e]);
       }
     float alpha[2], base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      alpha[i] = rescale(m[i], quadMax(mx[i]), base[i]);
+      const float mx = fmaxf(m[i], quadMax(mxRaw[i]) * s.scaleLog2);
+      alpha[i] = rescale(m[i], mx, base[i]);
       l[i] *= alpha[i];
     }
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+        sc[nt][e] = exp2f(fmaf(sc[nt][e], s.scaleLog2, -base[e >> 1]));
         l[e >> 1] += sc[nt][e];
       }
 #pragma unroll
@@ -684,7 +707,7 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads(); // every warp is done with Vs
     if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT>(Vs, S, vHead, kStride, k0 + BC, d16, s);
+      loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, k0 + BC, s);
     cpAsyncCommit();
   }
   cpAsyncWait<0>();
@@ -698,18 +721,19 @@ __global__ void __launch_bounds__(128)
         (int64_t(b) * s.T + row) * qStride + int64_t(h) * s.D;
     float dot = 0.f;
 #pragma unroll
-    for (int dt = 0; dt < DP / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = dt * 8 + 2 * tq + e;
-        if (row < s.T && d < s.D) {
-          const float x = o[dt][2 * i + e] * inv;
-          if (out)
-            out[rowOffset + d] = fromFloat<bf16>(x);
-          if (dvec)
-            dot += x * toFloat(dout[rowOffset + d]);
-        }
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int d = dt * 8 + 2 * tq;
+      if (row >= s.T || d >= s.D)
+        continue;
+      const float x0 = o[dt][2 * i] * inv, x1 = o[dt][2 * i + 1] * inv;
+      if (out)
+        storePairBf16(out + rowOffset, d, s.D, x0, x1);
+      if (dvec) {
+        dot += x0 * toFloat(dout[rowOffset + d]);
+        if (d + 1 < s.D)
+          dot += x1 * toFloat(dout[rowOffset + d + 1]);
       }
+    }
     dot = quadSum(dot);
     if (tq == 0 && row < s.T) {
       if (lse)
@@ -756,10 +780,9 @@ __global__ void __launch_bounds__(128)
     const int h = stepHead(n), q0 = stepRow(n);
     const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
     const int64_t statOffset = (int64_t(b) * s.H + h) * s.T;
-    loadTileBf16<BQ, NT>(Qs + buf * BQ * S, S, q + qOffset, qStride, q0, d16,
-                         s);
-    loadTileBf16<BQ, NT>(dOs + buf * BQ * S, S, dout + qOffset, qStride, q0,
-                         d16, s);
+    loadTileBf16<BQ, NT, DP>(Qs + buf * BQ * S, S, q + qOffset, qStride, q0, s);
+    loadTileBf16<BQ, NT, DP>(dOs + buf * BQ * S, S, dout + qOffset, qStride, q0,
+                             s);
     for (int i = threadIdx.x; i < BQ; i += NT) {
       const bool in = q0 + i < s.T;
       lse2s[buf * BQ + i] = in ? lse[statOffset + q0 + i] * kLog2e : 0.f;
@@ -767,8 +790,8 @@ __global__ void __launch_bounds__(128)
     }
   };
 
-  loadTileBf16<BK, NT>(Ks, S, k + kvOffset, kStride, k0, d16, s);
-  loadTileBf16<BK, NT>(Vs, S, v + kvOffset, kStride, k0, d16, s);
+  loadTileBf16<BK, NT, DP>(Ks, S, k + kvOffset, kStride, k0, s);
+  loadTileBf16<BK, NT, DP>(Vs, S, v + kvOffset, kStride, k0, s);
   load(0, 0);
   cpAsyncCommit();
   float dkAcc[DP / 8][4] = {}, dvAcc[DP / 8][4] = {};
@@ -804,15 +827,18 @@ __global__ void __launch_bounds__(128)
         mma16816(dpT[2 * np + 1], va, ob[2], ob[3]);
       }
     }
-    // P^T into sT, dS^T into dpT.
+    // P^T into sT, dS^T into dpT. Only tiles at the diagonal or the end of
+    // the sequence test each score against the pattern.
+    const bool edge =
+        q0 + BQ > s.T || k0 + BK > s.T || (s.causal && k0 + BK - 1 > q0);
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = nt * 8 + 2 * tq + (e & 1);
-        const float pr = masked(s, q0 + i, key0 + (e >> 1) * 8)
+        const float pr = edge && masked(s, q0 + i, key0 + (e >> 1) * 8)
                              ? 0.f
-                             : exp2f(sT[nt][e] * s.scaleLog2 - lse2t[i]);
+                             : exp2f(fmaf(sT[nt][e], s.scaleLog2, -lse2t[i]));
         sT[nt][e] = pr;
         dpT[nt][e] = pr * (dpT[nt][e] - dvect[i]);
       }
@@ -849,15 +875,15 @@ __global__ void __launch_bounds__(128)
       continue;
     const int64_t rowOffset = kvOffset + int64_t(key) * kStride;
 #pragma unroll
-    for (int dt = 0; dt < DP / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = dt * 8 + 2 * tq + e;
-        if (d < s.D) {
-          dk[rowOffset + d] = fromFloat<bf16>(dkAcc[dt][2 * i + e] * s.scale);
-          dv[rowOffset + d] = fromFloat<bf16>(dvAcc[dt][2 * i + e]);
-        }
-      }
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int d = dt * 8 + 2 * tq;
+      if (d >= s.D)
+        continue;
+      storePairBf16(dk + rowOffset, d, s.D, dkAcc[dt][2 * i] * s.scale,
+                    dkAcc[dt][2 * i + 1] * s.scale);
+      storePairBf16(dv + rowOffset, d, s.D, dvAcc[dt][2 * i],
+                    dvAcc[dt][2 * i + 1]);
+    }
   }
 }
 
@@ -896,13 +922,13 @@ __global__ void __launch_bounds__(128)
   const int kEnd = s.causal ? imin(s.T, q0 + BQ) : s.T;
   const int kTiles = (kEnd + BK - 1) / BK;
   auto load = [&](int j, int buf) {
-    loadTileBf16<BK, NT>(Ks + buf * BK * S, S, k + kvOffset, kStride, j * BK,
-                         d16, s);
-    loadTileBf16<BK, NT>(Vs + buf * BK * S, S, v + kvOffset, kStride, j * BK,
-                         d16, s);
+    loadTileBf16<BK, NT, DP>(Ks + buf * BK * S, S, k + kvOffset, kStride,
+                             j * BK, s);
+    loadTileBf16<BK, NT, DP>(Vs + buf * BK * S, S, v + kvOffset, kStride,
+                             j * BK, s);
   };
-  loadTileBf16<BQ, NT>(Qs, S, q + qOffset, qStride, q0, d16, s);
-  loadTileBf16<BQ, NT>(dOs, S, dout + qOffset, qStride, q0, d16, s);
+  loadTileBf16<BQ, NT, DP>(Qs, S, q + qOffset, qStride, q0, s);
+  loadTileBf16<BQ, NT, DP>(dOs, S, dout + qOffset, qStride, q0, s);
   load(0, 0);
   cpAsyncCommit();
   float dqAcc[DP / 8][4] = {};
@@ -936,15 +962,19 @@ __global__ void __launch_bounds__(128)
         mma16816(dp[2 * np + 1], oa, vb[2], vb[3]);
       }
     }
-    // dS into sc.
+    // dS into sc. Only tiles at the diagonal or the end of the sequence
+    // test each score against the pattern.
+    const bool edge =
+        q0 + BQ > s.T || k0 + BK > s.T || (s.causal && k0 + BK - 1 > q0);
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = e >> 1;
-        const float pr = masked(s, row0 + i * 8, k0 + nt * 8 + 2 * tq + (e & 1))
-                             ? 0.f
-                             : exp2f(sc[nt][e] * s.scaleLog2 - lse2[i]);
+        const float pr =
+            edge && masked(s, row0 + i * 8, k0 + nt * 8 + 2 * tq + (e & 1))
+                ? 0.f
+                : exp2f(fmaf(sc[nt][e], s.scaleLog2, -lse2[i]));
         sc[nt][e] = pr * (dp[nt][e] - dvecRow[i]);
       }
 #pragma unroll
@@ -973,13 +1003,12 @@ __global__ void __launch_bounds__(128)
       continue;
     const int64_t rowOffset = qOffset + int64_t(row) * qStride;
 #pragma unroll
-    for (int dt = 0; dt < DP / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = dt * 8 + 2 * tq + e;
-        if (d < s.D)
-          dq[rowOffset + d] = fromFloat<bf16>(dqAcc[dt][2 * i + e] * s.scale);
-      }
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int d = dt * 8 + 2 * tq;
+      if (d < s.D)
+        storePairBf16(dq + rowOffset, d, s.D, dqAcc[dt][2 * i] * s.scale,
+                      dqAcc[dt][2 * i + 1] * s.scale);
+    }
   }
 }
 
@@ -1029,6 +1058,22 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, int threads, int64_t smem,
   if (smem > 48 * 1024)
     TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // The largest shared-memory carveout, once per kernel: the driver's
+  // default split (135 KB seen on an H200) holds two blocks of the bf16
+  // kernels per SM where three fit.
+  static thread_local const void *carved[16] = {};
+  const void *key = reinterpret_cast<const void *>(kernel);
+  for (const void *&slot : carved) {
+    if (slot == key)
+      break;
+    if (!slot) {
+      TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+          int(cudaSharedmemCarveoutMaxShared)));
+      slot = key;
+      break;
+    }
+  }
   kernel<<<grid, threads, size_t(smem), computeStream()>>>(args...);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }

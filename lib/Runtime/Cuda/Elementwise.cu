@@ -52,6 +52,69 @@ __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 //===--- Pointwise --------------------------------------------------------===//
 
+// Eight consecutive elements as fp32, in one or two 16-byte accesses. The
+// pointwise kernels most steps run (residual adds, bias broadcasts, GELU's
+// backward) take this path when their sizes are multiples of 8 and their
+// pointers 16-byte aligned: one element per thread with 64-bit indices left
+// them at a third of the memory bandwidth (measured on an H200). The
+// arithmetic per element is unchanged, so results are the same bits.
+__device__ inline void load8(const float *p, float v[8]) {
+  const float4 a = reinterpret_cast<const float4 *>(p)[0];
+  const float4 b = reinterpret_cast<const float4 *>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ inline void load8(const bf16 *p, float v[8]) {
+  const uint4 u = *reinterpret_cast<const uint4 *>(p);
+  const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ inline void store8(float *p, const float v[8]) {
+  reinterpret_cast<float4 *>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4 *>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ inline void store8(bf16 *p, const float v[8]) {
+  uint4 u;
+  __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4 *>(p) = u;
+}
+
+inline bool aligned16(const void *p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Vector v of a broadcast operand of nbv vectors: 32-bit arithmetic where
+// the sizes allow (a 64-bit remainder costs several times more).
+__device__ inline int64_t broadcastIndex(int64_t v, int64_t nv, int64_t nbv) {
+  if (nbv == nv)
+    return v;
+  if (nv <= int64_t(UINT32_MAX))
+    return int64_t(uint32_t(v) % uint32_t(nbv));
+  return v % nbv;
+}
+
+template <typename TA, typename TB, typename TO>
+__global__ void addBroadcast8Kernel(const TA *a, const TB *b, TO *out,
+                                    int64_t nv, int64_t nbv) {
+  for (int64_t v = gridStart(); v < nv; v += gridStride()) {
+    float x[8], y[8];
+    load8(a + 8 * v, x);
+    load8(b + 8 * broadcastIndex(v, nv, nbv), y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      x[e] = x[e] + y[e];
+    store8(out + 8 * v, x);
+  }
+}
+
 template <typename TA, typename TB, typename TO>
 __global__ void addBroadcastKernel(const TA *a, const TB *b, TO *out, int64_t n,
                                    int64_t nb) {
@@ -89,16 +152,31 @@ __global__ void geluForwardKernel(const TI *x, TO *out, int64_t n) {
   }
 }
 
+__device__ inline float geluGrad(float xi) {
+  const float x2 = xi * xi;
+  const float th = tanhViaExp(kGeluC * (xi + kGeluA * x2 * xi));
+  const float du = kGeluC * (1.0f + 3.0f * kGeluA * x2); // du/dx
+  return 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
+}
+
 template <typename TI, typename TG, typename TO>
 __global__ void geluBackwardKernel(const TI *x, const TG *dout, TO *dx,
                                    int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const float xi = toFloat(x[i]);
-    const float x2 = xi * xi;
-    const float th = tanhViaExp(kGeluC * (xi + kGeluA * x2 * xi));
-    const float du = kGeluC * (1.0f + 3.0f * kGeluA * x2); // du/dx
-    const float d = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
-    dx[i] = fromFloat<TO>(toFloat(dout[i]) * d);
+  for (int64_t i = gridStart(); i < n; i += gridStride())
+    dx[i] = fromFloat<TO>(toFloat(dout[i]) * geluGrad(toFloat(x[i])));
+}
+
+template <typename TI, typename TG, typename TO>
+__global__ void geluBackward8Kernel(const TI *x, const TG *dout, TO *dx,
+                                    int64_t nv) {
+  for (int64_t v = gridStart(); v < nv; v += gridStride()) {
+    float xv[8], g[8];
+    load8(x + 8 * v, xv);
+    load8(dout + 8 * v, g);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      g[e] = g[e] * geluGrad(xv[e]);
+    store8(dx + 8 * v, g);
   }
 }
 
@@ -325,6 +403,13 @@ template <typename TA, typename TB, typename TO>
 void addBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb) {
   if (n <= 0)
     return;
+  if (n % 8 == 0 && nb % 8 == 0 && nb > 0 && aligned16(a) && aligned16(b) &&
+      aligned16(out)) {
+    addBroadcast8Kernel<<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        a, b, out, n / 8, nb / 8);
+    TESSEL_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   addBroadcastKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(a, b, out,
                                                                      n, nb);
   TESSEL_CUDA_CHECK(cudaGetLastError());
@@ -372,6 +457,12 @@ template <typename TI, typename TG, typename TO>
 void geluBackward(const TI *x, const TG *dout, TO *dx, int64_t n) {
   if (n <= 0)
     return;
+  if (n % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx)) {
+    geluBackward8Kernel<<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        x, dout, dx, n / 8);
+    TESSEL_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   geluBackwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, dout,
                                                                      dx, n);
   TESSEL_CUDA_CHECK(cudaGetLastError());

@@ -22,6 +22,11 @@
 // an algorithm for it (GELU_AUX_BIAS writes gelu to D and the pre-activation
 // to the auxiliary buffer, so D is our `gelu` and the auxiliary buffer our
 // `out`); otherwise it runs the plain product and one bias + GELU kernel.
+// cuBLASLt's epilogue takes the bias in D's type only, so a bf16 product
+// first rounds the fp32 bias to bf16 into a small buffer beside the
+// workspace (as PyTorch's autocast casts a linear layer's bias); an fp32
+// bias would send every bf16 layer to the separate kernel, which costs
+// more than the matmul's epilogue (measured on an H200).
 //
 //===----------------------------------------------------------------------===//
 
@@ -46,6 +51,8 @@ using detail::toFloat;
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+// The bf16 copy of a bias (elements), after the workspace in one allocation.
+constexpr int64_t kBiasElements = int64_t(1) << 19;
 constexpr int kThreads = 256;
 
 template <typename T> constexpr cudaDataType_t dataTypeOf() {
@@ -129,6 +136,7 @@ struct GemmState {
   std::mutex mutex;
   cublasLtHandle_t handle = nullptr;
   void *workspace = nullptr;
+  bf16 *biasBf16 = nullptr; // kBiasElements, after the workspace
   std::map<GemmCall::Key, Plan> plans;
 };
 
@@ -185,7 +193,7 @@ cublasLtMatrixLayout_t makeLayout(cudaDataType_t type, int64_t rows,
 
 // Sets the epilogue's per-call pointers (their alignment is part of the key,
 // their values are not).
-void setEpiloguePointers(const Plan &p, const GemmCall &call, const float *bias,
+void setEpiloguePointers(const Plan &p, const GemmCall &call, const void *bias,
                          void *aux) {
   if (call.epilogue == CUBLASLT_EPILOGUE_DEFAULT)
     return;
@@ -194,7 +202,7 @@ void setEpiloguePointers(const Plan &p, const GemmCall &call, const float *bias,
     setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
 }
 
-Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const float *bias,
+Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const void *bias,
                void *aux) {
   Plan p;
   try {
@@ -218,12 +226,8 @@ Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const float *bias,
     if (call.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
       const uint32_t epilogue = call.epilogue;
       setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, call);
-      // The bias is fp32; cuBLASLt's default is D's type. The auxiliary
-      // buffer keeps the default, D's type, which is `out`'s.
-      if (call.cType != CUDA_R_32F) {
-        const int32_t biasType = CUDA_R_32F;
-        setDesc(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, biasType, call);
-      }
+      // The bias and the auxiliary buffer keep cuBLASLt's default type,
+      // D's (a bf16 product's bias is the rounded copy).
       if (call.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
         const int64_t auxLd = N;
         setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, auxLd, call);
@@ -274,7 +278,7 @@ Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const float *bias,
 }
 
 // The cached plan of `call`, built on first use. Requires the state's mutex.
-Plan &planFor(GemmState &st, const GemmCall &call, const float *bias,
+Plan &planFor(GemmState &st, const GemmCall &call, const void *bias,
               void *aux) {
   const GemmCall::Key key = call.key();
   auto it = st.plans.find(key);
@@ -333,6 +337,13 @@ __device__ inline float geluTanh(float x) {
   return 0.5f * x * (1.0f + th);
 }
 
+// The bf16 copy of a bias for the fused epilogue.
+__global__ void toBf16Kernel(const float *x, bf16 *out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x)
+    out[i] = fromFloat<bf16>(x[i]);
+}
+
 // The unfused epilogue: out += bias (row broadcast); gelu = gelu(out) of the
 // stored pre-activation.
 template <typename T>
@@ -377,12 +388,15 @@ void gemmInit() {
     throw std::runtime_error(std::string("cublasLtCreate failed: ") +
                              cublasLtGetStatusName(s) + " (" +
                              cublasLtGetStatusString(s) + ")");
-  const cudaError_t e = cudaMalloc(&st.workspace, kWorkspaceBytes);
+  const cudaError_t e =
+      cudaMalloc(&st.workspace, kWorkspaceBytes + kBiasElements * sizeof(bf16));
   if (e != cudaSuccess) {
     cublasLtDestroy(handle);
     st.workspace = nullptr;
     checkCuda(e, "cudaMalloc of the cuBLASLt workspace", __FILE__, __LINE__);
   }
+  st.biasBf16 = reinterpret_cast<bf16 *>(static_cast<char *>(st.workspace) +
+                                         kWorkspaceBytes);
   st.handle = handle;
 }
 
@@ -398,6 +412,7 @@ void gemmShutdown() {
   st.plans.clear();
   TESSEL_CUDA_CHECK(cudaFree(st.workspace));
   st.workspace = nullptr;
+  st.biasBf16 = nullptr;
   cublasLtDestroy(st.handle);
   st.handle = nullptr;
 }
@@ -494,17 +509,29 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
     // auxiliary buffer, `out`), else `out`.
     TC *D = gelu ? gelu : out;
     call.alignC = alignmentOf(D, 0, 1, sizeof(TC));
-    call.alignBias = alignmentOf(bias, 0, 1, sizeof(float));
     call.alignAux = gelu ? alignmentOf(out, 0, 1, sizeof(TC)) : 256;
 
-    // The auxiliary buffer's leading dimension must be a multiple of 8.
-    bool fused = K > 0 && (!gelu || N % 8 == 0);
+    // The auxiliary buffer's leading dimension must be a multiple of 8, and
+    // a bf16 product's bias must fit the buffer of its rounded copy.
+    constexpr bool roundBias = std::is_same_v<TC, bf16>;
+    bool fused =
+        K > 0 && (!gelu || N % 8 == 0) && (!roundBias || N <= kBiasElements);
     if (fused) {
       GemmState &st = initialisedState(call);
       std::lock_guard<std::mutex> lock(st.mutex);
-      Plan &p = planFor(st, call, bias, gelu ? out : nullptr);
+      const void *epilogueBias = bias;
+      if constexpr (roundBias) {
+        // Stream-ordered: the previous product reading the buffer is done
+        // before this copy overwrites it.
+        toBf16Kernel<<<blocksFor(N), kThreads, 0, computeStream()>>>(
+            bias, st.biasBf16, N);
+        TESSEL_CUDA_CHECK(cudaGetLastError());
+        epilogueBias = st.biasBf16;
+      }
+      call.alignBias = alignmentOf(epilogueBias, 0, 1, roundBias ? 2 : 4);
+      Plan &p = planFor(st, call, epilogueBias, gelu ? out : nullptr);
       if (p.found) {
-        setEpiloguePointers(p, call, bias, gelu ? out : nullptr);
+        setEpiloguePointers(p, call, epilogueBias, gelu ? out : nullptr);
         const cublasStatus_t s = launchPlan(st, p, A, B, D, D, 0.0f);
         if (s == CUBLAS_STATUS_SUCCESS)
           return;
