@@ -36,7 +36,10 @@ struct Shape {
 };
 // 67 rows: fewer than the backward's row blocks; 1000: more, with a
 // remainder; C not a multiple of the block size, and a wide one.
-const Shape kShapes[] = {{67, 300}, {1000, 96}, {300, 2048}};
+// C = 300, 1000, 2048 and 4096 take the backward kernels that keep a row
+// in registers (1, 2, 4 and 8 columns per thread), 5000 the general one.
+const Shape kShapes[] = {{67, 300},   {1000, 96}, {50, 1000},
+                         {300, 2048}, {24, 4096}, {9, 5000}};
 constexpr double kEps = 1e-5;
 
 template <typename T> double atolFor() {

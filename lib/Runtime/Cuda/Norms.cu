@@ -214,6 +214,87 @@ __global__ void __launch_bounds__(kBackwardThreads)
   }
 }
 
+// The same computation for rows of at most PER * blockDim.x columns: the
+// thread's columns j = threadIdx.x + k blockDim.x of the row, its w and its
+// dw/db partials stay in registers, so each row is read from memory once
+// and the partials are written once (the general kernel above re-reads the
+// row for each pass and adds to the partials in global memory every row,
+// which left it at a quarter of the memory bandwidth on an H200). Every sum
+// runs in the general kernel's order, so results are the same bits.
+template <int PER, typename TI, typename TG, typename TO>
+__global__ void __launch_bounds__(kBackwardThreads)
+    layerNormBackwardRegKernel(const TI *x, const float *w, const TG *dout,
+                               const TO *dres, TO *dx, int64_t rows, int64_t C,
+                               double eps) {
+  int64_t first, last;
+  rowRange(rows, first, last);
+  float wv[PER], adw[PER], adb[PER], xv[PER], dv[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    wv[k] = j < C ? w[j] : 0.0f;
+    adw[k] = 0.0f;
+    adb[k] = 0.0f;
+  }
+  for (int64_t r = first; r < last; ++r) {
+    const TI *xr = x + r * C;
+    const TG *dr = dout + r * C;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < C) {
+        xv[k] = toFloat(xr[j]);
+        dv[k] = toFloat(dr[j]);
+        s += xv[k];
+      }
+    }
+    const float mean = blockSum(s) / float(C);
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (threadIdx.x + int64_t(k) * blockDim.x < C) {
+        const float d = xv[k] - mean;
+        sq += d * d;
+      }
+    const float rstd = rstdOf(blockSum(sq) / float(C), eps);
+    float2 gs = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (threadIdx.x + int64_t(k) * blockDim.x < C) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * wv[k];
+        gs.x += g;
+        gs.y += g * xhat;
+      }
+    gs = blockSum(gs);
+    const float gMean = gs.x / float(C);
+    const float gxMean = gs.y / float(C);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < C) {
+        const float xhat = (xv[k] - mean) * rstd;
+        const float g = dv[k] * wv[k];
+        const float res = dres ? toFloat(dres[r * C + j]) : 0.0f;
+        dx[r * C + j] = fromFloat<TO>(rstd * (g - gMean - xhat * gxMean) + res);
+        adw[k] += dv[k] * xhat;
+        adb[k] += dv[k];
+      }
+    }
+  }
+  float *pdw = gNormPartials + 2 * C * int64_t(blockIdx.x);
+  float *pdb = pdw + C;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    if (j < C) {
+      pdw[j] = adw[k];
+      pdb[j] = adb[k];
+    }
+  }
+}
+
 // With rstd = 1 / sqrt(mean(x^2) + eps) and g = dout * w:
 //   dx = rstd * g - x * rstd^3 * sum(g * x) / C,
 //   dw = sum_rows dout * x * rstd.
@@ -318,9 +399,27 @@ void layerNormBackwardAdd(const TI *x, const float *w, const TG *dout,
     return;
   }
   const int64_t blocks = rowBlocks("layerNormBackward", rows, C, 2);
-  layerNormBackwardKernel<<<unsigned(blocks), kBackwardThreads, 0,
-                            computeStream()>>>(x, w, dout, dres, dx, rows, C,
-                                               eps);
+  const unsigned grid = unsigned(blocks);
+  const int64_t per = (C + kBackwardThreads - 1) / kBackwardThreads;
+  if (per <= 1)
+    layerNormBackwardRegKernel<1>
+        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
+                                                         rows, C, eps);
+  else if (per <= 2)
+    layerNormBackwardRegKernel<2>
+        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
+                                                         rows, C, eps);
+  else if (per <= 4)
+    layerNormBackwardRegKernel<4>
+        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
+                                                         rows, C, eps);
+  else if (per <= 8)
+    layerNormBackwardRegKernel<8>
+        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
+                                                         rows, C, eps);
+  else
+    layerNormBackwardKernel<<<grid, kBackwardThreads, 0, computeStream()>>>(
+        x, w, dout, dres, dx, rows, C, eps);
   TESSEL_CUDA_CHECK(cudaGetLastError());
   sumPartialsKernel<<<blocksFor(C, kSumThreads), kSumThreads, 0,
                       computeStream()>>>(dw, blocks, 2 * C, 0, C);
