@@ -570,16 +570,15 @@ __device__ __forceinline__ const bf16 *fragRowsB(const bf16 *tile, int stride,
          ((lane >> 3) & 1) * 8;
 }
 
-constexpr int kMmaRows = 64; // rows of a block (4 warps x 16)
+constexpr int kMmaRows = 64;         // rows of a backward block (4 warps x 16)
+constexpr int kMmaForwardRows = 128; // rows of a forward block (4 warps x 32)
 template <int DP> constexpr int mmaKeysFwd() { return 64; }
 template <int DP> constexpr int mmaQueriesKv() { return DP > 64 ? 32 : 64; }
 template <int DP> constexpr int mmaKeysQ() { return DP > 64 ? 32 : 64; }
 
 template <int DP> int64_t mmaForwardSmem() {
-  return int64_t(sizeof(bf16)) * (kMmaRows + 2 * mmaKeysFwd<DP>()) * (DP + 8);
-}
-template <int DP> int64_t mmaForward2Smem() {
-  return int64_t(sizeof(bf16)) * (2 * kMmaRows + 2 * 64) * (DP + 8);
+  return int64_t(sizeof(bf16)) * (kMmaForwardRows + 2 * mmaKeysFwd<DP>()) *
+         (DP + 8);
 }
 // The backward kernels double-buffer the tiles they stream (Q, dO and the
 // row statistics; K and V).
@@ -592,177 +591,25 @@ template <int DP> int64_t mmaBackwardQSmem() {
   return int64_t(sizeof(bf16)) * (2 * kMmaRows + 4 * mmaKeysQ<DP>()) * (DP + 8);
 }
 
-// Forward, bf16. K and V tiles are single-buffered but loaded one phase
-// ahead: the next K tile while P V runs, the next V tile while the next
-// scores run. Every iteration commits exactly two cp.async groups (K, then V,
-// possibly empty), so waiting for all but the newest group always completes
-// the tile about to be read.
+// Forward, bf16, two row tiles per warp (as FlashAttention-2 does): a block
+// of 128 query rows, warp w owning rows 32 w... as two 16-row tiles, so each
+// K and V fragment read from shared memory feeds four products instead of
+// two (0.88 instead of 1.01 ms with one tile per warp for the 1.3B GPT's
+// layer, B 8, T 2048, 16 heads of 128, on an H200). Q stays in shared
+// memory (its fragments are read per key tile: held in registers beside two
+// tiles of accumulators they would spill). K and V tiles are
+// single-buffered but loaded one phase ahead: the next K tile while P V
+// runs, the next V tile while the next scores run. Every iteration commits
+// exactly two cp.async groups (K, then V, possibly empty), so waiting for
+// all but the newest group always completes the tile about to be read.
 template <int DP>
-__global__ void __launch_bounds__(128, 3)
+__global__ void __launch_bounds__(128, 2)
     forwardMma(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                const bf16 *__restrict__ v, bf16 *__restrict__ out,
                float *__restrict__ lse, const bf16 *__restrict__ dout,
                float *__restrict__ dvec, Dims s) {
-  constexpr int BR = kMmaRows, BC = mmaKeysFwd<DP>(), NT = 128, S = DP + 8;
-  bf16 *Qs = dynamicSmem<bf16>();
-  bf16 *Ks = Qs + BR * S, *Vs = Ks + BC * S;
-
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
-  const int h = blockIdx.y, b = blockIdx.z, g = h / s.group;
-  const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
-  const bf16 *qHead = q + (int64_t(b) * s.T * s.H + h) * s.D;
-  const bf16 *kHead = k + (int64_t(b) * s.T * s.Hkv + g) * s.D;
-  const bf16 *vHead = v + (int64_t(b) * s.T * s.Hkv + g) * s.D;
-  const int d16 = (s.D + 15) & ~15, chunks = d16 / 16;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gq = lane >> 2, tq = lane & 3; // fragment row group, column pair
-  const int kEnd = s.causal ? imin(s.T, q0 + BR) : s.T;
-
-  loadTileBf16<BR, NT, DP>(Qs, S, qHead, qStride, q0, s);
-  loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, 0, s);
-  cpAsyncCommit();
-  loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, 0, s);
-  cpAsyncCommit();
-
-  unsigned qf[DP / 16][4];
-  float o[DP / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; // rows gq, gq + 8
-  for (int k0 = 0; k0 < kEnd; k0 += BC) {
-    cpAsyncWait<1>(); // this K tile (and, the first time, Q)
-    __syncthreads();
-    if (k0 == 0) {
-#pragma unroll
-      for (int kc = 0; kc < DP / 16; ++kc)
-        if (kc < chunks)
-          ldmatrixX4(qf[kc], fragRowsA(Qs, S, warp * 16, kc * 16, lane));
-    }
-
-    // S = Q K^T for the warp's 16 rows and BC keys.
-    float sc[BC / 8][4] = {};
-#pragma unroll
-    for (int kc = 0; kc < DP / 16; ++kc) {
-      if (kc >= chunks)
-        break;
-#pragma unroll
-      for (int np = 0; np < BC / 16; ++np) {
-        unsigned kb[4];
-        ldmatrixX4(kb, fragRowsB(Ks, S, np * 16, kc * 16, lane));
-        mma16816(sc[2 * np], qf[kc], kb[0], kb[1]);
-        mma16816(sc[2 * np + 1], qf[kc], kb[2], kb[3]);
-      }
-    }
-    __syncthreads(); // every warp is done with Ks
-    if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, k0 + BC, s);
-    cpAsyncCommit();
-
-    // Online softmax of rows gq (elements 0, 1) and gq + 8 (2, 3). The max
-    // is taken of the unscaled scores (scaling by a positive factor keeps
-    // it), and the scale folds into the exponent's multiply-add.
-    const int row0 = q0 + warp * 16 + gq;
-    const bool edge = k0 + BC > s.T || (s.causal && k0 + BC - 1 > q0);
-    float mxRaw[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (edge &&
-            masked(s, row0 + (e >> 1) * 8, k0 + nt * 8 + 2 * tq + (e & 1)))
-          sc[nt][e] = -INFINITY;
-        mxRaw[e >> 1] = fmaxf(mxRaw[e >> 1], sc[nt][e]);
-      }
-    float alpha[2], base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float mx = fmaxf(m[i], quadMax(mxRaw[i]) * s.scaleLog2);
-      alpha[i] = rescale(m[i], mx, base[i]);
-      l[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = exp2f(fmaf(sc[nt][e], s.scaleLog2, -base[e >> 1]));
-        l[e >> 1] += sc[nt][e];
-      }
-#pragma unroll
-    for (int dt = 0; dt < DP / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[dt][e] *= alpha[e >> 1];
-
-    cpAsyncWait<1>(); // this V tile
-    __syncthreads();
-    // O += P V: the accumulators of two key column tiles are the A operand
-    // of a 16-key chunk.
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      const unsigned pa[4] = {packBf16(sc[2 * kk][0], sc[2 * kk][1]),
-                              packBf16(sc[2 * kk][2], sc[2 * kk][3]),
-                              packBf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              packBf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int dc = 0; dc < DP / 16; ++dc) {
-        if (dc >= chunks)
-          break;
-        unsigned vb[4];
-        ldmatrixX4Trans(vb, fragRowsA(Vs, S, kk * 16, dc * 16, lane));
-        mma16816(o[2 * dc], pa, vb[0], vb[1]);
-        mma16816(o[2 * dc + 1], pa, vb[2], vb[3]);
-      }
-    }
-    __syncthreads(); // every warp is done with Vs
-    if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, k0 + BC, s);
-    cpAsyncCommit();
-  }
-  cpAsyncWait<0>();
-
-  const int64_t statOffset = (int64_t(b) * s.H + h) * s.T;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = q0 + warp * 16 + gq + i * 8;
-    const float sum = quadSum(l[i]), inv = 1.f / sum;
-    const int64_t rowOffset =
-        (int64_t(b) * s.T + row) * qStride + int64_t(h) * s.D;
-    float dot = 0.f;
-#pragma unroll
-    for (int dt = 0; dt < DP / 8; ++dt) {
-      const int d = dt * 8 + 2 * tq;
-      if (row >= s.T || d >= s.D)
-        continue;
-      const float x0 = o[dt][2 * i] * inv, x1 = o[dt][2 * i + 1] * inv;
-      if (out)
-        storePairBf16(out + rowOffset, d, s.D, x0, x1);
-      if (dvec) {
-        dot += x0 * toFloat(dout[rowOffset + d]);
-        if (d + 1 < s.D)
-          dot += x1 * toFloat(dout[rowOffset + d + 1]);
-      }
-    }
-    dot = quadSum(dot);
-    if (tq == 0 && row < s.T) {
-      if (lse)
-        lse[statOffset + row] = (m[i] + log2f(sum)) * kLn2;
-      if (dvec)
-        dvec[statOffset + row] = dot;
-    }
-  }
-}
-
-// Forward, bf16, two row tiles per warp (as FlashAttention-2 does): a block
-// of 128 query rows, warp w owning rows 32 w... as two 16-row tiles, so each
-// K and V fragment read from shared memory feeds four products instead of
-// two. Q stays in shared memory (its fragments are read per key tile: held
-// in registers beside two tiles of accumulators they would spill). Loads
-// are staged as in forwardMma.
-template <int DP>
-__global__ void __launch_bounds__(128, 2)
-    forwardMma2(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                const bf16 *__restrict__ v, bf16 *__restrict__ out,
-                float *__restrict__ lse, const bf16 *__restrict__ dout,
-                float *__restrict__ dvec, Dims s) {
-  constexpr int BR = 2 * kMmaRows, BC = 64, NT = 128, S = DP + 8, MT = 2;
+  constexpr int BR = kMmaForwardRows, BC = mmaKeysFwd<DP>(), NT = 128;
+  constexpr int S = DP + 8, MT = 2;
   bf16 *Qs = dynamicSmem<bf16>();
   bf16 *Ks = Qs + BR * S, *Vs = Ks + BC * S;
 
@@ -822,7 +669,10 @@ __global__ void __launch_bounds__(128, 2)
       loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, k0 + BC, s);
     cpAsyncCommit();
 
-    // Online softmax, as in forwardMma, for each row tile.
+    // Online softmax of each tile's rows gq (elements 0, 1) and gq + 8 (2,
+    // 3). The max is taken of the unscaled scores (scaling by a positive
+    // factor keeps it), and the scale folds into the exponent's
+    // multiply-add.
     const bool edge = k0 + BC > s.T || (s.causal && k0 + BC - 1 > q0);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -1279,20 +1129,7 @@ void forward(const float *q, const float *k, const float *v, float *out,
 void forward(const bf16 *q, const bf16 *k, const bf16 *v, bf16 *out, float *lse,
              const bf16 *dout, float *dvec, int64_t B, Dims s) {
   s.vec = s.D % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
-  // Two row tiles per warp where there are rows for them: 0.88 instead of
-  // 1.01 ms for the 1.3B GPT's layer (B 8, T 2048, 16 heads of 128) on an
-  // H200; a sequence of one tile would leave half of each block idle.
-  if (s.T > kMmaRows) {
-    const dim3 grid2(tiles(s.T, 2 * kMmaRows), unsigned(s.H), unsigned(B));
-    if (s.D <= 64)
-      launch(forwardMma2<64>, grid2, 128, mmaForward2Smem<64>(), q, k, v, out,
-             lse, dout, dvec, s);
-    else
-      launch(forwardMma2<128>, grid2, 128, mmaForward2Smem<128>(), q, k, v, out,
-             lse, dout, dvec, s);
-    return;
-  }
-  const dim3 grid(tiles(s.T, kMmaRows), unsigned(s.H), unsigned(B));
+  const dim3 grid(tiles(s.T, kMmaForwardRows), unsigned(s.H), unsigned(B));
   if (s.D <= 64)
     launch(forwardMma<64>, grid, 128, mmaForwardSmem<64>(), q, k, v, out, lse,
            dout, dvec, s);

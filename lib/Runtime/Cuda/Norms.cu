@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace tessel::cuda {
 
@@ -401,22 +402,19 @@ void layerNormBackwardAdd(const TI *x, const float *w, const TG *dout,
   const int64_t blocks = rowBlocks("layerNormBackward", rows, C, 2);
   const unsigned grid = unsigned(blocks);
   const int64_t per = (C + kBackwardThreads - 1) / kBackwardThreads;
+  auto inRegisters = [&](auto columns) {
+    layerNormBackwardRegKernel<decltype(columns)::value>
+        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
+                                                         rows, C, eps);
+  };
   if (per <= 1)
-    layerNormBackwardRegKernel<1>
-        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
-                                                         rows, C, eps);
+    inRegisters(std::integral_constant<int, 1>{});
   else if (per <= 2)
-    layerNormBackwardRegKernel<2>
-        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
-                                                         rows, C, eps);
+    inRegisters(std::integral_constant<int, 2>{});
   else if (per <= 4)
-    layerNormBackwardRegKernel<4>
-        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
-                                                         rows, C, eps);
+    inRegisters(std::integral_constant<int, 4>{});
   else if (per <= 8)
-    layerNormBackwardRegKernel<8>
-        <<<grid, kBackwardThreads, 0, computeStream()>>>(x, w, dout, dres, dx,
-                                                         rows, C, eps);
+    inRegisters(std::integral_constant<int, 8>{});
   else
     layerNormBackwardKernel<<<grid, kBackwardThreads, 0, computeStream()>>>(
         x, w, dout, dres, dx, rows, C, eps);
