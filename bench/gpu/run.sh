@@ -22,15 +22,52 @@
 #
 # Usage, from anywhere:  bench/gpu/run.sh
 #
+# A GPU machine without the toolchain (no MLIR, no MPI or OpenBLAS
+# development packages: a cluster's compute node, say) runs a bundle made
+# where Tessel builds, in two steps:
+#
+#   PHASES=bundle BUNDLE=DIR bench/gpu/run.sh      (no GPU needed)
+#       builds build/ when it has no CUDA runtime yet (PHASES=build,bundle
+#       brings it up to date in any case; TESSEL_BUILD=DIR uses that build)
+#       and writes DIR: programs/NAME (plan.json, spec/, the stripped bin/),
+#       every CUDA program of the run compiled for CUDA_ARCH (default: the
+#       GPU's, sm_90 without one); reference/NAME.jsonl, the CPU reference
+#       programs of the numerics, run here for NUMERICS_STEPS steps;
+#       bin/tessel-cuda-kernel-tests; bench/gpu/ (this script and its python),
+#       the specs and test/e2e/torch_reference.py; lib/, the shared libraries
+#       of those binaries that a CUDA machine may lack (every one but glibc's
+#       and CUDA's; libstdc++, libgcc_s and libgomp go to lib/fallback/, used
+#       only where the system has none); bundle.txt (the cases, steps, arch,
+#       commit) and run.sh. Prints its size; BUNDLE_TAR=FILE.tar.xz also
+#       packs it (tar cJf).
+#   DIR/run.sh                                      (on the GPU machine)
+#       is TESSEL_BUNDLE=DIR DIR/bench/gpu/run.sh: the phases kernels,
+#       numerics, bench, torch and compile from the bundle, no build, no
+#       compile; the same checks, table and exit statuses. Each program runs
+#       directly, as tessel run runs one rank: bin/PROGRAM --steps N
+#       --metrics FILE --progress lines, with LD_LIBRARY_PATH (for the
+#       Tessel binaries only) DIR/lib and the directories of libcudart.so.13,
+#       libcublasLt.so.13 and libnccl.so.2 (CUDA 13: /usr/local/cuda*, or
+#       PyTorch's nvidia/*/lib wheels). The cases, NUMERICS_STEPS and
+#       CUDA_ARCH are the bundle's (BATCH_* and SEQ_* too); RESULTS is taken
+#       from the root of the run.sh started (DIR/run.sh: DIR/bench/gpu/).
+#       TESSEL_BUNDLE=DIR bench/gpu/run.sh runs a bundle from the tree too.
+#
 # Environment (all optional):
 #   TESSEL_BUILD=DIR       use this build of Tessel instead of building build/
 #   PHASES=a,b,...         a subset of build,kernels,numerics,bench,torch,compile
-#                          (PHASES=build builds and stops, without a GPU too)
+#                          (PHASES=build builds and stops, without a GPU too;
+#                          PHASES=bundle makes a bundle, see above)
+#   BUNDLE=DIR             where PHASES=bundle writes the bundle (replaced
+#                          when it holds one; this, TESSEL_BUNDLE and
+#                          BUNDLE_TAR are taken from the current directory)
+#   TESSEL_BUNDLE=DIR      run this bundle instead of building and compiling
 #   PYTHON=python3         the python with PyTorch (CUDA) for the baseline
 #   TIME_BUDGET_S=460      the whole run, build included: every timeout is
 #                          capped by the time left, and what no longer fits
 #                          is reported as SKIP (the build itself is limited
-#                          by BUILD_TIMEOUT_S=420 only)
+#                          by BUILD_TIMEOUT_S=420 only; PHASES=bundle: 1800,
+#                          each CPU reference run REFERENCE_TIMEOUT_S=600)
 #   NUMERICS_STEPS=12      steps of each numerics run
 #   FP32_RTOL=1e-4 FP32_GRAD_RTOL=1e-3                 fp32 tolerances
 #   BF16_RTOL=2e-2 BF16_FIRST_RTOL=5e-3 BF16_GRAD_RTOL=5e-2   bf16 tolerances
@@ -48,17 +85,36 @@
 #
 # Exit status: 0 every check passed and every benchmark ran (torch.compile
 # may have been skipped for time); 1 a check or a benchmark run failed; 2 the
-# run could not start (no GPU, build failed); 3 nothing failed but a check or
-# a benchmark was skipped because the time budget was spent.
+# run could not start (no GPU, build failed, a bundle's library missing); 3
+# nothing failed but a check or a benchmark was skipped because the time
+# budget was spent. PHASES=bundle: 0 the bundle is complete; 1 a program did
+# not compile or a CPU reference did not run (the bundle lacks it, and the
+# GPU run reports it); 2 it could not start.
 set -euo pipefail
+CALLER_DIR=$(pwd) # BUNDLE, TESSEL_BUNDLE and BUNDLE_TAR are taken from here
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd -P)
 
 START_TS=$(date +%s)
+# MODE: "here" builds, compiles and runs on this machine; "make"
+# (PHASES=bundle) makes a bundle for a GPU machine; "bundled"
+# (TESSEL_BUNDLE=DIR) runs one.
+MODE=here
+if [[ -n ${TESSEL_BUNDLE:-} ]]; then
+  MODE=bundled
+  PHASES=${PHASES:-kernels,numerics,bench,torch,compile}
+else
+  PHASES=${PHASES:-build,kernels,numerics,bench,torch,compile}
+fi
+PHASES=",${PHASES// /,},"
+if [[ $PHASES == *,bundle,* && $MODE == here ]]; then
+  MODE="make"
+  TIME_BUDGET_S=${TIME_BUDGET_S:-1800}
+fi
 TIME_BUDGET_S=${TIME_BUDGET_S:-460}
 RESERVE_S=${RESERVE_S:-15} # kept for the report
-PHASES=${PHASES:-build,kernels,numerics,bench,torch,compile}
-PHASES=",${PHASES// /,},"
+REFERENCE_TIMEOUT_S=${REFERENCE_TIMEOUT_S:-600}
+NUMERICS_STEPS_GIVEN=${NUMERICS_STEPS:-}
 PYTHON=${PYTHON:-python3}
 NUMERICS_STEPS=${NUMERICS_STEPS:-12}
 FP32_RTOL=${FP32_RTOL:-1e-4}
@@ -76,8 +132,10 @@ COMPILE_MIN_S=${COMPILE_MIN_S:-120}
 BUILD_TIMEOUT_S=${BUILD_TIMEOUT_S:-420}
 COMPILE_TIMEOUT_S=${COMPILE_TIMEOUT_S:-240}
 RESULTS=${RESULTS:-bench/gpu/results.md}
+if [[ $RESULTS != /* ]]; then RESULTS=$ROOT/$RESULTS; fi
 NPROC=$(nproc)
 CPU_THREADS=$(( NPROC > 4 ? NPROC - 2 : NPROC )) # leave cores to the CUDA runs beside them
+if [[ $MODE == make ]]; then CPU_THREADS=$NPROC; fi # no CUDA runs beside them
 
 LOGS=${BENCH_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/tessel-gpu-bench.XXXXXX")}
 mkdir -p "$LOGS"
@@ -199,18 +257,346 @@ tessel_compile() {
   cp "$out/plan.json" "$LOGS/$name.plan.json" # for the report's parameter count
 }
 
-# tessel_run NAME STEPS LIMIT_S: trains the program tessel_compile made,
-# writing one metrics line per step to $LOGS/NAME.jsonl.
+# tessel_run NAME STEPS LIMIT_S: trains the program tessel_compile made (or
+# the bundle's), writing one metrics line per step to $LOGS/NAME.jsonl.
 tessel_run() {
   local name=$1 steps=$2 limit=$3
   local out=$SCRATCH/$name
   [[ $(cat "$LOGS/$name.compile.status" 2>/dev/null) == ok ]] || return 1
+  if [[ $MODE == bundled ]]; then
+    # As tessel run runs one rank: the program itself, its OpenMP workers
+    # asleep when idle.
+    local binary
+    out=$BUNDLE/programs/$name
+    binary=$(plan_binary "$out") || return 1
+    rm -f "$LOGS/$name.jsonl"
+    run_logged "$name.run" "$limit" env LD_LIBRARY_PATH="$BUNDLE_LIBRARY_PATH" \
+      OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" "$out/$binary" \
+      --steps "$steps" --metrics "$LOGS/$name.jsonl" --progress lines
+    return
+  fi
   local args=(run "$out" --steps "$steps" --metrics "$LOGS/$name.jsonl")
   if [[ $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["target"])' "$out/plan.json") == cpu ]]; then
     args+=(--threads "$CPU_THREADS")
   fi
   rm -f "$LOGS/$name.jsonl"
   run_logged "$name.run" "$limit" "$TESSEL" "${args[@]}"
+}
+
+# plan_binary DIR: the path, in DIR, of the one program of a one-rank plan
+# on synthetic data: what a bundle carries and runs directly.
+plan_binary() {
+  python3 - "$1/plan.json" <<'EOF'
+import json, sys
+path = sys.argv[1]
+plan = json.load(open(path))
+programs = plan["programs"]
+if plan.get("world_size") != 1 or len(programs) != 1:
+    sys.exit("%s: %s ranks, %d programs; a bundle runs one-rank programs"
+             % (path, plan.get("world_size"), len(programs)))
+if plan.get("data", {}).get("format") != "synthetic":
+    sys.exit("%s: data.format %s; a bundle carries no data, only synthetic tokens"
+             % (path, plan.get("data", {}).get("format")))
+(name, program), = programs.items()
+print(program.get("binary", "bin/" + name))
+EOF
+}
+
+# ------------------------------------------------------------------ bundles
+
+# read_bundle: the cases, steps, arch and commit of $BUNDLE/bundle.txt.
+read_bundle() {
+  local file=$BUNDLE/bundle.txt line key value
+  [[ -f $file ]] || die "TESSEL_BUNDLE=$TESSEL_BUNDLE has no bundle.txt: make a bundle with PHASES=bundle BUNDLE=DIR bench/gpu/run.sh"
+  NUMERICS_CASES=()
+  BENCH_CASES=()
+  BUNDLE_COMMIT=unknown BUNDLE_MADE=unknown BUNDLE_ARCH="" BUNDLE_STEPS=""
+  while IFS= read -r line; do
+    if [[ -z $line || $line == \#* ]]; then continue; fi
+    key=${line%%=*} value=${line#*=}
+    case $key in
+      format) [[ $value == 1 ]] || die "$file: format $value; this script reads format 1" ;;
+      commit) BUNDLE_COMMIT=$value ;;
+      made) BUNDLE_MADE=$value ;;
+      cuda_arch) BUNDLE_ARCH=$value ;;
+      numerics_steps) BUNDLE_STEPS=$value ;;
+      numerics) NUMERICS_CASES+=("$value") ;;
+      bench) BENCH_CASES+=("$value") ;;
+      *) ;;
+    esac
+  done <"$file"
+  [[ $BUNDLE_ARCH =~ ^sm_[0-9]+$ && $BUNDLE_STEPS =~ ^[0-9]+$ ]] ||
+    die "$file: no cuda_arch=sm_NN or numerics_steps=N line"
+}
+
+# bundle_binaries: every executable of the bundle.
+bundle_binaries() {
+  local f
+  for f in "$BUNDLE"/bin/* "$BUNDLE"/programs/*/bin/*; do
+    if [[ -f $f && -x $f ]]; then echo "$f"; fi
+  done
+}
+
+# cuda_library_dirs: where CUDA's libraries may be, in this order: the
+# toolkit's (/usr/local/cuda, then /usr/local/cuda-*), then the nvidia/*/lib directories of
+# python's site-packages (PyTorch's CUDA wheels: nvidia/cu13/lib,
+# nvidia/nccl/lib).
+cuda_library_dirs() {
+  local d py
+  for d in /usr/local/cuda/{lib64,lib,targets/*/lib} /usr/local/cuda-*/{lib64,lib,targets/*/lib}; do
+    if [[ -d $d ]]; then echo "$d"; fi
+  done
+  for py in "$PYTHON" python3; do
+    timeout 20 "$py" - 2>/dev/null <<'EOF' || true
+import glob, os, site
+roots = []
+try:
+    import nvidia
+    roots += list(nvidia.__path__)
+except ImportError:
+    pass
+try:
+    roots += [os.path.join(p, "nvidia") for p in site.getsitepackages() + [site.getusersitepackages()]]
+except AttributeError:  # an old virtualenv's site module
+    pass
+for root in roots:
+    for d in sorted(glob.glob(os.path.join(root, "*", "lib"))):
+        print(os.path.realpath(d))
+EOF
+  done
+}
+
+# missing_libraries: the libraries a bundle's binary needs that the dynamic
+# linker does not find with LD_LIBRARY_PATH=$BUNDLE_LIBRARY_PATH.
+missing_libraries() {
+  local f out
+  bundle_binaries | while IFS= read -r f; do
+    if out=$(LD_LIBRARY_PATH=$BUNDLE_LIBRARY_PATH ldd "$f" 2>&1); then
+      awk '$2 == "=>" && $3 == "not" { print $1 }' <<<"$out"
+    else
+      echo "(ldd ${f#"$BUNDLE/"}: $(tail -n 1 <<<"$out" | sed 's/^[[:space:]]*//'))"
+    fi
+  done | sort -u
+}
+
+# setup_bundle_libraries: BUNDLE_LIBRARY_PATH, the LD_LIBRARY_PATH of the
+# bundle's binaries (of them only: lib/ holds the libraries of the machine
+# that made the bundle, not for python or the system's programs): lib/,
+# the directories of the CUDA 13 libraries they link, and for libstdc++,
+# libgcc_s and libgomp, when the system has none, lib/fallback's. Stops
+# the run (exit 2) when a library is still missing.
+setup_bundle_libraries() {
+  local dirs=("$BUNDLE/lib") candidates=() missing=() d lib found fallback
+  mapfile -t candidates < <(cuda_library_dirs | awk '!seen[$0]++')
+  for lib in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
+    found=""
+    for d in "${candidates[@]}"; do
+      if [[ -e $d/$lib ]]; then found=$d; break; fi
+    done
+    if [[ -n $found ]]; then
+      say "bundle: $lib from $found"
+      if [[ " ${dirs[*]} " != *" $found "* ]]; then dirs+=("$found"); fi
+    else
+      say "bundle: $lib is under neither /usr/local/cuda* nor python's nvidia/*/lib: left to the system's search path"
+    fi
+  done
+  BUNDLE_LIBRARY_PATH=$(IFS=:; echo "${dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mapfile -t missing < <(missing_libraries)
+  if (( ${#missing[@]} > 0 )); then
+    fallback=$LOGS/lib-fallback # links to the missing ones only, not to the others
+    rm -rf "$fallback"
+    mkdir -p "$fallback"
+    for lib in "${missing[@]}"; do
+      if [[ -f $BUNDLE/lib/fallback/$lib ]]; then
+        ln -s "$BUNDLE/lib/fallback/$lib" "$fallback/$lib"
+        say "bundle: $lib from the bundle's lib/fallback (the system has none)"
+      fi
+    done
+    BUNDLE_LIBRARY_PATH=$fallback:$BUNDLE_LIBRARY_PATH
+    mapfile -t missing < <(missing_libraries)
+  fi
+  if (( ${#missing[@]} > 0 )); then
+    die "the bundle's binaries need ${missing[*]}, found nowhere (CUDA 13's come with the toolkit, /usr/local/cuda, or PyTorch's CUDA 13 wheels: nvidia-cuda-runtime, nvidia-cublas, nvidia-nccl-cu13)"
+  fi
+}
+
+# bundle_program NAME TARGET PRECISION: the bundle's compiled NAME stands
+# for tessel_compile's: its plan is checked and its outcome recorded alike.
+bundle_program() {
+  local name=$1 dir=$BUNDLE/programs/$1
+  if [[ ! -f $dir/plan.json ]]; then
+    echo "is not in the bundle" >"$LOGS/$name.compile.status"
+    say "$name: not in the bundle (it did not compile when the bundle was made?)"
+    return 1
+  fi
+  if ! { plan_matches "$dir" "$2" "$3" && plan_binary "$dir" >/dev/null; } >"$LOGS/$name.compile.log" 2>&1; then
+    echo "compiled the wrong plan" >"$LOGS/$name.compile.status"
+    say "$name: $(tail -n 1 "$LOGS/$name.compile.log")"
+    return 1
+  fi
+  echo "ok" >"$LOGS/$name.compile.status"
+  cp "$dir/plan.json" "$LOGS/$name.plan.json"
+}
+
+# bundle_libraries: "SONAME PATH" of every shared library the bundle's
+# binaries load here, and "SONAME not" for those not found here (or for a
+# binary ldd fails on).
+bundle_libraries() {
+  local f out
+  bundle_binaries | while IFS= read -r f; do
+    if out=$(ldd "$f" 2>&1); then
+      awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 } $2 == "=>" && $3 == "not" { print $1, "not" }' <<<"$out"
+    else
+      echo "(ldd-failed-on-${f#"$BUNDLE/"}) not"
+    fi
+  done | sort -u
+}
+
+# make_bundle: runs the CPU references and writes $BUNDLE from the compiled
+# programs (see the header). Returns 1 when a part is missing.
+make_bundle() {
+  local failed=0 p c name spec target binary f lib path status missing=() commit made
+  say "bundle: the CPU references, $NUMERICS_STEPS steps each on $CPU_THREADS threads"
+  for c in "${NUMERICS_CASES[@]}"; do
+    IFS='|' read -r name _ <<<"$c"
+    tessel_run "num-$name-cpu" "$NUMERICS_STEPS" "$REFERENCE_TIMEOUT_S" || true
+  done
+  if [[ -f $BUNDLE/bundle.txt ]]; then rm -rf "$BUNDLE"; fi
+  mkdir -p "$BUNDLE"/{programs,reference,bin,lib/fallback,bench/gpu,test/e2e}
+
+  for p in "${PROGRAMS[@]}"; do
+    IFS='|' read -r name _ target _ <<<"$p"
+    if [[ $target == cpu ]]; then
+      # The reference's outcome goes with it: the GPU run reports it.
+      for f in "$LOGS/$name".{compile,run}.{status,log}; do
+        if [[ -f $f ]]; then cp "$f" "$BUNDLE/reference/"; fi
+      done
+      status=$(cat "$LOGS/$name.run.status" 2>/dev/null || true)
+      if [[ $status == ok && -s $LOGS/$name.jsonl ]]; then
+        cp "$LOGS/$name.jsonl" "$BUNDLE/reference/"
+      else
+        check_result FAIL "bundle: the CPU reference $name $(outcome_of "$name") (see $LOGS/$name.*.log)"
+        failed=1
+      fi
+      continue
+    fi
+    if [[ $(cat "$LOGS/$name.compile.status" 2>/dev/null) != ok ]]; then
+      check_result FAIL "bundle: $name $(outcome_of "$name") (see $LOGS/$name.compile.log)"
+      failed=1
+      continue
+    fi
+    if ! binary=$(plan_binary "$SCRATCH/$name" 2>>"$LOGS/$name.compile.log"); then
+      check_result FAIL "bundle: $(tail -n 1 "$LOGS/$name.compile.log")"
+      failed=1
+      continue
+    fi
+    # plan.json, the spec and the binary; not the sources, IR and launchers.
+    mkdir -p "$BUNDLE/programs/$name/bin"
+    cp "$SCRATCH/$name/plan.json" "$BUNDLE/programs/$name/"
+    if [[ -d $SCRATCH/$name/spec ]]; then cp -r "$SCRATCH/$name/spec" "$BUNDLE/programs/$name/"; fi
+    cp "$SCRATCH/$name/$binary" "$BUNDLE/programs/$name/$binary"
+  done
+  cp "$KERNEL_TESTS" "$BUNDLE/bin/tessel-cuda-kernel-tests"
+
+  if command -v strip >/dev/null; then
+    bundle_binaries | while IFS= read -r f; do strip "$f"; done
+  else
+    say "bundle: no strip here; the binaries keep their symbols"
+  fi
+  # The plans name their binaries' SHA-256 (tessel run checks it): now the
+  # stripped ones'.
+  python3 - "$BUNDLE"/programs/*/plan.json <<'EOF'
+import hashlib, json, os, sys
+for path in sys.argv[1:]:
+    if not os.path.isfile(path):
+        continue
+    with open(path) as f:
+        plan = json.load(f)
+    for name, program in plan["programs"].items():
+        if "sha256" in program:
+            binary = os.path.join(os.path.dirname(path), program.get("binary", "bin/" + name))
+            with open(binary, "rb") as f:
+                program["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    with open(path, "w") as f:
+        json.dump(plan, f, indent=2)
+        f.write("\n")
+EOF
+
+  # The binaries' shared libraries, but glibc's and CUDA's (the GPU machine
+  # has its own: CUDA's must match its driver); the C++ and OpenMP runtimes
+  # as a fallback only.
+  while read -r lib path; do
+    case $lib in
+      libc.so.* | libm.so.* | libmvec.so.* | libpthread.so.* | libdl.so.* | librt.so.* | \
+        libresolv.so.* | libutil.so.* | libanl.so.* | ld-linux*) ;;
+      libcuda.so.* | libcudart.so.* | libcublas*.so.* | libnccl.so.*) ;;
+      *)
+        if [[ $path == not ]]; then
+          missing+=("$lib")
+        elif [[ $lib == libstdc++.so.* || $lib == libgcc_s.so.* || $lib == libgomp.so.* ]]; then
+          cp -L "$path" "$BUNDLE/lib/fallback/$lib"
+        else
+          cp -L "$path" "$BUNDLE/lib/$lib"
+        fi
+        ;;
+    esac
+  done < <(bundle_libraries)
+  if (( ${#missing[@]} > 0 )); then
+    check_result FAIL "bundle: libraries not found here, so not in the bundle: ${missing[*]}"
+    failed=1
+  fi
+
+  # The scripts and the specs, where they are in the tree (run.sh reads
+  # them from the bundle's root; torch_gpt.py imports test/e2e's).
+  cp bench/gpu/run.sh bench/gpu/*.py "$BUNDLE/bench/gpu/"
+  cp test/e2e/torch_reference.py "$BUNDLE/test/e2e/"
+  for c in "${NUMERICS_CASES[@]}" "${BENCH_CASES[@]}"; do
+    IFS='|' read -r _ spec _ <<<"$c"
+    mkdir -p "$BUNDLE/$(dirname "$spec")"
+    cp "$spec" "$BUNDLE/$spec"
+  done
+
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [[ $commit != unknown ]] && ! git diff --quiet HEAD -- 2>/dev/null; then
+    commit+=" with local changes"
+  fi
+  made=$(date -u +%Y-%m-%dT%H:%MZ)
+  {
+    echo "# A bundle of Tessel's CUDA checks and benchmarks, made by"
+    echo "# PHASES=bundle BUNDLE=DIR bench/gpu/run.sh; DIR/run.sh runs it."
+    echo "format=1"
+    echo "commit=$commit"
+    echo "made=$made"
+    echo "cuda_arch=$CUDA_ARCH"
+    echo "numerics_steps=$NUMERICS_STEPS"
+    printf 'numerics=%s\n' "${NUMERICS_CASES[@]}"
+    printf 'bench=%s\n' "${BENCH_CASES[@]}"
+  } >"$BUNDLE/bundle.txt"
+  cat >"$BUNDLE/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs the CUDA checks and benchmarks of this bundle on a machine with an
+# NVIDIA GPU, without building or compiling: TESSEL_BUNDLE=<this directory>
+# bench/gpu/run.sh. The bundle was made by PHASES=bundle BUNDLE=DIR
+# bench/gpu/run.sh (bundle.txt says from which commit); bench/gpu/run.sh's
+# header lists the environment it reads. The report goes to
+# bench/gpu/results.md here.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+TESSEL_BUNDLE=$here exec "$here/bench/gpu/run.sh" "$@"
+EOF
+  chmod +x "$BUNDLE/run.sh" "$BUNDLE/bench/gpu/run.sh"
+
+  say "bundle: $BUNDLE, $(du -sh "$BUNDLE" | cut -f1) (programs $(du -sh "$BUNDLE/programs" | cut -f1), bin $(du -sh "$BUNDLE/bin" | cut -f1), lib $(du -sh "$BUNDLE/lib" | cut -f1))"
+  if [[ -n ${BUNDLE_TAR:-} ]]; then
+    if NO_BUDGET=1 run_logged bundle.tar 600 tar cJf "$BUNDLE_TAR" -C "$(dirname "$BUNDLE")" "$(basename "$BUNDLE")"; then
+      say "bundle: packed into $BUNDLE_TAR, $(du -sh "$BUNDLE_TAR" | cut -f1)"
+    else
+      check_result FAIL "bundle: tar cJf $BUNDLE_TAR failed (see $LOGS/bundle.tar.log)"
+      failed=1
+    fi
+  fi
+  say "bundle: on the GPU machine, $(basename "$BUNDLE")/run.sh"
+  return "$failed"
 }
 
 # peak_tflops_for NAME: dense (no sparsity) bf16 tensor-core peak in TFLOP/s
@@ -229,21 +615,64 @@ peak_tflops_for() {
   esac
 }
 
+# ------------------------------------------------------------------ the mode
+
+# abs_path PATH: PATH taken from the directory the script was started in.
+abs_path() {
+  if [[ $1 == /* ]]; then echo "$1"; else echo "$CALLER_DIR/$1"; fi
+}
+
+if [[ $MODE == bundled ]]; then
+  if want bundle; then die "PHASES=bundle makes a bundle and TESSEL_BUNDLE runs one: not both"; fi
+  if [[ $PHASES == ",build," ]]; then die "TESSEL_BUNDLE=$TESSEL_BUNDLE: a bundle has nothing to build"; fi
+  BUNDLE=$(cd "$(abs_path "$TESSEL_BUNDLE")" 2>/dev/null && pwd -P) || die "TESSEL_BUNDLE=$TESSEL_BUNDLE is not a directory"
+  read_bundle
+  if [[ -n $NUMERICS_STEPS_GIVEN && $NUMERICS_STEPS_GIVEN != "$BUNDLE_STEPS" ]]; then
+    die "NUMERICS_STEPS=$NUMERICS_STEPS_GIVEN, but the bundle's CPU references ran $BUNDLE_STEPS steps"
+  fi
+  NUMERICS_STEPS=$BUNDLE_STEPS
+  if [[ -n ${CUDA_ARCH:-} && $CUDA_ARCH != "$BUNDLE_ARCH" ]]; then
+    die "CUDA_ARCH=$CUDA_ARCH, but the bundle was compiled for $BUNDLE_ARCH"
+  fi
+  # The specs and scripts are the bundle's, relative to its root.
+  cd "$BUNDLE"
+elif [[ $MODE == make ]]; then
+  if [[ ! $PHASES =~ ^,(build,)?bundle,(build,)?$ ]]; then
+    die "PHASES=bundle is a run of its own (PHASES=build,bundle builds first); the other phases run the bundle on the GPU machine"
+  fi
+  [[ -n ${BUNDLE:-} ]] || die "PHASES=bundle needs BUNDLE=DIR, where the bundle goes"
+  BUNDLE=$(abs_path "$BUNDLE")
+  if [[ -e $BUNDLE && ! -d $BUNDLE ]]; then die "BUNDLE=$BUNDLE is not a directory"; fi
+  if [[ -d $BUNDLE && -n $(ls -A "$BUNDLE") &&
+    $(head -n 1 "$BUNDLE/bundle.txt" 2>/dev/null || true) != "# A bundle of Tessel's"* ]]; then
+    die "BUNDLE=$BUNDLE holds files and no bundle: give an empty or a new directory"
+  fi
+  mkdir -p "$BUNDLE"
+  BUNDLE=$(cd "$BUNDLE" && pwd -P)
+  if [[ $BUNDLE == "$ROOT" ]]; then die "BUNDLE=$BUNDLE is the source tree"; fi
+  if [[ -n ${BUNDLE_TAR:-} ]]; then BUNDLE_TAR=$(abs_path "$BUNDLE_TAR"); fi
+fi
+
 # ------------------------------------------------------------------ the GPU
 
 GPU_NAME=""
 if command -v nvidia-smi >/dev/null && GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) && [[ -n $GPU_NAME ]]; then
   say "GPU: $GPU_NAME ($(nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader | head -n 1))"
-elif [[ $PHASES != ",build," ]]; then
+elif [[ $PHASES != ",build," && $MODE != make ]]; then
   die "no NVIDIA GPU visible (nvidia-smi missing or lists none); this script checks the CUDA backend on a GPU machine"
 fi
-if [[ -z ${CUDA_ARCH:-} ]]; then
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
-  if [[ $cap =~ ^([0-9]+)\.([0-9]+)$ ]]; then
-    CUDA_ARCH=sm_${BASH_REMATCH[1]}${BASH_REMATCH[2]}
-  else
-    CUDA_ARCH=sm_90
+GPU_ARCH=""
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
+if [[ $cap =~ ^([0-9]+)\.([0-9]+)$ ]]; then
+  GPU_ARCH=sm_${BASH_REMATCH[1]}${BASH_REMATCH[2]}
+fi
+if [[ $MODE == bundled ]]; then
+  CUDA_ARCH=$BUNDLE_ARCH
+  if [[ -n $GPU_ARCH && $GPU_ARCH != "$CUDA_ARCH" ]]; then
+    say "warning: the bundle was compiled for $CUDA_ARCH, this GPU is $GPU_ARCH: its kernels may not load"
   fi
+elif [[ -z ${CUDA_ARCH:-} ]]; then
+  CUDA_ARCH=${GPU_ARCH:-sm_90}
 fi
 [[ $CUDA_ARCH =~ ^sm_[0-9]+$ ]] || die "CUDA_ARCH=$CUDA_ARCH: expected sm_NN, e.g. sm_90"
 PEAK_SOURCE="PEAK_TFLOPS"
@@ -262,12 +691,28 @@ if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
-if [[ -n ${TESSEL_BUILD:-} ]]; then
+# find_kernel_tests BUILD: the kernel tests' binary in a build, if any.
+find_kernel_tests() {
+  local candidate
+  for candidate in "$1/bin/tessel-cuda-kernel-tests" "$1/unittests/tessel-cuda-kernel-tests"; do
+    if [[ -x $candidate ]]; then
+      echo "$candidate"
+      return
+    fi
+  done
+  find "$1" -name tessel-cuda-kernel-tests -type f -perm -u+x -print -quit 2>/dev/null || true
+}
+
+if [[ $MODE == bundled ]]; then
+  BUILD="" TESSEL=""
+  say "bundle: $BUNDLE (commit $BUNDLE_COMMIT, made $BUNDLE_MADE): no build, no compile"
+elif [[ -n ${TESSEL_BUILD:-} ]]; then
   BUILD=$(cd "$TESSEL_BUILD" 2>/dev/null && pwd -P) || die "TESSEL_BUILD=$TESSEL_BUILD is not a directory"
   say "build: using $BUILD"
 else
   BUILD=$ROOT/build
-  if want build; then
+  # PHASES=bundle builds a tree that has no CUDA runtime yet (PHASES=build,bundle any tree).
+  if want build || { [[ $MODE == make ]] && [[ ! -x $BUILD/bin/tessel || -z $(find_kernel_tests "$BUILD") ]]; }; then
     for tool in cmake ninja nvcc; do
       command -v "$tool" >/dev/null ||
         die "$tool not found: the build needs cmake, ninja, the CUDA toolkit (/usr/local/cuda) and MLIR 22 (scripts/setup.sh lists every package)"
@@ -305,19 +750,18 @@ else
     if [[ -n $cuda_line ]]; then say "build: ${cuda_line#-- }"; fi
   fi
 fi
-TESSEL=$BUILD/bin/tessel
-[[ -x $TESSEL ]] || die "$TESSEL is missing: build the tree (PHASES with build) or set TESSEL_BUILD"
-
-KERNEL_TESTS=""
-for candidate in "$BUILD/bin/tessel-cuda-kernel-tests" "$BUILD/unittests/tessel-cuda-kernel-tests"; do
-  if [[ -x $candidate ]]; then KERNEL_TESTS=$candidate; break; fi
-done
-if [[ -z $KERNEL_TESTS ]]; then
-  KERNEL_TESTS=$(find "$BUILD" -name tessel-cuda-kernel-tests -type f -perm -u+x -print -quit 2>/dev/null || true)
-fi
-if [[ -z $KERNEL_TESTS ]]; then
-  why=$(grep -h 'CUDA runtime:' "$LOGS"/build.*.log 2>/dev/null | tail -n 1 || true)
-  die "$BUILD has no CUDA runtime (no tessel-cuda-kernel-tests)${why:+: $why}; was nvcc found when it was configured?"
+if [[ $MODE == bundled ]]; then
+  KERNEL_TESTS=$BUNDLE/bin/tessel-cuda-kernel-tests
+  [[ -x $KERNEL_TESTS ]] || die "the bundle has no bin/tessel-cuda-kernel-tests"
+  setup_bundle_libraries
+else
+  TESSEL=$BUILD/bin/tessel
+  [[ -x $TESSEL ]] || die "$TESSEL is missing: build the tree (PHASES with build) or set TESSEL_BUILD"
+  KERNEL_TESTS=$(find_kernel_tests "$BUILD")
+  if [[ -z $KERNEL_TESTS ]]; then
+    why=$(grep -h 'CUDA runtime:' "$LOGS"/build.*.log 2>/dev/null | tail -n 1 || true)
+    die "$BUILD has no CUDA runtime (no tessel-cuda-kernel-tests)${why:+: $why}; was nvcc found when it was configured?"
+  fi
 fi
 if [[ $PHASES == ",build," ]]; then
   say "build done"
@@ -326,41 +770,50 @@ fi
 
 # ------------------------------------------------------------------ programs
 
-# name | spec | --set overrides. GPT-2 124M runs at seq_len 256 and batch 4 so
-# the CPU reference takes seconds, and with 5 warmup steps instead of 700
-# so that the updates of the compared steps are not vanishingly small.
-NUMERICS_CASES=(
-  "gpt-tiny|examples/gpt-tiny.json|"
-  "llama-tiny|examples/llama-tiny.json|"
-  "gpt2-124m-T256|examples/gpt2-124m.json|model.seq_len=256 train.global_batch=4 data.format=synthetic train.lr_schedule.warmup_steps=5"
-)
-# name | spec | batch | seq_len
-BENCH_CASES=(
-  "gpt2-124m|examples/gpt2-124m.json|$BATCH_124M|$SEQ_124M"
-  "gpt-1.3b|examples/gpt-1.3b.json|$BATCH_1B3|$SEQ_1B3"
-)
+# A bundle's cases are those it was made with (read_bundle).
+if [[ $MODE != bundled ]]; then
+  # name | spec | --set overrides. GPT-2 124M runs at seq_len 256 and batch 4 so
+  # the CPU reference takes seconds, and with 5 warmup steps instead of 700
+  # so that the updates of the compared steps are not vanishingly small.
+  NUMERICS_CASES=(
+    "gpt-tiny|examples/gpt-tiny.json|"
+    "llama-tiny|examples/llama-tiny.json|"
+    "gpt2-124m-T256|examples/gpt2-124m.json|model.seq_len=256 train.global_batch=4 data.format=synthetic train.lr_schedule.warmup_steps=5"
+  )
+  # name | spec | batch | seq_len
+  BENCH_CASES=(
+    "gpt2-124m|examples/gpt2-124m.json|$BATCH_124M|$SEQ_124M"
+    "gpt-1.3b|examples/gpt-1.3b.json|$BATCH_1B3|$SEQ_1B3"
+  )
+fi
 BENCH_STEPS=$(( WARMUP_STEPS + MEASURED_STEPS ))
 
 # Every program of the run: name | spec | target | precision | overrides.
 # They compile at once (one compiler process each, on all the cores), while
-# the kernel tests use the GPU.
+# the kernel tests use the GPU. A bundle holds them compiled, but for the
+# CPU references: it holds their metrics.
 PROGRAMS=()
-if want numerics; then
+if want numerics || [[ $MODE == make ]]; then
   for c in "${NUMERICS_CASES[@]}"; do
     IFS='|' read -r name spec sets <<<"$c"
-    PROGRAMS+=("num-$name-cpu|$spec|cpu|fp32|$sets"
-      "num-$name-cuda-fp32|$spec|cuda|fp32|$sets"
+    if [[ $MODE != bundled ]]; then PROGRAMS+=("num-$name-cpu|$spec|cpu|fp32|$sets"); fi
+    PROGRAMS+=("num-$name-cuda-fp32|$spec|cuda|fp32|$sets"
       "num-$name-cuda-bf16|$spec|cuda|bf16|$sets")
   done
 fi
-if want bench; then
+if want bench || [[ $MODE == make ]]; then
   for c in "${BENCH_CASES[@]}"; do
     IFS='|' read -r name spec batch seq <<<"$c"
     PROGRAMS+=("bench-$name-tessel|$spec|cuda|bf16|train.global_batch=$batch model.seq_len=$seq data.format=synthetic")
   done
 fi
 compile_pids=()
-if (( ${#PROGRAMS[@]} > 0 )); then
+if [[ $MODE == bundled ]]; then
+  for p in "${PROGRAMS[@]}"; do
+    IFS='|' read -r name _ target precision _ <<<"$p"
+    bundle_program "$name" "$target" "$precision" || true
+  done
+elif (( ${#PROGRAMS[@]} > 0 )); then
   say "compiling ${#PROGRAMS[@]} programs in the background"
   for p in "${PROGRAMS[@]}"; do
     IFS='|' read -r name spec target precision sets <<<"$p"
@@ -371,11 +824,23 @@ if (( ${#PROGRAMS[@]} > 0 )); then
   done
 fi
 
+if [[ $MODE == make ]]; then
+  for pid in "${compile_pids[@]}"; do wait "$pid" || true; done
+  BG_PIDS=()
+  rc=0
+  make_bundle || rc=$?
+  failed=$(grep -c '^FAIL' "$LOGS/checks.txt" || true)
+  say "bundle: $failed failed; logs in $LOGS"
+  exit "$rc"
+fi
+
 # ------------------------------------------------------------------ kernels
 
 if want kernels; then
   rc=0
-  run_logged kernels 150 "$KERNEL_TESTS" || rc=$?
+  kernel_tests=("$KERNEL_TESTS")
+  if [[ $MODE == bundled ]]; then kernel_tests=(env LD_LIBRARY_PATH="$BUNDLE_LIBRARY_PATH" "$KERNEL_TESTS"); fi
+  run_logged kernels 150 "${kernel_tests[@]}" || rc=$?
   passed=$(grep -h '^\[  PASSED  \]' "$LOGS/kernels.log" | tail -n 1 || true)
   passed=${passed#\[  PASSED  \] }
   case $rc in
@@ -395,25 +860,39 @@ BG_PIDS=()
 # ------------------------------------------------------------------ numerics
 
 if want numerics; then
-  say "numerics: $NUMERICS_STEPS steps each; CPU references on $CPU_THREADS threads beside the CUDA runs"
-  # The CPU reference programs use the cores, the CUDA runs the GPU: both
-  # go at once.
-  (
+  cpu_pid=""
+  if [[ $MODE == bundled ]]; then
+    say "numerics: $NUMERICS_STEPS steps each, against the bundle's CPU references"
+    # Their metrics, and their outcomes when they have none.
     for c in "${NUMERICS_CASES[@]}"; do
       IFS='|' read -r name _ <<<"$c"
-      tessel_run "num-$name-cpu" "$NUMERICS_STEPS" 200 || true
+      for f in "$BUNDLE/reference/num-$name-cpu".{jsonl,compile.status,run.status,compile.log,run.log}; do
+        if [[ -f $f ]]; then cp "$f" "$LOGS/"; fi
+      done
     done
-  ) &
-  cpu_pid=$!
-  BG_PIDS+=("$cpu_pid")
+  else
+    say "numerics: $NUMERICS_STEPS steps each; CPU references on $CPU_THREADS threads beside the CUDA runs"
+    # The CPU reference programs use the cores, the CUDA runs the GPU: both
+    # go at once.
+    (
+      for c in "${NUMERICS_CASES[@]}"; do
+        IFS='|' read -r name _ <<<"$c"
+        tessel_run "num-$name-cpu" "$NUMERICS_STEPS" 200 || true
+      done
+    ) &
+    cpu_pid=$!
+    BG_PIDS+=("$cpu_pid")
+  fi
   for c in "${NUMERICS_CASES[@]}"; do
     IFS='|' read -r name _ <<<"$c"
     for precision in fp32 bf16; do
       tessel_run "num-$name-cuda-$precision" "$NUMERICS_STEPS" 90 || true
     done
   done
-  wait "$cpu_pid" || true
+  if [[ -n $cpu_pid ]]; then wait "$cpu_pid" || true; fi
   BG_PIDS=()
+  ref_what="the CPU reference"
+  if [[ $MODE == bundled ]]; then ref_what="the bundle's CPU reference"; fi
   for c in "${NUMERICS_CASES[@]}"; do
     IFS='|' read -r name _ <<<"$c"
     ref=$LOGS/num-$name-cpu.jsonl
@@ -423,9 +902,9 @@ if want numerics; then
       if [[ ! -s $ref ]]; then
         outcome=$(outcome_of "num-$name-cpu")
         if [[ $outcome == skipped ]]; then
-          check_result SKIP "$label: the CPU reference was skipped (time budget)"
+          check_result SKIP "$label: $ref_what was skipped (time budget)"
         else
-          check_result FAIL "$label: the CPU reference $outcome (see $LOGS/num-$name-cpu.*.log)"
+          check_result FAIL "$label: $ref_what $outcome (see $LOGS/num-$name-cpu.*.log)"
         fi
         continue
       fi
@@ -524,7 +1003,11 @@ fi
 
 mkdir -p "$(dirname "$RESULTS")"
 cases_arg=$(printf '%s\n' "${BENCH_CASES[@]}")
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ $MODE == bundled ]]; then
+  COMMIT="$BUNDLE_COMMIT (bundle made $BUNDLE_MADE)"
+else
+  COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+fi
 LOGS=$LOGS GPU_NAME=$GPU_NAME PEAK_TFLOPS=${PEAK_TFLOPS:-} PEAK_SOURCE=$PEAK_SOURCE \
   WARMUP_STEPS=$WARMUP_STEPS MEASURED_STEPS=$MEASURED_STEPS CASES=$cases_arg COMMIT=$COMMIT \
   CUDA_ARCH=$CUDA_ARCH ELAPSED=$(elapsed) python3 - >"$LOGS/results.md" <<'EOF' ||
