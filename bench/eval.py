@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,8 @@ TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
 REFERENCE = os.path.join(ROOT, "test", "e2e", "torch_reference.py")
 sys.path.insert(0, os.path.join(ROOT, "test", "e2e"))
 
+from cpu_step_time import merge, run  # noqa: E402 (beside this file)
+
 CASES = [
     ("gpt-tiny (B=8, T=64)", "examples/gpt-tiny.json", {}),
     ("llama-tiny (B=8, T=64)", "examples/llama-tiny.json", {}),
@@ -30,22 +31,6 @@ CASES = [
      {"model": {"seq_len": 256}, "train": {"global_batch": 4}}),
 ]
 EVAL_BATCHES = 4
-
-
-def merge(base, extra):
-    for key, value in extra.items():
-        if isinstance(value, dict):
-            merge(base.setdefault(key, {}), value)
-        else:
-            base[key] = value
-    return base
-
-
-def run(cmd, env=None):
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"command failed: {' '.join(cmd)}\n{result.stdout}\n{result.stderr}")
-    return result.stdout
 
 
 def torch_forward_ms(spec_file, weights, tokens, threads, repeats):

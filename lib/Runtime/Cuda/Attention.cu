@@ -1090,22 +1090,12 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, int threads, int64_t smem,
   if (smem > 48 * 1024)
     TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  // The largest shared-memory carveout, once per kernel: the driver's
-  // default split (135 KB seen on an H200) holds two blocks of the bf16
-  // kernels per SM where three fit.
-  static thread_local const void *carved[16] = {};
-  const void *key = reinterpret_cast<const void *>(kernel);
-  for (const void *&slot : carved) {
-    if (slot == key)
-      break;
-    if (!slot) {
-      TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
-          kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-          int(cudaSharedmemCarveoutMaxShared)));
-      slot = key;
-      break;
-    }
-  }
+  // The largest shared-memory carveout: the driver's default split (135 KB
+  // seen on an H200) holds two blocks of the bf16 kernels per SM where
+  // three fit.
+  TESSEL_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int(cudaSharedmemCarveoutMaxShared)));
   kernel<<<grid, threads, size_t(smem), computeStream()>>>(args...);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }

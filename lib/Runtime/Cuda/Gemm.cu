@@ -519,18 +519,18 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
     if (fused) {
       GemmState &st = initialisedState(call);
       std::lock_guard<std::mutex> lock(st.mutex);
-      const void *epilogueBias = bias;
-      if constexpr (roundBias) {
-        // Stream-ordered: the previous product reading the buffer is done
-        // before this copy overwrites it.
-        toBf16Kernel<<<blocksFor(N), kThreads, 0, computeStream()>>>(
-            bias, st.biasBf16, N);
-        TESSEL_CUDA_CHECK(cudaGetLastError());
-        epilogueBias = st.biasBf16;
-      }
+      const void *epilogueBias =
+          roundBias ? static_cast<const void *>(st.biasBf16) : bias;
       call.alignBias = alignmentOf(epilogueBias, 0, 1, roundBias ? 2 : 4);
       Plan &p = planFor(st, call, epilogueBias, gelu ? out : nullptr);
       if (p.found) {
+        if constexpr (roundBias) {
+          // Stream-ordered: the previous product reading the buffer is done
+          // before this copy overwrites it.
+          toBf16Kernel<<<blocksFor(N), kThreads, 0, computeStream()>>>(
+              bias, st.biasBf16, N);
+          TESSEL_CUDA_CHECK(cudaGetLastError());
+        }
         setEpiloguePointers(p, call, epilogueBias, gelu ? out : nullptr);
         const cublasStatus_t s = launchPlan(st, p, A, B, D, D, 0.0f);
         if (s == CUBLAS_STATUS_SUCCESS)
