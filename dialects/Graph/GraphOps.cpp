@@ -143,8 +143,10 @@ LogicalResult ParamOp::verify() {
 }
 
 LogicalResult InputOp::verify() {
-  if (getName() != "tokens" && getName() != "targets")
-    return emitOpError("input must be 'tokens' or 'targets', got '")
+  if (getName() != "tokens" && getName() != "targets" &&
+      getName() != "positions")
+    return emitOpError("input must be 'tokens', 'targets' or 'positions', "
+                       "got '")
            << getName() << "'";
   if (getType().getRank() != 2 || !getType().hasStaticShape())
     return emitOpError("input must be a static [batch, seq] tensor");
@@ -526,5 +528,56 @@ LogicalResult AdamWOp::verify() {
   if (getBeta1().convertToDouble() < 0 || getBeta1().convertToDouble() >= 1 ||
       getBeta2().convertToDouble() < 0 || getBeta2().convertToDouble() >= 1)
     return emitOpError("betas must be in [0, 1)");
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Inference
+//===----------------------------------------------------------------------===//
+
+LogicalResult KvCacheOp::verify() {
+  auto type = cast<RankedTensorType>(getType());
+  if (getName().empty())
+    return emitOpError("needs a non-empty name");
+  if (type.getRank() != 4 || !type.hasStaticShape())
+    return emitOpError("must be a static [batch, max_len, kv_heads, "
+                       "head_dim] tensor");
+  return success();
+}
+
+LogicalResult CachedAttentionOp::verify() {
+  auto q = shapeOf(getQuery()), k = shapeOf(getKey()), v = shapeOf(getValue()),
+       kc = shapeOf(getKCache()), vc = shapeOf(getVCache()),
+       pos = shapeOf(getPositions());
+  if (q.size() != 4 || k != v || kc != vc || k.size() != 4 || kc.size() != 4)
+    return emitOpError("needs [batch, seq, heads, head_dim] operands");
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3] || q[2] % k[2] != 0)
+    return emitOpError("key and value must be [batch, seq, kv_heads, "
+                       "head_dim] with kv_heads dividing the query's heads");
+  if (kc[0] != q[0] || kc[2] != k[2] || kc[3] != k[3] || kc[1] < q[1])
+    return emitOpError("caches must be [batch, max_len, kv_heads, head_dim] "
+                       "with max_len >= seq");
+  if (pos.size() != 2 || pos[0] != q[0] || pos[1] != q[1])
+    return emitOpError("positions must be [batch, seq]");
+  if (getType() != getQuery().getType())
+    return emitOpError("result must have the query's type");
+  return success();
+}
+
+LogicalResult RopeAtOp::verify() {
+  auto x = shapeOf(getInput()), pos = shapeOf(getPositions());
+  if (x.size() != 4 || x[3] % 2 != 0)
+    return emitOpError("input must be [batch, seq, heads, head_dim] with an "
+                       "even head_dim");
+  if (pos.size() != 2 || pos[0] != x[0] || pos[1] != x[1])
+    return emitOpError("positions must be [batch, seq] of the input");
+  if (getType() != getInput().getType())
+    return emitOpError("result must have the input's type");
+  return success();
+}
+
+LogicalResult OutputOp::verify() {
+  if (getName() != "logits")
+    return emitOpError("the one output is 'logits', got '") << getName() << "'";
   return success();
 }

@@ -484,4 +484,82 @@ def Graph_AdamWOp : Graph_Op<"adamw", [MemoryEffects<[MemWrite]>]> {
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Inference (tessel compile --inference): a forward step over a KV cache
+//===----------------------------------------------------------------------===//
+
+def Graph_KvCacheOp : Graph_Op<"kv_cache", [Pure]> {
+  let summary = "A layer's key or value cache, kept from step to step";
+  let description = [{
+    `[batch, max_len, kv_heads, head_dim]`: the keys (or values) of every
+    position a sequence has reached. It lives in the program's KV-cache
+    store; `graph.cached_attention` writes it. `dist.param_sharding` splits
+    it as the keys it holds are split (heads over tp).
+
+    ```mlir
+    %kc = graph.kv_cache "h.0.attn.k_cache" : tensor<1x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Graph_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Graph_CachedAttentionOp : Graph_Op<"cached_attention",
+    [MemoryEffects<[MemWrite]>]> {
+  let summary = "Attention of new tokens over a KV cache they are added to";
+  let description = [{
+    `query` is `[batch, seq, heads, head_dim]` for `seq` new tokens, `key`
+    and `value` `[batch, seq, kv_heads, head_dim]` theirs, `k_cache` and
+    `v_cache` `[batch, max_len, kv_heads, head_dim]`, `positions`
+    `[batch, seq]` the place of each new token in its sequence. Writes each
+    new token's key and value into row `positions[b, s]` of the caches, then
+    attends each query to the cached rows at positions up to its own
+    (causal), with grouped KV heads and scale `1/sqrt(head_dim)` as
+    `graph.attention`.
+
+    ```mlir
+    %o = graph.cached_attention %q, %k, %v, %kc, %vc, %pos : (tensor<1x1x4x16xf32>, tensor<1x1x4x16xf32>, tensor<1x1x4x16xf32>, tensor<1x64x4x16xf32>, tensor<1x64x4x16xf32>, tensor<1x1xi32>) -> tensor<1x1x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key,
+                   Graph_FloatTensor:$value, Graph_FloatTensor:$k_cache,
+                   Graph_FloatTensor:$v_cache, Graph_I32Tensor:$positions);
+  let results = (outs Graph_FloatTensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Graph_RopeAtOp : Graph_Op<"rope_at", [Pure]> {
+  let summary = "Rotary position embedding at given positions";
+  let description = [{
+    `graph.rope` with the position of token `(b, t)` read from
+    `positions[b, t]` rather than `t`.
+
+    ```mlir
+    %q2 = graph.rope_at %q, %pos {theta = 1.0e+04 : f64} : (tensor<1x1x4x16xf32>, tensor<1x1xi32>) -> tensor<1x1x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, Graph_I32Tensor:$positions,
+                   DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let results = (outs Graph_FloatTensor:$result);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Graph_OutputOp : Graph_Op<"output", [MemoryEffects<[MemWrite]>]> {
+  let summary = "A result of an inference step, handed to the runtime";
+  let description = [{
+    `logits`, `[batch, seq, vocab]`, whole on every rank.
+
+    ```mlir
+    graph.output "logits" %l : tensor<1x1x256xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, Graph_FloatTensor:$value);
+  let assemblyFormat = "$name $value attr-dict `:` type($value)";
+  let hasVerifier = 1;
+}
+
 #endif // TESSEL_GRAPH_OPS

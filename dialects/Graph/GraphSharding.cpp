@@ -591,3 +591,64 @@ LogicalResult AdamWOp::propagateSharding(ShardingContext &ctx) {
   ctx.require(*this, 2, Sharding::replicated(0));
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Inference
+//===----------------------------------------------------------------------===//
+
+// A cache is split as the keys it holds: its plan (dist.param_sharding, the
+// heads over tp) on the axes the mesh has.
+LogicalResult KvCacheOp::propagateSharding(ShardingContext &ctx) {
+  Sharding s = Sharding::replicated(4);
+  if (auto attr = (*this)->getAttrOfType<dist::ShardingAttr>(
+          "dist.param_sharding"))
+    s = Sharding::fromAttr(attr);
+  for (AxisSet &axes : s.dims)
+    axes &= ctx.activeAxes();
+  ctx.set(getResult(), s);
+  return success();
+}
+
+// As graph.attention, with the caches split like the keys (they are written
+// in place, so they must already be: the query heads of a rank read only
+// the KV heads it holds).
+LogicalResult CachedAttentionOp::propagateSharding(ShardingContext &ctx) {
+  Sharding sq = ShardingContext::whole(ctx.reduced(getQuery()), {1, 3});
+  AxisSet heads = sq.dims[2];
+  int64_t kvHeads = shapeOf(getKey())[2], group = ctx.mesh().groupSize(heads);
+  if (!heads.empty() && kvHeads % group != 0)
+    return emitOpError("kv heads (")
+           << kvHeads << ") must be a multiple of the " << heads.str()
+           << " group of " << group << " to keep a KV cache per rank";
+  Sharding sk = sq;
+  Sharding cache = ctx.get(getKCache());
+  if (cache.dims[0] != sq.dims[0] || cache.dims[2] != heads ||
+      !cache.dims[1].empty() || !cache.dims[3].empty() ||
+      ctx.get(getVCache()) != cache)
+    return emitOpError("the KV caches must be split as the keys are: "
+                       "along the batch and the heads only");
+  Sharding pos = Sharding::replicated(2);
+  pos.dims[0] = sq.dims[0];
+  ctx.require(*this, 0, sq);
+  ctx.require(*this, 1, sk);
+  ctx.require(*this, 2, sk);
+  ctx.require(*this, 5, pos);
+  ctx.set(getResult(), sq);
+  return success();
+}
+
+LogicalResult RopeAtOp::propagateSharding(ShardingContext &ctx) {
+  Sharding s = ShardingContext::whole(ctx.reduced(getInput()), {1, 3});
+  Sharding pos = Sharding::replicated(2);
+  pos.dims[0] = s.dims[0];
+  ctx.require(*this, 0, s);
+  ctx.require(*this, 1, pos);
+  ctx.set(getResult(), s);
+  return success();
+}
+
+// The runtime reads the whole logits on every rank.
+LogicalResult OutputOp::propagateSharding(ShardingContext &ctx) {
+  ctx.require(*this, 0, Sharding::replicated(rankOf(getValue())));
+  return success();
+}

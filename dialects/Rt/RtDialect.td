@@ -40,7 +40,9 @@ def Rt_Space : I32EnumAttr<"Space", "storage a buffer lives in", [
     I32EnumAttrCase<"Shadow", 6, "shadow">,
     I32EnumAttrCase<"NormSums", 7, "norm_sums">,
     I32EnumAttrCase<"Received", 8, "received">,
-    I32EnumAttrCase<"Transient", 9, "transient">]> {
+    I32EnumAttrCase<"Transient", 9, "transient">,
+    I32EnumAttrCase<"KvCache", 10, "kv_cache">,
+    I32EnumAttrCase<"Logits", 11, "logits">]> {
   let cppNamespace = "::tessel::rtir";
   let genSpecializedAttr = 0;
 }

@@ -65,8 +65,10 @@ tessel::rtir::messageOf(Operation *sendOrRecv) {
 }
 
 LogicalResult BatchOp::verify() {
-  if (getName() != "tokens" && getName() != "targets")
-    return emitOpError("name must be \"tokens\" or \"targets\"");
+  if (getName() != "tokens" && getName() != "targets" &&
+      getName() != "positions")
+    return emitOpError(
+        "name must be \"tokens\", \"targets\" or \"positions\"");
   return success();
 }
 

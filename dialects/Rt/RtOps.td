@@ -91,6 +91,21 @@ def Rt_ParamOp : Rt_Op<"param"> {
   let assemblyFormat = "$name attr-dict `:` type($buffer)";
 }
 
+def Rt_KvCacheOp : Rt_Op<"kv_cache"> {
+  let summary = "A layer's key or value cache (inference)";
+  let description = [{
+    This rank's piece of a KV cache, kept from one call of the step to the
+    next; `tessel-plan-memory` places it in the KV-cache store.
+
+    ```mlir
+    %0 = rt.kv_cache "h.0.attn.k_cache" : memref<1x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let results = (outs Rt_Buffer:$buffer);
+  let assemblyFormat = "$name attr-dict `:` type($buffer)";
+}
+
 def Rt_ViewOp : Rt_Op<"view", [Pure]> {
   let summary = "The same storage seen with another shape";
   let description = [{
@@ -282,6 +297,14 @@ def Rt_RopeOp : Rt_KernelOp<"rope", "rope",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$batch, I64Attr:$seq,
          I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta,
          BoolAttr:$inverse)>;
+def Rt_RopeAtOp : Rt_KernelOp<"rope_at", "ropeAt",
+    (ins Rt_Buffer:$x, Rt_Buffer:$positions, Rt_Buffer:$out, I64Attr:$batch,
+         I64Attr:$seq, I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta)>;
+def Rt_CachedAttentionOp : Rt_KernelOp<"cached_attention", "cachedAttention",
+    (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$k_cache,
+         Rt_Buffer:$v_cache, Rt_Buffer:$positions, Rt_Buffer:$out,
+         I64Attr:$batch, I64Attr:$seq, I64Attr:$max_len, I64Attr:$heads,
+         I64Attr:$kv_heads, I64Attr:$head_dim)>;
 def Rt_AttentionForwardOp : Rt_KernelOp<"attention_forward", "attentionForward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
          I64Attr:$batch, I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads,

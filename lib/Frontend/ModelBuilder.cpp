@@ -31,7 +31,72 @@ namespace {
 class ModelExpander {
 public:
   ModelExpander(MLIRContext &ctx, const Spec &spec)
-      : ctx(ctx), b(&ctx), spec(spec), m(spec.model) {}
+      : ctx(ctx), b(&ctx), spec(spec), m(spec.model), S(spec.model.seqLen) {}
+
+  // The inference steps (tessel compile --inference): @decode_step, the
+  // forward pass of one new token of each of `batch` sequences at the
+  // positions the runtime gives, over a KV cache of model.seq_len positions
+  // per layer, handing out the logits; and with `prefillChunk` > 1,
+  // @prefill_step, the same over that many tokens at once (a prompt's
+  // chunks). Tensor parallelism only.
+  OwningOpRef<ModuleOp> buildInference(int64_t batch, int64_t prefillChunk) {
+    inference = true;
+    Location loc = NameLoc::get(b.getStringAttr(spec.name));
+    const ParallelSpec &par = spec.parallel;
+    if (par.pp > 1 || par.dp > 1) {
+      emitError(loc) << "an inference program splits the model over tp "
+                        "only: parallel.pp and parallel.dp must be 1 (got pp "
+                     << par.pp << ", dp " << par.dp
+                     << "; --pp 1 --dp 1 sets them)";
+      return nullptr;
+    }
+    if (par.tp > 1 && m.kvHeads % par.tp != 0) {
+      emitError(loc) << "an inference program keeps each rank's KV heads: "
+                        "parallel.tp = "
+                     << par.tp << " must divide model.kv_heads = " << m.kvHeads;
+      return nullptr;
+    }
+    if (prefillChunk < 1 || prefillChunk > m.seqLen) {
+      emitError(loc) << "--prefill-chunk " << prefillChunk
+                     << " must be in [1, model.seq_len = " << m.seqLen << "]";
+      return nullptr;
+    }
+    OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+    b.setInsertionPointToEnd(module->getBody());
+    MeshShape mesh;
+    mesh[MeshAxis::TP] = par.tp;
+    dist::setMesh(*module, mesh);
+    pipe::setLayout(*module, pipe::LayoutAttr::get(&ctx, 1, par.schedule, 1,
+                                                   ArrayRef<int64_t>{}));
+    if (failed(inferenceStep(*module, "decode_step", batch, 1)))
+      return nullptr;
+    // The recipe counts the parameters of one step.
+    Spec recipe = spec;
+    recipe.train.globalBatch = batch;
+    setRecipe(*module, recipe);
+    if (prefillChunk > 1 &&
+        failed(inferenceStep(*module, "prefill_step", batch, prefillChunk)))
+      return nullptr;
+    return module;
+  }
+
+  LogicalResult inferenceStep(ModuleOp module, StringRef name, int64_t batch,
+                              int64_t chunk) {
+    S = chunk;
+    Location loc = NameLoc::get(b.getStringAttr(spec.name));
+    b.setInsertionPointToEnd(module.getBody());
+    auto func = func::FuncOp::create(b, loc, name, b.getFunctionType({}, {}));
+    func->setAttr("pipe.rank", b.getI64IntegerAttr(0));
+    b.setInsertionPointToEnd(func.addEntryBlock());
+    tokens = input("tokens", batch);
+    positions = input("positions", batch);
+    b.setListener(&placement);
+    Value logits = m.family == "llama" ? llama() : gpt();
+    b.setListener(nullptr);
+    OutputOp::create(b, loc, "logits", logits);
+    func::ReturnOp::create(b, loc);
+    return applyShardOverrides(func);
+  }
 
   OwningOpRef<ModuleOp> build() {
     Location loc = NameLoc::get(b.getStringAttr(spec.name));
@@ -100,8 +165,7 @@ private:
 
   Value input(const char *name, int64_t batch) {
     return InputOp::create(
-        b, at(name), RankedTensorType::get({batch, m.seqLen}, b.getI32Type()),
-        name);
+        b, at(name), RankedTensorType::get({batch, S}, b.getI32Type()), name);
   }
   // Megatron's tensor-parallel plan: split parameter `p` along `dim` over tp.
   // parallel.shard: the user's per-parameter overrides of the plan. A
@@ -250,6 +314,8 @@ private:
                   ? embedding
                   : splitOverTP(param(untiedName, {m.vocabSize, m.hidden}), 0);
     Value logits = MatmulOp::create(b, at("lm_head"), h, w, false, true);
+    if (inference)
+      return logits;
     return CrossEntropyOp::create(b, at("loss"), logits, targets,
                                   /*vocab_axes=*/nullptr);
   }
@@ -257,13 +323,18 @@ private:
   // Hugging Face GPT2LMHeadModel (names without the "transformer." prefix).
   Value gpt() {
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
-    int64_t T = m.seqLen, C = m.hidden, H = m.heads, D = m.headDim();
+    int64_t T = S, C = m.hidden, H = m.heads, D = m.headDim();
     double projStd = 0.02 / std::sqrt(2.0 * m.layers);
     enter(graph::LayerKind::Embedding);
     Value wte = splitOverTP(param("wte.weight", {m.vocabSize, C}), 0);
-    Value wpe = param("wpe.weight", {T, C});
+    Value wpe = param("wpe.weight", {m.seqLen, C});
     Value x = EmbeddingOp::create(b, at("wte"), wte, tokens, nullptr);
-    x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
+    if (inference)
+      x = AddOp::create(b, at("wpe"), x,
+                        EmbeddingOp::create(b, at("wpe"), wpe, positions,
+                                            nullptr));
+    else
+      x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
       std::string p = "h." + std::to_string(l) + ".";
@@ -285,7 +356,7 @@ private:
         return reshape(y, {B, T, H, D});
       };
       Value q = project(0), k = project(1), v = project(2);
-      Value a = AttentionOp::create(b, at(p + "attn"), q, k, v, true, nullptr);
+      Value a = attention(p + "attn", q, k, v, H);
       a = reshape(a, {B, T, C});
       x = AddOp::create(
           b, at(p + "attn"), x,
@@ -311,7 +382,7 @@ private:
   // Hugging Face LlamaForCausalLM.
   Value llama() {
     int64_t B = cast<RankedTensorType>(tokens.getType()).getDimSize(0);
-    int64_t T = m.seqLen, C = m.hidden, H = m.heads, Hkv = m.kvHeads,
+    int64_t T = S, C = m.hidden, H = m.heads, Hkv = m.kvHeads,
             D = m.headDim(), F = m.ffnHidden;
     enter(graph::LayerKind::Embedding);
     Value embed =
@@ -330,12 +401,18 @@ private:
                         {B, T, Hkv, D});
       Value v = reshape(linear(h, p + "self_attn.v_proj", C, Hkv * D, col),
                         {B, T, Hkv, D});
-      q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta,
-                         b.getBoolAttr(false));
-      k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
-                         b.getBoolAttr(false));
-      Value a =
-          AttentionOp::create(b, at(p + "self_attn"), q, k, v, true, nullptr);
+      if (inference) {
+        q = RopeAtOp::create(b, at(p + "self_attn.rope"), q.getType(), q,
+                             positions, theta);
+        k = RopeAtOp::create(b, at(p + "self_attn.rope"), k.getType(), k,
+                             positions, theta);
+      } else {
+        q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta,
+                           b.getBoolAttr(false));
+        k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
+                           b.getBoolAttr(false));
+      }
+      Value a = attention(p + "self_attn", q, k, v, Hkv);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,
                         linear(a, p + "self_attn.o_proj", H * D, C, row));
@@ -350,6 +427,27 @@ private:
     enter(graph::LayerKind::Head);
     return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
   }
+  // Causal attention; in an inference step, over the layer's KV cache
+  // (`prefix`.k_cache and .v_cache, split over tp by heads as k and v are).
+  Value attention(const std::string &prefix, Value q, Value k, Value v,
+                  int64_t kvHeads) {
+    if (!inference)
+      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr);
+    auto kt = cast<RankedTensorType>(k.getType());
+    auto cacheType = f32({kt.getDimSize(0), m.seqLen, kvHeads,
+                          kt.getDimSize(3)});
+    auto cache = [&](const char *what) {
+      Value c = KvCacheOp::create(b, at(prefix + what), cacheType,
+                                  b.getStringAttr(prefix + what));
+      dist::Sharding s = dist::Sharding::replicated(4);
+      s.dims[2] = MeshAxis::TP;
+      c.getDefiningOp()->setAttr("dist.param_sharding", s.toAttr(&ctx));
+      return c;
+    };
+    Value kc = cache(".k_cache"), vc = cache(".v_cache");
+    return CachedAttentionOp::create(b, at(prefix), q.getType(), q, k, v, kc,
+                                     vc, positions);
+  }
   Value rmsNorm(Value x, const std::string &name, int64_t C) {
     Value w = param(name + ".weight", {C}, "ones");
     return RmsNormOp::create(b, at(name), x, w, b.getF64FloatAttr(m.normEps));
@@ -360,7 +458,11 @@ private:
   OpBuilder b;
   const Spec &spec;
   const ModelSpec &m;
-  Value tokens, targets;
+  // Tokens per sequence the step reads: model.seq_len in training, the
+  // chunk of new tokens in an inference step.
+  int64_t S;
+  bool inference = false;
+  Value tokens, targets, positions;
 };
 
 } // namespace
@@ -434,4 +536,11 @@ void tessel::setRecipeFromGraph(ModuleOp module, Spec spec) {
 OwningOpRef<ModuleOp> tessel::buildModel(MLIRContext &context,
                                          const Spec &spec) {
   return ModelExpander(context, spec).build();
+}
+
+OwningOpRef<ModuleOp> tessel::buildInferenceModel(MLIRContext &context,
+                                                  const Spec &spec,
+                                                  int64_t batch,
+                                                  int64_t prefillChunk) {
+  return ModelExpander(context, spec).buildInference(batch, prefillChunk);
 }

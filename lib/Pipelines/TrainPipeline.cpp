@@ -74,10 +74,43 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
   };
   return stages;
 }
+void tessel::buildInferencePipeline(OpPassManager &pm,
+                                    const TrainPipelineOptions &options) {
+  SetLayoutOptions layout;
+  layout.tp = options.tp;
+  pm.addPass(createSetLayout(layout));
+  pm.addPass(createPropagateSharding());
+  pm.addPass(createPartition());
+  pm.addPass(createConvertGraphToRt());
+  pm.addPass(createPlanMemory());
+  pm.addPass(createInferenceProgram());
+  ConvertRtToEmitCOptions emission;
+  emission.target = options.target;
+  emission.cudaArch = options.cudaArch;
+  pm.addPass(createConvertRtToEmitC(emission));
+}
+
+const std::vector<tessel::PipelineStage> &tessel::inferencePipelineStages() {
+  static const std::vector<PipelineStage> stages = {
+      {"tessel-propagate-sharding", "02-sharded.mlir"},
+      {"tessel-partition", "03-partitioned.mlir"},
+      {"convert-graph-to-rt", "05-rt.mlir"},
+      {"tessel-plan-memory", "06-planned.mlir"},
+      {"tessel-inference-program", "07-programs.mlir"},
+      {"convert-rt-to-emitc", "09-emitc.mlir"},
+  };
+  return stages;
+}
+
 void tessel::registerTrainPipeline() {
   PassPipelineRegistration<TrainPipelineOptions>(
       "tessel-train-pipeline",
       "The whole training compile: from the forward graph (@forward) to the "
       "emitc module of each rank program",
       buildTrainPipeline);
+  PassPipelineRegistration<TrainPipelineOptions>(
+      "tessel-inference-pipeline",
+      "The inference compile: from the inference step (@decode_step) to the "
+      "emitc module of its rank program",
+      buildInferencePipeline);
 }

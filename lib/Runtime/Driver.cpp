@@ -31,6 +31,8 @@
 #include "tessel/Runtime/TensorBoard.h"
 #include "tessel/Runtime/Trace.h"
 
+#include "DriverInternal.h"
+
 // Only the C API: keep mpi.h from pulling in the deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -62,18 +64,13 @@ extern "C" void openblas_set_num_threads(int numThreads);
 
 namespace tessel::rt {
 
-namespace {
-
-// A command-line mistake: reported like any error but with exit code 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 [[noreturn]] void fail(const std::string &message) {
   throw std::runtime_error(message);
 }
 
 std::string inQuotes(const std::string &s) { return "'" + s + "'"; }
+
+namespace {
 
 struct Options {
   int64_t steps = 0;
@@ -307,7 +304,25 @@ void printRunOptions(FILE *out, const Program *program) {
       steps.c_str(), evalEvery.c_str(), evalBatches.c_str(), seed.c_str());
 }
 
-namespace {
+FlagArgument splitFlag(const std::string &arg) {
+  FlagArgument a;
+  a.flag = arg;
+  size_t eq = arg.find('=');
+  if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+    a.flag = arg.substr(0, eq);
+    a.value = arg.substr(eq + 1);
+    a.hasValue = true;
+  }
+  return a;
+}
+
+std::string flagValue(const FlagArgument &a, int argc, char **argv, int &i) {
+  if (a.hasValue)
+    return a.value;
+  if (i + 1 >= argc)
+    throw UsageError(a.flag + " expects a value");
+  return argv[++i];
+}
 
 int64_t parseInteger(const std::string &flag, const std::string &text,
                      int64_t min) {
@@ -361,6 +376,8 @@ double parseSeconds(const std::string &what, const std::string &text) {
   return value;
 }
 
+namespace {
+
 Options parseArgs(int argc, char **argv, const Program &program) {
   Options opts;
   opts.steps = program.config.steps;
@@ -372,14 +389,9 @@ Options parseArgs(int argc, char **argv, const Program &program) {
     opts.timeout = parseSeconds("TESSEL_TIMEOUT", timeout);
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
-    std::string flag = arg, value;
-    bool hasInlineValue = false;
-    size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      flag = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      hasInlineValue = true;
-    }
+    FlagArgument split = splitFlag(arg);
+    const std::string &flag = split.flag;
+    bool hasInlineValue = split.hasValue;
     if (flag == "--help" || flag == "-h" || flag == "--quiet" ||
         flag == "--strict") {
       if (hasInlineValue)
@@ -403,11 +415,7 @@ Options parseArgs(int argc, char **argv, const Program &program) {
                                                 "?") +
                        " (see --help)");
     }
-    if (!hasInlineValue) {
-      if (i + 1 >= argc)
-        throw UsageError(flag + " expects a value");
-      value = argv[++i];
-    }
+    std::string value = flagValue(split, argc, argv, i);
     if (flag == "--steps") {
       // 0 steps loads and saves weights without training (conversion).
       opts.steps = parseInteger(flag, value, 0);
@@ -503,8 +511,8 @@ ShardLayout shardLayoutOf(const ParamInfo &p) {
 
 bool isSplit(const ShardLayout &layout) { return layout.parts > 1; }
 
-// Checks what the generated code promises, so that a bad program fails with
-// a message instead of writing out of bounds.
+} // namespace
+
 void validateProgram(const Program &program) {
   const TrainConfig &c = program.config;
   if (!program.step)
@@ -564,6 +572,8 @@ void validateProgram(const Program &program) {
     fail("program has negative buffer sizes");
 }
 
+namespace {
+
 // With the optimizer (ZeRO-1/2) or the parameters too (ZeRO-3) sharded
 // over dp, a store holds per parameter either this rank's part of its run's
 // piece or the whole parameter; `Kind` says which store.
@@ -617,12 +627,8 @@ void shardStore(const Program &program, Kind kind, const float *full,
   }
 }
 
-struct FreeDeleter {
-  void operator()(void *p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<char, FreeDeleter>;
+} // namespace
 
-// A zeroed, 64-byte aligned buffer of at least `bytes` bytes.
 AlignedBuffer allocateZeroed(int64_t bytes, const char *what) {
   size_t size = ((size_t)std::max<int64_t>(bytes, 1) + 63) / 64 * 64;
   void *p = std::aligned_alloc(64, size);
@@ -632,6 +638,8 @@ AlignedBuffer allocateZeroed(int64_t bytes, const char *what) {
   std::memset(p, 0, size);
   return AlignedBuffer((char *)p);
 }
+
+namespace {
 
 std::vector<int64_t> shapeOf(const ParamInfo &p) {
   return std::vector<int64_t>(p.shape, p.shape + p.rank);
@@ -651,14 +659,11 @@ std::vector<std::string> candidateNames(const std::string &name) {
   return names;
 }
 
-// One store laid out like the parameters, saved or loaded with its
-// tensors named NAME + suffix.
-struct StateStore {
-  float *data;
-  std::string suffix;
-};
+// The suffixes of AdamW's moments in a saved training state (NAME + suffix).
+const char *const kMomentSuffixes[] = {".exp_avg", ".exp_avg_sq"};
 
-// Returns the file's metadata.
+} // namespace
+
 std::map<std::string, std::string>
 loadParams(const Program &program, const std::string &path,
            const std::vector<StateStore> &stores, bool strict) {
@@ -726,6 +731,8 @@ loadParams(const Program &program, const std::string &path,
                what.c_str());
   return reader.metadata();
 }
+
+namespace {
 
 // Generates exactly this rank's elements of every parameter: counter-based
 // initialisation makes each element a function of its global index, so the
@@ -1045,6 +1052,8 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
   return pieces;
 }
 
+} // namespace
+
 // The newest committed checkpoint under `path` whose files (those this
 // rank reads) pass their size and checksum checks on every rank; an older
 // one when not, saying why.
@@ -1122,6 +1131,15 @@ void loadCheckpoint(const Program &program, const CheckpointManifest &m,
                            formatShape(t->second.shape) + " there, " +
                            formatShape(shapeOf(p)) + " here");
     }
+  // The moments of this program's parameters are this model's tensors even
+  // when `stores` does not read them (inference reads the parameters only).
+  for (int i = 0; i < program.numParams; i++)
+    for (const char *suffix : kMomentSuffixes) {
+      std::string name = program.params[i].name + std::string(suffix);
+      auto at = std::lower_bound(names.begin(), names.end(), name);
+      if (at != names.end() && *at == name)
+        used[at - names.begin()] = 1.0f;
+    }
   {
     UncountedCollectives notTraffic;
     allReduceMax(used.data(), (int64_t)used.size(),
@@ -1166,6 +1184,8 @@ void loadCheckpoint(const Program &program, const CheckpointManifest &m,
     }
 }
 
+namespace {
+
 // The plan.json of the directory this program was compiled into
 // (DIR/bin/PROGRAM -> DIR/plan.json), or null when there is none.
 nlohmann::json ownPlan() {
@@ -1203,10 +1223,14 @@ std::vector<std::string> fieldDifferences(const std::string &prefix,
   return out;
 }
 
+} // namespace
+
 bool isDirectory(const std::string &path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
+
+namespace {
 
 // FILE with ".rank<R>" before its extension: comm.json -> comm.rank3.json.
 std::string rankFileName(const std::string &path, int rank) {
@@ -1523,8 +1547,9 @@ int train(const Program &sharedProgram, const Options &opts) {
       shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
   float *savedM = shardedMoments ? (float *)fullM.get() : (float *)adamM.get();
   float *savedV = shardedMoments ? (float *)fullV.get() : (float *)adamV.get();
-  std::vector<StateStore> state = {
-      {paramData, ""}, {savedM, ".exp_avg"}, {savedV, ".exp_avg_sq"}};
+  std::vector<StateStore> state = {{paramData, ""},
+                                   {savedM, kMomentSuffixes[0]},
+                                   {savedV, kMomentSuffixes[1]}};
   // Whole parameters for a save, from the pieces.
   auto wholeForSave = [&]() {
     if (!shardedParams)
@@ -2108,11 +2133,13 @@ int train(const Program &sharedProgram, const Options &opts) {
   return 0;
 }
 
+} // namespace
+
 // Reports a fatal error. On a multi-rank run the message names the rank,
 // its host, process id and mesh coordinates (what mpirun's own notice does
 // not say right), and every rank is aborted, so that none waits forever in a
 // collective.
-int reportFatal(const std::string &message, bool agreed = false) {
+int reportFatal(const std::string &message, bool agreed) {
   std::fflush(stdout);
   if (commWorldSize() > 1) {
     char host[256] = "unknown host";
@@ -2150,7 +2177,19 @@ int reportFatal(const std::string &message, bool agreed = false) {
   return 1;
 }
 
-} // namespace
+int runReportingFailures(const std::function<int()> &body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    return reportFatal("out of memory");
+  } catch (const AgreedError &e) {
+    return reportFatal(e.what(), /*agreed=*/true);
+  } catch (const std::exception &e) {
+    return reportFatal(e.what());
+  } catch (...) {
+    return reportFatal("unknown exception");
+  }
+}
 
 void finishStep(StepContext &ctx, const float *loss, const float *norm) {
   ctx.loss = loss[0];
@@ -2166,6 +2205,11 @@ void finishStep(StepContext &ctx, const double *loss, const double *norm) {
 
 int runMain(int argc, char **argv, const Program &program) {
   const char *argv0 = argc > 0 && argv[0] ? argv[0] : "program";
+  if (program.inference) {
+    std::fprintf(stderr, "error: this is an inference program; run it with "
+                         "tessel generate\n");
+    return 1;
+  }
   // The command line is checked before MPI starts, so that --help and usage
   // mistakes need no mpirun; every rank parses the same arguments.
   Options opts;
@@ -2179,7 +2223,7 @@ int runMain(int argc, char **argv, const Program &program) {
     printUsage(stdout, argv0, program);
     return 0;
   }
-  try {
+  return runReportingFailures([&] {
     commInit(&argc, &argv, program.mesh);
     commStartWatchdog(opts.timeout);
     // The CUDA runtime's watchdog of NCCL operations takes the same limit
@@ -2190,15 +2234,7 @@ int runMain(int argc, char **argv, const Program &program) {
     int code = train(program, opts);
     commFinalize();
     return code;
-  } catch (const std::bad_alloc &) {
-    return reportFatal("out of memory");
-  } catch (const AgreedError &e) {
-    return reportFatal(e.what(), /*agreed=*/true);
-  } catch (const std::exception &e) {
-    return reportFatal(e.what());
-  } catch (...) {
-    return reportFatal("unknown exception");
-  }
+  });
 }
 
 } // namespace tessel::rt

@@ -249,13 +249,14 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
 struct PartitionPass : tessel::impl::PartitionBase<PartitionPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto func = module.lookupSymbol<func::FuncOp>("train_step");
-    if (!func) {
-      module.emitError("tessel-partition: no @train_step");
+    SmallVector<func::FuncOp> steps = stepFunctions(module);
+    if (steps.empty()) {
+      module.emitError("tessel-partition: no @train_step or @decode_step");
       return signalPassFailure();
     }
-    if (failed(Partitioner(module).run(func)))
-      signalPassFailure();
+    for (func::FuncOp func : steps)
+      if (failed(Partitioner(module).run(func)))
+        return signalPassFailure();
   }
 };
 

@@ -122,6 +122,9 @@ private:
   // another needs a slot per microbatch; what lives within one run of a
   // part goes to one region all parts share (they run one at a time).
   bool split;
+  // Whether the step is cut into parts (a training step); an inference
+  // step is one part of its own.
+  bool hasParts = false;
   DenseMap<Operation *, int64_t> position;
   // A value that shares the storage of another (views, values handed on by
   // parts, the update's inputs without accumulation).
@@ -133,6 +136,7 @@ private:
   DenseSet<std::pair<Operation *, unsigned>> accumulatedOnly;
   int64_t paramElems = 0, accumulatorElems = 0, arenaBytes = 0;
   int64_t normSums = 0, requests = 0, receivedBytes = 0, transientBytes = 0;
+  int64_t kvCacheElems = 0;
   bool hadError = false;
 };
 
@@ -157,6 +161,11 @@ void Planner::placeParams() {
     paramOffset[param.getResult()] = paramElems;
     placeOf[param.getResult()] = {rt::Space::Params, paramElems};
     paramElems += cast<MemRefType>(param.getType()).getNumElements();
+  }
+  // An inference step's KV caches, one after the other in their store.
+  for (auto cache : func.getBody().getOps<rt::KvCacheOp>()) {
+    placeOf[cache.getResult()] = {rt::Space::KvCache, kvCacheElems};
+    kvCacheElems += cast<MemRefType>(cache.getType()).getNumElements();
   }
 }
 
@@ -280,8 +289,9 @@ void Planner::placeArena() {
     if (placeOf.count(buffer))
       return;
     // Outside every part: held for the whole step (a parameter received
-    // from another rank), after the microbatches' arena slots.
-    if (alloc->getParentOp() == func.getOperation()) {
+    // from another rank), after the microbatches' arena slots. (A step
+    // without parts, an inference step, is all in the arena.)
+    if (alloc->getParentOp() == func.getOperation() && hasParts) {
       placeOf[buffer] = {rt::Space::Received, receivedBytes};
       receivedBytes += llvm::alignTo(bytesOf(buffer), kAlignment);
       return;
@@ -334,7 +344,7 @@ void Planner::materialize() {
         continue;
       Operation *def = v.getDefiningOp();
       bool local = def && def->getParentRegion() == op->getParentRegion() &&
-                   !isa<rt::ParamOp>(def) && root == v;
+                   !isa<rt::ParamOp, rt::KvCacheOp>(def) && root == v;
       if (local)
         continue;
       OpBuilder b(op);
@@ -485,6 +495,10 @@ void Planner::coalesceCollectives() {
 }
 
 LogicalResult Planner::run() {
+  func.walk([&](Operation *op) {
+    hasParts |= isa<pipe::ForwardPassOp, pipe::BackwardPassOp,
+                    pipe::UpdateOp>(op);
+  });
   // Values handed on share their producer's storage: a part's results are
   // what it yields, and without accumulation the update's block arguments
   // are its inputs.
@@ -525,6 +539,10 @@ LogicalResult Planner::run() {
   });
   placeStates();
   materialize();
+  // The caches are places now; nothing refers to their declarations.
+  for (auto cache : llvm::make_early_inc_range(
+           func.getBody().getOps<rt::KvCacheOp>()))
+    cache.erase();
   coalesceCollectives();
   placeRequests();
   OpBuilder b(ctx);
@@ -536,6 +554,8 @@ LogicalResult Planner::run() {
   if (split)
     func->setAttr("rt.transient_bytes", b.getI64IntegerAttr(transientBytes));
   func->setAttr("rt.request_slots", b.getI64IntegerAttr(requests));
+  if (kvCacheElems)
+    func->setAttr("rt.kv_cache_elems", b.getI64IntegerAttr(kvCacheElems));
   return success();
 }
 

@@ -139,14 +139,20 @@ struct PropagateShardingPass
     : tessel::impl::PropagateShardingBase<PropagateShardingPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    auto func = module.lookupSymbol<func::FuncOp>("train_step");
-    if (!func || !func.getBody().hasOneBlock()) {
+    // The training step, or an inference program's steps.
+    SmallVector<func::FuncOp> steps = stepFunctions(module);
+    if (steps.empty() ||
+        llvm::any_of(steps, [](func::FuncOp f) {
+          return !f.getBody().hasOneBlock();
+        })) {
       module.emitError("tessel-propagate-sharding: no single-block "
-                       "@train_step (run tessel-autodiff first)");
+                       "@train_step (run tessel-autodiff first) or "
+                       "@decode_step");
       return signalPassFailure();
     }
-    if (failed(Propagator(module).run(func)))
-      signalPassFailure();
+    for (func::FuncOp func : steps)
+      if (failed(Propagator(module).run(func)))
+        return signalPassFailure();
   }
 };
 

@@ -25,6 +25,7 @@
 #include <thread>
 #include <csignal>
 #include <cstring>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,15 +89,8 @@ using tessel::readPlan;
 
 namespace {
 
-// What `tessel run` takes from a plan, checked: plan.json is read from a
-// directory a user may have edited or copied, so nothing in it is trusted
-// (types, rank counts, program names that could leave DIR/bin, binaries
-// other than those compiled).
-struct RunPlan {
-  int64_t world = 0;
-  // The binaries in rank order (one, or one per pipeline stage but for
-  // stages that share one), with how many consecutive ranks run each.
-  std::vector<std::pair<std::string, int64_t>> binaries;
+// What `tessel run` takes from a plan, checked as the rank programs are.
+struct RunPlan : tessel::RankPrograms {
   std::string dataFormat, dataPath, validPath;
   int64_t vocab = 0; // model.vocab_size
 };
@@ -129,14 +123,17 @@ Error checkBinary(StringRef dir, StringRef name, const json &program) {
   return Error::success();
 }
 
-Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
+} // namespace
+
+Expected<tessel::RankPrograms> tessel::checkRankPrograms(StringRef dir,
+                                                         const json &plan) {
   std::string where = (dir + "/plan.json").str();
   auto bad = [&](const Twine &field, const Twine &what) {
     return createStringError(where + ": " + field + " " + what +
                              "; compile again");
   };
   try {
-    RunPlan run;
+    RankPrograms run;
     const json &world = plan.at("world_size");
     if (!world.is_number_integer() || world.get<int64_t>() < 1 ||
         world.get<int64_t>() > (1 << 20))
@@ -179,6 +176,25 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
       }
       ++run.binaries.back().second;
     }
+    return run;
+  } catch (const json::exception &e) {
+    // A missing field or one of the wrong type.
+    return createStringError(where + ": malformed (" + e.what() +
+                             "); compile again");
+  }
+}
+
+namespace {
+
+Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
+  Expected<tessel::RankPrograms> programs =
+      tessel::checkRankPrograms(dir, plan);
+  if (!programs)
+    return programs.takeError();
+  std::string where = (dir + "/plan.json").str();
+  try {
+    RunPlan run;
+    static_cast<tessel::RankPrograms &>(run) = std::move(*programs);
     const json &data = plan.at("data");
     run.dataFormat = data.at("format").get<std::string>();
     run.dataPath = data.at("path").get<std::string>();
@@ -194,9 +210,10 @@ Expected<RunPlan> checkPlan(StringRef dir, const json &plan) {
   }
 }
 
-// The child `tessel run` started; SIGTERM, SIGINT and SIGHUP to tessel go to
-// it (mpirun passes them on to every rank), so that stopping tessel (as
-// Slurm or a shell does) stops the job instead of orphaning it.
+// The child tessel started (a run's job, generate's ranks); SIGTERM, SIGINT
+// and SIGHUP to tessel go to it (mpirun passes them on to every rank), so
+// that stopping tessel (as Slurm or a shell does) stops the job instead of
+// orphaning it.
 volatile sig_atomic_t runningChild = 0;
 // A stop signal arrived: the job is not restarted.
 volatile sig_atomic_t stopRequested = 0;
@@ -207,10 +224,11 @@ void forwardSignal(int sig) {
     ::kill(runningChild, sig);
 }
 
-// Runs argv with env, forwarding the stop signals; its exit code (128 + the
-// signal when a signal ended it), or -errno when it could not start.
-int runForwardingSignals(const std::vector<std::string> &argv,
-                         const std::vector<std::string> &env) {
+} // namespace
+
+int tessel::runForwardingSignals(const std::vector<std::string> &argv,
+                                 const std::vector<std::string> &env,
+                                 function_ref<void(StringRef)> onOutput) {
   std::vector<char *> args, envs;
   for (const std::string &a : argv)
     args.push_back(const_cast<char *>(a.c_str()));
@@ -224,16 +242,25 @@ int runForwardingSignals(const std::vector<std::string> &argv,
   sigemptyset(&block);
   for (int sig : stops)
     sigaddset(&block, sig);
+  int output[2] = {-1, -1};
+  if (onOutput && ::pipe2(output, O_CLOEXEC) != 0)
+    return -errno;
   sigprocmask(SIG_BLOCK, &block, &old);
   pid_t pid = ::fork();
   if (pid == 0) {
     sigprocmask(SIG_SETMASK, &old, nullptr);
+    if (onOutput && ::dup2(output[1], STDOUT_FILENO) < 0)
+      ::_exit(127);
     ::execve(args[0], args.data(), envs.data());
     ::_exit(127);
   }
   if (pid < 0) {
     int error = errno;
     sigprocmask(SIG_SETMASK, &old, nullptr);
+    if (onOutput) {
+      ::close(output[0]);
+      ::close(output[1]);
+    }
     return -error;
   }
   runningChild = pid;
@@ -243,6 +270,20 @@ int runForwardingSignals(const std::vector<std::string> &argv,
   for (int k = 0; k < 3; ++k)
     sigaction(stops[k], &forward, &previous[k]);
   sigprocmask(SIG_SETMASK, &old, nullptr);
+  if (onOutput) {
+    // Until every writer has closed it: the child, and under mpirun the
+    // ranks it started.
+    ::close(output[1]);
+    char buffer[4096];
+    for (;;) {
+      ssize_t n = ::read(output[0], buffer, sizeof(buffer));
+      if (n > 0)
+        onOutput(StringRef(buffer, n));
+      else if (n == 0 || errno != EINTR)
+        break;
+    }
+    ::close(output[0]);
+  }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -253,6 +294,8 @@ int runForwardingSignals(const std::vector<std::string> &argv,
     return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
 }
+
+namespace {
 
 bool hasFlag(ArrayRef<std::string> args, StringRef flag) {
   for (const std::string &a : args)
@@ -364,8 +407,9 @@ Expected<std::string> shrinkDataParallel(StringRef dir, StringRef original) {
   }
 }
 
-// Why a run ended, from its exit code.
-std::string describeExit(int rc) {
+} // namespace
+
+std::string tessel::describeExit(int rc) {
   if (rc > 128) {
     const char *name = strsignal(rc - 128);
     return "exit code " + std::to_string(rc) + " (" +
@@ -374,7 +418,48 @@ std::string describeExit(int rc) {
   return "exit code " + std::to_string(rc);
 }
 
-} // namespace
+// One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
+// program; root and more ranks than cores are allowed, as on a developer's
+// machine or in CI).
+Expected<std::vector<std::string>>
+tessel::rankCommandLine(StringRef dir, const RankPrograms &programs,
+                        ArrayRef<std::string> rankArgs) {
+  std::vector<std::string> argv;
+  if (programs.world > 1) {
+    auto mpirun = sys::findProgramByName("mpirun");
+    if (!mpirun)
+      return createStringError("this plan has " + Twine(programs.world) +
+                               " ranks and needs mpirun (Debian: openmpi-bin)");
+    argv = {*mpirun, "--oversubscribe"};
+    if (getuid() == 0)
+      argv.push_back("--allow-run-as-root");
+  }
+  for (auto [k, program] : llvm::enumerate(programs.binaries)) {
+    SmallString<256> binary(dir);
+    sys::path::append(binary, "bin", program.first);
+    if (programs.world > 1) {
+      if (k)
+        argv.push_back(":");
+      argv.insert(argv.end(), {"-np", std::to_string(program.second)});
+    }
+    argv.push_back(std::string(binary));
+    argv.insert(argv.end(), rankArgs.begin(), rankArgs.end());
+  }
+  return argv;
+}
+
+// OpenBLAS's threads and the kernels' OpenMP threads take turns on the
+// same cores; spinning OpenMP workers would starve the GEMMs (measured:
+// 1.7x slower steps on 2 cores), so idle workers sleep unless the user
+// chose otherwise.
+std::vector<std::string> tessel::rankEnvironment() {
+  std::vector<std::string> env;
+  for (char **e = environ; *e; ++e)
+    env.push_back(*e);
+  if (!std::getenv("OMP_WAIT_POLICY"))
+    env.push_back("OMP_WAIT_POLICY=PASSIVE");
+  return env;
+}
 
 int tessel::runCommand(ArrayRef<std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -397,12 +482,14 @@ int tessel::runCommand(ArrayRef<std::string> args) {
   Expected<json> plan = readPlan(dir);
   if (!plan)
     return fail(toString(plan.takeError()));
+  if (plan->contains("inference"))
+    return fail(dir + " was compiled for inference; generate with it: "
+                      "tessel generate " +
+                dir + " --weights PATH --prompt TEXT");
   Expected<RunPlan> checked = checkPlan(dir, *plan);
   if (!checked)
     return fail(toString(checked.takeError()));
-  int64_t world = checked->world;
-  std::vector<std::pair<std::string, int64_t>> binaries(
-      checked->binaries.begin(), checked->binaries.end());
+  tessel::RankPrograms programs = *checked;
   std::vector<std::string> forwarded(args.begin() + 1, args.end());
   // --elastic: each restart continues on fewer data-parallel ranks.
   bool elastic = hasFlag(forwarded, "--elastic");
@@ -478,43 +565,7 @@ int tessel::runCommand(ArrayRef<std::string> args) {
                      {"--progress", sys::Process::StandardOutIsDisplayed()
                                         ? "bar"
                                         : "lines"});
-  // One rank runs directly; a mesh runs under mpirun (MPMD: one segment per
-  // program; root and more ranks than cores are allowed, as on a developer's
-  // machine or in CI).
-  auto commandLine = [&](ArrayRef<std::string> forwarded)
-      -> Expected<std::vector<std::string>> {
-  std::vector<std::string> argv;
-  if (world > 1) {
-    auto mpirun = sys::findProgramByName("mpirun");
-    if (!mpirun)
-      return createStringError("this plan has " + Twine(world) +
-                               " ranks and needs mpirun (Debian: openmpi-bin)");
-    argv = {*mpirun, "--oversubscribe"};
-    if (getuid() == 0)
-      argv.push_back("--allow-run-as-root");
-  }
-  for (auto [k, program] : llvm::enumerate(binaries)) {
-    SmallString<256> binary(dir);
-    sys::path::append(binary, "bin", program.first);
-    if (world > 1) {
-      if (k)
-        argv.push_back(":");
-      argv.insert(argv.end(), {"-np", std::to_string(program.second)});
-    }
-    argv.push_back(std::string(binary));
-    argv.insert(argv.end(), forwarded.begin(), forwarded.end());
-  }
-  return argv;
-  };
-  // OpenBLAS's threads and the kernels' OpenMP threads take turns on the
-  // same cores; spinning OpenMP workers would starve the GEMMs (measured:
-  // 1.7x slower steps on 2 cores), so idle workers sleep unless the user
-  // chose otherwise.
-  std::vector<std::string> env;
-  for (char **e = environ; *e; ++e)
-    env.push_back(*e);
-  if (!std::getenv("OMP_WAIT_POLICY"))
-    env.push_back("OMP_WAIT_POLICY=PASSIVE");
+  std::vector<std::string> env = tessel::rankEnvironment();
   std::string cause;
   for (int64_t restart = 0;; ++restart) {
     std::vector<std::string> attempt = forwarded;
@@ -542,29 +593,28 @@ int tessel::runCommand(ArrayRef<std::string> args) {
           if (!nextChecked)
             return fail("--elastic: " + toString(nextChecked.takeError()));
           dir = *smaller;
-          world = nextChecked->world;
-          binaries.assign(nextChecked->binaries.begin(),
-                          nextChecked->binaries.end());
+          programs = *nextChecked;
         }
       }
     }
-    Expected<std::vector<std::string>> argv = commandLine(attempt);
+    Expected<std::vector<std::string>> argv =
+        tessel::rankCommandLine(dir, programs, attempt);
     if (!argv)
       return fail(toString(argv.takeError()));
-    int rc = runForwardingSignals(*argv, env);
+    int rc = tessel::runForwardingSignals(*argv, env);
     if (rc < 0)
       return fail((*argv)[0] + " could not be started: " +
                   std::strerror(-rc));
     if (rc == 0)
       return 0;
-    if (world > 1)
-      errs() << "tessel: error: the " << world << "-rank run failed ("
-             << describeExit(rc)
+    if (programs.world > 1)
+      errs() << "tessel: error: the " << programs.world << "-rank run failed ("
+             << tessel::describeExit(rc)
              << "); the messages above name the failing rank\n";
     // Usage mistakes and stops asked for are not failures to recover from.
     if (restart >= maxRestarts || rc == 2 || stopRequested)
       return rc;
-    cause = describeExit(rc);
+    cause = tessel::describeExit(rc);
   }
 }
 

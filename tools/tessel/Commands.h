@@ -5,6 +5,7 @@
 #include "tessel/Frontend/Spec.h"
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include <nlohmann/json_fwd.hpp>
 #include "llvm/Support/Error.h"
 #include <map>
@@ -30,6 +31,36 @@ std::string parseArguments(llvm::ArrayRef<std::string> args,
 int fail(const llvm::Twine &message);
 std::string inQuotes(const std::string &s);
 int runCommand(llvm::ArrayRef<std::string> args);
+// The rank programs of a compiled plan, checked: plan.json is read from a
+// directory a user may have edited or copied, so nothing in it is trusted
+// (types, rank counts, program names that could leave DIR/bin, binaries
+// other than those compiled).
+struct RankPrograms {
+  int64_t world = 0;
+  // The binaries in rank order (one, or one per pipeline stage but for
+  // stages that share one), with how many consecutive ranks run each.
+  std::vector<std::pair<std::string, int64_t>> binaries;
+};
+llvm::Expected<RankPrograms> checkRankPrograms(llvm::StringRef dir,
+                                               const nlohmann::json &plan);
+// The command line that starts the ranks of the plan in `dir`, each with
+// `rankArgs`: one rank directly, a mesh under mpirun.
+llvm::Expected<std::vector<std::string>>
+rankCommandLine(llvm::StringRef dir, const RankPrograms &programs,
+                llvm::ArrayRef<std::string> rankArgs);
+// This process's environment as the ranks get it.
+std::vector<std::string> rankEnvironment();
+// Runs argv with env, forwarding SIGTERM, SIGINT and SIGHUP to it; its
+// exit code (128 + the signal when a signal ended it), or -errno when it
+// could not start. With `onOutput`, its stdout is a pipe whose bytes are
+// passed to onOutput as they arrive.
+int runForwardingSignals(
+    const std::vector<std::string> &argv, const std::vector<std::string> &env,
+    llvm::function_ref<void(llvm::StringRef)> onOutput = nullptr);
+// Why a run ended, from its exit code ("exit code 134 (Aborted)").
+std::string describeExit(int rc);
+// `tessel generate DIR`: text from an inference plan (Generate.cpp).
+int generateCommand(llvm::ArrayRef<std::string> args);
 // DIR/plan.json, parsed; an error names DIR when it is not a compiled
 // output, or the file when it is not a plan.
 llvm::Expected<nlohmann::json> readPlan(llvm::StringRef dir);

@@ -155,6 +155,9 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   };
   MeshShape mesh = dist::meshOf(top);
   auto step = program.lookupSymbol<func::FuncOp>("train_step");
+  bool inference = !step;
+  if (inference)
+    step = program.lookupSymbol<func::FuncOp>("decode_step");
   std::map<std::pair<Operation *, unsigned>, size_t> entryOf;
   std::function<void(Operation *)> visit = [&](Operation *op) {
     if (auto call = dyn_cast<func::CallOp>(op)) {
@@ -200,6 +203,25 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     for (Operation &op : step.getBody().front())
       visit(&op);
   int64_t params = attr("rt.param_elems");
+  if (inference) {
+    // An inference program holds its parameters, the KV cache, the arena
+    // of one step and the logits it hands out.
+    int64_t logits = 0;
+    program.walk([&](rtir::BufferOp b) {
+      if (b.getSpace() == rtir::Space::Logits)
+        logits = std::max<int64_t>(
+            logits, cast<MemRefType>(b.getType()).getNumElements() * 4);
+    });
+    json m;
+    m["params_bytes"] = params * 4;
+    m["kv_cache_bytes"] = attr("rt.kv_cache_elems") * 4;
+    m["activation_bytes"] = attr("rt.arena_bytes");
+    m["logits_bytes"] = logits;
+    m["total_bytes"] = params * 4 + attr("rt.kv_cache_elems") * 4 +
+                       attr("rt.arena_bytes") + logits;
+    out.memory = m;
+    return out;
+  }
   // Each microbatch in flight holds a slot of what crosses from one part to
   // another; what lives within one run of a part shares one region.
   int64_t arena = attr("rt.arena_bytes") *
@@ -317,6 +339,22 @@ json planJson(const Spec &spec, ModuleOp module,
                      {"coords", coords}});
   }
   plan["ranks"] = ranks;
+  if (options.inference) {
+    int64_t chunk = 1, prefill = 1, cache = 0;
+    for (auto program : module.getOps<ModuleOp>()) {
+      if (auto c = program->getAttrOfType<IntegerAttr>("rt.chunk"))
+        chunk = c.getInt();
+      if (auto c = program->getAttrOfType<IntegerAttr>("rt.prefill_chunk"))
+        prefill = c.getInt();
+    }
+    if (!programs.empty())
+      cache = programs.front().memory.value("kv_cache_bytes", int64_t(0));
+    plan["inference"] = {{"batch", spec.train.globalBatch},
+                         {"chunk", chunk},
+                         {"prefill_chunk", prefill},
+                         {"max_len", spec.model.seqLen},
+                         {"kv_cache_bytes", cache}};
+  }
   json paramList = json::array();
   for (const ProgramOut &program : programs) {
     for (const json &p : program.parameters)
@@ -655,19 +693,21 @@ llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
 // ends it finishes (ir/NN-name.mlir), and names a pass that fails.
 class StageDumper : public PassInstrumentation {
 public:
-  StageDumper(llvm::function_ref<llvm::Error(const char *)> write,
+  StageDumper(const std::vector<PipelineStage> &stages,
+              llvm::function_ref<llvm::Error(const char *)> write,
               llvm::function_ref<void(StringRef pass)> observe = {})
-      : write(write), observe(observe) {}
+      : stages(stages), write(write), observe(observe) {}
   void runAfterPass(Pass *pass, Operation *) override {
     if (observe)
       observe(pass->getArgument());
-    for (const PipelineStage &stage : trainPipelineStages())
+    for (const PipelineStage &stage : stages)
       if (pass->getArgument() == stage.pass && !error)
         error = write(stage.file);
   }
   void runAfterPassFailed(Pass *pass, Operation *) override {
     failedPass = pass->getArgument().str();
   }
+  const std::vector<PipelineStage> &stages;
   llvm::function_ref<llvm::Error(const char *)> write;
   llvm::function_ref<void(StringRef pass)> observe;
   llvm::Error error = llvm::Error::success();
@@ -682,6 +722,15 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                   llvm::function_ref<llvm::Error(const char *)> stage,
                   llvm::function_ref<void(StringRef pass)> observe = {},
                   bool gradientCheck = false) {
+  if (options.inference &&
+      llvm::StringRef(options.input).ends_with(".mlir"))
+    return diagnostics.error(options.input +
+                             ": --inference compiles a spec's model (.json), "
+                             "not a graph program");
+  if (options.inference && options.target != "cpu")
+    return diagnostics.error("--inference: the inference program is built "
+                             "for the CPU target so far (--target " +
+                             options.target + " is not)");
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
     // MLIR's parser recurses per nesting level: a deeper file would
@@ -717,7 +766,15 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                    << spec.train.warmupSteps << " is longer than train.steps = "
                    << spec.train.steps
                    << ": the learning rate never reaches train.optimizer.lr\n";
-    module = buildModel(context, spec);
+    if (options.inference)
+      spec.train.globalBatch = 1; // one sequence at a time
+    int64_t prefillChunk = options.prefillChunk > 0
+                               ? options.prefillChunk
+                               : std::min<int64_t>(64, spec.model.seqLen);
+    module = options.inference
+                 ? buildInferenceModel(context, spec, spec.train.globalBatch,
+                                       prefillChunk)
+                 : buildModel(context, spec);
     if (!module)
       return diagnostics.error(options.input +
                                ": the parallel plan is invalid");
@@ -744,8 +801,13 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   if (arch.consume_front("sm_") && !arch.getAsInteger(10, archNumber))
     pipeline.cudaArch = archNumber;
   PassManager pm(&context);
-  buildTrainPipeline(pm, pipeline);
-  auto dumper = std::make_unique<StageDumper>(stage, observe);
+  if (options.inference)
+    buildInferencePipeline(pm, pipeline);
+  else
+    buildTrainPipeline(pm, pipeline);
+  auto dumper = std::make_unique<StageDumper>(
+      options.inference ? inferencePipelineStages() : trainPipelineStages(),
+      stage, observe);
   StageDumper &stages = *dumper;
   pm.addInstrumentation(std::move(dumper));
   LogicalResult result = pm.run(*module);
@@ -879,6 +941,8 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   DiagnosticCollector diagnostics(context);
 
   for (const char *dir : {"ir", "src", "bin", "launch"}) {
+    if (options.inference && llvm::StringRef(dir) == "launch")
+      continue;
     llvm::SmallString<256> path(out);
     llvm::sys::path::append(path, dir);
     if (std::error_code ec = llvm::sys::fs::create_directories(path))
@@ -899,7 +963,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
-    if (pass == "convert-pipe-to-rt")
+    if (pass == "convert-pipe-to-rt" || pass == "tessel-inference-program")
       programs = describeRtPrograms(*module);
   };
   if (llvm::Error err =
@@ -987,6 +1051,9 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     if (llvm::Error err = writeFile(specPath, spec.document))
       return err;
   }
+  // An inference program is started by tessel generate.
+  if (options.inference)
+    return llvm::Error::success();
   return writeLaunchFiles(out, spec, cuda, layoutOf(*module), programs);
 }
 

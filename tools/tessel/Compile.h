@@ -19,6 +19,12 @@ struct CompileOptions {
   LayoutOverrides layout;             // --dp, --tp, ...
   std::string target = "cpu";
   std::string cudaArch = "sm_90"; // --target cuda: the GPU architecture
+  // An inference program (forward over a KV cache, for tessel generate)
+  // instead of a training step.
+  bool inference = false;
+  // Tokens per call of the inference program's prefill step (0: the
+  // default, 64 or model.seq_len if shorter; 1: no prefill step).
+  int64_t prefillChunk = 0;
   bool emitOnly = false; // write sources and the plan, build no binaries
   bool dumpIR = false;   // also print every stage to stdout
   bool verbose = false;

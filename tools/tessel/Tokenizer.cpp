@@ -20,7 +20,7 @@ struct CodePoint {
   size_t begin, end;
 };
 
-std::vector<CodePoint> decode(std::string_view text) {
+std::vector<CodePoint> codePoints(std::string_view text) {
   std::vector<CodePoint> out;
   out.reserve(text.size());
   size_t i = 0;
@@ -87,7 +87,7 @@ std::string readFile(const std::string &path, const char *what) {
 } // namespace
 
 std::vector<std::string_view> Gpt2Bpe::split(std::string_view text) {
-  std::vector<CodePoint> cps = decode(text);
+  std::vector<CodePoint> cps = codePoints(text);
   std::vector<std::string_view> pieces;
   size_t n = cps.size(), i = 0;
   auto emit = [&](size_t from, size_t to) {
@@ -218,7 +218,32 @@ Gpt2Bpe Gpt2Bpe::load(const std::string &vocabPath,
       throw std::runtime_error(
           "vocabulary '" + vocabPath + "' has no token for byte " +
           std::to_string(b) + " (a byte-level BPE vocabulary has all 256)");
+
+  // The inverse of both maps: each id's bytes. A code point that stands for
+  // no byte (in a token added by hand) is kept as its UTF-8.
+  std::unordered_map<UChar32, char> symbolByte;
+  for (int b = 0; b < 256; b++)
+    symbolByte[codePoints(bpe.byteSymbol_[b])[0].c] = (char)b;
+  bpe.tokenBytes_.resize(bpe.vocabSize_);
+  for (const auto &[token, id] : bpe.vocab_) {
+    std::string &bytes = bpe.tokenBytes_[id];
+    for (const CodePoint &cp : codePoints(token)) {
+      auto byte = symbolByte.find(cp.c);
+      if (byte != symbolByte.end())
+        bytes += byte->second;
+      else
+        bytes += token.substr(cp.begin, cp.end - cp.begin);
+    }
+  }
   return bpe;
+}
+
+std::string Gpt2Bpe::decode(const std::vector<int32_t> &ids) const {
+  std::string bytes;
+  for (int32_t id : ids)
+    if (id >= 0 && id < (int64_t)tokenBytes_.size())
+      bytes += tokenBytes_[id];
+  return bytes;
 }
 
 void Gpt2Bpe::encodePiece(std::string_view piece, std::vector<int32_t> &out) {

@@ -1,9 +1,10 @@
 //===- Tokenizer.h - Byte-level and GPT-2 BPE tokenizers -------*- C++ -*-===//
 //
-// What `tessel data prepare` encodes text with: one token per byte, or
-// GPT-2's byte-level BPE read from a Hugging Face vocab.json and
-// merges.txt (Radford et al. 2019; OpenAI's encoder.py is the reference):
-// the text is split by GPT-2's pre-tokenizer pattern
+// What `tessel data prepare` encodes text with and `tessel generate`
+// decodes it with: one token per byte, or GPT-2's byte-level BPE read from
+// a Hugging Face vocab.json and merges.txt (Radford et al. 2019; OpenAI's
+// encoder.py is the reference): the text is split by GPT-2's pre-tokenizer
+// pattern
 //
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //
@@ -35,6 +36,12 @@ public:
 
   // Appends the ids of `text` (UTF-8; invalid bytes are encoded as bytes).
   void encode(std::string_view text, std::vector<int32_t> &out);
+  // The bytes of `ids`: each token's symbols mapped back through
+  // bytes_to_unicode, as transformers' decode does ("<|endoftext|>" is its
+  // own text). An id the vocabulary does not have (a model's vocabulary is
+  // often padded past the tokenizer's) stands for no bytes. The bytes of
+  // one token may be part of a UTF-8 sequence only.
+  std::string decode(const std::vector<int32_t> &ids) const;
   // The id of "<|endoftext|>", or -1 when the vocabulary has none.
   int32_t endOfText() const { return endOfText_; }
   // One more than the largest id.
@@ -50,6 +57,7 @@ private:
   std::map<std::pair<std::string, std::string>, int> ranks_;
   std::string byteSymbol_[256]; // bytes_to_unicode, as UTF-8
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  std::vector<std::string> tokenBytes_; // by id; "" for an id not in vocab_
   int32_t endOfText_ = -1;
   int64_t vocabSize_ = 0;
   std::string vocabPath_;

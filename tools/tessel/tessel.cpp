@@ -2,6 +2,7 @@
 //
 //   tessel compile SPEC -o DIR [layout flags] [--set key=value]... [--dump-ir]
 //   tessel run DIR [--steps N] [--data FILE] ...
+//   tessel generate DIR --weights PATH --prompt TEXT ...
 //   tessel inspect DIR --ir STAGE
 //   tessel data (encode|synth) ...
 //
@@ -132,6 +133,16 @@ static int compileCommand(int argc, char **argv) {
       cl::desc("Write the sources, IR and plan but build no binaries (e.g. "
                "CUDA sources on a machine without nvcc)"),
       cl::cat(category));
+  cl::opt<bool> inference(
+      "inference",
+      cl::desc("Compile the model's inference program (a forward step over a "
+               "KV cache, for tessel generate) instead of training; tp only"),
+      cl::cat(category));
+  cl::opt<int64_t> prefillChunk(
+      "prefill-chunk",
+      cl::desc("With --inference: prompt tokens per prefill step (default 64 "
+               "or model.seq_len; 1: token by token)"),
+      cl::init(0), cl::cat(category));
   cl::opt<std::string> recompute(
       "recompute",
       cl::desc("Activation recomputation: none, selective or full "
@@ -175,6 +186,12 @@ static int compileCommand(int argc, char **argv) {
   options.target = target;
   options.cudaArch = cudaArch;
   options.emitOnly = emitOnly;
+  options.inference = inference;
+  options.prefillChunk = prefillChunk;
+  if (prefillChunk.getNumOccurrences() && !inference) {
+    errs() << "tessel: error: --prefill-chunk applies to --inference only\n";
+    return 1;
+  }
   options.dumpIR = dumpIR;
   options.verbose = verbose;
   if (memoryLimit.getNumOccurrences()) {
@@ -333,6 +350,9 @@ int main(int argc, char **argv) {
       "  compile SPEC -o DIR   compile a spec (.json) or graph program "
       "(.mlir)\n"
       "  run DIR               train with a compiled output\n"
+      "  generate DIR --weights PATH --prompt TEXT\n"
+      "                        generate text with a plan compiled with\n"
+      "                        --inference\n"
       "  inspect DIR --ir STAGE | --plan | --source | --comm | --memory\n"
       "  data prepare ...      tokenize text (bytes or GPT-2 BPE) into llm.c\n"
       "                        or Megatron data; also encode, synth, bench,\n"
@@ -393,6 +413,8 @@ int main(int argc, char **argv) {
     return tessel::exportCommand(rest);
   if (command == "report")
     return tessel::reportCommand(rest);
+  if (command == "generate")
+    return tessel::generateCommand(rest);
   if (command == "--version" || command == "version") {
     outs() << "tessel " << TESSEL_VERSION << "\n";
     return 0;

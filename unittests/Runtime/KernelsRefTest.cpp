@@ -293,6 +293,41 @@ TEST(KernelRope, MatchesReference) {
   EXPECT_EQ(out, x);
 }
 
+// ropeAt rotates each token by the angle of its given position: at positions
+// 0..T-1 it is rope, and at an offset it is rope's rows of the longer
+// sequence, bit for bit.
+TEST(KernelRope, AtPositionsMatchesRope) {
+  std::mt19937 gen(13);
+  for (int64_t D : {int64_t(6), int64_t(7), int64_t(64)}) {
+    const int64_t B = 2, L = 9, H = 3, row = H * D;
+    auto x = randVec(static_cast<size_t>(B * L * row), gen);
+    std::vector<float> whole(x.size());
+    rt::rope(x.data(), whole.data(), B, L, H, D, 10000.0, false);
+
+    std::vector<int32_t> positions(static_cast<size_t>(B * L));
+    for (int64_t i = 0; i < B * L; ++i)
+      positions[size_t(i)] = int32_t(i % L);
+    std::vector<float> at(x.size());
+    rt::ropeAt(x.data(), positions.data(), at.data(), B, L, H, D, 10000.0);
+    EXPECT_EQ(at, whole) << "ropeAt at 0..T-1, D=" << D;
+
+    // Tokens offset..offset+S-1 of each sequence, alone.
+    const int64_t offset = 5, S = 3;
+    std::vector<float> part(static_cast<size_t>(B * S * row)),
+        want(part.size()), got(part.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        positions[size_t(b * S + s)] = int32_t(offset + s);
+        const int64_t from = (b * L + offset + s) * row;
+        std::copy_n(x.begin() + from, row, part.begin() + (b * S + s) * row);
+        std::copy_n(whole.begin() + from, row,
+                    want.begin() + (b * S + s) * row);
+      }
+    rt::ropeAt(part.data(), positions.data(), got.data(), B, S, H, D, 10000.0);
+    EXPECT_EQ(got, want) << "ropeAt at offset " << offset << ", D=" << D;
+  }
+}
+
 // -------------------------------------------------------------- attention
 
 namespace {
@@ -336,6 +371,70 @@ TEST(KernelAttention, MatchesReference) {
     runAttention(2, 5, 4, 4, 6, causal, gen);   // MHA
     runAttention(1, 7, 3, 1, 5, causal, gen);   // MQA
     runAttention(2, 33, 4, 2, 16, causal, gen); // multi-threaded
+  }
+}
+
+// A sequence fed through the KV cache `chunk` tokens at a time (the last
+// chunk shorter) gives the causal forward of the whole sequence, and leaves
+// exactly its keys and values in the cache (rows past it untouched).
+namespace {
+void runCachedAttention(int64_t B, int64_t T, int64_t Tmax, int64_t H,
+                        int64_t Hkv, int64_t D, int64_t chunk,
+                        std::mt19937 &gen) {
+  const int64_t qRow = H * D, kRow = Hkv * D;
+  auto q = randVec(static_cast<size_t>(B * T * qRow), gen, -2.f, 2.f);
+  auto k = randVec(static_cast<size_t>(B * T * kRow), gen, -2.f, 2.f);
+  auto v = randVec(static_cast<size_t>(B * T * kRow), gen);
+  std::vector<float> want(q.size());
+  rt::attentionForward(q.data(), k.data(), v.data(), want.data(), B, T, H, Hkv,
+                       D, /*causal=*/true);
+
+  std::vector<float> kCache(static_cast<size_t>(B * Tmax * kRow), 0.f),
+      vCache(kCache.size(), 0.f), got(q.size());
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t S = std::min(chunk, T - start);
+    std::vector<float> qc(static_cast<size_t>(B * S * qRow)),
+        kc(static_cast<size_t>(B * S * kRow)), vc(kc.size()), out(qc.size());
+    std::vector<int32_t> positions(static_cast<size_t>(B * S));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t token = b * T + start + s, at = b * S + s;
+        positions[size_t(at)] = int32_t(start + s);
+        std::copy_n(q.begin() + token * qRow, qRow, qc.begin() + at * qRow);
+        std::copy_n(k.begin() + token * kRow, kRow, kc.begin() + at * kRow);
+        std::copy_n(v.begin() + token * kRow, kRow, vc.begin() + at * kRow);
+      }
+    rt::cachedAttention(qc.data(), kc.data(), vc.data(), kCache.data(),
+                        vCache.data(), positions.data(), out.data(), B, S, Tmax,
+                        H, Hkv, D);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(out.begin() + b * S * qRow, S * qRow,
+                  got.begin() + (b * T + start) * qRow);
+  }
+  const std::string tag =
+      " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+      " Tmax=" + std::to_string(Tmax) + " chunk=" + std::to_string(chunk);
+  expectClose(got, want, "cachedAttention" + tag);
+
+  std::vector<float> wantK(kCache.size(), 0.f), wantV(vCache.size(), 0.f);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(k.begin() + b * T * kRow, T * kRow,
+                wantK.begin() + b * Tmax * kRow);
+    std::copy_n(v.begin() + b * T * kRow, T * kRow,
+                wantV.begin() + b * Tmax * kRow);
+  }
+  EXPECT_EQ(kCache, wantK) << "key cache" << tag;
+  EXPECT_EQ(vCache, wantV) << "value cache" << tag;
+}
+} // namespace
+
+TEST(KernelAttention, CachedMatchesFullSequence) {
+  std::mt19937 gen(14);
+  for (int64_t chunk : {int64_t(1), int64_t(3)}) {
+    runCachedAttention(2, 7, 7, 4, 2, 6, chunk, gen);    // GQA, cache full
+    runCachedAttention(2, 7, 10, 4, 2, 6, chunk, gen);   // room left over
+    runCachedAttention(1, 5, 8, 3, 3, 5, chunk, gen);    // MHA
+    runCachedAttention(2, 40, 64, 8, 2, 32, chunk, gen); // multi-threaded
   }
 }
 

@@ -19,6 +19,14 @@ mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &context,
 // spec's name, global batch, sequence length, vocabulary, steps, seed,
 // clipping, learning rate and its schedule, AdamW settings), as the
 // module's `graph.recipe` dictionary.
+// The inference steps of the spec's model (tessel compile --inference):
+// @decode_step, the forward pass of one new token of each of `batch`
+// sequences over a KV cache of model.seq_len positions, and with
+// `prefillChunk` > 1 @prefill_step, the same over that many tokens.
+mlir::OwningOpRef<mlir::ModuleOp>
+buildInferenceModel(mlir::MLIRContext &context, const Spec &spec,
+                    int64_t batch, int64_t prefillChunk);
+
 void setRecipe(mlir::ModuleOp module, const Spec &spec, bool fromSpec = true);
 // For a graph given as .mlir: the recipe of `spec` (defaults) with the
 // batch, sequence length and vocabulary the graph's inputs and loss have.

@@ -85,6 +85,14 @@ struct PipelineStage {
 // In pipeline order; the graph itself is 00-graph.mlir.
 const std::vector<PipelineStage> &trainPipelineStages();
 
+// The inference compile (`tessel compile --inference`): from the inference
+// step (@decode_step, buildInferenceModel) to the emitc module of its rank
+// program. Of the options it reads the layout's tp and the target.
+void buildInferencePipeline(mlir::OpPassManager &pm,
+                            const TrainPipelineOptions &options);
+const std::vector<PipelineStage> &inferencePipelineStages();
+
+// Registers tessel-train-pipeline and tessel-inference-pipeline.
 void registerTrainPipeline();
 
 } // namespace tessel

@@ -76,6 +76,12 @@ void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
 template <typename T>
 void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
           double theta, bool inverse);
+// rope at explicit positions: x [B, S, H, D], and the angle of token (b, t)
+// is positions[b, t] * theta^(-2i/D) (the same table entries as rope's at
+// that t).
+template <typename T>
+void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
+            int64_t H, int64_t D, double theta);
 
 // Causal (when causal) scaled dot-product attention with grouped KV heads.
 // q, out: [B, T, H, D]; k, v: [B, T, Hkv, D]; query head h reads KV head
@@ -90,6 +96,17 @@ template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
                        T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
                        int64_t Hkv, int64_t D, bool causal);
+// Inference attention over a KV cache. q, out: [B, S, H, D]; k, v: [B, S,
+// Hkv, D], the S new tokens' keys and values; kCache, vCache: [B, Tmax, Hkv,
+// D]; positions: [B, S], each new token's position (0 <= position < Tmax).
+// Writes k[b, s] and v[b, s] into row positions[b, s] of the caches, then
+// attends each new token causally over cache rows 0..positions[b, s] as
+// attentionForward does (same scale, same order of operations), so that a
+// token fed alone gives its row of the full-sequence forward.
+template <typename T>
+void cachedAttention(const T *q, const T *k, const T *v, T *kCache, T *vCache,
+                     const int32_t *positions, T *out, int64_t B, int64_t S,
+                     int64_t Tmax, int64_t H, int64_t Hkv, int64_t D);
 
 // Softmax over the last dimension of [rows, cols].
 template <typename T>

@@ -116,6 +116,14 @@ struct StepContext {
   // Set while Program::evalStep runs (a device program's pipeline messages
   // are ordered differently then).
   bool evaluating;
+  // An inference program's step (Program::inference) reads these instead
+  // of targets: each token's position in its sequence ([batch, chunk]),
+  // the KV cache (Program::kvCacheElems floats, kept from call to call),
+  // and writes the logits of every token it reads ([batch, chunk, vocab],
+  // the whole vocabulary on every rank).
+  const int32_t *positions;
+  float *kvCache;
+  float *logits;
 };
 
 struct Program;
@@ -194,6 +202,20 @@ struct Program {
   // Null for a program of its own.
   const ProgramVariant *variants;
   int numVariants;
+  // An inference program (tessel compile --inference): `step` runs the
+  // forward pass of `chunk` new tokens per sequence (TrainConfig::batch
+  // sequences) at the positions StepContext::positions gives, appends their
+  // keys and values to the KV cache (kvCacheElems floats; room for
+  // TrainConfig::seqLen positions) and writes their logits. No gradients,
+  // no optimizer state; evalStep is null.
+  bool inference;
+  int64_t chunk;
+  int64_t kvCacheElems;
+  // The same forward pass over `prefillChunk` tokens per sequence at once
+  // (a prompt's chunks), over the same parameters and KV cache; null when
+  // the program has none (prompts go through `step` token by token).
+  void (*prefill)(StepContext &);
+  int64_t prefillChunk;
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup
@@ -218,6 +240,11 @@ int gradientCheckMain(const Program &program);
 // Parses the command line (see `--help`), runs the training loop and returns
 // the process exit code.
 int runMain(int argc, char **argv, const Program &program);
+
+// The main() of an inference program (Program::inference): loads weights,
+// feeds the prompt through the KV cache, then generates token by token;
+// rank 0 prints one JSON object per line (docs/inference.md).
+int runInferenceMain(int argc, char **argv, const Program &program);
 
 // The options a rank program takes (what `--help` lists), with `program`'s
 // defaults, or the spec fields they come from when it is null.

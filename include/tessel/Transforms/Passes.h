@@ -6,6 +6,7 @@
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Pipe/PipeOps.h"
 #include "dialects/Rt/RtOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 
@@ -16,6 +17,19 @@ namespace tessel {
 
 #define GEN_PASS_REGISTRATION
 #include "tessel/Transforms/Passes.h.inc"
+
+// The steps sharding propagation and the partition work on: @train_step,
+// or an inference program's @decode_step and @prefill_step (those present).
+inline llvm::SmallVector<mlir::func::FuncOp>
+stepFunctions(mlir::ModuleOp module) {
+  if (auto train = module.lookupSymbol<mlir::func::FuncOp>("train_step"))
+    return {train};
+  llvm::SmallVector<mlir::func::FuncOp> steps;
+  for (llvm::StringRef name : {"decode_step", "prefill_step"})
+    if (auto step = module.lookupSymbol<mlir::func::FuncOp>(name))
+      steps.push_back(step);
+  return steps;
+}
 
 // The kernel fusions of tessel-fuse-kernels, for other drivers.
 void populateFuseKernelsPatterns(mlir::RewritePatternSet &patterns);

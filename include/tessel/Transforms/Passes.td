@@ -195,6 +195,21 @@ def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def InferenceProgram : Pass<"tessel-inference-program", "mlir::ModuleOp"> {
+  let summary = "Makes the planned inference steps a rank program";
+  let description = [{
+    After `tessel-plan-memory` on an inference program (`@decode_step` and,
+    with a prefill chunk, `@prefill_step`, built by `tessel compile
+    --inference`): moves the steps into one rank program (`module
+    @program0`, as convert-pipe-to-rt makes one of a training step) with
+    its memory plan (`rt.param_elems` and `rt.kv_cache_elems`, the same for
+    both steps, and `rt.arena_bytes`, the larger of their arenas: one step
+    runs at a time) and the tokens each step reads per sequence
+    (`rt.chunk`, `rt.prefill_chunk`). Every tensor-parallel rank runs that
+    program.
+  }];
+}
+
 def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
   let summary = "Gives each pipeline send its place in the receiver's order (CUDA)";
   let description = [{

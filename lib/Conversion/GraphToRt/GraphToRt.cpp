@@ -253,6 +253,46 @@ PATTERN(AttentionOp) {
   return success();
 }
 
+// Inference: the caches are state of the program, the logits are copied to
+// where the runtime reads them.
+PATTERN(KvCacheOp) {
+  b.replaceOpWithNewOp<rt::KvCacheOp>(
+      op, getTypeConverter()->convertType(op.getType()), op.getNameAttr());
+  return success();
+}
+
+PATTERN(RopeAtOp) {
+  auto s = shapeOf(op);
+  Value out = alloc(b, op.getLoc(), op);
+  rt::RopeAtOp::create(b, op.getLoc(), a.getInput(), a.getPositions(), out,
+                       i(b, s[0]), i(b, s[1]), i(b, s[2]), i(b, s[3]),
+                       op.getThetaAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(CachedAttentionOp) {
+  auto q = shapeOf(op.getQuery());
+  auto cache = shapeOf(op.getKCache());
+  Value out = alloc(b, op.getLoc(), op);
+  rt::CachedAttentionOp::create(
+      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), a.getKCache(),
+      a.getVCache(), a.getPositions(), out, i(b, q[0]), i(b, q[1]),
+      i(b, cache[1]), i(b, q[2]), i(b, cache[2]), i(b, q[3]));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(OutputOp) {
+  auto type = cast<MemRefType>(a.getValue().getType());
+  Value place = rt::BufferOp::create(b, op.getLoc(), type, rt::Space::Logits,
+                                     0);
+  rt::CopyOp::create(b, op.getLoc(), a.getValue(), place,
+                     i(b, type.getNumElements()));
+  b.eraseOp(op);
+  return success();
+}
+
 PATTERN(AttentionGradOp) {
   auto q = shapeOf(op.getQuery());
   Value dq = alloc(b, op.getLoc(), op.getQueryGrad());
@@ -495,5 +535,6 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       CrossEntropyOpLowering, CrossEntropyGradOpLowering, EmbeddingOpLowering,
       EmbeddingGradOpLowering, ReshapeOpLowering, TransposeOpLowering,
       SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,
-      AdamWOpLowering>(converter, ctx);
+      AdamWOpLowering, KvCacheOpLowering, RopeAtOpLowering,
+      CachedAttentionOpLowering, OutputOpLowering>(converter, ctx);
 }

@@ -39,9 +39,11 @@ namespace {
 
 // The C++ name of a step function.
 std::string functionName(StringRef symbol) {
-  return symbol == "train_step"  ? "trainStep"
-         : symbol == "eval_step" ? "evalStep"
-                                 : symbol.str();
+  return symbol == "train_step"    ? "trainStep"
+         : symbol == "eval_step"   ? "evalStep"
+         : symbol == "decode_step" ? "decodeStep"
+         : symbol == "prefill_step" ? "prefillStep"
+                                    : symbol.str();
 }
 
 int64_t intAttr(Operation *op, StringRef name, int64_t fallback = 0) {
@@ -107,7 +109,7 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   // element type of each store (float; double in float64 programs).
   std::set<rt::Space> spaces;
   std::map<rt::Space, Type> storeTypes;
-  int64_t tokens = 0, targets = 0;
+  int64_t tokens = 0, targets = 0, positions = 0;
   bool lr = false, updates = false;
   fn.walk([&](Operation *op) {
     if (auto buffer = dyn_cast<rt::BufferOp>(op)) {
@@ -116,7 +118,9 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
                              buffer.getType().getElementType());
     }
     else if (auto batch = dyn_cast<rt::BatchOp>(op))
-      (batch.getName() == "tokens" ? tokens : targets) =
+      (batch.getName() == "tokens"      ? tokens
+       : batch.getName() == "positions" ? positions
+                                        : targets) =
           rt::elementsOf(batch.getBuffer());
     else if (isa<rt::LearningRateOp>(op))
       lr = true;
@@ -211,10 +215,17 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       line(target.shadowType() + " *PB = static_cast<" + target.shadowType() +
            " *>(ctx.paramShadow);");
       break;
+    case rt::Space::KvCache:
+      line("float *KV = ctx.kvCache;");
+      break;
+    case rt::Space::Logits:
+      line("float *LG = ctx.logits;");
+      break;
     }
   }
   for (auto [name, count] : {std::pair<StringRef, int64_t>{"tokens", tokens},
-                             {"targets", targets}}) {
+                             {"targets", targets},
+                             {"positions", positions}}) {
     if (!count)
       continue;
     if (hasMicrobatch)
@@ -462,9 +473,19 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
                                          intAttr(program, "rt.arena_slots", 1) +
                                      intAttr(program, "rt.received_bytes") +
                                      intAttr(program, "rt.transient_bytes"));
-  set(var, "step", "trainStep");
+  bool inference = program.lookupSymbol("decodeStep") != nullptr;
+  set(var, "step", inference ? "decodeStep" : "trainStep");
   if (program.lookupSymbol("evalStep"))
     set(var, "evalStep", "evalStep");
+  if (inference) {
+    set(var, "inference", "true");
+    setInt(var, "chunk", intAttr(program, "rt.chunk", 1));
+    setInt(var, "kvCacheElems", intAttr(program, "rt.kv_cache_elems"));
+    if (program.lookupSymbol("prefillStep")) {
+      set(var, "prefill", "prefillStep");
+      setInt(var, "prefillChunk", intAttr(program, "rt.prefill_chunk"));
+    }
+  }
   if (auto variants = program->getAttrOfType<DenseI64ArrayAttr>("rt.variants")) {
     set(var, "variants", "kVariants");
     setInt(var, "numVariants", variants.size());
@@ -502,7 +523,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   }
   Value result =
       b.create<emitc::CallOpaqueOp>(
-           loc, TypeRange{b.getI32Type()}, target.runMain(),
+           loc, TypeRange{b.getI32Type()},
+           inference ? "runInferenceMain" : target.runMain(),
            b.getArrayAttr({b.getIndexAttr(0), b.getIndexAttr(1),
                            b.getIndexAttr(2)}),
            nullptr,
@@ -522,8 +544,11 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
                               bool gradientCheck) {
   MLIRContext *ctx = program.getContext();
   auto step = program.lookupSymbol<func::FuncOp>("train_step");
+  bool inference = !step;
+  if (inference)
+    step = program.lookupSymbol<func::FuncOp>("decode_step");
   if (!step)
-    return program.emitOpError("has no train_step function");
+    return program.emitOpError("has no train_step or decode_step function");
 
   // The parameters, declared by the step.
   SmallVector<rt::ParamOp> params;
@@ -533,7 +558,11 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
       parameterTable(program, params, variants ? variants.size() : 1);
   if (failed(table))
     return failure();
-  for (rt::ParamOp p : params) {
+  // An inference program's prefill step declares the same parameters.
+  SmallVector<rt::ParamOp> declared = params;
+  if (auto prefill = program.lookupSymbol<func::FuncOp>("prefill_step"))
+    prefill.walk([&](rt::ParamOp p) { declared.push_back(p); });
+  for (rt::ParamOp p : declared) {
     if (!p->use_empty())
       return p.emitOpError("is read directly; buffer planning resolves "
                            "parameters to their store");
@@ -594,7 +623,9 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
                   ? top->getAttrOfType<DictionaryAttr>("graph.recipe")
                         .getAs<StringAttr>("name")
                   : StringAttr();
-  std::string what = "One rank's training step";
+  std::string what = inference ? "One rank's inference step (the forward "
+                                 "pass of new tokens over a KV cache)"
+                               : "One rank's training step";
   if (auto rank = program->getAttrOfType<IntegerAttr>("pipe.rank");
       rank && dist::meshOf(top)[MeshAxis::PP] > 1)
     what = "Pipeline rank " + std::to_string(rank.getInt()) +

@@ -65,6 +65,10 @@ inline StringRef storeName(rt::Space space) {
     return "R";
   case rt::Space::Transient:
     return "T";
+  case rt::Space::KvCache:
+    return "KV";
+  case rt::Space::Logits:
+    return "LG";
   }
   llvm_unreachable("unknown space");
 }

@@ -9,6 +9,11 @@
 // buffers of the query heads that share a KV head are then added in ascending
 // head order. The result is independent of the number of threads.
 //
+// Cached (inference): the new tokens' keys and values go into the KV cache
+// first; each new token then attends over the cache up to its own position,
+// with the forward's row computation, so that a token fed alone agrees with
+// its row of the full-sequence forward.
+//
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
@@ -46,6 +51,18 @@ inline void attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
     p[j] *= inv;
 }
 
+// outr = sum_j p[j] * v_j over the first n positions, p the row's
+// probabilities (scratch of n elements).
+template <typename T>
+inline void attendRow(const T *qr, const T *k0, const T *v0, int64_t kStride,
+                      int64_t n, int64_t D, T scale, T *p, T *outr) {
+  attentionRow(qr, k0, kStride, n, D, scale, p);
+  for (int64_t d = 0; d < D; ++d)
+    outr[d] = T(0);
+  for (int64_t j = 0; j < n; ++j)
+    axpy(p[j], v0 + j * kStride, outr, D);
+}
+
 } // namespace
 
 template <typename T>
@@ -73,12 +90,45 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
       const T *k0 = k + (b * Tlen * Hkv + g) * D;
       const T *v0 = v + (b * Tlen * Hkv + g) * D;
       T *outr = out + ((b * Tlen + t) * H + h) * D;
-      const int64_t n = causal ? t + 1 : Tlen;
-      attentionRow(qr, k0, kStride, n, D, scale, p.data());
-      for (int64_t d = 0; d < D; ++d)
-        outr[d] = T(0);
-      for (int64_t j = 0; j < n; ++j)
-        axpy(p[size_t(j)], v0 + j * kStride, outr, D);
+      attendRow(qr, k0, v0, kStride, causal ? t + 1 : Tlen, D, scale, p.data(),
+                outr);
+    }
+  }
+}
+
+template <typename T>
+void cachedAttention(const T *q, const T *k, const T *v, T *kCache, T *vCache,
+                     const int32_t *positions, T *out, int64_t B, int64_t S,
+                     int64_t Tmax, int64_t H, int64_t Hkv, int64_t D) {
+  if (B <= 0 || S <= 0 || Tmax <= 0 || H <= 0 || D <= 0)
+    return;
+  const int64_t kStride = Hkv * D; // between positions of one KV head
+  for (int64_t bs = 0; bs < B * S; ++bs) {
+    const int64_t b = bs / S;
+    const int64_t row = b * Tmax + positions[bs];
+    for (int64_t i = 0; i < kStride; ++i) {
+      kCache[row * kStride + i] = k[bs * kStride + i];
+      vCache[row * kStride + i] = v[bs * kStride + i];
+    }
+  }
+  const int64_t group = H / Hkv;
+  const T scale = T(1.0 / std::sqrt(double(D)));
+  const int64_t total = B * S * H;
+#pragma omp parallel if (total * Tmax * D >= (1 << 15))
+  {
+    std::vector<T> p(static_cast<size_t>(Tmax));
+#pragma omp for schedule(static)
+    for (int64_t idx = 0; idx < total; ++idx) {
+      const int64_t h = idx % H;
+      const int64_t bs = idx / H;
+      const int64_t b = bs / S;
+      const int64_t g = h / group;
+      const T *qr = q + idx * D;
+      const T *k0 = kCache + (b * Tmax * Hkv + g) * D;
+      const T *v0 = vCache + (b * Tmax * Hkv + g) * D;
+      T *outr = out + idx * D;
+      attendRow(qr, k0, v0, kStride, int64_t(positions[bs]) + 1, D, scale,
+                p.data(), outr);
     }
   }
 }
@@ -192,7 +242,10 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
                                     int64_t, bool);                            \
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
-      int64_t, int64_t, int64_t, int64_t, bool);
+      int64_t, int64_t, int64_t, int64_t, bool);                               \
+  template void cachedAttention<T>(const T *, const T *, const T *, T *, T *,  \
+                                   const int32_t *, T *, int64_t, int64_t,     \
+                                   int64_t, int64_t, int64_t, int64_t);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

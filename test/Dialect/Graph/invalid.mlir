@@ -106,7 +106,7 @@ func.func @bad_init() {
 // -----
 
 func.func @bad_input() {
-  // expected-error@+1 {{input must be 'tokens' or 'targets', got 'labels'}}
+  // expected-error@+1 {{input must be 'tokens', 'targets' or 'positions', got 'labels'}}
   %p = graph.input "labels" : tensor<2x8xi32>
   return
 }
@@ -151,5 +151,46 @@ func.func @adamw_not_param(%x: tensor<16xf32>, %n: tensor<f32>) {
 func.func @huge_block(%x: tensor<16xf32>) {
   // expected-error@+1 {{block index must be in [0, 4096), got 4294967297}}
   %y = graph.gelu %x {graph.layer = #graph.layer<block 4294967297>} : (tensor<16xf32>) -> tensor<16xf32>
+  return
+}
+
+// -----
+
+// Inference ops: a cache must fit the keys it holds, positions the tokens.
+func.func @cache_too_short(%q: tensor<1x4x2x4xf32>, %k: tensor<1x4x2x4xf32>, %c: tensor<1x2x2x4xf32>, %p: tensor<1x4xi32>) {
+  // expected-error@+1 {{caches must be [batch, max_len, kv_heads, head_dim] with max_len >= seq}}
+  %o = graph.cached_attention %q, %k, %k, %c, %c, %p : (tensor<1x4x2x4xf32>, tensor<1x4x2x4xf32>, tensor<1x4x2x4xf32>, tensor<1x2x2x4xf32>, tensor<1x2x2x4xf32>, tensor<1x4xi32>) -> tensor<1x4x2x4xf32>
+  return
+}
+
+// -----
+
+func.func @positions_of_other_tokens(%q: tensor<1x1x2x4xf32>, %c: tensor<1x8x2x4xf32>, %p: tensor<1x2xi32>) {
+  // expected-error@+1 {{positions must be [batch, seq]}}
+  %o = graph.cached_attention %q, %q, %q, %c, %c, %p : (tensor<1x1x2x4xf32>, tensor<1x1x2x4xf32>, tensor<1x1x2x4xf32>, tensor<1x8x2x4xf32>, tensor<1x8x2x4xf32>, tensor<1x2xi32>) -> tensor<1x1x2x4xf32>
+  return
+}
+
+// -----
+
+func.func @rope_at_odd(%x: tensor<1x1x2x3xf32>, %p: tensor<1x1xi32>) {
+  // expected-error@+1 {{input must be [batch, seq, heads, head_dim] with an even head_dim}}
+  %y = graph.rope_at %x, %p : (tensor<1x1x2x3xf32>, tensor<1x1xi32>) -> tensor<1x1x2x3xf32>
+  return
+}
+
+// -----
+
+func.func @cache_rank() {
+  // expected-error@+1 {{must be a static [batch, max_len, kv_heads, head_dim] tensor}}
+  %c = graph.kv_cache "c" : tensor<8x4xf32>
+  return
+}
+
+// -----
+
+func.func @other_output(%x: tensor<1x1x8xf32>) {
+  // expected-error@+1 {{the one output is 'logits', got 'hidden'}}
+  graph.output "hidden" %x : tensor<1x1x8xf32>
   return
 }

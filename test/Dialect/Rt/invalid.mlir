@@ -1,8 +1,9 @@
 // RUN: tessel-opt %s -split-input-file -verify-diagnostics
 
 // Parser and verifier errors of rt ops: a view must keep the element count
-// and type, a batch is the tokens or the targets, a buffer lives in one of
-// the known stores and holds one of the buffer element types.
+// and type, a batch is the tokens, the targets or the positions, a buffer
+// lives in one of the known stores and holds one of the buffer element
+// types.
 
 func.func @view_count(%x: memref<8x64xf32>) {
   // expected-error@+1 {{'rt.view' op views 'memref<8x64xf32>' as 'memref<256xf32>': the element count and type must agree}}
@@ -21,7 +22,7 @@ func.func @view_type(%x: memref<8x64xf32>) {
 // -----
 
 func.func @batch_name() {
-  // expected-error@+1 {{'rt.batch' op name must be "tokens" or "targets"}}
+  // expected-error@+1 {{'rt.batch' op name must be "tokens", "targets" or "positions"}}
   %ids = rt.batch "labels" : memref<8x64xi32>
   return
 }

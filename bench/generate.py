@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Generation speed: Tessel's inference program (tessel compile --inference:
+prefill and decode steps over a KV cache) beside PyTorch eager with a KV
+cache written the usual way (the prompt in one forward, then one token per
+forward, keys and values concatenated per layer), and PyTorch without a
+cache (the whole sequence again for every token, as a plain forward
+generates), on the same GPT-2 weights, prompt and thread count, in one run.
+All three generate greedily; the run checks that they pick the same tokens.
+
+    /usr/bin/python3 bench/generate.py [--threads N] [--prompt P] [--new N]
+
+Prints a markdown table for docs/benchmarks.md. Needs a built tree (build/)
+and Debian's python3-torch.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
+sys.path.insert(0, os.path.join(ROOT, "test", "e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cpu_step_time import run  # noqa: E402 (beside this file)
+
+CASES = [
+    ("gpt-tiny", "examples/gpt-tiny.json"),
+    ("gpt2-124m", "examples/gpt2-124m.json"),
+]
+
+
+def torch_cached(model, prompt, new):
+    """Greedy generation with a KV cache: returns (ids, prefill s, decode s)."""
+    import torch
+    cfg = model.cfg
+    C, H = cfg["hidden"], cfg["heads"]
+    D = C // H
+    cache = [[None, None] for _ in model.h]
+
+    def forward(ids, start):
+        T = ids.shape[1]
+        pos = torch.arange(start, start + T)
+        x = model.wte(ids) + model.wpe(pos)[None]
+        for block, kv in zip(model.h, cache):
+            q, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=-1)
+            q, k, v = (t.view(1, T, H, D).transpose(1, 2) for t in (q, k, v))
+            kv[0] = k if kv[0] is None else torch.cat([kv[0], k], dim=2)
+            kv[1] = v if kv[1] is None else torch.cat([kv[1], v], dim=2)
+            att = torch.matmul(q, kv[0].transpose(-1, -2)) * (1.0 / math.sqrt(D))
+            if T > 1:
+                keys = kv[0].shape[2]
+                mask = torch.ones(T, keys, dtype=torch.bool).tril(keys - T)
+                att = att.masked_fill(~mask, float("-inf"))
+            y = torch.matmul(torch.softmax(att, dim=-1), kv[1])
+            x = x + block.attn.c_proj(y.transpose(1, 2).reshape(1, T, C))
+            x = x + block.mlp(block.ln_2(x))
+        return torch.matmul(model.ln_f(x[:, -1]), model.wte.weight.t())
+
+    with torch.no_grad():
+        start = time.perf_counter()
+        logits = forward(torch.tensor([prompt]), 0)
+        prefill = time.perf_counter() - start
+        ids = []
+        start = time.perf_counter()
+        for k in range(new):
+            ids.append(int(logits.argmax()))
+            if k + 1 < new:
+                logits = forward(torch.tensor([[ids[-1]]]), len(prompt) + k)
+        decode = time.perf_counter() - start
+    return ids, prefill, decode
+
+
+def torch_uncached(model, prompt, new):
+    """Greedy generation by a whole forward per token: (ids, seconds)."""
+    import torch
+    ids = []
+    with torch.no_grad():
+        start = time.perf_counter()
+        for _ in range(new):
+            seq = torch.tensor([prompt + ids])
+            ids.append(int(model(seq)[0, -1].argmax()))
+        return ids, time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+    import torch_reference as ref
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+               OPENBLAS_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for name, spec_path in CASES:
+            spec_file = os.path.join(ROOT, spec_path)
+            mcfg, _ = ref.load_spec(spec_file)
+            weights = os.path.join(work, name + ".safetensors")
+            model = ref.write_init(mcfg, 1234, weights)
+            model.eval()
+            out = os.path.join(work, name)
+            run([TESSEL, "compile", spec_file, "--inference", "-o", out])
+            gen = torch.Generator().manual_seed(7)
+            prompt = torch.randint(0, mcfg["vocab_size"], (args.prompt,),
+                                   generator=gen).tolist()
+            # Tessel: the rank program's own timings (its end event).
+            tessel = []
+            for _ in range(args.repeats):
+                lines = run([os.path.join(out, "bin", "program0"), "--weights",
+                             weights, "--prompt-tokens",
+                             ",".join(map(str, prompt)), "--max-new-tokens",
+                             str(args.new)], env).strip().splitlines()
+                events = [json.loads(l) for l in lines]
+                ids = [e["id"] for e in events if e["event"] == "token"]
+                end = events[-1]
+                tessel.append((end["prefill_s"], end["decode_s"]))
+            cached = [torch_cached(model, prompt, args.new)
+                      for _ in range(args.repeats)]
+            plain_ids, plain_s = torch_uncached(model, prompt, args.new)
+            same = ids == cached[0][0] == plain_ids
+            first_diff = next((k for k, (a, b) in enumerate(zip(ids, cached[0][0]))
+                               if a != b), None)
+            # Decode tokens/s: the tokens after the first (which the prefill's
+            # logits give), over the decode time.
+            t_pre = statistics.median(p for p, _ in tessel)
+            t_dec = (args.new - 1) / statistics.median(d for _, d in tessel)
+            c_pre = statistics.median(p for _, p, _ in cached)
+            c_dec = (args.new - 1) / statistics.median(d for _, _, d in cached)
+            plain = args.new / plain_s
+            rows.append((name, t_pre, t_dec, c_pre, c_dec, plain, same))
+            print(f"{name}: tessel prefill {t_pre * 1000:.1f} ms, {t_dec:.1f} tok/s; "
+                  f"torch cached {c_pre * 1000:.1f} ms, {c_dec:.1f} tok/s; "
+                  f"uncached {plain:.1f} tok/s; same tokens {same} "
+                  f"(first difference at {first_diff})", file=sys.stderr)
+    print(f"| model | Tessel prefill ({args.prompt} tokens, ms) | Tessel decode "
+          "(tokens/s) | PyTorch KV cache prefill (ms) | PyTorch KV cache decode "
+          "(tokens/s) | PyTorch without cache (tokens/s) | same tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for name, tp, td, cp, cd, pl, same in rows:
+        print(f"| {name} | {tp * 1000:.1f} | {td:.1f} | {cp * 1000:.1f} | {cd:.1f} | "
+              f"{pl:.1f} | {'yes' if same else 'no'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Greedy generation from a Hugging Face model directory with no KV cache:
+the independent reference of `tessel generate`.
+
+    generate_reference.py DIR --prompt-tokens 1,2,3 [--max-new-tokens N]
+        [--eos ID] [--max-len T] [--logits FILE]
+
+The model is built from DIR/config.json's fields (hf_reference.py's
+model_config) as torch_reference.py's GPT-2 or Llama and loaded from
+DIR/model.safetensors, as `tessel export --to hf` writes them. Each new
+token is the argmax of the last position's logits after the WHOLE sequence
+so far is run forward again, so nothing is cached. Generation stops after N
+new tokens, after the token --eos names, or when the sequence fills the
+context (--max-len, default the config's) so that no position is left for
+the next token's input.
+
+Prints {"generated": [ids], "stopped": "max_new_tokens" | "eos" | "context"}.
+--logits FILE writes the last position's logits of each step, one row of
+vocab_size little-endian float32 per new token with no header, the format
+of the rank programs' --logits.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402
+import torch_reference as ref  # noqa: E402
+from hf_reference import model_config  # noqa: E402
+
+
+def load_model(directory):
+    """torch_reference's model of a Hugging Face directory, in eval mode."""
+    mcfg = model_config(json.load(open(os.path.join(directory, "config.json"))))
+    model = ref.build_model(mcfg)
+    weights = os.path.join(directory, "model.safetensors")
+    # GPT2LMHeadModel's names carry "transformer."; the reference's do not.
+    tensors = {k[len("transformer."):] if k.startswith("transformer.") else k: v
+               for k, v in safetensors_io.load_file(weights).items()}
+    ref.load_tensors(model, tensors, weights)
+    return model.eval(), mcfg
+
+
+def generate(model, prompt, max_new_tokens, max_len, eos=None):
+    """(new ids, each step's last-position logits, why it stopped)."""
+    sequence = list(prompt)
+    generated, rows = [], []
+    with torch.no_grad():
+        while True:
+            if len(generated) == max_new_tokens:
+                return generated, rows, "max_new_tokens"
+            if len(sequence) > max_len:
+                return generated, rows, "context"
+            logits = model(torch.tensor([sequence]))[0, -1]
+            token = int(torch.argmax(logits))
+            rows.append(logits.to(torch.float32).numpy())
+            generated.append(token)
+            sequence.append(token)
+            if eos is not None and token == eos:
+                return generated, rows, "eos"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="a Hugging Face model directory")
+    p.add_argument("--prompt-tokens", required=True,
+                   help="the prompt's ids, separated by commas")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--eos", type=int, help="stop after this token")
+    p.add_argument("--max-len", type=int,
+                   help="the context length (default: the config's)")
+    p.add_argument("--logits", help="write each step's logits here")
+    args = p.parse_args()
+    prompt = [int(t) for t in args.prompt_tokens.split(",")]
+    model, mcfg = load_model(args.dir)
+    max_len = args.max_len or mcfg["seq_len"]
+    if not prompt or len(prompt) > max_len:
+        sys.exit("the prompt has %d tokens; the context holds 1 to %d"
+                 % (len(prompt), max_len))
+    if any(not 0 <= t < mcfg["vocab_size"] for t in prompt):
+        sys.exit("a prompt token is outside the vocabulary of %d"
+                 % mcfg["vocab_size"])
+    generated, rows, stopped = generate(model, prompt, args.max_new_tokens,
+                                        max_len, args.eos)
+    if args.logits:
+        rows = np.stack(rows) if rows else np.zeros((0, mcfg["vocab_size"]))
+        rows.astype("<f4").tofile(args.logits)
+    print(json.dumps({"generated": generated, "stopped": stopped}))
+
+
+if __name__ == "__main__":
+    main()
