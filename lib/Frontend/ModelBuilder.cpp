@@ -345,6 +345,19 @@ private:
       std::string name = p + "attn.c_attn";
       Value w = splitOverTP(param(name + ".weight", {C, 3 * C}), 1, 3);
       Value bias = splitOverTP(param(name + ".bias", {3 * C}, "zeros"), 0, 3);
+      Value q, k, v;
+      if (inference) {
+        // A step of few tokens splits the projection's output rather than
+        // copying the weight apart at every call.
+        Value y = MatmulOp::create(b, at(name), h, w, false, false);
+        y = AddOp::create(b, at(name), y, bias);
+        auto ys = SplitOp::create(
+            b, at(name),
+            TypeRange{f32({B, T, C}), f32({B, T, C}), f32({B, T, C})}, y, 2);
+        q = reshape(ys.getResult(0), {B, T, H, D});
+        k = reshape(ys.getResult(1), {B, T, H, D});
+        v = reshape(ys.getResult(2), {B, T, H, D});
+      } else {
       auto ws = SplitOp::create(
           b, at(name), TypeRange{f32({C, C}), f32({C, C}), f32({C, C})}, w, 1);
       auto bs = SplitOp::create(
@@ -355,7 +368,8 @@ private:
         y = AddOp::create(b, at(name), y, bs.getResult(i));
         return reshape(y, {B, T, H, D});
       };
-      Value q = project(0), k = project(1), v = project(2);
+      q = project(0), k = project(1), v = project(2);
+      }
       Value a = attention(p + "attn", q, k, v, H);
       a = reshape(a, {B, T, C});
       x = AddOp::create(
