@@ -628,6 +628,57 @@ Expected<std::string> tessel::fileSha256(StringRef path) {
   return toHex(hash.final(), /*LowerCase=*/true);
 }
 
+namespace {
+
+// An inference plan's memory per rank beside the textbook's: 4 bytes per
+// parameter of the rank's shard, the KV cache 2 (k, v) x layers x max_len x
+// kv_heads / tp x head_dim x 4, the prefill step's logits prefill_chunk x
+// vocab x 4; the arena has no formula.
+int printInferenceMemory(const json &plan) {
+  try {
+    const json &model = plan.at("model");
+    const json &inference = plan.at("inference");
+    double tp = plan.at("mesh").value("tp", 1);
+    double layers = model.at("layers").get<double>();
+    double headDim = model.at("hidden").get<double>() /
+                     model.at("heads").get<double>();
+    double cache = 2 * layers * inference.at("max_len").get<double>() *
+                   model.at("kv_heads").get<double>() / tp * headDim * 4;
+    double logits = std::max<double>(inference.at("chunk").get<double>(),
+                                     inference.at("prefill_chunk").get<double>()) *
+                    inference.at("batch").get<double>() *
+                    model.at("vocab_size").get<double>() * 4;
+    for (auto &[name, program] : plan.at("programs").items()) {
+      const json &memory = program.at("memory");
+      outs() << "program " << name << " (" << program.at("ranks").get<int64_t>()
+             << " ranks, inference): bytes held per rank\n";
+      outs() << formatv("  {0,-32} {1,14} {2,14} {3,8}\n", "", "plan",
+                        "textbook", "ratio");
+      auto row = [&](StringRef what, double planned, double textbook) {
+        std::string ratio = textbook <= 0
+                                ? std::string("-")
+                                : formatv("{0:f3}", planned / textbook).str();
+        outs() << formatv("  {0,-32} {1,14:f0} {2,14:f0} {3,8}\n", what,
+                          planned, textbook, ratio);
+      };
+      row("parameters", memory.at("params_bytes").get<double>(),
+          program.at("parameters").get<double>() * 4);
+      row("KV cache", memory.at("kv_cache_bytes").get<double>(), cache);
+      row("activations (one step)", memory.at("activation_bytes").get<double>(),
+          0);
+      row("logits", memory.at("logits_bytes").get<double>(), logits);
+      outs() << formatv("  {0,-32} {1,14:f0}\n", "total",
+                        memory.at("total_bytes").get<double>());
+    }
+  } catch (const json::exception &e) {
+    return fail("plan.json: the inference plan lacks a field (" +
+                std::string(e.what()) + "); compile again");
+  }
+  return 0;
+}
+
+} // namespace
+
 int tessel::inspectCommand(ArrayRef<std::string> args) {
   const char *usage = "usage: tessel inspect DIR (--ir STAGE | --plan | "
                       "--source | --comm [--textbook] | --memory | --schedule)\n  "
@@ -717,6 +768,10 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
   if (args[1] == "--memory") {
     // The plan's memory per rank by class, beside the textbook's.
     Expected<json> plan = readPlan(dir);
+    if (!plan)
+      return fail(toString(plan.takeError()));
+    if (plan->contains("inference"))
+      return printInferenceMemory(*plan);
     for (auto &[name, program] : (*plan)["programs"].items()) {
       Expected<std::vector<MemoryRow>> rows = memoryTextbook(*plan, name);
       if (!rows)
