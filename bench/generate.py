@@ -7,7 +7,7 @@ cache (the whole sequence again for every token, as a plain forward
 generates), on the same GPT-2 weights, prompt and thread count, in one run.
 All three generate greedily; the run checks that they pick the same tokens.
 
-    /usr/bin/python3 bench/generate.py [--threads N] [--prompt P] [--new N]
+    /usr/bin/python3 bench/generate.py [--threads N] [--repeats N]
 
 Prints a markdown table for docs/benchmarks.md. Needs a built tree (build/)
 and Debian's python3-torch.
@@ -28,9 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_step_time import run  # noqa: E402 (beside this file)
 
+# Model, spec, prompt tokens, new tokens (within the context).
 CASES = [
-    ("gpt-tiny", "examples/gpt-tiny.json"),
-    ("gpt2-124m", "examples/gpt2-124m.json"),
+    ("gpt-tiny", "examples/gpt-tiny.json", 16, 48),
+    ("gpt2-124m", "examples/gpt2-124m.json", 64, 128),
 ]
 
 
@@ -59,7 +60,8 @@ def torch_cached(model, prompt, new):
             y = torch.matmul(torch.softmax(att, dim=-1), kv[1])
             x = x + block.attn.c_proj(y.transpose(1, 2).reshape(1, T, C))
             x = x + block.mlp(block.ln_2(x))
-        return torch.matmul(model.ln_f(x[:, -1]), model.wte.weight.t())
+        # The tied head as Hugging Face's nn.Linear applies it.
+        return torch.nn.functional.linear(model.ln_f(x[:, -1]), model.wte.weight)
 
     with torch.no_grad():
         start = time.perf_counter()
@@ -90,8 +92,6 @@ def torch_uncached(model, prompt, new):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     import torch
@@ -101,7 +101,7 @@ def main():
                OPENBLAS_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for name, spec_path in CASES:
+        for name, spec_path, prompt_len, new in CASES:
             spec_file = os.path.join(ROOT, spec_path)
             mcfg, _ = ref.load_spec(spec_file)
             weights = os.path.join(work, name + ".safetensors")
@@ -110,7 +110,7 @@ def main():
             out = os.path.join(work, name)
             run([TESSEL, "compile", spec_file, "--inference", "-o", out])
             gen = torch.Generator().manual_seed(7)
-            prompt = torch.randint(0, mcfg["vocab_size"], (args.prompt,),
+            prompt = torch.randint(0, mcfg["vocab_size"], (prompt_len,),
                                    generator=gen).tolist()
             # Tessel: the rank program's own timings (its end event).
             tessel = []
@@ -118,30 +118,31 @@ def main():
                 lines = run([os.path.join(out, "bin", "program0"), "--weights",
                              weights, "--prompt-tokens",
                              ",".join(map(str, prompt)), "--max-new-tokens",
-                             str(args.new)], env).strip().splitlines()
+                             str(new)], env).strip().splitlines()
                 events = [json.loads(l) for l in lines]
                 ids = [e["id"] for e in events if e["event"] == "token"]
                 end = events[-1]
                 tessel.append((end["prefill_s"], end["decode_s"]))
-            cached = [torch_cached(model, prompt, args.new)
+            cached = [torch_cached(model, prompt, new)
                       for _ in range(args.repeats)]
-            plain_ids, plain_s = torch_uncached(model, prompt, args.new)
+            plain_ids, plain_s = torch_uncached(model, prompt, new)
             same = ids == cached[0][0] == plain_ids
             first_diff = next((k for k, (a, b) in enumerate(zip(ids, cached[0][0]))
                                if a != b), None)
             # Decode tokens/s: the tokens after the first (which the prefill's
             # logits give), over the decode time.
             t_pre = statistics.median(p for p, _ in tessel)
-            t_dec = (args.new - 1) / statistics.median(d for _, d in tessel)
+            t_dec = (new - 1) / statistics.median(d for _, d in tessel)
             c_pre = statistics.median(p for _, p, _ in cached)
-            c_dec = (args.new - 1) / statistics.median(d for _, _, d in cached)
-            plain = args.new / plain_s
-            rows.append((name, t_pre, t_dec, c_pre, c_dec, plain, same))
+            c_dec = (new - 1) / statistics.median(d for _, _, d in cached)
+            plain = new / plain_s
+            rows.append((f"{name} ({prompt_len} + {new} tokens)", t_pre, t_dec,
+                         c_pre, c_dec, plain, same))
             print(f"{name}: tessel prefill {t_pre * 1000:.1f} ms, {t_dec:.1f} tok/s; "
                   f"torch cached {c_pre * 1000:.1f} ms, {c_dec:.1f} tok/s; "
                   f"uncached {plain:.1f} tok/s; same tokens {same} "
                   f"(first difference at {first_diff})", file=sys.stderr)
-    print(f"| model | Tessel prefill ({args.prompt} tokens, ms) | Tessel decode "
+    print("| model (prompt + new) | Tessel prefill (ms) | Tessel decode "
           "(tokens/s) | PyTorch KV cache prefill (ms) | PyTorch KV cache decode "
           "(tokens/s) | PyTorch without cache (tokens/s) | same tokens |")
     print("|---|---|---|---|---|---|---|")
