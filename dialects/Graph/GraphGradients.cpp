@@ -120,7 +120,8 @@ AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                             SmallVectorImpl<Value> &operandGrads) {
   auto grad =
       AttentionGradOp::create(b, getLoc(), getQuery(), getKey(), getValue(),
-                              resultGrads[0], getCausalAttr(),
+                              getResult(), getLse(), resultGrads[0],
+                              getCausalAttr(),
                               /*kv_replicated=*/nullptr);
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();

@@ -289,6 +289,13 @@ LogicalResult RopeOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+// The row log-sum-exp of attention over query q [B, T, H, D]: [B, H, T].
+static RankedTensorType lseType(Value q) {
+  auto type = cast<RankedTensorType>(q.getType());
+  auto s = type.getShape();
+  return RankedTensorType::get({s[0], s[2], s[1]}, type.getElementType());
+}
+
 static LogicalResult checkAttention(std::optional<Location> loc, Value q,
                                     Value k, Value v) {
   auto qs = shapeOf(q), ks = shapeOf(k), vs = shapeOf(v);
@@ -316,6 +323,7 @@ LogicalResult AttentionOp::inferReturnTypes(MLIRContext *,
                             adaptor.getValue())))
     return failure();
   types.push_back(adaptor.getQuery().getType());
+  types.push_back(lseType(adaptor.getQuery()));
   return success();
 }
 
@@ -493,6 +501,13 @@ LogicalResult AttentionGradOp::inferReturnTypes(MLIRContext *,
   if (failed(checkAttention(loc, a.getQuery(), a.getKey(), a.getValue())) ||
       failed(sameShapeGrad(loc, a.getQuery(), a.getGrad(), types)))
     return failure();
+  if (a.getResult().getType() != a.getQuery().getType())
+    return fail(loc, "attention result type must match the query type");
+  if (a.getLse().getType() != lseType(a.getQuery()))
+    return fail(loc, "attention lse must be " +
+                         shapeStr(lseType(a.getQuery()).getShape()) +
+                         " of the query's element type, got " +
+                         shapeStr(shapeOf(a.getLse())));
   types.append({a.getKey().getType(), a.getValue().getType()});
   return success();
 }

@@ -227,15 +227,19 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
     the query heads while every rank holds all KV heads (fewer KV heads than
     ranks); the partition pass then gives the op the one KV head its query
     heads read.
+    `lse` is `[batch, heads, seq]`: each query row's log-sum-exp of its
+    scaled scores (natural log), which the gradient reads with the result
+    instead of computing the forward again (FlashAttention-2). Its element
+    type is the query's; a bf16 program keeps it in fp32.
 
     ```mlir
-    %o = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> tensor<8x64x4x16xf32>
+    %o, %lse = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> (tensor<8x64x4x16xf32>, tensor<8x4x64xf32>)
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
                    DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated);
-  let results = (outs Graph_FloatTensor:$result);
+  let results = (outs Graph_FloatTensor:$result, Graph_FloatTensor:$lse);
 }
 
 def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
@@ -392,13 +396,16 @@ def Graph_RmsNormGradOp : Graph_InferOp<"rms_norm_grad"> {
 def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
   let summary = "Gradients of attention for query, key and value";
   let description = [{
-    Recomputes the attention probabilities from query and key.
+    Takes the forward's `result` and `lse`: the probabilities are
+    `exp(scale * q k^T - lse)`, recomputed tile by tile, and the softmax
+    gradient's row sums are `rowsum(grad * result)`.
 
     ```mlir
-    %dq, %dk, %dv = graph.attention_grad %q, %k, %v, %do : (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
+    %dq, %dk, %dv = graph.attention_grad %q, %k, %v, %o, %lse, %do : (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
+                   Graph_FloatTensor:$result, Graph_FloatTensor:$lse,
                    Graph_FloatTensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated);
   let results = (outs Graph_FloatTensor:$query_grad, Graph_FloatTensor:$key_grad,

@@ -141,12 +141,21 @@ LogicalResult propagateAttention(Operation *op, ShardingContext &ctx,
     op->setAttr("kv_replicated", dist::AxesAttr::get(op->getContext(), heads));
   else
     op->removeAttr("kv_replicated");
+  // The row log-sum-exp [B, H, T] follows the query's batch and heads.
+  Sharding lse = Sharding::replicated(3);
+  lse.dims[0] = sq.dims[0];
+  lse.dims[1] = sq.dims[2];
   ctx.require(op, 0, sq);
   ctx.require(op, 1, sk);
   ctx.require(op, 2, sk);
-  if (grad)
-    ctx.require(op, 3, sq);
+  if (grad) {
+    ctx.require(op, 3, sq);  // the forward's result
+    ctx.require(op, 4, lse); // and its log-sum-exp
+    ctx.require(op, 5, sq);  // the result's gradient
+  }
   ctx.set(op->getResult(0), sq);
+  if (!grad)
+    ctx.set(op->getResult(1), lse);
   if (grad) {
     // With replicated KV heads each rank contributes to its KV head only.
     Sharding dk = sk;

@@ -307,12 +307,13 @@ def Rt_CachedAttentionOp : Rt_KernelOp<"cached_attention", "cachedAttention",
          I64Attr:$kv_heads, I64Attr:$head_dim)>;
 def Rt_AttentionForwardOp : Rt_KernelOp<"attention_forward", "attentionForward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
-         I64Attr:$batch, I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads,
-         I64Attr:$head_dim, BoolAttr:$causal)>;
+         Rt_Buffer:$lse, I64Attr:$batch, I64Attr:$seq, I64Attr:$heads,
+         I64Attr:$kv_heads, I64Attr:$head_dim, BoolAttr:$causal)>;
 def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
     "attentionBackward",
-    (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$dout,
-         Rt_Buffer:$dq, Rt_Buffer:$dk, Rt_Buffer:$dv, I64Attr:$batch,
+    (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
+         Rt_Buffer:$lse, Rt_Buffer:$dout, Rt_Buffer:$dq, Rt_Buffer:$dk,
+         Rt_Buffer:$dv, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
          BoolAttr:$causal)>;
 def Rt_SoftmaxForwardOp : Rt_KernelOp<"softmax_forward", "softmaxForward",

@@ -446,7 +446,8 @@ private:
   Value attention(const std::string &prefix, Value q, Value k, Value v,
                   int64_t kvHeads) {
     if (!inference)
-      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr);
+      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr)
+          .getResult();
     auto kt = cast<RankedTensorType>(k.getType());
     auto cacheType = f32({kt.getDimSize(0), m.seqLen, kvHeads,
                           kt.getDimSize(3)});

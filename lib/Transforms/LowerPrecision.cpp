@@ -3,8 +3,9 @@
 // Mixed precision as element types: on the bufferized rank programs (rt),
 // every working buffer becomes `bf16` except those a bf16 program keeps in
 // fp32: what becomes a parameter gradient (and every term summed into one),
-// what the gradient norm reads, norm weight gradients, one-element values
-// (losses, norms), and whatever shares storage or a message with those.
+// what the gradient norm reads, norm weight gradients, the attention's row
+// log-sum-exp, one-element values (losses, norms), and whatever shares
+// storage or a message with those.
 // Matmuls and sends read parameters through their bf16 shadow
 // (`rt.state_of <shadow>`), which AdamW refreshes after each update from the
 // fp32 master weights.
@@ -139,6 +140,11 @@ void LowerPrecisionPass::runOnOperation() {
       keep(n.getDw());
     } else if (auto n = dyn_cast<rt::RmsNormBackwardAddOp>(op)) {
       keep(n.getDw());
+    } else if (auto a = dyn_cast<rt::AttentionForwardOp>(op)) {
+      // The attention's row log-sum-exp, as FlashAttention keeps it.
+      keep(a.getLse());
+    } else if (auto a = dyn_cast<rt::AttentionBackwardOp>(op)) {
+      keep(a.getLse());
     }
     for (Value r : op->getResults())
       if (auto type = dyn_cast<MemRefType>(r.getType());

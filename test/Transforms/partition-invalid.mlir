@@ -25,7 +25,7 @@ func.func @train_step() -> tensor<2x4x6x8xf32> {
   %k = graph.param "k" : tensor<2x4x3x8xf32>
   %v = graph.param "v" : tensor<2x4x3x8xf32>
   // expected-error@+1 {{kv heads (3) neither divide nor are a multiple of the tp group of 2}}
-  %o = graph.attention %q, %k, %v : (tensor<2x4x6x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>) -> tensor<2x4x6x8xf32>
+  %o, %lse = graph.attention %q, %k, %v : (tensor<2x4x6x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>) -> (tensor<2x4x6x8xf32>, tensor<2x6x4xf32>)
   return %o : tensor<2x4x6x8xf32>
 }
 }

@@ -382,11 +382,14 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // Per block and microbatch: the two norms' inputs and outputs (split by
   // the sequence under sp), q, k, v and the attention output, and the MLP's
   // hidden activations (GELU: its input and output; SwiGLU: gate, up, their
-  // activation and product), all split over tp.
+  // activation and product), all split over tp; and the attention's row
+  // log-sum-exp, one fp32 value per token and head (FlashAttention's).
+  double heads = plan["model"]["heads"].get<double>();
   double perBlock = b * s *
-                    (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
-                     (llama ? 4 : 2) * f / t) *
-                    e;
+                        (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
+                         (llama ? 4 : 2) * f / t) *
+                        e +
+                    b * s * heads / t * 4;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
   double keptPerMicrobatch = 0;

@@ -4,7 +4,9 @@
 // CPU kernels in fp32 on the same (storage-rounded) inputs: causal or not,
 // sequence lengths that are not multiples of the tiles, grouped KV heads,
 // head dimensions from 8 to 128 (multiples of 16, of 4 only, of neither),
-// unaligned tensors. The backward is also run twice and must agree bitwise.
+// unaligned tensors. The forward's row log-sum-exp is checked too, and the
+// backward reads the device forward's output and log-sum-exp, as a compiled
+// step does. The backward is also run twice and must agree bitwise.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,7 +43,7 @@ template <typename T> double atolFor(const std::vector<float> &want) {
 }
 
 struct Reference {
-  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
 };
 
 // Random inputs rounded to T (queries spread wider than keys, so that rows
@@ -55,14 +57,17 @@ template <typename T> Reference reference(const Shape &s) {
   r.v = roundTo<T>(randomVector(nk, 3));
   r.dout = roundTo<T>(randomVector(nq, 4));
   r.out.resize(nq);
+  r.lse.resize(size_t(s.B * s.H * s.T));
   r.dq.resize(nq);
   r.dk.resize(nk);
   r.dv.resize(nk);
   rt::attentionForward<float>(r.q.data(), r.k.data(), r.v.data(), r.out.data(),
-                              s.B, s.T, s.H, s.Hkv, s.D, s.causal);
-  rt::attentionBackward<float>(
-      r.q.data(), r.k.data(), r.v.data(), r.dout.data(), r.dq.data(),
-      r.dk.data(), r.dv.data(), s.B, s.T, s.H, s.Hkv, s.D, s.causal);
+                              r.lse.data(), s.B, s.T, s.H, s.Hkv, s.D,
+                              s.causal);
+  rt::attentionBackward<float>(r.q.data(), r.k.data(), r.v.data(),
+                               r.out.data(), r.lse.data(), r.dout.data(),
+                               r.dq.data(), r.dk.data(), r.dv.data(), s.B, s.T,
+                               s.H, s.Hkv, s.D, s.causal);
   return r;
 }
 
@@ -93,20 +98,25 @@ template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
   const size_t nq = r.q.size(), nk = r.k.size();
   DeviceArray<T> out(nq + size_t(offset)), dq(nq + size_t(offset)),
       dk(nk + size_t(offset)), dv(nk + size_t(offset));
+  DeviceArray<float> lse(r.lse.size());
   DeviceArray<unsigned char> scratch(
       size_t(attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
   const int64_t o = offset;
 
   attentionForward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
-                      out.get() + o, s.B, s.T, s.H, s.Hkv, s.D, s.causal);
+                      out.get() + o, lse.get(), s.B, s.T, s.H, s.Hkv, s.D,
+                      s.causal);
   attentionBackward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
-                       in.dout.get() + o, dq.get() + o, dk.get() + o,
-                       dv.get() + o, s.B, s.T, s.H, s.Hkv, s.D, s.causal,
-                       scratch.get());
+                       out.get() + o, lse.get(), in.dout.get() + o,
+                       dq.get() + o, dk.get() + o, dv.get() + o, s.B, s.T, s.H,
+                       s.Hkv, s.D, s.causal, scratch.get());
 
   const double rtol = rtolFor<T>();
   expectClose(dropFront(out.download(), o), r.out, rtol, atolFor<T>(r.out),
               "out");
+  // The log-sum-exp is computed in fp32 on both sides (from the same
+  // storage-rounded inputs), the scores summed in another order.
+  expectClose(lse.download(), r.lse, 1e-4, 1e-4, "lse");
   expectClose(dropFront(dq.download(), o), r.dq, rtol, atolFor<T>(r.dq), "dq");
   expectClose(dropFront(dk.download(), o), r.dk, rtol, atolFor<T>(r.dk), "dk");
   expectClose(dropFront(dv.download(), o), r.dv, rtol, atolFor<T>(r.dv), "dv");
@@ -151,13 +161,17 @@ template <typename T> void checkDeterministic(const Shape &s) {
   const DeviceInputs<T> in(r, 0);
   DeviceArray<unsigned char> scratch(
       size_t(attentionScratchBytes(s.B, s.T, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  DeviceArray<T> out(r.q.size());
+  DeviceArray<float> lse(r.lse.size());
+  attentionForward<T>(in.q.get(), in.k.get(), in.v.get(), out.get(), lse.get(),
+                      s.B, s.T, s.H, s.Hkv, s.D, s.causal);
   const char *const names[3] = {"dq", "dk", "dv"};
   std::vector<float> first[3];
   for (int run = 0; run < 2; ++run) {
     DeviceArray<T> dq(r.q.size()), dk(r.k.size()), dv(r.k.size());
-    attentionBackward<T>(in.q.get(), in.k.get(), in.v.get(), in.dout.get(),
-                         dq.get(), dk.get(), dv.get(), s.B, s.T, s.H, s.Hkv,
-                         s.D, s.causal, scratch.get());
+    attentionBackward<T>(in.q.get(), in.k.get(), in.v.get(), out.get(),
+                         lse.get(), in.dout.get(), dq.get(), dk.get(), dv.get(),
+                         s.B, s.T, s.H, s.Hkv, s.D, s.causal, scratch.get());
     const std::vector<float> got[3] = {dq.download(), dk.download(),
                                        dv.download()};
     for (int i = 0; i < 3; ++i) {
@@ -185,24 +199,32 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   const float *none = nullptr;
   float *out = nullptr;
   char scratch[1];
-  EXPECT_THROW(
-      attentionForward<float>(none, none, none, out, 1, 8, 2, 2, 136, true),
-      std::runtime_error);
-  EXPECT_THROW(
-      attentionForward<float>(none, none, none, out, 1, 8, 3, 2, 64, true),
-      std::runtime_error);
-  EXPECT_THROW(attentionBackward<float>(none, none, none, none, out, out, out,
-                                        1, 8, 2, 1, 129, false, scratch),
+  EXPECT_THROW(attentionForward<float>(none, none, none, out, out, 1, 8, 2, 2,
+                                       136, true),
                std::runtime_error);
-  EXPECT_THROW(attentionBackward<float>(none, none, none, none, out, out, out,
-                                        1, 8, 4, 3, 64, false, scratch),
+  EXPECT_THROW(attentionForward<float>(none, none, none, out, out, 1, 8, 3, 2,
+                                       64, true),
+               std::runtime_error);
+  EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
+                                        out, out, out, 1, 8, 2, 1, 129, false,
+                                        scratch),
+               std::runtime_error);
+  EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
+                                        out, out, out, 1, 8, 4, 3, 64, false,
+                                        scratch),
+               std::runtime_error);
+  // Without the forward's output and log-sum-exp there is nothing to start
+  // from.
+  EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
+                                        out, out, out, 1, 8, 2, 1, 64, false,
+                                        scratch),
                std::runtime_error);
 }
 
 TEST(CudaAttention, ScratchRegionsAreAligned) {
   const int64_t bytes = attentionScratchBytes(3, 77, 5, 1, 64, 2);
   EXPECT_EQ(bytes % 256, 0);
-  EXPECT_GE(bytes, 2 * 3 * 77 * 5 * int64_t(sizeof(float)));
+  EXPECT_GE(bytes, 3 * 77 * 5 * int64_t(sizeof(float)));
 }
 
 } // namespace

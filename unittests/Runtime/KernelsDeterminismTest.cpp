@@ -63,12 +63,15 @@ TEST(KernelDeterminism, AttentionBackward) {
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     auto q = randVec(nq, gen), k = randVec(nk, gen), v = randVec(nk, gen);
     auto dout = randVec(nq, gen);
+    std::vector<float> out(nq), lse(B * H * T);
+    rt::attentionForward(q.data(), k.data(), v.data(), out.data(), lse.data(),
+                         B, T, H, Hkv, D, /*causal=*/true);
     expectDeterministic("attentionBackward", [&] {
       Outputs o = {std::vector<float>(nq), std::vector<float>(nk),
                    std::vector<float>(nk)};
-      rt::attentionBackward(q.data(), k.data(), v.data(), dout.data(),
-                            o[0].data(), o[1].data(), o[2].data(), B, T, H, Hkv,
-                            D, /*causal=*/true);
+      rt::attentionBackward(q.data(), k.data(), v.data(), out.data(),
+                            lse.data(), dout.data(), o[0].data(), o[1].data(),
+                            o[2].data(), B, T, H, Hkv, D, /*causal=*/true);
       return o;
     });
   }

@@ -176,13 +176,17 @@ void attentionGrad(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   Vec q = randVec(nq, gen, -1.5, 1.5), k = randVec(nk, gen, -1.5, 1.5);
   Vec v = randVec(nk, gen), r = randVec(nq, gen);
-  Vec dq(nq), dk(nk), dv(nk);
-  rt::attentionBackward(q.data(), k.data(), v.data(), r.data(), dq.data(),
-                        dk.data(), dv.data(), B, T, H, Hkv, D, causal);
+  Vec dq(nq), dk(nk), dv(nk), o(nq), lse(B * H * T);
+  rt::attentionForward(q.data(), k.data(), v.data(), o.data(), lse.data(), B,
+                       T, H, Hkv, D, causal);
+  rt::attentionBackward(q.data(), k.data(), v.data(), o.data(), lse.data(),
+                        r.data(), dq.data(), dk.data(), dv.data(), B, T, H,
+                        Hkv, D, causal);
   auto fwd = [&](const Vec &qq, const Vec &kk, const Vec &vv) {
     Vec out(nq);
-    rt::attentionForward(qq.data(), kk.data(), vv.data(), out.data(), B, T, H,
-                         Hkv, D, causal);
+    rt::attentionForward(qq.data(), kk.data(), vv.data(), out.data(),
+                         static_cast<double *>(nullptr), B, T, H, Hkv, D,
+                         causal);
     return out;
   };
   const std::string tag = " H=" + std::to_string(H) +

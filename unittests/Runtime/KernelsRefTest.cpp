@@ -344,17 +344,41 @@ void runAttention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
       " D=" + std::to_string(D) + " causal=" + std::to_string(causal);
   std::vector<float> out(static_cast<size_t>(nq)),
       rout(static_cast<size_t>(nq));
-  rt::attentionForward(q.data(), k.data(), v.data(), out.data(), B, T, H, Hkv,
-                       D, causal);
+  std::vector<float> lse(static_cast<size_t>(B * H * T)),
+      rlse(static_cast<size_t>(B * H * T));
+  rt::attentionForward(q.data(), k.data(), v.data(), out.data(), lse.data(), B,
+                       T, H, Hkv, D, causal);
   rt::ref::attentionForward(q.data(), k.data(), v.data(), rout.data(), B, T, H,
                             Hkv, D, causal);
   expectClose(out, rout, "attentionForward" + tag);
+  // lse[b, h, t] = log sum_j exp(q . k_j / sqrt(D)) over the keys row t
+  // sees, in double.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t g = h / (H / Hkv), n = causal ? t + 1 : T;
+        std::vector<double> sc(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += double(q[size_t(((b * T + t) * H + h) * D + d)]) *
+                   double(k[size_t(((b * T + j) * Hkv + g) * D + d)]);
+          sc[size_t(j)] = dot / std::sqrt(double(D));
+        }
+        const double mx = *std::max_element(sc.begin(), sc.end());
+        double sum = 0;
+        for (double x : sc)
+          sum += std::exp(x - mx);
+        rlse[size_t((b * H + h) * T + t)] = float(mx + std::log(sum));
+      }
+  expectClose(lse, rlse, "attention lse" + tag);
   std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)),
       dv(static_cast<size_t>(nk));
   std::vector<float> rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nk)),
       rdv(static_cast<size_t>(nk));
-  rt::attentionBackward(q.data(), k.data(), v.data(), dout.data(), dq.data(),
-                        dk.data(), dv.data(), B, T, H, Hkv, D, causal);
+  rt::attentionBackward(q.data(), k.data(), v.data(), out.data(), lse.data(),
+                        dout.data(), dq.data(), dk.data(), dv.data(), B, T, H,
+                        Hkv, D, causal);
   rt::ref::attentionBackward(q.data(), k.data(), v.data(), dout.data(),
                              rdq.data(), rdk.data(), rdv.data(), B, T, H, Hkv,
                              D, causal);
@@ -386,8 +410,9 @@ void runCachedAttention(int64_t B, int64_t T, int64_t Tmax, int64_t H,
   auto k = randVec(static_cast<size_t>(B * T * kRow), gen, -2.f, 2.f);
   auto v = randVec(static_cast<size_t>(B * T * kRow), gen);
   std::vector<float> want(q.size());
-  rt::attentionForward(q.data(), k.data(), v.data(), want.data(), B, T, H, Hkv,
-                       D, /*causal=*/true);
+  rt::attentionForward(q.data(), k.data(), v.data(), want.data(),
+                       static_cast<float *>(nullptr), B, T, H, Hkv, D,
+                       /*causal=*/true);
 
   std::vector<float> kCache(static_cast<size_t>(B * Tmax * kRow), 0.f),
       vCache(kCache.size(), 0.f), got(q.size());

@@ -86,16 +86,20 @@ void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
 // Causal (when causal) scaled dot-product attention with grouped KV heads.
 // q, out: [B, T, H, D]; k, v: [B, T, Hkv, D]; query head h reads KV head
 // h / (H / Hkv); scale = 1 / sqrt(D). Never stores the full score matrix
-// beyond one row per thread.
+// beyond one row per thread. lse [B, H, T] (may be null) receives each
+// row's log-sum-exp of the scaled scores.
 template <typename T>
-void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
-                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
-                      bool causal);
-// Recomputes the probabilities. Writes dq, dk, dv (same shapes as q, k, v).
+void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
+                      int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                      int64_t D, bool causal);
+// From the forward's out and lse: the probabilities are exp(S - lse), the
+// softmax gradient's row sums rowsum(dout * out). Writes dq, dk, dv (same
+// shapes as q, k, v).
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
-                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
-                       int64_t Hkv, int64_t D, bool causal);
+void attentionBackward(const T *q, const T *k, const T *v, const T *out,
+                       const T *lse, const T *dout, T *dq, T *dk, T *dv,
+                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                       int64_t D, bool causal);
 // Inference attention over a KV cache. q, out: [B, S, H, D]; k, v: [B, S,
 // Hkv, D], the S new tokens' keys and values; kCache, vCache: [B, Tmax, Hkv,
 // D]; positions: [B, S], each new token's position (0 <= position < Tmax).

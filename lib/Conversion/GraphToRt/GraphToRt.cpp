@@ -244,12 +244,14 @@ PATTERN(RopeOp) {
 
 PATTERN(AttentionOp) {
   auto q = shapeOf(op.getQuery());
-  Value out = alloc(b, op.getLoc(), op);
-  rt::AttentionForwardOp::create(
-      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), out, i(b, q[0]),
-      i(b, q[1]), i(b, q[2]), i(b, shapeOf(op.getKey())[2]), i(b, q[3]),
-      op.getCausalAttr());
-  b.replaceOp(op, out);
+  Value out = alloc(b, op.getLoc(), op.getResult());
+  Value lse = alloc(b, op.getLoc(), op.getLse());
+  rt::AttentionForwardOp::create(b, op.getLoc(), a.getQuery(), a.getKey(),
+                                 a.getValue(), out, lse, i(b, q[0]),
+                                 i(b, q[1]), i(b, q[2]),
+                                 i(b, shapeOf(op.getKey())[2]), i(b, q[3]),
+                                 op.getCausalAttr());
+  b.replaceOp(op, {out, lse});
   return success();
 }
 
@@ -299,8 +301,8 @@ PATTERN(AttentionGradOp) {
   Value dk = alloc(b, op.getLoc(), op.getKeyGrad());
   Value dv = alloc(b, op.getLoc(), op.getValueGrad());
   rt::AttentionBackwardOp::create(
-      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), a.getGrad(), dq,
-      dk, dv, i(b, q[0]), i(b, q[1]), i(b, q[2]),
+      b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), a.getResult(),
+      a.getLse(), a.getGrad(), dq, dk, dv, i(b, q[0]), i(b, q[1]), i(b, q[2]),
       i(b, shapeOf(op.getKey())[2]), i(b, q[3]), op.getCausalAttr());
   b.replaceOp(op, {dq, dk, dv});
   return success();

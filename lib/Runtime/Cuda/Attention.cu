@@ -15,10 +15,12 @@
 // It can also write the row log-sum-exp LSE of the scaled scores and
 // Dvec = rowsum(dO * O), which is all the backward needs of the forward.
 //
-// Backward: a forward pass writes LSE and Dvec into the scratch, so that
+// Backward: from the forward's O and LSE (the forward stores LSE beside O),
+// a small kernel writes Dvec = rowsum(dO * O) into the scratch, so that
 // P = exp(S - LSE) can be recomputed tile by tile and dS = P * (dP - Dvec)
-// with dP = dO V^T. Then two kernels, neither of which accumulates
-// atomically, so results are bitwise reproducible:
+// with dP = dO V^T, without running the forward again. Then two kernels,
+// neither of which accumulates atomically, so results are bitwise
+// reproducible:
 //   - one block per (key tile, KV head, batch) sums dV += P^T dO and
 //     dK += dS^T Q over the query heads of its group and their query tiles,
 //     always in the same order, in fp32;
@@ -1044,6 +1046,31 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// Dvec[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d] in fp32: one warp per
+// row (b, t, h), D <= 128, so each lane takes at most four columns.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    rowDotKernel(const T *__restrict__ dout, const T *__restrict__ out,
+                 float *__restrict__ dvec, int64_t rows, Dims s) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+       row < rows; row += warps) {
+    const T *a = dout + row * s.D, *o = out + row * s.D;
+    float acc = 0.f;
+    for (int d = lane; d < s.D; d += 32)
+      acc = fmaf(toFloat(a[d]), toFloat(o[d]), acc);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      const int64_t h = row % s.H, bt = row / s.H;
+      const int64_t t = bt % s.T, b = bt / s.T;
+      dvec[(b * s.H + h) * s.T + t] = acc;
+    }
+  }
+}
+
 //===--- Launchers --------------------------------------------------------===//
 
 int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -1168,7 +1195,7 @@ void backwardGrads(const bf16 *q, const bf16 *k, const bf16 *v,
   }
 }
 
-// Scratch layout: LSE [B, H, T] then Dvec [B, H, T], fp32, 256-byte aligned.
+// Row statistics (LSE, Dvec) are [B, H, T], fp32, 256-byte aligned.
 int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
   return align256(B * H * Tlen * int64_t(sizeof(float)));
 }
@@ -1176,48 +1203,54 @@ int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
 } // namespace
 
 template <typename T>
-void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
-                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
-                      bool causal) {
+void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
+                      int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                      int64_t D, bool causal) {
   Dims s;
   if (!makeDims("attentionForward", B, Tlen, H, Hkv, D, causal, s))
     return;
-  forward(q, k, v, out, nullptr, nullptr, nullptr, B, s);
+  forward(q, k, v, out, lse, nullptr, nullptr, B, s);
 }
 
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
-                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
-                       int64_t Hkv, int64_t D, bool causal, void *scratch) {
+void attentionBackward(const T *q, const T *k, const T *v, const T *out,
+                       const float *lse, const T *dout, T *dq, T *dk, T *dv,
+                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                       int64_t D, bool causal, void *scratch) {
   Dims s;
   if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, s))
     return;
   if (!scratch)
     throw std::runtime_error("CUDA attentionBackward: no scratch buffer");
-  float *lse = static_cast<float *>(scratch);
-  float *dvec = reinterpret_cast<float *>(static_cast<char *>(scratch) +
-                                          statBytes(B, Tlen, H));
-  // The output itself is not kept: Dvec = rowsum(dO * O) is taken from the
-  // fp32 accumulators before O is rounded to T.
-  forward(q, k, v, static_cast<T *>(nullptr), lse, dout, dvec, B, s);
+  if (!out || !lse)
+    throw std::runtime_error(
+        "CUDA attentionBackward: the forward's output and log-sum-exp are "
+        "needed");
+  // Dvec = rowsum(dO * O) from the stored output (rounded to T in a bf16
+  // program, as FlashAttention-2 takes it).
+  float *dvec = static_cast<float *>(scratch);
+  const int64_t rows = B * Tlen * H;
+  launch(rowDotKernel<T>, dim3(detail::blocksFor(rows * 32)), 256, 0, dout, out, dvec,
+         rows, s);
   backwardGrads(q, k, v, dout, lse, dvec, dq, dk, dv, B, s);
 }
 
-// Only the row statistics are kept, whatever the KV heads, head dimension
-// and element size.
+// Only the row sums Dvec are kept, whatever the KV heads, head dimension
+// and element size (the log-sum-exp is the forward's).
 int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H,
                               int64_t /*Hkv*/, int64_t /*D*/,
                               int /*elementBytes*/) {
-  return 2 * statBytes(B, Tlen, H);
+  return statBytes(B, Tlen, H);
 }
 
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
-                                    int64_t, int64_t, int64_t, int64_t,        \
-                                    int64_t, bool);                            \
+                                    float *, int64_t, int64_t, int64_t,        \
+                                    int64_t, int64_t, bool);                   \
   template void attentionBackward<T>(                                          \
-      const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
-      int64_t, int64_t, int64_t, int64_t, bool, void *);
+      const T *, const T *, const T *, const T *, const float *, const T *,    \
+      T *, T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool,        \
+      void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

@@ -38,9 +38,10 @@ template <typename T> inline void axpy(T a, const T *x, T *y, int64_t n) {
 }
 
 // p[j] = softmax_j(scale * q . k_j) for j < n; k rows are kStride apart.
+// Returns the row's log-sum-exp of the scaled scores.
 template <typename T>
-inline void attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
-                         int64_t D, T scale, T *p) {
+inline T attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
+                      int64_t D, T scale, T *p) {
   for (int64_t j = 0; j < n; ++j)
     p[j] = dotOf(qr, k0 + j * kStride, D) * scale;
   const T m = maxOf(p, n);
@@ -49,26 +50,28 @@ inline void attentionRow(const T *qr, const T *k0, int64_t kStride, int64_t n,
   const T inv = T(1) / sum;
   for (int64_t j = 0; j < n; ++j)
     p[j] *= inv;
+  return m + std::log(sum);
 }
 
 // outr = sum_j p[j] * v_j over the first n positions, p the row's
-// probabilities (scratch of n elements).
+// probabilities (scratch of n elements). Returns the row's log-sum-exp.
 template <typename T>
-inline void attendRow(const T *qr, const T *k0, const T *v0, int64_t kStride,
-                      int64_t n, int64_t D, T scale, T *p, T *outr) {
-  attentionRow(qr, k0, kStride, n, D, scale, p);
+inline T attendRow(const T *qr, const T *k0, const T *v0, int64_t kStride,
+                   int64_t n, int64_t D, T scale, T *p, T *outr) {
+  const T lse = attentionRow(qr, k0, kStride, n, D, scale, p);
   for (int64_t d = 0; d < D; ++d)
     outr[d] = T(0);
   for (int64_t j = 0; j < n; ++j)
     axpy(p[j], v0 + j * kStride, outr, D);
+  return lse;
 }
 
 } // namespace
 
 template <typename T>
-void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
-                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
-                      bool causal) {
+void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
+                      int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                      int64_t D, bool causal) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   const int64_t group = H / Hkv;
@@ -90,8 +93,10 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
       const T *k0 = k + (b * Tlen * Hkv + g) * D;
       const T *v0 = v + (b * Tlen * Hkv + g) * D;
       T *outr = out + ((b * Tlen + t) * H + h) * D;
-      attendRow(qr, k0, v0, kStride, causal ? t + 1 : Tlen, D, scale, p.data(),
-                outr);
+      const T rowLse = attendRow(qr, k0, v0, kStride, causal ? t + 1 : Tlen,
+                                 D, scale, p.data(), outr);
+      if (lse)
+        lse[idx] = rowLse; // idx is (b, h, t): lse is [B, H, T]
     }
   }
 }
@@ -135,11 +140,14 @@ void cachedAttention(const T *q, const T *k, const T *v, T *kCache, T *vCache,
 
 // With P = softmax(S), S = scale * Q K^T, O = P V:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),
-//   dQ = scale * dS K,  dK = scale * dS^T Q.
+//   dQ = scale * dS K,  dK = scale * dS^T Q,
+// P = exp(S - LSE) from the forward's log-sum-exp and rowsum(P * dP) =
+// rowsum(dO * O) from its output.
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
-                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
-                       int64_t Hkv, int64_t D, bool causal) {
+void attentionBackward(const T *q, const T *k, const T *v, const T *out,
+                       const T *lse, const T *dout, T *dq, T *dk, T *dv,
+                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                       int64_t D, bool causal) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   const int64_t group = H / Hkv;
@@ -186,13 +194,12 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
         const T *dor = dout + (b * Tlen + t) * qStride + h * D;
         T *dqr = dq + (b * Tlen + t) * qStride + h * D;
         const int64_t n = causal ? t + 1 : Tlen;
-        attentionRow(qr, k0, kStride, n, D, scale, p.data());
-        T pdp = T(0);
-        for (int64_t j = 0; j < n; ++j) {
-          const T dpj = dotOf(dor, v0 + j * kStride, D);
-          dp[size_t(j)] = dpj;
-          pdp += p[size_t(j)] * dpj;
-        }
+        for (int64_t j = 0; j < n; ++j)
+          p[size_t(j)] = dotOf(qr, k0 + j * kStride, D) * scale;
+        detail::expShifted(p.data(), lse[bh * Tlen + t], p.data(), n);
+        const T pdp = dotOf(dor, out + (b * Tlen + t) * qStride + h * D, D);
+        for (int64_t j = 0; j < n; ++j)
+          dp[size_t(j)] = dotOf(dor, v0 + j * kStride, D);
         for (int64_t d = 0; d < D; ++d)
           dqr[d] = T(0);
         for (int64_t j = 0; j < n; ++j) {
@@ -237,12 +244,12 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
 }
 
 #define TESSEL_INSTANTIATE(T)                                                  \
-  template void attentionForward<T>(const T *, const T *, const T *, T *,      \
+  template void attentionForward<T>(const T *, const T *, const T *, T *, T *, \
                                     int64_t, int64_t, int64_t, int64_t,        \
                                     int64_t, bool);                            \
   template void attentionBackward<T>(                                          \
-      const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
-      int64_t, int64_t, int64_t, int64_t, bool);                               \
+      const T *, const T *, const T *, const T *, const T *, const T *, T *,   \
+      T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool);            \
   template void cachedAttention<T>(const T *, const T *, const T *, T *, T *,  \
                                    const int32_t *, T *, int64_t, int64_t,     \
                                    int64_t, int64_t, int64_t, int64_t);

@@ -39,7 +39,17 @@ func.func @bad_norm(%x: tensor<4x16xf32>, %w: tensor<15xf32>, %b: tensor<16xf32>
 func.func @bad_gqa(%q: tensor<2x8x4x4xf32>, %kv: tensor<2x8x3x4xf32>) {
   // expected-error@+2 {{attention heads (4) must be a multiple of kv heads (3)}}
   // expected-error@+1 {{failed to infer returned types}}
-  %y = graph.attention %q, %kv, %kv : (tensor<2x8x4x4xf32>, tensor<2x8x3x4xf32>, tensor<2x8x3x4xf32>) -> tensor<2x8x4x4xf32>
+  %y, %lse = graph.attention %q, %kv, %kv : (tensor<2x8x4x4xf32>, tensor<2x8x3x4xf32>, tensor<2x8x3x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x4x8xf32>)
+  return
+}
+
+// -----
+
+// The log-sum-exp the gradient reads is [batch, heads, seq].
+func.func @bad_lse(%q: tensor<2x8x4x4xf32>, %kv: tensor<2x8x2x4xf32>, %lse: tensor<2x8x4xf32>) {
+  // expected-error@+2 {{attention lse must be [2x4x8] of the query's element type, got [2x8x4]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %dq, %dk, %dv = graph.attention_grad %q, %kv, %kv, %q, %lse, %q : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x4x4xf32>, tensor<2x8x4xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>)
   return
 }
 

@@ -32,7 +32,7 @@ func.func @forward_ops() -> tensor<f32> {
   // CHECK: graph.rope {{.*}} {theta = 5.000000e+05 : f64}
   %qr = graph.rope %q4 {theta = 500000.0 : f64} : (tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
   // CHECK: graph.attention
-  %a = graph.attention %qr, %k2, %v2 : (tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
+  %a, %lse = graph.attention %qr, %k2, %v2 : (tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x4x8xf32>)
   // CHECK: graph.transpose {{.*}} {permutation = array<i64: 0, 2, 1, 3>}
   %t = graph.transpose %a {permutation = array<i64: 0, 2, 1, 3>} : (tensor<2x8x4x4xf32>) -> tensor<2x4x8x4xf32>
   %a3 = graph.reshape %a : (tensor<2x8x4x4xf32>) -> tensor<2x8x16xf32>
@@ -69,8 +69,9 @@ func.func @gradient_ops(%x: tensor<4x16xf32>, %w: tensor<16xf32>, %q: tensor<2x8
   %dx, %dw, %db = graph.layer_norm_grad %x, %w, %x : (tensor<4x16xf32>, tensor<16xf32>, tensor<4x16xf32>) -> (tensor<4x16xf32>, tensor<16xf32>, tensor<16xf32>)
   // CHECK: graph.rms_norm_grad
   %rx, %rw = graph.rms_norm_grad %x, %w, %x : (tensor<4x16xf32>, tensor<16xf32>, tensor<4x16xf32>) -> (tensor<4x16xf32>, tensor<16xf32>)
+  %lse = graph.fill {value = 0.0 : f64} : tensor<2x4x8xf32>
   // CHECK: graph.attention_grad
-  %dq, %dk, %dv = graph.attention_grad %q, %kv, %kv, %q : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>)
+  %dq, %dk, %dv = graph.attention_grad %q, %kv, %kv, %q, %lse, %q : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x4x4xf32>, tensor<2x4x8xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>)
   // CHECK: graph.softmax_grad
   %smg = graph.softmax_grad %x, %x : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
   // CHECK: graph.cross_entropy_grad

@@ -176,20 +176,21 @@ void rmsNormBackwardAdd(const TI *x, const float *w, const TG *dout,
 
 // Causal (when causal) attention, q/out [B, T, H, D], k/v [B, T, Hkv, D],
 // scale 1/sqrt(D), never materialising the T x T scores (tiles of queries
-// and keys in shared memory, online softmax). D <= 128.
+// and keys in shared memory, online softmax). D <= 128. lse [B, H, T] (fp32,
+// may be null) receives each row's log-sum-exp of the scaled scores.
 template <typename T>
-void attentionForward(const T *q, const T *k, const T *v, T *out, int64_t B,
-                      int64_t Tlen, int64_t H, int64_t Hkv, int64_t D,
-                      bool causal);
-// Recomputes the forward's row log-sum-exp and rowsum(dout * out) into
-// `scratch` (the output itself is not stored), then the flash-attention
-// backward: a pass over key tiles (dK, dV) and one over query tiles (dQ). dk
-// and dv of a KV head shared by several query heads are summed in fp32.
-// `scratch` must hold attentionScratchBytes(...) bytes.
+void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
+                      int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                      int64_t D, bool causal);
+// From the forward's out and lse: rowsum(dout * out) into `scratch`, then the
+// flash-attention backward: a pass over key tiles (dK, dV) and one over query
+// tiles (dQ). dk and dv of a KV head shared by several query heads are summed
+// in fp32. `scratch` must hold attentionScratchBytes(...) bytes.
 template <typename T>
-void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
-                       T *dk, T *dv, int64_t B, int64_t Tlen, int64_t H,
-                       int64_t Hkv, int64_t D, bool causal, void *scratch);
+void attentionBackward(const T *q, const T *k, const T *v, const T *out,
+                       const float *lse, const T *dout, T *dq, T *dk, T *dv,
+                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
+                       int64_t D, bool causal, void *scratch);
 int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                               int64_t D, int elementBytes);
 

@@ -18,7 +18,7 @@ func.func @forward_ops() -> tensor<f32> {
   %k2 = graph.reshape %k : (tensor<2x8x16xf32>) -> tensor<2x8x4x4xf32>
   %v2 = graph.reshape %v : (tensor<2x8x16xf32>) -> tensor<2x8x4x4xf32>
   %qr = graph.rope %q4 {theta = 500000.0 : f64} : (tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
-  %a = graph.attention %qr, %k2, %v2 : (tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
+  %a, %lse = graph.attention %qr, %k2, %v2 : (tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x4x8xf32>)
   %t = graph.transpose %a {permutation = array<i64: 0, 2, 1, 3>} : (tensor<2x8x4x4xf32>) -> tensor<2x4x8x4xf32>
   %a3 = graph.reshape %a : (tensor<2x8x4x4xf32>) -> tensor<2x8x16xf32>
   %g = graph.gelu %a3 : (tensor<2x8x16xf32>) -> tensor<2x8x16xf32>
@@ -40,7 +40,8 @@ func.func @gradient_ops(%x: tensor<4x16xf32>, %w: tensor<16xf32>, %q: tensor<2x8
   %sg = graph.silu_grad %x, %x : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
   %dx, %dw, %db = graph.layer_norm_grad %x, %w, %x : (tensor<4x16xf32>, tensor<16xf32>, tensor<4x16xf32>) -> (tensor<4x16xf32>, tensor<16xf32>, tensor<16xf32>)
   %rx, %rw = graph.rms_norm_grad %x, %w, %x : (tensor<4x16xf32>, tensor<16xf32>, tensor<4x16xf32>) -> (tensor<4x16xf32>, tensor<16xf32>)
-  %dq, %dk, %dv = graph.attention_grad %q, %kv, %kv, %q : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>)
+  %lse = graph.fill {value = 0.0 : f64} : tensor<2x4x8xf32>
+  %dq, %dk, %dv = graph.attention_grad %q, %kv, %kv, %q, %lse, %q : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x4x4xf32>, tensor<2x4x8xf32>, tensor<2x8x4x4xf32>) -> (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>, tensor<2x8x2x4xf32>)
   %smg = graph.softmax_grad %x, %x : (tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
   %ceg = graph.cross_entropy_grad %l, %t, %one : (tensor<2x8x32xf32>, tensor<2x8xi32>, tensor<f32>) -> tensor<2x8x32xf32>
   %eg = graph.embedding_grad %t, %e : (tensor<2x8xi32>, tensor<2x8x16xf32>) -> tensor<32x16xf32>
