@@ -1029,6 +1029,9 @@ def spec_model(path, seq_len):
     m["seq_len"] = seq_len
     m.setdefault("ffn_hidden", 4 * m["hidden"])
     m.setdefault("tie_embeddings", True)
+    # The token table's rows: the vocabulary padded to vocab_pad_to_multiple.
+    pad = m.get("vocab_pad_to_multiple", 1)
+    m["vocab_size"] = (m["vocab_size"] + pad - 1) // pad * pad
     return m
 
 

@@ -101,6 +101,10 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         V, T, C = cfg["vocab_size"], cfg["seq_len"], cfg["hidden"]
+        # A padded vocabulary (model.vocab_pad_to_multiple) as nanoGPT pads
+        # GPT-2's: the table has the padded rows, which no target names.
+        pad = cfg.get("vocab_pad_to_multiple", 1)
+        V = (V + pad - 1) // pad * pad
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg["layers"])])

@@ -140,7 +140,7 @@ CrossEntropyOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
                                SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(CrossEntropyGradOp::create(
       b, getLoc(), getLogits(), getTargets(), resultGrads[0],
-      /*vocab_axes=*/nullptr));
+      /*vocab_axes=*/nullptr, getValidVocabAttr()));
   operandGrads.push_back(Value()); // token ids have no gradient
   return success();
 }

@@ -260,14 +260,17 @@ def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy", [], ["localize"]> {
     result is the mean over all tokens of `-log softmax(logits)[target]`.
     With `vocab_axes` the logits are this rank's slice of the vocabulary
     (see `graph.embedding`); the softmax statistics are reduced over those
-    axes.
+    axes. With `valid_vocab` the vocabulary is padded: only the first
+    `valid_vocab` classes (global indices) take part in the softmax.
 
     ```mlir
     %loss = graph.cross_entropy %logits, %targets : (tensor<8x64x256xf32>, tensor<8x64xi32>) -> tensor<f32>
+    %padded = graph.cross_entropy %logits, %targets {valid_vocab = 250 : i64} : (tensor<8x64x256xf32>, tensor<8x64xi32>) -> tensor<f32>
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$logits, Graph_I32Tensor:$targets,
-                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes,
+                   OptionalAttr<I64Attr>:$valid_vocab);
   let results = (outs Graph_FloatScalar:$result);
 }
 
@@ -426,12 +429,15 @@ def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
 def Graph_CrossEntropyGradOp : Graph_InferOp<"cross_entropy_grad", [], ["localize"]> {
   let summary = "Gradient of cross_entropy with respect to the logits";
   let description = [{
+    Zero in the padding classes (from `valid_vocab` on).
+
     ```mlir
     %dl = graph.cross_entropy_grad %logits, %targets, %dloss : (tensor<8x64x256xf32>, tensor<8x64xi32>, tensor<f32>) -> tensor<8x64x256xf32>
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$logits, Graph_I32Tensor:$targets, Graph_FloatScalar:$grad,
-                   OptionalAttr<Dist_AxesAttr>:$vocab_axes);
+                   OptionalAttr<Dist_AxesAttr>:$vocab_axes,
+                   OptionalAttr<I64Attr>:$valid_vocab);
   let results = (outs Graph_FloatTensor:$result);
 }
 

@@ -325,23 +325,23 @@ def Rt_SoftmaxBackwardOp : Rt_KernelOp<"softmax_backward", "softmaxBackward",
 def Rt_CrossEntropyForwardOp : Rt_KernelOp<"cross_entropy_forward",
     "crossEntropyForward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$loss,
-         I64Attr:$rows, I64Attr:$vocab)>;
+         I64Attr:$rows, I64Attr:$vocab, I64Attr:$valid)>;
 def Rt_CrossEntropyBackwardOp : Rt_KernelOp<"cross_entropy_backward",
     "crossEntropyBackward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
-         Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$vocab)>;
+         Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$vocab, I64Attr:$valid)>;
 def Rt_CrossEntropyVocabParallelForwardOp : Rt_KernelOp<
     "cross_entropy_vocab_parallel_forward", "crossEntropyVocabParallelForward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$loss,
          I64Attr:$rows, I64Attr:$local_vocab, Rt_GroupOffsetAttr:$vocab_start,
-         Dist_AxesAttr:$axes),
+         Dist_AxesAttr:$axes, I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 def Rt_CrossEntropyVocabParallelBackwardOp : Rt_KernelOp<
     "cross_entropy_vocab_parallel_backward",
     "crossEntropyVocabParallelBackward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
          Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$local_vocab,
-         Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes),
+         Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes, I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 
 def Rt_TransposeOp : Rt_KernelOp<"transpose", "transpose",

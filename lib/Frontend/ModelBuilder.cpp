@@ -312,12 +312,15 @@ private:
     enter(graph::LayerKind::Head);
     Value w = m.tieEmbeddings
                   ? embedding
-                  : splitOverTP(param(untiedName, {m.vocabSize, m.hidden}), 0);
+                  : splitOverTP(param(untiedName, {m.paddedVocab(), m.hidden}),
+                                0);
     Value logits = MatmulOp::create(b, at("lm_head"), h, w, false, true);
     if (inference)
       return logits;
+    // A padded vocabulary's extra classes take no part in the softmax.
     return CrossEntropyOp::create(b, at("loss"), logits, targets,
-                                  /*vocab_axes=*/nullptr);
+                                  /*vocab_axes=*/nullptr,
+                                  b.getI64IntegerAttr(m.vocabSize));
   }
 
   // Hugging Face GPT2LMHeadModel (names without the "transformer." prefix).
@@ -326,7 +329,7 @@ private:
     int64_t T = S, C = m.hidden, H = m.heads, D = m.headDim();
     double projStd = 0.02 / std::sqrt(2.0 * m.layers);
     enter(graph::LayerKind::Embedding);
-    Value wte = splitOverTP(param("wte.weight", {m.vocabSize, C}), 0);
+    Value wte = splitOverTP(param("wte.weight", {m.paddedVocab(), C}), 0);
     Value wpe = param("wpe.weight", {m.seqLen, C});
     Value x = EmbeddingOp::create(b, at("wte"), wte, tokens, nullptr);
     if (inference)
@@ -400,7 +403,8 @@ private:
             D = m.headDim(), F = m.ffnHidden;
     enter(graph::LayerKind::Embedding);
     Value embed =
-        splitOverTP(param("model.embed_tokens.weight", {m.vocabSize, C}), 0);
+        splitOverTP(param("model.embed_tokens.weight", {m.paddedVocab(), C}),
+                    0);
     Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens,
                                   nullptr);
     auto theta = b.getF64FloatAttr(m.ropeTheta);
@@ -514,6 +518,7 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
           b.getNamedAttr("global_batch", i(t.globalBatch)),
           b.getNamedAttr("seq_len", i(spec.model.seqLen)),
           b.getNamedAttr("vocab", i(spec.model.vocabSize)),
+          b.getNamedAttr("padded_vocab", i(spec.model.paddedVocab())),
           b.getNamedAttr("steps", i(t.steps)),
           b.getNamedAttr("seed", i(static_cast<int64_t>(t.seed))),
           b.getNamedAttr("grad_clip", f(t.gradClip)),
@@ -542,7 +547,9 @@ void tessel::setRecipeFromGraph(ModuleOp module, Spec spec) {
   });
   module.walk([&](CrossEntropyOp ce) {
     spec.model.vocabSize =
-        cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
+        ce.getValidVocab()
+            ? int64_t(*ce.getValidVocab())
+            : cast<RankedTensorType>(ce.getLogits().getType()).getShape().back();
   });
   spec.train.globalBatch *= pipe::layoutOf(module).getMicrobatches();
   setRecipe(module, spec, /*fromSpec=*/false);

@@ -384,6 +384,7 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
     problems.report(s.at("family"), "is required (\"gpt\" or \"llama\")");
   bool gpt = m.family != "llama";
   m.vocabSize = s.integer("vocab_size", 256, 2, kMaxVocab);
+  m.vocabPadTo = s.integer("vocab_pad_to_multiple", 1, 1, 65536);
   m.seqLen = s.integer("seq_len", 64, 1, kMaxSeqLen);
   m.layers = s.integer("layers", 2, 1, kMaxLayers);
   if (layout.layers) {
@@ -705,10 +706,19 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.ffn_hidden = " +
                                     std::to_string(spec.model.ffnHidden));
-  else if (spec.model.vocabSize % p.tp != 0)
-    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
-                                    " does not divide model.vocab_size = " +
-                                    std::to_string(spec.model.vocabSize));
+  else if (spec.model.paddedVocab() % p.tp != 0)
+    problems.report(
+        s.at("tp"),
+        "parallel.tp = " + std::to_string(p.tp) +
+            " does not divide model.vocab_size = " +
+            std::to_string(spec.model.vocabSize) +
+            (spec.model.vocabPadTo > 1
+                 ? " padded to a multiple of " +
+                       std::to_string(spec.model.vocabPadTo) + " (" +
+                       std::to_string(spec.model.paddedVocab()) + ")"
+                 : std::string()) +
+            "; set model.vocab_pad_to_multiple to a multiple of " +
+            std::to_string(p.tp) + " (128 x tp is usual)");
   else if (p.sequenceParallel && spec.model.seqLen % p.tp != 0)
     problems.report(s.at("sequence_parallel"),
                     "parallel.tp = " + std::to_string(p.tp) +
@@ -845,12 +855,12 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
       resolved.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   if (!problems.any()) {
     const ModelSpec &m = spec.model;
-    double widest = std::max({double(m.vocabSize), double(m.ffnHidden),
+    double widest = std::max({double(m.paddedVocab()), double(m.ffnHidden),
                               4.0 * double(m.hidden)});
     double step = double(spec.train.globalBatch) * double(m.seqLen) * widest;
     double params = double(m.layers) * (4.0 * m.hidden * m.hidden +
                                         3.0 * m.hidden * m.ffnHidden) +
-                    2.0 * double(m.vocabSize) * m.hidden;
+                    2.0 * double(m.paddedVocab()) * m.hidden;
     if (step > kMaxStepElements)
       problems.report("train.global_batch",
                       "global_batch x model.seq_len x the widest layer = " +

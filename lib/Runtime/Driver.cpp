@@ -691,11 +691,35 @@ loadParams(const Program &program, const std::string &path,
     used[std::lower_bound(tensors.begin(), tensors.end(), *found) -
          tensors.begin()] = 1.0f;
     const SafetensorInfo &info = reader.info(*found);
-    if (info.shape != shapeOf(p))
+    const std::vector<int64_t> want = shapeOf(p);
+    // A table of the vocabulary's rows (a Hugging Face file) for a
+    // parameter padded to model.vocab_pad_to_multiple: the padding rows keep
+    // their initial values (moments: zeros).
+    const TrainConfig &config = program.config;
+    const bool padding = info.shape != want && want.size() == 2 &&
+                         info.shape.size() == 2 &&
+                         config.paddedVocab > config.vocab &&
+                         want[0] == config.paddedVocab &&
+                         info.shape[0] == config.vocab &&
+                         info.shape[1] == want[1];
+    if (info.shape != want && !padding)
       fail("tensor " + inQuotes(*found) + " in " + inQuotes(path) +
            " has shape " + formatShape(info.shape) +
-           ", but the program expects " + formatShape(shapeOf(p)));
+           ", but the program expects " + formatShape(want));
     ShardLayout layout = shardLayoutOf(p);
+    if (padding) {
+      const int64_t real = info.shape[0] * want[1];
+      std::vector<float> global(want[0] * want[1], 0.0f);
+      reader.read(*found, global.data());
+      if (store.suffix.empty())
+        initRange(p.name, p.init, p.initMean, p.initStd, config.seed, real,
+                  (int64_t)global.size() - real, global.data() + real);
+      if (isSplit(layout))
+        copyShardOut(layout, global.data(), params + p.offset);
+      else
+        std::copy(global.begin(), global.end(), params + p.offset);
+      continue;
+    }
     if (!isSplit(layout)) {
       reader.read(*found, params + p.offset);
       continue;

@@ -320,7 +320,10 @@ int generate(const Program &program, const GenerateOptions &opts) {
   const int64_t PC = program.prefill ? program.prefillChunk : C;
   const int64_t widest = std::max(C, PC);
   std::vector<int32_t> tokens(B * widest), positions(B * widest);
-  std::vector<float> logits(B * widest * V);
+  // A padded vocabulary's logits rows are wider; only the first V are
+  // tokens.
+  const int64_t VP = config.paddedVocab > V ? config.paddedVocab : V;
+  std::vector<float> logits(B * widest * VP);
 
   std::vector<StateStore> stores = {{(float *)params.get(), ""}};
   if (isDirectory(opts.weights))
@@ -352,7 +355,7 @@ int generate(const Program &program, const GenerateOptions &opts) {
         positions[b * chunk + s] = (int32_t)(first + i);
       }
     step(ctx);
-    return logits.data() + (count - 1) * V;
+    return logits.data() + (count - 1) * VP;
   };
   void (*prefill)(StepContext &) = program.prefill ? program.prefill
                                                    : program.step;

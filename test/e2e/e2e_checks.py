@@ -64,6 +64,42 @@ def same_tensors(args):
     print(f"{len(a)} tensors identical")
 
 
+def close_tensors(args):
+    """Two safetensors files hold the same tensors: each element within rtol
+    of the tensor's largest magnitude (AdamW turns rounding differences in
+    near-zero gradients into relative differences of small weights)."""
+    a, b = safetensors_io.load_file(args.a), safetensors_io.load_file(args.b)
+    if sorted(a) != sorted(b):
+        fail(f"tensor names differ: {sorted(set(a) ^ set(b))}")
+    worst = 0.0
+    for name in sorted(a):
+        if a[name].shape != b[name].shape:
+            fail(f"tensor {name}: shape {list(a[name].shape)} vs {list(b[name].shape)}")
+        x, y = a[name].astype(np.float64), b[name].astype(np.float64)
+        scale = float(np.max(np.abs(y))) + args.atol if y.size else 1.0
+        diff = float(np.max(np.abs(x - y))) / scale if x.size else 0.0
+        worst = max(worst, diff)
+        if diff > args.rtol:
+            fail(f"tensor {name} differs by {diff:.3e} > {args.rtol}")
+    print(f"{len(a)} tensors within {args.rtol} (largest difference {worst:.1e})")
+
+
+def close_losses(args):
+    """Two runs' per-step losses agree within rtol."""
+    def values(path):
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        return [r[args.key] for r in rows if args.key in r]
+
+    a, b = values(args.a), values(args.b)
+    if len(a) != len(b) or not a:
+        fail(f"{len(a)} vs {len(b)} values of {args.key}")
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    if worst > args.rtol:
+        fail(f"losses differ by {worst:.3e} > {args.rtol}: {a[:4]} vs {b[:4]}")
+    print(f"{len(a)} losses within {args.rtol}")
+
+
 def same_losses(args):
     """Two runs produced bitwise identical per-step losses."""
     a, b = metrics_losses(args.a), metrics_losses(args.b)
@@ -693,6 +729,18 @@ def main():
     p.add_argument("a")
     p.add_argument("b")
     p.set_defaults(run=same_tensors)
+    p = sub.add_parser("close-tensors")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=1e-6)
+    p.add_argument("--atol", type=float, default=1e-6)
+    p.set_defaults(run=close_tensors)
+    p = sub.add_parser("close-losses")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=1e-6)
+    p.add_argument("--key", default="loss")
+    p.set_defaults(run=close_losses)
     p = sub.add_parser("same-losses")
     p.add_argument("a")
     p.add_argument("b")

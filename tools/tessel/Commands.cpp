@@ -647,7 +647,9 @@ int printInferenceMemory(const json &plan) {
     double logits = std::max<double>(inference.at("chunk").get<double>(),
                                      inference.at("prefill_chunk").get<double>()) *
                     inference.at("batch").get<double>() *
-                    model.at("vocab_size").get<double>() * 4;
+                    model.value("padded_vocab_size",
+                                model.at("vocab_size").get<double>()) *
+                    4;
     for (auto &[name, program] : plan.at("programs").items()) {
       const json &memory = program.at("memory");
       outs() << "program " << name << " (" << program.at("ranks").get<int64_t>()

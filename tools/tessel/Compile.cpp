@@ -390,6 +390,9 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"tie_embeddings", model.tieEmbeddings},
                    {"norm_eps", model.normEps},
                    {"rope_theta", model.ropeTheta}};
+  // Only a padded vocabulary records its padded size (the embedding's rows).
+  if (model.paddedVocab() != model.vocabSize)
+    plan["model"]["padded_vocab_size"] = model.paddedVocab();
   // Model FLOPs per trained token, as the programs count MFU by
   // (docs/metrics.md). Derived from the model, so not one of the model
   // fields a checkpoint is matched by.

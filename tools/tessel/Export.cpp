@@ -66,6 +66,7 @@ std::string shapeText(const std::vector<int64_t> &shape) {
 struct Model {
   std::string family;
   int64_t vocab, seqLen, layers, hidden, heads, kvHeads, ffn;
+  int64_t paddedVocab; // the embedding's rows (model.vocab_pad_to_multiple)
   bool tied;
   double normEps, ropeTheta;
 };
@@ -83,6 +84,7 @@ Model modelOf(const json &j, const std::string &where) {
     throw std::runtime_error(where + ": model.family '" + m.family +
                              "' has no Hugging Face export");
   m.vocab = field("vocab_size").get<int64_t>();
+  m.paddedVocab = j.value("padded_vocab_size", m.vocab);
   m.seqLen = field("seq_len").get<int64_t>();
   m.layers = field("layers").get<int64_t>();
   m.hidden = field("hidden").get<int64_t>();
@@ -303,7 +305,12 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       if (it == index.end())
         return fail(modelWhere + " has no tensor " + inQuotes(name) +
                     " of the " + m.family + " model it records");
-      if (shapes[it->second] != shape)
+      // A padded table is exported as its first vocab_size rows.
+      const bool padded = m.paddedVocab > m.vocab && shape.size() == 2 &&
+                          shape[0] == m.vocab &&
+                          shapes[it->second] ==
+                              std::vector<int64_t>{m.paddedVocab, shape[1]};
+      if (shapes[it->second] != shape && !padded)
         return fail(modelWhere + ": tensor " + inQuotes(name) + " is " +
                     shapeText(shapes[it->second]) + ", the model's is " +
                     shapeText(shape));

@@ -107,7 +107,9 @@ Expected<Sizes> sizesOf(const json &plan, const std::string &program) {
   z.b = plan["train"]["global_batch"].get<double>() / (z.d * z.m);
   z.s = model["seq_len"].get<double>();
   z.h = model["hidden"].get<double>();
-  z.V = model["vocab_size"].get<double>();
+  // The embedding's rows: the vocabulary padded to
+  // model.vocab_pad_to_multiple.
+  z.V = model.value("padded_vocab_size", model["vocab_size"].get<double>());
   z.f = model["ffn_hidden"].get<double>();
   z.kvDim = z.h / model["heads"].get<double>() * model["kv_heads"].get<double>();
   z.tied = model["tie_embeddings"].get<bool>();

@@ -89,10 +89,10 @@ TYPED_TEST(CrossEntropy, Forward) {
     DeviceTargets dt(t);
     DeviceArray<float> loss1(1), loss2(1);
     sync();
-    crossEntropyForward(dx.get(), dt.get(), loss1.get(), s.rows, s.V);
-    crossEntropyForward(dx.get(), dt.get(), loss2.get(), s.rows, s.V);
+    crossEntropyForward(dx.get(), dt.get(), loss1.get(), s.rows, s.V, s.V);
+    crossEntropyForward(dx.get(), dt.get(), loss2.get(), s.rows, s.V, s.V);
     float want = 0;
-    rt::crossEntropyForward(x.data(), t.data(), &want, s.rows, s.V);
+    rt::crossEntropyForward(x.data(), t.data(), &want, s.rows, s.V, s.V);
     const std::vector<float> got = loss1.download();
     expectClose(got, {want}, 1e-5, 1e-5, "loss");
     expectBitwiseEqual(got, loss2.download(), "loss");
@@ -114,12 +114,12 @@ TYPED_TEST(CrossEntropy, Backward) {
     DeviceArray<TG> g1(n), g2(n);
     sync();
     crossEntropyBackward(dx.get(), dt.get(), dDloss.get(), g1.get(), s.rows,
-                         s.V);
+                         s.V, s.V);
     crossEntropyBackward(dx.get(), dt.get(), dDloss.get(), g2.get(), s.rows,
-                         s.V);
+                         s.V, s.V);
     std::vector<float> want(n);
     rt::crossEntropyBackward(x.data(), t.data(), &kDloss, want.data(), s.rows,
-                             s.V);
+                             s.V, s.V);
     const std::vector<float> got = g1.download();
     expectClose(got, want, rtolFor<TG>(), gradAtol(s.rows), "dlogits");
     expectBitwiseEqual(got, g2.download(), "dlogits");
@@ -142,15 +142,15 @@ TYPED_TEST(CrossEntropy, VocabParallelWholeVocabularyIsTheFullLoss) {
     DeviceArray<char> scratch(crossEntropyScratchBytes(s.rows));
     sync();
     crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), s.rows,
-                                     s.V, 0, kOneRank, scratch.get());
+                                     s.V, 0, kOneRank, s.V, scratch.get());
     crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
                                       grad.get(), s.rows, s.V, 0, kOneRank,
-                                      scratch.get());
+                                      s.V, scratch.get());
     float wantLoss = 0;
-    rt::crossEntropyForward(x.data(), t.data(), &wantLoss, s.rows, s.V);
+    rt::crossEntropyForward(x.data(), t.data(), &wantLoss, s.rows, s.V, s.V);
     std::vector<float> wantGrad(n);
     rt::crossEntropyBackward(x.data(), t.data(), &kDloss, wantGrad.data(),
-                             s.rows, s.V);
+                             s.rows, s.V, s.V);
     expectClose(loss.download(), {wantLoss}, 1e-5, 1e-5, "loss");
     expectClose(grad.download(), wantGrad, rtolFor<TG>(), gradAtol(s.rows),
                 "dlogits");
@@ -174,9 +174,9 @@ TYPED_TEST(CrossEntropy, VocabParallelSlice) {
   DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
   sync();
   crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), rows, Vl,
-                                   vStart, kOneRank, scratch.get());
+                                   vStart, kOneRank, V, scratch.get());
   crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
-                                    grad.get(), rows, Vl, vStart, kOneRank,
+                                    grad.get(), rows, Vl, vStart, kOneRank, V,
                                     scratch.get());
 
   double total = 0;
@@ -201,20 +201,94 @@ TYPED_TEST(CrossEntropy, VocabParallelSlice) {
               "dlogits");
 }
 
+// A vocabulary padded to a multiple: rows of V = 1000 columns of which the
+// first 937 are the vocabulary. The padding (filled with large logits, which
+// would dominate the softmax) takes no part: the loss and gradient equal the
+// CPU kernels' on the same padded rows, the padding's gradient is zero. Over
+// a shard [600, 1000) the same holds for its 337 real columns.
+TYPED_TEST(CrossEntropy, PaddedVocabulary) {
+  using TL = typename TypeParam::L;
+  using TG = typename TypeParam::G;
+  const int64_t rows = 33, V = 1000, valid = 937;
+  std::vector<float> x = logitsFor(rows * V, 1200);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = valid; j < V; ++j)
+      x[r * V + j] = 30.f;
+  x = roundTo<TL>(x);
+  const std::vector<int32_t> t = randomTargets(rows, valid, 1201);
+  DeviceArray<TL> dx(x);
+  DeviceTargets dt(t);
+  DeviceArray<float> loss(1), dDloss(std::vector<float>{kDloss});
+  DeviceArray<TG> grad(rows * V);
+  sync();
+  crossEntropyForward(dx.get(), dt.get(), loss.get(), rows, V, valid);
+  crossEntropyBackward(dx.get(), dt.get(), dDloss.get(), grad.get(), rows, V,
+                       valid);
+  float want = 0;
+  rt::crossEntropyForward(x.data(), t.data(), &want, rows, V, valid);
+  std::vector<float> wantGrad(rows * V);
+  rt::crossEntropyBackward(x.data(), t.data(), &kDloss, wantGrad.data(), rows,
+                           V, valid);
+  const std::vector<float> got = grad.download();
+  expectClose(loss.download(), {want}, 1e-5, 1e-5, "loss");
+  expectClose(got, wantGrad, rtolFor<TG>(), gradAtol(rows), "dlogits");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = valid; j < V; ++j)
+      ASSERT_EQ(got[r * V + j], 0.f) << "row " << r << " column " << j;
+
+  // The shard of columns [600, 1000): its own statistics over 337 columns.
+  const int64_t vStart = 600, Vl = 400;
+  std::vector<float> xs(rows * Vl);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < Vl; ++j)
+      xs[r * Vl + j] = x[r * V + vStart + j];
+  DeviceArray<TL> dxs(xs);
+  DeviceArray<TG> grads(rows * Vl);
+  DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
+  sync();
+  crossEntropyVocabParallelForward(dxs.get(), dt.get(), loss.get(), rows, Vl,
+                                   vStart, kOneRank, valid, scratch.get());
+  crossEntropyVocabParallelBackward(dxs.get(), dt.get(), dDloss.get(),
+                                    grads.get(), rows, Vl, vStart, kOneRank,
+                                    valid, scratch.get());
+  double total = 0;
+  const double scale = double(kDloss) / double(rows);
+  std::vector<float> wantShard(rows * Vl, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = xs.data() + r * Vl;
+    const int64_t n = valid - vStart;
+    const double m = *std::max_element(xr, xr + n);
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j)
+      sum += std::exp(double(xr[j]) - m);
+    const int64_t local = int64_t(t[r]) - vStart;
+    const bool held = local >= 0 && local < n;
+    total += std::log(sum) + m - (held ? double(xr[local]) : 0.0);
+    for (int64_t j = 0; j < n; ++j)
+      wantShard[r * Vl + j] =
+          float(scale * std::exp(double(xr[j]) - m) / sum -
+                (held && j == local ? scale : 0.0));
+  }
+  expectClose(loss.download(), {float(total / double(rows))}, 1e-5, 1e-5,
+              "shard loss");
+  expectClose(grads.download(), wantShard, rtolFor<TG>(), gradAtol(rows),
+              "shard dlogits");
+}
+
 TEST(CrossEntropyLimits, OutOfRangeTargetGivesNaN) {
   const int64_t rows = 4, V = 16;
   DeviceArray<float> dx(randomVector(rows * V, 1100));
   DeviceTargets dt({0, 3, int32_t(V), 5});
   DeviceArray<float> loss(1);
   sync();
-  crossEntropyForward(dx.get(), dt.get(), loss.get(), rows, V);
+  crossEntropyForward(dx.get(), dt.get(), loss.get(), rows, V, V);
   EXPECT_TRUE(std::isnan(loss.download()[0]));
 }
 
 TEST(CrossEntropyLimits, ForwardRefusesRowsBeyondItsBuffer) {
   // Checked before anything is launched, so no buffers are needed.
   EXPECT_THROW(crossEntropyForward<float>(nullptr, nullptr, nullptr,
-                                          (int64_t(1) << 20) + 1, 8),
+                                          (int64_t(1) << 20) + 1, 8, 8),
                std::runtime_error);
 }
 

@@ -236,13 +236,13 @@ TEST(KernelGradCheck, CrossEntropy) {
   std::vector<int32_t> targets = {0, 10, 3, 3, 7, 1, 5};
   Vec r = {0.83}, g(n);
   rt::crossEntropyBackward(logits.data(), targets.data(), r.data(), g.data(),
-                           rows, V);
+                           rows, V, V);
   checkGrad(
       "crossEntropy",
       [&](const Vec &in) {
         Vec loss(1);
         rt::crossEntropyForward(in.data(), targets.data(), loss.data(), rows,
-                                V);
+                                V, V);
         return loss;
       },
       logits, r, g);

@@ -497,7 +497,7 @@ TEST(KernelCrossEntropy, MatchesReference) {
     auto logits = randVec(static_cast<size_t>(rows * V), gen, -4.f, 4.f);
     auto targets = randIds(static_cast<size_t>(rows), int32_t(V), gen);
     float loss = 0, rloss = 0;
-    rt::crossEntropyForward(logits.data(), targets.data(), &loss, rows, V);
+    rt::crossEntropyForward(logits.data(), targets.data(), &loss, rows, V, V);
     rt::ref::crossEntropyForward(logits.data(), targets.data(), &rloss, rows,
                                  V);
     EXPECT_NEAR(loss, rloss, 1e-5 * std::fabs(rloss));
@@ -505,7 +505,7 @@ TEST(KernelCrossEntropy, MatchesReference) {
     std::vector<float> d(static_cast<size_t>(rows * V)),
         rd(static_cast<size_t>(rows * V));
     rt::crossEntropyBackward(logits.data(), targets.data(), &dloss, d.data(),
-                             rows, V);
+                             rows, V, V);
     rt::ref::crossEntropyBackward(logits.data(), targets.data(), &dloss,
                                   rd.data(), rows, V);
     expectClose(d, rd, "crossEntropyBackward");
@@ -514,8 +514,37 @@ TEST(KernelCrossEntropy, MatchesReference) {
   std::vector<float> logits(8, 3000.f);
   std::vector<int32_t> targets = {1, 3};
   float loss = 0;
-  rt::crossEntropyForward(logits.data(), targets.data(), &loss, 2, 4);
+  rt::crossEntropyForward(logits.data(), targets.data(), &loss, 2, 4, 4);
   EXPECT_NEAR(loss, std::log(4.0), 1e-6);
+}
+
+// A padded vocabulary: rows of 13 columns whose first 11 are the vocabulary
+// give the loss and gradient of the 11 columns alone (the padding's large
+// logits take no part), and a zero gradient in the padding.
+TEST(KernelCrossEntropy, PaddedColumnsTakeNoPart) {
+  std::mt19937 gen(15);
+  const int64_t rows = 9, V = 11, Vp = 13;
+  auto logits = randVec(static_cast<size_t>(rows * V), gen, -4.f, 4.f);
+  auto targets = randIds(static_cast<size_t>(rows), int32_t(V), gen);
+  std::vector<float> padded(static_cast<size_t>(rows * Vp), 50.f);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(logits.begin() + r * V, logits.begin() + (r + 1) * V,
+              padded.begin() + r * Vp);
+  float loss = 0, want = 0;
+  rt::crossEntropyForward(padded.data(), targets.data(), &loss, rows, Vp, V);
+  rt::crossEntropyForward(logits.data(), targets.data(), &want, rows, V, V);
+  EXPECT_EQ(loss, want);
+  const float dloss = 0.7f;
+  std::vector<float> d(static_cast<size_t>(rows * Vp), 1.f),
+      dw(static_cast<size_t>(rows * V));
+  rt::crossEntropyBackward(padded.data(), targets.data(), &dloss, d.data(),
+                           rows, Vp, V);
+  rt::crossEntropyBackward(logits.data(), targets.data(), &dloss, dw.data(),
+                           rows, V, V);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < Vp; ++j)
+      EXPECT_EQ(d[size_t(r * Vp + j)], j < V ? dw[size_t(r * V + j)] : 0.f)
+          << "row " << r << " column " << j;
 }
 
 // -------------------------------------------------------------- embedding

@@ -24,9 +24,17 @@ struct ModelSpec {
   std::string family; // "gpt" | "llama"
   int64_t vocabSize = 0, seqLen = 0, layers = 0, hidden = 0, heads = 0;
   int64_t kvHeads = 0, ffnHidden = 0;
+  // model.vocab_pad_to_multiple: the embedding (and an untied head) have
+  // paddedVocab() rows, the vocabulary rounded up to this multiple; the
+  // padding rows are initialised like the others and never predicted (the
+  // loss leaves them out of its softmax).
+  int64_t vocabPadTo = 1;
   bool tieEmbeddings = true;
   double normEps = 1e-5, ropeTheta = 10000.0;
   int64_t headDim() const { return hidden / heads; }
+  int64_t paddedVocab() const {
+    return (vocabSize + vocabPadTo - 1) / vocabPadTo * vocabPadTo;
+  }
 };
 
 struct TrainSpec {

@@ -120,15 +120,18 @@ template <typename T>
 void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
                      int64_t cols);
 
-// Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V].
-// Writes the scalar to loss[0].
+// Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V],
+// of which the first `valid` columns are the vocabulary (the rest, padding,
+// take no part in the softmax). Writes the scalar to loss[0].
 template <typename T>
 void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
-                         int64_t rows, int64_t V);
-// dlogits = dloss[0] * (softmax(logits) - onehot(targets)) / rows.
+                         int64_t rows, int64_t V, int64_t valid);
+// dlogits = dloss[0] * (softmax(logits) - onehot(targets)) / rows; zero in
+// the padding columns.
 template <typename T>
 void crossEntropyBackward(const T *logits, const int32_t *targets,
-                          const T *dloss, T *dlogits, int64_t rows, int64_t V);
+                          const T *dloss, T *dlogits, int64_t rows, int64_t V,
+                          int64_t valid);
 
 // out[i, :] = table[ids[i], :] for i < n; table is [V, C].
 template <typename T>

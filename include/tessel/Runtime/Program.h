@@ -67,6 +67,9 @@ struct TrainConfig {
   int64_t batch;  // sequences per step on this rank (global / dp)
   int64_t seqLen; // tokens per sequence
   int64_t vocab;  // token ids must be < vocab
+  // Rows of the embedding (and the logits' width): the vocabulary padded to
+  // model.vocab_pad_to_multiple; 0 or vocab when it is not padded.
+  int64_t paddedVocab;
   int64_t steps;  // default run length and schedule horizon
   uint64_t seed;  // parameter initialisation seed
   float gradClip; // max global gradient norm; <= 0 disables clipping

@@ -10,6 +10,8 @@
 
 #include "tessel/Conversion/Passes.h"
 #include "tessel/Conversion/ToRt.h"
+#include <algorithm>
+#include <limits>
 
 using namespace mlir;
 using namespace tessel;
@@ -330,17 +332,24 @@ PATTERN(SoftmaxGradOp) {
 // Loss and embedding: whole, or over this rank's vocabulary slice
 //===----------------------------------------------------------------------===//
 
+// The classes that take part in the softmax: the first valid_vocab (global)
+// of a padded vocabulary; all of them otherwise.
+static int64_t validVocab(std::optional<uint64_t> attr) {
+  return attr ? int64_t(*attr) : std::numeric_limits<int32_t>::max();
+}
+
 PATTERN(CrossEntropyOp) {
   int64_t V = shapeOf(op.getLogits()).back(), rows = numel(op.getTargets());
   Value loss = alloc(b, op.getLoc(), op);
+  int64_t valid = validVocab(op.getValidVocab());
   if (dist::AxesAttr axes = op.getVocabAxesAttr())
     rt::CrossEntropyVocabParallelForwardOp::create(
         b, op.getLoc(), a.getLogits(), a.getTargets(), loss, i(b, rows),
-        i(b, V), vocabStart(b, axes, V), axes);
+        i(b, V), vocabStart(b, axes, V), axes, i(b, valid));
   else
     rt::CrossEntropyForwardOp::create(b, op.getLoc(), a.getLogits(),
                                       a.getTargets(), loss, i(b, rows),
-                                      i(b, V));
+                                      i(b, V), i(b, std::min(valid, V)));
   b.replaceOp(op, loss);
   return success();
 }
@@ -348,14 +357,15 @@ PATTERN(CrossEntropyOp) {
 PATTERN(CrossEntropyGradOp) {
   int64_t V = shapeOf(op.getLogits()).back(), rows = numel(op.getTargets());
   Value dlogits = alloc(b, op.getLoc(), op);
+  int64_t valid = validVocab(op.getValidVocab());
   if (dist::AxesAttr axes = op.getVocabAxesAttr())
     rt::CrossEntropyVocabParallelBackwardOp::create(
         b, op.getLoc(), a.getLogits(), a.getTargets(), a.getGrad(), dlogits,
-        i(b, rows), i(b, V), vocabStart(b, axes, V), axes);
+        i(b, rows), i(b, V), vocabStart(b, axes, V), axes, i(b, valid));
   else
-    rt::CrossEntropyBackwardOp::create(b, op.getLoc(), a.getLogits(),
-                                       a.getTargets(), a.getGrad(), dlogits,
-                                       i(b, rows), i(b, V));
+    rt::CrossEntropyBackwardOp::create(
+        b, op.getLoc(), a.getLogits(), a.getTargets(), a.getGrad(), dlogits,
+        i(b, rows), i(b, V), i(b, std::min(valid, V)));
   b.replaceOp(op, dlogits);
   return success();
 }

@@ -416,6 +416,9 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
       return failure();
     setInt(config, member, static_cast<int64_t>(*v));
   }
+  // A padded vocabulary (absent from recipes written before it: none).
+  if (auto padded = recipe.getAs<IntegerAttr>("padded_vocab"))
+    setInt(config, "paddedVocab", padded.getInt());
   FailureOr<double> seed = number("seed");
   if (failed(seed))
     return failure();

@@ -94,36 +94,39 @@ __device__ MaxSum rowStatistics(const TL *xr, int64_t V) {
 
 // rowLoss[r] = log(sum) + max - x[target]; a target outside [0, V) gives NaN
 // rather than reading out of bounds.
+// Only the first n columns of a row (the vocabulary, not its padding) take
+// part.
 template <typename TL>
 __global__ void __launch_bounds__(kRowThreads)
     rowLossKernel(const TL *logits, const int32_t *targets, int64_t rows,
-                  int64_t V) {
+                  int64_t V, int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TL *xr = logits + r * V;
-    const MaxSum st = rowStatistics(xr, V);
+    const MaxSum st = rowStatistics(xr, n);
     if (threadIdx.x == 0) {
       const int64_t t = targets[r];
-      const float xt = t >= 0 && t < V ? toFloat(xr[t]) : NAN;
+      const float xt = t >= 0 && t < n ? toFloat(xr[t]) : NAN;
       gRowLoss[r] = logf(st.sum) + st.max - xt;
     }
   }
 }
 
-// dlogits = g * exp(x - max) / sum, minus g at the target; g = dloss / rows.
+// dlogits = g * exp(x - max) / sum, minus g at the target; g = dloss / rows;
+// zero in the padding columns (n and on).
 template <typename TL, typename TO>
 __global__ void __launch_bounds__(kRowThreads)
     crossEntropyBackwardKernel(const TL *logits, const int32_t *targets,
                                const float *dloss, TO *dlogits, int64_t rows,
-                               int64_t V) {
+                               int64_t V, int64_t n) {
   const float g = dloss[0] / float(rows);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TL *xr = logits + r * V;
     TO *dr = dlogits + r * V;
-    const MaxSum st = rowStatistics(xr, V);
+    const MaxSum st = rowStatistics(xr, n);
     const float k = g / st.sum;
     const int64_t t = targets[r];
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      const float e = expf(toFloat(xr[j]) - st.max) * k;
+      const float e = j < n ? expf(toFloat(xr[j]) - st.max) * k : 0.f;
       dr[j] = fromFloat<TO>(j == t ? e - g : e);
     }
   }
@@ -131,13 +134,15 @@ __global__ void __launch_bounds__(kRowThreads)
 
 //===--- Vocabulary shard -------------------------------------------------===//
 
+// Over the shard's first n columns (those below the vocabulary's size).
 template <typename TL>
 __global__ void __launch_bounds__(kRowThreads)
-    rowMaxKernel(const TL *logits, float *maxima, int64_t rows, int64_t Vl) {
+    rowMaxKernel(const TL *logits, float *maxima, int64_t rows, int64_t Vl,
+                 int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TL *xr = logits + r * Vl;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x)
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
       m = fmaxf(m, toFloat(xr[j]));
     m = blockReduce(m, Max{}, -INFINITY);
     if (threadIdx.x == 0)
@@ -151,19 +156,19 @@ template <typename TL>
 __global__ void __launch_bounds__(kRowThreads)
     rowSumExpKernel(const TL *logits, const int32_t *targets,
                     const float *maxima, float *sums, int64_t rows, int64_t Vl,
-                    int64_t vStart) {
+                    int64_t n, int64_t vStart) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TL *xr = logits + r * Vl;
     const float m = maxima[r];
     float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x)
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
       s += expf(toFloat(xr[j]) - m);
     s = blockReduce(s, Sum{}, 0.0f);
     if (threadIdx.x == 0) {
       sums[r] = s;
       if (targets) {
         const int64_t t = int64_t(targets[r]) - vStart;
-        sums[rows + r] = t >= 0 && t < Vl ? toFloat(xr[t]) : 0.0f;
+        sums[rows + r] = t >= 0 && t < n ? toFloat(xr[t]) : 0.0f;
       }
     }
   }
@@ -176,7 +181,7 @@ __global__ void __launch_bounds__(kRowThreads)
     vocabParallelBackwardKernel(const TL *logits, const int32_t *targets,
                                 const float *dloss, const float *maxima,
                                 const float *sums, TO *dlogits, int64_t rows,
-                                int64_t Vl, int64_t vStart) {
+                                int64_t Vl, int64_t n, int64_t vStart) {
   const float scale = dloss[0] / float(rows);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TL *xr = logits + r * Vl;
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const float inv = 1.0f / sums[r];
     const int64_t t = int64_t(targets[r]) - vStart;
     for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-      const float d = scale * (expf(toFloat(xr[j]) - m) * inv);
+      const float d = j < n ? scale * (expf(toFloat(xr[j]) - m) * inv) : 0.f;
       dr[j] = fromFloat<TO>(j == t ? d - scale : d);
     }
   }
@@ -229,14 +234,14 @@ unsigned rowGrid(int64_t rows) {
 // exponentials (and target logits when `targets` is non-null), all-reduced.
 template <typename TL>
 void shardStatistics(const TL *logits, const int32_t *targets, int64_t rows,
-                     int64_t Vl, int64_t vStart, unsigned axes, float *maxima,
-                     float *sums) {
+                     int64_t Vl, int64_t n, int64_t vStart, unsigned axes,
+                     float *maxima, float *sums) {
   rowMaxKernel<<<rowGrid(rows), kRowThreads, 0, computeStream()>>>(
-      logits, maxima, rows, Vl);
+      logits, maxima, rows, Vl, n);
   TESSEL_CUDA_CHECK(cudaGetLastError());
   allReduceMax(maxima, rows, axes);
   rowSumExpKernel<<<rowGrid(rows), kRowThreads, 0, computeStream()>>>(
-      logits, targets, maxima, sums, rows, Vl, vStart);
+      logits, targets, maxima, sums, rows, Vl, n, vStart);
   TESSEL_CUDA_CHECK(cudaGetLastError());
   allReduceSum<float>(sums, targets ? 2 * rows : rows, axes);
 }
@@ -256,16 +261,27 @@ int64_t crossEntropyScratchBytes(int64_t rows) {
   return (bytes + 255) / 256 * 256;
 }
 
+namespace {
+
+// The first n of a shard's Vl columns starting at global column vStart are
+// below `valid`, the vocabulary's size.
+int64_t validColumns(int64_t Vl, int64_t vStart, int64_t valid) {
+  const int64_t n = valid - vStart;
+  return n < 0 ? 0 : (n > Vl ? Vl : n);
+}
+
+} // namespace
+
 template <typename TL>
 void crossEntropyForward(const TL *logits, const int32_t *targets, float *loss,
-                         int64_t rows, int64_t V) {
+                         int64_t rows, int64_t V, int64_t valid) {
   if (rows > kMaxRows)
     throw std::runtime_error("crossEntropyForward: " + std::to_string(rows) +
                              " rows exceed the per-row loss buffer (" +
                              std::to_string(kMaxRows) + " rows at most)");
   if (rows > 0) {
     rowLossKernel<<<rowGrid(rows), kRowThreads, 0, computeStream()>>>(
-        logits, targets, rows, V);
+        logits, targets, rows, V, validColumns(V, 0, valid));
     TESSEL_CUDA_CHECK(cudaGetLastError());
   }
   launchMean(loss, rows);
@@ -274,12 +290,12 @@ void crossEntropyForward(const TL *logits, const int32_t *targets, float *loss,
 template <typename TL, typename TO>
 void crossEntropyBackward(const TL *logits, const int32_t *targets,
                           const float *dloss, TO *dlogits, int64_t rows,
-                          int64_t V) {
+                          int64_t V, int64_t valid) {
   if (rows <= 0 || V <= 0)
     return;
   crossEntropyBackwardKernel<<<rowGrid(rows), kRowThreads, 0,
-                               computeStream()>>>(logits, targets, dloss,
-                                                  dlogits, rows, V);
+                               computeStream()>>>(
+      logits, targets, dloss, dlogits, rows, V, validColumns(V, 0, valid));
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -287,14 +303,15 @@ template <typename TL>
 void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
                                       float *loss, int64_t rows, int64_t Vl,
                                       int64_t vStart, unsigned axes,
-                                      void *scratch) {
+                                      int64_t valid, void *scratch) {
   if (rows <= 0) {
     launchMean(loss, 0);
     return;
   }
   float *maxima = static_cast<float *>(scratch);
   float *sums = maxima + rows;
-  shardStatistics(logits, targets, rows, Vl, vStart, axes, maxima, sums);
+  shardStatistics(logits, targets, rows, Vl, validColumns(Vl, vStart, valid),
+                  vStart, axes, maxima, sums);
   meanKernel<<<1, kMeanThreads, 0, computeStream()>>>(
       VocabParallelRowLoss{maxima, sums, rows}, loss, rows);
   TESSEL_CUDA_CHECK(cudaGetLastError());
@@ -304,37 +321,41 @@ template <typename TL, typename TO>
 void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        const float *dloss, TO *dlogits,
                                        int64_t rows, int64_t Vl, int64_t vStart,
-                                       unsigned axes, void *scratch) {
+                                       unsigned axes, int64_t valid,
+                                       void *scratch) {
   if (rows <= 0)
     return;
   float *maxima = static_cast<float *>(scratch);
   float *sums = maxima + rows;
-  shardStatistics<TL>(logits, nullptr, rows, Vl, vStart, axes, maxima, sums);
+  const int64_t n = validColumns(Vl, vStart, valid);
+  shardStatistics<TL>(logits, nullptr, rows, Vl, n, vStart, axes, maxima,
+                      sums);
   if (Vl <= 0)
     return;
   vocabParallelBackwardKernel<<<rowGrid(rows), kRowThreads, 0,
                                 computeStream()>>>(
-      logits, targets, dloss, maxima, sums, dlogits, rows, Vl, vStart);
+      logits, targets, dloss, maxima, sums, dlogits, rows, Vl, n, vStart);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
 //===--- Instantiations ---------------------------------------------------===//
 
 #define TESSEL_INSTANTIATE2(A, B)                                              \
-  template void crossEntropyBackward<A, B>(                                    \
-      const A *, const int32_t *, const float *, B *, int64_t, int64_t);       \
+  template void crossEntropyBackward<A, B>(const A *, const int32_t *,         \
+                                           const float *, B *, int64_t,        \
+                                           int64_t, int64_t);                  \
   template void crossEntropyVocabParallelBackward<A, B>(                       \
       const A *, const int32_t *, const float *, B *, int64_t, int64_t,        \
-      int64_t, unsigned, void *);
+      int64_t, unsigned, int64_t, void *);
 TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
 #undef TESSEL_INSTANTIATE2
 
 #define TESSEL_INSTANTIATE1(A)                                                 \
   template void crossEntropyForward<A>(const A *, const int32_t *, float *,    \
-                                       int64_t, int64_t);                      \
+                                       int64_t, int64_t, int64_t);             \
   template void crossEntropyVocabParallelForward<A>(                           \
       const A *, const int32_t *, float *, int64_t, int64_t, int64_t,          \
-      unsigned, void *);
+      unsigned, int64_t, void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE1)
 #undef TESSEL_INSTANTIATE1
 

@@ -3,7 +3,9 @@
 // loss = mean_r (logsumexp(logits[r]) - logits[r, target[r]]). The
 // log-sum-exp subtracts the row max and sums the exponentials in double, in a
 // fixed order. Per-row losses are computed in parallel and then averaged in
-// ascending row order. Targets are assumed to lie in [0, V).
+// ascending row order. Targets are assumed to lie in [0, valid). Columns
+// from `valid` on (a vocabulary padded to a multiple) take no part: they
+// are left out of the softmax and get a zero gradient.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,7 +61,8 @@ inline double rowSumExp(const T *x, int64_t V, T m, T *buf) {
 
 template <typename T>
 void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
-                         int64_t rows, int64_t V) {
+                         int64_t rows, int64_t V, int64_t valid) {
+  const int64_t n = valid < V ? valid : V;
   if (rows <= 0) {
     loss[0] = T(0);
     return;
@@ -71,8 +74,8 @@ void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const T *xr = logits + r * V;
-      const T m = maxOf(xr, V);
-      const double sum = rowSumExp(xr, V, m, buf);
+      const T m = maxOf(xr, n);
+      const double sum = rowSumExp(xr, n, m, buf);
       rowLoss[size_t(r)] = std::log(sum) + double(m) - double(xr[targets[r]]);
     }
   }
@@ -84,33 +87,37 @@ void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,
 
 template <typename T>
 void crossEntropyBackward(const T *logits, const int32_t *targets,
-                          const T *dloss, T *dlogits, int64_t rows, int64_t V) {
+                          const T *dloss, T *dlogits, int64_t rows, int64_t V,
+                          int64_t valid) {
   if (rows <= 0)
     return;
+  const int64_t n = valid < V ? valid : V;
   const double g = double(dloss[0]) / double(rows);
 #pragma omp parallel for schedule(static) if (rows * V >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const T *xr = logits + r * V;
     T *dr = dlogits + r * V;
-    const T m = maxOf(xr, V);
+    const T m = maxOf(xr, n);
     // dr = exp(x - m) first, then scaled by g / sum.
-    detail::expShifted(xr, m, dr, V);
+    detail::expShifted(xr, m, dr, n);
     double acc[kLanes] = {};
-    accumulateLanes(dr, V, acc);
+    accumulateLanes(dr, n, acc);
     const double k = g / laneTotal(acc);
     const int32_t tgt = targets[r];
     const double eTgt = double(dr[tgt]);
-    for (int64_t j = 0; j < V; ++j)
+    for (int64_t j = 0; j < n; ++j)
       dr[j] = T(double(dr[j]) * k);
+    for (int64_t j = n; j < V; ++j)
+      dr[j] = T(0);
     dr[tgt] = T(eTgt * k - g);
   }
 }
 
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void crossEntropyForward<T>(const T *, const int32_t *, T *,        \
-                                       int64_t, int64_t);                      \
+                                       int64_t, int64_t, int64_t);             \
   template void crossEntropyBackward<T>(const T *, const int32_t *, const T *, \
-                                        T *, int64_t, int64_t);
+                                        T *, int64_t, int64_t, int64_t);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

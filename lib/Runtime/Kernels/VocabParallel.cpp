@@ -44,15 +44,16 @@ namespace {
 // Row maxima over the whole vocabulary, then each row's sum of exp(x - max)
 // over it. `extra` rows of the sum buffer (the target logits) ride along in
 // the same all-reduce.
-void rowStatistics(const float *logits, int64_t rows, int64_t Vl, unsigned axes,
-                   std::vector<float> &maxima, std::vector<float> &sums,
-                   const int32_t *targets, int64_t vStart) {
+void rowStatistics(const float *logits, int64_t rows, int64_t Vl, int64_t n,
+                   unsigned axes, std::vector<float> &maxima,
+                   std::vector<float> &sums, const int32_t *targets,
+                   int64_t vStart) {
   maxima.resize(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float *x = logits + r * Vl;
     float m = -INFINITY;
-    for (int64_t v = 0; v < Vl; ++v)
+    for (int64_t v = 0; v < n; ++v)
       m = std::max(m, x[v]);
     maxima[r] = m;
   }
@@ -63,7 +64,7 @@ void rowStatistics(const float *logits, int64_t rows, int64_t Vl, unsigned axes,
   for (int64_t r = 0; r < rows; ++r) {
     const float *x = logits + r * Vl;
     double s = 0.0;
-    for (int64_t v = 0; v < Vl; ++v)
+    for (int64_t v = 0; v < n; ++v)
       s += std::exp((double)x[v] - maxima[r]);
     sums[r] = (float)s;
     if (targets) {
@@ -74,14 +75,21 @@ void rowStatistics(const float *logits, int64_t rows, int64_t Vl, unsigned axes,
   allReduceSum(sums.data(), count, axes);
 }
 
+// The shard's columns that are real vocabulary entries (global index below
+// `valid`): the first n.
+int64_t validColumns(int64_t Vl, int64_t vStart, int64_t valid) {
+  return std::clamp<int64_t>(valid - vStart, 0, Vl);
+}
+
 } // namespace
 
 void crossEntropyVocabParallelForward(const float *logits,
                                       const int32_t *targets, float *loss,
                                       int64_t rows, int64_t Vl, int64_t vStart,
-                                      unsigned axes) {
+                                      unsigned axes, int64_t valid) {
   static std::vector<float> maxima, sums;
-  rowStatistics(logits, rows, Vl, axes, maxima, sums, targets, vStart);
+  rowStatistics(logits, rows, Vl, validColumns(Vl, vStart, valid), axes,
+                maxima, sums, targets, vStart);
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r)
     total += std::log((double)sums[r]) + maxima[r] - sums[rows + r];
@@ -92,17 +100,20 @@ void crossEntropyVocabParallelBackward(const float *logits,
                                        const int32_t *targets,
                                        const float *dloss, float *dlogits,
                                        int64_t rows, int64_t Vl, int64_t vStart,
-                                       unsigned axes) {
+                                       unsigned axes, int64_t valid) {
   static std::vector<float> maxima, sums;
-  rowStatistics(logits, rows, Vl, axes, maxima, sums, nullptr, vStart);
+  const int64_t n = validColumns(Vl, vStart, valid);
+  rowStatistics(logits, rows, Vl, n, axes, maxima, sums, nullptr, vStart);
   float scale = dloss[0] / rows;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float *x = logits + r * Vl;
     float *d = dlogits + r * Vl;
     float inv = 1.0f / sums[r];
-    for (int64_t v = 0; v < Vl; ++v)
+    for (int64_t v = 0; v < n; ++v)
       d[v] = scale * (std::exp(x[v] - maxima[r]) * inv);
+    for (int64_t v = n; v < Vl; ++v)
+      d[v] = 0.0f;
     int64_t t = (int64_t)targets[r] - vStart;
     if (t >= 0 && t < Vl)
       d[t] -= scale;

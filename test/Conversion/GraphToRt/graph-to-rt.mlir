@@ -42,7 +42,7 @@ func.func @params() -> (tensor<16x48xf32>, tensor<8xf32>) {
 // CHECK-NEXT: rt.matmul(%[[H]], %[[WTE]], %[[L]]) {{.*}}n = 32 : i64{{.*}}trans_b = true}
 // CHECK-NEXT: %[[L3:.*]] = rt.view %[[L]] : memref<12x32xf32> to memref<2x6x32xf32>
 // CHECK-NEXT: %[[LOSS:.*]] = rt.alloc : memref<f32>
-// CHECK-NEXT: rt.cross_entropy_forward(%[[L3]], %[[T]], %[[LOSS]]) {rows = 12 : i64, vocab = 32 : i64}
+// CHECK-NEXT: rt.cross_entropy_forward(%[[L3]], %[[T]], %[[LOSS]]) {rows = 12 : i64, valid = 32 : i64, vocab = 32 : i64}
 // CHECK-NEXT: return %[[LOSS]] : memref<f32>
 // CHECK-NOT: graph.
 func.func @forward(%w: tensor<16x8xf32>, %b: tensor<8xf32>, %wte: tensor<32x16xf32>) -> tensor<f32> {
@@ -100,12 +100,12 @@ func.func @layout(%x: tensor<2x4x48xf32>) -> tensor<2x4x32xf32> {
 // rank's 16 rows: they start at groupRank(tp) * 16.
 // CHECK-LABEL: func.func @vocab
 // CHECK: rt.embedding_forward_range(%arg0, %{{.*}}, %{{.*}}) {hidden = 8 : i64, local_vocab = 16 : i64, n = 8 : i64, vocab_start = #rt.group_offset<<tp>, 16, 1>}
-// CHECK: rt.cross_entropy_vocab_parallel_forward(%arg1, %{{.*}}, %{{.*}}) {axes = #dist.axes<tp>, local_vocab = 16 : i64, rows = 8 : i64, vocab_start = #rt.group_offset<<tp>, 16, 1>}
+// CHECK: rt.cross_entropy_vocab_parallel_forward(%arg1, %{{.*}}, %{{.*}}) {axes = #dist.axes<tp>, local_vocab = 16 : i64, rows = 8 : i64, valid = 30 : i64, vocab_start = #rt.group_offset<<tp>, 16, 1>}
 func.func @vocab(%wte: tensor<16x8xf32>, %l: tensor<2x4x16xf32>) -> (tensor<2x4x8xf32>, tensor<f32>) {
   %ids = graph.input "tokens" : tensor<2x4xi32>
   %t = graph.input "targets" : tensor<2x4xi32>
   %x = graph.embedding %wte, %ids {vocab_axes = #dist.axes<tp>} : (tensor<16x8xf32>, tensor<2x4xi32>) -> tensor<2x4x8xf32>
-  %loss = graph.cross_entropy %l, %t {vocab_axes = #dist.axes<tp>} : (tensor<2x4x16xf32>, tensor<2x4xi32>) -> tensor<f32>
+  %loss = graph.cross_entropy %l, %t {vocab_axes = #dist.axes<tp>, valid_vocab = 30 : i64} : (tensor<2x4x16xf32>, tensor<2x4xi32>) -> tensor<f32>
   return %x, %loss : tensor<2x4x8xf32>, tensor<f32>
 }
 

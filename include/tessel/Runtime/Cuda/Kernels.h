@@ -197,29 +197,32 @@ int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
 //===--- CrossEntropy.cu: fused softmax + cross-entropy -------------------===//
 
 // loss[0] = mean over rows of logsumexp(logits[r]) - logits[r, target[r]],
-// one pass over each row (online max and sum), fp32 statistics.
+// one pass over each row (online max and sum), fp32 statistics. Only the
+// first `valid` columns (the vocabulary, not its padding) take part.
 template <typename TL>
 void crossEntropyForward(const TL *logits, const int32_t *targets, float *loss,
-                         int64_t rows, int64_t V);
-// dlogits = dloss[0] * (softmax - onehot) / rows.
+                         int64_t rows, int64_t V, int64_t valid);
+// dlogits = dloss[0] * (softmax - onehot) / rows; zero in the padding.
 template <typename TL, typename TO>
 void crossEntropyBackward(const TL *logits, const int32_t *targets,
                           const float *dloss, TO *dlogits, int64_t rows,
-                          int64_t V);
+                          int64_t V, int64_t valid);
 // Over a vocabulary shard: this rank holds columns [vStart, vStart + Vl);
 // row statistics are combined over `axes` with NCCL all-reduces (max, then
-// sum of exponentials and target logit). `scratch` holds
+// sum of exponentials and target logit); columns whose global index is
+// `valid` or more (padding) take no part. `scratch` holds
 // crossEntropyScratchBytes(rows) bytes.
 template <typename TL>
 void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
                                       float *loss, int64_t rows, int64_t Vl,
                                       int64_t vStart, unsigned axes,
-                                      void *scratch);
+                                      int64_t valid, void *scratch);
 template <typename TL, typename TO>
 void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        const float *dloss, TO *dlogits,
                                        int64_t rows, int64_t Vl, int64_t vStart,
-                                       unsigned axes, void *scratch);
+                                       unsigned axes, int64_t valid,
+                                       void *scratch);
 int64_t crossEntropyScratchBytes(int64_t rows);
 
 //===--- Optimizer.cu -----------------------------------------------------===//

@@ -42,7 +42,7 @@ func.func @kernels(%x: memref<8x64xf32>, %w: memref<64x64xf32>, %b: memref<64xf3
   rt.slice_axis(%x, %s) {outer = 8 : i64, extent = 64 : i64, inner = 1 : i64, start = 32 : i64, length = 32 : i64} : memref<8x64xf32>, memref<8x32xf32>
   rt.slice_axis(%x, %s) {outer = 8 : i64, extent = 64 : i64, inner = 1 : i64, start = #rt.group_offset<#dist.axes<tp, dp>, 1, 2>, length = 32 : i64} : memref<8x64xf32>, memref<8x32xf32>
   rt.slice_axis(%x, %s) {outer = 8 : i64, extent = 64 : i64, inner = 1 : i64, start = #rt.group_offset<<tp>, 32, 1>, length = 32 : i64} : memref<8x64xf32>, memref<8x32xf32>
-  rt.cross_entropy_vocab_parallel_forward(%x, %ids, %norm) {rows = 8 : i64, local_vocab = 64 : i64, vocab_start = #rt.group_offset<#dist.axes<tp>, 64, 1>, axes = #dist.axes<tp>} : memref<8x64xf32>, memref<8xi32>, memref<f32>
+  rt.cross_entropy_vocab_parallel_forward(%x, %ids, %norm) {rows = 8 : i64, local_vocab = 64 : i64, vocab_start = #rt.group_offset<#dist.axes<tp>, 64, 1>, axes = #dist.axes<tp>, valid = 120 : i64} : memref<8x64xf32>, memref<8xi32>, memref<f32>
   rt.transpose(%x, %y) {shape = array<i64: 8, 64>, permutation = array<i64: 1, 0>, rank = 2 : i64} : memref<8x64xf32>, memref<8x64xf32>
   rt.adamw(%w, %sh, %w, %w, %w, %norm, %lr, %n) {n = 4096 : i64, beta1 = 0.9 : f32, beta2 = 0.95 : f32, eps = 1.0e-8 : f32, weight_decay = 0.1 : f32, max_grad_norm = 1.0 : f32} : memref<64x64xf32>, memref<64x64xbf16>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64
   rt.adamw(%w, %w, %w, %w, %norm, %lr, %n) {n = 4096 : i64, beta1 = 0.9 : f32, beta2 = 0.95 : f32, eps = 1.0e-8 : f32, weight_decay = 0.1 : f32, max_grad_norm = 1.0 : f32} : memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64
