@@ -78,6 +78,36 @@ constexpr unsigned kOneRank = AxisSet(MeshAxis::TP).bits();
 // the absolute tolerance is a fraction of g.
 double gradAtol(int64_t rows) { return 1e-5 * kDloss / double(rows); }
 
+// The loss and gradient of a vocabulary shard [vStart, vStart + Vl) of
+// `rows` rows from its own statistics over its first n columns (the rest
+// padding), as VocabParallel.cpp defines them, in double.
+struct ShardReference {
+  float loss;
+  std::vector<float> grad;
+};
+ShardReference shardReference(const std::vector<float> &x,
+                              const std::vector<int32_t> &t, int64_t rows,
+                              int64_t Vl, int64_t vStart, int64_t n) {
+  double total = 0;
+  const double scale = double(kDloss) / double(rows);
+  std::vector<float> grad(size_t(rows * Vl), 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x.data() + r * Vl;
+    const double m = *std::max_element(xr, xr + n);
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j)
+      sum += std::exp(double(xr[j]) - m);
+    const int64_t local = int64_t(t[r]) - vStart;
+    const bool held = local >= 0 && local < n;
+    total += std::log(sum) + m - (held ? double(xr[local]) : 0.0);
+    for (int64_t j = 0; j < n; ++j)
+      grad[size_t(r * Vl + j)] = float(scale * std::exp(double(xr[j]) - m) /
+                                           sum -
+                                       (held && j == local ? scale : 0.0));
+  }
+  return {float(total / double(rows)), grad};
+}
+
 TYPED_TEST(CrossEntropy, Forward) {
   using TL = typename TypeParam::L;
   uint32_t seed = 700;
@@ -179,25 +209,9 @@ TYPED_TEST(CrossEntropy, VocabParallelSlice) {
                                     grad.get(), rows, Vl, vStart, kOneRank, V,
                                     scratch.get());
 
-  double total = 0;
-  const double scale = double(kDloss) / double(rows);
-  std::vector<float> wantGrad(rows * Vl);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x.data() + r * Vl;
-    const double m = *std::max_element(xr, xr + Vl);
-    double sum = 0;
-    for (int64_t j = 0; j < Vl; ++j)
-      sum += std::exp(double(xr[j]) - m);
-    const int64_t local = int64_t(t[r]) - vStart;
-    const bool held = local >= 0 && local < Vl;
-    total += std::log(sum) + m - (held ? double(xr[local]) : 0.0);
-    for (int64_t j = 0; j < Vl; ++j)
-      wantGrad[r * Vl + j] = float(scale * std::exp(double(xr[j]) - m) / sum -
-                                   (held && j == local ? scale : 0.0));
-  }
-  expectClose(loss.download(), {float(total / double(rows))}, 1e-5, 1e-5,
-              "loss");
-  expectClose(grad.download(), wantGrad, rtolFor<TG>(), gradAtol(rows),
+  const ShardReference want = shardReference(x, t, rows, Vl, vStart, Vl);
+  expectClose(loss.download(), {want.loss}, 1e-5, 1e-5, "loss");
+  expectClose(grad.download(), want.grad, rtolFor<TG>(), gradAtol(rows),
               "dlogits");
 }
 
@@ -251,27 +265,10 @@ TYPED_TEST(CrossEntropy, PaddedVocabulary) {
   crossEntropyVocabParallelBackward(dxs.get(), dt.get(), dDloss.get(),
                                     grads.get(), rows, Vl, vStart, kOneRank,
                                     valid, scratch.get());
-  double total = 0;
-  const double scale = double(kDloss) / double(rows);
-  std::vector<float> wantShard(rows * Vl, 0.f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = xs.data() + r * Vl;
-    const int64_t n = valid - vStart;
-    const double m = *std::max_element(xr, xr + n);
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j)
-      sum += std::exp(double(xr[j]) - m);
-    const int64_t local = int64_t(t[r]) - vStart;
-    const bool held = local >= 0 && local < n;
-    total += std::log(sum) + m - (held ? double(xr[local]) : 0.0);
-    for (int64_t j = 0; j < n; ++j)
-      wantShard[r * Vl + j] =
-          float(scale * std::exp(double(xr[j]) - m) / sum -
-                (held && j == local ? scale : 0.0));
-  }
-  expectClose(loss.download(), {float(total / double(rows))}, 1e-5, 1e-5,
-              "shard loss");
-  expectClose(grads.download(), wantShard, rtolFor<TG>(), gradAtol(rows),
+  const ShardReference shard =
+      shardReference(xs, t, rows, Vl, vStart, valid - vStart);
+  expectClose(loss.download(), {shard.loss}, 1e-5, 1e-5, "shard loss");
+  expectClose(grads.download(), shard.grad, rtolFor<TG>(), gradAtol(rows),
               "shard dlogits");
 }
 
