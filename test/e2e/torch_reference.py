@@ -54,6 +54,10 @@ def load_spec(spec):
     m.setdefault("tie_embeddings", fam == "gpt")
     m.setdefault("norm_eps", 1e-5)
     m.setdefault("rope_theta", 10000.0)
+    # The token table's rows (model.vocab_pad_to_multiple); the loss reads
+    # the first vocab_size logits only.
+    pad = int(m.get("vocab_pad_to_multiple", 1))
+    m["padded_vocab"] = (m["vocab_size"] + pad - 1) // pad * pad
     if m["hidden"] % m["heads"] != 0:
         raise ValueError("hidden must be divisible by heads")
     if m["heads"] % m["kv_heads"] != 0:
@@ -148,7 +152,7 @@ class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        V, T, C = cfg["vocab_size"], cfg["seq_len"], cfg["hidden"]
+        V, T, C = cfg["padded_vocab"], cfg["seq_len"], cfg["hidden"]
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
         self.h = nn.ModuleList([GPTBlock(cfg) for _ in range(cfg["layers"])])
@@ -267,7 +271,7 @@ class LlamaLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden"])
+        self.embed_tokens = nn.Embedding(cfg["padded_vocab"], cfg["hidden"])
         self.layers = nn.ModuleList([LlamaLayer(cfg) for _ in range(cfg["layers"])])
         self.norm = RMSNorm(cfg["hidden"], cfg["norm_eps"])
 
@@ -278,7 +282,7 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.model = LlamaBody(cfg)
         if not cfg["tie_embeddings"]:
-            self.lm_head = nn.Linear(cfg["hidden"], cfg["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(cfg["hidden"], cfg["padded_vocab"], bias=False)
 
     def forward(self, idx):
         B, T = idx.shape
@@ -433,7 +437,7 @@ def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
         t0 = time.perf_counter()
         x, y = get_batch(tokens, s, B, T)
         optimizer.zero_grad(set_to_none=True)
-        logits = model(x)
+        logits = model(x)[..., :mcfg["vocab_size"]]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         if clip > 0:
