@@ -152,7 +152,7 @@ class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        V, T, C = cfg["padded_vocab"], cfg["seq_len"], cfg["hidden"]
+        V, T, C = cfg.get("padded_vocab", cfg["vocab_size"]), cfg["seq_len"], cfg["hidden"]
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
         self.h = nn.ModuleList([GPTBlock(cfg) for _ in range(cfg["layers"])])
@@ -271,7 +271,7 @@ class LlamaLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg["padded_vocab"], cfg["hidden"])
+        self.embed_tokens = nn.Embedding(cfg.get("padded_vocab", cfg["vocab_size"]), cfg["hidden"])
         self.layers = nn.ModuleList([LlamaLayer(cfg) for _ in range(cfg["layers"])])
         self.norm = RMSNorm(cfg["hidden"], cfg["norm_eps"])
 
@@ -282,7 +282,7 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.model = LlamaBody(cfg)
         if not cfg["tie_embeddings"]:
-            self.lm_head = nn.Linear(cfg["hidden"], cfg["padded_vocab"], bias=False)
+            self.lm_head = nn.Linear(cfg["hidden"], cfg.get("padded_vocab", cfg["vocab_size"]), bias=False)
 
     def forward(self, idx):
         B, T = idx.shape
