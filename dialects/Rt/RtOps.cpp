@@ -194,6 +194,11 @@ void ReduceScatterShardsStartOp::describeCommunication(
     shardsReduced(mesh, getAxes(), elementsOf(b), records);
 }
 
+void ReduceScatterPieceStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  shardsReduced(mesh, getAxes(), getN(), records);
+}
+
 void AllGatherShardsOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = getN(), g = mesh.groupSize(getAxes());

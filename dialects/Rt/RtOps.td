@@ -453,6 +453,21 @@ def Rt_ReduceScatterShardsStartOp : Rt_CommOp<"reduce_scatter_shards_start"> {
   let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
 }
 
+def Rt_ReduceScatterPieceStartOp : Rt_CommOp<"reduce_scatter_piece_start"> {
+  let summary = "Starts rt.reduce_scatter_shards of a run into this rank's piece (reduceScatterPieceStart)";
+  let description = [{
+    ZeRO-2's reduction in flight: a backward part starts reducing a staged
+    run into `out`, this rank's piece, right after its last write to the
+    run and computes on. `buffer` may be written again, and `out` read,
+    only after request slot `slot` has been waited for
+    (`rt.wait_requests`).
+  }];
+  let arguments = (ins Rt_Buffer:$buffer, Rt_Buffer:$out, I64Attr:$n,
+                   Dist_AxesAttr:$axes, OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $buffer `,` $out `)` attr-dict `:` type($buffer) `,` type($out)";
+}
+
 def Rt_AllGatherShardsStartOp : Rt_CommOp<"all_gather_shards_start"> {
   let summary = "Starts rt.all_gather_shards of a run from this rank's piece (allGatherShardsStart)";
   let description = [{

@@ -69,7 +69,8 @@ struct CommState {
   std::vector<bool> requestInUse;
   // A started collective of shards: its counts and offsets (kept while MPI
   // works), where a reduce-scatter's piece goes when the request is waited
-  // for, and, for a traced gather, when it started and what it moves.
+  // for, and, for a traced started gather or reduction, when it started,
+  // what it moves and what waiting for it is called.
   struct PieceCopy {
     std::vector<int> counts, offsets;
     const float *from = nullptr;
@@ -83,6 +84,7 @@ struct CommState {
     // and the piece size it is counted as.
     unsigned replicas = 0;
     int64_t pieceElems = 0;
+    const char *waited = nullptr;
   };
   std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
@@ -518,6 +520,19 @@ void reducePieceOverReplicas(float *piece, int held, int64_t c,
   allReduceSum(piece, held, replicas);
 }
 
+// With tracing on, a started collective's flight is recorded from now to
+// its completion under `name`, and the rank's wait for it as `waited`.
+void traceFlight(CommState::PieceCopy &copy, const char *name,
+                 const char *waited, int64_t bytes, unsigned axes) {
+  if (!traceEnabled())
+    return;
+  copy.traced = name;
+  copy.waited = waited;
+  copy.tracedSince = traceNowMicros();
+  copy.tracedBytes = bytes;
+  copy.tracedAxes = axes;
+}
+
 // Elements of piece k of an n-element run over g ranks (Pieces.h).
 int pieceCount(int64_t n, int64_t g, int64_t k) {
   return (int)inPiece(0, n, pieceSize(n, g), k).size();
@@ -578,41 +593,49 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
   return (CommRequest)slot;
 }
 
-void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
-  if (!out) {
-    commWait(reduceScatterShardsStart(buffer, n, axes));
-    return;
-  }
+CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
+                                    unsigned axes) {
   unsigned replicas = axes & kDpReplicaBit;
   axes &= ~kDpReplicaBit;
-  checkAxes(axes, "reduceScatterShards");
+  checkAxes(axes, "reduceScatterPieceStart");
   int64_t g = groupSize(axes);
-  checkCount(n, 1, "reduceScatterShards");
-  count(CollectiveKind::ReduceScatter, n,
-        reduceScatterBytesSent(pieceSize(n, g), g));
-  int64_t k = groupRank(axes);
+  checkCount(n, 1, "reduceScatterPieceStart");
+  int64_t c = pieceSize(n, g), k = groupRank(axes);
+  int64_t bytes = reduceScatterBytesSent(c, g);
+  count(CollectiveKind::ReduceScatter, n, bytes);
+  CommState &s = state();
+  size_t slot = freeRequestSlot();
+  s.requests[slot] = MPI_REQUEST_NULL;
+  CommState::PieceCopy &copy = s.pieceCopies[slot];
+  traceFlight(copy, "reduce_scatter_piece", "reduce wait", bytes, axes);
+  // The piece stays where MPI writes it (copy.from == copy.to); commWait
+  // then sums it over the replicas.
+  copy.to = out;
+  copy.from = out;
+  copy.size = pieceCount(n, g, k);
+  copy.replicas = replicas;
+  copy.pieceElems = c;
   if (g == 1) {
     std::memmove(out, buffer, (size_t)n * sizeof(float));
-    if (replicas)
-      reducePieceOverReplicas(out, (int)n, n, replicas);
-    return;
+    return (CommRequest)slot;
   }
-  std::vector<int> counts(g);
+  copy.counts.resize(g);
   for (int64_t r = 0; r < g; ++r)
-    counts[r] = pieceCount(n, g, r);
-  Traced traced("reduce_scatter", axes,
-                reduceScatterBytesSent(pieceSize(n, g), g));
-  Waiting waiting("reduceScatterShards over %s (group of %lld, %lld elements)",
-                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
-                  (long long)n);
+    copy.counts[r] = pieceCount(n, g, r);
   // A rank whose piece is empty still passes a buffer.
-  float unused;
-  checkMpi(MPI_Reduce_scatter(buffer, counts[k] ? out : &unused, counts.data(),
-                              MPI_FLOAT, MPI_SUM,
-                              state().comms[effectiveAxes(axes)]),
-           "MPI_Reduce_scatter");
-  if (replicas)
-    reducePieceOverReplicas(out, counts[k], pieceSize(n, g), replicas);
+  static float unused;
+  checkMpi(MPI_Ireduce_scatter(buffer, copy.size ? out : &unused,
+                               copy.counts.data(), MPI_FLOAT, MPI_SUM,
+                               s.comms[effectiveAxes(axes)], &s.requests[slot]),
+           "MPI_Ireduce_scatter");
+  return (CommRequest)slot;
+}
+
+void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
+  if (out)
+    commWait(reduceScatterPieceStart(buffer, out, n, axes));
+  else
+    commWait(reduceScatterShardsStart(buffer, n, axes));
 }
 
 void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
@@ -661,12 +684,7 @@ CommRequest allGatherShardsStart(float *buffer, const float *from, int64_t n,
   std::memmove(buffer + k * c, from,
                (size_t)pieceCount(n, g, k) * sizeof(float));
   CommState::PieceCopy &copy = s.pieceCopies[slot];
-  if (traceEnabled()) {
-    copy.traced = "all_gather_shards";
-    copy.tracedSince = traceNowMicros();
-    copy.tracedBytes = bytes;
-    copy.tracedAxes = axes;
-  }
+  traceFlight(copy, "all_gather_shards", "gather wait", bytes, axes);
   if (g == 1)
     return (CommRequest)slot;
   copy.counts.resize(g);
@@ -690,7 +708,7 @@ void commWait(CommRequest request) {
                              std::to_string(request));
   CommState::PieceCopy &copy = s.pieceCopies[request];
   if (s.requests[request] != MPI_REQUEST_NULL) {
-    TraceSpan span(copy.traced ? "gather wait" : nullptr);
+    TraceSpan span(copy.traced ? copy.waited : nullptr);
     Waiting waiting("the collective started as request %d", (int)request);
     waitAll(&s.requests[request], 1, "MPI_Wait");
   }

@@ -21,8 +21,9 @@
 // microbatch's piece is reduced into before it is added to the pieces
 // (with several microbatches), the gradients outside every run, and a
 // staging region where a backward part writes a run's gradients whole; the
-// run is reduce-scattered into its piece right after the part's last write
-// to it, and runs whose writes do not overlap share staging.
+// run's reduce-scatter into its piece starts right after the part's last
+// write to it and is waited for after the next run's (one in flight), and
+// runs whose writes and reductions do not overlap share staging.
 //
 // ZeRO-3 keeps the parameters of those runs as pieces as well: each part
 // gathers a run whole into a slot of the parameter store before its first
@@ -37,6 +38,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/MapVector.h"
 
 #include <set>
 #include <utility>
@@ -163,9 +165,14 @@ private:
       return size;
     }
   };
+  // How long a run holds its slot: from its first touch to its last
+  // (Plain), from the previous run's first touch on (Prefetch: its gather
+  // is in flight meanwhile), or until the next run's last touch
+  // (Deferred: its reduction is in flight meanwhile).
+  enum class Hold { Plain, Prefetch, Deferred };
   Staging stage(ArrayRef<Block *> blocks,
                 DenseMap<Block *, SmallVector<Use>> &usesIn,
-                bool prefetch = false);
+                Hold hold = Hold::Plain);
   // Ranges kept whole (the runs `keep` selects and parameters outside every
   // run), packed from `base`, each keeping its layout.
   struct Packing {
@@ -624,11 +631,10 @@ LogicalResult Sharder::sortViews(
   return success();
 }
 
-// With `prefetch`, a run's slot is taken from the previous run's first
-// touch on (its gather is in flight while the previous run is computed).
 Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
                                  DenseMap<Block *, SmallVector<Use>> &usesIn,
-                                 bool prefetch) {
+                                 Hold hold) {
+  bool prefetch = hold == Hold::Prefetch;
   Staging staging;
   for (Block *block : blocks) {
     DenseMap<Operation *, int64_t> position;
@@ -656,6 +662,17 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
     llvm::sort(order, [&](Run *a, Run *b) {
       return position[span[a].first] < position[span[b].first];
     });
+    // Deferred: the runs in the order their reductions start (their last
+    // touches); each is waited for after the next one's last touch.
+    DenseMap<Run *, Operation *> waitAfter;
+    if (hold == Hold::Deferred) {
+      SmallVector<Run *> reduced(order);
+      llvm::stable_sort(reduced, [&](Run *a, Run *b) {
+        return position[span[a].second] < position[span[b].second];
+      });
+      for (size_t i = 0; i + 1 < reduced.size(); ++i)
+        waitAfter[reduced[i]] = span[reduced[i + 1]].second;
+    }
     // A run takes a slot whose last run's last touch came before its first.
     SmallVector<int64_t> busyUntil;
     DenseMap<Run *, int64_t> slotOf;
@@ -673,6 +690,10 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
         busyUntil.push_back(0);
       }
       busyUntil[slot] = position[span[run].second];
+      if (hold == Hold::Deferred)
+        busyUntil[slot] = waitAfter.lookup(run)
+                              ? position[waitAfter.lookup(run)]
+                              : (int64_t)position.size();
       slotOf[run] = slot;
       if ((int64_t)staging.slots.size() <= slot)
         staging.slots.resize(slot + 1);
@@ -747,7 +768,7 @@ LogicalResult Sharder::gatherParams() {
   if (failed(sortViews(rt::Space::Params, [](const Run &r) { return r.sharded; },
                        whole, usesIn, blocks, "parameter")))
     return failure();
-  Staging staging = stage(blocks, usesIn, /*prefetch=*/true);
+  Staging staging = stage(blocks, usesIn, Hold::Prefetch);
   gatherElems = staging.place(wholeBase + valueWholeElems);
   // The first run of a part is gathered right before its first read; each
   // later one is started before the previous run's first read (after that
@@ -784,9 +805,10 @@ LogicalResult Sharder::gatherParams() {
 
 // ZeRO-2: the gradient store holds [pieces | scratch piece | gradients
 // outside the runs | staging]. Each backward part writes a run whole into
-// staging and reduce-scatters it into its piece (adding a microbatch's
-// piece to the pieces when there are several) right after its last write;
-// runs whose writes in a part do not overlap share a staging slot.
+// staging and starts reduce-scattering it into its piece (adding a
+// microbatch's piece to the pieces when there are several, at the wait)
+// right after its last write; runs whose holds of staging in a part do not
+// overlap share a slot.
 LogicalResult Sharder::stageGradients() {
   int64_t maxPiece = 0;
   for (const Run &r : runs)
@@ -827,30 +849,69 @@ LogicalResult Sharder::stageGradients() {
     }
   }
 
-  Staging staging = stage(blocks, usesIn);
+  Staging staging = stage(blocks, usesIn, Hold::Deferred);
   stagingElems = staging.place(wholeBase + wholeElems);
 
-  // The reductions, right after each run's last write in its part.
-  for (const Staging::Span &r : staging.spans) {
-    OpBuilder b(ctx);
-    b.setInsertionPointAfter(r.last);
+  // The reductions: each started right after its run's last write in its
+  // part and waited for right after the next run's last write (before that
+  // run's start: one reduction in flight, so one scratch piece), the last
+  // one at the part's end. The run's slot is not written meanwhile (Hold::
+  // Deferred); with several microbatches the wait adds the scratch piece
+  // to the run's piece.
+  int64_t request = 0;
+  if (auto slots = func->getAttrOfType<IntegerAttr>("rt.request_slots"))
+    request = slots.getInt();
+  auto wait = [&](OpBuilder &b, const Staging::Span &r) {
     Location loc = r.last->getLoc();
-    Type whole = MemRefType::get({r.run->length}, b.getF32Type());
-    Value staged =
-        view(b, loc, whole, rt::Space::Grads, staging.slots[r.slot].offset);
-    Value piece = pieceView(b, loc, *r.run);
-    auto n = b.getI64IntegerAttr(r.run->length);
-    if (microbatches == 1) {
-      rt::ReduceScatterShardsOp::create(b, loc, staged, piece, n, dpAxes());
-      continue;
-    }
+    rt::WaitRequestsOp::create(b, loc, request, 1);
+    if (microbatches == 1)
+      return;
     Value buffer = view(b, loc, MemRefType::get({r.run->piece}, b.getF32Type()),
                         rt::Space::Grads, scratch);
-    rt::ReduceScatterShardsOp::create(b, loc, staged, buffer, n, dpAxes());
     Value first = rt::FirstRunOp::create(b, loc, b.getI1Type());
-    rt::AccumulateOp::create(b, loc, buffer, piece, first,
+    rt::AccumulateOp::create(b, loc, buffer, pieceView(b, loc, *r.run), first,
                              b.getI64IntegerAttr(r.run->piece));
+  };
+  llvm::MapVector<Block *, SmallVector<const Staging::Span *>> byPart;
+  for (const Staging::Span &r : staging.spans)
+    byPart[r.last->getBlock()].push_back(&r);
+  for (auto &[block, spans] : byPart) {
+    llvm::stable_sort(spans, [](const Staging::Span *a, const Staging::Span *b) {
+      return a->last != b->last && a->last->isBeforeInBlock(b->last);
+    });
+    OpBuilder b(ctx);
+    const Staging::Span *previous = nullptr;
+    for (const Staging::Span *r : spans) {
+      // After the run's last write, or after what was placed there for a
+      // run with the same last write.
+      if (!previous || previous->last != r->last)
+        b.setInsertionPointAfter(r->last);
+      Location loc = r->last->getLoc();
+      if (previous)
+        wait(b, *previous);
+      Type whole = MemRefType::get({r->run->length}, b.getF32Type());
+      Value staged = view(b, loc, whole, rt::Space::Grads,
+                          staging.slots[r->slot].offset);
+      Value out =
+          microbatches == 1
+              ? pieceView(b, loc, *r->run)
+              : view(b, loc, MemRefType::get({r->run->piece}, b.getF32Type()),
+                     rt::Space::Grads, scratch);
+      rt::ReduceScatterPieceStartOp::create(
+          b, loc, rt::RequestType::get(ctx), staged, out,
+          b.getI64IntegerAttr(r->run->length), dpAxes(),
+          b.getI64IntegerAttr(request));
+      previous = r;
+    }
+    if (block->mightHaveTerminator())
+      b.setInsertionPoint(block->getTerminator());
+    else
+      b.setInsertionPointToEnd(block);
+    wait(b, *previous);
   }
+  if (!byPart.empty())
+    func->setAttr("rt.request_slots",
+                  IntegerAttr::get(IntegerType::get(ctx, 64), request + 1));
   return success();
 }
 

@@ -25,14 +25,28 @@
 // ONE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 0, 0>} : memref<512xf32>
 
 // ZeRO-2: the gradient store holds the pieces (324) and staging; the
-// backward part reduce-scatters each run into its piece (w's and b's at 0,
-// wte's at 68) right after its last write, and the update reads the pieces.
+// backward part starts reduce-scattering each run into its piece (w's and
+// b's at 0, wte's at 68) right after its last write and waits for it (in
+// request slot 2) right after the next run's last write, before starting
+// that one's, or at the part's end; the update reads the pieces. The first
+// run holds its slot until its wait, so the second takes another: staging
+// is 136 + 512.
 // TWO: rt.grad_piece_elems = 324
+// TWO-SAME: rt.grad_staging_elems = 648
+// TWO-SAME: rt.request_slots = 3
 // TWO: pipe.backward_pass
-// TWO: %[[PIECE:.*]] = rt.buffer <grads> 0 : memref<68xf32>
-// TWO-NEXT: rt.reduce_scatter_shards({{.*}}, %[[PIECE]]) {axes = #dist.axes<dp>, n = 136 : i64}
-// TWO: %[[PIECE2:.*]] = rt.buffer <grads> 68 : memref<256xf32>
-// TWO-NEXT: rt.reduce_scatter_shards({{.*}}, %[[PIECE2]]) {axes = #dist.axes<dp>, n = 512 : i64}
+// TWO: %[[STAGED:.*]] = rt.buffer <grads> 324 : memref<136xf32>
+// TWO-NEXT: %[[PIECE:.*]] = rt.buffer <grads> 0 : memref<68xf32>
+// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED]], %[[PIECE]]) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64}
+// TWO-NOT: rt.wait_requests
+// TWO: rt.embedding_backward
+// TWO: rt.add_broadcast({{.*}}) {n = 512
+// TWO-NEXT: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// TWO-NEXT: %[[STAGED2:.*]] = rt.buffer <grads> 460 : memref<512xf32>
+// TWO-NEXT: %[[PIECE2:.*]] = rt.buffer <grads> 68 : memref<256xf32>
+// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED2]], %[[PIECE2]]) {axes = #dist.axes<dp>, n = 512 : i64, slot = 2 : i64}
+// TWO: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// TWO-NEXT: pipe.yield
 // TWO: pipe.update
 // TWO: rt.sum_squares_shard({{.*}}piece_grads = true
 // TWO: rt.adamw_shard({{.*}}piece_grads = true, piece_params = false
@@ -40,25 +54,26 @@
 // ZeRO-3: the parameters too: each part gathers a run from its piece
 // before reading it, AdamW updates the pieces and nothing is gathered after
 // the update. A part's first run is gathered right before its first read;
-// the next one's gather is started then (prefetch, in request slot 2, after
-// the two the gradient buckets take) and waited for right before its own
-// first read, so it is in flight while the previous run is computed on.
+// the next one's gather is started then (prefetch, in request slot 3, after
+// the two the gradient buckets take and ZeRO-2's reductions' one) and
+// waited for right before its own first read, so it is in flight while the
+// previous run is computed on.
 // THREE: rt.param_piece_elems = 324
-// THREE-SAME: rt.request_slots = 3
+// THREE-SAME: rt.request_slots = 4
 // THREE: rt.param "w" {{.*}}value_shard = array<i64: 0, 68>
 // THREE: rt.param "wte" {{.*}}value_shard = array<i64: 68, 256>
 // THREE: pipe.forward_pass
 // THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
 // THREE-NEXT: rt.buffer
 // THREE-NEXT: rt.buffer
-// THREE-NEXT: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64} : memref<136xf32>, memref<68xf32>
-// THREE: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// THREE-NEXT: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64} : memref<136xf32>, memref<68xf32>
+// THREE: rt.wait_requests {count = 1 : i64, first = 3 : i64}
 // THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
 // THREE: pipe.backward_pass
 // THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>}
-// THREE: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64}
+// THREE: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64}
 // THREE-NEXT: rt.matmul({{.*}}memref<32x16xf32>
-// THREE: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// THREE: rt.wait_requests {count = 1 : i64, first = 3 : i64}
 // THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
 // THREE: pipe.update
 // THREE: rt.adamw_shard({{.*}}piece_grads = true, piece_params = true

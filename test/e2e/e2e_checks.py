@@ -525,40 +525,62 @@ def stop_compile(args):
     print(f"compile interrupted by SIG{args.signal} (rc {rc}); nothing left")
 
 
+IN_FLIGHT = {
+    # kind: call that starts one, its flight on the collectives track, its
+    # wait on the program's track
+    "gather": ("allGatherShardsStart(", "all_gather_shards", "gather wait"),
+    "reduce": ("reduceScatterPieceStart(", "reduce_scatter_piece",
+               "reduce wait"),
+}
+
+
 def prefetch(args):
-    """ZeRO-3's prefetched gathers in a rank's trace: each started gather
-    (planned program: `allGatherShardsStart` calls) is drawn on the
+    """Collectives in flight while a rank computes, in its trace: ZeRO-3's
+    prefetched gathers (`--kind gather`) or ZeRO-2's reductions (`--kind
+    reduce`). Each one the planned program starts is drawn on the
     collectives track with its group and bytes, and the rank waited for it
-    only after computing on: its wait begins after the gather began, inside
-    the time it was in flight."""
+    only inside the time it was in flight, after it began. Also counts, in
+    the program, the started ones followed by a kernel before their wait
+    (those the rank computes on meanwhile)."""
+    call, flight, waited = IN_FLIGHT[args.kind]
     source = open(args.program).read()
-    started = source.count("allGatherShardsStart(")
+    pieces = source.split(call)[1:]
+    started = len(pieces)
     if not started:
-        fail(f"{args.program} starts no gather")
+        fail(f"{args.program} starts no {args.kind}")
+    # A kernel call between the start and the next commWait.
+    overlapped = sum(
+        bool(re.search(r"^\s*(?!CommRequest|gRequests)\w+\(",
+                       p.split("\n", 1)[1].split("commWait(")[0], re.M))
+        for p in pieces)
     events = [e for e in json.load(open(args.trace))["traceEvents"]
               if e["ph"] == "X"]
     flights = sorted((e for e in events if e["tid"] == 1
-                      and e["name"] == "all_gather_shards"),
+                      and e["name"] == flight),
                      key=lambda e: e["ts"])
-    waits = sorted((e for e in events if e["name"] == "gather wait"),
+    waits = sorted((e for e in events if e["name"] == waited),
                    key=lambda e: e["ts"])
     steps = sum(e["name"] == "update" for e in events)
     if len(flights) != started * steps:
-        fail(f"{len(flights)} gathers in flight in {steps} steps, "
+        fail(f"{len(flights)} {args.kind}s in flight in {steps} steps, "
              f"expected {started} per step")
     if len(waits) > len(flights):
-        fail("more gather waits than gathers")
+        fail(f"more {waited}s than {args.kind}s")
     for f in flights:
         if f["args"]["group"] != args.group or f["args"]["bytes"] <= 0:
-            fail(f"gather without its group or bytes: {f}")
+            fail(f"{args.kind} without its group or bytes: {f}")
     for w in waits:
         f = next((f for f in flights if f["ts"] <= w["ts"] and
                   w["ts"] + w["dur"] <= f["ts"] + f["dur"] + 1e-3), None)
         if f is None:
-            fail(f"a gather wait outside every gather's flight: {w}")
+            fail(f"a {waited} outside every {args.kind}'s flight: {w}")
         if not w["ts"] > f["ts"]:
-            fail(f"a gather waited for as soon as it started: {f}")
-    print(f"{len(flights)} gathers prefetched over {steps} steps")
+            fail(f"a {args.kind} waited for as soon as it started: {f}")
+    if args.kind == "gather":
+        print(f"{len(flights)} gathers prefetched over {steps} steps")
+    else:
+        print(f"{len(flights)} reductions in flight over {steps} steps, "
+              f"{overlapped} of {started} a step with compute before the wait")
 
 
 def merged_trace(args):
@@ -811,6 +833,7 @@ def main():
     p.add_argument("program")
     p.add_argument("trace")
     p.add_argument("--group", default="dp")
+    p.add_argument("--kind", choices=sorted(IN_FLIGHT), default="gather")
     p.set_defaults(run=prefetch)
     p = sub.add_parser("comm")
     p.add_argument("plan")

@@ -136,6 +136,11 @@ void commWait(CommRequest request);
 // piece is all-reduced over the replicas (counted as an all-reduce of c).
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
+// reduceScatterShards with `out`, started (ZeRO-2's reduction in flight):
+// `buffer` may be written, and `out` read, only after commWait. With
+// tracing on, the time in flight is recorded on the collectives track.
+CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
+                                    unsigned axes);
 // Every rank's piece, in place, to every rank; with `from` this rank's piece
 // is first copied from there. `shadow` must be null on the CPU. Counts c
 // elements and (g-1) * c * 4 bytes.

@@ -332,12 +332,15 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     With `zero` 2 the gradients are kept as pieces too (ZeRO-2). A run is
     staged when one backward part writes it and the update only reduces,
     measures and applies it: the part writes the run whole into a staging
-    slot of the gradient store and `rt.reduce_scatter_shards` with an `out`
-    puts this rank's piece of the sum in the piece's own place right after
-    the part's last write to the run (with several microbatches, into a
-    piece-sized scratch buffer that `rt.accumulate` adds to the piece, and
-    the part's accumulations into the run become copies). Runs whose
-    writes do not overlap share a slot. The update's norm and AdamW read
+    slot of the gradient store and `rt.reduce_scatter_piece_start` starts
+    reducing this rank's piece of the sum into the piece's own place right
+    after the part's last write to the run (with several microbatches, into
+    a piece-sized scratch buffer that `rt.accumulate` adds to the piece,
+    and the part's accumulations into the run become copies). The part
+    computes on while the reduction is in flight and waits for it
+    (`rt.wait_requests`, one request slot) right after the next run's last
+    write, before starting that one's, or at its end. A run holds its slot
+    until then; runs whose holds do not overlap share a slot. The update's norm and AdamW read
     the pieces (`piece_grads`); a gradient summed over tp as well is
     all-reduced over tp as a piece, once, at the start of the update. Other
     runs (a tied embedding on the first of several stages, to which the

@@ -328,25 +328,29 @@ struct StartPattern : RtPattern<Op> {
   }
 };
 
-// ZeRO-3's prefetched gather: started into its request slot, waited for by
-// rt.wait_requests before the run's first read.
-struct GatherStartPattern : RtPattern<rt::AllGatherShardsStartOp> {
-  using RtPattern::RtPattern;
+// A collective of a run and a piece started into its request slot and
+// waited for by rt.wait_requests: ZeRO-3's prefetched gather (buffer, from)
+// and ZeRO-2's reduction in flight (buffer, out).
+template <typename Op> struct PieceStartPattern : RtPattern<Op> {
+  PieceStartPattern(const TypeConverter &converter, MLIRContext *ctx,
+                    const TargetInfo &target, StringRef function)
+      : RtPattern<Op>(converter, ctx, target), function(function) {}
+  std::string function;
   LogicalResult
-  matchAndRewrite(rt::AllGatherShardsStartOp op, OpAdaptor adaptor,
+  matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     if (!op.getSlot())
       return op.emitOpError("has no request slot (run tessel-shard-optimizer)");
     if (!op.getRequest().use_empty())
       return op.emitOpError("is still waited on by rt.wait");
+    ValueRange operands = adaptor.getOperands();
     Value started =
         CallBuilder(rewriter, op.getLoc())
-            .operand(adaptor.getBuffer())
-            .operand(adaptor.getFrom())
+            .operand(operands[0])
+            .operand(operands[1])
             .integer(op.getN())
             .text(axesLiteral(op.getAxes()))
-            .build("allGatherShardsStart",
-                   opaque(rewriter.getContext(), "CommRequest"))
+            .build(function, opaque(rewriter.getContext(), "CommRequest"))
             .getResult(0);
     rewriter.create<emitc::AssignOp>(
         op.getLoc(), requestSlot(rewriter, op.getLoc(), *op.getSlot()),
@@ -514,8 +518,11 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
   MLIRContext *ctx = patterns.getContext();
   patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
                FinishPattern<rt::FinishStepOp>, FinishPattern<rt::FinishEvalOp>,
-               AllReducePattern, WaitRequestsPattern, GatherStartPattern>(
-      converter, ctx, target);
+               AllReducePattern, WaitRequestsPattern>(converter, ctx, target);
+  patterns.add<PieceStartPattern<rt::AllGatherShardsStartOp>>(
+      converter, ctx, target, "allGatherShardsStart");
+  patterns.add<PieceStartPattern<rt::ReduceScatterPieceStartOp>>(
+      converter, ctx, target, "reduceScatterPieceStart");
   patterns.add<StartPattern<rt::AllReduceStartOp>>(converter, ctx, target,
                                                    "allReduceSumStart");
   patterns.add<StartPattern<rt::ReduceScatterShardsStartOp>>(

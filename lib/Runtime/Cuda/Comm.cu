@@ -62,7 +62,8 @@
 // makes that stream wait for the compute stream (an event), so it sees
 // every kernel enqueued before it; a blocking collective then makes the
 // compute stream wait for its completion event, while the started ones
-// (allReduceSumStart, reduceScatterShardsStart) leave that to commWait,
+// (allReduceSumStart, reduceScatterShardsStart, reduceScatterPieceStart)
+// leave that to commWait,
 // letting backward go on meanwhile. Point-to-point
 // operations do the same on their channel's stream: a receive makes the
 // compute stream wait for it, sends are waited for by waitSends.
@@ -1245,6 +1246,14 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
     commWait(reduceScatterShardsStart(buffer, n, axes));
     return;
   }
+  commWait(reduceScatterPieceStart(buffer, out, n, axes));
+}
+
+// Started (ZeRO-2's reduction in flight): the comm stream reads `buffer`
+// after the compute stream's work so far; commWait makes the compute stream
+// wait before `out` is read or `buffer` written again.
+CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
+                                    unsigned axes) {
   unsigned replicas = axes & tessel::kDpReplicaBit;
   axes &= ~tessel::kDpReplicaBit;
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
@@ -1252,15 +1261,14 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
   ReplicaSum sum(replicas, n, axes);
   if (!comm)
     copyOnCompute(out, buffer, n);
-  if ((comm || sum.comm) && n > 0)
-    blockingCollective(name, axes, n, [&] {
-      if (comm)
-        perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
-          return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
-                            root, comm, detail::commStream());
-        });
-      sum.enqueue(out, name, axes, n);
-    });
+  return startedCollective(name, axes, n, (comm || sum.comm) && n > 0, [&] {
+    if (comm)
+      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+        return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
+                          root, comm, detail::commStream());
+      });
+    sum.enqueue(out, name, axes, n);
+  });
 }
 
 void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,

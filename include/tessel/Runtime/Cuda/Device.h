@@ -74,6 +74,10 @@ void commWait(CommRequest request);
 // With `out` (ZeRO-2) the piece goes there instead of in place.
 void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes);
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes);
+// reduceScatterShards with `out`, started: `buffer` may be written, and
+// `out` read, once commWait has made the compute stream wait for it.
+CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
+                                    unsigned axes);
 void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
                      unsigned axes);
 
