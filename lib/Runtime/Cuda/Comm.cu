@@ -63,8 +63,15 @@
 // every kernel enqueued before it; a blocking collective then makes the
 // compute stream wait for its completion event, while the started ones
 // (allReduceSumStart, reduceScatterShardsStart, reduceScatterPieceStart)
-// leave that to commWait,
-// letting backward go on meanwhile. Point-to-point
+// leave that to commWait, letting backward go on meanwhile. Started
+// collectives over a data-parallel axis set (the gradient buckets and
+// ZeRO's reductions) run on a background stream with communicators of
+// their own (a second split of each such set), so a blocking collective
+// (tp and sp inside a layer, the loss) never queues behind gradient
+// buckets still in flight; the blocking ones keep the communication
+// stream. Every rank issues both lanes' operations in the program's
+// order, so the two communicators of a group see the same order on every
+// rank. Point-to-point
 // operations do the same on their channel's stream: a receive makes the
 // compute stream wait for it, sends are waited for by waitSends.
 //
@@ -138,7 +145,8 @@ constexpr MeshAxis kP2PAxis = MeshAxis::PP;
 // order: the communication stream's list comes first, then one per
 // point-to-point channel, in the channels' order.
 constexpr int kCommQueue = 0;
-constexpr int queueOf(int channel) { return 1 + channel; }
+constexpr int kBackgroundQueue = 1;
+constexpr int queueOf(int channel) { return 2 + channel; }
 
 // One enqueued operation, as the watchdog sees it.
 struct InFlight {
@@ -197,6 +205,15 @@ struct CommState {
   int device = 0;
   ncclComm_t world = nullptr;
   ncclComm_t comms[kNumAxisSets] = {}; // by effective axis mask
+  // Started collectives (the data-parallel gradient reductions) run on
+  // their own stream and communicators, so that a blocking collective (tp,
+  // sp, the loss) never queues behind gradient buckets: a second
+  // communicator for every axis set with a data-parallel axis, and the
+  // stream. `onBackground` is set while a started collective picks its
+  // communicator and enqueues (BackgroundLane).
+  ncclComm_t background[kNumAxisSets] = {};
+  cudaStream_t backgroundStream = nullptr;
+  bool onBackground = false;
   // Recorded on the compute stream whenever the communication stream or a
   // channel's stream must catch up with it; a wait captures the event's
   // state when it is issued, so one event serves every operation.
@@ -239,10 +256,10 @@ struct CommState {
   // Watchdog; `mutex` guards everything below.
   std::mutex mutex;
   std::condition_variable wake;
-  // By queue (kCommQueue, queueOf(channel)); sized by commStart, before
-  // the watchdog starts, and not resized while it runs.
+  // By queue (kCommQueue, kBackgroundQueue, queueOf(channel)); sized by
+  // commStart, before the watchdog starts, and not resized while it runs.
   std::vector<std::deque<InFlight>> inFlight =
-      std::vector<std::deque<InFlight>>(1);
+      std::vector<std::deque<InFlight>>(2);
   std::vector<cudaEvent_t> eventPool;
   std::thread watchdog;
   bool stopWatchdog = false;
@@ -334,11 +351,39 @@ void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
   counter.bytesSent += bytesSent;
 }
 
+// The stream collectives are enqueued on: the communication stream, or
+// the background stream inside a BackgroundLane.
+cudaStream_t collectiveStream() {
+  CommState &s = state();
+  return s.onBackground ? s.backgroundStream : detail::commStream();
+}
+
+// An axis set whose started collectives get a background communicator.
+bool dataParallel(unsigned axes) {
+  return axes & (AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit);
+}
+
+// While one lives, collectives over `axes`, a data-parallel set, pick the
+// background communicators and stream (a started collective, from its
+// checks to its enqueueing); other sets, and a job without communicators,
+// stay on the communication stream.
+struct BackgroundLane {
+  explicit BackgroundLane(unsigned axes) {
+    CommState &s = state();
+    s.onBackground = s.backgroundStream && dataParallel(effectiveAxes(axes));
+  }
+  ~BackgroundLane() { state().onBackground = false; }
+  BackgroundLane(const BackgroundLane &) = delete;
+  BackgroundLane &operator=(const BackgroundLane &) = delete;
+};
+
 // The communicator of the group `axes` spans, or null for a group of one.
 ncclComm_t commFor(unsigned axes, const char *collective) {
   if (rt::groupSize(axes) == 1)
     return nullptr;
-  ncclComm_t comm = state().comms[effectiveAxes(axes)];
+  CommState &s = state();
+  ncclComm_t comm = s.onBackground ? s.background[effectiveAxes(axes)]
+                                   : s.comms[effectiveAxes(axes)];
   if (!comm)
     throw std::runtime_error(
         std::string(collective) + " over " + axesName(axes) +
@@ -366,7 +411,7 @@ void afterCompute(cudaStream_t stream) {
   check(cudaStreamWaitEvent(stream, s.computeReady, 0), "cudaStreamWaitEvent");
 }
 
-void commAfterCompute() { afterCompute(detail::commStream()); }
+void commAfterCompute() { afterCompute(collectiveStream()); }
 
 // Records the completion of what was just enqueued on `stream`, the stream
 // of `queue`, and hands `entry` to the watchdog. With `computeWaits`, the
@@ -393,10 +438,11 @@ void operationEnqueued(int queue, cudaStream_t stream, InFlight entry,
   s.inFlight[queue].push_back(entry);
 }
 
-// The same for a collective on the communication stream.
+// The same for a collective on the communication (or background) stream.
 void collectiveEnqueued(const char *name, unsigned axes, int64_t elements,
                         bool computeWaits) {
-  operationEnqueued(kCommQueue, detail::commStream(),
+  operationEnqueued(state().onBackground ? kBackgroundQueue : kCommQueue,
+                    collectiveStream(),
                     {InFlight::Collective, name, axes, 0, elements, nullptr,
                      Clock::time_point()},
                     computeWaits);
@@ -419,7 +465,7 @@ void blockingCollective(const char *name, unsigned axes, int64_t elements,
   collectiveEnqueued(name, axes, elements, /*computeWaits=*/true);
 }
 
-// Runs `enqueue` (NCCL calls on the communication stream) as a started
+// Runs `enqueue` (NCCL calls on collectiveStream()) as a started
 // collective, after the compute stream's work; commWait on the returned
 // request makes the compute stream wait for it. Without `work` nothing is
 // enqueued and the request is done at once.
@@ -441,7 +487,7 @@ CommRequest startedCollective(const char *name, unsigned axes, int64_t elements,
   if (work) {
     commAfterCompute();
     enqueue();
-    check(cudaEventRecord(s.requestEvents[slot], detail::commStream()),
+    check(cudaEventRecord(s.requestEvents[slot], collectiveStream()),
           "cudaEventRecord");
     collectiveEnqueued(name, axes, elements, /*computeWaits=*/false);
   }
@@ -494,9 +540,12 @@ void *staging(size_t bytes) {
   std::fflush(stdout);
   std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(), message.c_str());
   std::fflush(stderr);
-  for (unsigned axes = 0; axes < kNumAxisSets; axes++)
+  for (unsigned axes = 0; axes < kNumAxisSets; axes++) {
     if (s.comms[axes])
       ncclCommAbort(s.comms[axes]);
+    if (s.background[axes])
+      ncclCommAbort(s.background[axes]);
+  }
   for (P2PChannel &channel : s.channels)
     if (channel.comm)
       ncclCommAbort(channel.comm);
@@ -575,6 +624,12 @@ std::string pollCollectives(CommState &s) {
     std::string failure = asyncFailure(s.comms[axes], kCommQueue);
     if (!failure.empty())
       return "NCCL reported an error on the communicator over " +
+             axesName(axes) + ": " + failure;
+    if (!s.background[axes])
+      continue;
+    failure = asyncFailure(s.background[axes], kBackgroundQueue);
+    if (!failure.empty())
+      return "NCCL reported an error on the background communicator over " +
              axesName(axes) + ": " + failure;
   }
   for (size_t c = 0; c < s.channels.size(); c++) {
@@ -863,6 +918,11 @@ void commStart(const DeviceProgram &program, int device) {
   for (unsigned axes = 1; axes < kNumAxisSets; axes++)
     if (wanted[axes / 64] & (uint64_t(1) << (axes % 64)))
       split(axes, &s.comms[axes], axesName(axes));
+  for (unsigned axes = 1; axes < kNumAxisSets; axes++)
+    if (dataParallel(axes) && (wanted[axes / 64] & (uint64_t(1) << (axes % 64))))
+      split(axes, &s.background[axes], "background " + axesName(axes));
+  check(cudaStreamCreateWithFlags(&s.backgroundStream, cudaStreamNonBlocking),
+        "cudaStreamCreateWithFlags (background collectives)");
   // The point-to-point channels, in increasing (offset, parity) order on
   // every rank, including those this rank never uses: each split is
   // collective. A key no pair of coordinates can use is skipped, alike on
@@ -898,7 +958,7 @@ void commStart(const DeviceProgram &program, int device) {
       split(AxisSet(kP2PAxis).bits(), &channel.comm, channel.name);
     }
   }
-  s.inFlight.resize(1 + s.channels.size());
+  s.inFlight.resize(2 + s.channels.size());
 
   s.stopWatchdog = false;
   s.watchdog = std::thread(watchdogLoop);
@@ -916,6 +976,8 @@ void commStop() {
   for (P2PChannel &channel : s.channels)
     if (channel.stream)
       cudaStreamSynchronize(channel.stream);
+  if (s.backgroundStream)
+    cudaStreamSynchronize(s.backgroundStream);
   if (s.watchdog.joinable()) {
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -925,11 +987,19 @@ void commStop() {
     s.watchdog.join();
   }
   s.started = false;
-  for (unsigned axes = kNumAxisSets; axes-- > 1;)
+  for (unsigned axes = kNumAxisSets; axes-- > 1;) {
     if (s.comms[axes]) {
       ncclCommDestroy(s.comms[axes]);
       s.comms[axes] = nullptr;
     }
+    if (s.background[axes]) {
+      ncclCommDestroy(s.background[axes]);
+      s.background[axes] = nullptr;
+    }
+  }
+  if (s.backgroundStream)
+    cudaStreamDestroy(s.backgroundStream);
+  s.backgroundStream = nullptr;
   for (P2PChannel &channel : s.channels) {
     if (channel.comm)
       ncclCommDestroy(channel.comm);
@@ -1016,7 +1086,7 @@ void allReduce(T *buffer, int64_t n, unsigned axes, ncclRedOp_t op,
     return;
   blockingCollective(name, axes, n, [&] {
     checkNccl(ncclAllReduce(buffer, buffer, (size_t)n, ncclType<T>(), op, comm,
-                            detail::commStream()),
+                            collectiveStream()),
               name, axes, n);
   });
 }
@@ -1050,7 +1120,7 @@ void allGatherAlong(const T *in, T *out, int64_t outer, int64_t len,
   T *blocks = outer == 1 ? out : (T *)staging((size_t)(g * n) * sizeof(T));
   blockingCollective(name, axes, n, [&] {
     checkNccl(ncclAllGather(in, blocks, (size_t)n, ncclType<T>(), comm,
-                            detail::commStream()),
+                            collectiveStream()),
               name, axes, n);
   });
   if (outer > 1)
@@ -1082,7 +1152,7 @@ void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
   }
   blockingCollective(name, axes, g * n, [&] {
     checkNccl(ncclReduceScatter(blocks, out, (size_t)n, ncclType<T>(), ncclSum,
-                                comm, detail::commStream()),
+                                comm, collectiveStream()),
               name, axes, g * n);
   });
 }
@@ -1103,7 +1173,7 @@ void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
   if (n == 0)
     return;
   int me = (int)rt::groupRank(axes);
-  cudaStream_t stream = detail::commStream();
+  cudaStream_t stream = collectiveStream();
   blockingCollective(name, axes, g * n, [&] {
     check(cudaMemcpyAsync(out + me * n, in + me * n, (size_t)n * sizeof(T),
                           cudaMemcpyDeviceToDevice, stream),
@@ -1142,13 +1212,14 @@ void broadcast(T *buffer, int64_t n, int root, unsigned axes) {
     return;
   blockingCollective(name, axes, n, [&] {
     checkNccl(ncclBroadcast(buffer, buffer, (size_t)n, ncclType<T>(), root,
-                            comm, detail::commStream()),
+                            comm, collectiveStream()),
               name, axes, n);
   });
 }
 
 template <typename T>
 CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "allReduceSumStart");
   checkCount(n, "allReduceSumStart");
   count(CollectiveKind::AllReduce, n,
@@ -1157,7 +1228,7 @@ CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes) {
   ncclComm_t comm = commFor(axes, name);
   return startedCollective(name, axes, n, comm && n > 0, [&] {
     checkNccl(ncclAllReduce(buffer, buffer, (size_t)n, ncclType<T>(), ncclSum,
-                            comm, detail::commStream()),
+                            comm, collectiveStream()),
               name, axes, n);
   });
 }
@@ -1215,7 +1286,7 @@ struct ReplicaSum {
   void enqueue(float *piece, const char *name, unsigned axes, int64_t n) {
     if (comm && own.size() > 0)
       checkNccl(ncclAllReduce(piece, piece, (size_t)own.size(), ncclFloat32,
-                              ncclSum, comm, detail::commStream()),
+                              ncclSum, comm, collectiveStream()),
                 name, replicas, n);
   }
 };
@@ -1223,6 +1294,7 @@ struct ReplicaSum {
 } // namespace
 
 CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
   unsigned replicas = axes & tessel::kDpReplicaBit;
   axes &= ~tessel::kDpReplicaBit;
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
@@ -1232,7 +1304,7 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
     if (comm)
       perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
         return ncclReduce(buffer + at, buffer + at, elements, ncclFloat32,
-                          ncclSum, root, comm, detail::commStream());
+                          ncclSum, root, comm, collectiveStream());
       });
     sum.enqueue(buffer + sum.own.begin, name, axes, n);
   });
@@ -1254,6 +1326,7 @@ void reduceScatterShards(float *buffer, float *out, int64_t n, unsigned axes) {
 // wait before `out` is read or `buffer` written again.
 CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
                                     unsigned axes) {
+  BackgroundLane lane(axes);
   unsigned replicas = axes & tessel::kDpReplicaBit;
   axes &= ~tessel::kDpReplicaBit;
   const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
@@ -1265,7 +1338,7 @@ CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
     if (comm)
       perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
         return ncclReduce(buffer + at, out, elements, ncclFloat32, ncclSum,
-                          root, comm, detail::commStream());
+                          root, comm, collectiveStream());
       });
     sum.enqueue(out, name, axes, n);
   });
@@ -1290,7 +1363,7 @@ void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
     blockingCollective(name, axes, n, [&] {
       perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
         return ncclBroadcast(buffer + at, buffer + at, elements, ncclFloat32,
-                             root, comm, detail::commStream());
+                             root, comm, collectiveStream());
       });
     });
   // On the compute stream, which the gather's completion holds back.
