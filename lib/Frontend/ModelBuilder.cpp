@@ -511,9 +511,7 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
   const TrainSpec &t = spec.train;
   auto i = [&](int64_t v) { return b.getI64IntegerAttr(v); };
   auto f = [&](double v) { return b.getF64FloatAttr(v); };
-  module->setAttr(
-      "graph.recipe",
-      b.getDictionaryAttr({
+  SmallVector<NamedAttribute> recipe({
           b.getNamedAttr("name", b.getStringAttr(spec.name)),
           b.getNamedAttr("global_batch", i(t.globalBatch)),
           b.getNamedAttr("seq_len", i(spec.model.seqLen)),
@@ -537,7 +535,13 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
                          i(static_cast<int64_t>(spec.data.seed))),
           b.getNamedAttr("flops_per_token",
                          f(modelFlopsPerToken(module, spec, fromSpec))),
-      }));
+  });
+  // Where the optimizer state lives, when not on the device (absent:
+  // there).
+  if (spec.parallel.offload != "none")
+    recipe.push_back(
+        b.getNamedAttr("offload", b.getStringAttr(spec.parallel.offload)));
+  module->setAttr("graph.recipe", b.getDictionaryAttr(recipe));
 }
 
 void tessel::setRecipeFromGraph(ModuleOp module, Spec spec) {

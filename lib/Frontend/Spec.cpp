@@ -631,6 +631,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
+  p.offload = s.choice("offload", "none", {"none", "optimizer"});
 
   // parallel.stage_layers: checked against the model below, once the
   // layout is known to be sound.

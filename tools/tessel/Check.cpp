@@ -154,8 +154,10 @@ int tessel::checkCommand(const CheckOptions &options) {
   CompileOptions layout = ref;
   layout.output = std::string(layDir);
   layout.layout = options.layout;
-  // One rank has no dp groups to shard over.
+  // One rank has no dp groups to shard over, and the CPU program keeps its
+  // optimizer state in host memory anyway.
   ref.overrides.push_back("parallel.zero_group=0");
+  ref.overrides.push_back("parallel.offload=\"none\"");
   layout.layout.layers = options.layers;
   layout.target = options.target;
   layout.cudaArch = options.cudaArch;

@@ -259,6 +259,14 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
                         ? attr("rt.optimizer_elems")
                         : params;
   m["optimizer_bytes"] = moments * 8;
+  // Offloaded (parallel.offload = "optimizer"): the moments are in pinned
+  // host memory, outside the device total.
+  bool offloaded = false;
+  if (auto recipe = top->getAttrOfType<DictionaryAttr>("graph.recipe"))
+    if (auto offload = recipe.getAs<StringAttr>("offload"))
+      offloaded = offload.getValue() == "optimizer";
+  if (offloaded)
+    m["offloaded_bytes"] = moments * 8;
   m["activation_bytes"] = arena;
   // Microbatches whose activations the rank holds at once (1F1B: p - r),
   // what each holds from its forward to its backward pass (with several
@@ -272,7 +280,8 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // Parameters of other ranks held for the step (a tied embedding's copy on
   // the last stage).
   m["received_param_bytes"] = attr("rt.received_bytes");
-  int64_t total = paramStore * 4 + grads * 4 + moments * 8 + arena + attr("rt.accumulator_elems") * 4 +
+  int64_t total = paramStore * 4 + grads * 4 + (offloaded ? 0 : moments * 8) +
+                  arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters.
   bool shadow = false;
@@ -797,6 +806,14 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
         options.input + ": parallel.zero: parallel.zero = 3 (parameters "
                         "sharded over dp) is built for the CPU target so far; "
                         "the CUDA target takes 0, 1 or 2");
+  if (spec.parallel.offload != "none" && options.target != "cuda")
+    return diagnostics.error(
+        options.input + ": parallel.offload: parallel.offload = \"" +
+        spec.parallel.offload +
+        "\" moves the optimizer state from GPU memory to the host's; a " +
+        options.target +
+        " program keeps all of its state in host memory already (use it "
+        "with --target cuda)");
   pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);
@@ -886,8 +903,9 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
       " holds " + gigabytes(total) + " per rank, " +
       gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
   // The settings that shed memory without changing the layout: each higher
-  // ZeRO level (the CUDA target takes up to 2), full recompute, and the
-  // highest level with full recompute.
+  // ZeRO level (the CUDA target takes up to 2), full recompute, the
+  // highest level with full recompute, and (CUDA) offloading the
+  // optimizer state.
   std::vector<std::pair<std::string, std::vector<std::string>>> settings;
   int64_t highest = options.target == "cuda" ? 2 : 3;
   bool zero = spec.parallel.zero < highest && spec.parallel.dp > 1;
@@ -903,6 +921,9 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
                             " --recompute full",
                         {"parallel.zero=" + std::to_string(highest),
                          "train.recompute=\"full\""}});
+  if (options.target == "cuda" && spec.parallel.offload == "none")
+    settings.push_back(
+        {"--offload optimizer", {"parallel.offload=\"optimizer\""}});
   for (const auto &[flags, overrides] : settings) {
     CompileOptions other = options;
     other.overrides.insert(other.overrides.end(), overrides.begin(),

@@ -377,7 +377,12 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                        : "AdamW moments (fp32)",
                   memory["optimizer_bytes"].get<double>(),
                   zero ? 8 * (P - whole) / dz + 8 * whole : 8 * P,
-                  zero ? "ceil(n/dp) of each gradient run" : ""});
+                  std::string(zero ? "ceil(n/dp) of each gradient run" : "") +
+                      (memory.contains("offloaded_bytes")
+                           ? std::string(zero ? "; " : "") +
+                                 "offloaded: in pinned host memory, not "
+                                 "in the total"
+                           : "")});
   if (bf16)
     rows.push_back({"parameters (bf16 copy)",
                     memory.value("param_shadow_bytes", 0.0), 2 * P, ""});

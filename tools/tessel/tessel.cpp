@@ -44,12 +44,13 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
   return layout;
 }
 
-// --set, --recompute, --zero and --zero-group as spec overrides, in that
-// order.
+// --set, --recompute, --zero, --zero-group and --offload as spec
+// overrides, in that order.
 static std::vector<std::string>
 specOverrides(const cl::list<std::string> &sets,
               const cl::opt<std::string> &recompute, const cl::opt<int> &zero,
-              const cl::opt<int> &zeroGroup) {
+              const cl::opt<int> &zeroGroup,
+              const cl::opt<std::string> &offload) {
   std::vector<std::string> overrides(sets.begin(), sets.end());
   if (recompute.getNumOccurrences())
     overrides.push_back("train.recompute=\"" + recompute + "\"");
@@ -57,6 +58,8 @@ specOverrides(const cl::list<std::string> &sets,
     overrides.push_back("parallel.zero=" + std::to_string(zero));
   if (zeroGroup.getNumOccurrences())
     overrides.push_back("parallel.zero_group=" + std::to_string(zeroGroup));
+  if (offload.getNumOccurrences())
+    overrides.push_back("parallel.offload=\"" + offload + "\"");
   return overrides;
 }
 
@@ -158,6 +161,11 @@ static int compileCommand(int argc, char **argv) {
       cl::desc("Hybrid sharding (parallel.zero_group): shard ZeRO's state "
                "over groups of this many dp ranks, replicate across groups"),
       cl::init(0), cl::cat(category));
+  cl::opt<std::string> offload(
+      "offload",
+      cl::desc("none, or optimizer: AdamW's moments in pinned host memory "
+               "(parallel.offload; CUDA target)"),
+      cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::opt<bool> dumpIR("dump-ir", cl::desc("Print the IR of every stage"),
@@ -219,7 +227,7 @@ static int compileCommand(int argc, char **argv) {
     options.memoryLimit = it->second << 20;
     options.memoryLimitFrom = "--gpu " + gpu;
   }
-  options.overrides = specOverrides(sets, recompute, zero, zeroGroup);
+  options.overrides = specOverrides(sets, recompute, zero, zeroGroup, offload);
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
   if (Error err = tessel::compile(options)) {
@@ -283,6 +291,11 @@ static int checkCommandLine(int argc, char **argv) {
       cl::desc("Hybrid sharding (parallel.zero_group): shard ZeRO's state "
                "over groups of this many dp ranks, replicate across groups"),
       cl::init(0), cl::cat(category));
+  cl::opt<std::string> offload(
+      "offload",
+      cl::desc("none, or optimizer: AdamW's moments in pinned host memory "
+               "(parallel.offload; CUDA target)"),
+      cl::cat(category));
   cl::list<std::string> sets("set", cl::desc("Override a spec field"),
                              cl::value_desc("key=value"), cl::cat(category));
   cl::HideUnrelatedOptions(category);
@@ -296,7 +309,7 @@ static int checkCommandLine(int argc, char **argv) {
     return 2;
   tessel::CheckOptions options;
   options.input = input;
-  options.overrides = specOverrides(sets, recompute, zero, zeroGroup);
+  options.overrides = specOverrides(sets, recompute, zero, zeroGroup, offload);
   if (layers.getNumOccurrences())
     options.layers = layers;
   options.steps = steps;

@@ -88,6 +88,10 @@ struct ParallelSpec {
   // ranks and replicate across the groups (hybrid sharding, as HSDP and
   // ZeRO++'s hpZ do); 0: over all of dp.
   int64_t zeroGroup = 0;
+  // parallel.offload: "optimizer" keeps AdamW's moments in pinned host
+  // memory, read and written by the update kernel across the bus
+  // (ZeRO-Offload; CUDA target); "none" keeps everything on the device.
+  std::string offload = "none";
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,
   // the mesh axis splitting it ("" for none).

@@ -158,6 +158,9 @@ public:
     std::set<int64_t> offsets;
     top.walk([&](rt::SendOp send) { offsets.insert(send.getOffset()); });
     info.p2pOffsets.assign(offsets.begin(), offsets.end());
+    if (auto recipe = top->getAttrOfType<DictionaryAttr>("graph.recipe"))
+      if (auto offload = recipe.getAs<StringAttr>("offload"))
+        info.offloadOptimizer = offload.getValue() == "optimizer";
     return info;
   }
 
@@ -183,6 +186,8 @@ public:
                     std::to_string(info.stagingBytes) + ";");
     lines.push_back("device.sendBytes = " + std::to_string(info.sendBytes) +
                     ";");
+    if (info.offloadOptimizer)
+      lines.push_back("device.offloadOptimizer = true;");
     lines.push_back("device.commAxes = kCommAxes;");
     lines.push_back("device.numCommAxes = " +
                     std::to_string(info.commAxes.size()) + ";");

@@ -57,6 +57,7 @@ struct DeviceState {
   float *adamM = nullptr;
   int64_t momentElems = 0;
   float *adamV = nullptr;
+  bool momentsPinned = false; // offloaded: cudaHostAlloc, not cudaMalloc
   float *accumulators = nullptr;
   char *activations = nullptr;
   int32_t *tokens = nullptr; // the batch: tokens, then targets, one block
@@ -128,6 +129,30 @@ int selectDevice() {
                            std::to_string(count) +
                            " visible CUDA devices; start at most one rank "
                            "per GPU");
+}
+
+// Pinned host memory mapped into the device's address space (one pointer
+// for both: unified addressing, checked at start), zeroed; null for none.
+// Kernels read and write it across the bus.
+template <typename T> T *allocatePinned(int64_t count, const char *what) {
+  if (count <= 0)
+    return nullptr;
+  size_t bytes = (size_t)count * sizeof(T);
+  void *data = nullptr;
+  cudaError_t status =
+      cudaHostAlloc(&data, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "out of pinned host memory: %s (offloaded, "
+                  "parallel.offload) need %.1f MiB",
+                  what, bytes / 1048576.0);
+    throw std::runtime_error(text);
+  }
+  check(status, "cudaHostAlloc");
+  std::memset(data, 0, bytes);
+  return (T *)data;
 }
 
 // cudaMalloc of `count` elements, zeroed; null for none.
@@ -204,8 +229,17 @@ void startDevice(const rt::Program &program, const float *hostParams,
   int64_t momentElems =
       program.optimizerElems > 0 ? program.optimizerElems : s.paramElems;
   s.momentElems = momentElems;
-  s.adamM = allocate<float>(momentElems, "the AdamW first moments");
-  s.adamV = allocate<float>(momentElems, "the AdamW second moments");
+  // Offloaded (parallel.offload): in pinned host memory that the update
+  // kernel reaches through unified addressing.
+  s.momentsPinned = device.offloadOptimizer;
+  if (s.momentsPinned && !prop.unifiedAddressing)
+    throw std::runtime_error(
+        "parallel.offload = \"optimizer\" needs unified addressing, which "
+        "GPU " + std::to_string(s.device) + " (" + prop.name +
+        ") does not have");
+  auto moments = s.momentsPinned ? allocatePinned<float> : allocate<float>;
+  s.adamM = moments(momentElems, "the AdamW first moments");
+  s.adamV = moments(momentElems, "the AdamW second moments");
   s.activations = allocate<char>(program.activationBytes, "the activations");
   s.tokens = allocate<int32_t>(2 * s.batchElems, "the batch");
   s.targets = s.tokens + s.batchElems;
@@ -321,17 +355,18 @@ void copyMoments(const rt::Program &program, float *hostM, float *hostV,
     // On the compute stream, which the next step's kernels follow: a
     // pageable cudaMemcpy on the legacy stream may return before its DMA
     // has landed, and the non-blocking compute stream does not wait for it.
-    check(cudaMemcpyAsync(s.adamM, hostM, bytes, cudaMemcpyHostToDevice,
+    // (cudaMemcpyDefault: the moments may be in pinned host memory.)
+    check(cudaMemcpyAsync(s.adamM, hostM, bytes, cudaMemcpyDefault,
                           s.compute),
           "cudaMemcpyAsync (first moments)");
-    check(cudaMemcpyAsync(s.adamV, hostV, bytes, cudaMemcpyHostToDevice,
+    check(cudaMemcpyAsync(s.adamV, hostV, bytes, cudaMemcpyDefault,
                           s.compute),
           "cudaMemcpyAsync (second moments)");
     check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
   } else {
-    check(cudaMemcpy(hostM, s.adamM, bytes, cudaMemcpyDeviceToHost),
+    check(cudaMemcpy(hostM, s.adamM, bytes, cudaMemcpyDefault),
           "cudaMemcpy (first moments)");
-    check(cudaMemcpy(hostV, s.adamV, bytes, cudaMemcpyDeviceToHost),
+    check(cudaMemcpy(hostV, s.adamV, bytes, cudaMemcpyDefault),
           "cudaMemcpy (second moments)");
   }
 }
@@ -348,13 +383,15 @@ void stopDevice() {
   detail::commStop();
   detail::gemmShutdown();
   DeviceBuffers &b = s.buffers;
-  void *buffers[] = {s.params,      s.grads,       s.adamM,   s.adamV,
-                     s.activations, s.tokens,
-                     b.paramShadow, b.scratch,     b.scalars, b.normAcc,
+  void *buffers[] = {s.params,      s.grads,       s.activations, s.tokens,
+                     b.paramShadow, b.scratch,     b.scalars,     b.normAcc,
                      s.accumulators};
   for (void *data : buffers)
     if (data)
       cudaFree(data);
+  for (void *data : {(void *)s.adamM, (void *)s.adamV})
+    if (data)
+      (s.momentsPinned ? cudaFreeHost : cudaFree)(data);
   s.params = s.grads = s.adamM = s.adamV = s.accumulators =
       nullptr;
   s.activations = nullptr;

@@ -63,6 +63,8 @@ public:
     // of every pipeline send between two waits for the sends.
     int64_t stagingBytes = 0;
     int64_t sendBytes = 0;
+    // parallel.offload = "optimizer": AdamW's moments in pinned host memory.
+    bool offloadOptimizer = false;
   };
   virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
                                 mlir::ModuleOp top) const {

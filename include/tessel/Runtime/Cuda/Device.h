@@ -153,6 +153,11 @@ struct DeviceProgram {
   // pp > 1 means {+1, -1}.
   const int *p2pOffsets = nullptr;
   int numP2POffsets = 0;
+  // parallel.offload = "optimizer" (ZeRO-Offload): AdamW's moments live in
+  // pinned host memory mapped into the device's address space; the update
+  // kernel reads and writes them across the bus, and nothing else touches
+  // them in a step.
+  bool offloadOptimizer = false;
 };
 
 // The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
