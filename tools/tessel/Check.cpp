@@ -224,6 +224,8 @@ int tessel::checkCommand(const CheckOptions &options) {
     outs() << " zero=" << zero;
   if (zero > 0 && plan->contains("zero_group"))
     outs() << " zero_group=" << (*plan)["zero_group"].get<int64_t>();
+  if (plan->contains("offload"))
+    outs() << " offload=" << (*plan)["offload"].get<std::string>();
   if (options.target != "cpu")
     outs() << " on " << options.target;
   outs() << " vs one rank on the cpu, " << options.steps << " steps\n"

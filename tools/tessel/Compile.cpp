@@ -333,6 +333,8 @@ json planJson(const Spec &spec, ModuleOp module,
   plan["zero"] = par.zero;
   if (par.zero > 0 && par.zeroGroup > 0 && par.zeroGroup < par.dp)
     plan["zero_group"] = par.zeroGroup;
+  if (par.offload != "none")
+    plan["offload"] = par.offload;
   if (par.pp > 1) {
     plan["schedule"] = par.schedule;
     plan["virtual_stages"] = par.virtualStages;
