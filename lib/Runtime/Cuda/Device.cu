@@ -57,7 +57,6 @@ struct DeviceState {
   float *adamM = nullptr;
   int64_t momentElems = 0;
   float *adamV = nullptr;
-  bool momentsPinned = false; // offloaded: cudaHostAlloc, not cudaMalloc
   float *accumulators = nullptr;
   char *activations = nullptr;
   int32_t *tokens = nullptr; // the batch: tokens, then targets, one block
@@ -231,13 +230,13 @@ void startDevice(const rt::Program &program, const float *hostParams,
   s.momentElems = momentElems;
   // Offloaded (parallel.offload): in pinned host memory that the update
   // kernel reaches through unified addressing.
-  s.momentsPinned = device.offloadOptimizer;
-  if (s.momentsPinned && !prop.unifiedAddressing)
+  if (device.offloadOptimizer && !prop.unifiedAddressing)
     throw std::runtime_error(
         "parallel.offload = \"optimizer\" needs unified addressing, which "
         "GPU " + std::to_string(s.device) + " (" + prop.name +
         ") does not have");
-  auto moments = s.momentsPinned ? allocatePinned<float> : allocate<float>;
+  auto moments =
+      device.offloadOptimizer ? allocatePinned<float> : allocate<float>;
   s.adamM = moments(momentElems, "the AdamW first moments");
   s.adamV = moments(momentElems, "the AdamW second moments");
   s.activations = allocate<char>(program.activationBytes, "the activations");
@@ -391,7 +390,7 @@ void stopDevice() {
       cudaFree(data);
   for (void *data : {(void *)s.adamM, (void *)s.adamV})
     if (data)
-      (s.momentsPinned ? cudaFreeHost : cudaFree)(data);
+      (s.program.offloadOptimizer ? cudaFreeHost : cudaFree)(data);
   s.params = s.grads = s.adamM = s.adamV = s.accumulators =
       nullptr;
   s.activations = nullptr;
