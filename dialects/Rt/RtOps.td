@@ -474,12 +474,15 @@ def Rt_AllGatherShardsStartOp : Rt_CommOp<"all_gather_shards_start"> {
     ZeRO-3's prefetch: the gather of the next run a part reads is started
     before the compute that precedes its first read. `buffer` may be read,
     and `from` written, only after request slot `slot` has been waited for
-    (`rt.wait_requests`).
+    (`rt.wait_requests`). With a `shadow` (a bf16 program's copy of the
+    gathered run, where its matmuls read it), the copy is refreshed from the
+    gathered values before the request completes.
   }];
-  let arguments = (ins Rt_Buffer:$buffer, Rt_Buffer:$from, I64Attr:$n,
+  let arguments = (ins Rt_Buffer:$buffer, Rt_Buffer:$from,
+                   Optional<Rt_Buffer>:$shadow, I64Attr:$n,
                    Dist_AxesAttr:$axes, OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
-  let assemblyFormat = "`(` $buffer `,` $from `)` attr-dict `:` type($buffer) `,` type($from)";
+  let assemblyFormat = "`(` $buffer `,` $from (`,` $shadow^)? `)` attr-dict `:` type($buffer) `,` type($from) (`,` type($shadow)^)?";
 }
 
 def Rt_WaitOp : Rt_Op<"wait"> {

@@ -670,8 +670,11 @@ void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
            "MPI_Allgatherv");
 }
 
-CommRequest allGatherShardsStart(float *buffer, const float *from, int64_t n,
-                                 unsigned axes) {
+CommRequest allGatherShardsStart(float *buffer, const float *from,
+                                 void *shadow, int64_t n, unsigned axes) {
+  if (shadow)
+    throw std::runtime_error(
+        "allGatherShardsStart: CPU programs keep no parameter copy");
   checkAxes(axes, "allGatherShardsStart");
   int64_t g = groupSize(axes);
   checkCount(n, 1, "allGatherShardsStart");

@@ -1588,11 +1588,13 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (shardedParams)
       wholeParams.reset();
   };
-  // A device program's state, copied to the host to be saved.
+  // A device program's state, copied to the host to be saved (the store:
+  // the pieces with the parameters sharded, expanded by wholeForSave).
   auto fromDevice = [&]() {
     if (!device)
       return;
-    device->download(program, paramData);
+    device->download(program, shardedParams ? (float *)params.get()
+                                            : paramData);
     device->copyMoments(program, (float *)adamM.get(), (float *)adamV.get(),
                         /*toDevice=*/false);
   };
@@ -1747,7 +1749,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   ctx.normSums = (double *)normSums.get();
   ctx.variant = variant;
   if (device) {
-    device->start(program, paramData, ctx);
+    device->start(program,
+                  shardedParams ? (const float *)params.get() : paramData, ctx);
     // A resumed state's moments (its parameters went in with start).
     if (firstStep > 0)
       device->copyMoments(program, (float *)adamM.get(), (float *)adamV.get(),
@@ -2084,7 +2087,8 @@ int train(const Program &sharedProgram, const Options &opts) {
            std::strerror(errno));
   }
   if (device)
-    device->download(program, paramData);
+    device->download(program, shardedParams ? (float *)params.get()
+                                             : paramData);
   if (!opts.saveFinal.empty()) {
     wholeForSave();
     saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);

@@ -28,7 +28,10 @@
 // ZeRO-3 keeps the parameters of those runs as pieces as well: each part
 // gathers a run whole into a slot of the parameter store before its first
 // read of it (the next run's gather in flight while the previous run is
-// computed on), and AdamW updates the pieces. See Passes.td.
+// computed on), and AdamW updates the pieces. A bf16 program's copy of the
+// parameters (the shadow store, which its matmuls read) mirrors the store
+// without the pieces: the gather refreshes the copy of the slot, and AdamW
+// that of the parameters kept whole. See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -225,6 +228,8 @@ private:
   int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
   // ZeRO-3: sizes of the parameter store's regions.
   int64_t valuePieceElems = 0, valueWholeElems = 0, gatherElems = 0;
+  // ZeRO-3 in a bf16 program: the size of the parameters' copy (0: none).
+  int64_t shadowElems = 0;
 };
 
 // The gradient collectives over dp, and the runs they reduce.
@@ -412,8 +417,11 @@ LogicalResult Sharder::shardUpdates() {
     bool pieces = zero >= 2 && r->staged;
     Value grad = pieces ? pieceView(b, loc, *r) : op.getGrad();
     Value value = r->sharded ? valuePieceView(b, loc, *r) : op.getParam();
+    // A piece's bf16 copy is never read: the gathers refresh the copies
+    // of the runs they gather.
+    Value copy = r->sharded ? Value() : op.getShadow();
     auto sharded = rt::AdamWShardOp::create(
-        b, loc, value, op.getShadow(), grad, m, v, op.getNorm(), op.getLr(),
+        b, loc, value, copy, grad, m, v, op.getNorm(), op.getLr(),
         op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
         b.getI64IntegerAttr(r->piece), dpAxes(), b.getBoolAttr(pieces),
         b.getBoolAttr(r->sharded),
@@ -522,6 +530,8 @@ LogicalResult Sharder::run() {
                                       gatherElems));
     func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
     func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(gatherElems));
+    if (shadowElems > 0)
+      func->setAttr("rt.param_shadow_elems", b.getI64IntegerAttr(shadowElems));
   }
   return success();
 }
@@ -714,7 +724,11 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
 void Sharder::chooseSharded() {
   DenseSet<Run *> readElsewhere;
   func.walk([&](rt::BufferOp v) {
-    std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Params, v);
+    // The parameters, or their bf16 copy.
+    std::optional<std::pair<int64_t, int64_t>> range =
+        placeIn(rt::Space::Params, v);
+    if (!range)
+      range = placeIn(rt::Space::Shadow, v);
     if (!range)
       return;
     Run *r = runOf(range->first, range->second);
@@ -763,10 +777,19 @@ LogicalResult Sharder::gatherParams() {
                  DenseI64ArrayAttr::get(ctx, {*whole.offsetOf(offset), 0}));
   });
 
+  // A bf16 program reads parameters in the parts through their copy too:
+  // its views take the same places (the copy's store is shifted below).
+  bool copies = false;
+  func.walk([&](rt::BufferOp v) {
+    copies |= v.getSpace() == rt::Space::Shadow;
+  });
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
-  if (failed(sortViews(rt::Space::Params, [](const Run &r) { return r.sharded; },
-                       whole, usesIn, blocks, "parameter")))
+  auto sharded = [](const Run &r) { return r.sharded; };
+  if (failed(sortViews(rt::Space::Params, sharded, whole, usesIn, blocks,
+                       "parameter")) ||
+      (copies && failed(sortViews(rt::Space::Shadow, sharded, whole, usesIn,
+                                  blocks, "parameter copy"))))
     return failure();
   Staging staging = stage(blocks, usesIn, Hold::Prefetch);
   gatherElems = staging.place(wholeBase + valueWholeElems);
@@ -784,14 +807,18 @@ LogicalResult Sharder::gatherParams() {
         view(b, loc, MemRefType::get({g.run->length}, b.getF32Type()),
              rt::Space::Params, staging.slots[g.slot].offset);
     Value from = valuePieceView(b, loc, *g.run);
+    Value copy;
+    if (copies)
+      copy = view(b, loc, MemRefType::get({g.run->length}, b.getBF16Type()),
+                  rt::Space::Shadow, staging.slots[g.slot].offset);
     auto n = b.getI64IntegerAttr(g.run->length);
     if (!g.issue) {
-      rt::AllGatherShardsOp::create(b, loc, gathered, from, Value(), n,
+      rt::AllGatherShardsOp::create(b, loc, gathered, from, copy, n,
                                     dpAxes());
       continue;
     }
     rt::AllGatherShardsStartOp::create(b, loc, rt::RequestType::get(ctx),
-                                       gathered, from, n, dpAxes(),
+                                       gathered, from, copy, n, dpAxes(),
                                        b.getI64IntegerAttr(request));
     b.setInsertionPoint(g.first);
     rt::WaitRequestsOp::create(b, loc, request, 1);
@@ -800,6 +827,25 @@ LogicalResult Sharder::gatherParams() {
   if (started)
     func->setAttr("rt.request_slots",
                   IntegerAttr::get(IntegerType::get(ctx, 64), request + 1));
+  if (!copies)
+    return success();
+  // The copy's store leaves out the pieces: [parameters kept whole |
+  // gathered runs], each at its place in the parameter store less the
+  // pieces.
+  WalkResult shifted = func.walk([&](rt::BufferOp v) {
+    if (v.getSpace() != rt::Space::Shadow)
+      return WalkResult::advance();
+    if ((int64_t)v.getOffset() < wholeBase) {
+      v.emitError("tessel-shard-optimizer: a parameter copy at ")
+          << v.getOffset() << " lies among the pieces";
+      return WalkResult::interrupt();
+    }
+    v.setOffset(v.getOffset() - wholeBase);
+    return WalkResult::advance();
+  });
+  if (shifted.wasInterrupted())
+    return failure();
+  shadowElems = valueWholeElems + gatherElems;
   return success();
 }
 

@@ -1,6 +1,7 @@
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=1 | FileCheck %s --check-prefix=ONE --implicit-check-not='rt.adamw('
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=2 | FileCheck %s --check-prefix=TWO --implicit-check-not=rt.reduce_scatter_shards_start
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=THREE
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=COPY
 
 // Two gradient buckets at dp 2: w and b side by side (136 elements, pieces
 // of 68) and wte (512, pieces of 256). The moments hold the pieces, w's and
@@ -79,3 +80,22 @@
 // THREE: rt.adamw_shard({{.*}}piece_grads = true, piece_params = true
 // THREE-NOT: rt.all_gather_shards
 // THREE: pipe.yield
+
+// ZeRO-3 in a bf16 program: the matmuls read the parameters' bf16 copy.
+// Each gather also writes the copy of its slot, and the parts' views of
+// the copy take the slots' places; the copy's store leaves out the pieces
+// (972 - 324 = 648 elements: wte's slot at 0, w's and b's at 512), and
+// AdamW writes no copy of a piece.
+// COPY: rt.param_shadow_elems = 648
+// COPY: pipe.forward_pass
+// COPY: %[[WTE:.*]] = rt.buffer <shadow> 0 : memref<512xbf16>
+// COPY-NEXT: rt.all_gather_shards({{.*}}, %[[WTE]]) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 1>}
+// COPY: %[[W:.*]] = rt.buffer <shadow> 512 : memref<136xbf16>
+// COPY-NEXT: rt.all_gather_shards_start({{.*}}, %[[W]]) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64} : memref<136xf32>, memref<68xf32>, memref<136xbf16>
+// COPY: %[[READ:.*]] = rt.buffer <shadow> 512 : memref<16x8xbf16>
+// COPY-NEXT: rt.wait_requests {count = 1 : i64, first = 3 : i64}
+// COPY-NEXT: rt.matmul({{.*}}, %[[READ]], {{.*}}) {{.*}} : memref<2x6x16xbf16>, memref<16x8xbf16>
+// COPY: rt.buffer <shadow> 0 : memref<32x16xbf16>
+// COPY: pipe.update
+// COPY-NOT: <shadow>
+// COPY: pipe.yield

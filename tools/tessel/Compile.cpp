@@ -283,14 +283,18 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   int64_t total = paramStore * 4 + grads * 4 + (offloaded ? 0 : moments * 8) +
                   arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
-  // bf16 programs multiply with a bf16 copy of the parameters.
+  // bf16 programs multiply with a bf16 copy of the parameters (with the
+  // parameters sharded: of those kept whole and the gathered runs).
   bool shadow = false;
   program.walk([&](rtir::BufferOp b) {
     shadow |= b.getSpace() == rtir::Space::Shadow;
   });
   if (shadow) {
-    m["param_shadow_bytes"] = params * 2;
-    total += params * 2;
+    int64_t copied = attr("rt.param_shadow_elems") > 0
+                         ? attr("rt.param_shadow_elems")
+                         : paramStore;
+    m["param_shadow_bytes"] = copied * 2;
+    total += copied * 2;
   }
   m["total_bytes"] = total;
   out.memory = m;
@@ -803,11 +807,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
-  if (spec.parallel.zero == 3 && options.target == "cuda")
-    return diagnostics.error(
-        options.input + ": parallel.zero: parallel.zero = 3 (parameters "
-                        "sharded over dp) is built for the CPU target so far; "
-                        "the CUDA target takes 0, 1 or 2");
   if (spec.parallel.offload != "none" && options.target != "cuda")
     return diagnostics.error(
         options.input + ": parallel.offload: parallel.offload = \"" +
@@ -905,11 +904,10 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
       " holds " + gigabytes(total) + " per rank, " +
       gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
   // The settings that shed memory without changing the layout: each higher
-  // ZeRO level (the CUDA target takes up to 2), full recompute, the
-  // highest level with full recompute, and (CUDA) offloading the
-  // optimizer state.
+  // ZeRO level, full recompute, the highest level with full recompute, and
+  // (CUDA) offloading the optimizer state.
   std::vector<std::pair<std::string, std::vector<std::string>>> settings;
-  int64_t highest = options.target == "cuda" ? 2 : 3;
+  int64_t highest = 3;
   bool zero = spec.parallel.zero < highest && spec.parallel.dp > 1;
   bool recompute = spec.train.recompute != "full";
   for (int64_t level = spec.parallel.zero + 1; zero && level <= highest;

@@ -383,7 +383,15 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                                  "offloaded: in pinned host memory, not "
                                  "in the total"
                            : "")});
-  if (bf16)
+  // With the parameters sharded the copy is of what the parts read: the
+  // parameters kept whole and the gathered runs (the pieces have none).
+  if (bf16 && memory.contains("param_piece_bytes"))
+    rows.push_back({"parameters (bf16 copy)",
+                    memory.value("param_shadow_bytes", 0.0),
+                    2 * keptWhole +
+                        memory["param_gather_bytes"].get<double>() / 2,
+                    "of the parameters kept whole and the gathered runs"});
+  else if (bf16)
     rows.push_back({"parameters (bf16 copy)",
                     memory.value("param_shadow_bytes", 0.0), 2 * P, ""});
   // Per block and microbatch: the two norms' inputs and outputs (split by

@@ -148,10 +148,11 @@ void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
                      unsigned axes);
 // The started form (ZeRO-3's prefetch): this rank's piece is copied from
 // `from` at once; the buffer may be read (and `from` written) only after
-// commWait. Counted like allGatherShards; with tracing on, the time in
-// flight is recorded on the trace's collectives track.
-CommRequest allGatherShardsStart(float *buffer, const float *from, int64_t n,
-                                 unsigned axes);
+// commWait. `shadow` must be null on the CPU. Counted like allGatherShards;
+// with tracing on, the time in flight is recorded on the trace's
+// collectives track.
+CommRequest allGatherShardsStart(float *buffer, const float *from,
+                                 void *shadow, int64_t n, unsigned axes);
 
 // Point-to-point along one mesh axis, with the rank whose coordinate on
 // `axis` is this rank's + offset and every other coordinate equal. sendTo is

@@ -137,13 +137,16 @@ struct DeviceHooks {
   // Runs after the launch has been checked: selects the device, creates the
   // communicators, allocates every buffer of the step once (parameters,
   // gradients, moments, activations, accumulators, the batch) and copies
-  // the initial parameters in. Fills ctx's pointers with device pointers.
+  // the initial parameters in (hostParams: the parameter store, laid out as
+  // ctx.params is, paramStoreElems elements with the parameters sharded).
+  // Fills ctx's pointers with device pointers.
   void (*start)(const Program &program, const float *hostParams,
                 StepContext &ctx);
   // Copies a step's batch (host) to the device buffers ctx points to.
   void (*loadBatch)(StepContext &ctx, const int32_t *tokens,
                     const int32_t *targets, int64_t count);
-  // Copies the fp32 master parameters back to the host (for saving).
+  // Copies the fp32 master parameters (the store start took) back to the
+  // host (for saving).
   void (*download)(const Program &program, float *hostParams);
   // Frees everything and destroys the communicators.
   void (*stop)();
@@ -198,6 +201,11 @@ struct Program {
   // (parallel.zero 3: pieces, parameters kept whole and gathered runs); 0:
   // the store is laid out like `offset` (paramElems).
   int64_t paramStoreElems;
+  // A bf16 program's copy of its parameter store with the parameters
+  // sharded: the store's last paramShadowElems elements (the parameters
+  // kept whole and the gathered runs; the pieces have no copy). 0: the copy
+  // mirrors the whole store.
+  int64_t paramShadowElems;
   // Null for CPU programs.
   const DeviceHooks *device;
   // A program shared by pipeline ranks: one entry per rank it serves (the

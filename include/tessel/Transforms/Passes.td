@@ -362,7 +362,12 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     the rank computes. A run's slot is held from its gather's start to its
     last read; slots are shared by runs whose holds do not overlap. AdamW
     updates the pieces (`piece_params`) and nothing is gathered after the
-    update.
+    update. In a bf16 program (after `tessel-lower-precision`) the parts'
+    views of the parameters' bf16 copy (`<shadow>`) take the same places,
+    each gather refreshes its slot's copy (`shadow`), and the copy's store
+    is [parameters kept whole | gathered runs] (`rt.param_shadow_elems`):
+    the pieces have none, AdamW refreshes the copy of the parameters kept
+    whole.
 
     With hybrid sharding (the mesh's `zero_group` g below dp) "dp" above is
     the shard group, `dp_shard`: pieces of ceil(n / g), cut, gathered and

@@ -499,6 +499,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "optimizerElems", intAttr(program, "rt.optimizer_elems"));
   setInt(var, "gradElems", intAttr(program, "rt.grad_elems"));
   setInt(var, "paramStoreElems", intAttr(program, "rt.param_store_elems"));
+  setInt(var, "paramShadowElems", intAttr(program, "rt.param_shadow_elems"));
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(

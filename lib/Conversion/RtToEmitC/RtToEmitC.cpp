@@ -329,8 +329,8 @@ struct StartPattern : RtPattern<Op> {
 };
 
 // A collective of a run and a piece started into its request slot and
-// waited for by rt.wait_requests: ZeRO-3's prefetched gather (buffer, from)
-// and ZeRO-2's reduction in flight (buffer, out).
+// waited for by rt.wait_requests: ZeRO-3's prefetched gather (buffer, from,
+// shadow or nullptr) and ZeRO-2's reduction in flight (buffer, out).
 template <typename Op> struct PieceStartPattern : RtPattern<Op> {
   PieceStartPattern(const TypeConverter &converter, MLIRContext *ctx,
                     const TargetInfo &target, StringRef function)
@@ -344,11 +344,17 @@ template <typename Op> struct PieceStartPattern : RtPattern<Op> {
     if (!op.getRequest().use_empty())
       return op.emitOpError("is still waited on by rt.wait");
     ValueRange operands = adaptor.getOperands();
+    CallBuilder call(rewriter, op.getLoc());
+    call.operand(operands[0]).operand(operands[1]);
+    // The gather's bf16 copy of the run (a bf16 program's), or none.
+    if constexpr (std::is_same_v<Op, rt::AllGatherShardsStartOp>) {
+      if (op.getShadow())
+        call.operand(operands[2]);
+      else
+        call.text("nullptr");
+    }
     Value started =
-        CallBuilder(rewriter, op.getLoc())
-            .operand(operands[0])
-            .operand(operands[1])
-            .integer(op.getN())
+        call.integer(op.getN())
             .text(axesLiteral(op.getAxes()))
             .build(function, opaque(rewriter.getContext(), "CommRequest"))
             .getResult(0);

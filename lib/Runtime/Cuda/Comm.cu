@@ -1371,6 +1371,38 @@ void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
     copy(buffer, shadow, n);
 }
 
+CommRequest allGatherShardsStart(float *buffer, const float *from,
+                                 bf16 *shadow, int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
+  checkAxes(axes, "allGatherShardsStart");
+  checkCount(n, "allGatherShardsStart");
+  int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
+  count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
+  // This rank's piece into its place, on the compute stream, which the
+  // gather follows (and whose later writes to `from` come after it).
+  detail::PieceRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
+  if (own.size() > 0)
+    copyOnCompute(buffer + own.begin, from, own.size());
+  const char *name = rt::collectiveName(CollectiveKind::AllGather);
+  ncclComm_t comm = commFor(axes, name);
+  bool gathered = comm && n > 0;
+  if (!gathered) {
+    // A group of one: the piece is the run; the copy follows on compute.
+    if (shadow)
+      copy(buffer, shadow, n);
+    return startedCollective(name, axes, n, false, [] {});
+  }
+  return startedCollective(name, axes, n, true, [&] {
+    perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+      return ncclBroadcast(buffer + at, buffer + at, elements, ncclFloat32,
+                           root, comm, collectiveStream());
+    });
+    // After the broadcasts on the same stream, inside the request.
+    if (shadow)
+      detail::toBf16On(collectiveStream(), buffer, shadow, n);
+  });
+}
+
 void commWait(CommRequest request) {
   CommState &s = state();
   if (request < 0 || (size_t)request >= s.requestInUse.size() ||

@@ -50,7 +50,11 @@ struct DeviceState {
   cudaStream_t comm = nullptr;
   float *hostScalars = nullptr; // pinned: the loss and the norm of a step
 
+  // The parameter store (with the parameters sharded, parallel.zero 3: the
+  // pieces, the parameters kept whole and the gathered runs) and a bf16
+  // program's copy of its last shadowElems elements.
   int64_t paramElems = 0;
+  int64_t shadowElems = 0;
   int64_t batchElems = 0; // tokens (and targets) per step
   float *params = nullptr;
   float *grads = nullptr;
@@ -216,7 +220,15 @@ void startDevice(const rt::Program &program, const float *hostParams,
   detail::commStart(device, s.device);
 
   const rt::TrainConfig &config = program.config;
-  s.paramElems = program.paramElems;
+  s.paramElems = program.paramStoreElems > 0 ? program.paramStoreElems
+                                             : program.paramElems;
+  s.shadowElems =
+      program.paramShadowElems > 0 ? program.paramShadowElems : s.paramElems;
+  if (s.shadowElems > s.paramElems)
+    throw std::runtime_error(
+        "the program's parameter copy (" + std::to_string(s.shadowElems) +
+        " elements) is larger than its parameter store (" +
+        std::to_string(s.paramElems) + ")");
   s.batchElems = config.batch * config.seqLen;
   s.params = allocate<float>(s.paramElems, "the parameters");
   // With gradients kept as pieces (parallel.zero 2), the gradient store's
@@ -250,7 +262,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
         "cudaEventCreate");
   DeviceBuffers &b = s.buffers;
   if (device.bf16)
-    b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
+    b.paramShadow = allocate<bf16>(s.shadowElems, "the bf16 parameter copy");
   b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
   b.scalars = allocate<float>(16, "the step's scalars");
   b.normAcc = allocate<double>(std::max<int64_t>(16, program.normSums),
@@ -267,11 +279,9 @@ void startDevice(const rt::Program &program, const float *hostParams,
                           (size_t)s.paramElems * sizeof(float),
                           cudaMemcpyHostToDevice, s.compute),
           "cudaMemcpyAsync (parameters)");
-  if (b.paramShadow) {
-    toBf16Kernel<<<detail::blocksFor(s.paramElems), 256, 0, s.compute>>>(
-        s.params, b.paramShadow, s.paramElems);
-    check(cudaGetLastError(), "toBf16Kernel");
-  }
+  if (b.paramShadow)
+    detail::toBf16On(s.compute, s.params + (s.paramElems - s.shadowElems),
+                     b.paramShadow, s.shadowElems);
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
 
   ctx.params = s.params;
@@ -324,10 +334,12 @@ void download(const rt::Program &program, float *hostParams) {
   DeviceState &s = state();
   if (!s.started)
     throw std::runtime_error("download before the CUDA device was started");
-  if (program.paramElems != s.paramElems)
-    throw std::runtime_error(
-        "download of " + std::to_string(program.paramElems) +
-        " parameters from a device holding " + std::to_string(s.paramElems));
+  int64_t elems = program.paramStoreElems > 0 ? program.paramStoreElems
+                                               : program.paramElems;
+  if (elems != s.paramElems)
+    throw std::runtime_error("download of " + std::to_string(elems) +
+                             " parameters from a device holding " +
+                             std::to_string(s.paramElems));
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
   if (s.paramElems > 0)
     check(cudaMemcpy(hostParams, s.params, (size_t)s.paramElems * sizeof(float),
@@ -430,6 +442,14 @@ void checkCuda(cudaError_t status, const char *what, const char *file,
 // Before start (kernel tests) both are the legacy default stream.
 cudaStream_t computeStream() { return state().compute; }
 cudaStream_t detail::commStream() { return state().comm; }
+
+void detail::toBf16On(cudaStream_t stream, const float *in, bf16 *out,
+                      int64_t n) {
+  if (n <= 0)
+    return;
+  toBf16Kernel<<<detail::blocksFor(n), 256, 0, stream>>>(in, out, n);
+  check(cudaGetLastError(), "toBf16Kernel");
+}
 
 const DeviceBuffers &deviceBuffers() { return state().buffers; }
 

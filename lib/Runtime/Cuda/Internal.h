@@ -17,6 +17,8 @@ void gemmShutdown();
 
 // Device.cu: streams (created at start).
 cudaStream_t commStream();
+// Device.cu: out[i] = bf16(in[i]) for n elements, on `stream`.
+void toBf16On(cudaStream_t stream, const float *in, bf16 *out, int64_t n);
 
 // Grid size for a grid-stride loop over n elements.
 inline unsigned blocksFor(int64_t n, int threads = 256) {

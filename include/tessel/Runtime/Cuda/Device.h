@@ -80,6 +80,13 @@ CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
                                     unsigned axes);
 void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
                      unsigned axes);
+// allGatherShards started (ZeRO-3's prefetch, on the background lane): the
+// piece is copied from `from` on the compute stream at once, the gather and
+// the shadow's refresh run on the collective stream; `buffer` and `shadow`
+// may be read, and `from` written, once commWait has made the compute
+// stream wait for it.
+CommRequest allGatherShardsStart(float *buffer, const float *from,
+                                 bf16 *shadow, int64_t n, unsigned axes);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue
