@@ -42,7 +42,8 @@ def Rt_Space : I32EnumAttr<"Space", "storage a buffer lives in", [
     I32EnumAttrCase<"Received", 8, "received">,
     I32EnumAttrCase<"Transient", 9, "transient">,
     I32EnumAttrCase<"KvCache", 10, "kv_cache">,
-    I32EnumAttrCase<"Logits", 11, "logits">]> {
+    I32EnumAttrCase<"Logits", 11, "logits">,
+    I32EnumAttrCase<"ParamPieces", 12, "param_pieces">]> {
   let cppNamespace = "::tessel::rtir";
   let genSpecializedAttr = 0;
 }

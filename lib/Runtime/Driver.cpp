@@ -568,7 +568,8 @@ void validateProgram(const Program &program) {
            " has its values outside the sharded parameter store");
   }
   if (program.optimizerElems < 0 || program.gradElems < 0 ||
-      program.paramStoreElems < 0)
+      program.paramStoreElems < 0 || program.paramPieceElems < 0 ||
+      program.paramPieceElems > program.paramStoreElems)
     fail("program has negative buffer sizes");
 }
 
@@ -1738,7 +1739,11 @@ int train(const Program &sharedProgram, const Options &opts) {
   std::fflush(stdout);
 
   StepContext ctx = {};
-  ctx.params = (float *)params.get();
+  // With the parameters sharded the store begins with this rank's pieces,
+  // which the step reads apart from the rest.
+  ctx.paramPieces = (float *)params.get();
+  ctx.params = (float *)params.get() +
+               (shardedParams ? program.paramPieceElems : 0);
   ctx.grads = (float *)grads.get();
   ctx.adamM = (float *)adamM.get();
   ctx.adamV = (float *)adamV.get();

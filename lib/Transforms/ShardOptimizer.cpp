@@ -28,10 +28,10 @@
 // ZeRO-3 keeps the parameters of those runs as pieces as well: each part
 // gathers a run whole into a slot of the parameter store before its first
 // read of it (the next run's gather in flight while the previous run is
-// computed on), and AdamW updates the pieces. A bf16 program's copy of the
-// parameters (the shadow store, which its matmuls read) mirrors the store
-// without the pieces: the gather refreshes the copy of the slot, and AdamW
-// that of the parameters kept whole. See Passes.td.
+// computed on), and AdamW updates the pieces, which are a store of their
+// own. A bf16 program's copy of the parameters (the shadow store, which
+// its matmuls read) mirrors the rest: the gather refreshes the copy of the
+// slot, and AdamW that of the parameters kept whole. See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -200,7 +200,7 @@ private:
   // A run's piece of the parameters (ZeRO-3).
   Value valuePieceView(OpBuilder &b, Location loc, const Run &r) {
     Value v = view(b, loc, MemRefType::get({r.piece}, b.getF32Type()),
-                   rt::Space::Params, r.value);
+                   rt::Space::ParamPieces, r.value);
     v.getDefiningOp()->setAttr("shard.piece", UnitAttr::get(ctx));
     return v;
   }
@@ -228,8 +228,6 @@ private:
   int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
   // ZeRO-3: sizes of the parameter store's regions.
   int64_t valuePieceElems = 0, valueWholeElems = 0, gatherElems = 0;
-  // ZeRO-3 in a bf16 program: the size of the parameters' copy (0: none).
-  int64_t shadowElems = 0;
 };
 
 // The gradient collectives over dp, and the runs they reduce.
@@ -530,8 +528,6 @@ LogicalResult Sharder::run() {
                                       gatherElems));
     func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
     func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(gatherElems));
-    if (shadowElems > 0)
-      func->setAttr("rt.param_shadow_elems", b.getI64IntegerAttr(shadowElems));
   }
   return success();
 }
@@ -827,26 +823,23 @@ LogicalResult Sharder::gatherParams() {
   if (started)
     func->setAttr("rt.request_slots",
                   IntegerAttr::get(IntegerType::get(ctx, 64), request + 1));
-  if (!copies)
-    return success();
-  // The copy's store leaves out the pieces: [parameters kept whole |
-  // gathered runs], each at its place in the parameter store less the
-  // pieces.
+  // The pieces are a store of their own (`param_pieces`); the step's
+  // parameters (and a bf16 program's copy of them) are [parameters kept
+  // whole | gathered runs], each at its place in the parameter store less
+  // the pieces.
   WalkResult shifted = func.walk([&](rt::BufferOp v) {
-    if (v.getSpace() != rt::Space::Shadow)
+    if (v.getSpace() != rt::Space::Params &&
+        v.getSpace() != rt::Space::Shadow)
       return WalkResult::advance();
     if ((int64_t)v.getOffset() < wholeBase) {
-      v.emitError("tessel-shard-optimizer: a parameter copy at ")
+      v.emitError("tessel-shard-optimizer: a parameter view at ")
           << v.getOffset() << " lies among the pieces";
       return WalkResult::interrupt();
     }
     v.setOffset(v.getOffset() - wholeBase);
     return WalkResult::advance();
   });
-  if (shifted.wasInterrupted())
-    return failure();
-  shadowElems = valueWholeElems + gatherElems;
-  return success();
+  return failure(shifted.wasInterrupted());
 }
 
 // ZeRO-2: the gradient store holds [pieces | scratch piece | gradients

@@ -63,10 +63,15 @@
 // THREE-SAME: rt.request_slots = 4
 // THREE: rt.param "w" {{.*}}value_shard = array<i64: 0, 68>
 // THREE: rt.param "wte" {{.*}}value_shard = array<i64: 68, 256>
+// The pieces are a store of their own (wte's at 68, after w's and b's);
+// the step's parameters are the gathered runs (wte's slot at 0, w's and b's
+// at 512).
 // THREE: pipe.forward_pass
-// THREE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
-// THREE-NEXT: rt.buffer
-// THREE-NEXT: rt.buffer
+// THREE: %[[WTE:.*]] = rt.buffer <params> 0 : memref<512xf32>
+// THREE-NEXT: %[[WTEPIECE:.*]] = rt.buffer <param_pieces> 68 : memref<256xf32>
+// THREE-NEXT: rt.all_gather_shards(%[[WTE]], %[[WTEPIECE]]) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
+// THREE-NEXT: rt.buffer <params> 512 : memref<136xf32>
+// THREE-NEXT: rt.buffer <param_pieces> 0 : memref<68xf32>
 // THREE-NEXT: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64} : memref<136xf32>, memref<68xf32>
 // THREE: rt.wait_requests {count = 1 : i64, first = 3 : i64}
 // THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
@@ -83,10 +88,8 @@
 
 // ZeRO-3 in a bf16 program: the matmuls read the parameters' bf16 copy.
 // Each gather also writes the copy of its slot, and the parts' views of
-// the copy take the slots' places; the copy's store leaves out the pieces
-// (972 - 324 = 648 elements: wte's slot at 0, w's and b's at 512), and
-// AdamW writes no copy of a piece.
-// COPY: rt.param_shadow_elems = 648
+// the copy take the places of the parameters' views (wte's slot at 0, w's
+// and b's at 512), and AdamW writes no copy of a piece.
 // COPY: pipe.forward_pass
 // COPY: %[[WTE:.*]] = rt.buffer <shadow> 0 : memref<512xbf16>
 // COPY-NEXT: rt.all_gather_shards({{.*}}, %[[WTE]]) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 1>}

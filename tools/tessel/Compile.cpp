@@ -265,8 +265,11 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   if (auto recipe = top->getAttrOfType<DictionaryAttr>("graph.recipe"))
     if (auto offload = recipe.getAs<StringAttr>("offload"))
       offloaded = offload.getValue() == "optimizer";
+  // With the parameters sharded too, their pieces (the master weights the
+  // parts gather from) are offloaded beside the moments.
+  int64_t offloadedPieces = offloaded ? attr("rt.param_piece_elems") : 0;
   if (offloaded)
-    m["offloaded_bytes"] = moments * 8;
+    m["offloaded_bytes"] = moments * 8 + offloadedPieces * 4;
   m["activation_bytes"] = arena;
   // Microbatches whose activations the rank holds at once (1F1B: p - r),
   // what each holds from its forward to its backward pass (with several
@@ -280,7 +283,8 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // Parameters of other ranks held for the step (a tied embedding's copy on
   // the last stage).
   m["received_param_bytes"] = attr("rt.received_bytes");
-  int64_t total = paramStore * 4 + grads * 4 + (offloaded ? 0 : moments * 8) +
+  int64_t total = (paramStore - offloadedPieces) * 4 + grads * 4 +
+                  (offloaded ? 0 : moments * 8) +
                   arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters (with the
@@ -290,9 +294,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     shadow |= b.getSpace() == rtir::Space::Shadow;
   });
   if (shadow) {
-    int64_t copied = attr("rt.param_shadow_elems") > 0
-                         ? attr("rt.param_shadow_elems")
-                         : paramStore;
+    int64_t copied = paramStore - attr("rt.param_piece_elems");
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }

@@ -333,7 +333,11 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   } else {
     rows.push_back({"parameter pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
-                    4 * (P - keptWhole) / dz, ""});
+                    4 * (P - keptWhole) / dz,
+                    memory.contains("offloaded_bytes")
+                        ? "offloaded with the moments: in pinned host "
+                          "memory, not in the total"
+                        : ""});
     rows.push_back({"parameters kept whole (fp32)",
                     memory["param_whole_bytes"].get<double>(), 4 * keptWhole,
                     ""});

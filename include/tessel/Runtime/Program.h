@@ -113,6 +113,10 @@ struct StepContext {
   double *normSums;
   void *paramShadow;
   void *scratch;
+  // With the parameters sharded (Program::paramPieceElems > 0): this rank's
+  // pieces of them, which ctx.params then leaves out (the CPU runtime keeps
+  // them right before ctx.params; a device may keep them in host memory).
+  float *paramPieces;
   // Which of a shared program's variants this rank runs (Program::variants;
   // 0 otherwise).
   int64_t variant;
@@ -201,11 +205,10 @@ struct Program {
   // (parallel.zero 3: pieces, parameters kept whole and gathered runs); 0:
   // the store is laid out like `offset` (paramElems).
   int64_t paramStoreElems;
-  // A bf16 program's copy of its parameter store with the parameters
-  // sharded: the store's last paramShadowElems elements (the parameters
-  // kept whole and the gathered runs; the pieces have no copy). 0: the copy
-  // mirrors the whole store.
-  int64_t paramShadowElems;
+  // Of those, this rank's pieces (StepContext::paramPieces); the step's
+  // ctx.params (and a bf16 program's copy of it) holds the rest: the
+  // parameters kept whole and the gathered runs.
+  int64_t paramPieceElems;
   // Null for CPU programs.
   const DeviceHooks *device;
   // A program shared by pipeline ranks: one entry per rank it serves (the

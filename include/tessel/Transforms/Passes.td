@@ -352,7 +352,9 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     (ZeRO-3), unless something besides the parts and the run's update reads
     them: the parameter store becomes [pieces (laid out like the moments) |
     parameters kept whole | gathered runs] (`rt.param_store_elems` and its
-    parts; each `rt.param` records where its values are, `value_shard`).
+    parts; each `rt.param` records where its values are, `value_shard`),
+    of which the pieces are a space of their own (`<param_pieces>`, from 0)
+    and the step's `<params>` views the rest (offsets less the pieces).
     Each part gathers its first run whole into a slot right before its
     first read of it (`rt.all_gather_shards` with `from`, the piece) and
     prefetches the rest: the gather of each next run is started
@@ -363,11 +365,10 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     last read; slots are shared by runs whose holds do not overlap. AdamW
     updates the pieces (`piece_params`) and nothing is gathered after the
     update. In a bf16 program (after `tessel-lower-precision`) the parts'
-    views of the parameters' bf16 copy (`<shadow>`) take the same places,
-    each gather refreshes its slot's copy (`shadow`), and the copy's store
-    is [parameters kept whole | gathered runs] (`rt.param_shadow_elems`):
-    the pieces have none, AdamW refreshes the copy of the parameters kept
-    whole.
+    views of the parameters' bf16 copy (`<shadow>`) take the same places as
+    their `<params>` views, each gather refreshes its slot's copy
+    (`shadow`), and AdamW that of the parameters kept whole; the pieces have
+    no copy.
 
     With hybrid sharding (the mesh's `zero_group` g below dp) "dp" above is
     the shard group, `dp_shard`: pieces of ceil(n / g), cut, gathered and

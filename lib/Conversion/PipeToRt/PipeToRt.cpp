@@ -84,8 +84,7 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
                            "rt.grad_elems", "rt.grad_staging_elems",
                            "rt.grad_piece_elems", "rt.grad_scratch_elems",
                            "rt.grad_whole_elems", "rt.param_store_elems",
-                           "rt.param_piece_elems", "rt.param_gather_elems",
-                           "rt.param_shadow_elems"})
+                           "rt.param_piece_elems", "rt.param_gather_elems"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",

@@ -215,6 +215,9 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       line(target.shadowType() + " *PB = static_cast<" + target.shadowType() +
            " *>(ctx.paramShadow);");
       break;
+    case rt::Space::ParamPieces:
+      line("float *PP = ctx.paramPieces;");
+      break;
     case rt::Space::KvCache:
       line("float *KV = ctx.kvCache;");
       break;
@@ -499,7 +502,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "optimizerElems", intAttr(program, "rt.optimizer_elems"));
   setInt(var, "gradElems", intAttr(program, "rt.grad_elems"));
   setInt(var, "paramStoreElems", intAttr(program, "rt.param_store_elems"));
-  setInt(var, "paramShadowElems", intAttr(program, "rt.param_shadow_elems"));
+  setInt(var, "paramPieceElems", intAttr(program, "rt.param_piece_elems"));
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(

@@ -69,6 +69,8 @@ inline StringRef storeName(rt::Space space) {
     return "KV";
   case rt::Space::Logits:
     return "LG";
+  case rt::Space::ParamPieces:
+    return "PP";
   }
   llvm_unreachable("unknown space");
 }

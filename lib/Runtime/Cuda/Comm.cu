@@ -496,10 +496,11 @@ CommRequest startedCollective(const char *name, unsigned axes, int64_t elements,
   return (CommRequest)slot;
 }
 
+// (cudaMemcpyDefault: ZeRO-3's pieces may be in pinned host memory.)
 template <typename T> void copyOnCompute(T *out, const T *in, int64_t n) {
   if (out != in && n > 0)
-    check(cudaMemcpyAsync(out, in, (size_t)n * sizeof(T),
-                          cudaMemcpyDeviceToDevice, computeStream()),
+    check(cudaMemcpyAsync(out, in, (size_t)n * sizeof(T), cudaMemcpyDefault,
+                          computeStream()),
           "cudaMemcpyAsync");
 }
 

@@ -50,11 +50,13 @@ struct DeviceState {
   cudaStream_t comm = nullptr;
   float *hostScalars = nullptr; // pinned: the loss and the norm of a step
 
-  // The parameter store (with the parameters sharded, parallel.zero 3: the
-  // pieces, the parameters kept whole and the gathered runs) and a bf16
-  // program's copy of its last shadowElems elements.
+  // The step's parameters (and a bf16 program's copy of them); with the
+  // parameters sharded (parallel.zero 3) the parameters kept whole and the
+  // gathered runs, and apart from them this rank's pieces (in pinned host
+  // memory when the optimizer is offloaded).
   int64_t paramElems = 0;
-  int64_t shadowElems = 0;
+  int64_t pieceElems = 0;
+  float *paramPieces = nullptr;
   int64_t batchElems = 0; // tokens (and targets) per step
   float *params = nullptr;
   float *grads = nullptr;
@@ -220,15 +222,15 @@ void startDevice(const rt::Program &program, const float *hostParams,
   detail::commStart(device, s.device);
 
   const rt::TrainConfig &config = program.config;
-  s.paramElems = program.paramStoreElems > 0 ? program.paramStoreElems
-                                             : program.paramElems;
-  s.shadowElems =
-      program.paramShadowElems > 0 ? program.paramShadowElems : s.paramElems;
-  if (s.shadowElems > s.paramElems)
+  s.pieceElems = program.paramStoreElems > 0 ? program.paramPieceElems : 0;
+  s.paramElems = program.paramStoreElems > 0
+                     ? program.paramStoreElems - s.pieceElems
+                     : program.paramElems;
+  if (s.pieceElems < 0 || s.paramElems < 0)
     throw std::runtime_error(
-        "the program's parameter copy (" + std::to_string(s.shadowElems) +
-        " elements) is larger than its parameter store (" +
-        std::to_string(s.paramElems) + ")");
+        "the program's parameter pieces (" + std::to_string(s.pieceElems) +
+        " elements) do not fit its parameter store (" +
+        std::to_string(program.paramStoreElems) + ")");
   s.batchElems = config.batch * config.seqLen;
   s.params = allocate<float>(s.paramElems, "the parameters");
   // With gradients kept as pieces (parallel.zero 2), the gradient store's
@@ -251,6 +253,9 @@ void startDevice(const rt::Program &program, const float *hostParams,
       device.offloadOptimizer ? allocatePinned<float> : allocate<float>;
   s.adamM = moments(momentElems, "the AdamW first moments");
   s.adamV = moments(momentElems, "the AdamW second moments");
+  // The master weights of the sharded runs go with the moments: only
+  // AdamW and the gathers (this rank's piece) read them.
+  s.paramPieces = moments(s.pieceElems, "the parameter pieces");
   s.activations = allocate<char>(program.activationBytes, "the activations");
   s.tokens = allocate<int32_t>(2 * s.batchElems, "the batch");
   s.targets = s.tokens + s.batchElems;
@@ -262,7 +267,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
         "cudaEventCreate");
   DeviceBuffers &b = s.buffers;
   if (device.bf16)
-    b.paramShadow = allocate<bf16>(s.shadowElems, "the bf16 parameter copy");
+    b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
   b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
   b.scalars = allocate<float>(16, "the step's scalars");
   b.normAcc = allocate<double>(std::max<int64_t>(16, program.normSums),
@@ -274,17 +279,23 @@ void startDevice(const rt::Program &program, const float *hostParams,
   // Ordered before the bf16 copy below: the legacy stream's cudaMemcpy from
   // pageable memory may still be in flight when a kernel on the
   // non-blocking compute stream starts.
+  // hostParams is the store: the pieces first, then the rest.
+  if (s.pieceElems > 0 && hostParams)
+    check(cudaMemcpyAsync(s.paramPieces, hostParams,
+                          (size_t)s.pieceElems * sizeof(float),
+                          cudaMemcpyDefault, s.compute),
+          "cudaMemcpyAsync (parameter pieces)");
   if (s.paramElems > 0 && hostParams)
-    check(cudaMemcpyAsync(s.params, hostParams,
+    check(cudaMemcpyAsync(s.params, hostParams + s.pieceElems,
                           (size_t)s.paramElems * sizeof(float),
                           cudaMemcpyHostToDevice, s.compute),
           "cudaMemcpyAsync (parameters)");
   if (b.paramShadow)
-    detail::toBf16On(s.compute, s.params + (s.paramElems - s.shadowElems),
-                     b.paramShadow, s.shadowElems);
+    detail::toBf16On(s.compute, s.params, b.paramShadow, s.paramElems);
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
 
   ctx.params = s.params;
+  ctx.paramPieces = s.paramPieces;
   ctx.grads = s.grads;
   ctx.adamM = s.adamM;
   ctx.adamV = s.adamV;
@@ -336,13 +347,20 @@ void download(const rt::Program &program, float *hostParams) {
     throw std::runtime_error("download before the CUDA device was started");
   int64_t elems = program.paramStoreElems > 0 ? program.paramStoreElems
                                                : program.paramElems;
-  if (elems != s.paramElems)
-    throw std::runtime_error("download of " + std::to_string(elems) +
-                             " parameters from a device holding " +
-                             std::to_string(s.paramElems));
+  if (elems != s.pieceElems + s.paramElems)
+    throw std::runtime_error(
+        "download of " + std::to_string(elems) +
+        " parameters from a device holding " +
+        std::to_string(s.pieceElems + s.paramElems));
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
+  // The store's layout: the pieces, then the rest.
+  if (s.pieceElems > 0)
+    check(cudaMemcpy(hostParams, s.paramPieces,
+                     (size_t)s.pieceElems * sizeof(float), cudaMemcpyDefault),
+          "cudaMemcpy (parameter pieces)");
   if (s.paramElems > 0)
-    check(cudaMemcpy(hostParams, s.params, (size_t)s.paramElems * sizeof(float),
+    check(cudaMemcpy(hostParams + s.pieceElems, s.params,
+                     (size_t)s.paramElems * sizeof(float),
                      cudaMemcpyDeviceToHost),
           "cudaMemcpy (parameters)");
 }
@@ -400,10 +418,10 @@ void stopDevice() {
   for (void *data : buffers)
     if (data)
       cudaFree(data);
-  for (void *data : {(void *)s.adamM, (void *)s.adamV})
+  for (void *data : {(void *)s.adamM, (void *)s.adamV, (void *)s.paramPieces})
     if (data)
       (s.program.offloadOptimizer ? cudaFreeHost : cudaFree)(data);
-  s.params = s.grads = s.adamM = s.adamV = s.accumulators =
+  s.params = s.grads = s.adamM = s.adamV = s.accumulators = s.paramPieces =
       nullptr;
   s.activations = nullptr;
   s.tokens = s.targets = nullptr;

@@ -135,7 +135,7 @@
 // CPP-NEXT: [[P]].optimizerElems = 0;
 // CPP-NEXT: [[P]].gradElems = 0;
 // CPP-NEXT: [[P]].paramStoreElems = 0;
-// CPP-NEXT: [[P]].paramShadowElems = 0;
+// CPP-NEXT: [[P]].paramPieceElems = 0;
 // CPP-NEXT: [[P]].mesh[MeshAxis::DP] = 2;
 // CPP-NEXT: [[P]].mesh[MeshAxis::TP] = 2;
 // CPP-NEXT: [[P]].mesh[MeshAxis::PP] = 2;
