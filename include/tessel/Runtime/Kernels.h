@@ -133,6 +133,88 @@ void crossEntropyBackward(const T *logits, const int32_t *targets,
                           const T *dloss, T *dlogits, int64_t rows, int64_t V,
                           int64_t valid);
 
+// Mixture of experts (Kernels/Moe.cpp). A routed layer over `tokens` rows
+// and E experts, each token sent to its top k: `experts` and `weights` are
+// [tokens, k], assignment a = t * k + s.
+//
+// The top k of each row of router probabilities [tokens, E], in descending
+// order, the lower expert first on a tie, and their weights renormalised to
+// sum to 1 (Hugging Face's Mixtral routing).
+template <typename T>
+void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
+             int64_t E, int64_t k);
+// dprobs [tokens, E] from dweights: through the renormalisation; zero (or
+// unchanged, with accumulate) at the experts not chosen.
+template <typename T>
+void moeTopKBackward(const T *probs, const int32_t *experts,
+                     const T *dweights, T *dprobs, int64_t tokens, int64_t E,
+                     int64_t k, bool accumulate);
+// Where each assignment goes in an expert-major buffer: rowOf[a], or -1 when
+// dropped. Expert e's rows are [offsets[e], offsets[e + 1]) (E + 1
+// entries), its assignments in (token, slot) order. With capacity > 0 an
+// expert keeps only the assignments before its capacity in token order,
+// counting `before[e]` (nullable) taken by earlier tokens of the serial
+// order (another shard's). Returns the number of rows.
+int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                        int64_t E, int64_t capacity, const int64_t *before,
+                        int32_t *rowOf, int64_t *offsets);
+// xp[rowOf[a]] = x[a / k] (rows of H); dropped assignments move nothing.
+template <typename T>
+void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
+                int64_t k, int64_t H);
+// dx[t] = sum over t's kept assignments s (ascending) of dxp[rowOf[t, s]].
+template <typename T>
+void moePermuteBackward(const T *dxp, const int32_t *rowOf, T *dx,
+                        int64_t tokens, int64_t k, int64_t H);
+// y[t] = sum over t's kept assignments s (ascending) of weights[t, s] *
+// yp[rowOf[t, s]]: a dropped assignment adds nothing.
+template <typename T>
+void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
+                  int64_t tokens, int64_t k, int64_t H);
+// dyp[rowOf[a]] = weights[a] * dy[a / k]; dweights[a] = dy[a / k] .
+// yp[rowOf[a]], 0 when dropped.
+template <typename T>
+void moeUnpermuteBackward(const T *yp, const int32_t *rowOf, const T *weights,
+                          const T *dy, T *dyp, T *dweights, int64_t tokens,
+                          int64_t k, int64_t H);
+// The experts' products over their rows: out[rows of e] = x[rows of e]
+// ([rows, K]) * W[e], W [E, K, N] (or [E, N, K], transposed, with transW).
+// The input gradient is groupedMatmul(dout, W, dx, ..., K <-> N, !transW).
+template <typename T>
+void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+                   int64_t E, int64_t K, int64_t N, bool transW,
+                   bool accumulate = false);
+// dW [E, K, N] (as W is laid out) = x[rows of e]^T dout[rows of e]; zero for
+// an expert without rows (unless accumulating).
+template <typename T>
+void groupedMatmulWeightGrad(const T *x, const T *dout, T *dW,
+                             const int64_t *offsets, int64_t E, int64_t K,
+                             int64_t N, bool transW, bool accumulate = false);
+// Adds the number of assignments to each expert to counts [E] and each
+// expert's probabilities summed over the tokens to probSums [E] (shards add
+// theirs before the loss).
+template <typename T>
+void moeLoadStats(const T *probs, const int32_t *experts, T *counts,
+                  T *probSums, int64_t tokens, int64_t E, int64_t k);
+// Switch's load-balancing loss over totalTokens: coef * E * sum_e f_e P_e,
+// f_e = counts[e] / (totalTokens * k), P_e = probSums[e] / totalTokens.
+template <typename T>
+T moeAuxLoss(const T *counts, const T *probSums, int64_t totalTokens,
+             int64_t E, int64_t k, double coef);
+// Adds daux * d aux / d probs (the counts held fixed) to dprobs, for this
+// shard's `tokens` rows.
+template <typename T>
+void moeAuxLossBackward(const T *counts, int64_t totalTokens, int64_t E,
+                        int64_t k, double coef, T daux, T *dprobs,
+                        int64_t tokens);
+// The router z-loss's sum over these tokens of logsumexp(logits[t])^2 (the
+// loss is coef times the sum over all tokens, over their count), and its
+// gradient times dsum, added to dlogits.
+template <typename T> T moeZLossSum(const T *logits, int64_t tokens, int64_t E);
+template <typename T>
+void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
+                      T *dlogits);
+
 // out[i, :] = table[ids[i], :] for i < n; table is [V, C].
 template <typename T>
 void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,

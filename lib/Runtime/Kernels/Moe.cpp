@@ -1,0 +1,327 @@
+//===- Moe.cpp - Mixture-of-experts routing, dispatch and grouped GEMM ----===//
+//
+// The pieces of a routed MoE layer (Mixtral's routing): the top-k of the
+// router's probabilities renormalised, the dispatch of each (token, slot)
+// assignment to a row of an expert-major buffer (a counting sort: experts
+// in increasing order, tokens in their order within an expert), the gather
+// and weighted scatter of rows, the experts' GEMMs over their row ranges,
+// and the load-balancing and z losses. Every loop runs in a fixed order, so
+// results do not depend on the thread count.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tessel::rt {
+namespace {
+
+void checkShape(int64_t tokens, int64_t E, int64_t k, const char *what) {
+  if (tokens < 0 || E <= 0 || k <= 0 || k > E)
+    throw std::invalid_argument(std::string(what) + ": " +
+                                std::to_string(tokens) + " tokens, " +
+                                std::to_string(E) + " experts, top " +
+                                std::to_string(k) +
+                                " (needs 1 <= top_k <= experts)");
+}
+
+} // namespace
+
+template <typename T>
+void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
+             int64_t E, int64_t k) {
+  checkShape(tokens, E, k, "moeTopK");
+#pragma omp parallel for schedule(static) if (tokens * E >= (1 << 14))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *p = probs + t * E;
+    int32_t *chosen = experts + t * k;
+    T *w = weights + t * k;
+    // Selection by repeated arg-max: each pass takes the largest remaining
+    // probability, the lower index on a tie (a strict comparison, left to
+    // right), so the k experts come in descending order.
+    T sum = 0;
+    for (int64_t s = 0; s < k; ++s) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t q = 0; q < s; ++q)
+          taken |= chosen[q] == e;
+        if (!taken && (best < 0 || p[e] > p[best]))
+          best = e;
+      }
+      chosen[s] = (int32_t)best;
+      w[s] = p[best];
+      sum += p[best];
+    }
+    for (int64_t s = 0; s < k; ++s)
+      w[s] /= sum;
+  }
+}
+
+template <typename T>
+void moeTopKBackward(const T *probs, const int32_t *experts,
+                     const T *dweights, T *dprobs, int64_t tokens, int64_t E,
+                     int64_t k, bool accumulate) {
+  checkShape(tokens, E, k, "moeTopKBackward");
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *p = probs + t * E;
+    const int32_t *chosen = experts + t * k;
+    const T *dw = dweights + t * k;
+    T *dp = dprobs + t * E;
+    if (!accumulate)
+      std::fill(dp, dp + E, T(0));
+    // w_s = p_s / S with S the sum of the chosen p: dp_s = (dw_s - sum_q
+    // dw_q w_q) / S, and nothing for the experts not chosen.
+    T sum = 0;
+    for (int64_t s = 0; s < k; ++s)
+      sum += p[chosen[s]];
+    T weighted = 0;
+    for (int64_t s = 0; s < k; ++s)
+      weighted += dw[s] * (p[chosen[s]] / sum);
+    for (int64_t s = 0; s < k; ++s)
+      dp[chosen[s]] += (dw[s] - weighted) / sum;
+  }
+}
+
+int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                        int64_t E, int64_t capacity, const int64_t *before,
+                        int32_t *rowOf, int64_t *offsets) {
+  checkShape(tokens, E, k, "moeDispatchPlan");
+  // Kept assignments per expert, in token order: an assignment is kept
+  // while the expert has taken fewer than `capacity` (those of earlier
+  // tokens, `before`, counted first).
+  std::fill(offsets, offsets + E + 1, int64_t(0));
+  std::vector<int64_t> seen(E, 0);
+  for (int64_t a = 0; a < tokens * k; ++a) {
+    int32_t e = experts[a];
+    if (e < 0 || e >= E)
+      throw std::invalid_argument("moeDispatchPlan: assignment " +
+                                  std::to_string(a) + " names expert " +
+                                  std::to_string(e) + " of " +
+                                  std::to_string(E));
+    int64_t earlier = (before ? before[e] : 0) + seen[e]++;
+    bool kept = capacity <= 0 || earlier < capacity;
+    rowOf[a] = kept ? 0 : -1;
+    if (kept)
+      offsets[e + 1]++;
+  }
+  for (int64_t e = 0; e < E; ++e)
+    offsets[e + 1] += offsets[e];
+  std::vector<int64_t> next(offsets, offsets + E);
+  for (int64_t a = 0; a < tokens * k; ++a)
+    if (rowOf[a] >= 0)
+      rowOf[a] = (int32_t)next[experts[a]]++;
+  return offsets[E];
+}
+
+template <typename T>
+void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
+                int64_t k, int64_t H) {
+#pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
+  for (int64_t a = 0; a < tokens * k; ++a)
+    if (rowOf[a] >= 0)
+      std::copy(x + (a / k) * H, x + (a / k + 1) * H, xp + rowOf[a] * H);
+}
+
+template <typename T>
+void moePermuteBackward(const T *dxp, const int32_t *rowOf, T *dx,
+                        int64_t tokens, int64_t k, int64_t H) {
+#pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
+  for (int64_t t = 0; t < tokens; ++t) {
+    T *out = dx + t * H;
+    std::fill(out, out + H, T(0));
+    for (int64_t s = 0; s < k; ++s) {
+      int32_t row = rowOf[t * k + s];
+      if (row < 0)
+        continue;
+      const T *in = dxp + row * H;
+      for (int64_t j = 0; j < H; ++j)
+        out[j] += in[j];
+    }
+  }
+}
+
+template <typename T>
+void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
+                  int64_t tokens, int64_t k, int64_t H) {
+#pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
+  for (int64_t t = 0; t < tokens; ++t) {
+    T *out = y + t * H;
+    std::fill(out, out + H, T(0));
+    for (int64_t s = 0; s < k; ++s) {
+      int32_t row = rowOf[t * k + s];
+      if (row < 0)
+        continue; // dropped: the residual carries the token
+      const T w = weights[t * k + s];
+      const T *in = yp + row * H;
+      for (int64_t j = 0; j < H; ++j)
+        out[j] += w * in[j];
+    }
+  }
+}
+
+template <typename T>
+void moeUnpermuteBackward(const T *yp, const int32_t *rowOf, const T *weights,
+                          const T *dy, T *dyp, T *dweights, int64_t tokens,
+                          int64_t k, int64_t H) {
+#pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
+  for (int64_t a = 0; a < tokens * k; ++a) {
+    int32_t row = rowOf[a];
+    if (row < 0) {
+      dweights[a] = 0;
+      continue;
+    }
+    const T *g = dy + (a / k) * H;
+    const T *in = yp + row * H;
+    T *d = dyp + row * H;
+    const T w = weights[a];
+    T dot = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      d[j] = w * g[j];
+      dot += g[j] * in[j];
+    }
+    dweights[a] = dot;
+  }
+}
+
+template <typename T>
+void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+                   int64_t E, int64_t K, int64_t N, bool transW,
+                   bool accumulate) {
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows <= 0)
+      continue;
+    matmul(x + offsets[e] * K, W + e * K * N, out + offsets[e] * N, 1, rows, N,
+           K, false, transW, 0, 0, 0, accumulate);
+  }
+}
+
+template <typename T>
+void groupedMatmulWeightGrad(const T *x, const T *dout, T *dW,
+                             const int64_t *offsets, int64_t E, int64_t K,
+                             int64_t N, bool transW, bool accumulate) {
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t rows = offsets[e + 1] - offsets[e];
+    T *d = dW + e * K * N;
+    if (rows <= 0) {
+      if (!accumulate)
+        std::fill(d, d + K * N, T(0));
+      continue;
+    }
+    const T *xe = x + offsets[e] * K, *ge = dout + offsets[e] * N;
+    // W [K, N]: dW = x^T dout; W stored [N, K] (transW): dW = dout^T x.
+    if (transW)
+      matmul(ge, xe, d, 1, N, K, rows, true, false, 0, 0, 0, accumulate);
+    else
+      matmul(xe, ge, d, 1, K, N, rows, true, false, 0, 0, 0, accumulate);
+  }
+}
+
+template <typename T>
+void moeLoadStats(const T *probs, const int32_t *experts, T *counts,
+                  T *probSums, int64_t tokens, int64_t E, int64_t k) {
+  checkShape(tokens, E, k, "moeLoadStats");
+  for (int64_t a = 0; a < tokens * k; ++a)
+    counts[experts[a]] += 1;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      probSums[e] += probs[t * E + e];
+}
+
+template <typename T>
+T moeAuxLoss(const T *counts, const T *probSums, int64_t totalTokens,
+             int64_t E, int64_t k, double coef) {
+  if (totalTokens <= 0)
+    return 0;
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e)
+    sum += (double)counts[e] / ((double)totalTokens * k) *
+           ((double)probSums[e] / totalTokens);
+  return (T)(coef * E * sum);
+}
+
+template <typename T>
+void moeAuxLossBackward(const T *counts, int64_t totalTokens, int64_t E,
+                        int64_t k, double coef, T daux, T *dprobs,
+                        int64_t tokens) {
+  if (totalTokens <= 0)
+    return;
+  for (int64_t e = 0; e < E; ++e) {
+    // d aux / d probs[t, e] = coef * E * f_e / totalTokens (f_e held fixed:
+    // a count of choices has no gradient).
+    T g = (T)(coef * E * ((double)counts[e] / ((double)totalTokens * k)) /
+              totalTokens) *
+          daux;
+    for (int64_t t = 0; t < tokens; ++t)
+      dprobs[t * E + e] += g;
+  }
+}
+
+template <typename T>
+T moeZLossSum(const T *logits, int64_t tokens, int64_t E) {
+  double sum = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *l = logits + t * E;
+    double m = *std::max_element(l, l + E), s = 0;
+    for (int64_t e = 0; e < E; ++e)
+      s += std::exp((double)l[e] - m);
+    double lse = m + std::log(s);
+    sum += lse * lse;
+  }
+  return (T)sum;
+}
+
+template <typename T>
+void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
+                      T *dlogits) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *l = logits + t * E;
+    T *d = dlogits + t * E;
+    double m = *std::max_element(l, l + E), s = 0;
+    for (int64_t e = 0; e < E; ++e)
+      s += std::exp((double)l[e] - m);
+    double lse = m + std::log(s);
+    // d lse^2 / d l_e = 2 lse softmax(l)_e.
+    for (int64_t e = 0; e < E; ++e)
+      d[e] += (T)(2 * lse * std::exp((double)l[e] - lse)) * dsum;
+  }
+}
+
+#define TESSEL_MOE_INSTANTIATE(T)                                              \
+  template void moeTopK<T>(const T *, int32_t *, T *, int64_t, int64_t,        \
+                           int64_t);                                           \
+  template void moeTopKBackward<T>(const T *, const int32_t *, const T *, T *, \
+                                   int64_t, int64_t, int64_t, bool);           \
+  template void moePermute<T>(const T *, const int32_t *, T *, int64_t,        \
+                              int64_t, int64_t);                               \
+  template void moePermuteBackward<T>(const T *, const int32_t *, T *,         \
+                                      int64_t, int64_t, int64_t);              \
+  template void moeUnpermute<T>(const T *, const int32_t *, const T *, T *,    \
+                                int64_t, int64_t, int64_t);                    \
+  template void moeUnpermuteBackward<T>(const T *, const int32_t *, const T *, \
+                                        const T *, T *, T *, int64_t, int64_t, \
+                                        int64_t);                              \
+  template void groupedMatmul<T>(const T *, const T *, T *, const int64_t *,   \
+                                 int64_t, int64_t, int64_t, bool, bool);       \
+  template void groupedMatmulWeightGrad<T>(const T *, const T *, T *,          \
+                                           const int64_t *, int64_t, int64_t,  \
+                                           int64_t, bool, bool);               \
+  template void moeLoadStats<T>(const T *, const int32_t *, T *, T *,          \
+                                int64_t, int64_t, int64_t);                    \
+  template T moeAuxLoss<T>(const T *, const T *, int64_t, int64_t, int64_t,    \
+                           double);                                            \
+  template void moeAuxLossBackward<T>(const T *, int64_t, int64_t, int64_t,    \
+                                      double, T, T *, int64_t);                \
+  template T moeZLossSum<T>(const T *, int64_t, int64_t);                      \
+  template void moeZLossBackward<T>(const T *, int64_t, int64_t, T, T *);
+
+TESSEL_MOE_INSTANTIATE(float)
+TESSEL_MOE_INSTANTIATE(double)
+
+} // namespace tessel::rt

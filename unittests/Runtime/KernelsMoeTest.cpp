@@ -1,0 +1,381 @@
+//===- KernelsMoeTest.cpp - Mixture-of-experts kernels ---------------------===//
+//
+// The routing, dispatch, grouped GEMM and auxiliary losses of a routed MoE
+// layer against direct implementations written here from their
+// definitions (Mixtral's routing: softmax, top-k with the lower expert on a
+// tie, renormalised; Switch's load-balancing loss; the router z-loss), and
+// each backward against central finite differences in double.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Runtime/Kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace rt = tessel::rt;
+using Vec = std::vector<double>;
+using Ids = std::vector<int32_t>;
+using Fn = std::function<Vec(const Vec &)>;
+
+namespace {
+
+Vec randVec(size_t n, std::mt19937 &gen, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec v(n);
+  for (double &x : v)
+    x = dist(gen);
+  return v;
+}
+
+double dot(const Vec &a, const Vec &b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    s += a[i] * b[i];
+  return s;
+}
+
+// Largest |analytic - numeric| / max(1, |numeric|) of d(r . f(x))/dx.
+double gradError(const Fn &f, Vec x, const Vec &r, const Vec &analytic) {
+  EXPECT_EQ(analytic.size(), x.size());
+  const double h = 1e-6;
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double lp = dot(r, f(x));
+    x[i] = x0 - h;
+    const double lm = dot(r, f(x));
+    x[i] = x0;
+    const double numeric = (lp - lm) / (2 * h);
+    worst = std::max(worst, std::fabs(analytic[i] - numeric) /
+                                std::max(1.0, std::fabs(numeric)));
+  }
+  return worst;
+}
+
+Vec softmaxRows(const Vec &logits, int64_t rows, int64_t E) {
+  Vec p(logits.size());
+  rt::softmaxForward(logits.data(), p.data(), rows, E);
+  return p;
+}
+
+// The router's weights for logits: softmax, top-k, renormalised.
+Vec routerWeights(const Vec &logits, int64_t N, int64_t E, int64_t k,
+                  Ids *chosen = nullptr) {
+  Vec p = softmaxRows(logits, N, E), w(N * k);
+  Ids ids(N * k);
+  rt::moeTopK(p.data(), ids.data(), w.data(), N, E, k);
+  if (chosen)
+    *chosen = ids;
+  return w;
+}
+
+} // namespace
+
+TEST(KernelMoe, TopKIsMixtralsRouting) {
+  std::mt19937 gen(300);
+  const int64_t N = 37, E = 8, k = 2;
+  Vec p = softmaxRows(randVec(N * E, gen, -3, 3), N, E);
+  Ids ids(N * k);
+  Vec w(N * k);
+  rt::moeTopK(p.data(), ids.data(), w.data(), N, E, k);
+  for (int64_t t = 0; t < N; ++t) {
+    // The k largest by a stable sort on descending probability.
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return p[t * E + a] > p[t * E + b];
+    });
+    double sum = 0;
+    for (int64_t s = 0; s < k; ++s)
+      sum += p[t * E + order[s]];
+    for (int64_t s = 0; s < k; ++s) {
+      EXPECT_EQ(ids[t * k + s], order[s]) << "token " << t;
+      EXPECT_NEAR(w[t * k + s], p[t * E + order[s]] / sum, 1e-15);
+    }
+  }
+}
+
+TEST(KernelMoe, TopKBreaksTiesByTheLowerExpert) {
+  const int64_t E = 6, k = 3;
+  Vec p = {0.1, 0.2, 0.2, 0.1, 0.2, 0.2};
+  Ids ids(k);
+  Vec w(k);
+  rt::moeTopK(p.data(), ids.data(), w.data(), 1, E, k);
+  EXPECT_EQ(ids, (Ids{1, 2, 4}));
+  for (double x : w)
+    EXPECT_DOUBLE_EQ(x, 1.0 / 3);
+  std::vector<float> pf(E, 1.0f / E), wf(k);
+  rt::moeTopK(pf.data(), ids.data(), wf.data(), 1, E, k);
+  EXPECT_EQ(ids, (Ids{0, 1, 2}));
+  EXPECT_THROW(rt::moeTopK(p.data(), ids.data(), w.data(), 1, E, E + 1),
+               std::invalid_argument);
+}
+
+TEST(KernelMoe, RouterGradient) {
+  std::mt19937 gen(301);
+  const int64_t N = 9, E = 5, k = 2;
+  Vec logits = randVec(N * E, gen, -2, 2), r = randVec(N * k, gen);
+  Ids ids;
+  routerWeights(logits, N, E, k, &ids);
+  Vec p = softmaxRows(logits, N, E), dp(N * E), dl(N * E);
+  rt::moeTopKBackward(p.data(), ids.data(), r.data(), dp.data(), N, E, k,
+                      /*accumulate=*/false);
+  rt::softmaxBackward(p.data(), dp.data(), dl.data(), N, E);
+  EXPECT_LT(gradError([&](const Vec &l) { return routerWeights(l, N, E, k); },
+                      logits, r, dl),
+            1e-6);
+  // Accumulating adds to what is there.
+  Vec acc(N * E, 1.0);
+  rt::moeTopKBackward(p.data(), ids.data(), r.data(), acc.data(), N, E, k,
+                      /*accumulate=*/true);
+  for (int64_t i = 0; i < N * E; ++i)
+    EXPECT_NEAR(acc[i], 1.0 + dp[i], 1e-15);
+}
+
+TEST(KernelMoe, DispatchGroupsByExpertInTokenOrder) {
+  std::mt19937 gen(302);
+  const int64_t N = 50, k = 2, E = 4;
+  Ids experts(N * k);
+  for (int64_t t = 0; t < N; ++t) {
+    // Two distinct experts a token, as the top-k gives.
+    int32_t a = gen() % E, b = (a + 1 + gen() % (E - 1)) % E;
+    experts[t * k] = a;
+    experts[t * k + 1] = b;
+  }
+  Ids rowOf(N * k);
+  std::vector<int64_t> offsets(E + 1);
+  int64_t rows = rt::moeDispatchPlan(experts.data(), N, k, E, 0, nullptr,
+                                     rowOf.data(), offsets.data());
+  EXPECT_EQ(rows, N * k);
+  // Dropless: every assignment has a row, the rows are a permutation, and
+  // expert e's rows hold its assignments in (token, slot) order.
+  std::vector<int> expected;
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(offsets[e + 1] - offsets[e],
+              std::count(experts.begin(), experts.end(), (int32_t)e));
+    for (int64_t a = 0; a < N * k; ++a)
+      if (experts[a] == e)
+        expected.push_back((int)a);
+  }
+  std::vector<int> assignmentAt(N * k, -1);
+  for (int64_t a = 0; a < N * k; ++a) {
+    ASSERT_GE(rowOf[a], 0);
+    assignmentAt[rowOf[a]] = (int)a;
+  }
+  EXPECT_EQ(assignmentAt, expected);
+
+  // With a capacity, each expert keeps its first `capacity` assignments in
+  // token order and drops the rest.
+  const int64_t capacity = 9;
+  rows = rt::moeDispatchPlan(experts.data(), N, k, E, capacity, nullptr,
+                             rowOf.data(), offsets.data());
+  int64_t kept = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t seen = 0;
+    for (int64_t a = 0; a < N * k; ++a)
+      if (experts[a] == e) {
+        EXPECT_EQ(rowOf[a] >= 0, seen < capacity) << "assignment " << a;
+        ++seen;
+      }
+    EXPECT_EQ(offsets[e + 1] - offsets[e], std::min(seen, capacity));
+    kept += std::min(seen, capacity);
+  }
+  EXPECT_EQ(rows, kept);
+  EXPECT_LT(kept, N * k); // something was dropped
+
+  // A shard of the tokens, told how many assignments each expert took
+  // before it, drops the same assignments as the whole.
+  const int64_t half = N / 2;
+  std::vector<int64_t> before(E, 0);
+  for (int64_t a = 0; a < half * k; ++a)
+    before[experts[a]]++;
+  Ids second(N * k - half * k);
+  std::vector<int64_t> secondOffsets(E + 1);
+  rt::moeDispatchPlan(experts.data() + half * k, N - half, k, E, capacity,
+                      before.data(), second.data(), secondOffsets.data());
+  for (int64_t a = half * k; a < N * k; ++a)
+    EXPECT_EQ(second[a - half * k] >= 0, rowOf[a] >= 0) << "assignment " << a;
+
+  experts[3] = (int32_t)E;
+  EXPECT_THROW(rt::moeDispatchPlan(experts.data(), N, k, E, 0, nullptr,
+                                   rowOf.data(), offsets.data()),
+               std::invalid_argument);
+}
+
+TEST(KernelMoe, PermuteAndUnpermute) {
+  std::mt19937 gen(303);
+  const int64_t N = 11, k = 2, E = 3, H = 4;
+  Ids experts(N * k);
+  for (int64_t t = 0; t < N; ++t) {
+    experts[t * k] = (int32_t)(t % E);
+    experts[t * k + 1] = (int32_t)((t + 1) % E);
+  }
+  Ids rowOf(N * k);
+  std::vector<int64_t> offsets(E + 1);
+  // A capacity that drops some assignments.
+  const int64_t M = rt::moeDispatchPlan(experts.data(), N, k, E, 6, nullptr,
+                                        rowOf.data(), offsets.data());
+  ASSERT_LT(M, N * k);
+  Vec x = randVec(N * H, gen), w = randVec(N * k, gen, 0.1, 1);
+  Vec yp = randVec(M * H, gen);
+  // Permute gathers each kept assignment's token row.
+  Vec xp(M * H);
+  rt::moePermute(x.data(), rowOf.data(), xp.data(), N, k, H);
+  for (int64_t a = 0; a < N * k; ++a)
+    if (rowOf[a] >= 0)
+      for (int64_t j = 0; j < H; ++j)
+        EXPECT_EQ(xp[rowOf[a] * H + j], x[(a / k) * H + j]);
+  // Unpermute sums each token's kept rows, weighted.
+  Vec y(N * H);
+  rt::moeUnpermute(yp.data(), rowOf.data(), w.data(), y.data(), N, k, H);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < H; ++j) {
+      double want = 0;
+      for (int64_t s = 0; s < k; ++s)
+        if (rowOf[t * k + s] >= 0)
+          want += w[t * k + s] * yp[rowOf[t * k + s] * H + j];
+      EXPECT_NEAR(y[t * H + j], want, 1e-15);
+    }
+
+  // Gradients.
+  Vec rp = randVec(M * H, gen), dx(N * H);
+  rt::moePermuteBackward(rp.data(), rowOf.data(), dx.data(), N, k, H);
+  EXPECT_LT(gradError(
+                [&](const Vec &in) {
+                  Vec out(M * H);
+                  rt::moePermute(in.data(), rowOf.data(), out.data(), N, k, H);
+                  return out;
+                },
+                x, rp, dx),
+            1e-6);
+  Vec r = randVec(N * H, gen), dyp(M * H), dw(N * k);
+  rt::moeUnpermuteBackward(yp.data(), rowOf.data(), w.data(), r.data(),
+                           dyp.data(), dw.data(), N, k, H);
+  auto unpermute = [&](const Vec &rows, const Vec &weights) {
+    Vec out(N * H);
+    rt::moeUnpermute(rows.data(), rowOf.data(), weights.data(), out.data(), N,
+                     k, H);
+    return out;
+  };
+  EXPECT_LT(gradError([&](const Vec &in) { return unpermute(in, w); }, yp, r,
+                      dyp),
+            1e-6);
+  EXPECT_LT(gradError([&](const Vec &in) { return unpermute(yp, in); }, w, r,
+                      dw),
+            1e-6);
+}
+
+TEST(KernelMoe, GroupedMatmul) {
+  std::mt19937 gen(304);
+  const int64_t E = 3, K = 5, N = 4;
+  // Expert 1 has no rows.
+  std::vector<int64_t> offsets = {0, 4, 4, 9};
+  const int64_t M = offsets[E];
+  Vec x = randVec(M * K, gen);
+  for (bool transW : {false, true}) {
+    Vec W = randVec(E * K * N, gen), out(M * N);
+    rt::groupedMatmul(x.data(), W.data(), out.data(), offsets.data(), E, K, N,
+                      transW, false);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double want = 0;
+          for (int64_t q = 0; q < K; ++q)
+            want += x[i * K + q] * (transW ? W[e * K * N + j * K + q]
+                                           : W[e * K * N + q * N + j]);
+          EXPECT_NEAR(out[i * N + j], want, 1e-13);
+        }
+    // dW through the weight gradient, dx through the grouped product with
+    // W transposed.
+    Vec r = randVec(M * N, gen), dW(E * K * N), dx(M * K);
+    rt::groupedMatmulWeightGrad(x.data(), r.data(), dW.data(), offsets.data(),
+                                E, K, N, transW, false);
+    rt::groupedMatmul(r.data(), W.data(), dx.data(), offsets.data(), E, N, K,
+                      !transW, false);
+    auto product = [&](const Vec &xx, const Vec &ww) {
+      Vec o(M * N);
+      rt::groupedMatmul(xx.data(), ww.data(), o.data(), offsets.data(), E, K,
+                        N, transW, false);
+      return o;
+    };
+    EXPECT_LT(gradError([&](const Vec &in) { return product(in, W); }, x, r,
+                        dx),
+              1e-6)
+        << "transW " << transW;
+    EXPECT_LT(gradError([&](const Vec &in) { return product(x, in); }, W, r,
+                        dW),
+              1e-6)
+        << "transW " << transW;
+    for (int64_t i = K * N; i < 2 * K * N; ++i)
+      EXPECT_EQ(dW[i], 0.0); // the expert without rows
+  }
+}
+
+TEST(KernelMoe, LoadBalancingAndZLoss) {
+  std::mt19937 gen(305);
+  const int64_t N = 13, E = 4, k = 2;
+  const double coef = 0.01;
+  Vec logits = randVec(N * E, gen, -2, 2);
+  Vec p = softmaxRows(logits, N, E);
+  Ids ids(N * k);
+  Vec w(N * k);
+  rt::moeTopK(p.data(), ids.data(), w.data(), N, E, k);
+  // Statistics accumulate: two shards of the tokens give the whole's.
+  Vec counts(E, 0), probSums(E, 0);
+  rt::moeLoadStats(p.data(), ids.data(), counts.data(), probSums.data(), 6, E,
+                   k);
+  rt::moeLoadStats(p.data() + 6 * E, ids.data() + 6 * k, counts.data(),
+                   probSums.data(), N - 6, E, k);
+  double aux = rt::moeAuxLoss(counts.data(), probSums.data(), N, E, k, coef);
+  double want = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double f = std::count(ids.begin(), ids.end(), (int32_t)e) / double(N * k);
+    double P = 0;
+    for (int64_t t = 0; t < N; ++t)
+      P += p[t * E + e] / N;
+    want += f * P;
+  }
+  EXPECT_NEAR(aux, coef * E * want, 1e-15);
+  // Its gradient by the probabilities, with the choices held fixed.
+  Vec dp(N * E, 0);
+  rt::moeAuxLossBackward(counts.data(), N, E, k, coef, 1.0, dp.data(), N);
+  Vec one = {1.0};
+  EXPECT_LT(gradError(
+                [&](const Vec &probs) {
+                  Vec c(E, 0), s(E, 0);
+                  rt::moeLoadStats(probs.data(), ids.data(), c.data(),
+                                   s.data(), N, E, k);
+                  return Vec{rt::moeAuxLoss(c.data(), s.data(), N, E, k,
+                                            coef)};
+                },
+                p, one, dp),
+            1e-6);
+
+  // z-loss: the sum over tokens of logsumexp(logits)^2.
+  double z = rt::moeZLossSum(logits.data(), N, E);
+  double wantZ = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e)
+      s += std::exp(logits[t * E + e]);
+    wantZ += std::log(s) * std::log(s);
+  }
+  EXPECT_NEAR(z, wantZ, 1e-12);
+  Vec dl(N * E, 0);
+  rt::moeZLossBackward(logits.data(), N, E, 1.0, dl.data());
+  EXPECT_LT(gradError(
+                [&](const Vec &l) {
+                  return Vec{rt::moeZLossSum(l.data(), N, E)};
+                },
+                logits, one, dl),
+            1e-6);
+}
