@@ -9,6 +9,8 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "FiniteDifferences.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,46 +21,15 @@
 #include <vector>
 
 namespace rt = tessel::rt;
-using Vec = std::vector<double>;
-using Fn = std::function<Vec(const Vec &)>;
+using tessel::testing::dot;
+using tessel::testing::gradError;
+using tessel::testing::randVec;
+using Vec = tessel::testing::Vec;
+using Fn = tessel::testing::Fn;
 
 namespace {
 
-constexpr double kH = 1e-6;
 constexpr double kTol = 1e-6;
-
-Vec randVec(size_t n, std::mt19937 &gen, double lo = -1, double hi = 1) {
-  std::uniform_real_distribution<double> dist(lo, hi);
-  Vec v(n);
-  for (double &x : v)
-    x = dist(gen);
-  return v;
-}
-
-double dot(const Vec &a, const Vec &b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    s += a[i] * b[i];
-  return s;
-}
-
-// Largest |analytic - numeric| / max(1, |numeric|) over all inputs.
-double gradError(const Fn &f, Vec x, const Vec &r, const Vec &analytic) {
-  EXPECT_EQ(analytic.size(), x.size());
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + kH;
-    const double lp = dot(r, f(x));
-    x[i] = x0 - kH;
-    const double lm = dot(r, f(x));
-    x[i] = x0;
-    const double numeric = (lp - lm) / (2 * kH);
-    worst = std::max(worst, std::fabs(analytic[i] - numeric) /
-                                std::max(1.0, std::fabs(numeric)));
-  }
-  return worst;
-}
 
 void checkGrad(const std::string &what, const Fn &f, const Vec &x, const Vec &r,
                const Vec &analytic) {

@@ -10,6 +10,8 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "FiniteDifferences.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,45 +23,14 @@
 #include <vector>
 
 namespace rt = tessel::rt;
-using Vec = std::vector<double>;
+using tessel::testing::dot;
+using tessel::testing::gradError;
+using tessel::testing::randVec;
+using Vec = tessel::testing::Vec;
 using Ids = std::vector<int32_t>;
-using Fn = std::function<Vec(const Vec &)>;
+using Fn = tessel::testing::Fn;
 
 namespace {
-
-Vec randVec(size_t n, std::mt19937 &gen, double lo = -1, double hi = 1) {
-  std::uniform_real_distribution<double> dist(lo, hi);
-  Vec v(n);
-  for (double &x : v)
-    x = dist(gen);
-  return v;
-}
-
-double dot(const Vec &a, const Vec &b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    s += a[i] * b[i];
-  return s;
-}
-
-// Largest |analytic - numeric| / max(1, |numeric|) of d(r . f(x))/dx.
-double gradError(const Fn &f, Vec x, const Vec &r, const Vec &analytic) {
-  EXPECT_EQ(analytic.size(), x.size());
-  const double h = 1e-6;
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double lp = dot(r, f(x));
-    x[i] = x0 - h;
-    const double lm = dot(r, f(x));
-    x[i] = x0;
-    const double numeric = (lp - lm) / (2 * h);
-    worst = std::max(worst, std::fabs(analytic[i] - numeric) /
-                                std::max(1.0, std::fabs(numeric)));
-  }
-  return worst;
-}
 
 Vec softmaxRows(const Vec &logits, int64_t rows, int64_t E) {
   Vec p(logits.size());
