@@ -662,11 +662,15 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
           last = top;
       }
     }
+    // By first touch; runs first touched by one op by their place in the
+    // store (the map's order is the pointers', which differs from run to
+    // run of the compiler).
     SmallVector<Run *> order;
     for (auto &[run, s] : span)
       order.push_back(run);
     llvm::sort(order, [&](Run *a, Run *b) {
-      return position[span[a].first] < position[span[b].first];
+      return std::make_pair(position[span[a].first], a->start) <
+             std::make_pair(position[span[b].first], b->start);
     });
     // Deferred: the runs in the order their reductions start (their last
     // touches); each is waited for after the next one's last touch.
