@@ -1,14 +1,16 @@
 //===- KernelsMoeTest.cpp - Mixture-of-experts kernels ---------------------===//
 //
 // The routing, dispatch, grouped GEMM and auxiliary losses of a routed MoE
-// layer against direct implementations written here from their
-// definitions (Mixtral's routing: softmax, top-k with the lower expert on a
-// tie, renormalised; Switch's load-balancing loss; the router z-loss), and
-// each backward against central finite differences in double.
+// layer against the naive references (KernelsRef.h: Mixtral's routing by a
+// stable sort, the dispatch by a scan per expert, Switch's load-balancing
+// loss and the router z-loss from their formulas), the properties a layer
+// relies on (ties, capacity, shards), and each backward against central
+// finite differences in double.
 //
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/KernelsRef.h"
 
 #include "FiniteDifferences.h"
 
@@ -17,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,23 +56,15 @@ TEST(KernelMoe, TopKIsMixtralsRouting) {
   std::mt19937 gen(300);
   const int64_t N = 37, E = 8, k = 2;
   Vec p = softmaxRows(randVec(N * E, gen, -3, 3), N, E);
-  Ids ids(N * k);
-  Vec w(N * k);
+  Ids ids(N * k), refIds(N * k);
+  Vec w(N * k), refW(N * k);
   rt::moeTopK(p.data(), ids.data(), w.data(), N, E, k);
+  rt::ref::moeTopK(p.data(), refIds.data(), refW.data(), N, E, k);
+  EXPECT_EQ(ids, refIds);
   for (int64_t t = 0; t < N; ++t) {
-    // The k largest by a stable sort on descending probability.
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      return p[t * E + a] > p[t * E + b];
-    });
-    double sum = 0;
+    EXPECT_NEAR(w[t * k] + w[t * k + 1], 1.0, 1e-15);
     for (int64_t s = 0; s < k; ++s)
-      sum += p[t * E + order[s]];
-    for (int64_t s = 0; s < k; ++s) {
-      EXPECT_EQ(ids[t * k + s], order[s]) << "token " << t;
-      EXPECT_NEAR(w[t * k + s], p[t * E + order[s]] / sum, 1e-15);
-    }
+      EXPECT_NEAR(w[t * k + s], refW[t * k + s], 1e-15);
   }
 }
 
@@ -122,11 +115,20 @@ TEST(KernelMoe, DispatchGroupsByExpertInTokenOrder) {
     experts[t * k] = a;
     experts[t * k + 1] = b;
   }
-  Ids rowOf(N * k);
-  std::vector<int64_t> offsets(E + 1);
+  Ids rowOf(N * k), refRowOf(N * k);
+  std::vector<int64_t> offsets(E + 1), refOffsets(E + 1);
+  auto matchesReference = [&](int64_t capacity, int64_t rows) {
+    EXPECT_EQ(rows, rt::ref::moeDispatchPlan(experts.data(), N, k, E,
+                                             capacity, nullptr,
+                                             refRowOf.data(),
+                                             refOffsets.data()));
+    EXPECT_EQ(rowOf, refRowOf) << "capacity " << capacity;
+    EXPECT_EQ(offsets, refOffsets) << "capacity " << capacity;
+  };
   int64_t rows = rt::moeDispatchPlan(experts.data(), N, k, E, 0, nullptr,
                                      rowOf.data(), offsets.data());
   EXPECT_EQ(rows, N * k);
+  matchesReference(0, rows);
   // Dropless: every assignment has a row, the rows are a permutation, and
   // expert e's rows hold its assignments in (token, slot) order.
   std::vector<int> expected;
@@ -149,6 +151,7 @@ TEST(KernelMoe, DispatchGroupsByExpertInTokenOrder) {
   const int64_t capacity = 9;
   rows = rt::moeDispatchPlan(experts.data(), N, k, E, capacity, nullptr,
                              rowOf.data(), offsets.data());
+  matchesReference(capacity, rows);
   int64_t kept = 0;
   for (int64_t e = 0; e < E; ++e) {
     int64_t seen = 0;
@@ -199,23 +202,17 @@ TEST(KernelMoe, PermuteAndUnpermute) {
   Vec x = randVec(N * H, gen), w = randVec(N * k, gen, 0.1, 1);
   Vec yp = randVec(M * H, gen);
   // Permute gathers each kept assignment's token row.
-  Vec xp(M * H);
+  Vec xp(M * H), refXp(M * H);
   rt::moePermute(x.data(), rowOf.data(), xp.data(), N, k, H);
-  for (int64_t a = 0; a < N * k; ++a)
-    if (rowOf[a] >= 0)
-      for (int64_t j = 0; j < H; ++j)
-        EXPECT_EQ(xp[rowOf[a] * H + j], x[(a / k) * H + j]);
+  rt::ref::moePermute(x.data(), rowOf.data(), refXp.data(), N, k, H);
+  EXPECT_EQ(xp, refXp);
   // Unpermute sums each token's kept rows, weighted.
-  Vec y(N * H);
+  Vec y(N * H), refY(N * H);
   rt::moeUnpermute(yp.data(), rowOf.data(), w.data(), y.data(), N, k, H);
-  for (int64_t t = 0; t < N; ++t)
-    for (int64_t j = 0; j < H; ++j) {
-      double want = 0;
-      for (int64_t s = 0; s < k; ++s)
-        if (rowOf[t * k + s] >= 0)
-          want += w[t * k + s] * yp[rowOf[t * k + s] * H + j];
-      EXPECT_NEAR(y[t * H + j], want, 1e-15);
-    }
+  rt::ref::moeUnpermute(yp.data(), rowOf.data(), w.data(), refY.data(), N, k,
+                        H);
+  for (int64_t i = 0; i < N * H; ++i)
+    EXPECT_NEAR(y[i], refY[i], 1e-15);
 
   // Gradients.
   Vec rp = randVec(M * H, gen), dx(N * H);
@@ -253,18 +250,13 @@ TEST(KernelMoe, GroupedMatmul) {
   const int64_t M = offsets[E];
   Vec x = randVec(M * K, gen);
   for (bool transW : {false, true}) {
-    Vec W = randVec(E * K * N, gen), out(M * N);
+    Vec W = randVec(E * K * N, gen), out(M * N), want(M * N);
     rt::groupedMatmul(x.data(), W.data(), out.data(), offsets.data(), E, K, N,
                       transW, false);
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-          double want = 0;
-          for (int64_t q = 0; q < K; ++q)
-            want += x[i * K + q] * (transW ? W[e * K * N + j * K + q]
-                                           : W[e * K * N + q * N + j]);
-          EXPECT_NEAR(out[i * N + j], want, 1e-13);
-        }
+    rt::ref::groupedMatmul(x.data(), W.data(), want.data(), offsets.data(), E,
+                           K, N, transW, false);
+    for (int64_t i = 0; i < M * N; ++i)
+      EXPECT_NEAR(out[i], want[i], 1e-13);
     // dW through the weight gradient, dx through the grouped product with
     // W transposed.
     Vec r = randVec(M * N, gen), dW(E * K * N), dx(M * K);
@@ -307,15 +299,8 @@ TEST(KernelMoe, LoadBalancingAndZLoss) {
   rt::moeLoadStats(p.data() + 6 * E, ids.data() + 6 * k, counts.data(),
                    probSums.data(), N - 6, E, k);
   double aux = rt::moeAuxLoss(counts.data(), probSums.data(), N, E, k, coef);
-  double want = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    double f = std::count(ids.begin(), ids.end(), (int32_t)e) / double(N * k);
-    double P = 0;
-    for (int64_t t = 0; t < N; ++t)
-      P += p[t * E + e] / N;
-    want += f * P;
-  }
-  EXPECT_NEAR(aux, coef * E * want, 1e-15);
+  EXPECT_NEAR(aux, rt::ref::moeAuxLoss(p.data(), ids.data(), N, E, k, coef),
+              1e-15);
   // Its gradient by the probabilities, with the choices held fixed.
   Vec dp(N * E, 0);
   rt::moeAuxLossBackward(counts.data(), N, E, k, coef, 1.0, dp.data(), N);
@@ -332,15 +317,8 @@ TEST(KernelMoe, LoadBalancingAndZLoss) {
             1e-6);
 
   // z-loss: the sum over tokens of logsumexp(logits)^2.
-  double z = rt::moeZLossSum(logits.data(), N, E);
-  double wantZ = 0;
-  for (int64_t t = 0; t < N; ++t) {
-    double s = 0;
-    for (int64_t e = 0; e < E; ++e)
-      s += std::exp(logits[t * E + e]);
-    wantZ += std::log(s) * std::log(s);
-  }
-  EXPECT_NEAR(z, wantZ, 1e-12);
+  EXPECT_NEAR(rt::moeZLossSum(logits.data(), N, E),
+              rt::ref::moeZLossSum(logits.data(), N, E), 1e-12);
   Vec dl(N * E, 0);
   rt::moeZLossBackward(logits.data(), N, E, 1.0, dl.data());
   EXPECT_LT(gradError(

@@ -92,6 +92,30 @@ template <typename T> void copy(const T *x, T *out, int64_t n);
 template <typename T> void fill(T *out, int64_t n, T value);
 template <typename T> double sumSquares(const T *x, int64_t n);
 
+// Mixture of experts: the top k by a stable sort of each row, the dispatch
+// by a scan of each expert's assignments, rows moved one by one, each
+// expert's product by the reference matmul, the losses from their formulas.
+template <typename T>
+void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
+             int64_t E, int64_t k);
+int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                        int64_t E, int64_t capacity, const int64_t *before,
+                        int32_t *rowOf, int64_t *offsets);
+template <typename T>
+void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
+                int64_t k, int64_t H);
+template <typename T>
+void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
+                  int64_t tokens, int64_t k, int64_t H);
+template <typename T>
+void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+                   int64_t E, int64_t K, int64_t N, bool transW,
+                   bool accumulate = false);
+template <typename T>
+T moeAuxLoss(const T *probs, const int32_t *experts, int64_t tokens,
+             int64_t E, int64_t k, double coef);
+template <typename T> T moeZLossSum(const T *logits, int64_t tokens, int64_t E);
+
 } // namespace tessel::rt::ref
 
 #endif // TESSEL_RUNTIME_KERNELSREF_H

@@ -7,6 +7,7 @@
 
 #include "tessel/Runtime/KernelsRef.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -505,5 +506,120 @@ template <typename T> double sumSquares(const T *x, int64_t n) {
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE
+
+template <typename T>
+void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
+             int64_t E, int64_t k) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *p = probs + t * E;
+    std::vector<int32_t> order(E);
+    for (int64_t e = 0; e < E; ++e)
+      order[e] = (int32_t)e;
+    // Descending; a stable sort keeps the lower expert first on a tie.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double sum = 0;
+    for (int64_t s = 0; s < k; ++s)
+      sum += double(p[order[s]]);
+    for (int64_t s = 0; s < k; ++s) {
+      experts[t * k + s] = order[s];
+      weights[t * k + s] = T(double(p[order[s]]) / sum);
+    }
+  }
+}
+
+int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                        int64_t E, int64_t capacity, const int64_t *before,
+                        int32_t *rowOf, int64_t *offsets) {
+  int64_t row = 0;
+  for (int64_t a = 0; a < tokens * k; ++a)
+    rowOf[a] = -1;
+  for (int64_t e = 0; e < E; ++e) {
+    offsets[e] = row;
+    int64_t taken = before ? before[e] : 0;
+    for (int64_t a = 0; a < tokens * k; ++a) {
+      if (experts[a] != e)
+        continue;
+      if (capacity <= 0 || taken < capacity)
+        rowOf[a] = (int32_t)row++;
+      ++taken;
+    }
+  }
+  offsets[E] = row;
+  return row;
+}
+
+template <typename T>
+void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
+                int64_t k, int64_t H) {
+  for (int64_t a = 0; a < tokens * k; ++a)
+    for (int64_t j = 0; rowOf[a] >= 0 && j < H; ++j)
+      xp[rowOf[a] * H + j] = x[(a / k) * H + j];
+}
+
+template <typename T>
+void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
+                  int64_t tokens, int64_t k, int64_t H) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < H; ++j) {
+      double s = 0;
+      for (int64_t q = 0; q < k; ++q)
+        if (rowOf[t * k + q] >= 0)
+          s += double(weights[t * k + q]) * double(yp[rowOf[t * k + q] * H + j]);
+      y[t * H + j] = T(s);
+    }
+}
+
+template <typename T>
+void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+                   int64_t E, int64_t K, int64_t N, bool transW,
+                   bool accumulate) {
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i)
+      matmul(x + i * K, W + e * K * N, out + i * N, 1, 1, N, K, false, transW,
+             0, 0, 0, accumulate);
+}
+
+template <typename T>
+T moeAuxLoss(const T *probs, const int32_t *experts, int64_t tokens,
+             int64_t E, int64_t k, double coef) {
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double chosen = 0, prob = 0;
+    for (int64_t a = 0; a < tokens * k; ++a)
+      chosen += experts[a] == e;
+    for (int64_t t = 0; t < tokens; ++t)
+      prob += double(probs[t * E + e]);
+    sum += chosen / double(tokens * k) * (prob / double(tokens));
+  }
+  return T(coef * double(E) * sum);
+}
+
+template <typename T> T moeZLossSum(const T *logits, int64_t tokens, int64_t E) {
+  double sum = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e)
+      s += std::exp(double(logits[t * E + e]));
+    sum += std::log(s) * std::log(s);
+  }
+  return T(sum);
+}
+
+#define TESSEL_INSTANTIATE_MOE(T)                                              \
+  template void moeTopK<T>(const T *, int32_t *, T *, int64_t, int64_t,        \
+                           int64_t);                                           \
+  template void moePermute<T>(const T *, const int32_t *, T *, int64_t,        \
+                              int64_t, int64_t);                               \
+  template void moeUnpermute<T>(const T *, const int32_t *, const T *, T *,    \
+                                int64_t, int64_t, int64_t);                    \
+  template void groupedMatmul<T>(const T *, const T *, T *, const int64_t *,   \
+                                 int64_t, int64_t, int64_t, bool, bool);       \
+  template T moeAuxLoss<T>(const T *, const int32_t *, int64_t, int64_t,       \
+                           int64_t, double);                                   \
+  template T moeZLossSum<T>(const T *, int64_t, int64_t);
+TESSEL_INSTANTIATE_MOE(float)
+TESSEL_INSTANTIATE_MOE(double)
+#undef TESSEL_INSTANTIATE_MOE
 
 } // namespace tessel::rt::ref
