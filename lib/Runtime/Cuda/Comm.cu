@@ -1345,49 +1345,29 @@ CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
   });
 }
 
+// The started form waited for at once, as reduceScatterShards.
 void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
                      unsigned axes) {
+  commWait(allGatherShardsStart(buffer, from, shadow, n, axes));
+}
+
+// With `from` (ZeRO-3) this rank's piece is first copied into its place;
+// without it (ZeRO-1's update) the piece is in place already.
+CommRequest allGatherShardsStart(float *buffer, const float *from,
+                                 bf16 *shadow, int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "allGatherShards");
   checkCount(n, "allGatherShards");
   int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
   count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
-  if (from) {
-    // This rank's piece into its place first (ZeRO-3), on the compute
-    // stream, which the gather waits for.
-    detail::PieceRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
-    if (own.size() > 0)
-      copyOnCompute(buffer + own.begin, from, own.size());
-  }
-  const char *name = rt::collectiveName(CollectiveKind::AllGather);
-  ncclComm_t comm = commFor(axes, name);
-  if (comm && n > 0)
-    blockingCollective(name, axes, n, [&] {
-      perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
-        return ncclBroadcast(buffer + at, buffer + at, elements, ncclFloat32,
-                             root, comm, collectiveStream());
-      });
-    });
-  // On the compute stream, which the gather's completion holds back.
-  if (shadow)
-    copy(buffer, shadow, n);
-}
-
-CommRequest allGatherShardsStart(float *buffer, const float *from,
-                                 bf16 *shadow, int64_t n, unsigned axes) {
-  BackgroundLane lane(axes);
-  checkAxes(axes, "allGatherShardsStart");
-  checkCount(n, "allGatherShardsStart");
-  int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
-  count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g));
-  // This rank's piece into its place, on the compute stream, which the
-  // gather follows (and whose later writes to `from` come after it).
+  // On the compute stream, which the gather follows (and whose later
+  // writes to `from` come after it).
   detail::PieceRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
-  if (own.size() > 0)
+  if (from && own.size() > 0)
     copyOnCompute(buffer + own.begin, from, own.size());
   const char *name = rt::collectiveName(CollectiveKind::AllGather);
   ncclComm_t comm = commFor(axes, name);
-  bool gathered = comm && n > 0;
-  if (!gathered) {
+  if (!comm || n <= 0) {
     // A group of one: the piece is the run; the copy follows on compute.
     if (shadow)
       copy(buffer, shadow, n);

@@ -129,24 +129,6 @@ void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
 }
 
 template <typename T>
-void moePermuteBackward(const T *dxp, const int32_t *rowOf, T *dx,
-                        int64_t tokens, int64_t k, int64_t H) {
-#pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
-  for (int64_t t = 0; t < tokens; ++t) {
-    T *out = dx + t * H;
-    std::fill(out, out + H, T(0));
-    for (int64_t s = 0; s < k; ++s) {
-      int32_t row = rowOf[t * k + s];
-      if (row < 0)
-        continue;
-      const T *in = dxp + row * H;
-      for (int64_t j = 0; j < H; ++j)
-        out[j] += in[j];
-    }
-  }
-}
-
-template <typename T>
 void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
                   int64_t tokens, int64_t k, int64_t H) {
 #pragma omp parallel for schedule(static) if (tokens * k * H >= (1 << 16))
@@ -157,12 +139,19 @@ void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
       int32_t row = rowOf[t * k + s];
       if (row < 0)
         continue; // dropped: the residual carries the token
-      const T w = weights[t * k + s];
+      // Unweighted (null weights): the gradient of moePermute.
+      const T w = weights ? weights[t * k + s] : T(1);
       const T *in = yp + row * H;
       for (int64_t j = 0; j < H; ++j)
         out[j] += w * in[j];
     }
   }
+}
+
+template <typename T>
+void moePermuteBackward(const T *dxp, const int32_t *rowOf, T *dx,
+                        int64_t tokens, int64_t k, int64_t H) {
+  moeUnpermute<T>(dxp, rowOf, nullptr, dx, tokens, k, H);
 }
 
 template <typename T>
