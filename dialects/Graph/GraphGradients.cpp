@@ -195,3 +195,82 @@ LogicalResult ConcatOp::buildGradients(OpBuilder &b,
   operandGrads.append(split->result_begin(), split->result_end());
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts: expert ids, row maps and counts have no gradient
+//===----------------------------------------------------------------------===//
+
+LogicalResult MoeTopKOp::buildGradients(OpBuilder &b,
+                                        ArrayRef<Value> resultGrads,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  if (!resultGrads[0]) {
+    operandGrads.push_back(Value());
+    return success();
+  }
+  operandGrads.push_back(MoeTopKGradOp::create(b, getLoc(), getProbs(),
+                                               getExperts(), resultGrads[0]));
+  return success();
+}
+
+LogicalResult
+MoeLoadStatsOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                               SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(
+      resultGrads[1]
+          ? MoeProbSumsGradOp::create(b, getLoc(), getProbs(), resultGrads[1])
+                .getResult()
+          : Value());
+  operandGrads.push_back(Value());
+  return success();
+}
+
+LogicalResult
+MoeAuxLossOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                             SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(Value()); // the counts are held fixed
+  operandGrads.push_back(MoeAuxLossGradOp::create(
+      b, getLoc(), getCounts(), resultGrads[0], getTokensAttr(),
+      getTopKAttr(), getCoefAttr()));
+  return success();
+}
+
+LogicalResult MoeZLossOp::buildGradients(OpBuilder &b,
+                                         ArrayRef<Value> resultGrads,
+                                         SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(MoeZLossGradOp::create(b, getLoc(), getLogits(),
+                                                resultGrads[0], getCoefAttr()));
+  return success();
+}
+
+LogicalResult
+MoePermuteOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                             SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(
+      MoePermuteGradOp::create(b, getLoc(), resultGrads[0], getRowOf()));
+  operandGrads.push_back(Value());
+  return success();
+}
+
+LogicalResult
+MoeUnpermuteOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                               SmallVectorImpl<Value> &operandGrads) {
+  auto grad = MoeUnpermuteGradOp::create(b, getLoc(), getRows(), getRowOf(),
+                                         getWeights(), resultGrads[0]);
+  operandGrads.append({grad.getRowsGrad(), Value(), grad.getWeightsGrad()});
+  return success();
+}
+
+LogicalResult
+GroupedMatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                                SmallVectorImpl<Value> &operandGrads) {
+  Value dy = resultGrads[0];
+  bool tr = getTransposeRhs();
+  // dx = dy W[e]^T: the same weight read the other way round.
+  Value dx = GroupedMatmulOp::create(b, getLoc(), dy, getWeight(),
+                                     getOffsets(), b.getBoolAttr(!tr));
+  Value dw = GroupedMatmulWeightGradOp::create(b, getLoc(), getInput(), dy,
+                                               getOffsets(),
+                                               b.getBoolAttr(tr));
+  operandGrads.append({dx, dw, Value()});
+  return success();
+}

@@ -596,3 +596,254 @@ LogicalResult OutputOp::verify() {
     return emitOpError("the one output is 'logits', got '") << getName() << "'";
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+namespace {
+int64_t tokensOf(ArrayRef<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape.drop_back())
+    n *= d;
+  return n;
+}
+// `perToken` ([..., k]) has the token dimensions of `tokens` ([..., X]).
+LogicalResult checkSameTokens(std::optional<Location> loc, Value tokens,
+                              Value perToken, StringRef what) {
+  auto t = shapeOf(tokens), p = shapeOf(perToken);
+  if (t.empty() || p.size() != t.size() || t.drop_back() != p.drop_back())
+    return fail(loc, Twine(what) + " " + shapeStr(p) +
+                         " must have the token dimensions of " + shapeStr(t));
+  return success();
+}
+// Rows [R, X] of an expert-major buffer for `rowOf` [..., k].
+LogicalResult checkRows(std::optional<Location> loc, Value rows, Value rowOf) {
+  auto r = shapeOf(rows), p = shapeOf(rowOf);
+  if (r.size() != 2 || p.empty() || r[0] != tokensOf(p) * p.back())
+    return fail(loc, "expert rows " + shapeStr(r) + " must be [" +
+                         Twine(p.empty() ? 0 : tokensOf(p) * p.back()) +
+                         ", X] for assignments " + shapeStr(p));
+  return success();
+}
+LogicalResult checkScalar(std::optional<Location> loc, Value v,
+                          StringRef what) {
+  if (!shapeOf(v).empty())
+    return fail(loc, Twine(what) + " must be a scalar");
+  return success();
+}
+} // namespace
+
+LogicalResult MoeTopKOp::inferReturnTypes(MLIRContext *ctx,
+                                          std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &types) {
+  auto p = shapeOf(adaptor.getProbs());
+  int64_t k = adaptor.getTopK();
+  if (p.size() < 2 || k < 1 || k > p.back())
+    return fail(loc, "moe_top_k needs probabilities [..., E] with 1 <= top_k "
+                     "<= E, got " +
+                         shapeStr(p) + " and top_k " + Twine(k));
+  SmallVector<int64_t> shape(p.drop_back());
+  shape.push_back(k);
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getProbs())));
+  types.push_back(tensorOf(shape, IntegerType::get(ctx, 32)));
+  return success();
+}
+
+LogicalResult MoeTopKGradOp::inferReturnTypes(MLIRContext *,
+                                              std::optional<Location> loc,
+                                              Adaptor adaptor,
+                                              SmallVectorImpl<Type> &types) {
+  if (failed(checkSameTokens(loc, adaptor.getProbs(), adaptor.getExperts(),
+                             "experts")) ||
+      shapeOf(adaptor.getExperts()) != shapeOf(adaptor.getGrad()))
+    return fail(loc, "moe_top_k_grad: experts and grad must be [..., k] of "
+                     "the probabilities' tokens");
+  types.push_back(adaptor.getProbs().getType());
+  return success();
+}
+
+LogicalResult MoeLoadStatsOp::inferReturnTypes(MLIRContext *,
+                                               std::optional<Location> loc,
+                                               Adaptor adaptor,
+                                               SmallVectorImpl<Type> &types) {
+  if (failed(checkSameTokens(loc, adaptor.getProbs(), adaptor.getExperts(),
+                             "experts")))
+    return failure();
+  auto type = tensorOf({shapeOf(adaptor.getProbs()).back()},
+                       getElementTypeOrSelf(adaptor.getProbs()));
+  types.append({type, type});
+  return success();
+}
+
+LogicalResult MoeProbSumsGradOp::inferReturnTypes(MLIRContext *,
+                                                  std::optional<Location> loc,
+                                                  Adaptor adaptor,
+                                                  SmallVectorImpl<Type> &types) {
+  auto p = shapeOf(adaptor.getProbs());
+  if (p.empty() || shapeOf(adaptor.getGrad()) != p.take_back())
+    return fail(loc, "moe_prob_sums_grad: grad must be [E] of probabilities " +
+                         shapeStr(p));
+  types.push_back(adaptor.getProbs().getType());
+  return success();
+}
+
+LogicalResult MoeAuxLossOp::inferReturnTypes(MLIRContext *,
+                                             std::optional<Location> loc,
+                                             Adaptor adaptor,
+                                             SmallVectorImpl<Type> &types) {
+  auto c = shapeOf(adaptor.getCounts());
+  if (c.size() != 1 || shapeOf(adaptor.getProbSums()) != c)
+    return fail(loc, "moe_aux_loss: counts and prob_sums must both be [E]");
+  if (adaptor.getTokens() < 1 || adaptor.getTopK() < 1)
+    return fail(loc, "moe_aux_loss: tokens and top_k must be positive");
+  types.push_back(tensorOf({}, getElementTypeOrSelf(adaptor.getCounts())));
+  return success();
+}
+
+LogicalResult MoeAuxLossGradOp::inferReturnTypes(MLIRContext *,
+                                                 std::optional<Location> loc,
+                                                 Adaptor adaptor,
+                                                 SmallVectorImpl<Type> &types) {
+  if (shapeOf(adaptor.getCounts()).size() != 1 ||
+      failed(checkScalar(loc, adaptor.getGrad(), "grad")))
+    return fail(loc, "moe_aux_loss_grad: counts must be [E], grad a scalar");
+  types.push_back(adaptor.getCounts().getType());
+  return success();
+}
+
+LogicalResult MoeZLossOp::inferReturnTypes(MLIRContext *,
+                                           std::optional<Location> loc,
+                                           Adaptor adaptor,
+                                           SmallVectorImpl<Type> &types) {
+  if (shapeOf(adaptor.getLogits()).size() < 2)
+    return fail(loc, "moe_z_loss: logits must be [..., E]");
+  types.push_back(tensorOf({}, getElementTypeOrSelf(adaptor.getLogits())));
+  return success();
+}
+
+LogicalResult MoeZLossGradOp::inferReturnTypes(MLIRContext *,
+                                               std::optional<Location> loc,
+                                               Adaptor adaptor,
+                                               SmallVectorImpl<Type> &types) {
+  if (failed(checkScalar(loc, adaptor.getGrad(), "grad")))
+    return failure();
+  types.push_back(adaptor.getLogits().getType());
+  return success();
+}
+
+LogicalResult MoeDispatchOp::inferReturnTypes(MLIRContext *ctx,
+                                              std::optional<Location> loc,
+                                              Adaptor adaptor,
+                                              SmallVectorImpl<Type> &types) {
+  if (shapeOf(adaptor.getExperts()).size() < 2 || adaptor.getNumExperts() < 1)
+    return fail(loc, "moe_dispatch needs experts [..., k] and num_experts >= 1");
+  types.push_back(adaptor.getExperts().getType());
+  types.push_back(tensorOf({adaptor.getNumExperts() + 1},
+                           IntegerType::get(ctx, 32)));
+  return success();
+}
+
+LogicalResult MoePermuteOp::inferReturnTypes(MLIRContext *,
+                                             std::optional<Location> loc,
+                                             Adaptor adaptor,
+                                             SmallVectorImpl<Type> &types) {
+  if (failed(checkSameTokens(loc, adaptor.getInput(), adaptor.getRowOf(),
+                             "row_of")))
+    return failure();
+  auto p = shapeOf(adaptor.getRowOf());
+  types.push_back(tensorOf({tokensOf(p) * p.back(),
+                            shapeOf(adaptor.getInput()).back()},
+                           getElementTypeOrSelf(adaptor.getInput())));
+  return success();
+}
+
+LogicalResult MoePermuteGradOp::inferReturnTypes(MLIRContext *,
+                                                 std::optional<Location> loc,
+                                                 Adaptor adaptor,
+                                                 SmallVectorImpl<Type> &types) {
+  if (failed(checkRows(loc, adaptor.getGrad(), adaptor.getRowOf())))
+    return failure();
+  SmallVector<int64_t> shape(shapeOf(adaptor.getRowOf()).drop_back());
+  shape.push_back(shapeOf(adaptor.getGrad()).back());
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getGrad())));
+  return success();
+}
+
+LogicalResult MoeUnpermuteOp::inferReturnTypes(MLIRContext *,
+                                               std::optional<Location> loc,
+                                               Adaptor adaptor,
+                                               SmallVectorImpl<Type> &types) {
+  if (failed(checkRows(loc, adaptor.getRows(), adaptor.getRowOf())))
+    return failure();
+  if (shapeOf(adaptor.getWeights()) != shapeOf(adaptor.getRowOf()))
+    return fail(loc, "moe_unpermute: weights must be shaped as row_of " +
+                         shapeStr(shapeOf(adaptor.getRowOf())));
+  SmallVector<int64_t> shape(shapeOf(adaptor.getRowOf()).drop_back());
+  shape.push_back(shapeOf(adaptor.getRows()).back());
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getRows())));
+  return success();
+}
+
+LogicalResult MoeUnpermuteGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &types) {
+  if (failed(checkRows(loc, adaptor.getRows(), adaptor.getRowOf())))
+    return failure();
+  SmallVector<int64_t> out(shapeOf(adaptor.getRowOf()).drop_back());
+  out.push_back(shapeOf(adaptor.getRows()).back());
+  if (shapeOf(adaptor.getGrad()) != ArrayRef<int64_t>(out) ||
+      shapeOf(adaptor.getWeights()) != shapeOf(adaptor.getRowOf()))
+    return fail(loc, "moe_unpermute_grad: grad must be " + shapeStr(out) +
+                         " and weights shaped as row_of");
+  types.push_back(adaptor.getRows().getType());
+  types.push_back(adaptor.getWeights().getType());
+  return success();
+}
+
+// [E, K, N] (or [E, N, K] transposed) against offsets [E + 1].
+static LogicalResult checkGrouped(std::optional<Location> loc,
+                                  ArrayRef<int64_t> w, Value offsets) {
+  auto o = shapeOf(offsets);
+  if (w.size() != 3 || o.size() != 1 || o[0] != w[0] + 1)
+    return fail(loc, "grouped_matmul needs a weight [E, K, N] and offsets "
+                     "[E + 1], got " +
+                         shapeStr(w) + " and " + shapeStr(o));
+  return success();
+}
+
+LogicalResult GroupedMatmulOp::inferReturnTypes(MLIRContext *,
+                                                std::optional<Location> loc,
+                                                Adaptor adaptor,
+                                                SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput()), w = shapeOf(adaptor.getWeight());
+  if (failed(checkGrouped(loc, w, adaptor.getOffsets())))
+    return failure();
+  bool tr = adaptor.getTransposeRhs();
+  int64_t K = tr ? w[2] : w[1], N = tr ? w[1] : w[2];
+  if (x.size() != 2 || x[1] != K)
+    return fail(loc, "grouped_matmul input " + shapeStr(x) + " must be [R, " +
+                         Twine(K) + "] for weight " + shapeStr(w));
+  types.push_back(
+      tensorOf({x[0], N}, getElementTypeOrSelf(adaptor.getInput())));
+  return success();
+}
+
+LogicalResult GroupedMatmulWeightGradOp::inferReturnTypes(
+    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
+    SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput()), g = shapeOf(adaptor.getGrad());
+  auto o = shapeOf(adaptor.getOffsets());
+  if (x.size() != 2 || g.size() != 2 || x[0] != g[0] || o.size() != 1)
+    return fail(loc, "grouped_matmul_weight_grad needs input [R, K], grad "
+                     "[R, N] and offsets [E + 1], got " +
+                         shapeStr(x) + ", " + shapeStr(g) + ", " +
+                         shapeStr(o));
+  int64_t E = o[0] - 1;
+  SmallVector<int64_t> shape = adaptor.getTransposeRhs()
+                                   ? SmallVector<int64_t>{E, g[1], x[1]}
+                                   : SmallVector<int64_t>{E, x[1], g[1]};
+  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getInput())));
+  return success();
+}

@@ -457,6 +457,228 @@ def Graph_EmbeddingGradOp : Graph_PureOp<"embedding_grad", [], ["localize"]> {
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts (Hugging Face Mixtral routing)
+//
+// Tokens are all leading dimensions of the routed tensors: `probs` is
+// [..., E], `experts`, `weights` and `row_of` are [..., k], the layer's
+// input and output [..., C]. The expert-major buffers have R = tokens * k
+// rows; expert e's rows are [offsets[e], offsets[e + 1]) and the rows past
+// offsets[E] (dropped assignments) hold nothing a later op reads.
+//===----------------------------------------------------------------------===//
+
+def Graph_MoeTopKOp : Graph_DiffOp<"moe_top_k"> {
+  let summary = "The top k experts of each token and their renormalised weights";
+  let description = [{
+    The k largest router probabilities of each token in descending order,
+    the lower expert first on a tie; `weights` are those probabilities over
+    their sum.
+
+    ```mlir
+    %w, %e = graph.moe_top_k %probs {top_k = 2 : i64} : (tensor<8x64x8xf32>) -> (tensor<8x64x2xf32>, tensor<8x64x2xi32>)
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$probs, I64Attr:$top_k);
+  let results = (outs Graph_FloatTensor:$weights, Graph_I32Tensor:$experts);
+}
+
+def Graph_MoeTopKGradOp : Graph_InferOp<"moe_top_k_grad"> {
+  let summary = "Gradient of moe_top_k with respect to the probabilities";
+  let description = [{
+    ```mlir
+    %dp = graph.moe_top_k_grad %probs, %e, %dw : (tensor<8x64x8xf32>, tensor<8x64x2xi32>, tensor<8x64x2xf32>) -> tensor<8x64x8xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$probs, Graph_I32Tensor:$experts,
+                   Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeLoadStatsOp : Graph_DiffOp<"moe_load_stats"> {
+  let summary = "Assignments per expert and each expert's summed probability";
+  let description = [{
+    `counts[e]` is the number of top-k assignments to expert e (before any
+    capacity drops), `prob_sums[e]` the sum over tokens of `probs[..., e]`.
+    Over split tokens both are partial sums; the load-balancing loss reads
+    them summed over all the microbatch's tokens.
+
+    ```mlir
+    %c, %s = graph.moe_load_stats %probs, %e : (tensor<8x64x8xf32>, tensor<8x64x2xi32>) -> (tensor<8xf32>, tensor<8xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$probs, Graph_I32Tensor:$experts);
+  let results = (outs Graph_FloatTensor:$counts, Graph_FloatTensor:$prob_sums);
+}
+
+def Graph_MoeProbSumsGradOp : Graph_InferOp<"moe_prob_sums_grad"> {
+  let summary = "Gradient of moe_load_stats' probability sums";
+  let description = [{
+    `result[..., e] = grad[e]`, shaped as `probs`.
+
+    ```mlir
+    %dp = graph.moe_prob_sums_grad %probs, %ds : (tensor<8x64x8xf32>, tensor<8xf32>) -> tensor<8x64x8xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$probs, Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeAuxLossOp : Graph_DiffOp<"moe_aux_loss", [], ["localize"]> {
+  let summary = "Switch's load-balancing loss of one MoE layer";
+  let description = [{
+    `coef * E * sum_e f_e P_e` with `f_e = counts[e] / (tokens * top_k)` and
+    `P_e = prob_sums[e] / tokens`, `tokens` the microbatch's (all ranks').
+    Differentiable in `prob_sums` only. Every rank computes the whole loss;
+    over split tokens each holds its share (a partial sum, as the
+    cross-entropy), its gradient being the whole loss's.
+
+    ```mlir
+    %aux = graph.moe_aux_loss %c, %s {tokens = 512 : i64, top_k = 2 : i64, coef = 1.0e-02 : f64} : (tensor<8xf32>, tensor<8xf32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$counts, Graph_FloatTensor:$prob_sums,
+                   I64Attr:$tokens, I64Attr:$top_k, F64Attr:$coef);
+  let results = (outs Graph_FloatScalar:$result);
+}
+
+def Graph_MoeAuxLossGradOp : Graph_InferOp<"moe_aux_loss_grad", [], ["localize"]> {
+  let summary = "Gradient of moe_aux_loss with respect to the probability sums";
+  let description = [{
+    ```mlir
+    %ds = graph.moe_aux_loss_grad %c, %daux {tokens = 512 : i64, top_k = 2 : i64, coef = 1.0e-02 : f64} : (tensor<8xf32>, tensor<f32>) -> tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$counts, Graph_FloatScalar:$grad,
+                   I64Attr:$tokens, I64Attr:$top_k, F64Attr:$coef);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeZLossOp : Graph_DiffOp<"moe_z_loss", [], ["localize"]> {
+  let summary = "The router z-loss: coef * mean over tokens of logsumexp(logits)^2";
+  let description = [{
+    ```mlir
+    %z = graph.moe_z_loss %logits {coef = 1.0e-03 : f64} : (tensor<8x64x8xf32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$logits, F64Attr:$coef);
+  let results = (outs Graph_FloatScalar:$result);
+}
+
+def Graph_MoeZLossGradOp : Graph_InferOp<"moe_z_loss_grad", [], ["localize"]> {
+  let summary = "Gradient of moe_z_loss with respect to the logits";
+  let description = [{
+    ```mlir
+    %dl = graph.moe_z_loss_grad %logits, %dz {coef = 1.0e-03 : f64} : (tensor<8x64x8xf32>, tensor<f32>) -> tensor<8x64x8xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$logits, Graph_FloatScalar:$grad,
+                   F64Attr:$coef);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeDispatchOp : Graph_Op<"moe_dispatch", [Pure, InferTypeOpAdaptor],
+                                   ["localize"]> {
+  let summary = "Where each assignment goes in the expert-major buffer";
+  let description = [{
+    `row_of[..., s]` is the row of the token's assignment s, or -1 when its
+    expert is full: with `capacity` > 0 an expert keeps its first
+    `capacity` assignments in token order (the serial program's order),
+    counting the microbatch's tokens on all ranks. `offsets` [E + 1] are
+    this rank's experts' row ranges. Not differentiable.
+
+    ```mlir
+    %rows, %off = graph.moe_dispatch %e {num_experts = 8 : i64, capacity = 0 : i64} : (tensor<8x64x2xi32>) -> (tensor<8x64x2xi32>, tensor<9xi32>)
+    ```
+  }];
+  let arguments = (ins Graph_I32Tensor:$experts, I64Attr:$num_experts,
+                   DefaultValuedAttr<I64Attr, "0">:$capacity);
+  let results = (outs Graph_I32Tensor:$row_of, Graph_I32Tensor:$offsets);
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def Graph_MoePermuteOp : Graph_DiffOp<"moe_permute"> {
+  let summary = "Gathers each kept assignment's token into its expert's rows";
+  let description = [{
+    `result[row_of[t, s]] = input[t]`: `[..., C]` to `[tokens * k, C]`.
+
+    ```mlir
+    %xp = graph.moe_permute %x, %rows : (tensor<8x64x64xf32>, tensor<8x64x2xi32>) -> tensor<1024x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, Graph_I32Tensor:$row_of);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoePermuteGradOp : Graph_InferOp<"moe_permute_grad"> {
+  let summary = "Gradient of moe_permute: each token sums its kept rows";
+  let description = [{
+    ```mlir
+    %dx = graph.moe_permute_grad %dxp, %rows : (tensor<1024x64xf32>, tensor<8x64x2xi32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$grad, Graph_I32Tensor:$row_of);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeUnpermuteOp : Graph_DiffOp<"moe_unpermute"> {
+  let summary = "Each token's weighted sum of its kept assignments' rows";
+  let description = [{
+    `result[t] = sum over kept s (ascending) of weights[t, s] * rows[row_of[t, s]]`.
+
+    ```mlir
+    %y = graph.moe_unpermute %yp, %rows, %w : (tensor<1024x64xf32>, tensor<8x64x2xi32>, tensor<8x64x2xf32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$rows, Graph_I32Tensor:$row_of,
+                   Graph_FloatTensor:$weights);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_MoeUnpermuteGradOp : Graph_InferOp<"moe_unpermute_grad"> {
+  let summary = "Gradients of moe_unpermute for the rows and the weights";
+  let description = [{
+    ```mlir
+    %dyp, %dw = graph.moe_unpermute_grad %yp, %rows, %w, %dy : (tensor<1024x64xf32>, tensor<8x64x2xi32>, tensor<8x64x2xf32>, tensor<8x64x64xf32>) -> (tensor<1024x64xf32>, tensor<8x64x2xf32>)
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$rows, Graph_I32Tensor:$row_of,
+                   Graph_FloatTensor:$weights, Graph_FloatTensor:$grad);
+  let results = (outs Graph_FloatTensor:$rows_grad, Graph_FloatTensor:$weights_grad);
+}
+
+def Graph_GroupedMatmulOp : Graph_DiffOp<"grouped_matmul"> {
+  let summary = "Each expert's rows times its weight";
+  let description = [{
+    `input` is [R, K], `weight` [E, K, N] ([E, N, K] with `transpose_rhs`),
+    `offsets` [E + 1]: `result[rows of e] = input[rows of e] * weight[e]`.
+
+    ```mlir
+    %h = graph.grouped_matmul %xp, %w1, %off {transpose_rhs = true} : (tensor<1024x64xf32>, tensor<8x128x64xf32>, tensor<9xi32>) -> tensor<1024x128xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$weight,
+                   Graph_I32Tensor:$offsets,
+                   DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_GroupedMatmulWeightGradOp : Graph_InferOp<"grouped_matmul_weight_grad"> {
+  let summary = "Gradient of grouped_matmul with respect to the weight";
+  let description = [{
+    `result[e] = input[rows of e]^T grad[rows of e]`, laid out as the
+    weight (transposed with `transpose_rhs`); zero for an expert without
+    rows.
+
+    ```mlir
+    %dw = graph.grouped_matmul_weight_grad %xp, %dh, %off {transpose_rhs = true} : (tensor<1024x64xf32>, tensor<1024x128xf32>, tensor<9xi32>) -> tensor<8x128x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, Graph_FloatTensor:$grad,
+                   Graph_I32Tensor:$offsets,
+                   DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+//===----------------------------------------------------------------------===//
 // Optimizer
 //===----------------------------------------------------------------------===//
 

@@ -10,6 +10,8 @@
 
 #include "dialects/Graph/GraphOps.h"
 
+#include "mlir/IR/TypeUtilities.h"
+
 using namespace mlir;
 using namespace tessel;
 using namespace tessel::graph;
@@ -73,6 +75,32 @@ LogicalResult scaleOverSplitTokens(Operation *op, PartitionContext &ctx,
   Value loss = op->getResult(0);
   auto scaled = MulOp::create(b, op->getLoc(), loss, scale);
   ctx.annotate(scale, {replicated});
+  ctx.annotate(scaled, {ctx.shardingOf(loss)});
+  loss.replaceAllUsesExcept(scaled, scaled);
+  return success();
+}
+
+// Scales a loss (or its gradient operand `gradOperand`) by 1 / pieces: the
+// loss over `axes`-split tokens and the microbatches (see above).
+LogicalResult scaleLoss(Operation *op, PartitionContext &ctx, int64_t pieces,
+                        std::optional<unsigned> gradOperand) {
+  if (pieces == 1)
+    return success();
+  Type element = getElementTypeOrSelf(op->getResult(0).getType());
+  auto scalar = RankedTensorType::get({}, element);
+  Sharding replicated = Sharding::replicated(0);
+  OpBuilder b = gradOperand ? ctx.builderBefore(op) : ctx.builderAfter(op);
+  auto scale =
+      FillOp::create(b, op->getLoc(), scalar, b.getF64FloatAttr(1.0 / pieces));
+  ctx.annotate(scale, {replicated});
+  if (gradOperand) {
+    auto d = MulOp::create(b, op->getLoc(), op->getOperand(*gradOperand), scale);
+    ctx.annotate(d, {replicated});
+    op->setOperand(*gradOperand, d);
+    return success();
+  }
+  Value loss = op->getResult(0);
+  auto scaled = MulOp::create(b, op->getLoc(), loss, scale);
   ctx.annotate(scaled, {ctx.shardingOf(loss)});
   loss.replaceAllUsesExcept(scaled, scaled);
   return success();
@@ -659,5 +687,207 @@ LogicalResult RopeAtOp::propagateSharding(ShardingContext &ctx) {
 // The runtime reads the whole logits on every rank.
 LogicalResult OutputOp::propagateSharding(ShardingContext &ctx) {
   ctx.require(*this, 0, Sharding::replicated(rankOf(getValue())));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts: tokens may be split (over dp, and over tp under
+// sequence parallelism); an expert-major buffer's rows are this rank's
+// tokens' assignments, split over the same axes; expert weights are whole.
+//===----------------------------------------------------------------------===//
+
+namespace {
+// Tokens split as `s` (leading dimensions), the last dimension whole.
+Sharding perToken(const Sharding &tokens, size_t rank) {
+  Sharding s = Sharding::replicated(rank);
+  for (size_t d = 0; d + 1 < tokens.dims.size() && d + 1 < rank; ++d)
+    s.dims[d] = tokens.dims[d];
+  return s;
+}
+// An expert-major buffer [R, X] holding the assignments of tokens split as
+// `tokens`.
+Sharding rowsOf(const Sharding &tokens) {
+  Sharding s = Sharding::replicated(2);
+  s.dims[0] = tokens.leadingAxes(tokens.dims.size() - 1);
+  return s;
+}
+AxisSet tokenAxes(const Sharding &tokens) {
+  return tokens.leadingAxes(tokens.dims.size() - 1);
+}
+} // namespace
+
+LogicalResult MoeTopKOp::propagateSharding(ShardingContext &ctx) {
+  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  ctx.require(*this, 0, p);
+  ctx.set(getWeights(), p);
+  ctx.set(getExperts(), p);
+  return success();
+}
+
+LogicalResult MoeTopKGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  for (unsigned i = 0; i < 3; ++i)
+    ctx.require(*this, i, p);
+  ctx.set(getResult(), p);
+  return success();
+}
+
+LogicalResult MoeLoadStatsOp::propagateSharding(ShardingContext &ctx) {
+  // Sums over split tokens: partial sums.
+  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  ctx.require(*this, 0, p);
+  ctx.require(*this, 1, p);
+  Sharding stats = Sharding::replicated(1);
+  stats.partial = tokenAxes(p);
+  ctx.set(getCounts(), stats);
+  ctx.set(getProbSums(), stats);
+  return success();
+}
+
+LogicalResult MoeProbSumsGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  ctx.require(*this, 0, p);
+  ctx.require(*this, 1, Sharding::replicated(1));
+  ctx.set(getResult(), p);
+  return success();
+}
+
+LogicalResult MoeAuxLossOp::propagateSharding(ShardingContext &ctx) {
+  // The loss of the whole microbatch from its summed statistics; each rank
+  // of those splitting the tokens holds a share (localize), as of the
+  // cross-entropy.
+  Sharding loss = Sharding::replicated(0);
+  loss.partial = ctx.get(getCounts()).partial;
+  ctx.require(*this, 0, Sharding::replicated(1));
+  ctx.require(*this, 1, Sharding::replicated(1));
+  ctx.set(getResult(), loss);
+  return success();
+}
+
+LogicalResult MoeAuxLossOp::localize(PartitionContext &ctx) {
+  AxisSet axes = ctx.shardingOf(getResult()).partial;
+  return scaleLoss(*this, ctx,
+                   ctx.mesh().groupSize(axes) * ctx.microbatches(),
+                   std::nullopt);
+}
+
+LogicalResult MoeAuxLossGradOp::propagateSharding(ShardingContext &ctx) {
+  ctx.require(*this, 0, Sharding::replicated(1));
+  ctx.require(*this, 1, Sharding::replicated(0));
+  ctx.set(getResult(), Sharding::replicated(1));
+  return success();
+}
+
+LogicalResult MoeAuxLossGradOp::localize(PartitionContext &ctx) {
+  // Each rank's tokens take the whole loss's gradient; a microbatch's loss
+  // is a share of the step's.
+  return scaleLoss(*this, ctx, ctx.microbatches(), 1u);
+}
+
+LogicalResult MoeZLossOp::propagateSharding(ShardingContext &ctx) {
+  Sharding l = ShardingContext::whole(ctx.reduced(getLogits()), {-1});
+  ctx.require(*this, 0, l);
+  Sharding loss = Sharding::replicated(0);
+  loss.partial = tokenAxes(l);
+  ctx.set(getResult(), loss);
+  return success();
+}
+
+LogicalResult MoeZLossOp::localize(PartitionContext &ctx) {
+  AxisSet axes = tokenAxes(ctx.shardingOf(getLogits()));
+  return scaleLoss(*this, ctx,
+                   ctx.mesh().groupSize(axes) * ctx.microbatches(),
+                   std::nullopt);
+}
+
+LogicalResult MoeZLossGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding l = ShardingContext::whole(ctx.reduced(getLogits()), {-1});
+  ctx.require(*this, 0, l);
+  ctx.require(*this, 1, Sharding::replicated(0));
+  ctx.set(getResult(), l);
+  return success();
+}
+
+LogicalResult MoeZLossGradOp::localize(PartitionContext &ctx) {
+  AxisSet axes = tokenAxes(ctx.shardingOf(getLogits()));
+  return scaleLoss(*this, ctx,
+                   ctx.mesh().groupSize(axes) * ctx.microbatches(), 1u);
+}
+
+LogicalResult MoeDispatchOp::propagateSharding(ShardingContext &ctx) {
+  Sharding e = ShardingContext::whole(ctx.reduced(getExperts()), {-1});
+  ctx.require(*this, 0, e);
+  ctx.set(getRowOf(), e);
+  // This rank's row ranges: not a slice of anything, never resharded.
+  ctx.set(getOffsets(), Sharding::replicated(1));
+  return success();
+}
+
+LogicalResult MoeDispatchOp::localize(PartitionContext &ctx) {
+  AxisSet axes = tokenAxes(ctx.shardingOf(getExperts()));
+  if (getCapacity() > 0 && ctx.mesh().groupSize(axes) > 1)
+    return emitOpError("model.moe.capacity_factor with the tokens split over ")
+           << axes.str()
+           << " is not supported yet: drop capacity_factor (dropless "
+              "routing) or keep the tokens whole (parallel.dp = 1, no "
+              "sequence parallelism)";
+  return success();
+}
+
+LogicalResult MoePermuteOp::propagateSharding(ShardingContext &ctx) {
+  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {-1});
+  ctx.require(*this, 0, x);
+  ctx.require(*this, 1, perToken(x, rankOf(getRowOf())));
+  ctx.set(getResult(), rowsOf(x));
+  return success();
+}
+
+LogicalResult MoePermuteGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
+  ctx.require(*this, 0, rowsOf(r));
+  ctx.require(*this, 1, r);
+  ctx.set(getResult(), perToken(r, rankOf(getResult())));
+  return success();
+}
+
+LogicalResult MoeUnpermuteOp::propagateSharding(ShardingContext &ctx) {
+  Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
+  ctx.require(*this, 0, rowsOf(r));
+  ctx.require(*this, 1, r);
+  ctx.require(*this, 2, r);
+  ctx.set(getResult(), perToken(r, rankOf(getResult())));
+  return success();
+}
+
+LogicalResult MoeUnpermuteGradOp::propagateSharding(ShardingContext &ctx) {
+  Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
+  ctx.require(*this, 0, rowsOf(r));
+  ctx.require(*this, 1, r);
+  ctx.require(*this, 2, r);
+  ctx.require(*this, 3, perToken(r, rankOf(getGrad())));
+  ctx.set(getRowsGrad(), rowsOf(r));
+  ctx.set(getWeightsGrad(), r);
+  return success();
+}
+
+LogicalResult GroupedMatmulOp::propagateSharding(ShardingContext &ctx) {
+  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {1});
+  ctx.require(*this, 0, x);
+  ctx.require(*this, 1, Sharding::replicated(3));
+  ctx.require(*this, 2, Sharding::replicated(1));
+  ctx.set(getResult(), x);
+  return success();
+}
+
+LogicalResult GroupedMatmulWeightGradOp::propagateSharding(
+    ShardingContext &ctx) {
+  // A sum over the rows: partial over the axes splitting them.
+  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {1});
+  ctx.require(*this, 0, x);
+  ctx.require(*this, 1, x);
+  ctx.require(*this, 2, Sharding::replicated(1));
+  Sharding w = Sharding::replicated(3);
+  w.partial = x.dims[0];
+  ctx.set(getResult(), w);
   return success();
 }

@@ -344,6 +344,64 @@ def Rt_CrossEntropyVocabParallelBackwardOp : Rt_KernelOp<
          Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes, I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 
+// Mixture of experts (tessel/Runtime/Kernels.h, CPU only for now).
+def Rt_MoeTopKOp : Rt_KernelOp<"moe_top_k", "moeTopK",
+    (ins Rt_Buffer:$probs, Rt_Buffer:$experts, Rt_Buffer:$weights,
+         I64Attr:$tokens, I64Attr:$num_experts, I64Attr:$top_k)>;
+def Rt_MoeTopKBackwardOp : Rt_KernelOp<"moe_top_k_backward", "moeTopKBackward",
+    (ins Rt_Buffer:$probs, Rt_Buffer:$experts, Rt_Buffer:$dweights,
+         Rt_Buffer:$dprobs, I64Attr:$tokens, I64Attr:$num_experts,
+         I64Attr:$top_k, BoolAttr:$accumulate)>;
+def Rt_MoeLoadStatsOp : Rt_KernelOp<"moe_load_stats", "moeLoadStatsInto",
+    (ins Rt_Buffer:$probs, Rt_Buffer:$experts, Rt_Buffer:$counts,
+         Rt_Buffer:$prob_sums, I64Attr:$tokens, I64Attr:$num_experts,
+         I64Attr:$top_k)>;
+def Rt_MoeProbSumsBackwardOp : Rt_KernelOp<"moe_prob_sums_backward",
+    "moeProbSumsBackward",
+    (ins Rt_Buffer:$dprob_sums, Rt_Buffer:$dprobs, I64Attr:$tokens,
+         I64Attr:$num_experts)>;
+def Rt_MoeAuxLossOp : Rt_KernelOp<"moe_aux_loss", "moeAuxLossForward",
+    (ins Rt_Buffer:$counts, Rt_Buffer:$prob_sums, Rt_Buffer:$loss,
+         I64Attr:$tokens, I64Attr:$num_experts, I64Attr:$top_k, F64Attr:$coef)>;
+def Rt_MoeAuxLossBackwardOp : Rt_KernelOp<"moe_aux_loss_backward",
+    "moeAuxLossGrad",
+    (ins Rt_Buffer:$counts, Rt_Buffer:$dloss, Rt_Buffer:$dprob_sums,
+         I64Attr:$tokens, I64Attr:$num_experts, I64Attr:$top_k, F64Attr:$coef)>;
+def Rt_MoeZLossOp : Rt_KernelOp<"moe_z_loss", "moeZLossForward",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$loss, I64Attr:$tokens,
+         I64Attr:$num_experts, F64Attr:$coef)>;
+def Rt_MoeZLossBackwardOp : Rt_KernelOp<"moe_z_loss_backward", "moeZLossGrad",
+    (ins Rt_Buffer:$logits, Rt_Buffer:$dloss, Rt_Buffer:$dlogits,
+         I64Attr:$tokens, I64Attr:$num_experts, F64Attr:$coef)>;
+def Rt_MoeDispatchOp : Rt_KernelOp<"moe_dispatch", "moeDispatch",
+    (ins Rt_Buffer:$experts, Rt_Buffer:$row_of, Rt_Buffer:$offsets,
+         I64Attr:$tokens, I64Attr:$top_k, I64Attr:$num_experts,
+         I64Attr:$capacity)>;
+def Rt_MoePermuteOp : Rt_KernelOp<"moe_permute", "moePermute",
+    (ins Rt_Buffer:$x, Rt_Buffer:$row_of, Rt_Buffer:$rows, I64Attr:$tokens,
+         I64Attr:$top_k, I64Attr:$hidden)>;
+def Rt_MoePermuteBackwardOp : Rt_KernelOp<"moe_permute_backward",
+    "moePermuteBackward",
+    (ins Rt_Buffer:$drows, Rt_Buffer:$row_of, Rt_Buffer:$dx, I64Attr:$tokens,
+         I64Attr:$top_k, I64Attr:$hidden)>;
+def Rt_MoeUnpermuteOp : Rt_KernelOp<"moe_unpermute", "moeUnpermute",
+    (ins Rt_Buffer:$rows, Rt_Buffer:$row_of, Rt_Buffer:$weights, Rt_Buffer:$y,
+         I64Attr:$tokens, I64Attr:$top_k, I64Attr:$hidden)>;
+def Rt_MoeUnpermuteBackwardOp : Rt_KernelOp<"moe_unpermute_backward",
+    "moeUnpermuteBackward",
+    (ins Rt_Buffer:$rows, Rt_Buffer:$row_of, Rt_Buffer:$weights,
+         Rt_Buffer:$dy, Rt_Buffer:$drows, Rt_Buffer:$dweights,
+         I64Attr:$tokens, I64Attr:$top_k, I64Attr:$hidden)>;
+def Rt_GroupedMatmulOp : Rt_KernelOp<"grouped_matmul", "groupedMatmul",
+    (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$out, Rt_Buffer:$offsets,
+         I64Attr:$num_experts, I64Attr:$k, I64Attr:$n, BoolAttr:$trans_w,
+         BoolAttr:$accumulate)>;
+def Rt_GroupedMatmulWeightGradOp : Rt_KernelOp<"grouped_matmul_weight_grad",
+    "groupedMatmulWeightGrad",
+    (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dw, Rt_Buffer:$offsets,
+         I64Attr:$num_experts, I64Attr:$k, I64Attr:$n, BoolAttr:$trans_w,
+         BoolAttr:$accumulate)>;
+
 def Rt_TransposeOp : Rt_KernelOp<"transpose", "transpose",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, DenseI64ArrayAttr:$shape,
          DenseI64ArrayAttr:$permutation, I64Attr:$rank)>;

@@ -56,6 +56,11 @@ public:
                      << par.tp << " must divide model.kv_heads = " << m.kvHeads;
       return nullptr;
     }
+    if (m.moe.enabled()) {
+      emitError(loc) << "model.moe: inference programs of mixture-of-experts "
+                        "models are not supported yet";
+      return nullptr;
+    }
     if (prefillChunk < 1 || prefillChunk > m.seqLen) {
       emitError(loc) << "--prefill-chunk " << prefillChunk
                      << " must be in [1, model.seq_len = " << m.seqLen << "]";
@@ -318,9 +323,10 @@ private:
     if (inference)
       return logits;
     // A padded vocabulary's extra classes take no part in the softmax.
-    return CrossEntropyOp::create(b, at("loss"), logits, targets,
-                                  /*vocab_axes=*/nullptr,
-                                  b.getI64IntegerAttr(m.vocabSize));
+    return withSideLosses(
+        CrossEntropyOp::create(b, at("loss"), logits, targets,
+                               /*vocab_axes=*/nullptr,
+                               b.getI64IntegerAttr(m.vocabSize)));
   }
 
   // Hugging Face GPT2LMHeadModel (names without the "transformer." prefix).
@@ -379,16 +385,100 @@ private:
           b, at(p + "attn"), x,
           conv1d(a, p + "attn.c_proj", C, C, Parallel::Row, projStd));
       h = layerNorm(x, p + "ln_2", C);
-      Value f = GeluOp::create(
-          b, at(p + "mlp"),
-          conv1d(h, p + "mlp.c_fc", C, m.ffnHidden, Parallel::Column));
-      x = AddOp::create(
-          b, at(p + "mlp"), x,
-          conv1d(f, p + "mlp.c_proj", m.ffnHidden, C, Parallel::Row, projStd));
+      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "mlp", projStd)
+                                    : gptMlp(h, p + "mlp", m.ffnHidden,
+                                             projStd);
+      x = AddOp::create(b, at(p + "mlp"), x, y);
     }
     enter(graph::LayerKind::Head);
     return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
   }
+  Value gptMlp(Value h, const std::string &p, int64_t F, double projStd) {
+    int64_t C = m.hidden;
+    Value f = GeluOp::create(b, at(p),
+                             conv1d(h, p + ".c_fc", C, F, Parallel::Column));
+    return conv1d(f, p + ".c_proj", F, C, Parallel::Row, projStd);
+  }
+  Value llamaMlp(Value h, const std::string &p, int64_t F) {
+    int64_t C = m.hidden;
+    Value gate = SiluOp::create(
+        b, at(p), linear(h, p + ".gate_proj", C, F, Parallel::Column));
+    Value up = linear(h, p + ".up_proj", C, F, Parallel::Column);
+    Value act = MulOp::create(b, at(p), gate, up);
+    return linear(act, p + ".down_proj", F, C, Parallel::Row);
+  }
+
+  // A routed mixture-of-experts layer (Hugging Face Mixtral): the router's
+  // softmax over the experts, each token's top k renormalised, its
+  // assignments gathered into expert-major rows, each expert's MLP over its
+  // rows (one grouped GEMM per projection), the rows scattered back
+  // weighted; plus the always-on shared experts. The load-balancing and z
+  // losses are added to the training loss.
+  Value moe(Value h, const std::string &p, double projStd) {
+    const MoeSpec &e = m.moe;
+    auto shape = cast<RankedTensorType>(h.getType()).getShape();
+    int64_t C = m.hidden, E = e.experts, F = e.ffnHidden;
+    int64_t tokens = shape[0] * shape[1];
+    bool isLlama = m.family == "llama";
+    Location loc = at(p);
+    Value router = param(p + ".gate.weight", {E, C});
+    Value logits = MatmulOp::create(b, at(p + ".gate"), h, router, false, true);
+    Value probs = SoftmaxOp::create(b, loc, logits);
+    auto top = MoeTopKOp::create(b, loc, probs, b.getI64IntegerAttr(e.topK));
+    if (e.auxLossCoef > 0) {
+      auto stats =
+          MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
+      sideLosses.push_back(MoeAuxLossOp::create(
+          b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
+          b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
+          b.getF64FloatAttr(e.auxLossCoef)));
+    }
+    if (e.zLossCoef > 0)
+      sideLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
+                                              b.getF64FloatAttr(e.zLossCoef)));
+    auto dispatch = MoeDispatchOp::create(
+        b, loc, top.getExperts(), b.getI64IntegerAttr(E),
+        b.getI64IntegerAttr(e.capacity(tokens)));
+    Value offsets = dispatch.getOffsets();
+    Value rows = MoePermuteOp::create(b, loc, h, dispatch.getRowOf());
+    auto grouped = [&](Value x, const std::string &name,
+                       ArrayRef<int64_t> shape, bool transposed,
+                       double std = 0.02) {
+      Value w = param(p + ".experts." + name, shape, "normal", std);
+      return GroupedMatmulOp::create(b, at(p + ".experts"), x, w, offsets,
+                                     b.getBoolAttr(transposed))
+          .getResult();
+    };
+    Value out;
+    if (isLlama) {
+      // Per-expert Linear layers stacked: [E, out, in].
+      Value gate = SiluOp::create(b, loc, grouped(rows, "w1", {E, F, C}, true));
+      Value up = grouped(rows, "w3", {E, F, C}, true);
+      Value act = MulOp::create(b, loc, gate, up);
+      out = grouped(act, "w2", {E, C, F}, true);
+    } else {
+      // Per-expert Conv1D weights stacked: [E, in, out]; no biases.
+      Value f = GeluOp::create(b, loc, grouped(rows, "c_fc", {E, C, F}, false));
+      out = grouped(f, "c_proj", {E, F, C}, false, projStd);
+    }
+    Value y = MoeUnpermuteOp::create(b, loc, out, dispatch.getRowOf(),
+                                     top.getWeights());
+    if (e.sharedExperts > 0) {
+      int64_t width = e.sharedExperts * F;
+      Value shared = isLlama ? llamaMlp(h, p + ".shared_experts", width)
+                           : gptMlp(h, p + ".shared_experts", width, projStd);
+      y = AddOp::create(b, at(p + ".shared_experts"), y, shared);
+    }
+    return y;
+  }
+
+  // The training loss: the language model's, plus the MoE layers' losses.
+  Value withSideLosses(Value loss) {
+    for (Value side : sideLosses)
+      loss = AddOp::create(b, at("loss"), loss, side);
+    return loss;
+  }
+
   Value layerNorm(Value x, const std::string &name, int64_t C) {
     Value w = param(name + ".weight", {C}, "ones");
     Value bias = param(name + ".bias", {C}, "zeros");
@@ -435,12 +525,9 @@ private:
       x = AddOp::create(b, at(p + "self_attn"), x,
                         linear(a, p + "self_attn.o_proj", H * D, C, row));
       h = rmsNorm(x, p + "post_attention_layernorm", C);
-      Value gate = SiluOp::create(b, at(p + "mlp"),
-                                  linear(h, p + "mlp.gate_proj", C, F, col));
-      Value up = linear(h, p + "mlp.up_proj", C, F, col);
-      Value act = MulOp::create(b, at(p + "mlp"), gate, up);
-      x = AddOp::create(b, at(p + "mlp"), x,
-                        linear(act, p + "mlp.down_proj", F, C, row));
+      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "block_sparse_moe", 0.02)
+                                    : llamaMlp(h, p + "mlp", F);
+      x = AddOp::create(b, at(p + "mlp"), x, y);
     }
     enter(graph::LayerKind::Head);
     return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
@@ -482,6 +569,8 @@ private:
   int64_t S;
   bool inference = false;
   Value tokens, targets, positions;
+  // The MoE layers' load-balancing and z losses, in layer order.
+  SmallVector<Value> sideLosses;
 };
 
 } // namespace
@@ -496,8 +585,13 @@ private:
 static double modelFlopsPerToken(ModuleOp module, const Spec &spec,
                                  bool fromSpec) {
   double params = 0;
+  const MoeSpec &moe = spec.model.moe;
   module.walk([&](ParamOp p) {
-    params += (double)cast<RankedTensorType>(p.getType()).getNumElements();
+    double n = (double)cast<RankedTensorType>(p.getType()).getNumElements();
+    // A token passes through top_k of the routed experts.
+    if (fromSpec && moe.enabled() && p.getName().contains(".experts."))
+      n *= (double)moe.topK / (double)moe.experts;
+    params += n;
   });
   double attention = fromSpec ? 12.0 * (double)spec.model.layers *
                                     (double)spec.model.hidden *

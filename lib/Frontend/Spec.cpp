@@ -377,6 +377,31 @@ llvm::Error applyOverride(json &doc, const std::string &assignment) {
   return llvm::Error::success();
 }
 
+void readMoe(Section s, ModelSpec &m, Problems &problems) {
+  MoeSpec &e = m.moe;
+  if (!s.has("experts"))
+    problems.report(s.at("experts"), "is required (the number of experts)");
+  e.experts = s.integer("experts", 0, 1, 4096);
+  e.topK = s.integer("top_k", 2, 1, 4096);
+  e.every = s.integer("every", 1, 1, kMaxLayers);
+  e.ffnHidden = s.integer("ffn_hidden", m.ffnHidden, 1, kMaxFfn);
+  e.sharedExperts = s.integer("shared_experts", 0, 0, 64);
+  if (const json *cf = s.raw("capacity_factor"); cf && !cf->is_null())
+    e.capacityFactor = s.number("capacity_factor", 0.0, 0.0);
+  if (const json *cf = s.raw("capacity_factor");
+      cf && cf->is_number() && !(e.capacityFactor > 0))
+    problems.report(s.at("capacity_factor"),
+                    "must be > 0 (or null for dropless routing), got " +
+                        brief(*cf));
+  e.auxLossCoef = s.number("aux_loss_coef", 0.01, 0.0);
+  e.zLossCoef = s.number("z_loss_coef", 0.001, 0.0);
+  s.rejectUnknown();
+  if (!problems.any() && e.topK > e.experts)
+    problems.report(s.at("top_k"), "top_k = " + std::to_string(e.topK) +
+                                       " is more than moe.experts = " +
+                                       std::to_string(e.experts));
+}
+
 void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
                Problems &problems) {
   m.family = s.choice("family", "", {"gpt", "llama"});
@@ -401,6 +426,8 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
   m.tieEmbeddings = s.boolean("tie_embeddings", gpt);
   m.normEps = s.number("norm_eps", 1e-5, 0.0);
   m.ropeTheta = s.number("rope_theta", 10000.0, 1.0);
+  if (s.has("moe"))
+    readMoe(s.child("moe"), m, problems);
   s.rejectUnknown();
   if (problems.any())
     return;
@@ -938,4 +965,11 @@ Spec tessel::defaultSpecForIR(llvm::StringRef name) {
   Spec spec;
   spec.name = safeName(name);
   return spec;
+}
+
+int64_t MoeSpec::capacity(int64_t tokens) const {
+  if (!(capacityFactor > 0))
+    return 0;
+  return (int64_t)std::ceil(capacityFactor * (double)tokens * (double)topK /
+                            (double)experts);
 }

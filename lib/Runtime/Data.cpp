@@ -688,6 +688,33 @@ void TokenData::batchForStep(int64_t step, int64_t B, int64_t T,
   }
 }
 
+void TokenData::microbatchRowsForStep(int64_t step, int64_t B, int64_t first,
+                                      int64_t rows, int64_t chunks, int64_t T,
+                                      int32_t *inputs,
+                                      int32_t *targets) const {
+  if (chunks <= 1 || rows == B) {
+    rowsForStep(step, B, first, rows, T, inputs, targets);
+    return;
+  }
+  if (B % chunks != 0 || rows % chunks != 0 || first % chunks != 0)
+    throw std::runtime_error(
+        "a batch of " + std::to_string(B) + " rows (this rank's " +
+        std::to_string(rows) + " from row " + std::to_string(first) +
+        ") does not split into " + std::to_string(chunks) + " microbatches");
+  int64_t per = rows / chunks;
+  for (int64_t m = 0; m < chunks; ++m)
+    rowsForStep(step, B, m * (B / chunks) + first / chunks, per, T,
+                inputs + m * per * T, targets + m * per * T);
+}
+
+int64_t TokenData::microbatchRow(int64_t i, int64_t B, int64_t first,
+                                 int64_t rows, int64_t chunks) {
+  if (chunks <= 1 || rows == B)
+    return first + i;
+  int64_t per = rows / chunks;
+  return (i / per) * (B / chunks) + first / chunks + i % per;
+}
+
 //===----------------------------------------------------------------------===//
 // Prefetching
 //===----------------------------------------------------------------------===//
@@ -697,6 +724,7 @@ struct BatchPrefetcher::State {
   int64_t B, first, rows, T, next, last;
   int depth;
   double delayMs;
+  int64_t chunks;
   std::mutex mutex;
   std::condition_variable changed;
   struct Batch {
@@ -713,9 +741,9 @@ struct BatchPrefetcher::State {
 BatchPrefetcher::BatchPrefetcher(const TokenData &data, int64_t B,
                                  int64_t first, int64_t rows, int64_t T,
                                  int64_t firstStep, int64_t lastStep,
-                                 int depth, double delayMs)
+                                 int depth, double delayMs, int64_t chunks)
     : state(new State{data, B, first, rows, T, firstStep, lastStep, depth,
-                      delayMs}) {
+                      delayMs, chunks}) {
   if (depth <= 0)
     return;
   State &s = *state;
@@ -737,7 +765,8 @@ BatchPrefetcher::BatchPrefetcher(const TokenData &data, int64_t B,
       try {
         batch.inputs.resize(s.rows * s.T);
         batch.targets.resize(s.rows * s.T);
-        s.data.rowsForStep(batch.step, s.B, s.first, s.rows, s.T,
+        s.data.microbatchRowsForStep(batch.step, s.B, s.first, s.rows,
+                                     s.chunks, s.T,
                            batch.inputs.data(), batch.targets.data());
         if (s.delayMs > 0)
           std::this_thread::sleep_for(
@@ -772,7 +801,8 @@ double BatchPrefetcher::get(int64_t step, int32_t *inputs, int32_t *targets) {
   State &s = *state;
   auto start = std::chrono::steady_clock::now();
   if (s.depth <= 0) {
-    s.data.rowsForStep(step, s.B, s.first, s.rows, s.T, inputs, targets);
+    s.data.microbatchRowsForStep(step, s.B, s.first, s.rows, s.chunks, s.T,
+                                 inputs, targets);
     if (s.delayMs > 0)
       std::this_thread::sleep_for(
           std::chrono::duration<double, std::milli>(s.delayMs));

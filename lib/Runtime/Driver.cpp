@@ -1381,8 +1381,10 @@ int train(const Program &sharedProgram, const Options &opts) {
     openblas_set_num_threads(opts.threads);
   }
   const int64_t B = config.batch, T = config.seqLen;
-  // Data-parallel rank d trains on rows [d * B, (d + 1) * B) of each global
-  // batch of B * dp sequences, so every layout sees the one-rank data.
+  // Data-parallel rank d trains on its share [d * B, (d + 1) * B) of each
+  // global batch of B * dp sequences, taken from each microbatch alike (its
+  // d-th B / microbatches rows of each), so every layout sees the one-rank
+  // data in the one-rank microbatches.
   const int64_t dataRanks = meshSize(MeshAxis::DP);
   const int64_t globalB = B * dataRanks;
   const int64_t firstRow = meshCoord(MeshAxis::DP) * B;
@@ -1820,7 +1822,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   // This rank's rows of each step's batch, read ahead on a background
   // thread (--prefetch batches at most).
   BatchPrefetcher batches(*data, globalB, firstRow, B, T, firstStep, lastStep,
-                          opts.prefetch, opts.dataDelayMs);
+                          opts.prefetch, opts.dataDelayMs,
+                          program.microbatches);
   // The validation loss: the forward-only step on this rank's rows of the
   // first --eval-batches global batches of the validation data, averaged.
   // Its messages are not the training step's traffic.
@@ -1836,8 +1839,9 @@ int train(const Program &sharedProgram, const Options &opts) {
     double sum = 0;
     ctx.evaluating = true;
     for (int64_t k = 0; k < opts.evalBatches; k++) {
-      valid->rowsForStep(k, globalB, firstRow, B, T, validTokens.data(),
-                         validTargets.data());
+      valid->microbatchRowsForStep(k, globalB, firstRow, B,
+                                   program.microbatches, T,
+                                   validTokens.data(), validTargets.data());
       if (device) {
         device->loadBatch(ctx, validTokens.data(), validTargets.data(), B * T);
       } else {
@@ -1897,7 +1901,11 @@ int train(const Program &sharedProgram, const Options &opts) {
                          ", \"samples\": [";
       for (int64_t i = 0; i < B; i++)
         line += (i ? ", " : "") +
-                data->describeSample(step * globalB + firstRow + i, T);
+                data->describeSample(
+                    step * globalB + TokenData::microbatchRow(
+                                         i, globalB, firstRow, B,
+                                         program.microbatches),
+                    T);
       line += "]}\n";
       if (std::fputs(line.c_str(), sampleLog.get()) < 0)
         fail("cannot write the sample record: " +

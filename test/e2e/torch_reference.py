@@ -6,6 +6,13 @@ Builds a Hugging Face GPT-2 or Llama model (same semantics and tensor names as t
 from a safetensors file, trains on an llm.c token file with AdamW, and writes the
 per-step losses, learning rates and gradient norms.
 
+With `model.moe` in the spec, every `moe.every`-th block (layer 0 first) has a
+routed mixture-of-experts MLP instead of its dense one (top-k routing, optional
+expert capacity and shared experts, load-balancing and router z-losses; see
+MoE below), the step's batch is split into `parallel.microbatches` and the JSON
+also holds the loss's parts (lm_losses, aux_losses, z_losses) and the number of
+dropped assignments per step.
+
 Usage:
   python3 test/e2e/torch_reference.py --spec SPEC.json --write-init init.safetensors [--seed S]
   python3 test/e2e/torch_reference.py --spec SPEC.json --init-from init.safetensors \
@@ -62,6 +69,7 @@ def load_spec(spec):
         raise ValueError("hidden must be divisible by heads")
     if m["heads"] % m["kv_heads"] != 0:
         raise ValueError("heads must be divisible by kv_heads")
+    m["moe"] = load_moe(m.get("moe"), m["ffn_hidden"])
 
     t = dict(spec.get("train", {}))
     t.setdefault("global_batch", 8)
@@ -75,7 +83,192 @@ def load_spec(spec):
     sched.update(t.get("lr_schedule", {}) or {})
     t["optimizer"] = opt
     t["lr_schedule"] = sched
+    # Gradient accumulation (parallel.microbatches); only an MoE model's
+    # training depends on it (its routing statistics are per microbatch).
+    t["microbatches"] = int((spec.get("parallel") or {}).get("microbatches") or 1)
     return m, t
+
+
+def load_moe(moe, ffn_hidden):
+    """model.moe with defaults filled, or None for a dense model."""
+    if moe is None:
+        return None
+    moe = dict(moe)
+    for key in ("experts", "top_k"):
+        if key not in moe:
+            raise ValueError("model.moe needs %r" % key)
+    defaults = {"every": 1, "ffn_hidden": ffn_hidden, "shared_experts": 0,
+                "aux_loss_coef": 0.01, "z_loss_coef": 0.001}
+    for key, value in defaults.items():
+        if moe.get(key) is None:
+            moe[key] = value
+    for key in ("experts", "top_k", "every", "ffn_hidden", "shared_experts"):
+        moe[key] = int(moe[key])
+    moe["aux_loss_coef"] = float(moe["aux_loss_coef"])
+    moe["z_loss_coef"] = float(moe["z_loss_coef"])
+    # null: no capacity, nothing is dropped.
+    cf = moe.get("capacity_factor")
+    moe["capacity_factor"] = None if cf is None else float(cf)
+    if moe["experts"] < 1 or not 1 <= moe["top_k"] <= moe["experts"]:
+        raise ValueError("model.moe needs 1 <= top_k <= experts")
+    if moe["every"] < 1 or moe["ffn_hidden"] < 1 or moe["shared_experts"] < 0:
+        raise ValueError("model.moe: every and ffn_hidden must be positive, "
+                         "shared_experts not negative")
+    if moe["capacity_factor"] is not None and moe["capacity_factor"] <= 0:
+        raise ValueError("model.moe.capacity_factor must be positive (or null)")
+    return moe
+
+
+# --------------------------------------------------------------------------- mixture of experts
+#
+# A routed MLP over the N = B*T rows of its input h ([B, T, C], token n = b*T + t):
+#   logits = h Wr^T ([N, E]), probs = softmax(logits);
+#   each token's k largest probabilities, in descending order with the lower expert
+#   first on a tie, renormalised to sum to 1, are its weights, their experts its
+#   assignments (n, s), s < k;
+#   with a capacity factor cf, expert e keeps only its first ceil(cf * N * k / E)
+#   assignments in (token, slot) order; a dropped one adds nothing (the kept
+#   weights are not renormalised);
+#   y[n] = sum over n's kept assignments, s ascending, of weights[n, s] * expert(h[n]),
+#   plus the shared experts' dense MLP of h[n] when there are any.
+# Its losses over those N tokens (added to the cross-entropy):
+#   aux = aux_loss_coef * E * sum_e f_e P_e, f_e = assignments to e before drops / (N k)
+#         (held fixed), P_e = mean over tokens of probs[:, e];
+#   z = z_loss_coef * mean over tokens of logsumexp(logits[n])^2.
+
+def is_moe_layer(cfg, layer):
+    moe = cfg.get("moe")
+    return moe is not None and layer % moe["every"] == 0
+
+
+def moe_capacity(moe, tokens):
+    """Assignments each expert keeps out of `tokens` routed rows; None keeps all."""
+    cf = moe["capacity_factor"]
+    if cf is None:
+        return None
+    return int(math.ceil(cf * tokens * moe["top_k"] / moe["experts"]))
+
+
+def moe_route(logits, k, capacity):
+    """Top-k routing of router logits [N, E].
+
+    Returns probs [N, E], weights [N, k] (differentiable), experts [N, k] (int64),
+    keep [N, k] (bool: within the expert's capacity) and counts [E] (assignments
+    per expert before any is dropped)."""
+    N, E = logits.shape
+    probs = torch.softmax(logits, dim=-1)
+    # A stable ascending sort of -probs keeps equal probabilities in expert
+    # order, so a tie goes to the lower expert (torch.topk does not promise it).
+    experts = torch.sort(-probs.detach(), dim=-1, stable=True).indices[:, :k]
+    chosen = probs.gather(1, experts)
+    weights = chosen / chosen.sum(dim=-1, keepdim=True)
+    onehot = F.one_hot(experts.reshape(-1), E)  # assignment a = n * k + s
+    counts = onehot.sum(0)
+    if capacity is None:
+        keep = torch.ones(N, k, dtype=torch.bool, device=logits.device)
+    else:
+        # Each assignment's place among its expert's, in (token, slot) order.
+        place = (onehot.cumsum(0) * onehot).sum(-1) - 1
+        keep = (place < capacity).view(N, k)
+    return probs, weights, experts, keep, counts
+
+
+class MoE(nn.Module):
+    """The routed layer; the family's subclass sets `experts` (called as
+    experts(x, e) for the rows x sent to expert e) and `shared_experts` (a dense
+    MLP, or None). After each forward, aux_loss and z_loss hold this layer's
+    losses (tensors) and dropped its number of dropped assignments."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.moe = cfg["moe"]
+        self.gate = nn.Linear(cfg["hidden"], self.moe["experts"], bias=False)
+        self.aux_loss = self.z_loss = None
+        self.dropped = 0
+
+    def forward(self, h):
+        E, k = self.moe["experts"], self.moe["top_k"]
+        C = h.shape[-1]
+        x = h.reshape(-1, C)
+        N = x.shape[0]
+        logits = self.gate(x)
+        probs, weights, experts, keep, counts = moe_route(logits, k,
+                                                          moe_capacity(self.moe, N))
+        # Each expert's kept assignments, through the expert, into an
+        # assignment-major buffer [N * k, C] (zero rows where dropped).
+        flat_experts, flat_keep = experts.reshape(-1), keep.reshape(-1)
+        rows, outs = [], []
+        for e in range(E):
+            a = torch.nonzero((flat_experts == e) & flat_keep).squeeze(1)
+            if a.numel() > 0:
+                rows.append(a)
+                outs.append(self.experts(x[a // k], e))
+        ys = x.new_zeros(N * k, C)
+        if rows:
+            ys = ys.index_copy(0, torch.cat(rows), torch.cat(outs))
+        ys = ys.view(N, k, C) * weights.unsqueeze(-1)
+        y = ys[:, 0]
+        for s in range(1, k):
+            y = y + ys[:, s]
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        # Losses: the assignment counts are constants (no gradient).
+        f = counts.to(probs.dtype) / (N * k)
+        self.aux_loss = self.moe["aux_loss_coef"] * E * (f * probs.mean(0)).sum()
+        self.z_loss = self.moe["z_loss_coef"] * torch.logsumexp(logits, dim=-1).pow(2).mean()
+        self.dropped = int((~keep).sum().item())
+        return y.view(h.shape)
+
+
+class GPTExperts(nn.Module):
+    """E GPT-2 MLPs without biases: gelu_tanh(x @ c_fc[e]) @ c_proj[e]."""
+
+    def __init__(self, E, C, Fh):
+        super().__init__()
+        self.c_fc = nn.Parameter(torch.randn(E, C, Fh) * 0.02)
+        self.c_proj = nn.Parameter(torch.randn(E, Fh, C) * 0.02)
+
+    def forward(self, x, e):
+        return torch.matmul(F.gelu(torch.matmul(x, self.c_fc[e]), approximate="tanh"),
+                            self.c_proj[e])
+
+
+class GPTMoE(MoE):
+    """h.{l}.mlp of a GPT MoE layer: gate, experts, shared_experts (c_fc, c_proj)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        E, Fh, S = self.moe["experts"], self.moe["ffn_hidden"], self.moe["shared_experts"]
+        self.experts = GPTExperts(E, cfg["hidden"], Fh)
+        self.shared_experts = GPTMLP(dict(cfg, ffn_hidden=S * Fh)) if S > 0 else None
+
+
+class LlamaExperts(nn.Module):
+    """E SwiGLU MLPs (Mixtral's layout): (silu(x w1[e]^T) * (x w3[e]^T)) w2[e]^T."""
+
+    def __init__(self, E, C, Fh):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(E, Fh, C) * 0.02)
+        self.w2 = nn.Parameter(torch.randn(E, C, Fh) * 0.02)
+        self.w3 = nn.Parameter(torch.randn(E, Fh, C) * 0.02)
+
+    def forward(self, x, e):
+        return F.linear(F.silu(F.linear(x, self.w1[e])) * F.linear(x, self.w3[e]), self.w2[e])
+
+
+class LlamaMoE(MoE):
+    """model.layers.{l}.block_sparse_moe: gate, experts (w1, w2, w3), shared_experts."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        E, Fh, S = self.moe["experts"], self.moe["ffn_hidden"], self.moe["shared_experts"]
+        self.experts = LlamaExperts(E, cfg["hidden"], Fh)
+        self.shared_experts = LlamaMLP(dict(cfg, ffn_hidden=S * Fh)) if S > 0 else None
+
+
+def moe_layers(model):
+    """The model's MoE layers, first layer first."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
 
 
 # --------------------------------------------------------------------------- GPT-2
@@ -134,13 +327,13 @@ class GPTMLP(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         C, eps = cfg["hidden"], cfg["norm_eps"]
         self.ln_1 = nn.LayerNorm(C, eps=eps)
         self.attn = GPTAttention(cfg)
         self.ln_2 = nn.LayerNorm(C, eps=eps)
-        self.mlp = GPTMLP(cfg)
+        self.mlp = GPTMoE(cfg) if is_moe_layer(cfg, layer) else GPTMLP(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -155,7 +348,7 @@ class GPT(nn.Module):
         V, T, C = cfg.get("padded_vocab", cfg["vocab_size"]), cfg["seq_len"], cfg["hidden"]
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
-        self.h = nn.ModuleList([GPTBlock(cfg) for _ in range(cfg["layers"])])
+        self.h = nn.ModuleList([GPTBlock(cfg, l) for l in range(cfg["layers"])])
         self.ln_f = nn.LayerNorm(C, eps=cfg["norm_eps"])
         if not cfg["tie_embeddings"]:
             self.lm_head = nn.Linear(C, V, bias=False)
@@ -175,7 +368,9 @@ class GPT(nn.Module):
         proj_std = 0.02 / math.sqrt(2 * self.cfg["layers"])
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                s = proj_std if name.endswith("c_proj.weight") else std
+                # Every projection back to the residual stream (an MoE layer's
+                # experts.c_proj and shared_experts.c_proj.weight too).
+                s = proj_std if name.endswith(("c_proj.weight", "experts.c_proj")) else std
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * s)
             elif ("ln_" in name) and name.endswith(".weight"):
@@ -254,17 +449,22 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         C, eps = cfg["hidden"], cfg["norm_eps"]
         self.input_layernorm = RMSNorm(C, eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(C, eps)
-        self.mlp = LlamaMLP(cfg)
+        # An MoE layer has block_sparse_moe (Mixtral's name) and no mlp.
+        if is_moe_layer(cfg, layer):
+            self.block_sparse_moe = LlamaMoE(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        x = x + ffn(self.post_attention_layernorm(x))
         return x
 
 
@@ -272,7 +472,7 @@ class LlamaBody(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.get("padded_vocab", cfg["vocab_size"]), cfg["hidden"])
-        self.layers = nn.ModuleList([LlamaLayer(cfg) for _ in range(cfg["layers"])])
+        self.layers = nn.ModuleList([LlamaLayer(cfg, l) for l in range(cfg["layers"])])
         self.norm = RMSNorm(cfg["hidden"], cfg["norm_eps"])
 
 
@@ -425,21 +625,53 @@ def total_grad_norm(params):
 
 
 def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
-    """Runs `steps` steps; returns dict(losses, lr, grad_norm[, step_ms, tokens_per_s])."""
+    """Runs `steps` steps; returns dict(losses, lr, grad_norm[, step_ms, tokens_per_s]),
+    for an MoE model also lm_losses, aux_losses, z_losses and dropped.
+
+    An MoE model's step runs tcfg["microbatches"] consecutive slices of the batch:
+    each one's loss is its cross-entropy (mean over its tokens) plus its MoE
+    layers' aux and z losses (routing statistics and capacity over its tokens),
+    and the step's loss and gradient are those of their mean. A dense model's
+    step is the whole batch at once (the same mean)."""
     B, T = int(tcfg["global_batch"]), int(mcfg["seq_len"])
     params = list(model.parameters())
     optimizer = make_optimizer(model, tcfg)
     clip = float(tcfg["grad_clip"] or 0.0)
+    moes = moe_layers(model)
+    M = int(tcfg.get("microbatches", 1)) if moes else 1
+    if M < 1 or B % M != 0:
+        raise ValueError("parallel.microbatches = %d does not divide train.global_batch = %d"
+                         % (M, B))
+    b = B // M
     out = {"losses": [], "lr": [], "grad_norm": []}
+    if moes:
+        out.update({"lm_losses": [], "aux_losses": [], "z_losses": [], "dropped": []})
     times = []
     model.train()
     for s in range(steps):
         t0 = time.perf_counter()
         x, y = get_batch(tokens, s, B, T)
         optimizer.zero_grad(set_to_none=True)
-        logits = model(x)[..., :mcfg["vocab_size"]]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+        parts = []  # per microbatch: (loss, lm, aux, z, dropped)
+        for i in range(M):
+            logits = model(x[i * b:(i + 1) * b])[..., :mcfg["vocab_size"]]
+            lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                 y[i * b:(i + 1) * b].reshape(-1))
+            loss = lm
+            if moes:
+                aux, z = moes[0].aux_loss, moes[0].z_loss
+                for m in moes[1:]:
+                    aux, z = aux + m.aux_loss, z + m.z_loss
+                loss = lm + aux + z
+                parts.append((loss.detach(), lm.detach(), aux.detach(), z.detach(),
+                              sum(m.dropped for m in moes)))
+            (loss / M if M > 1 else loss).backward()
+        if moes:
+            loss, lm, aux, z = (sum(p[j] for p in parts) / M for j in range(4))
+            out["lm_losses"].append(float(lm.item()))
+            out["aux_losses"].append(float(aux.item()))
+            out["z_losses"].append(float(z.item()))
+            out["dropped"].append(int(sum(p[4] for p in parts)))
         if clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         else:
@@ -454,7 +686,9 @@ def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
         out["grad_norm"].append(float(norm.item()))
         if log is not None:
             log("step %d loss %.6f lr %.3e grad_norm %.4f" % (s, out["losses"][-1], lr,
-                                                               out["grad_norm"][-1]))
+                                                               out["grad_norm"][-1])
+                + (" aux %.6f z %.6f dropped %d" % (out["aux_losses"][-1], out["z_losses"][-1],
+                                                    out["dropped"][-1]) if moes else ""))
     if bench:
         timed = times[2:] if len(times) > 2 else times
         step_s = sum(timed) / max(1, len(timed))
@@ -481,7 +715,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=None, help="init seed (default train.seed)")
     ap.add_argument("--data", help="llm.c token file")
     ap.add_argument("--steps", type=int, default=None, help="default train.steps")
-    ap.add_argument("--out", help="write {losses, lr, grad_norm} JSON here")
+    ap.add_argument("--out", help="write {losses, lr, grad_norm} JSON here (an MoE model's "
+                    "also lm_losses, aux_losses, z_losses, dropped)")
     ap.add_argument("--save-final", help="write the trained weights (float32 safetensors)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -511,7 +746,9 @@ def main(argv=None):
     res = train(model, tokens, mcfg, tcfg, int(steps), bench=args.bench, log=log)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({k: res[k] for k in ("losses", "lr", "grad_norm")}, f, indent=1)
+            keys = ("losses", "lr", "grad_norm", "lm_losses", "aux_losses", "z_losses",
+                    "dropped")
+            json.dump({k: res[k] for k in keys if k in res}, f, indent=1)
     if args.save_final:
         save_weights(model, args.save_final)
     if args.bench:

@@ -154,6 +154,15 @@ int tessel::checkCommand(const CheckOptions &options) {
   CompileOptions layout = ref;
   layout.output = std::string(layDir);
   layout.layout = options.layout;
+  // A mixture-of-experts model routes, balances and drops per microbatch:
+  // its serial program splits the batch into the layout's microbatches.
+  if (Expected<tessel::Spec> spec = tessel::loadSpec(
+          options.input, options.overrides, options.layout)) {
+    if (spec->model.moe.enabled())
+      ref.layout.microbatches = spec->parallel.microbatches;
+  } else {
+    consumeError(spec.takeError()); // compile reports it
+  }
   // One rank has no dp groups to shard over, and the CPU program keeps its
   // optimizer state in host memory anyway.
   ref.overrides.push_back("parallel.zero_group=0");

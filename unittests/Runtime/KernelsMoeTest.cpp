@@ -116,7 +116,7 @@ TEST(KernelMoe, DispatchGroupsByExpertInTokenOrder) {
     experts[t * k + 1] = b;
   }
   Ids rowOf(N * k), refRowOf(N * k);
-  std::vector<int64_t> offsets(E + 1), refOffsets(E + 1);
+  std::vector<int32_t> offsets(E + 1), refOffsets(E + 1);
   auto matchesReference = [&](int64_t capacity, int64_t rows) {
     EXPECT_EQ(rows, rt::ref::moeDispatchPlan(experts.data(), N, k, E,
                                              capacity, nullptr,
@@ -173,7 +173,7 @@ TEST(KernelMoe, DispatchGroupsByExpertInTokenOrder) {
   for (int64_t a = 0; a < half * k; ++a)
     before[experts[a]]++;
   Ids second(N * k - half * k);
-  std::vector<int64_t> secondOffsets(E + 1);
+  std::vector<int32_t> secondOffsets(E + 1);
   rt::moeDispatchPlan(experts.data() + half * k, N - half, k, E, capacity,
                       before.data(), second.data(), secondOffsets.data());
   for (int64_t a = half * k; a < N * k; ++a)
@@ -194,7 +194,7 @@ TEST(KernelMoe, PermuteAndUnpermute) {
     experts[t * k + 1] = (int32_t)((t + 1) % E);
   }
   Ids rowOf(N * k);
-  std::vector<int64_t> offsets(E + 1);
+  std::vector<int32_t> offsets(E + 1);
   // A capacity that drops some assignments.
   const int64_t M = rt::moeDispatchPlan(experts.data(), N, k, E, 6, nullptr,
                                         rowOf.data(), offsets.data());
@@ -246,7 +246,7 @@ TEST(KernelMoe, GroupedMatmul) {
   std::mt19937 gen(304);
   const int64_t E = 3, K = 5, N = 4;
   // Expert 1 has no rows.
-  std::vector<int64_t> offsets = {0, 4, 4, 9};
+  std::vector<int32_t> offsets = {0, 4, 4, 9};
   const int64_t M = offsets[E];
   Vec x = randVec(M * K, gen);
   for (bool transW : {false, true}) {

@@ -20,6 +20,26 @@
 
 namespace tessel {
 
+// model.moe: mixture-of-experts blocks (Hugging Face Mixtral routing).
+struct MoeSpec {
+  int64_t experts = 0; // 0: no MoE layers
+  int64_t topK = 2;
+  // Block l is an MoE block iff l % every == 0 (Megatron's moe_layer_freq).
+  int64_t every = 1;
+  int64_t ffnHidden = 0;     // each expert's hidden size
+  int64_t sharedExperts = 0; // always-on experts, one MLP of this many widths
+  // Each expert takes at most ceil(capacityFactor * tokens * topK / experts)
+  // assignments of a microbatch; <= 0: dropless.
+  double capacityFactor = 0.0;
+  double auxLossCoef = 0.01, zLossCoef = 0.001;
+  bool enabled() const { return experts > 0; }
+  bool isMoeLayer(int64_t layer) const {
+    return enabled() && layer % every == 0;
+  }
+  // The assignments an expert keeps of `tokens` (0: all).
+  int64_t capacity(int64_t tokens) const;
+};
+
 struct ModelSpec {
   std::string family; // "gpt" | "llama"
   int64_t vocabSize = 0, seqLen = 0, layers = 0, hidden = 0, heads = 0;
@@ -31,6 +51,7 @@ struct ModelSpec {
   int64_t vocabPadTo = 1;
   bool tieEmbeddings = true;
   double normEps = 1e-5, ropeTheta = 10000.0;
+  MoeSpec moe;
   int64_t headDim() const { return hidden / heads; }
   int64_t paddedVocab() const {
     return (vocabSize + vocabPadTo - 1) / vocabPadTo * vocabPadTo;

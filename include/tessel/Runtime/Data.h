@@ -98,6 +98,18 @@ public:
   // data-parallel rank's share).
   void rowsForStep(int64_t step, int64_t B, int64_t first, int64_t rows,
                    int64_t T, int32_t *inputs, int32_t *targets) const;
+  // A data-parallel rank's share split into `chunks` microbatches: the
+  // global batch is cut into `chunks` consecutive microbatches of B / chunks
+  // rows, and the rank reads rows [first, first + rows) scaled down to each
+  // (first / chunks, rows / chunks of them), so that a microbatch of all
+  // ranks together is a microbatch of the one-rank program. One chunk:
+  // rowsForStep.
+  void microbatchRowsForStep(int64_t step, int64_t B, int64_t first,
+                             int64_t rows, int64_t chunks, int64_t T,
+                             int32_t *inputs, int32_t *targets) const;
+  // The global row (within the step's batch) of the rank's i-th row.
+  static int64_t microbatchRow(int64_t i, int64_t B, int64_t first,
+                               int64_t rows, int64_t chunks);
   // Shuffled sampling (data.shuffle): global sample g = step * B + i is
   // sample permute(g mod n, n, seed, g / n) of the n samples, a permutation
   // of each epoch drawn from the seed and the epoch alone, so the order is
@@ -133,7 +145,8 @@ private:
 
 // Reads the batches of the steps ahead on a background thread, so that the
 // training thread does not wait for the data: at most `depth` batches (this
-// rank's rows [first, first + rows) of each global batch of B) wait in
+// rank's rows [first, first + rows) of each global batch of B, in `chunks`
+// microbatches as microbatchRowsForStep reads them) wait in
 // memory. get() must ask for steps in order from firstStep; it returns how
 // long it waited, in milliseconds. depth 0 reads on the caller's thread
 // (the wait is then the read). `delayMs` makes each read that much slower
@@ -142,7 +155,8 @@ class BatchPrefetcher {
 public:
   BatchPrefetcher(const TokenData &data, int64_t B, int64_t first,
                   int64_t rows, int64_t T, int64_t firstStep,
-                  int64_t lastStep, int depth, double delayMs = 0);
+                  int64_t lastStep, int depth, double delayMs = 0,
+                  int64_t chunks = 1);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher &) = delete;
   BatchPrefetcher &operator=(const BatchPrefetcher &) = delete;

@@ -157,7 +157,7 @@ void moeTopKBackward(const T *probs, const int32_t *experts,
 // order (another shard's). Returns the number of rows.
 int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
                         int64_t E, int64_t capacity, const int64_t *before,
-                        int32_t *rowOf, int64_t *offsets);
+                        int32_t *rowOf, int32_t *offsets);
 // xp[rowOf[a]] = x[a / k] (rows of H); dropped assignments move nothing.
 template <typename T>
 void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
@@ -181,14 +181,14 @@ void moeUnpermuteBackward(const T *yp, const int32_t *rowOf, const T *weights,
 // ([rows, K]) * W[e], W [E, K, N] (or [E, N, K], transposed, with transW).
 // The input gradient is groupedMatmul(dout, W, dx, ..., K <-> N, !transW).
 template <typename T>
-void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+void groupedMatmul(const T *x, const T *W, T *out, const int32_t *offsets,
                    int64_t E, int64_t K, int64_t N, bool transW,
                    bool accumulate = false);
 // dW [E, K, N] (as W is laid out) = x[rows of e]^T dout[rows of e]; zero for
 // an expert without rows (unless accumulating).
 template <typename T>
 void groupedMatmulWeightGrad(const T *x, const T *dout, T *dW,
-                             const int64_t *offsets, int64_t E, int64_t K,
+                             const int32_t *offsets, int64_t E, int64_t K,
                              int64_t N, bool transW, bool accumulate = false);
 // Adds the number of assignments to each expert to counts [E] and each
 // expert's probabilities summed over the tokens to probSums [E] (shards add
@@ -214,6 +214,35 @@ template <typename T> T moeZLossSum(const T *logits, int64_t tokens, int64_t E);
 template <typename T>
 void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
                       T *dlogits);
+
+// The forms a step calls (rt.moe_* ops): outputs written whole.
+// moeDispatchPlan without earlier shards.
+void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
+                 int64_t tokens, int64_t k, int64_t E, int64_t capacity);
+// counts and probSums [E] set (not added to) by moeLoadStats.
+template <typename T>
+void moeLoadStatsInto(const T *probs, const int32_t *experts, T *counts,
+                      T *probSums, int64_t tokens, int64_t E, int64_t k);
+// dprobs[t, e] = dprobSums[e]: the gradient of the probability sums.
+template <typename T>
+void moeProbSumsBackward(const T *dprobSums, T *dprobs, int64_t tokens,
+                         int64_t E);
+// loss[0] = moeAuxLoss(...); its gradient with respect to probSums (the
+// counts held fixed) times dloss[0].
+template <typename T>
+void moeAuxLossForward(const T *counts, const T *probSums, T *loss,
+                       int64_t totalTokens, int64_t E, int64_t k, double coef);
+template <typename T>
+void moeAuxLossGrad(const T *counts, const T *dloss, T *dprobSums,
+                    int64_t totalTokens, int64_t E, int64_t k, double coef);
+// loss[0] = coef * mean over the tokens of logsumexp(logits[t])^2, and
+// dlogits = its gradient times dloss[0].
+template <typename T>
+void moeZLossForward(const T *logits, T *loss, int64_t tokens, int64_t E,
+                     double coef);
+template <typename T>
+void moeZLossGrad(const T *logits, const T *dloss, T *dlogits, int64_t tokens,
+                  int64_t E, double coef);
 
 // out[i, :] = table[ids[i], :] for i < n; table is [V, C].
 template <typename T>

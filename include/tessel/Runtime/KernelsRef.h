@@ -100,7 +100,7 @@ void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
              int64_t E, int64_t k);
 int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
                         int64_t E, int64_t capacity, const int64_t *before,
-                        int32_t *rowOf, int64_t *offsets);
+                        int32_t *rowOf, int32_t *offsets);
 template <typename T>
 void moePermute(const T *x, const int32_t *rowOf, T *xp, int64_t tokens,
                 int64_t k, int64_t H);
@@ -108,7 +108,7 @@ template <typename T>
 void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
                   int64_t tokens, int64_t k, int64_t H);
 template <typename T>
-void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+void groupedMatmul(const T *x, const T *W, T *out, const int32_t *offsets,
                    int64_t E, int64_t K, int64_t N, bool transW,
                    bool accumulate = false);
 template <typename T>

@@ -527,6 +527,177 @@ PATTERN(AdamWOp) {
   return success();
 }
 
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+// The tokens of a routed tensor [..., X]: all its leading dimensions.
+static int64_t tokensOf(Value v) { return numel(v) / shapeOf(v).back(); }
+
+PATTERN(MoeTopKOp) {
+  Value w = alloc(b, op.getLoc(), op.getWeights());
+  Value e = alloc(b, op.getLoc(), op.getExperts());
+  rt::MoeTopKOp::create(b, op.getLoc(), a.getProbs(), e, w,
+                        i(b, tokensOf(op.getProbs())),
+                        i(b, shapeOf(op.getProbs()).back()), op.getTopKAttr());
+  b.replaceOp(op, {w, e});
+  return success();
+}
+
+PATTERN(MoeTopKGradOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeTopKBackwardOp::create(
+      b, op.getLoc(), a.getProbs(), a.getExperts(), a.getGrad(), out,
+      i(b, tokensOf(op.getProbs())), i(b, shapeOf(op.getProbs()).back()),
+      i(b, shapeOf(op.getExperts()).back()), flag(b, false));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeLoadStatsOp) {
+  Value counts = alloc(b, op.getLoc(), op.getCounts());
+  Value sums = alloc(b, op.getLoc(), op.getProbSums());
+  rt::MoeLoadStatsOp::create(b, op.getLoc(), a.getProbs(), a.getExperts(),
+                             counts, sums, i(b, tokensOf(op.getProbs())),
+                             i(b, shapeOf(op.getProbs()).back()),
+                             i(b, shapeOf(op.getExperts()).back()));
+  b.replaceOp(op, {counts, sums});
+  return success();
+}
+
+PATTERN(MoeProbSumsGradOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeProbSumsBackwardOp::create(b, op.getLoc(), a.getGrad(), out,
+                                    i(b, tokensOf(op.getProbs())),
+                                    i(b, shapeOf(op.getProbs()).back()));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeAuxLossOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeAuxLossOp::create(b, op.getLoc(), a.getCounts(), a.getProbSums(),
+                           out, op.getTokensAttr(),
+                           i(b, shapeOf(op.getCounts())[0]), op.getTopKAttr(),
+                           op.getCoefAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeAuxLossGradOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeAuxLossBackwardOp::create(b, op.getLoc(), a.getCounts(), a.getGrad(),
+                                   out, op.getTokensAttr(),
+                                   i(b, shapeOf(op.getCounts())[0]),
+                                   op.getTopKAttr(), op.getCoefAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeZLossOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeZLossOp::create(b, op.getLoc(), a.getLogits(), out,
+                         i(b, tokensOf(op.getLogits())),
+                         i(b, shapeOf(op.getLogits()).back()),
+                         op.getCoefAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeZLossGradOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeZLossBackwardOp::create(b, op.getLoc(), a.getLogits(), a.getGrad(),
+                                 out, i(b, tokensOf(op.getLogits())),
+                                 i(b, shapeOf(op.getLogits()).back()),
+                                 op.getCoefAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeDispatchOp) {
+  Value rows = alloc(b, op.getLoc(), op.getRowOf());
+  Value offsets = alloc(b, op.getLoc(), op.getOffsets());
+  rt::MoeDispatchOp::create(b, op.getLoc(), a.getExperts(), rows, offsets,
+                            i(b, tokensOf(op.getExperts())),
+                            i(b, shapeOf(op.getExperts()).back()),
+                            op.getNumExpertsAttr(), op.getCapacityAttr());
+  b.replaceOp(op, {rows, offsets});
+  return success();
+}
+
+PATTERN(MoePermuteOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  // Rows of dropped assignments stay zero.
+  rt::FillOp::create(b, op.getLoc(), out, i(b, numel(op)), f(b, 0.0));
+  rt::MoePermuteOp::create(b, op.getLoc(), a.getInput(), a.getRowOf(), out,
+                           i(b, tokensOf(op.getRowOf())),
+                           i(b, shapeOf(op.getRowOf()).back()),
+                           i(b, shapeOf(op.getInput()).back()));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoePermuteGradOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoePermuteBackwardOp::create(b, op.getLoc(), a.getGrad(), a.getRowOf(),
+                                   out, i(b, tokensOf(op.getRowOf())),
+                                   i(b, shapeOf(op.getRowOf()).back()),
+                                   i(b, shapeOf(op).back()));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeUnpermuteOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeUnpermuteOp::create(b, op.getLoc(), a.getRows(), a.getRowOf(),
+                             a.getWeights(), out,
+                             i(b, tokensOf(op.getRowOf())),
+                             i(b, shapeOf(op.getRowOf()).back()),
+                             i(b, shapeOf(op).back()));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(MoeUnpermuteGradOp) {
+  Value drows = alloc(b, op.getLoc(), op.getRowsGrad());
+  Value dw = alloc(b, op.getLoc(), op.getWeightsGrad());
+  // Rows of dropped assignments get no gradient: zero, not stale.
+  rt::FillOp::create(b, op.getLoc(), drows, i(b, numel(op.getRowsGrad())),
+                     f(b, 0.0));
+  rt::MoeUnpermuteBackwardOp::create(
+      b, op.getLoc(), a.getRows(), a.getRowOf(), a.getWeights(), a.getGrad(),
+      drows, dw, i(b, tokensOf(op.getRowOf())),
+      i(b, shapeOf(op.getRowOf()).back()), i(b, shapeOf(op.getRows()).back()));
+  b.replaceOp(op, {drows, dw});
+  return success();
+}
+
+PATTERN(GroupedMatmulOp) {
+  auto w = shapeOf(op.getWeight());
+  bool tr = op.getTransposeRhs();
+  int64_t K = tr ? w[2] : w[1], N = tr ? w[1] : w[2];
+  Value out = alloc(b, op.getLoc(), op);
+  // Rows past the kept assignments' are zero.
+  rt::FillOp::create(b, op.getLoc(), out, i(b, numel(op)), f(b, 0.0));
+  rt::GroupedMatmulOp::create(b, op.getLoc(), a.getInput(), a.getWeight(),
+                              out, a.getOffsets(), i(b, w[0]), i(b, K),
+                              i(b, N), flag(b, tr), flag(b, false));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(GroupedMatmulWeightGradOp) {
+  auto w = shapeOf(op.getResult());
+  bool tr = op.getTransposeRhs();
+  int64_t K = tr ? w[2] : w[1], N = tr ? w[1] : w[2];
+  Value out = alloc(b, op.getLoc(), op);
+  rt::GroupedMatmulWeightGradOp::create(
+      b, op.getLoc(), a.getInput(), a.getGrad(), out, a.getOffsets(),
+      i(b, w[0]), i(b, K), i(b, N), flag(b, tr), flag(b, false));
+  b.replaceOp(op, out);
+  return success();
+}
+
 #undef PATTERN
 
 } // namespace
@@ -548,5 +719,12 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       EmbeddingGradOpLowering, ReshapeOpLowering, TransposeOpLowering,
       SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,
       AdamWOpLowering, KvCacheOpLowering, RopeAtOpLowering,
-      CachedAttentionOpLowering, OutputOpLowering>(converter, ctx);
+      CachedAttentionOpLowering, OutputOpLowering, MoeTopKOpLowering,
+      MoeTopKGradOpLowering, MoeLoadStatsOpLowering,
+      MoeProbSumsGradOpLowering, MoeAuxLossOpLowering,
+      MoeAuxLossGradOpLowering, MoeZLossOpLowering, MoeZLossGradOpLowering,
+      MoeDispatchOpLowering, MoePermuteOpLowering, MoePermuteGradOpLowering,
+      MoeUnpermuteOpLowering, MoeUnpermuteGradOpLowering,
+      GroupedMatmulOpLowering, GroupedMatmulWeightGradOpLowering>(converter,
+                                                                   ctx);
 }

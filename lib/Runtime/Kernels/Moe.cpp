@@ -90,12 +90,12 @@ void moeTopKBackward(const T *probs, const int32_t *experts,
 
 int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
                         int64_t E, int64_t capacity, const int64_t *before,
-                        int32_t *rowOf, int64_t *offsets) {
+                        int32_t *rowOf, int32_t *offsets) {
   checkShape(tokens, E, k, "moeDispatchPlan");
   // Kept assignments per expert, in token order: an assignment is kept
   // while the expert has taken fewer than `capacity` (those of earlier
   // tokens, `before`, counted first).
-  std::fill(offsets, offsets + E + 1, int64_t(0));
+  std::fill(offsets, offsets + E + 1, int32_t(0));
   std::vector<int64_t> seen(E, 0);
   for (int64_t a = 0; a < tokens * k; ++a) {
     int32_t e = experts[a];
@@ -179,7 +179,7 @@ void moeUnpermuteBackward(const T *yp, const int32_t *rowOf, const T *weights,
 }
 
 template <typename T>
-void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+void groupedMatmul(const T *x, const T *W, T *out, const int32_t *offsets,
                    int64_t E, int64_t K, int64_t N, bool transW,
                    bool accumulate) {
   for (int64_t e = 0; e < E; ++e) {
@@ -193,7 +193,7 @@ void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
 
 template <typename T>
 void groupedMatmulWeightGrad(const T *x, const T *dout, T *dW,
-                             const int64_t *offsets, int64_t E, int64_t K,
+                             const int32_t *offsets, int64_t E, int64_t K,
                              int64_t N, bool transW, bool accumulate) {
   for (int64_t e = 0; e < E; ++e) {
     int64_t rows = offsets[e + 1] - offsets[e];
@@ -282,6 +282,60 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
   }
 }
 
+// The forms a step calls: whole buffers in, whole buffers out.
+
+void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
+                 int64_t tokens, int64_t k, int64_t E, int64_t capacity) {
+  moeDispatchPlan(experts, tokens, k, E, capacity, nullptr, rowOf, offsets);
+}
+
+template <typename T>
+void moeLoadStatsInto(const T *probs, const int32_t *experts, T *counts,
+                      T *probSums, int64_t tokens, int64_t E, int64_t k) {
+  std::fill(counts, counts + E, T(0));
+  std::fill(probSums, probSums + E, T(0));
+  moeLoadStats(probs, experts, counts, probSums, tokens, E, k);
+}
+
+template <typename T>
+void moeProbSumsBackward(const T *dprobSums, T *dprobs, int64_t tokens,
+                         int64_t E) {
+  for (int64_t t = 0; t < tokens; ++t)
+    std::copy(dprobSums, dprobSums + E, dprobs + t * E);
+}
+
+template <typename T>
+void moeAuxLossForward(const T *counts, const T *probSums, T *loss,
+                       int64_t totalTokens, int64_t E, int64_t k,
+                       double coef) {
+  loss[0] = moeAuxLoss(counts, probSums, totalTokens, E, k, coef);
+}
+
+template <typename T>
+void moeAuxLossGrad(const T *counts, const T *dloss, T *dprobSums,
+                    int64_t totalTokens, int64_t E, int64_t k, double coef) {
+  // aux = coef E / (N^2 k) sum_e counts_e probSums_e.
+  double scale = coef * (double)E /
+                 ((double)totalTokens * (double)totalTokens * (double)k);
+  for (int64_t e = 0; e < E; ++e)
+    dprobSums[e] = (T)(scale * (double)counts[e] * (double)dloss[0]);
+}
+
+template <typename T>
+void moeZLossForward(const T *logits, T *loss, int64_t tokens, int64_t E,
+                     double coef) {
+  loss[0] = (T)(coef * (double)moeZLossSum(logits, tokens, E) /
+                (double)tokens);
+}
+
+template <typename T>
+void moeZLossGrad(const T *logits, const T *dloss, T *dlogits, int64_t tokens,
+                  int64_t E, double coef) {
+  std::fill(dlogits, dlogits + tokens * E, T(0));
+  moeZLossBackward(logits, tokens, E, (T)(coef * (double)dloss[0] / (double)tokens),
+                   dlogits);
+}
+
 #define TESSEL_MOE_INSTANTIATE(T)                                              \
   template void moeTopK<T>(const T *, int32_t *, T *, int64_t, int64_t,        \
                            int64_t);                                           \
@@ -296,10 +350,10 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
   template void moeUnpermuteBackward<T>(const T *, const int32_t *, const T *, \
                                         const T *, T *, T *, int64_t, int64_t, \
                                         int64_t);                              \
-  template void groupedMatmul<T>(const T *, const T *, T *, const int64_t *,   \
+  template void groupedMatmul<T>(const T *, const T *, T *, const int32_t *,   \
                                  int64_t, int64_t, int64_t, bool, bool);       \
   template void groupedMatmulWeightGrad<T>(const T *, const T *, T *,          \
-                                           const int64_t *, int64_t, int64_t,  \
+                                           const int32_t *, int64_t, int64_t,  \
                                            int64_t, bool, bool);               \
   template void moeLoadStats<T>(const T *, const int32_t *, T *, T *,          \
                                 int64_t, int64_t, int64_t);                    \
@@ -308,7 +362,17 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
   template void moeAuxLossBackward<T>(const T *, int64_t, int64_t, int64_t,    \
                                       double, T, T *, int64_t);                \
   template T moeZLossSum<T>(const T *, int64_t, int64_t);                      \
-  template void moeZLossBackward<T>(const T *, int64_t, int64_t, T, T *);
+  template void moeZLossBackward<T>(const T *, int64_t, int64_t, T, T *);      \
+  template void moeLoadStatsInto<T>(const T *, const int32_t *, T *, T *,      \
+                                    int64_t, int64_t, int64_t);                \
+  template void moeProbSumsBackward<T>(const T *, T *, int64_t, int64_t);      \
+  template void moeAuxLossForward<T>(const T *, const T *, T *, int64_t,       \
+                                     int64_t, int64_t, double);                \
+  template void moeAuxLossGrad<T>(const T *, const T *, T *, int64_t, int64_t, \
+                                  int64_t, double);                            \
+  template void moeZLossForward<T>(const T *, T *, int64_t, int64_t, double);  \
+  template void moeZLossGrad<T>(const T *, const T *, T *, int64_t, int64_t,   \
+                                double);
 
 TESSEL_MOE_INSTANTIATE(float)
 TESSEL_MOE_INSTANTIATE(double)

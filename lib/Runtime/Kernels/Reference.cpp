@@ -530,7 +530,7 @@ void moeTopK(const T *probs, int32_t *experts, T *weights, int64_t tokens,
 
 int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
                         int64_t E, int64_t capacity, const int64_t *before,
-                        int32_t *rowOf, int64_t *offsets) {
+                        int32_t *rowOf, int32_t *offsets) {
   int64_t row = 0;
   for (int64_t a = 0; a < tokens * k; ++a)
     rowOf[a] = -1;
@@ -571,7 +571,7 @@ void moeUnpermute(const T *yp, const int32_t *rowOf, const T *weights, T *y,
 }
 
 template <typename T>
-void groupedMatmul(const T *x, const T *W, T *out, const int64_t *offsets,
+void groupedMatmul(const T *x, const T *W, T *out, const int32_t *offsets,
                    int64_t E, int64_t K, int64_t N, bool transW,
                    bool accumulate) {
   for (int64_t e = 0; e < E; ++e)
@@ -613,7 +613,7 @@ template <typename T> T moeZLossSum(const T *logits, int64_t tokens, int64_t E) 
                               int64_t, int64_t);                               \
   template void moeUnpermute<T>(const T *, const int32_t *, const T *, T *,    \
                                 int64_t, int64_t, int64_t);                    \
-  template void groupedMatmul<T>(const T *, const T *, T *, const int64_t *,   \
+  template void groupedMatmul<T>(const T *, const T *, T *, const int32_t *,   \
                                  int64_t, int64_t, int64_t, bool, bool);       \
   template T moeAuxLoss<T>(const T *, const int32_t *, int64_t, int64_t,       \
                            int64_t, double);                                   \
