@@ -268,9 +268,30 @@ GroupedMatmulOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   // dx = dy W[e]^T: the same weight read the other way round.
   Value dx = GroupedMatmulOp::create(b, getLoc(), dy, getWeight(),
                                      getOffsets(), b.getBoolAttr(!tr));
-  Value dw = GroupedMatmulWeightGradOp::create(b, getLoc(), getInput(), dy,
-                                               getOffsets(),
-                                               b.getBoolAttr(tr));
+  Value dw = GroupedMatmulWeightGradOp::create(
+      b, getLoc(), getWeight().getType(), getInput(), dy, getOffsets(),
+      b.getBoolAttr(tr));
   operandGrads.append({dx, dw, Value()});
+  return success();
+}
+
+LogicalResult
+MoeExchangeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                              SmallVectorImpl<Value> &operandGrads) {
+  // The received rows' gradient goes back where they came from.
+  operandGrads.push_back(MoeCombineOp::create(
+      b, getLoc(), getRows().getType(), resultGrads[0], getRecvOffsets(),
+      getOffsets(), /*ep_axes=*/nullptr));
+  operandGrads.push_back(Value());
+  return success();
+}
+
+LogicalResult
+MoeCombineOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
+                             SmallVectorImpl<Value> &operandGrads) {
+  auto exchange = MoeExchangeOp::create(
+      b, getLoc(), TypeRange{getRows().getType(), getOffsets().getType()},
+      resultGrads[0], getOffsets(), /*ep_axes=*/nullptr);
+  operandGrads.append({exchange.getRecvRows(), Value(), Value()});
   return success();
 }

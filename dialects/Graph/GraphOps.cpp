@@ -802,13 +802,15 @@ LogicalResult MoeUnpermuteGradOp::inferReturnTypes(
   return success();
 }
 
-// [E, K, N] (or [E, N, K] transposed) against offsets [E + 1].
+// [E, K, N] (or [E, N, K] transposed) against offsets [S + 1], S segments
+// a multiple of E.
 static LogicalResult checkGrouped(std::optional<Location> loc,
                                   ArrayRef<int64_t> w, Value offsets) {
   auto o = shapeOf(offsets);
-  if (w.size() != 3 || o.size() != 1 || o[0] != w[0] + 1)
+  if (w.size() != 3 || o.size() != 1 || w[0] < 1 || o[0] < 2 ||
+      (o[0] - 1) % w[0] != 0)
     return fail(loc, "grouped_matmul needs a weight [E, K, N] and offsets "
-                     "[E + 1], got " +
+                     "[S + 1] (S a multiple of E), got " +
                          shapeStr(w) + " and " + shapeStr(o));
   return success();
 }
@@ -830,20 +832,44 @@ LogicalResult GroupedMatmulOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
-LogicalResult GroupedMatmulWeightGradOp::inferReturnTypes(
-    MLIRContext *, std::optional<Location> loc, Adaptor adaptor,
-    SmallVectorImpl<Type> &types) {
-  auto x = shapeOf(adaptor.getInput()), g = shapeOf(adaptor.getGrad());
-  auto o = shapeOf(adaptor.getOffsets());
-  if (x.size() != 2 || g.size() != 2 || x[0] != g[0] || o.size() != 1)
-    return fail(loc, "grouped_matmul_weight_grad needs input [R, K], grad "
-                     "[R, N] and offsets [E + 1], got " +
-                         shapeStr(x) + ", " + shapeStr(g) + ", " +
-                         shapeStr(o));
-  int64_t E = o[0] - 1;
-  SmallVector<int64_t> shape = adaptor.getTransposeRhs()
-                                   ? SmallVector<int64_t>{E, g[1], x[1]}
-                                   : SmallVector<int64_t>{E, x[1], g[1]};
-  types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getInput())));
+LogicalResult GroupedMatmulWeightGradOp::verify() {
+  auto x = shapeOf(getInput()), g = shapeOf(getGrad());
+  auto w = getResult().getType().getShape();
+  std::optional<Location> loc = getLoc();
+  if (x.size() != 2 || g.size() != 2 || x[0] != g[0])
+    return fail(loc, "grouped_matmul_weight_grad needs input [R, K] and "
+                     "grad [R, N], got " +
+                         shapeStr(x) + " and " + shapeStr(g));
+  if (failed(checkGrouped(loc, w, getOffsets())))
+    return failure();
+  bool tr = getTransposeRhs();
+  if ((tr ? w[2] : w[1]) != x[1] || (tr ? w[1] : w[2]) != g[1])
+    return fail(loc, "grouped_matmul_weight_grad result " + shapeStr(w) +
+                         " does not match input " + shapeStr(x) +
+                         " and grad " + shapeStr(g));
   return success();
+}
+
+// Rows [R, X] and segment offsets [S + 1] in and out; the rows received may
+// be more than those sent (with expert parallelism), the width is kept.
+static LogicalResult checkExchanged(Operation *op, Value rows, Value out,
+                                    Value offsets) {
+  auto r = shapeOf(rows), o = shapeOf(out), off = shapeOf(offsets);
+  if (r.size() != 2 || o.size() != 2 || r[1] != o[1] || off.size() != 1)
+    return op->emitOpError("needs rows [R, X] in and out and offsets [S + 1], "
+                           "got ")
+           << shapeStr(r) << ", " << shapeStr(o) << " and " << shapeStr(off);
+  return success();
+}
+
+LogicalResult MoeExchangeOp::verify() {
+  if (getRecvOffsets().getType() != getOffsets().getType())
+    return emitOpError("recv_offsets must be typed as offsets");
+  return checkExchanged(*this, getRows(), getRecvRows(), getOffsets());
+}
+
+LogicalResult MoeCombineOp::verify() {
+  if (getRecvOffsets().getType() != getOffsets().getType())
+    return emitOpError("recv_offsets must be typed as offsets");
+  return checkExchanged(*this, getRows(), getResult(), getOffsets());
 }

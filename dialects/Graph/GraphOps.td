@@ -582,15 +582,18 @@ def Graph_MoeDispatchOp : Graph_Op<"moe_dispatch", [Pure, InferTypeOpAdaptor],
     `row_of[..., s]` is the row of the token's assignment s, or -1 when its
     expert is full: with `capacity` > 0 an expert keeps its first
     `capacity` assignments in token order (the serial program's order),
-    counting the microbatch's tokens on all ranks. `offsets` [E + 1] are
-    this rank's experts' row ranges. Not differentiable.
+    counting the microbatch's tokens on all ranks: `token_axes` (set by the
+    partition) are the axes splitting them, whose ranks before this one
+    count first. `offsets` [E + 1] are this rank's experts' row ranges. Not
+    differentiable.
 
     ```mlir
     %rows, %off = graph.moe_dispatch %e {num_experts = 8 : i64, capacity = 0 : i64} : (tensor<8x64x2xi32>) -> (tensor<8x64x2xi32>, tensor<9xi32>)
     ```
   }];
   let arguments = (ins Graph_I32Tensor:$experts, I64Attr:$num_experts,
-                   DefaultValuedAttr<I64Attr, "0">:$capacity);
+                   DefaultValuedAttr<I64Attr, "0">:$capacity,
+                   OptionalAttr<Dist_AxesAttr>:$token_axes);
   let results = (outs Graph_I32Tensor:$row_of, Graph_I32Tensor:$offsets);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
@@ -645,11 +648,52 @@ def Graph_MoeUnpermuteGradOp : Graph_InferOp<"moe_unpermute_grad"> {
   let results = (outs Graph_FloatTensor:$rows_grad, Graph_FloatTensor:$weights_grad);
 }
 
+def Graph_MoeExchangeOp : Graph_PureOp<"moe_exchange",
+    [DeclareOpInterfaceMethods<GradientOpInterface>]> {
+  let summary = "Expert-major rows to the ranks that hold their experts";
+  let description = [{
+    With expert parallelism (`ep_axes`, set by sharding propagation) the
+    experts are split over those axes: each rank sends its rows of expert
+    e to the rank holding e (an all-to-all, counts first) and receives the
+    rows of its own experts from every rank, as segments (source rank, then
+    expert) whose row ranges are `recv_offsets`; the receive buffer holds
+    the most that can come, the rest zero. Without it, the identity.
+
+    ```mlir
+    %rr, %ro = graph.moe_exchange %xp, %off : (tensor<1024x64xf32>, tensor<9xi32>) -> (tensor<1024x64xf32>, tensor<9xi32>)
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$rows, Graph_I32Tensor:$offsets,
+                   OptionalAttr<Dist_AxesAttr>:$ep_axes);
+  let results = (outs Graph_FloatTensor:$recv_rows,
+                 Graph_I32Tensor:$recv_offsets);
+}
+
+def Graph_MoeCombineOp : Graph_PureOp<"moe_combine",
+    [DeclareOpInterfaceMethods<GradientOpInterface>]> {
+  let summary = "The experts' output rows back to the ranks they came from";
+  let description = [{
+    The reverse of `moe_exchange`: `rows` in segments as `recv_offsets`
+    says, back into this rank's expert-major order (`offsets`). Without
+    expert parallelism, the identity.
+
+    ```mlir
+    %yp = graph.moe_combine %ro_out, %ro, %off : (tensor<1024x64xf32>, tensor<9xi32>, tensor<9xi32>) -> tensor<1024x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$rows, Graph_I32Tensor:$recv_offsets,
+                   Graph_I32Tensor:$offsets,
+                   OptionalAttr<Dist_AxesAttr>:$ep_axes);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
 def Graph_GroupedMatmulOp : Graph_DiffOp<"grouped_matmul"> {
   let summary = "Each expert's rows times its weight";
   let description = [{
     `input` is [R, K], `weight` [E, K, N] ([E, N, K] with `transpose_rhs`),
-    `offsets` [E + 1]: `result[rows of e] = input[rows of e] * weight[e]`.
+    `offsets` [S + 1] for S segments, a multiple of E: `result[rows of s] =
+    input[rows of s] * weight[s % E]` (with expert parallelism a rank's
+    segments are its experts' rows from each source rank).
 
     ```mlir
     %h = graph.grouped_matmul %xp, %w1, %off {transpose_rhs = true} : (tensor<1024x64xf32>, tensor<8x128x64xf32>, tensor<9xi32>) -> tensor<1024x128xf32>
@@ -661,7 +705,7 @@ def Graph_GroupedMatmulOp : Graph_DiffOp<"grouped_matmul"> {
   let results = (outs Graph_FloatTensor:$result);
 }
 
-def Graph_GroupedMatmulWeightGradOp : Graph_InferOp<"grouped_matmul_weight_grad"> {
+def Graph_GroupedMatmulWeightGradOp : Graph_PureOp<"grouped_matmul_weight_grad"> {
   let summary = "Gradient of grouped_matmul with respect to the weight";
   let description = [{
     `result[e] = input[rows of e]^T grad[rows of e]`, laid out as the

@@ -227,9 +227,10 @@ LogicalResult ParamOp::propagateSharding(ShardingContext &ctx) {
 }
 
 LogicalResult InputOp::propagateSharding(ShardingContext &ctx) {
-  // Token ids are split along the batch over dp.
+  // Token ids are split along the batch over dp (and ep, which splits the
+  // batch further for all but the experts).
   Sharding s = Sharding::replicated(2);
-  s.dims[0] = ctx.activeAxes() & AxisSet(MeshAxis::DP);
+  s.dims[0] = ctx.activeAxes() & (AxisSet(MeshAxis::DP) | MeshAxis::EP);
   ctx.set(getResult(), s);
   return success();
 }
@@ -825,12 +826,16 @@ LogicalResult MoeDispatchOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult MoeDispatchOp::localize(PartitionContext &ctx) {
   AxisSet axes = tokenAxes(ctx.shardingOf(getExperts()));
-  if (getCapacity() > 0 && ctx.mesh().groupSize(axes) > 1)
-    return emitOpError("model.moe.capacity_factor with the tokens split over ")
-           << axes.str()
-           << " is not supported yet: drop capacity_factor (dropless "
-              "routing) or keep the tokens whole (parallel.dp = 1, no "
-              "sequence parallelism)";
+  if (getCapacity() <= 0 || ctx.mesh().groupSize(axes) == 1)
+    return success();
+  // The ranks splitting the batch hold consecutive tokens in group order;
+  // a sequence split over tp (sequence parallelism) interleaves them.
+  if (axes.contains(MeshAxis::TP))
+    return emitOpError("model.moe.capacity_factor with the sequence split "
+                       "over tp (sequence parallelism) is not supported yet: "
+                       "drop capacity_factor (dropless routing) or "
+                       "sequence parallelism");
+  setTokenAxesAttr(dist::AxesAttr::get(getContext(), axes));
   return success();
 }
 
@@ -870,10 +875,49 @@ LogicalResult MoeUnpermuteGradOp::propagateSharding(ShardingContext &ctx) {
   return success();
 }
 
+// The experts' weights: split over ep when the mesh has it.
+static Sharding expertWeights(ShardingContext &ctx) {
+  Sharding w = Sharding::replicated(3);
+  w.dims[0] = ctx.activeAxes() & AxisSet(MeshAxis::EP);
+  return w;
+}
+
+LogicalResult MoeExchangeOp::propagateSharding(ShardingContext &ctx) {
+  Sharding r = ShardingContext::whole(ctx.reduced(getRows()), {1});
+  AxisSet ep = r.dims[0] & ctx.activeAxes() & AxisSet(MeshAxis::EP);
+  ctx.require(*this, 0, r);
+  ctx.require(*this, 1, Sharding::replicated(1));
+  Sharding out = r;
+  out.dims[0] = r.dims[0] - ep;
+  ctx.set(getRecvRows(), out);
+  ctx.set(getRecvOffsets(), Sharding::replicated(1));
+  if (ep.empty())
+    removeEpAxesAttr();
+  else
+    setEpAxesAttr(dist::AxesAttr::get(getContext(), ep));
+  return success();
+}
+
+LogicalResult MoeCombineOp::propagateSharding(ShardingContext &ctx) {
+  Sharding r = ShardingContext::whole(ctx.reduced(getRows()), {1});
+  AxisSet ep = (ctx.activeAxes() & AxisSet(MeshAxis::EP)) - r.dims[0];
+  ctx.require(*this, 0, r);
+  ctx.require(*this, 1, Sharding::replicated(1));
+  ctx.require(*this, 2, Sharding::replicated(1));
+  Sharding out = r;
+  out.dims[0] = r.dims[0] | ep;
+  ctx.set(getResult(), out);
+  if (ep.empty())
+    removeEpAxesAttr();
+  else
+    setEpAxesAttr(dist::AxesAttr::get(getContext(), ep));
+  return success();
+}
+
 LogicalResult GroupedMatmulOp::propagateSharding(ShardingContext &ctx) {
   Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {1});
   ctx.require(*this, 0, x);
-  ctx.require(*this, 1, Sharding::replicated(3));
+  ctx.require(*this, 1, expertWeights(ctx));
   ctx.require(*this, 2, Sharding::replicated(1));
   ctx.set(getResult(), x);
   return success();
@@ -886,7 +930,7 @@ LogicalResult GroupedMatmulWeightGradOp::propagateSharding(
   ctx.require(*this, 0, x);
   ctx.require(*this, 1, x);
   ctx.require(*this, 2, Sharding::replicated(1));
-  Sharding w = Sharding::replicated(3);
+  Sharding w = expertWeights(ctx);
   w.partial = x.dims[0];
   ctx.set(getResult(), w);
   return success();

@@ -244,3 +244,38 @@ void CrossEntropyVocabParallelBackwardOp::describeCommunication(
     records.push_back(record("all_reduce", getAxes(), mesh, rows, 4,
                              rt::allReduceBytesSent(rows, g)));
 }
+
+void MoeDispatchOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t g = mesh.groupSize(getAxes()), E = getNumExperts();
+  if (g > 1 && getCapacity() > 0)
+    records.push_back(record("all_gather", getAxes(), mesh, E, 4,
+                             rt::allGatherBytesSent(E, g)));
+}
+
+// The rows an expert-parallel exchange moves depend on the routing: what
+// is counted here is the most a rank can send (all its rows to other
+// ranks), after the counts.
+void MoeExchangeOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t g = mesh.groupSize(getAxes()), E = getNumExperts();
+  if (g == 1)
+    return;
+  int64_t rows = elementsOf(getRows()) / getHidden();
+  records.push_back(
+      record("all_to_all", getAxes(), mesh, E, 4, E / g * (g - 1) * 4));
+  records.push_back(record("all_to_all", getAxes(), mesh,
+                           rows * getHidden(), 4, rows * getHidden() * 4));
+}
+
+void MoeCombineOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t g = mesh.groupSize(getAxes());
+  if (g == 1)
+    return;
+  // At most every row of the other ranks came here and goes back.
+  int64_t rows = getRows();
+  records.push_back(record("all_to_all", getAxes(), mesh,
+                           g * rows * getHidden(),
+                           4, (g - 1) * rows * getHidden() * 4));
+}

@@ -373,10 +373,21 @@ def Rt_MoeZLossOp : Rt_KernelOp<"moe_z_loss", "moeZLossForward",
 def Rt_MoeZLossBackwardOp : Rt_KernelOp<"moe_z_loss_backward", "moeZLossGrad",
     (ins Rt_Buffer:$logits, Rt_Buffer:$dloss, Rt_Buffer:$dlogits,
          I64Attr:$tokens, I64Attr:$num_experts, F64Attr:$coef)>;
-def Rt_MoeDispatchOp : Rt_KernelOp<"moe_dispatch", "moeDispatch",
+def Rt_MoeDispatchOp : Rt_KernelOp<"moe_dispatch", "moeDispatchGroup",
     (ins Rt_Buffer:$experts, Rt_Buffer:$row_of, Rt_Buffer:$offsets,
          I64Attr:$tokens, I64Attr:$top_k, I64Attr:$num_experts,
-         I64Attr:$capacity)>;
+         I64Attr:$capacity, Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
+def Rt_MoeExchangeOp : Rt_KernelOp<"moe_exchange", "moeExchange",
+    (ins Rt_Buffer:$rows, Rt_Buffer:$offsets, Rt_Buffer:$recv,
+         Rt_Buffer:$recv_offsets, I64Attr:$num_experts, I64Attr:$hidden,
+         I64Attr:$recv_rows, Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
+def Rt_MoeCombineOp : Rt_KernelOp<"moe_combine", "moeCombine",
+    (ins Rt_Buffer:$recv_out, Rt_Buffer:$recv_offsets, Rt_Buffer:$offsets,
+         Rt_Buffer:$out, I64Attr:$num_experts, I64Attr:$hidden,
+         I64Attr:$rows, Dist_AxesAttr:$axes),
+    [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 def Rt_MoePermuteOp : Rt_KernelOp<"moe_permute", "moePermute",
     (ins Rt_Buffer:$x, Rt_Buffer:$row_of, Rt_Buffer:$rows, I64Attr:$tokens,
          I64Attr:$top_k, I64Attr:$hidden)>;
@@ -392,15 +403,15 @@ def Rt_MoeUnpermuteBackwardOp : Rt_KernelOp<"moe_unpermute_backward",
     (ins Rt_Buffer:$rows, Rt_Buffer:$row_of, Rt_Buffer:$weights,
          Rt_Buffer:$dy, Rt_Buffer:$drows, Rt_Buffer:$dweights,
          I64Attr:$tokens, I64Attr:$top_k, I64Attr:$hidden)>;
-def Rt_GroupedMatmulOp : Rt_KernelOp<"grouped_matmul", "groupedMatmul",
+def Rt_GroupedMatmulOp : Rt_KernelOp<"grouped_matmul", "groupedMatmulSegments",
     (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$out, Rt_Buffer:$offsets,
-         I64Attr:$num_experts, I64Attr:$k, I64Attr:$n, BoolAttr:$trans_w,
-         BoolAttr:$accumulate)>;
+         I64Attr:$segments, I64Attr:$num_experts, I64Attr:$k, I64Attr:$n,
+         BoolAttr:$trans_w)>;
 def Rt_GroupedMatmulWeightGradOp : Rt_KernelOp<"grouped_matmul_weight_grad",
-    "groupedMatmulWeightGrad",
+    "groupedMatmulWeightGradSegments",
     (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dw, Rt_Buffer:$offsets,
-         I64Attr:$num_experts, I64Attr:$k, I64Attr:$n, BoolAttr:$trans_w,
-         BoolAttr:$accumulate)>;
+         I64Attr:$segments, I64Attr:$num_experts, I64Attr:$k, I64Attr:$n,
+         BoolAttr:$trans_w)>;
 
 def Rt_TransposeOp : Rt_KernelOp<"transpose", "transpose",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, DenseI64ArrayAttr:$shape,

@@ -112,6 +112,7 @@ public:
     mesh[MeshAxis::PP] = par.pp;
     mesh[MeshAxis::DP] = par.dp;
     mesh[MeshAxis::TP] = par.tp;
+    mesh[MeshAxis::EP] = par.ep;
     mesh.dpShard = par.zeroGroup;
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
@@ -438,13 +439,24 @@ private:
                                               b.getF64FloatAttr(e.zLossCoef)));
     auto dispatch = MoeDispatchOp::create(
         b, loc, top.getExperts(), b.getI64IntegerAttr(E),
-        b.getI64IntegerAttr(e.capacity(tokens)));
-    Value offsets = dispatch.getOffsets();
+        b.getI64IntegerAttr(e.capacity(tokens)), /*token_axes=*/nullptr);
     Value rows = MoePermuteOp::create(b, loc, h, dispatch.getRowOf());
+    // To the ranks that hold the experts (an all-to-all over ep; nothing
+    // without expert parallelism), and back after the experts.
+    auto exchange = MoeExchangeOp::create(
+        b, at(p + ".experts"),
+        TypeRange{rows.getType(), dispatch.getOffsets().getType()}, rows,
+        dispatch.getOffsets(), /*ep_axes=*/nullptr);
+    Value offsets = exchange.getRecvOffsets();
+    rows = exchange.getRecvRows();
     auto grouped = [&](Value x, const std::string &name,
                        ArrayRef<int64_t> shape, bool transposed,
                        double std = 0.02) {
       Value w = param(p + ".experts." + name, shape, "normal", std);
+      // The experts are split over ep (a mesh without ep splits nothing).
+      dist::Sharding s = dist::Sharding::replicated(3);
+      s.dims[0] = MeshAxis::EP;
+      w.getDefiningOp()->setAttr("dist.param_sharding", s.toAttr(&ctx));
       return GroupedMatmulOp::create(b, at(p + ".experts"), x, w, offsets,
                                      b.getBoolAttr(transposed))
           .getResult();
@@ -461,6 +473,9 @@ private:
       Value f = GeluOp::create(b, loc, grouped(rows, "c_fc", {E, C, F}, false));
       out = grouped(f, "c_proj", {E, F, C}, false, projStd);
     }
+    out = MoeCombineOp::create(b, at(p + ".experts"), out.getType(), out,
+                               offsets, dispatch.getOffsets(),
+                               /*ep_axes=*/nullptr);
     Value y = MoeUnpermuteOp::create(b, loc, out, dispatch.getRowOf(),
                                      top.getWeights());
     if (e.sharedExperts > 0) {

@@ -584,6 +584,7 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
   count("dp", layout.dp, p.dp, kMaxAxis);
   count("tp", layout.tp, p.tp, kMaxAxis);
   count("pp", layout.pp, p.pp, kMaxAxis);
+  count("ep", layout.ep, p.ep, kMaxAxis);
   count("microbatches", layout.microbatches, p.microbatches, kMaxBatch);
   count("virtual_stages", layout.virtualStages, p.virtualStages, kMaxLayers);
   if (layout.sequenceParallel)
@@ -650,6 +651,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.dp = s.integer("dp", 1, 1, kMaxAxis);
   p.tp = s.integer("tp", 1, 1, kMaxAxis);
   p.pp = s.integer("pp", 1, 1, kMaxAxis);
+  p.ep = s.integer("ep", 1, 1, kMaxAxis);
   p.microbatches = s.integer("microbatches", 1, 1, kMaxBatch);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
@@ -716,11 +718,27 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     return;
   // The layout checks that hold for any backend come first, so that a user
   // learns about a bad layout before learning what is not built yet.
-  if (spec.train.globalBatch % (p.dp * p.microbatches) != 0)
-    problems.report(s.at("dp"), "parallel.dp * parallel.microbatches = " +
-                                    std::to_string(p.dp * p.microbatches) +
-                                    " does not divide train.global_batch = " +
-                                    std::to_string(spec.train.globalBatch));
+  if (spec.train.globalBatch % (p.dp * p.ep * p.microbatches) != 0)
+    problems.report(s.at("dp"),
+                    std::string(p.ep > 1 ? "parallel.dp * parallel.ep"
+                                         : "parallel.dp") +
+                        " * parallel.microbatches = " +
+                        std::to_string(p.dp * p.ep * p.microbatches) +
+                        " does not divide train.global_batch = " +
+                        std::to_string(spec.train.globalBatch));
+  else if (p.ep > 1 && !spec.model.moe.enabled())
+    problems.report(s.at("ep"), "expert parallelism splits the experts of "
+                                "a mixture-of-experts model: model.moe is "
+                                "not set");
+  else if (p.ep > 1 && spec.model.moe.experts % p.ep != 0)
+    problems.report(s.at("ep"), "parallel.ep = " + std::to_string(p.ep) +
+                                    " does not divide model.moe.experts = " +
+                                    std::to_string(spec.model.moe.experts));
+  else if (p.ep > 1 && p.zero > 0)
+    problems.report(s.at("zero"), "ZeRO with expert parallelism is not "
+                                  "supported yet: parallel.zero must be 0 "
+                                  "with parallel.ep = " +
+                                      std::to_string(p.ep));
   else if (spec.model.heads % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +
@@ -843,6 +861,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   put("dp", layout.dp);
   put("tp", layout.tp);
   put("pp", layout.pp);
+  put("ep", layout.ep);
   put("microbatches", layout.microbatches);
   put("virtual_stages", layout.virtualStages);
   put("schedule", layout.schedule);
@@ -934,6 +953,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
 LayoutOverrides LayoutOverrides::oneRank() {
   LayoutOverrides one;
   one.dp = one.tp = one.pp = one.microbatches = one.virtualStages = 1;
+  one.ep = 1;
   one.schedule = "1f1b";
   one.sequenceParallel = false;
   return one;
@@ -951,6 +971,7 @@ std::string LayoutOverrides::describe() const {
   count("dp", dp);
   count("tp", tp);
   count("pp", pp);
+  count("ep", ep);
   count("microbatches", microbatches);
   if (sequenceParallel && *sequenceParallel)
     add("sp");

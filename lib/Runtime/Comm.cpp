@@ -440,6 +440,64 @@ void allReduceSum(float *buffer, int64_t n, unsigned axes) {
   allReduceInPlace(buffer, n, MPI_FLOAT, 4, MPI_SUM, axes, "allReduceSum");
 }
 
+void allToAllV(const float *send, const int64_t *sendCounts,
+               const int64_t *sendOffsets, float *recv,
+               const int64_t *recvCounts, const int64_t *recvOffsets,
+               unsigned axes) {
+  checkAxes(axes, "allToAllV");
+  int64_t g = groupSize(axes), me = groupRank(axes);
+  int64_t total = 0, offRank = 0;
+  for (int64_t j = 0; j < g; ++j) {
+    total += sendCounts[j];
+    if (j != me)
+      offRank += sendCounts[j];
+  }
+  count(CollectiveKind::AllToAll, total, offRank * 4);
+  if (g == 1) {
+    if (sendCounts[0] > 0)
+      std::memmove(recv + recvOffsets[0], send + sendOffsets[0],
+                   (size_t)sendCounts[0] * sizeof(float));
+    return;
+  }
+  std::vector<int> sc(g), sd(g), rc(g), rd(g);
+  for (int64_t j = 0; j < g; ++j) {
+    for (int64_t v : {sendCounts[j], sendOffsets[j], recvCounts[j],
+                      recvOffsets[j]})
+      if (v < 0 || v > INT32_MAX)
+        throw std::runtime_error("allToAllV: a count or offset of " +
+                                 std::to_string(v) +
+                                 " elements is out of MPI's int range");
+    sc[j] = (int)sendCounts[j], sd[j] = (int)sendOffsets[j];
+    rc[j] = (int)recvCounts[j], rd[j] = (int)recvOffsets[j];
+  }
+  Traced traced("all_to_all", axes, offRank * 4);
+  Waiting waiting("allToAllV over %s (group of %lld)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g);
+  checkMpi(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv,
+                         rc.data(), rd.data(), MPI_FLOAT,
+                         state().comms[effectiveAxes(axes)]),
+           "MPI_Alltoallv");
+}
+
+void allToAllInt(const int32_t *send, int32_t *recv, int64_t n,
+                 unsigned axes) {
+  checkAxes(axes, "allToAllInt");
+  int64_t g = groupSize(axes);
+  checkCount(n, g, "allToAllInt");
+  count(CollectiveKind::AllToAll, n * g, n * (g - 1) * 4);
+  if (g == 1) {
+    std::memmove(recv, send, (size_t)n * sizeof(int32_t));
+    return;
+  }
+  Traced traced("all_to_all", axes, n * (g - 1) * 4);
+  Waiting waiting("allToAllInt over %s (group of %lld, %lld values each)",
+                  AxisSet::fromBits(axes).str().c_str(), (long long)g,
+                  (long long)n);
+  checkMpi(MPI_Alltoall(send, (int)n, MPI_INT32_T, recv, (int)n, MPI_INT32_T,
+                        state().comms[effectiveAxes(axes)]),
+           "MPI_Alltoall");
+}
+
 void allGather(const float *in, float *out, int64_t n, unsigned axes) {
   checkAxes(axes, "allGather");
   int64_t g = groupSize(axes);

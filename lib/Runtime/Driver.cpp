@@ -1385,9 +1385,12 @@ int train(const Program &sharedProgram, const Options &opts) {
   // global batch of B * dp sequences, taken from each microbatch alike (its
   // d-th B / microbatches rows of each), so every layout sees the one-rank
   // data in the one-rank microbatches.
-  const int64_t dataRanks = meshSize(MeshAxis::DP);
+  // Expert parallelism splits the batch further (inside dp).
+  const unsigned dataAxes = AxisSet(MeshAxis::DP).bits() |
+                            AxisSet(MeshAxis::EP).bits();
+  const int64_t dataRanks = meshSize(MeshAxis::DP) * meshSize(MeshAxis::EP);
   const int64_t globalB = B * dataRanks;
-  const int64_t firstRow = meshCoord(MeshAxis::DP) * B;
+  const int64_t firstRow = groupRank(dataAxes) * B;
   const bool leader = commRank() == 0;
   const bool multiRank = commWorldSize() > 1;
 

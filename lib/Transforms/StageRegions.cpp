@@ -24,6 +24,7 @@
 #include "mlir/IR/IRMapping.h"
 
 #include <map>
+#include <set>
 
 namespace tessel {
 #define GEN_PASS_DEF_STAGEREGIONS
@@ -394,6 +395,17 @@ Value StageCutter::receiveParam(Value v, int64_t rank) {
 void StageCutter::placeNorm(GlobalNormOp norm) {
   auto scalar = cast<RankedTensorType>(norm.getType());
   ArrayAttr reduce = norm.getReduceAxesAttr();
+  // The partial sums over pp are reduced by every rank together: a rank
+  // without gradients split over some axes (a stage without experts, under
+  // expert parallelism) contributes a zero to that sum.
+  auto splitOf = [&](size_t k) {
+    AxisSet split =
+        reduce ? cast<dist::AxesAttr>(reduce[k]).getValue() : AxisSet();
+    return ranks > 1 ? split | kPP : split;
+  };
+  std::set<unsigned> allSets;
+  for (size_t k = 0; k < norm.getInputs().size(); ++k)
+    allSets.insert(splitOf(k).bits());
   for (int64_t r = 0; r < ranks; ++r) {
     Part update{r, Phase::Update, 0};
     SmallVector<Value> grads;
@@ -402,12 +414,21 @@ void StageCutter::placeNorm(GlobalNormOp norm) {
       if (layout.stageOwner(stageOf.lookup(g.getDefiningOp())) != r)
         continue;
       grads.push_back(lookup(g, update));
-      AxisSet split =
-          reduce ? cast<dist::AxesAttr>(reduce[k]).getValue() : AxisSet();
-      axes.push_back(
-          dist::AxesAttr::get(ctx, ranks > 1 ? split | kPP : split));
+      axes.push_back(dist::AxesAttr::get(ctx, splitOf(k)));
     }
     OpBuilder ub = builderAtEnd(update);
+    std::set<unsigned> mine;
+    for (Attribute a : axes)
+      mine.insert(cast<dist::AxesAttr>(a).getValue().bits());
+    for (unsigned bits : allSets) {
+      if (mine.count(bits))
+        continue;
+      auto zero = FillOp::create(ub, norm.getLoc(), scalar,
+                                 ub.getF64FloatAttr(0.0));
+      copyPlacement(norm, zero);
+      grads.push_back(zero);
+      axes.push_back(dist::AxesAttr::get(ctx, AxisSet::fromBits(bits)));
+    }
     auto local = GlobalNormOp::create(ub, norm.getLoc(), scalar, grads,
                                       ArrayAttr::get(ctx, axes));
     copyPlacement(norm, local);

@@ -729,6 +729,33 @@ def png_colors(args):
         print(f"{hex_colour}: {'present' if n >= args.min_pixels else 'absent'}")
 
 
+def zero_router(args):
+    """A copy of a safetensors file with every MoE router weight
+    (*.gate.weight of rank 2) zero: every router probability ties, so every
+    token goes to experts 0 .. top_k - 1."""
+    tensors = safetensors_io.load_file(args.src)
+    zeroed = 0
+    for name, t in tensors.items():
+        if name.endswith(".gate.weight") and t.ndim == 2:
+            tensors[name] = np.zeros_like(t)
+            zeroed += 1
+    if not zeroed:
+        fail(f"{args.src} has no router weights")
+    safetensors_io.save_file(tensors, args.dst)
+    print(f"zeroed {zeroed} routers")
+
+
+def a2a_bytes(args):
+    """Every rank's counted all-to-all bytes per step equal `expect`."""
+    base, ext = os.path.splitext(args.report)
+    for rank in range(args.ranks):
+        report = json.load(open(f"{base}.rank{rank}{ext}"))
+        counted = report["collectives"]["all_to_all"]["bytes_sent"] / report["steps"]
+        if counted != args.expect:
+            fail(f"rank {rank}: {counted} all-to-all bytes per step, expected {args.expect}")
+    print(f"{args.ranks} ranks: {args.expect} all-to-all bytes per step each")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -747,6 +774,15 @@ def main():
     p.add_argument("--sample", type=int, default=1)
     p.add_argument("--expect", nargs="*", default=[])
     p.set_defaults(run=png_colors)
+    p = sub.add_parser("zero-router")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.set_defaults(run=zero_router)
+    p = sub.add_parser("a2a-bytes")
+    p.add_argument("report")
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--expect", type=int, required=True)
+    p.set_defaults(run=a2a_bytes)
     p = sub.add_parser("same-tensors")
     p.add_argument("a")
     p.add_argument("b")

@@ -25,7 +25,8 @@ static tessel::LayoutOverrides
 layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
                 const cl::opt<int> &pp, const cl::opt<int> &microbatches,
                 const cl::opt<int> &virtualStages,
-                const cl::opt<std::string> &schedule, const cl::opt<bool> &sp) {
+                const cl::opt<std::string> &schedule, const cl::opt<bool> &sp,
+                const cl::opt<int> &ep) {
   tessel::LayoutOverrides layout;
   auto count = [](const cl::opt<int> &flag) -> std::optional<int64_t> {
     if (!flag.getNumOccurrences())
@@ -35,6 +36,7 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
   layout.dp = count(dp);
   layout.tp = count(tp);
   layout.pp = count(pp);
+  layout.ep = count(ep);
   layout.microbatches = count(microbatches);
   layout.virtualStages = count(virtualStages);
   if (schedule.getNumOccurrences())
@@ -113,6 +115,10 @@ static int compileCommand(int argc, char **argv) {
                   cl::init(0), cl::cat(category));
   cl::opt<int> pp("pp", cl::desc("Pipeline stages (parallel.pp)"), cl::init(0),
                   cl::cat(category));
+  cl::opt<int> ep("ep",
+                  cl::desc("Expert-parallel degree of a mixture-of-experts "
+                           "model (parallel.ep)"),
+                  cl::init(0), cl::cat(category));
   cl::opt<int> microbatches("microbatches",
                             cl::desc("Microbatches (parallel.microbatches)"),
                             cl::init(0), cl::cat(category));
@@ -229,7 +235,8 @@ static int compileCommand(int argc, char **argv) {
   }
   options.overrides = specOverrides(sets, recompute, zero, zeroGroup, offload);
   options.layout =
-      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
+      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
+                      ep);
   if (Error err = tessel::compile(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;
@@ -248,6 +255,8 @@ static int checkCommandLine(int argc, char **argv) {
   cl::opt<int> tp("tp", cl::desc("Tensor-parallel degree"), cl::init(0),
                   cl::cat(category));
   cl::opt<int> pp("pp", cl::desc("Pipeline stages"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> ep("ep", cl::desc("Expert-parallel degree"), cl::init(0),
                   cl::cat(category));
   cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
                             cl::init(0), cl::cat(category));
@@ -317,7 +326,8 @@ static int checkCommandLine(int argc, char **argv) {
   options.cudaArch = cudaArch;
   options.tolerance = tolerance;
   options.layout =
-      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp);
+      layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
+                      ep);
   return tessel::checkCommand(options);
 }
 

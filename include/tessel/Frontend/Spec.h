@@ -97,6 +97,10 @@ struct DataSpec {
 
 struct ParallelSpec {
   int64_t dp = 1, tp = 1, pp = 1, microbatches = 1;
+  // parallel.ep: expert parallelism (MoE models). The routed experts are
+  // split over ep ranks; the tokens are split over dp x ep (for everything
+  // but the experts, ep is more data parallelism).
+  int64_t ep = 1;
   int64_t virtualStages = 1; // pipeline stages per rank (interleaved)
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
@@ -143,7 +147,7 @@ struct Spec {
 // check's --layers): typed values that replace the spec's and are validated
 // with it, so that errors still name the spec field (parallel.tp, ...).
 struct LayoutOverrides {
-  std::optional<int64_t> dp, tp, pp, microbatches, virtualStages;
+  std::optional<int64_t> dp, tp, pp, microbatches, virtualStages, ep;
   std::optional<std::string> schedule;
   std::optional<bool> sequenceParallel;
   std::optional<int64_t> layers; // model.layers

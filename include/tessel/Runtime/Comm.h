@@ -98,6 +98,17 @@ void allReduceSum(float *buffer, int64_t n, unsigned axes);
 // in: n elements per rank; out: g * n elements, rank-major in group order.
 // Counts n elements and (g-1) * n * 4 bytes.
 void allGather(const float *in, float *out, int64_t n, unsigned axes);
+// Every rank of the group sends sendCounts[j] elements (from sendOffsets[j])
+// to group rank j and receives recvCounts[j] (at recvOffsets[j]) from it
+// (MPI_Alltoallv). Counted as one all-to-all of the elements this rank
+// sends, its bytes those sent to other ranks.
+void allToAllV(const float *send, const int64_t *sendCounts,
+               const int64_t *sendOffsets, float *recv,
+               const int64_t *recvCounts, const int64_t *recvOffsets,
+               unsigned axes);
+// n int32 values to each rank of the group, n from each (MPI_Alltoall):
+// the counts an all-to-allv exchanges first. Counted with the all-to-alls.
+void allToAllInt(const int32_t *send, int32_t *recv, int64_t n, unsigned axes);
 // in: g * n elements; out: this rank's n-element block of the sum. Counts
 // g * n elements and (g-1) * n * 4 bytes.
 void reduceScatterSum(const float *in, float *out, int64_t n, unsigned axes);

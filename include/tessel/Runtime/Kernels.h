@@ -219,6 +219,37 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
 // moeDispatchPlan without earlier shards.
 void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
                  int64_t tokens, int64_t k, int64_t E, int64_t capacity);
+// With the tokens split over `axes` (group rank order = token order) and a
+// capacity: the assignments of the ranks before this one count first (their
+// counts all-gathered over `axes`).
+void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
+                      int32_t *offsets, int64_t tokens, int64_t k, int64_t E,
+                      int64_t capacity, unsigned axes);
+// groupedMatmul (and its weight gradient, summed) over `segments` row
+// ranges (offsets [segments + 1]), segment s using expert s % E: the rows
+// an expert-parallel rank received, by source rank, then its expert.
+template <typename T>
+void groupedMatmulSegments(const T *x, const T *W, T *out,
+                           const int32_t *offsets, int64_t segments, int64_t E,
+                           int64_t K, int64_t N, bool transW);
+template <typename T>
+void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
+                                     const int32_t *offsets, int64_t segments,
+                                     int64_t E, int64_t K, int64_t N,
+                                     bool transW);
+// Expert parallelism over `axes` (E experts, E / g per rank): sends each
+// expert's rows [offsets[e], offsets[e + 1]) of `rows` ([*, H]) to the rank
+// holding e, after the counts (an all-to-all); receives into `recv`
+// (recvRows rows, the rest zeroed) by source rank then expert, with
+// recvOffsets [E + 1] those segments' row ranges.
+void moeExchange(const float *rows, const int32_t *offsets, float *recv,
+                 int32_t *recvOffsets, int64_t E, int64_t H, int64_t recvRows,
+                 unsigned axes);
+// The way back: each received segment's rows of `recvOut` ([*, N]) to
+// where they came from, into `out` (rows rows, past offsets[E] zeroed).
+void moeCombine(const float *recvOut, const int32_t *recvOffsets,
+                const int32_t *offsets, float *out, int64_t E, int64_t N,
+                int64_t rows, unsigned axes);
 // counts and probSums [E] set (not added to) by moeLoadStats.
 template <typename T>
 void moeLoadStatsInto(const T *probs, const int32_t *experts, T *counts,

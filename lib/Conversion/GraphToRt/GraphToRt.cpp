@@ -617,10 +617,12 @@ PATTERN(MoeZLossGradOp) {
 PATTERN(MoeDispatchOp) {
   Value rows = alloc(b, op.getLoc(), op.getRowOf());
   Value offsets = alloc(b, op.getLoc(), op.getOffsets());
-  rt::MoeDispatchOp::create(b, op.getLoc(), a.getExperts(), rows, offsets,
-                            i(b, tokensOf(op.getExperts())),
-                            i(b, shapeOf(op.getExperts()).back()),
-                            op.getNumExpertsAttr(), op.getCapacityAttr());
+  dist::AxesAttr axes = op.getTokenAxesAttr();
+  rt::MoeDispatchOp::create(
+      b, op.getLoc(), a.getExperts(), rows, offsets,
+      i(b, tokensOf(op.getExperts())), i(b, shapeOf(op.getExperts()).back()),
+      op.getNumExpertsAttr(), op.getCapacityAttr(),
+      axes ? axes : dist::AxesAttr::get(b.getContext(), AxisSet()));
   b.replaceOp(op, {rows, offsets});
   return success();
 }
@@ -672,6 +674,37 @@ PATTERN(MoeUnpermuteGradOp) {
   return success();
 }
 
+PATTERN(MoeExchangeOp) {
+  dist::AxesAttr axes = op.getEpAxesAttr();
+  if (!axes) {
+    b.replaceOp(op, {a.getRows(), a.getOffsets()});
+    return success();
+  }
+  Value recv = alloc(b, op.getLoc(), op.getRecvRows());
+  Value recvOffsets = alloc(b, op.getLoc(), op.getRecvOffsets());
+  rt::MoeExchangeOp::create(b, op.getLoc(), a.getRows(), a.getOffsets(), recv,
+                            recvOffsets, i(b, shapeOf(op.getOffsets())[0] - 1),
+                            i(b, shapeOf(op.getRows())[1]),
+                            i(b, shapeOf(op.getRecvRows())[0]), axes);
+  b.replaceOp(op, {recv, recvOffsets});
+  return success();
+}
+
+PATTERN(MoeCombineOp) {
+  dist::AxesAttr axes = op.getEpAxesAttr();
+  if (!axes) {
+    b.replaceOp(op, a.getRows());
+    return success();
+  }
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeCombineOp::create(b, op.getLoc(), a.getRows(), a.getRecvOffsets(),
+                           a.getOffsets(), out,
+                           i(b, shapeOf(op.getOffsets())[0] - 1),
+                           i(b, shapeOf(op)[1]), i(b, shapeOf(op)[0]), axes);
+  b.replaceOp(op, out);
+  return success();
+}
+
 PATTERN(GroupedMatmulOp) {
   auto w = shapeOf(op.getWeight());
   bool tr = op.getTransposeRhs();
@@ -680,8 +713,9 @@ PATTERN(GroupedMatmulOp) {
   // Rows past the kept assignments' are zero.
   rt::FillOp::create(b, op.getLoc(), out, i(b, numel(op)), f(b, 0.0));
   rt::GroupedMatmulOp::create(b, op.getLoc(), a.getInput(), a.getWeight(),
-                              out, a.getOffsets(), i(b, w[0]), i(b, K),
-                              i(b, N), flag(b, tr), flag(b, false));
+                              out, a.getOffsets(),
+                              i(b, shapeOf(op.getOffsets())[0] - 1),
+                              i(b, w[0]), i(b, K), i(b, N), flag(b, tr));
   b.replaceOp(op, out);
   return success();
 }
@@ -693,7 +727,8 @@ PATTERN(GroupedMatmulWeightGradOp) {
   Value out = alloc(b, op.getLoc(), op);
   rt::GroupedMatmulWeightGradOp::create(
       b, op.getLoc(), a.getInput(), a.getGrad(), out, a.getOffsets(),
-      i(b, w[0]), i(b, K), i(b, N), flag(b, tr), flag(b, false));
+      i(b, shapeOf(op.getOffsets())[0] - 1), i(b, w[0]), i(b, K), i(b, N),
+      flag(b, tr));
   b.replaceOp(op, out);
   return success();
 }
@@ -725,6 +760,7 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       MoeAuxLossGradOpLowering, MoeZLossOpLowering, MoeZLossGradOpLowering,
       MoeDispatchOpLowering, MoePermuteOpLowering, MoePermuteGradOpLowering,
       MoeUnpermuteOpLowering, MoeUnpermuteGradOpLowering,
+      MoeExchangeOpLowering, MoeCombineOpLowering,
       GroupedMatmulOpLowering, GroupedMatmulWeightGradOpLowering>(converter,
                                                                    ctx);
 }

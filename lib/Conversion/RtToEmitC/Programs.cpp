@@ -404,7 +404,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
     return top.emitOpError("graph.recipe has no number '") << key << "'";
   };
   MeshShape mesh = dist::meshOf(top);
-  auto dp = mesh[MeshAxis::DP];
+  // The batch is split over dp and, in an MoE model, ep.
+  auto dp = mesh[MeshAxis::DP] * mesh[MeshAxis::EP];
   FailureOr<double> globalBatch = number("global_batch");
   if (failed(globalBatch))
     return failure();

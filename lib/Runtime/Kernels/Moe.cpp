@@ -12,6 +12,8 @@
 
 #include "tessel/Runtime/Kernels.h"
 
+#include "tessel/Runtime/Comm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -284,6 +286,94 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
 
 // The forms a step calls: whole buffers in, whole buffers out.
 
+template <typename T>
+void groupedMatmulSegments(const T *x, const T *W, T *out,
+                           const int32_t *offsets, int64_t segments, int64_t E,
+                           int64_t K, int64_t N, bool transW) {
+  for (int64_t c = 0; c * E < segments; ++c)
+    groupedMatmul(x, W, out, offsets + c * E, E, K, N, transW);
+}
+
+template <typename T>
+void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
+                                     const int32_t *offsets, int64_t segments,
+                                     int64_t E, int64_t K, int64_t N,
+                                     bool transW) {
+  for (int64_t c = 0; c * E < segments; ++c)
+    groupedMatmulWeightGrad(x, dout, dW, offsets + c * E, E, K, N, transW,
+                            /*accumulate=*/c > 0);
+}
+
+// Segment s = j * El + e of the received rows holds source rank j's rows
+// for this rank's expert e.
+void moeExchange(const float *rows, const int32_t *offsets, float *recv,
+                 int32_t *recvOffsets, int64_t E, int64_t H, int64_t recvRows,
+                 unsigned axes) {
+  int64_t g = groupSize(axes), El = E / g;
+  std::vector<int32_t> counts(E), got(E);
+  for (int64_t e = 0; e < E; ++e)
+    counts[e] = offsets[e + 1] - offsets[e];
+  allToAllInt(counts.data(), got.data(), El, axes);
+  recvOffsets[0] = 0;
+  for (int64_t s = 0; s < E; ++s)
+    recvOffsets[s + 1] = recvOffsets[s] + got[s];
+  if (recvOffsets[E] > recvRows)
+    throw std::runtime_error("moeExchange: " + std::to_string(recvOffsets[E]) +
+                             " rows received for a buffer of " +
+                             std::to_string(recvRows));
+  std::vector<int64_t> sendCounts(g), sendOffsets(g), recvCounts(g),
+      recvDispl(g);
+  for (int64_t j = 0; j < g; ++j) {
+    sendOffsets[j] = (int64_t)offsets[j * El] * H;
+    sendCounts[j] = (int64_t)offsets[(j + 1) * El] * H - sendOffsets[j];
+    recvDispl[j] = (int64_t)recvOffsets[j * El] * H;
+    recvCounts[j] = (int64_t)recvOffsets[(j + 1) * El] * H - recvDispl[j];
+  }
+  std::fill(recv + (int64_t)recvOffsets[E] * H, recv + recvRows * H, 0.0f);
+  allToAllV(rows, sendCounts.data(), sendOffsets.data(), recv,
+            recvCounts.data(), recvDispl.data(), axes);
+}
+
+void moeCombine(const float *recvOut, const int32_t *recvOffsets,
+                const int32_t *offsets, float *out, int64_t E, int64_t N,
+                int64_t rows, unsigned axes) {
+  int64_t g = groupSize(axes), El = E / g;
+  std::vector<int64_t> sendCounts(g), sendOffsets(g), recvCounts(g),
+      recvDispl(g);
+  for (int64_t j = 0; j < g; ++j) {
+    sendOffsets[j] = (int64_t)recvOffsets[j * El] * N;
+    sendCounts[j] = (int64_t)recvOffsets[(j + 1) * El] * N - sendOffsets[j];
+    recvDispl[j] = (int64_t)offsets[j * El] * N;
+    recvCounts[j] = (int64_t)offsets[(j + 1) * El] * N - recvDispl[j];
+  }
+  std::fill(out + (int64_t)offsets[E] * N, out + rows * N, 0.0f);
+  allToAllV(recvOut, sendCounts.data(), sendOffsets.data(), out,
+            recvCounts.data(), recvDispl.data(), axes);
+}
+
+void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
+                      int32_t *offsets, int64_t tokens, int64_t k, int64_t E,
+                      int64_t capacity, unsigned axes) {
+  if (axes == 0 || capacity <= 0 || groupSize(axes) == 1) {
+    moeDispatchPlan(experts, tokens, k, E, capacity, nullptr, rowOf, offsets);
+    return;
+  }
+  // The assignments of the ranks before this one in token order (group
+  // order) count first against each expert's capacity.
+  int64_t g = groupSize(axes), me = groupRank(axes);
+  std::vector<float> mine(E, 0.0f), all(g * E);
+  for (int64_t a = 0; a < tokens * k; ++a)
+    if (experts[a] >= 0 && experts[a] < E)
+      mine[experts[a]] += 1.0f;
+  allGather(mine.data(), all.data(), E, axes);
+  std::vector<int64_t> before(E, 0);
+  for (int64_t j = 0; j < me; ++j)
+    for (int64_t e = 0; e < E; ++e)
+      before[e] += (int64_t)all[j * E + e];
+  moeDispatchPlan(experts, tokens, k, E, capacity, before.data(), rowOf,
+                  offsets);
+}
+
 void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
                  int64_t tokens, int64_t k, int64_t E, int64_t capacity) {
   moeDispatchPlan(experts, tokens, k, E, capacity, nullptr, rowOf, offsets);
@@ -363,6 +453,12 @@ void moeZLossGrad(const T *logits, const T *dloss, T *dlogits, int64_t tokens,
                                       double, T, T *, int64_t);                \
   template T moeZLossSum<T>(const T *, int64_t, int64_t);                      \
   template void moeZLossBackward<T>(const T *, int64_t, int64_t, T, T *);      \
+  template void groupedMatmulSegments<T>(const T *, const T *, T *,           \
+                                         const int32_t *, int64_t, int64_t,    \
+                                         int64_t, int64_t, bool);              \
+  template void groupedMatmulWeightGradSegments<T>(                            \
+      const T *, const T *, T *, const int32_t *, int64_t, int64_t, int64_t,   \
+      int64_t, bool);                                                          \
   template void moeLoadStatsInto<T>(const T *, const int32_t *, T *, T *,      \
                                     int64_t, int64_t, int64_t);                \
   template void moeProbSumsBackward<T>(const T *, T *, int64_t, int64_t);      \
