@@ -410,6 +410,19 @@ json planJson(const Spec &spec, ModuleOp module,
   // Only a padded vocabulary records its padded size (the embedding's rows).
   if (model.paddedVocab() != model.vocabSize)
     plan["model"]["padded_vocab_size"] = model.paddedVocab();
+  // Only a mixture-of-experts model records its experts.
+  if (model.moe.enabled())
+    plan["model"]["moe"] = {
+        {"experts", model.moe.experts},
+        {"top_k", model.moe.topK},
+        {"every", model.moe.every},
+        {"ffn_hidden", model.moe.ffnHidden},
+        {"shared_experts", model.moe.sharedExperts},
+        {"capacity_factor", model.moe.capacityFactor > 0
+                                ? json(model.moe.capacityFactor)
+                                : json(nullptr)},
+        {"aux_loss_coef", model.moe.auxLossCoef},
+        {"z_loss_coef", model.moe.zLossCoef}};
   // Model FLOPs per trained token, as the programs count MFU by
   // (docs/metrics.md). Derived from the model, so not one of the model
   // fields a checkpoint is matched by.

@@ -83,6 +83,9 @@ Model modelOf(const json &j, const std::string &where) {
   if (m.family != "gpt" && m.family != "llama")
     throw std::runtime_error(where + ": model.family '" + m.family +
                              "' has no Hugging Face export");
+  if (j.contains("moe"))
+    throw std::runtime_error(where + ": a mixture-of-experts model (model.moe) "
+                                     "has no Hugging Face export yet");
   m.vocab = field("vocab_size").get<int64_t>();
   m.paddedVocab = j.value("padded_vocab_size", m.vocab);
   m.seqLen = field("seq_len").get<int64_t>();
