@@ -862,6 +862,16 @@ static LogicalResult checkExchanged(Operation *op, Value rows, Value out,
   return success();
 }
 
+LogicalResult MoeKeptCountsOp::verify() {
+  auto offsets = shapeOf(getOffsets());
+  auto result = shapeOf(getResult());
+  if (offsets.size() != 1 || result.size() != 1 ||
+      offsets[0] != result[0] + 1)
+    return emitOpError("offsets must be [E + 1] for a result of [E], got ")
+           << shapeStr(offsets) << " and " << shapeStr(result);
+  return success();
+}
+
 LogicalResult MoeExchangeOp::verify() {
   if (getRecvOffsets().getType() != getOffsets().getType())
     return emitOpError("recv_offsets must be typed as offsets");

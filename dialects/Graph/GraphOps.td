@@ -584,7 +584,9 @@ def Graph_MoeDispatchOp : Graph_Op<"moe_dispatch", [Pure, InferTypeOpAdaptor],
     `capacity` assignments in token order (the serial program's order),
     counting the microbatch's tokens on all ranks: `token_axes` (set by the
     partition) are the axes splitting them, whose ranks before this one
-    count first. `offsets` [E + 1] are this rank's experts' row ranges. Not
+    count first (with the sequence split over tp, row by row: a row's piece
+    comes after the earlier rows and the row's pieces on earlier tp ranks).
+    `offsets` [E + 1] are this rank's experts' row ranges. Not
     differentiable.
 
     ```mlir
@@ -596,6 +598,23 @@ def Graph_MoeDispatchOp : Graph_Op<"moe_dispatch", [Pure, InferTypeOpAdaptor],
                    OptionalAttr<Dist_AxesAttr>:$token_axes);
   let results = (outs Graph_I32Tensor:$row_of, Graph_I32Tensor:$offsets);
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def Graph_MoeKeptCountsOp : Graph_PureOp<"moe_kept_counts"> {
+  let summary = "Assignments each expert kept (after capacity), as floats";
+  let description = [{
+    `result[e] = offsets[e + 1] - offsets[e]`: the rows of expert e that
+    `moe_dispatch` kept. `experts` (the dispatch's input) says how the
+    tokens are split: over split tokens the result is a partial sum, like
+    `moe_load_stats`' counts. An observation for the metrics (with the
+    counts before capacity it gives the drop rate); not differentiable.
+
+    ```mlir
+    %kept = graph.moe_kept_counts %e, %off : (tensor<8x64x2xi32>, tensor<9xi32>) -> tensor<8xf32>
+    ```
+  }];
+  let arguments = (ins Graph_I32Tensor:$experts, Graph_I32Tensor:$offsets);
+  let results = (outs Graph_FloatTensor:$result);
 }
 
 def Graph_MoePermuteOp : Graph_DiffOp<"moe_permute"> {

@@ -828,14 +828,22 @@ LogicalResult MoeDispatchOp::localize(PartitionContext &ctx) {
   AxisSet axes = tokenAxes(ctx.shardingOf(getExperts()));
   if (getCapacity() <= 0 || ctx.mesh().groupSize(axes) == 1)
     return success();
-  // The ranks splitting the batch hold consecutive tokens in group order;
-  // a sequence split over tp (sequence parallelism) interleaves them.
-  if (axes.contains(MeshAxis::TP))
-    return emitOpError("model.moe.capacity_factor with the sequence split "
-                       "over tp (sequence parallelism) is not supported yet: "
-                       "drop capacity_factor (dropless routing) or "
-                       "sequence parallelism");
+  // The ranks splitting the batch hold consecutive rows in group order; a
+  // sequence split over tp (sequence parallelism) holds consecutive pieces
+  // of each row (the kernel counts per row then).
   setTokenAxesAttr(dist::AxesAttr::get(getContext(), axes));
+  return success();
+}
+
+LogicalResult MoeKeptCountsOp::propagateSharding(ShardingContext &ctx) {
+  // Read as moe_dispatch reads the experts (one reshard serves both); the
+  // counts of this rank's tokens are a share of the microbatch's.
+  Sharding e = ShardingContext::whole(ctx.reduced(getExperts()), {-1});
+  ctx.require(*this, 0, e);
+  ctx.require(*this, 1, Sharding::replicated(1));
+  Sharding kept = Sharding::replicated(1);
+  kept.partial = tokenAxes(e);
+  ctx.set(getResult(), kept);
   return success();
 }
 

@@ -9,6 +9,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -69,6 +70,17 @@ LogicalResult BatchOp::verify() {
       getName() != "positions")
     return emitOpError(
         "name must be \"tokens\", \"targets\" or \"positions\"");
+  return success();
+}
+
+LogicalResult RecordMetricOp::verify() {
+  // The name is written into the program's source as a string literal.
+  StringRef name = getName();
+  if (name.empty() || !llvm::all_of(name, [](char c) {
+        return llvm::isAlnum(c) || c == '_' || c == '.';
+      }))
+    return emitOpError("name must be letters, digits, '_' and '.', got \"")
+           << name << "\"";
   return success();
 }
 
@@ -248,9 +260,11 @@ void CrossEntropyVocabParallelBackwardOp::describeCommunication(
 void MoeDispatchOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t g = mesh.groupSize(getAxes()), E = getNumExperts();
+  // Counts per expert; with the sequence split over tp, per row as well.
+  int64_t n = getAxes().contains(MeshAxis::TP) ? getRows() * E : E;
   if (g > 1 && getCapacity() > 0)
-    records.push_back(record("all_gather", getAxes(), mesh, E, 4,
-                             rt::allGatherBytesSent(E, g)));
+    records.push_back(record("all_gather", getAxes(), mesh, n, 4,
+                             rt::allGatherBytesSent(n, g)));
 }
 
 // The rows an expert-parallel exchange moves depend on the routing: what

@@ -178,6 +178,20 @@ def Rt_FinishStepOp : Rt_Op<"finish_step"> {
   let assemblyFormat = "`(` $loss `,` $norm `)` attr-dict `:` type($loss) `,` type($norm)";
 }
 
+def Rt_RecordMetricOp : Rt_Op<"record_metric"> {
+  let summary = "Hands one of the step's observations to the runtime's metrics";
+  let description = [{
+    After `rt.finish_step`: a value the step computed besides the loss (an
+    MoE layer's assignments per expert, the load-balancing loss), whole on
+    every rank, written in the metrics under `name` (a compiler-chosen
+    identifier: letters, digits, `_` and `.`; `expert_tokens.3` is layer
+    3's entry of the per-layer list `expert_tokens`).
+  }];
+  let arguments = (ins Rt_Buffer:$value, StrAttr:$name);
+  let assemblyFormat = "$name `(` $value `)` attr-dict `:` type($value)";
+  let hasVerifier = 1;
+}
+
 def Rt_FinishEvalOp : Rt_Op<"finish_eval"> {
   let summary = "Hands a forward-only step's loss to the runtime";
   let description = [{
@@ -356,6 +370,8 @@ def Rt_MoeLoadStatsOp : Rt_KernelOp<"moe_load_stats", "moeLoadStatsInto",
     (ins Rt_Buffer:$probs, Rt_Buffer:$experts, Rt_Buffer:$counts,
          Rt_Buffer:$prob_sums, I64Attr:$tokens, I64Attr:$num_experts,
          I64Attr:$top_k)>;
+def Rt_MoeKeptCountsOp : Rt_KernelOp<"moe_kept_counts", "moeKeptCounts",
+    (ins Rt_Buffer:$offsets, Rt_Buffer:$kept, I64Attr:$num_experts)>;
 def Rt_MoeProbSumsBackwardOp : Rt_KernelOp<"moe_prob_sums_backward",
     "moeProbSumsBackward",
     (ins Rt_Buffer:$dprob_sums, Rt_Buffer:$dprobs, I64Attr:$tokens,
@@ -375,7 +391,7 @@ def Rt_MoeZLossBackwardOp : Rt_KernelOp<"moe_z_loss_backward", "moeZLossGrad",
          I64Attr:$tokens, I64Attr:$num_experts, F64Attr:$coef)>;
 def Rt_MoeDispatchOp : Rt_KernelOp<"moe_dispatch", "moeDispatchGroup",
     (ins Rt_Buffer:$experts, Rt_Buffer:$row_of, Rt_Buffer:$offsets,
-         I64Attr:$tokens, I64Attr:$top_k, I64Attr:$num_experts,
+         I64Attr:$tokens, I64Attr:$rows, I64Attr:$top_k, I64Attr:$num_experts,
          I64Attr:$capacity, Dist_AxesAttr:$axes),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 def Rt_MoeExchangeOp : Rt_KernelOp<"moe_exchange", "moeExchange",

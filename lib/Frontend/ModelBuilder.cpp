@@ -153,7 +153,18 @@ public:
     b.setListener(&placement);
     Value loss = m.family == "llama" ? llama() : gpt();
     b.setListener(nullptr);
-    func::ReturnOp::create(b, loc, loss);
+    SmallVector<Value> results = {loss};
+    SmallVector<Attribute> names;
+    metrics.insert(metrics.begin(), lossParts.begin(), lossParts.end());
+    for (auto &[name, value] : metrics) {
+      results.push_back(value);
+      names.push_back(b.getStringAttr(name));
+    }
+    func::ReturnOp::create(b, loc, results);
+    if (!metrics.empty()) {
+      func.setFunctionType(b.getFunctionType({}, ValueRange(results).getTypes()));
+      func->setAttr("graph.metrics", b.getArrayAttr(names));
+    }
     if (failed(applyShardOverrides(func)))
       return nullptr;
     setRecipe(*module, spec);
@@ -386,7 +397,7 @@ private:
           b, at(p + "attn"), x,
           conv1d(a, p + "attn.c_proj", C, C, Parallel::Row, projStd));
       h = layerNorm(x, p + "ln_2", C);
-      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "mlp", projStd)
+      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "mlp", projStd, l)
                                     : gptMlp(h, p + "mlp", m.ffnHidden,
                                              projStd);
       x = AddOp::create(b, at(p + "mlp"), x, y);
@@ -415,7 +426,7 @@ private:
   // rows (one grouped GEMM per projection), the rows scattered back
   // weighted; plus the always-on shared experts. The load-balancing and z
   // losses are added to the training loss.
-  Value moe(Value h, const std::string &p, double projStd) {
+  Value moe(Value h, const std::string &p, double projStd, int64_t layer) {
     const MoeSpec &e = m.moe;
     auto shape = cast<RankedTensorType>(h.getType()).getShape();
     int64_t C = m.hidden, E = e.experts, F = e.ffnHidden;
@@ -426,20 +437,28 @@ private:
     Value logits = MatmulOp::create(b, at(p + ".gate"), h, router, false, true);
     Value probs = SoftmaxOp::create(b, loc, logits);
     auto top = MoeTopKOp::create(b, loc, probs, b.getI64IntegerAttr(e.topK));
-    if (e.auxLossCoef > 0) {
-      auto stats =
-          MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
-      sideLosses.push_back(MoeAuxLossOp::create(
+    // The assignments per expert: the load-balancing loss's f_e, and the
+    // metrics' expert_tokens (docs/metrics.md).
+    auto stats = MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
+    std::string tag = "." + std::to_string(layer);
+    metrics.push_back({"expert_tokens" + tag, stats.getCounts()});
+    if (e.auxLossCoef > 0)
+      auxLosses.push_back(MoeAuxLossOp::create(
           b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
           b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
           b.getF64FloatAttr(e.auxLossCoef)));
-    }
     if (e.zLossCoef > 0)
-      sideLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
-                                              b.getF64FloatAttr(e.zLossCoef)));
+      zLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
+                                           b.getF64FloatAttr(e.zLossCoef)));
     auto dispatch = MoeDispatchOp::create(
         b, loc, top.getExperts(), b.getI64IntegerAttr(E),
         b.getI64IntegerAttr(e.capacity(tokens)), /*token_axes=*/nullptr);
+    if (e.capacity(tokens) > 0)
+      metrics.push_back(
+          {"expert_kept" + tag,
+           MoeKeptCountsOp::create(b, loc, f32({E}), top.getExperts(),
+                                   dispatch.getOffsets())
+               .getResult()});
     Value rows = MoePermuteOp::create(b, loc, h, dispatch.getRowOf());
     // To the ranks that hold the experts (an all-to-all over ep; nothing
     // without expert parallelism), and back after the experts.
@@ -487,10 +506,23 @@ private:
     return y;
   }
 
-  // The training loss: the language model's, plus the MoE layers' losses.
-  Value withSideLosses(Value loss) {
-    for (Value side : sideLosses)
-      loss = AddOp::create(b, at("loss"), loss, side);
+  // The training loss: the language model's, plus the MoE layers'
+  // load-balancing and z losses, each part also a metric.
+  Value withSideLosses(Value lm) {
+    if (auxLosses.empty() && zLosses.empty() && metrics.empty())
+      return lm;
+    lossParts.push_back({"lm_loss", lm});
+    Value loss = lm;
+    for (auto [name, parts] : {std::pair{"aux_loss", &auxLosses},
+                               std::pair{"z_loss", &zLosses}}) {
+      if (parts->empty())
+        continue;
+      Value sum = (*parts)[0];
+      for (Value part : ArrayRef<Value>(*parts).drop_front())
+        sum = AddOp::create(b, at("loss"), sum, part);
+      lossParts.push_back({name, sum});
+      loss = AddOp::create(b, at("loss"), loss, sum);
+    }
     return loss;
   }
 
@@ -540,7 +572,7 @@ private:
       x = AddOp::create(b, at(p + "self_attn"), x,
                         linear(a, p + "self_attn.o_proj", H * D, C, row));
       h = rmsNorm(x, p + "post_attention_layernorm", C);
-      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "block_sparse_moe", 0.02)
+      Value y = m.moe.isMoeLayer(l) ? moe(h, p + "block_sparse_moe", 0.02, l)
                                     : llamaMlp(h, p + "mlp", F);
       x = AddOp::create(b, at(p + "mlp"), x, y);
     }
@@ -585,7 +617,11 @@ private:
   bool inference = false;
   Value tokens, targets, positions;
   // The MoE layers' load-balancing and z losses, in layer order.
-  SmallVector<Value> sideLosses;
+  SmallVector<Value> auxLosses, zLosses;
+  // What the step reports besides the loss (returned after it, named by the
+  // function's graph.metrics).
+  // (the loss's parts first, then the layers').
+  SmallVector<std::pair<std::string, Value>> lossParts, metrics;
 };
 
 } // namespace

@@ -734,11 +734,6 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("ep"), "parallel.ep = " + std::to_string(p.ep) +
                                     " does not divide model.moe.experts = " +
                                     std::to_string(spec.model.moe.experts));
-  else if (p.ep > 1 && p.zero > 0)
-    problems.report(s.at("zero"), "ZeRO with expert parallelism is not "
-                                  "supported yet: parallel.zero must be 0 "
-                                  "with parallel.ep = " +
-                                      std::to_string(p.ep));
   else if (spec.model.heads % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +

@@ -1348,6 +1348,103 @@ std::string jsonNumber(double value, const char *format) {
   return buf;
 }
 
+// The step's other observations as metrics (docs/metrics.md): a metric
+// named `base.N` is layer N's entry of the list `base`; an MoE layer's
+// kept assignments (`expert_kept`, recorded only with a capacity) become
+// its dropped ones, and the drop rate covers every MoE layer.
+struct StepMetricsView {
+  std::string json;                                   // ", \"key\": value"...
+  std::vector<std::pair<std::string, double>> scalars; // for TensorBoard
+};
+
+StepMetricsView viewMetrics(const std::vector<StepMetric> &metrics) {
+  StepMetricsView view;
+  if (metrics.empty())
+    return view;
+  auto number = [](double v) {
+    // Counts are whole numbers; losses keep their digits.
+    return v == std::floor(v) && std::fabs(v) < 1e15 ? jsonNumber(v, "%.0f")
+                                                     : jsonNumber(v, "%.9g");
+  };
+  auto sumOf = [](const std::vector<double> &v) {
+    double total = 0;
+    for (double x : v)
+      total += x;
+    return total;
+  };
+  // Each name's entries: one value (or array) alone, or a list by layer.
+  struct Entries {
+    bool byLayer = false;
+    std::vector<std::string> texts;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Entries> entries;
+  std::map<std::string, std::vector<double>> tokensByLayer, keptByLayer;
+  std::vector<std::string> layers; // of expert_tokens, in order
+  for (const StepMetric &m : metrics) {
+    size_t dot = m.name.rfind('.');
+    bool byLayer = dot != std::string::npos;
+    std::string base = byLayer ? m.name.substr(0, dot) : m.name;
+    std::string layer = byLayer ? m.name.substr(dot + 1) : "";
+    if (base == "expert_tokens") {
+      tokensByLayer[layer] = m.values;
+      layers.push_back(layer);
+    }
+    if (base == "expert_kept") {
+      keptByLayer[layer] = m.values;
+      continue;
+    }
+    std::string text;
+    if (m.values.size() == 1) {
+      text = number(m.values[0]);
+      if (!byLayer)
+        view.scalars.push_back({base, m.values[0]});
+    } else {
+      text = "[";
+      for (size_t i = 0; i < m.values.size(); ++i)
+        text += (i ? ", " : "") + number(m.values[i]);
+      text += "]";
+    }
+    if (!entries.count(base))
+      order.push_back(base);
+    Entries &e = entries[base];
+    e.byLayer |= byLayer;
+    e.texts.push_back(text);
+  }
+  for (const std::string &base : order) {
+    const Entries &e = entries[base];
+    std::string value;
+    if (!e.byLayer && e.texts.size() == 1) {
+      value = e.texts[0];
+    } else {
+      value = "[";
+      for (size_t i = 0; i < e.texts.size(); ++i)
+        value += (i ? ", " : "") + e.texts[i];
+      value += "]";
+    }
+    view.json += ", \"" + base + "\": " + value;
+  }
+  if (!layers.empty()) {
+    double routed = 0, dropped = 0;
+    std::string perLayer = "[";
+    for (size_t i = 0; i < layers.size(); ++i) {
+      double tokens = sumOf(tokensByLayer[layers[i]]);
+      auto kept = keptByLayer.find(layers[i]);
+      double d = kept == keptByLayer.end() ? 0 : tokens - sumOf(kept->second);
+      routed += tokens;
+      dropped += d;
+      perLayer += (i ? ", " : "") + number(d);
+    }
+    perLayer += "]";
+    double rate = routed > 0 ? dropped / routed : 0;
+    if (!keptByLayer.empty())
+      view.json += ", \"expert_dropped\": " + perLayer;
+    view.json += ", \"drop_rate\": " + jsonNumber(rate, "%.9g");
+    view.scalars.push_back({"drop_rate", rate});
+  }
+  return view;
+}
+
 // The program as this rank runs it: a shared program with the parameter
 // table and arena of the pipeline rank the process finds itself on.
 Program programOfThisRank(const Program &shared, int64_t &variant) {
@@ -1921,6 +2018,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     ctx.lr = learningRate(config, step, opts.steps);
     ctx.loss = NAN;
     ctx.gradNorm = NAN;
+    ctx.metrics.clear();
 
     auto start = std::chrono::steady_clock::now();
     program.step(ctx);
@@ -1935,6 +2033,7 @@ int train(const Program &sharedProgram, const Options &opts) {
            " at step " + std::to_string(step + 1) + " of " +
            std::to_string(opts.steps));
     lastLoss = ctx.loss;
+    StepMetricsView stepMetrics = viewMetrics(ctx.metrics);
     // The validation loss, every --eval-every steps and after the last.
     std::string evalFields;
     double evalMs = 0;
@@ -2054,7 +2153,7 @@ int train(const Program &sharedProgram, const Options &opts) {
           (device ? std::string()
                   : ", \"mem_peak_bytes\": " +
                         std::to_string(statusBytes("VmHWM") - rssBefore)) +
-          evalFields + checkpointFields + "}\n";
+          stepMetrics.json + evalFields + checkpointFields + "}\n";
       writeMetricsLine(line);
     }
     if (board) {
@@ -2069,6 +2168,8 @@ int train(const Program &sharedProgram, const Options &opts) {
         scalars.push_back({"mfu", modelTflops / opts.peakTflops});
       if (!evalFields.empty())
         scalars.push_back({"val_loss", lastValLoss});
+      scalars.insert(scalars.end(), stepMetrics.scalars.begin(),
+                     stepMetrics.scalars.end());
       board->scalars(step, scalars);
     }
   }
@@ -2245,6 +2346,16 @@ void finishStep(StepContext &ctx, const double *loss, const double *norm) {
   ctx.loss = (float)loss[0];
   ctx.lossExact = loss[0];
   ctx.gradNorm = norm ? (float)norm[0] : NAN;
+}
+
+void recordMetric(StepContext &ctx, const char *name, const float *values,
+                  int64_t n) {
+  ctx.metrics.push_back({name, std::vector<double>(values, values + n)});
+}
+
+void recordMetric(StepContext &ctx, const char *name, const double *values,
+                  int64_t n) {
+  ctx.metrics.push_back({name, std::vector<double>(values, values + n)});
 }
 
 int runMain(int argc, char **argv, const Program &program) {

@@ -58,13 +58,18 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
     return func.emitOpError("@forward must be a single block");
   Block &body = func.getBody().front();
   auto ret = dyn_cast<func::ReturnOp>(body.getTerminator());
-  auto lossType = ret && ret.getNumOperands() == 1
+  // The loss, then the metrics the function names (graph.metrics).
+  auto metricNames = func->getAttrOfType<ArrayAttr>("graph.metrics");
+  unsigned results = 1 + (metricNames ? metricNames.size() : 0);
+  auto lossType = ret && ret.getNumOperands() == results
                       ? dyn_cast<RankedTensorType>(ret.getOperand(0).getType())
                       : RankedTensorType();
   if (!lossType || lossType.getRank() != 0 ||
       !isa<Float32Type, Float64Type>(lossType.getElementType()))
-    return func.emitOpError("@forward must return the loss as tensor<f32>");
+    return func.emitOpError("@forward must return the loss as tensor<f32>, "
+                            "then one value per name of graph.metrics");
   Value loss = ret.getOperand(0);
+  SmallVector<Value> metrics(ret.getOperands().drop_front());
 
   SmallVector<Operation *> forwardOps;
   SmallVector<ParamOp> params;
@@ -148,9 +153,12 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
         b.getF64FloatAttr(decay), b.getF64FloatAttr(settings.gradClip));
   }
   b.setListener(nullptr);
-  func::ReturnOp::create(b, ret.getLoc(), ValueRange{loss, norm});
+  SmallVector<Value> returned = {loss, norm};
+  llvm::append_range(returned, metrics);
+  func::ReturnOp::create(b, ret.getLoc(), returned);
   ret.erase();
-  func.setFunctionType(b.getFunctionType({}, {loss.getType(), norm.getType()}));
+  func.setFunctionType(
+      b.getFunctionType({}, ValueRange(returned).getTypes()));
   func.setSymName("train_step");
   return success();
 }

@@ -479,6 +479,12 @@ void Planner::coalesceCollectives() {
       collectives.push_back(op);
   });
   for (Operation *op : collectives) {
+    // The members of a group across pipeline stages run different programs,
+    // whose buffers lie differently: each must make the same calls, so
+    // their buffers stay one call each, in the order the program gives.
+    auto axes = op->getAttrOfType<dist::AxesAttr>("axes");
+    if (axes && axes.getValue().intersects(AxisSet(MeshAxis::PP)))
+      continue;
     if (auto ar = dyn_cast<rt::AllReduceOp>(op))
       coalesce(op, ar.getBuffers(), [&](OpBuilder &b, ValueRange runs) {
         return rt::AllReduceOp::create(b, op->getLoc(), runs, ar.getAxesAttr())

@@ -449,8 +449,12 @@ LogicalResult StageCutter::run() {
   for (int64_t r = 0; r < ranks; ++r) {
     std::string name =
         ranks == 1 ? "train_step" : "stage_" + std::to_string(r);
-    auto func = func::FuncOp::create(b, step.getLoc(), name,
-                                     b.getFunctionType({}, {scalar, scalar}));
+    // The loss, the norm and the metrics (graph.metrics).
+    auto func = func::FuncOp::create(
+        b, step.getLoc(), name,
+        b.getFunctionType({}, step.getFunctionType().getResults()));
+    if (Attribute metrics = step->getAttr("graph.metrics"))
+      func->setAttr("graph.metrics", metrics);
     func->setAttr("pipe.rank", b.getI64IntegerAttr(r));
     func.addEntryBlock();
     funcs.push_back(func);
@@ -524,8 +528,34 @@ LogicalResult StageCutter::run() {
       loss = ar.getResult(0);
     }
     Value gradNorm = lookup(ret.getOperand(1), update);
+    // The metrics: each where it is computed (a layer's on its stage),
+    // summed over the microbatches; under pp summed over pp like the loss
+    // (the other ranks contribute zeros) so that every rank has them all.
+    SmallVector<Value> metrics;
+    for (Value metric : ret.getOperands().drop_front(2)) {
+      Operation *def = metric.getDefiningOp();
+      if (ranks == 1 || !def || !stageOf.count(def) ||
+          layout.stageOwner(stageOf.lookup(def)) == r) {
+        metrics.push_back(lookup(metric, update));
+        continue;
+      }
+      OpBuilder ub = builderAtEnd(update);
+      auto zero = FillOp::create(ub, ret.getLoc(), metric.getType(),
+                                 ub.getF64FloatAttr(0.0));
+      setPhase(zero, Phase::Update);
+      metrics.push_back(zero);
+    }
+    if (ranks > 1 && !metrics.empty()) {
+      OpBuilder ub = builderAtEnd(update);
+      auto ar = dist::AllReduceOp::create(ub, ret.getLoc(),
+                                          ValueRange(metrics).getTypes(),
+                                          metrics, kPP);
+      setPhase(ar, Phase::Update);
+      metrics.assign(ar.getResults().begin(), ar.getResults().end());
+    }
     PartBuild &u = build(update);
     u.yields = {loss, gradNorm};
+    llvm::append_range(u.yields, metrics);
     finishRank(r, funcs[r]);
   }
   step.erase();

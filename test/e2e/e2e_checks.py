@@ -42,6 +42,35 @@ def compare(args):
         for s, (a, b) in enumerate(zip(ref, got)):
             print(f"  step {s}: reference {a:.7f} tessel {b:.7f}")
         fail(f"losses differ by {worst:.3e} > {args.rtol}")
+    if args.moe:
+        compare_moe(json.load(open(args.reference)), args.metrics, args.rtol)
+
+
+def compare_moe(ref, metrics_path, rtol):
+    """An MoE run's metrics against the reference: the loss's parts
+    (lm_loss, aux_loss, z_loss) per step to rtol, the dropped assignments
+    (summed over the layers) exactly, and every layer's assignments per
+    expert adding up to tokens x top_k."""
+    with open(metrics_path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    for key, ref_key in (("lm_loss", "lm_losses"), ("aux_loss", "aux_losses"),
+                         ("z_loss", "z_losses")):
+        if not any(ref[ref_key]):
+            continue
+        got = [m[key] for m in lines]
+        worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(ref[ref_key], got))
+        print(f"{key}: largest relative difference {worst:.3e}")
+        if worst > rtol:
+            fail(f"{key} differs by {worst:.3e} > {rtol}")
+    dropped = [int(sum(m.get("expert_dropped", []))) for m in lines]
+    if dropped != ref["dropped"]:
+        fail(f"dropped assignments per step: tessel {dropped}, reference {ref['dropped']}")
+    routed = {sum(sum(layer) for layer in m["expert_tokens"]) // len(m["expert_tokens"])
+              for m in lines}
+    rates = [m["drop_rate"] for m in lines]
+    print(f"dropped assignments per step equal ({min(dropped)} to {max(dropped)}), "
+          f"{routed.pop() if len(routed) == 1 else sorted(routed)} assignments per layer, "
+          f"drop rate {min(rates):.4f} to {max(rates):.4f}")
 
 
 def falls(args):
@@ -763,6 +792,8 @@ def main():
     p.add_argument("reference")
     p.add_argument("metrics")
     p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--moe", action="store_true",
+                   help="also the MoE metrics: the loss's parts and the drops")
     p.set_defaults(run=compare)
     p = sub.add_parser("falls")
     p.add_argument("metrics")

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <functional>
 #include <map>
 
 using namespace llvm;
@@ -31,8 +32,13 @@ namespace {
 
 // Each step's loss and, at the steps that evaluated, the validation loss
 // (NaN elsewhere).
+// An MoE model's also the loss's parts (lm_loss, aux_loss, z_loss) and
+// its routing: the assignments per expert of each layer and the dropped
+// ones, flattened, per step.
 struct Losses {
   std::vector<double> train, valid;
+  std::vector<std::map<std::string, double>> parts;
+  std::vector<std::vector<double>> routing;
 };
 
 Expected<Losses> readLosses(StringRef path) {
@@ -50,14 +56,36 @@ Expected<Losses> readLosses(StringRef path) {
     losses.valid.push_back(j.contains("val_loss") && j["val_loss"].is_number()
                                ? j["val_loss"].get<double>()
                                : NAN);
+    std::map<std::string, double> parts;
+    for (const char *key : {"lm_loss", "aux_loss", "z_loss"})
+      if (j.contains(key) && j[key].is_number())
+        parts[key] = j[key].get<double>();
+    losses.parts.push_back(parts);
+    std::vector<double> routing;
+    std::function<void(const nlohmann::json &)> flatten =
+        [&](const nlohmann::json &v) {
+          if (v.is_number())
+            routing.push_back(v.get<double>());
+          else if (v.is_array())
+            for (const nlohmann::json &x : v)
+              flatten(x);
+        };
+    for (const char *key : {"expert_tokens", "expert_dropped"})
+      if (j.contains(key))
+        flatten(j[key]);
+    losses.routing.push_back(routing);
   }
   return losses;
 }
 
 struct Comparison {
-  double lossDiff = 0, paramDiff = 0, validDiff = 0;
-  int64_t lossStep = -1, validStep = -1;
-  std::string paramName;
+  double lossDiff = 0, paramDiff = 0, validDiff = 0, partDiff = 0;
+  int64_t lossStep = -1, validStep = -1, partStep = -1;
+  std::string paramName, partName;
+  // Expert assignments counted differently (half the summed absolute
+  // difference of the per-expert counts) of all counted, over the run.
+  double moved = 0, assigned = 0;
+  bool routed = false;
 };
 
 Expected<Comparison> compareRuns(StringRef refDir, StringRef layoutDir) {
@@ -80,6 +108,24 @@ Expected<Comparison> compareRuns(StringRef refDir, StringRef layoutDir) {
     if (c.lossStep < 0 || !(d <= c.lossDiff)) {
       c.lossDiff = d;
       c.lossStep = s;
+    }
+    for (auto &[name, value] : ref->parts[s]) {
+      auto other = lay->parts[s].find(name);
+      if (other == lay->parts[s].end())
+        return createStringError("the runs logged different metrics");
+      double pd = relative(value, other->second);
+      if (c.partStep < 0 || !(pd <= c.partDiff)) {
+        c.partDiff = pd;
+        c.partStep = s;
+        c.partName = name;
+      }
+    }
+    if (ref->routing[s].size() != lay->routing[s].size())
+      return createStringError("the runs logged different expert counts");
+    for (size_t i = 0; i < ref->routing[s].size(); ++i) {
+      c.routed = true;
+      c.moved += std::fabs(ref->routing[s][i] - lay->routing[s][i]) / 2;
+      c.assigned += ref->routing[s][i];
     }
     if (std::isnan(ref->valid[s]) != std::isnan(lay->valid[s]))
       return createStringError("the runs evaluated at different steps");
@@ -225,8 +271,15 @@ int tessel::checkCommand(const CheckOptions &options) {
                 : precision == "bf16"    ? 3e-2
                                          : 1e-4;
   }
+  // Routing is decided by comparisons of probabilities: an assignment may
+  // move where two experts' probabilities tie to rounding, as summation
+  // order differs between layouts; more than one in a thousand is a
+  // difference in the routing itself.
+  const double routingTolerance = 1e-3;
+  double movedFraction = c->assigned > 0 ? c->moved / c->assigned : 0;
   bool ok = c->lossDiff <= tolerance && c->paramDiff <= tolerance &&
-            c->validDiff <= tolerance;
+            c->validDiff <= tolerance && c->partDiff <= tolerance &&
+            movedFraction <= routingTolerance;
   outs() << "tessel check: " << options.input << ", layout "
          << options.layout.describe();
   if (zero > 0)
@@ -245,6 +298,14 @@ int tessel::checkCommand(const CheckOptions &options) {
   if (c->validStep >= 0)
     outs() << format("  largest relative val_loss difference  %.3e (step %lld)\n",
                      c->validDiff, (long long)c->validStep);
+  if (c->partStep >= 0)
+    outs() << format("  largest relative loss part difference %.3e (%s, step "
+                     "%lld)\n",
+                     c->partDiff, c->partName.c_str(), (long long)c->partStep);
+  if (c->routed)
+    outs() << format("  expert assignments counted otherwise  %.0f of %.0f "
+                     "(tolerance %.0e)\n",
+                     c->moved, c->assigned, routingTolerance);
   outs() << (ok ? "  OK" : "  FAILED")
          << format(" (tolerance %.1e)\n", tolerance);
   return ok ? 0 : 1;

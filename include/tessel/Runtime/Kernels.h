@@ -219,12 +219,15 @@ void moeZLossBackward(const T *logits, int64_t tokens, int64_t E, T dsum,
 // moeDispatchPlan without earlier shards.
 void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
                  int64_t tokens, int64_t k, int64_t E, int64_t capacity);
-// With the tokens split over `axes` (group rank order = token order) and a
-// capacity: the assignments of the ranks before this one count first (their
-// counts all-gathered over `axes`).
+// With the tokens (`rows` rows of the batch here) split over `axes` and a
+// capacity: the assignments of the tokens before this rank's in the serial
+// order count first (their counts all-gathered over `axes`). The ranks of
+// the group hold consecutive rows in group order; with tp among the axes
+// (sequence parallelism) consecutive tp ranks hold consecutive pieces of
+// the same rows, and the counts are gathered per row.
 void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
-                      int32_t *offsets, int64_t tokens, int64_t k, int64_t E,
-                      int64_t capacity, unsigned axes);
+                      int32_t *offsets, int64_t tokens, int64_t rows,
+                      int64_t k, int64_t E, int64_t capacity, unsigned axes);
 // groupedMatmul (and its weight gradient, summed) over `segments` row
 // ranges (offsets [segments + 1]), segment s using expert s % E: the rows
 // an expert-parallel rank received, by source rank, then its expert.
@@ -254,6 +257,9 @@ void moeCombine(const float *recvOut, const int32_t *recvOffsets,
 template <typename T>
 void moeLoadStatsInto(const T *probs, const int32_t *experts, T *counts,
                       T *probSums, int64_t tokens, int64_t E, int64_t k);
+// kept[e] = offsets[e + 1] - offsets[e]: the assignments each expert kept.
+template <typename T>
+void moeKeptCounts(const int32_t *offsets, T *kept, int64_t E);
 // dprobs[t, e] = dprobSums[e]: the gradient of the probability sums.
 template <typename T>
 void moeProbSumsBackward(const T *dprobSums, T *dprobs, int64_t tokens,

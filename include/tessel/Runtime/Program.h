@@ -13,10 +13,10 @@
 
 #include "tessel/Support/MeshLayout.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
-
-#include <cstdint>
+#include <vector>
 
 namespace tessel::rt {
 
@@ -89,6 +89,14 @@ struct TrainConfig {
   int64_t evalBatches;
 };
 
+// One of the step's observations besides the loss and the norm (an MoE
+// layer's assignments per expert, the load-balancing loss; docs/metrics.md),
+// recorded by the step (recordMetric) once it has finished.
+struct StepMetric {
+  std::string name;
+  std::vector<double> values;
+};
+
 // What the step function reads and writes. All pointers are owned by the
 // runtime; `activations` is the statically planned arena of the step.
 struct StepContext {
@@ -131,6 +139,9 @@ struct StepContext {
   const int32_t *positions;
   float *kvCache;
   float *logits;
+  // Written by the step after finishStep: its other observations, in the
+  // order the program records them (empty for most models).
+  std::vector<StepMetric> metrics;
 };
 
 struct Program;
@@ -243,6 +254,11 @@ float clipCoefficient(double totalNorm, float maxNorm);
 // runtime.
 void finishStep(StepContext &ctx, const float *loss, const float *norm);
 void finishStep(StepContext &ctx, const double *loss, const double *norm);
+// Records `n` values of the step under `name` in ctx.metrics.
+void recordMetric(StepContext &ctx, const char *name, const float *values,
+                  int64_t n);
+void recordMetric(StepContext &ctx, const char *name, const double *values,
+                  int64_t n);
 
 // The main() of a float64 gradient-check program (tessel gradcheck): its
 // stores hold doubles. Runs the step (without an optimizer) on random

@@ -620,10 +620,19 @@ PATTERN(MoeDispatchOp) {
   dist::AxesAttr axes = op.getTokenAxesAttr();
   rt::MoeDispatchOp::create(
       b, op.getLoc(), a.getExperts(), rows, offsets,
-      i(b, tokensOf(op.getExperts())), i(b, shapeOf(op.getExperts()).back()),
+      i(b, tokensOf(op.getExperts())), i(b, shapeOf(op.getExperts()).front()),
+      i(b, shapeOf(op.getExperts()).back()),
       op.getNumExpertsAttr(), op.getCapacityAttr(),
       axes ? axes : dist::AxesAttr::get(b.getContext(), AxisSet()));
   b.replaceOp(op, {rows, offsets});
+  return success();
+}
+
+PATTERN(MoeKeptCountsOp) {
+  Value out = alloc(b, op.getLoc(), op);
+  rt::MoeKeptCountsOp::create(b, op.getLoc(), a.getOffsets(), out,
+                              i(b, shapeOf(op.getResult())[0]));
+  b.replaceOp(op, out);
   return success();
 }
 
@@ -755,7 +764,7 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,
       AdamWOpLowering, KvCacheOpLowering, RopeAtOpLowering,
       CachedAttentionOpLowering, OutputOpLowering, MoeTopKOpLowering,
-      MoeTopKGradOpLowering, MoeLoadStatsOpLowering,
+      MoeTopKGradOpLowering, MoeLoadStatsOpLowering, MoeKeptCountsOpLowering,
       MoeProbSumsGradOpLowering, MoeAuxLossOpLowering,
       MoeAuxLossGradOpLowering, MoeZLossOpLowering, MoeZLossGradOpLowering,
       MoeDispatchOpLowering, MoePermuteOpLowering, MoePermuteGradOpLowering,

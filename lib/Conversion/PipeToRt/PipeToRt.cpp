@@ -140,6 +140,13 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       if (update && part == update.getOperation()) {
         rt::FinishStepOp::create(end, loc, yield.getValues()[0],
                                  yield.getValues()[1]);
+        // Then the metrics, by the names the step gives them.
+        // (StageRegions yields one value per name.)
+        if (auto names = step->getAttrOfType<ArrayAttr>("graph.metrics"))
+          for (auto [value, name] :
+               llvm::zip(yield.getValues().drop_front(2), names.getValue()))
+            rt::RecordMetricOp::create(end, loc, value,
+                                       cast<StringAttr>(name));
       } else {
         bool sends = false;
         fn.walk([&](rt::SendOp) { sends = true; });

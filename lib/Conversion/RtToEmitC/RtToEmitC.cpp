@@ -266,6 +266,24 @@ struct FinishPattern : RtPattern<Op> {
   }
 };
 
+// rt.record_metric hands a value of the step to the runtime's metrics
+// (its name checked by the op's verifier: a plain identifier).
+struct RecordMetricPattern : RtPattern<rt::RecordMetricOp> {
+  using RtPattern::RtPattern;
+  LogicalResult
+  matchAndRewrite(rt::RecordMetricOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    CallBuilder(rewriter, op.getLoc())
+        .text("ctx")
+        .text("\"" + op.getName() + "\"")
+        .operand(adaptor.getValue())
+        .integer(rt::elementsOf(op.getValue()))
+        .build(this->target.recordMetricFunction());
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
 struct AllReducePattern : RtPattern<rt::AllReduceOp> {
   using RtPattern::RtPattern;
   LogicalResult
@@ -524,6 +542,7 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
   MLIRContext *ctx = patterns.getContext();
   patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
                FinishPattern<rt::FinishStepOp>, FinishPattern<rt::FinishEvalOp>,
+               RecordMetricPattern,
                AllReducePattern, WaitRequestsPattern>(converter, ctx, target);
   patterns.add<PieceStartPattern<rt::AllGatherShardsStartOp>>(
       converter, ctx, target, "allGatherShardsStart");

@@ -56,6 +56,7 @@ public:
     return name;
   }
   std::string finishStepFunction() const override { return "finishStep"; }
+  std::string recordMetricFunction() const override { return "recordMetric"; }
   bool keysByOrder() const override { return false; }
   std::string runMain() const override { return "runMain"; }
 };
@@ -93,6 +94,9 @@ public:
   std::string shadowType() const override { return "bf16"; }
   std::string finishStepFunction() const override {
     return "tessel::cuda::finishStep";
+  }
+  std::string recordMetricFunction() const override {
+    return "tessel::cuda::recordMetric";
   }
   bool keysByOrder() const override { return true; }
   std::string runMain() const override { return "tessel::rt::runMain"; }

@@ -515,4 +515,15 @@ void finishStep(rt::StepContext &ctx, const float *loss, const float *norm) {
   ctx.gradNorm = norm ? s.hostScalars[1] : NAN;
 }
 
+void recordMetric(rt::StepContext &ctx, const char *name, const float *values,
+                  int64_t n) {
+  DeviceState &s = state();
+  std::vector<float> host(n);
+  check(cudaMemcpyAsync(host.data(), values, n * sizeof(float),
+                        cudaMemcpyDeviceToHost, s.compute),
+        "cudaMemcpyAsync (metric)");
+  check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize (metric)");
+  ctx.metrics.push_back({name, std::vector<double>(host.begin(), host.end())});
+}
+
 } // namespace tessel::cuda

@@ -90,14 +90,26 @@ void moeTopKBackward(const T *probs, const int32_t *experts,
   }
 }
 
-int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
-                        int64_t E, int64_t capacity, const int64_t *before,
-                        int32_t *rowOf, int32_t *offsets) {
+namespace {
+
+// moeDispatchPlan with the tokens in `rows` runs of consecutive tokens
+// (rows of the batch), each with its own count of earlier assignments per
+// expert (`before`, [rows, E], or null): run r's tokens come after
+// before[r * E + e] assignments of expert e in the serial order.
+int64_t dispatchRuns(const int32_t *experts, int64_t tokens, int64_t rows,
+                     int64_t k, int64_t E, int64_t capacity,
+                     const int64_t *before, int32_t *rowOf,
+                     int32_t *offsets) {
   checkShape(tokens, E, k, "moeDispatchPlan");
+  if (rows < 1 || tokens % rows != 0)
+    throw std::invalid_argument("moeDispatchPlan: " + std::to_string(tokens) +
+                                " tokens are not " + std::to_string(rows) +
+                                " rows");
   // Kept assignments per expert, in token order: an assignment is kept
   // while the expert has taken fewer than `capacity` (those of earlier
   // tokens, `before`, counted first).
   std::fill(offsets, offsets + E + 1, int32_t(0));
+  int64_t perRun = tokens / rows * k;
   std::vector<int64_t> seen(E, 0);
   for (int64_t a = 0; a < tokens * k; ++a) {
     int32_t e = experts[a];
@@ -106,7 +118,10 @@ int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
                                   std::to_string(a) + " names expert " +
                                   std::to_string(e) + " of " +
                                   std::to_string(E));
-    int64_t earlier = (before ? before[e] : 0) + seen[e]++;
+    int64_t run = a / perRun;
+    if (a % perRun == 0 && rows > 1)
+      std::fill(seen.begin(), seen.end(), 0);
+    int64_t earlier = (before ? before[run * E + e] : 0) + seen[e]++;
     bool kept = capacity <= 0 || earlier < capacity;
     rowOf[a] = kept ? 0 : -1;
     if (kept)
@@ -119,6 +134,15 @@ int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
     if (rowOf[a] >= 0)
       rowOf[a] = (int32_t)next[experts[a]]++;
   return offsets[E];
+}
+
+} // namespace
+
+int64_t moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                        int64_t E, int64_t capacity, const int64_t *before,
+                        int32_t *rowOf, int32_t *offsets) {
+  return dispatchRuns(experts, tokens, 1, k, E, capacity, before, rowOf,
+                      offsets);
 }
 
 template <typename T>
@@ -352,26 +376,68 @@ void moeCombine(const float *recvOut, const int32_t *recvOffsets,
 }
 
 void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
-                      int32_t *offsets, int64_t tokens, int64_t k, int64_t E,
-                      int64_t capacity, unsigned axes) {
+                      int32_t *offsets, int64_t tokens, int64_t rows,
+                      int64_t k, int64_t E, int64_t capacity, unsigned axes) {
   if (axes == 0 || capacity <= 0 || groupSize(axes) == 1) {
     moeDispatchPlan(experts, tokens, k, E, capacity, nullptr, rowOf, offsets);
     return;
   }
-  // The assignments of the ranks before this one in token order (group
-  // order) count first against each expert's capacity.
   int64_t g = groupSize(axes), me = groupRank(axes);
-  std::vector<float> mine(E, 0.0f), all(g * E);
+  const unsigned tp = AxisSet(MeshAxis::TP).bits();
+  if (!(axes & tp)) {
+    // The ranks hold consecutive tokens in group order: those before this
+    // one count first against each expert's capacity.
+    std::vector<float> mine(E, 0.0f), all(g * E);
+    for (int64_t a = 0; a < tokens * k; ++a)
+      if (experts[a] >= 0 && experts[a] < E)
+        mine[experts[a]] += 1.0f;
+    allGather(mine.data(), all.data(), E, axes);
+    std::vector<int64_t> before(E, 0);
+    for (int64_t j = 0; j < me; ++j)
+      for (int64_t e = 0; e < E; ++e)
+        before[e] += (int64_t)all[j * E + e];
+    moeDispatchPlan(experts, tokens, k, E, capacity, before.data(), rowOf,
+                    offsets);
+    return;
+  }
+  // The sequence split over tp (sequence parallelism): consecutive group
+  // ranks (tp is the fastest axis in rank order) hold consecutive pieces of
+  // the same rows, the serial order being row by row. Each rank's counts
+  // per row and expert are all-gathered; a row's piece here comes after
+  // every earlier row of the group's rows and the row's pieces on the tp
+  // ranks before this one.
+  if (rows < 1 || tokens % rows != 0)
+    throw std::invalid_argument("moeDispatchGroup: " + std::to_string(tokens) +
+                                " tokens are not " + std::to_string(rows) +
+                                " rows");
+  int64_t pieces = groupSize(axes & tp), perRow = tokens / rows * k;
+  std::vector<float> mine(rows * E, 0.0f), all(g * rows * E);
   for (int64_t a = 0; a < tokens * k; ++a)
     if (experts[a] >= 0 && experts[a] < E)
-      mine[experts[a]] += 1.0f;
-  allGather(mine.data(), all.data(), E, axes);
-  std::vector<int64_t> before(E, 0);
-  for (int64_t j = 0; j < me; ++j)
-    for (int64_t e = 0; e < E; ++e)
-      before[e] += (int64_t)all[j * E + e];
-  moeDispatchPlan(experts, tokens, k, E, capacity, before.data(), rowOf,
-                  offsets);
+      mine[a / perRow * E + experts[a]] += 1.0f;
+  allGather(mine.data(), all.data(), rows * E, axes);
+  // Group rank j holds piece j % pieces of the rows of block j / pieces.
+  auto count = [&](int64_t j, int64_t r, int64_t e) {
+    return (int64_t)all[(j * rows + r) * E + e];
+  };
+  std::vector<int64_t> before(rows * E, 0), total(E, 0);
+  int64_t myBlock = me / pieces, myPiece = me % pieces;
+  for (int64_t j = 0; j < myBlock * pieces; ++j)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = 0; e < E; ++e)
+        total[e] += count(j, r, e);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t b = total[e];
+      for (int64_t p = 0; p < myPiece; ++p)
+        b += count(myBlock * pieces + p, r, e);
+      before[r * E + e] = b;
+      for (int64_t p = 0; p < pieces; ++p)
+        total[e] += count(myBlock * pieces + p, r, e);
+    }
+  }
+  dispatchRuns(experts, tokens, rows, k, E, capacity, before.data(), rowOf,
+               offsets);
 }
 
 void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
@@ -385,6 +451,12 @@ void moeLoadStatsInto(const T *probs, const int32_t *experts, T *counts,
   std::fill(counts, counts + E, T(0));
   std::fill(probSums, probSums + E, T(0));
   moeLoadStats(probs, experts, counts, probSums, tokens, E, k);
+}
+
+template <typename T>
+void moeKeptCounts(const int32_t *offsets, T *kept, int64_t E) {
+  for (int64_t e = 0; e < E; ++e)
+    kept[e] = (T)(offsets[e + 1] - offsets[e]);
 }
 
 template <typename T>
@@ -462,6 +534,7 @@ void moeZLossGrad(const T *logits, const T *dloss, T *dlogits, int64_t tokens,
   template void moeLoadStatsInto<T>(const T *, const int32_t *, T *, T *,      \
                                     int64_t, int64_t, int64_t);                \
   template void moeProbSumsBackward<T>(const T *, T *, int64_t, int64_t);      \
+  template void moeKeptCounts<T>(const int32_t *, T *, int64_t);               \
   template void moeAuxLossForward<T>(const T *, const T *, T *, int64_t,       \
                                      int64_t, int64_t, double);                \
   template void moeAuxLossGrad<T>(const T *, const T *, T *, int64_t, int64_t, \

@@ -44,6 +44,9 @@ public:
   virtual std::string shadowType() const { return "float"; }
   // The call that hands the loss and norm to the runtime.
   virtual std::string finishStepFunction() const = 0;
+  // Records one of the step's observations (rt.record_metric):
+  // (ctx, "name", buffer, elements).
+  virtual std::string recordMetricFunction() const = 0;
 
   // How a pipeline message is keyed: CPU: an MPI tag (the op's tag times
   // the microbatches plus the microbatch); CUDA: a send's place in the

@@ -173,6 +173,10 @@ const rt::DeviceHooks *deviceHooks(const DeviceProgram &program);
 // Copies the step's loss and global norm (device scalars) into ctx after the
 // step's work has finished; called at the end of the generated step.
 void finishStep(rt::StepContext &ctx, const float *loss, const float *norm);
+// Copies `n` device floats into ctx.metrics under `name` (after finishStep,
+// whose synchronisation they follow).
+void recordMetric(rt::StepContext &ctx, const char *name, const float *values,
+                  int64_t n);
 
 } // namespace tessel::cuda
 
