@@ -85,7 +85,35 @@ struct Sizes {
   bool sp, tied, llama, bf16;
   int64_t r; // pipeline rank
   bool first, last;
+  double ep; // expert parallelism (1 without)
 };
+
+// A mixture-of-experts model's routing (plan.json's model.moe).
+struct Moe {
+  bool enabled = false;
+  int64_t every = 1;
+  double experts = 0, topK = 0, shared = 0;
+  bool capacity = false, auxLoss = false;
+  bool isMoeBlock(int64_t block) const {
+    return enabled && block % every == 0;
+  }
+};
+
+Moe moeOf(const json &plan) {
+  Moe moe;
+  const json &model = plan["model"];
+  if (!model.contains("moe") || !model["moe"].is_object())
+    return moe;
+  const json &m = model["moe"];
+  moe.enabled = true;
+  moe.every = m.value("every", int64_t(1));
+  moe.experts = m["experts"].get<double>();
+  moe.topK = m["top_k"].get<double>();
+  moe.shared = m.value("shared_experts", 0.0);
+  moe.capacity = m.contains("capacity_factor") && m["capacity_factor"].is_number();
+  moe.auxLoss = m.value("aux_loss_coef", 0.0) > 0;
+  return moe;
+}
 
 Expected<Sizes> sizesOf(const json &plan, const std::string &program) {
   if (!plan.contains("model") || !plan["model"].is_object())
@@ -98,13 +126,13 @@ Expected<Sizes> sizesOf(const json &plan, const std::string &program) {
     return mesh.contains(name) ? mesh[name].get<double>() : 1.0;
   };
   Sizes z;
-  z.d = axis("dp"), z.t = axis("tp"), z.p = axis("pp");
+  z.d = axis("dp"), z.t = axis("tp"), z.p = axis("pp"), z.ep = axis("ep");
   z.sp = plan.value("sequence_parallel", false);
   z.m = plan.value("microbatches", 1);
   z.v = plan.value("virtual_stages", 1);
   z.bf16 = plan.value("precision", std::string("fp32")) == "bf16";
   z.e = z.bf16 ? 2 : 4;
-  z.b = plan["train"]["global_batch"].get<double>() / (z.d * z.m);
+  z.b = plan["train"]["global_batch"].get<double>() / (z.d * z.ep * z.m);
   z.s = model["seq_len"].get<double>();
   z.h = model["hidden"].get<double>();
   // The embedding's rows: the vocabulary padded to
@@ -201,8 +229,9 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     return sizes.takeError();
   const json &model = plan["model"];
   const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
-              r, first, last] = *sizes;
+              r, first, last, ep] = *sizes;
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
+  Moe moe = moeOf(plan);
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1;
   bool zero3 = plan.value("zero", 0) >= 3 && d > 1;
@@ -217,11 +246,16 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     double n = elementsOf(param);
     bool splitOverTp = param.contains("shard") &&
                        param["shard"].value("axis", std::string()) == "tp";
+    // Expert parallelism: an expert's gradient is summed over dp only, a
+    // dense one over dp x ep (ep is more data parallelism for it).
+    bool expert = param.contains("shard") &&
+                  param["shard"].value("axis", std::string()) == "ep";
+    double epSum = expert ? 1 : ep;
     if (sp && t > 1 && name == "wpe.weight" && model["family"] == "gpt") {
       // GPT-2's position table under sequence parallelism: each rank's
       // gradient rows are its own positions, reduced over dp and gathered
       // over tp.
-      table.textbook["dp"] += allReduce(n / t, d, 4);
+      table.textbook[epSum > 1 ? "dp,ep" : "dp"] += allReduce(n / t, d * epSum, 4);
       table.textbook["tp"] += (t - 1) * n / t * 4;
       continue;
     }
@@ -235,11 +269,20 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
                                      : allReduce(n, g, 4);
     if (zero && replicas > 1)
       table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
-    if (sp && t > 1 && !splitOverTp && zero) {
-      table.textbook["tp"] += allReduce(pieces ? n / g : n, t, 4);
+    // The axes besides dp that sum the gradient: ep for a dense parameter,
+    // tp for one replicated over tp under sequence parallelism.
+    bool overTp = sp && t > 1 && !splitOverTp;
+    std::string rest = epSum > 1 && overTp ? "tp,ep"
+                       : epSum > 1         ? "ep"
+                       : overTp            ? "tp"
+                                           : "";
+    double restGroup = epSum * (overTp ? t : 1);
+    if (!rest.empty() && zero) {
+      table.textbook[rest] += allReduce(pieces ? n / g : n, restGroup, 4);
       table.textbook[shard] += dpBytes;
-    } else if (sp && t > 1 && !splitOverTp)
-      table.textbook[d > 1 ? "dp,tp" : "tp"] += allReduce(n, d * t, 4);
+    } else if (!rest.empty())
+      table.textbook[d > 1 ? "dp," + rest : rest] +=
+          allReduce(n, d * restGroup, 4);
     else
       table.textbook[zero ? shard : "dp"] += dpBytes;
   }
@@ -264,6 +307,14 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     double perMicrobatch = 0;
     for (int64_t block : blocks) {
       double again = recomputes(plan, block) ? (sp ? 3 : 2) : 2 * regather;
+      // An MoE block without shared experts has no tp-split MLP: its routed
+      // experts are whole on every tp rank, so only attention's collectives
+      // remain (under sequence parallelism the experts take the rank's
+      // piece of the sequence as it is).
+      if (moe.isMoeBlock(block) && moe.shared == 0) {
+        perMicrobatch += (4 + again / 2) * (t - 1) / t * bsh * e;
+        continue;
+      }
       perMicrobatch += (8 + again) * (t - 1) / t * bsh * e;
     }
     if (first)
@@ -272,6 +323,46 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       perMicrobatch += (2 + regather) * (t - 1) / t * bsh * e +
                        3 * allReduce(b * s, t, 4);
     table.textbook["tp"] += m * perMicrobatch;
+  }
+  // Per MoE block and microbatch, over the ranks that split the tokens
+  // (dp, ep, and tp under sequence parallelism): the router's statistics
+  // (assignments and probability sums per expert, E floats each) summed
+  // for the load-balancing loss, and with a capacity each rank's counts
+  // per expert (per row under sequence parallelism) all-gathered. Per
+  // step, the metrics' assignments per expert (when no loss sums them
+  // already) and kept ones (with a capacity), E floats each.
+  // Over ep, the dispatch: two exchanges (forward, and the gradient's in
+  // backward), each the counts (E/g per peer, int32) and at most every row
+  // of the rank's tokens (R = b s k rows of h floats, a t-th under
+  // sequence parallelism), and two combines, each sending back at most the
+  // rows of the g - 1 other ranks: the worst case the static plan bounds
+  // (balanced routing moves (g-1)/g of R rows in each of the four).
+  if (moe.enabled) {
+    double tokens = b * s / (sp ? t : 1);
+    double tokenGroup = d * ep * (sp ? t : 1);
+    std::string tokenAxes = std::string(d > 1 ? "dp," : "") +
+                            (sp && t > 1 ? "tp," : "") + (ep > 1 ? "ep," : "");
+    if (!tokenAxes.empty())
+      tokenAxes.pop_back();
+    double E = moe.experts, rows = tokens * moe.topK;
+    for (int64_t block : blocks) {
+      if (!moe.isMoeBlock(block))
+        continue;
+      if (!tokenAxes.empty()) {
+        if (moe.auxLoss)
+          table.textbook[tokenAxes] += m * 2 * allReduce(E, tokenGroup, 4);
+        else
+          table.textbook[tokenAxes] += allReduce(E, tokenGroup, 4);
+        if (moe.capacity) {
+          double n = sp && t > 1 ? b * E : E;
+          table.textbook[tokenAxes] +=
+              m * (tokenGroup - 1) * n * 4 + allReduce(E, tokenGroup, 4);
+        }
+      }
+      if (ep > 1)
+        table.textbook["ep"] += m * (2 * (E / ep * (ep - 1) * 4 + rows * h * 4) +
+                                     2 * (ep - 1) * rows * h * 4);
+    }
   }
   if (p > 1) {
     double message = bsh / (sp ? t : 1) * e;
@@ -315,7 +406,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   if (!memory.contains("activation_slot_bytes"))
     return missing("activation_slot_bytes");
   const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
-              r, first, last] = *sizes;
+              r, first, last, ep] = *sizes;
   Held held = heldBy(plan, program);
   double P = held.elements;
   const std::set<int64_t> &blocks = held.blocks;
