@@ -442,6 +442,56 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
                    "model FLOPs per token x tokens/s over the peak "
                    "--peak-tflops stated (docs/metrics.md)");
 
+  // A mixture-of-experts model's routing (docs/metrics.md): the loss's
+  // side parts, and per MoE layer how unevenly the experts are loaded (the
+  // busiest expert's assignments over the mean) and the drop rate.
+  std::vector<Series> sideLosses = {{"aux_loss", {}, false},
+                                    {"z_loss", {}, false}};
+  std::vector<Series> load, drops = {{"drop rate %", {}, false}};
+  for (const json &s : steps) {
+    double x = s["step"].get<double>() + 1;
+    for (Series &series : sideLosses)
+      if (s.contains(series.name) && s[series.name].is_number())
+        series.points.push_back({x, s[series.name].get<double>()});
+    if (s.contains("drop_rate") && s["drop_rate"].is_number())
+      drops[0].points.push_back({x, 100 * s["drop_rate"].get<double>()});
+    if (!s.contains("expert_tokens") || !s["expert_tokens"].is_array())
+      continue;
+    const json &layers = s["expert_tokens"];
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (!layers[l].is_array() || layers[l].empty())
+        continue;
+      double total = 0, busiest = 0;
+      for (const json &c : layers[l]) {
+        total += c.get<double>();
+        busiest = std::max(busiest, c.get<double>());
+      }
+      if (load.size() <= l)
+        load.push_back({"MoE layer " + std::to_string(l + 1), {}, false});
+      if (total > 0)
+        load[l].points.push_back(
+            {x, busiest / (total / (double)layers[l].size())});
+    }
+  }
+  llvm::erase_if(sideLosses,
+                 [](const Series &series) { return series.points.empty(); });
+  if (!sideLosses.empty())
+    body += figure("moe-losses", "Load-balancing and z losses",
+                   lineChart(sideLosses, "step", "loss"),
+                   "the mixture-of-experts losses added to the language "
+                   "model's, summed over the MoE layers");
+  if (!load.empty())
+    body += figure("moe-load", "Expert load",
+                   lineChart(load, "step", "busiest / mean"),
+                   "per MoE layer, the busiest expert's assignments over "
+                   "the mean (1 = balanced)");
+  if (!drops[0].points.empty() &&
+      llvm::any_of(drops[0].points, [](auto p) { return p.second > 0; }))
+    body += figure("moe-drops", "Dropped assignments",
+                   lineChart(drops, "step", "dropped %"),
+                   "assignments dropped by the experts' capacity "
+                   "(model.moe.capacity_factor), of all the step's");
+
   // The step-time breakdown and the timeline, from the traces.
   const std::vector<std::string> parts = {
       "compute",   "collectives", "pipeline waits",
