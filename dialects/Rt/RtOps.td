@@ -510,7 +510,7 @@ class Rt_CommOp<string mnemonic, list<Trait> traits = []>
 def Rt_AllReduceOp : Rt_CommOp<"all_reduce"> {
   let summary = "Sums each buffer over a group, in place (allReduceSum)";
   let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes);
-  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+  let assemblyFormat = "`(` $buffers `)` attr-dict (`:` type($buffers)^)?";
 }
 
 def Rt_AllReduceStartOp : Rt_CommOp<"all_reduce_start"> {
@@ -523,7 +523,7 @@ def Rt_AllReduceStartOp : Rt_CommOp<"all_reduce_start"> {
   let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes,
                    OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
-  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+  let assemblyFormat = "`(` $buffers `)` attr-dict (`:` type($buffers)^)?";
 }
 
 def Rt_ReduceScatterShardsStartOp : Rt_CommOp<"reduce_scatter_shards_start"> {
@@ -535,7 +535,7 @@ def Rt_ReduceScatterShardsStartOp : Rt_CommOp<"reduce_scatter_shards_start"> {
   let arguments = (ins Variadic<Rt_Buffer>:$buffers, Dist_AxesAttr:$axes,
                    OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
-  let assemblyFormat = "`(` $buffers `)` attr-dict `:` type($buffers)";
+  let assemblyFormat = "`(` $buffers `)` attr-dict (`:` type($buffers)^)?";
 }
 
 def Rt_ReduceScatterPieceStartOp : Rt_CommOp<"reduce_scatter_piece_start"> {

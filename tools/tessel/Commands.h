@@ -98,6 +98,9 @@ std::vector<double>
 traceClockShifts(const std::vector<nlohmann::json> &traces);
 // `tessel report DIR`: one HTML page of a run's charts (Report.cpp).
 int reportCommand(llvm::ArrayRef<std::string> args);
+// `tessel simulate DIR` and `tessel calibrate` (Simulate.cpp).
+int simulateCommand(llvm::ArrayRef<std::string> args);
+int calibrateCommand(llvm::ArrayRef<std::string> args);
 
 struct CheckOptions {
   std::string input;

@@ -389,6 +389,11 @@ int main(int argc, char **argv) {
       "  trace merge TRACE -o OUT\n"
       "                        the ranks' traces as one, on one clock\n"
       "  check SPEC --dp N ... train a layout and one rank; compare them\n"
+      "  simulate DIR --gpu a100-80g --nodes N | --cluster FILE\n"
+      "                        replay the compiled step on a cluster: step\n"
+      "                        time, its breakdown, tokens/s, MFU\n"
+      "  calibrate -o FILE [--ranks N --threads T]\n"
+      "                        measure this machine as a cluster description\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
       "  --version             print Tessel's version\n"
       "Run 'tessel <command> --help' for a command's options.\n";
@@ -438,6 +443,10 @@ int main(int argc, char **argv) {
     return tessel::reportCommand(rest);
   if (command == "generate")
     return tessel::generateCommand(rest);
+  if (command == "simulate")
+    return tessel::simulateCommand(rest);
+  if (command == "calibrate")
+    return tessel::calibrateCommand(rest);
   if (command == "--version" || command == "version") {
     outs() << "tessel " << TESSEL_VERSION << "\n";
     return 0;

@@ -1,0 +1,665 @@
+//===- Simulator.cpp - Replaying compiled rank programs on a cluster ------===//
+//
+// Each program is a cursor over its step: the ops of `train_step` with each
+// part call expanded (the part's microbatch bound), and a clock. A cursor
+// runs until it needs what another has not produced yet (a pipeline message
+// not sent, a collective over pp that not every stage has reached); then
+// the next runs. Sends and collectives carry their times, so the order in
+// which cursors run does not change the result.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tessel/Simulate/Simulator.h"
+
+#include "dialects/Dist/DistOps.h"
+#include "dialects/Pipe/PipeOps.h"
+#include "dialects/Rt/RtOps.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+
+using namespace mlir;
+using namespace tessel;
+using namespace tessel::sim;
+namespace rt = tessel::rtir;
+using json = nlohmann::json;
+using llvm::formatv;
+
+static llvm::Error error(const llvm::Twine &message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
+}
+
+//===--- Cost model -------------------------------------------------------===//
+
+static const char *typeName(int64_t elementBytes) {
+  switch (elementBytes) {
+  case 2:
+    return "bf16";
+  case 8:
+    return "fp64";
+  default:
+    return "fp32";
+  }
+}
+
+KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
+  const Device &d = cluster.device;
+  KernelCost cost;
+  llvm::SmallPtrSet<Value, 8> seen;
+  for (Value v : op->getOperands())
+    if (isa<MemRefType>(v.getType()) && seen.insert(v).second)
+      cost.bytes += static_cast<double>(rt::elementsOf(v)) *
+                    rt::elementBytesOf(v);
+
+  // GEMM FLOPs and shape.
+  double m = 0, n = 0, k = 0, batch = 1;
+  Value a;
+  if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
+    batch = mm.getBatch(), m = mm.getM(), n = mm.getN(), k = mm.getK();
+    a = mm.getA();
+  } else if (auto mb = dyn_cast<rt::MatmulBiasOp>(op)) {
+    m = mb.getM(), n = mb.getN(), k = mb.getK();
+    a = mb.getA();
+  } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
+    k = g.getK(), n = g.getN();
+    m = static_cast<double>(rt::elementsOf(g.getX())) / std::max<int64_t>(1, g.getK());
+    a = g.getX();
+  } else if (auto g = dyn_cast<rt::GroupedMatmulWeightGradOp>(op)) {
+    k = g.getK(), n = g.getN();
+    m = static_cast<double>(rt::elementsOf(g.getX())) / std::max<int64_t>(1, g.getK());
+    a = g.getX();
+  }
+  double memoryRate = d.memoryBandwidth * d.memoryEfficiency;
+  double memoryTime = memoryRate > 0 ? cost.bytes / memoryRate : 0;
+  if (a) {
+    cost.kind = "gemm";
+    cost.flops = 2 * batch * m * n * k;
+    double h = d.gemmHalfSize;
+    double eff = d.gemmEfficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h));
+    double peak = cluster.peak(typeName(rt::elementBytesOf(a)));
+    double t = peak > 0 && eff > 0 ? cost.flops / (peak * eff) : 0;
+    cost.seconds = std::max(t, memoryTime) + d.kernelOverhead;
+    return cost;
+  }
+  auto attention = [&](int64_t b, int64_t s, int64_t heads, int64_t dim,
+                       bool causal, double factor, Value q) {
+    cost.kind = "attention";
+    cost.flops = factor * 4.0 * b * heads * double(s) * s * dim *
+                 (causal ? 0.5 : 1.0);
+    double peak = cluster.peak(typeName(rt::elementBytesOf(q)));
+    double t = cost.flops / (peak * d.attentionEfficiency);
+    cost.seconds = std::max(t, memoryTime) + d.kernelOverhead;
+  };
+  if (auto f = dyn_cast<rt::AttentionForwardOp>(op)) {
+    attention(f.getBatch(), f.getSeq(), f.getHeads(), f.getHeadDim(),
+              f.getCausal(), 1.0, f.getQ());
+    return cost;
+  }
+  if (auto b = dyn_cast<rt::AttentionBackwardOp>(op)) {
+    attention(b.getBatch(), b.getSeq(), b.getHeads(), b.getHeadDim(),
+              b.getCausal(), 2.5, b.getQ());
+    return cost;
+  }
+  // A memory-bound kernel: its measured rate when the description has one.
+  if (auto call = dyn_cast<rt::KernelCallOpInterface>(op)) {
+    auto it = d.kernelBytesPerSecond.find(call.getFunction().str());
+    if (it != d.kernelBytesPerSecond.end())
+      memoryTime = cost.bytes / it->second;
+  }
+  cost.seconds = memoryTime + d.kernelOverhead;
+  return cost;
+}
+
+GroupPlacement tessel::sim::placeGroup(const MeshLayout &layout, int64_t rank,
+                                       AxisSet axes, const Cluster &cluster) {
+  GroupPlacement g;
+  int64_t color = layout.groupColor(rank, axes);
+  std::map<int64_t, int64_t> perNode;
+  g.size = 0;
+  for (int64_t r = 0; r < layout.worldSize(); ++r)
+    if (layout.groupColor(r, axes) == color) {
+      ++g.size;
+      ++perNode[cluster.nodeOf(r)];
+    }
+  g.nodes = perNode.size();
+  g.perNode = 0;
+  for (auto &[node, count] : perNode)
+    g.perNode = std::max(g.perNode, count);
+  return g;
+}
+
+// The bandwidth a device gets on the NICs when every device of its node
+// communicates at once (the ranks of a program run alike).
+static double nicShare(const Cluster &c) {
+  int64_t active = std::max<int64_t>(1, c.gpusPerNode);
+  return c.interNode.bandwidth *
+         std::min<double>(1.0, double(c.nicsPerNode) / active);
+}
+
+double tessel::sim::collectiveSeconds(const std::string &kind,
+                                      double bytesSent,
+                                      const GroupPlacement &group,
+                                      const Cluster &c) {
+  int64_t g = group.size;
+  if (g <= 1 && kind != "send_recv")
+    return 0;
+  double intra = c.intraNode.bandwidth * c.intraNode.efficiency;
+  if (kind == "send_recv") {
+    bool cross = group.nodes > 1;
+    double bw = cross ? nicShare(c) * c.interNode.efficiency : intra;
+    double lat = cross ? c.interNode.latency : c.intraNode.latency;
+    return lat + bytesSent / bw;
+  }
+  bool cross = group.nodes > 1;
+  double lat = cross ? c.interNode.latency : c.intraNode.latency;
+  if (kind == "all_to_all") {
+    // Each rank's own traffic: what goes to ranks on other nodes takes its
+    // share of the NICs, the rest the node's link, at the same time.
+    double outside = double(g - group.perNode) / std::max<int64_t>(1, g - 1);
+    double t = bytesSent * (1 - outside) / intra;
+    if (cross)
+      t = std::max(t, bytesSent * outside /
+                          (nicShare(c) * c.interNode.efficiency));
+    return t + (g - 1) * lat;
+  }
+  // A ring: every link carries what a rank sends; a ring across nodes
+  // leaves each node once per channel, over the NICs its members hold.
+  double bw = intra;
+  if (cross)
+    bw = std::min(intra, group.perNode * nicShare(c) * c.interNode.efficiency);
+  double steps = kind == "all_reduce" ? 2.0 * (g - 1) : double(g - 1);
+  double ring = bytesSent / bw + steps * lat;
+  if (kind != "all_reduce")
+    return ring;
+  // A tree (NCCL's choice for small all-reduces): 2 log2(g) latencies and
+  // the buffer twice through the slowest link.
+  double buffer = bytesSent * g / (2.0 * (g - 1));
+  double tree = 2 * std::ceil(std::log2(double(g))) * lat + 2 * buffer / bw;
+  return std::min(ring, tree);
+}
+
+//===--- Replay -----------------------------------------------------------===//
+
+namespace {
+
+enum class Phase { Step, Compute, Update };
+
+// One op of a program's step, in order.
+struct Item {
+  Operation *op;
+  int64_t microbatch; // of the part call it is in (-1: none)
+  Phase phase;
+  int64_t call;       // which part call (-1: train_step itself)
+};
+
+struct PartCall {
+  std::string name;
+  int64_t microbatch;
+  double start = -1, end = 0;
+};
+
+struct Cursor {
+  std::string name;
+  int64_t pipelineRank = 0, rank = 0;
+  std::vector<Item> items;
+  std::vector<PartCall> calls;
+  size_t pc = 0;
+  double t = 0;
+  double commFree = 0;                 // the stream of started collectives
+  std::map<int64_t, double> p2pFree;   // per receiver
+  std::map<int64_t, double> slotDone;  // request table slot -> completion
+  llvm::DenseMap<Value, double> requestDone;
+  double sendsDone = 0;
+  std::map<unsigned, int64_t> ppSyncs; // axes bits -> collectives passed
+  ProgramTimes times;
+};
+
+int64_t constantOf(Value v, int64_t fallback) {
+  if (auto c = v.getDefiningOp<arith::ConstantOp>())
+    if (auto i = dyn_cast<IntegerAttr>(c.getValue()))
+      return i.getInt();
+  return fallback;
+}
+
+bool isStart(Operation *op) {
+  return isa<rt::AllReduceStartOp, rt::ReduceScatterShardsStartOp,
+             rt::ReduceScatterPieceStartOp, rt::AllGatherShardsStartOp>(op);
+}
+bool isCollectiveOnly(Operation *op) {
+  return isa<rt::AllReduceOp, rt::AllGatherOp, rt::ReduceScatterOp,
+             rt::ReduceScatterShardsOp, rt::AllGatherShardsOp>(op);
+}
+// The request-table slots a started collective fills.
+std::pair<int64_t, int64_t> slotsOf(Operation *op) {
+  auto slot = op->getAttrOfType<IntegerAttr>("slot");
+  if (!slot)
+    return {-1, 0};
+  int64_t count = 1;
+  if (isa<rt::AllReduceStartOp, rt::ReduceScatterShardsStartOp>(op))
+    count = op->getNumOperands();
+  return {slot.getInt(), count};
+}
+
+class Simulation {
+public:
+  Simulation(ModuleOp top, const Cluster &cluster, const SimOptions &options)
+      : top(top), cluster(cluster), options(options),
+        layout(dist::meshOf(top), pipe::layoutOf(top).getVirtualStages()) {}
+
+  llvm::Expected<SimResult> run();
+
+private:
+  llvm::Error load();
+  // Runs one op of `c`; false when it must wait for another program.
+  bool step(size_t index);
+  double collectiveTime(Cursor &c, Operation *op, double *bytes);
+  const GroupPlacement &group(const Cursor &c, AxisSet axes);
+  void span(const Cursor &c, int tid, const std::string &name, double start,
+            double end, json args = json::object());
+
+  ModuleOp top;
+  const Cluster &cluster;
+  const SimOptions &options;
+  MeshLayout layout;
+  std::vector<Cursor> cursors;
+  llvm::DenseMap<Operation *, KernelCost> costs;
+  std::map<std::pair<int64_t, unsigned>, GroupPlacement> groups;
+  // (sender, receiver, tag, microbatch) -> arrival.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, double> messages;
+  // (axes bits, index) -> each program's arrival.
+  std::map<std::pair<unsigned, int64_t>, std::map<size_t, double>> syncs;
+  json events = json::array();
+  bool bf16 = false;
+};
+
+llvm::Error Simulation::load() {
+  std::vector<ModuleOp> programs;
+  for (auto m : top.getOps<ModuleOp>())
+    programs.push_back(m);
+  if (programs.empty())
+    programs.push_back(top);
+  if (static_cast<int64_t>(programs.size()) != layout.numPrograms())
+    return error(formatv("the module holds {0} rank programs but its mesh "
+                         "has {1} pipeline ranks",
+                         programs.size(), layout.numPrograms()));
+  if (layout.worldSize() > cluster.devices())
+    return error(formatv("the plan needs {0} devices but the cluster has {1} "
+                         "({2} node(s) of {3})",
+                         layout.worldSize(), cluster.devices(), cluster.nodes,
+                         cluster.gpusPerNode));
+  for (ModuleOp program : programs) {
+    Cursor c;
+    c.name = program.getSymName() ? program.getSymName()->str() : "program0";
+    if (auto r = program->getAttrOfType<IntegerAttr>("pipe.rank"))
+      c.pipelineRank = r.getInt();
+    c.rank = layout.firstRankOfProgram(c.pipelineRank);
+    c.times.name = c.name;
+    c.times.pipelineRank = c.pipelineRank;
+    auto stepFn = program.lookupSymbol<func::FuncOp>("train_step");
+    if (!stepFn)
+      return error("program " + c.name +
+                   " has no train_step: simulate replays a training compile");
+    for (Operation &op : stepFn.getBody().front()) {
+      if (auto call = dyn_cast<func::CallOp>(op)) {
+        auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee());
+        if (!callee)
+          return error("program " + c.name + " calls an unknown part " +
+                       call.getCallee().str());
+        int64_t mb = call.getNumOperands() > 0
+                         ? constantOf(call.getOperand(0), 0)
+                         : 0;
+        auto part = callee->getAttrOfType<StringAttr>("rt.part");
+        std::string name = part ? part.getValue().str() : call.getCallee().str();
+        Phase phase = name == "update" ? Phase::Update : Phase::Compute;
+        int64_t id = c.calls.size();
+        c.calls.push_back({name, mb});
+        callee.walk([&](Operation *inner) {
+          if (inner->getNumRegions() == 0)
+            c.items.push_back({inner, mb, phase, id});
+        });
+        continue;
+      }
+      if (op.getNumRegions() == 0)
+        c.items.push_back({&op, -1, Phase::Step, -1});
+    }
+    cursors.push_back(std::move(c));
+  }
+  top.walk([&](Operation *op) {
+    if (auto mm = dyn_cast<rt::MatmulOp>(op))
+      bf16 |= rt::elementBytesOf(mm.getA()) == 2;
+    if (auto mm = dyn_cast<rt::MatmulBiasOp>(op))
+      bf16 |= rt::elementBytesOf(mm.getA()) == 2;
+  });
+  return llvm::Error::success();
+}
+
+const GroupPlacement &Simulation::group(const Cursor &c, AxisSet axes) {
+  auto key = std::make_pair(c.rank, axes.bits());
+  auto it = groups.find(key);
+  if (it == groups.end())
+    it = groups.emplace(key, placeGroup(layout, c.rank, axes, cluster)).first;
+  return it->second;
+}
+
+double Simulation::collectiveTime(Cursor &c, Operation *op, double *bytes) {
+  auto comm = dyn_cast<rt::CommunicationOpInterface>(op);
+  if (!comm)
+    return 0;
+  SmallVector<rt::CollectiveRecord> records;
+  comm.describeCommunication(layout.shape(), records);
+  double t = 0;
+  for (const rt::CollectiveRecord &r : records) {
+    t += collectiveSeconds(r.kind, r.bytesSent, group(c, r.axes), cluster);
+    if (bytes)
+      *bytes += r.bytesSent;
+  }
+  return t;
+}
+
+void Simulation::span(const Cursor &c, int tid, const std::string &name,
+                      double start, double end, json args) {
+  if (!options.trace || end <= start)
+    return;
+  events.push_back({{"name", name},
+                    {"ph", "X"},
+                    {"pid", c.pipelineRank},
+                    {"tid", tid},
+                    {"ts", start * 1e6},
+                    {"dur", (end - start) * 1e6},
+                    {"args", std::move(args)}});
+}
+
+bool Simulation::step(size_t index) {
+  Cursor &c = cursors[index];
+  const Item &item = c.items[c.pc];
+  Operation *op = item.op;
+  auto mbOf = [&](Value v) {
+    if (isa<BlockArgument>(v))
+      return item.microbatch;
+    return constantOf(v, item.microbatch);
+  };
+  auto advance = [&]() {
+    if (item.call >= 0) {
+      PartCall &p = c.calls[item.call];
+      if (p.start < 0)
+        p.start = c.t;
+      p.end = c.t;
+    }
+    ++c.pc;
+  };
+  if (item.call >= 0 && c.calls[item.call].start < 0)
+    c.calls[item.call].start = c.t;
+
+  if (auto send = dyn_cast<rt::SendOp>(op)) {
+    auto [from, to, tag] = rt::messageOf(op);
+    double bytes = rt::elementsOf(send.getBuffer()) *
+                   double(rt::elementBytesOf(send.getBuffer()));
+    GroupPlacement link;
+    int64_t peer = layout.firstRankOfProgram(to);
+    link.size = 2;
+    link.nodes = cluster.nodeOf(c.rank) == cluster.nodeOf(peer) ? 1 : 2;
+    double start = std::max(c.t, c.p2pFree[to]);
+    double arrive = start + collectiveSeconds("send_recv", bytes, link, cluster);
+    c.p2pFree[to] = arrive;
+    c.sendsDone = std::max(c.sendsDone, arrive);
+    c.times.commBytes += bytes;
+    messages[{from, to, tag, mbOf(send.getMicrobatch())}] = arrive;
+    span(c, 2, "send", start, arrive,
+         {{"to", to}, {"bytes", bytes}, {"microbatch", mbOf(send.getMicrobatch())}});
+    advance();
+    return true;
+  }
+  if (auto recv = dyn_cast<rt::RecvOp>(op)) {
+    auto [from, to, tag] = rt::messageOf(op);
+    auto it = messages.find({from, to, tag, mbOf(recv.getMicrobatch())});
+    if (it == messages.end())
+      return false;
+    if (it->second > c.t) {
+      span(c, 0, "recv", c.t, it->second, {{"from", from}});
+      c.times.bubble += it->second - c.t;
+      c.t = it->second;
+    }
+    advance();
+    return true;
+  }
+  if (isa<rt::WaitSendsOp>(op)) {
+    if (c.sendsDone > c.t) {
+      span(c, 0, "wait sends", c.t, c.sendsDone);
+      c.times.exposedComm += c.sendsDone - c.t;
+      c.t = c.sendsDone;
+    }
+    advance();
+    return true;
+  }
+  auto waitUntil = [&](double done) {
+    if (done > c.t) {
+      span(c, 0, "wait", c.t, done);
+      c.times.exposedComm += done - c.t;
+      c.t = done;
+    }
+  };
+  if (auto w = dyn_cast<rt::WaitOp>(op)) {
+    auto it = c.requestDone.find(w.getRequest());
+    waitUntil(it == c.requestDone.end() ? c.t : it->second);
+    advance();
+    return true;
+  }
+  if (auto w = dyn_cast<rt::WaitRequestsOp>(op)) {
+    double done = c.t;
+    for (int64_t s = w.getFirst(); s < w.getFirst() + w.getCount(); ++s) {
+      auto it = c.slotDone.find(s);
+      if (it != c.slotDone.end())
+        done = std::max(done, it->second);
+    }
+    waitUntil(done);
+    advance();
+    return true;
+  }
+  if (isStart(op)) {
+    double bytes = 0;
+    double dur = collectiveTime(c, op, &bytes);
+    double start = std::max(c.t, c.commFree);
+    double done = start + dur;
+    c.commFree = done;
+    c.times.commBytes += bytes;
+    for (Value r : op->getResults())
+      c.requestDone[r] = done;
+    auto [first, count] = slotsOf(op);
+    for (int64_t s = first; first >= 0 && s < first + count; ++s)
+      c.slotDone[s] = done;
+    span(c, 1, op->getName().stripDialect().str(), start, done,
+         {{"bytes", bytes}});
+    advance();
+    return true;
+  }
+
+  bool kernel = isa<rt::KernelCallOpInterface>(op) && !isCollectiveOnly(op);
+  bool communicates = isa<rt::CommunicationOpInterface>(op);
+  if (!kernel && !communicates) {
+    advance();
+    return true;
+  }
+  // A collective (or a kernel that communicates) blocks the program; over
+  // pp it waits for every stage first.
+  if (communicates) {
+    SmallVector<rt::CollectiveRecord> records;
+    cast<rt::CommunicationOpInterface>(op).describeCommunication(
+        layout.shape(), records);
+    AxisSet axes;
+    for (const rt::CollectiveRecord &r : records)
+      axes |= r.axes;
+    if (axes.contains(MeshAxis::PP) && layout.numPrograms() > 1) {
+      auto key = std::make_pair(axes.bits(), c.ppSyncs[axes.bits()]);
+      auto &arrived = syncs[key];
+      arrived.emplace(index, c.t);
+      if (arrived.size() < cursors.size())
+        return false;
+      double start = 0;
+      for (auto &[i, t] : arrived)
+        start = std::max(start, t);
+      if (start > c.t) {
+        span(c, 0, "stages", c.t, start);
+        c.times.bubble += start - c.t;
+        c.t = start;
+      }
+      ++c.ppSyncs[axes.bits()];
+    }
+  }
+  double begin = c.t;
+  if (kernel) {
+    auto it = costs.find(op);
+    if (it == costs.end())
+      it = costs.try_emplace(op, kernelCost(op, cluster)).first;
+    const KernelCost &k = it->second;
+    c.t += k.seconds;
+    (item.phase == Phase::Update ? c.times.optimizer : c.times.compute) +=
+        k.seconds;
+    c.times.flops += k.flops;
+    ++c.times.kernels;
+  }
+  if (communicates) {
+    double bytes = 0;
+    double dur = collectiveTime(c, op, &bytes);
+    if (dur > 0)
+      span(c, 0, op->getName().stripDialect().str(), c.t, c.t + dur,
+           {{"bytes", bytes}});
+    c.t += dur;
+    c.times.exposedComm += dur;
+    c.times.commBytes += bytes;
+  }
+  (void)begin;
+  advance();
+  return true;
+}
+
+llvm::Expected<SimResult> Simulation::run() {
+  if (auto e = load())
+    return std::move(e);
+  size_t left = cursors.size();
+  std::vector<bool> done(cursors.size(), false);
+  while (left > 0) {
+    bool progress = false;
+    for (size_t i = 0; i < cursors.size(); ++i) {
+      if (done[i])
+        continue;
+      Cursor &c = cursors[i];
+      while (c.pc < c.items.size() && step(i))
+        progress = true;
+      if (c.pc == c.items.size()) {
+        done[i] = true;
+        --left;
+        progress = true;
+      }
+    }
+    if (!progress) {
+      std::string stuck;
+      for (size_t i = 0; i < cursors.size(); ++i)
+        if (!done[i]) {
+          std::string what;
+          llvm::raw_string_ostream os(what);
+          cursors[i].items[cursors[i].pc].op->print(
+              os, OpPrintingFlags().elideLargeElementsAttrs().skipRegions());
+          stuck += "\n  " + cursors[i].name + " waits at: " + what;
+        }
+      return error("the programs wait for each other (no schedule "
+                   "completes):" +
+                   stuck);
+    }
+  }
+
+  SimResult r;
+  r.devices = layout.worldSize();
+  for (Cursor &c : cursors) {
+    c.times.end = c.t;
+    r.stepTime = std::max(r.stepTime, c.t);
+  }
+  for (Cursor &c : cursors) {
+    c.times.bubble += r.stepTime - c.t;
+    r.hardwareFlopsPerStep += c.times.flops * layout.ranksPerProgram();
+    for (const PartCall &p : c.calls)
+      if (p.start >= 0)
+        span(c, 0, p.name, p.start, p.end, {{"microbatch", p.microbatch}});
+    r.programs.push_back(c.times);
+  }
+  auto recipe = top->getAttrOfType<DictionaryAttr>("graph.recipe");
+  auto number = [&](StringRef name) -> double {
+    if (!recipe)
+      return 0;
+    Attribute a = recipe.get(name);
+    if (auto i = dyn_cast_or_null<IntegerAttr>(a))
+      return static_cast<double>(i.getInt());
+    if (auto f = dyn_cast_or_null<FloatAttr>(a))
+      return f.getValueAsDouble();
+    return 0;
+  };
+  r.tokensPerStep = number("global_batch") * number("seq_len");
+  r.modelFlopsPerToken = number("flops_per_token");
+  r.elementType = bf16 ? "bf16" : "fp32";
+  r.peakFlops = cluster.peak(r.elementType);
+  if (options.trace) {
+    json meta = json::array();
+    const char *tracks[] = {"program", "collectives in flight", "messages"};
+    for (const Cursor &c : cursors) {
+      meta.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", c.pipelineRank},
+                      {"args", {{"name", c.name}}}});
+      for (int t = 0; t < 3; ++t)
+        meta.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", c.pipelineRank},
+                        {"tid", t},
+                        {"args", {{"name", tracks[t]}}}});
+    }
+    for (json &e : events)
+      meta.push_back(std::move(e));
+    r.trace = {{"traceEvents", meta},
+               {"displayTimeUnit", "ms"},
+               {"otherData", {{"simulated", true}, {"cluster", cluster.name}}}};
+  }
+  return r;
+}
+
+} // namespace
+
+llvm::Expected<SimResult> tessel::sim::simulate(ModuleOp top,
+                                                const Cluster &cluster,
+                                                const SimOptions &options) {
+  Simulation s(top, cluster, options);
+  return s.run();
+}
+
+json tessel::sim::resultToJson(const SimResult &r) {
+  json programs = json::array();
+  for (const ProgramTimes &p : r.programs)
+    programs.push_back({{"program", p.name},
+                        {"pipeline_rank", p.pipelineRank},
+                        {"compute_s", p.compute},
+                        {"optimizer_s", p.optimizer},
+                        {"exposed_comm_s", p.exposedComm},
+                        {"bubble_s", p.bubble},
+                        {"end_s", p.end},
+                        {"flops_per_rank", p.flops},
+                        {"comm_bytes_per_rank", p.commBytes},
+                        {"kernels", p.kernels}});
+  return {{"step_time_s", r.stepTime},
+          {"devices", r.devices},
+          {"tokens_per_step", r.tokensPerStep},
+          {"tokens_per_s", r.tokensPerSecond()},
+          {"model_flops_per_token", r.modelFlopsPerToken},
+          {"tflops_per_gpu", r.tflopsPerDevice()},
+          {"hardware_tflops_per_gpu", r.hardwareTflopsPerDevice()},
+          {"mfu", r.mfu()},
+          {"element_type", r.elementType},
+          {"peak_tflops", r.peakFlops / 1e12},
+          {"programs", programs}};
+}

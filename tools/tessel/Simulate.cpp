@@ -1,0 +1,615 @@
+//===- Simulate.cpp - `tessel simulate` and `tessel calibrate` ------------===//
+//
+// simulate: replays a compiled output's rank programs (ir/07-programs.mlir)
+// on a cluster description and reports the step time, its breakdown per
+// pipeline rank, tokens/s, model FLOP/s per device and MFU (--json), and a
+// Chrome trace of the replay (--trace).
+//
+// calibrate: measures a CPU cluster description on this machine: the
+// runtime's GEMM at a range of shapes (fitted to the cost model's
+// efficiency curve), its fused attention, memory bandwidth and per-call
+// overhead, the rates of the other kernels a step calls most, and with
+// --ranks N the collectives' latency and bandwidth between N processes
+// (MPI), all while N ranks run at once as a compiled layout's ranks do.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+
+#include "tessel/InitAllDialects.h"
+#include "tessel/Runtime/Comm.h"
+#include "tessel/Runtime/Kernels.h"
+#include "tessel/Simulate/Simulator.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Parser/Parser.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+#include <unistd.h>
+
+extern "C" void openblas_set_num_threads(int numThreads);
+
+using namespace tessel;
+using namespace llvm;
+using json = nlohmann::json;
+
+namespace {
+
+const char *kSimulateUsage =
+    "usage: tessel simulate DIR (--cluster FILE | --gpu NAME [--gpus-per-node "
+    "N] [--nodes N]) [--json] [--trace FILE]\n"
+    "  Replays the compiled step of DIR on a cluster: step time, its\n"
+    "  breakdown per pipeline rank (compute, optimizer, exposed\n"
+    "  communication, pipeline bubble), tokens/s, model TFLOP/s per device\n"
+    "  and MFU.\n"
+    "  --cluster FILE       a cluster description (tessel calibrate writes one)\n"
+    "  --gpu NAME           a preset: a100-80g, h100, h200\n"
+    "  --gpus-per-node N    devices per node (default 8)\n"
+    "  --nodes N            nodes (default: as many as the plan's ranks need)\n"
+    "  --json               print the result as JSON\n"
+    "  --trace FILE         write the replay as a Chrome trace (Perfetto)\n";
+
+const char *kCalibrateUsage =
+    "usage: tessel calibrate -o FILE [--ranks N] [--threads T] [--quick]\n"
+    "  Measures this machine as a cluster description for tessel simulate:\n"
+    "  N ranks (processes, under mpirun when N > 1) of T threads each,\n"
+    "  measured while all N run at once.\n"
+    "  --quick   shorter measurements (less precise; for tests)\n";
+
+int usage(const char *text, const Twine &message) {
+  outs().flush();
+  errs() << "tessel: " << message << "\n" << text;
+  return 2;
+}
+
+bool parseCount(const std::string &text, int64_t &out) {
+  return !StringRef(text).getAsInteger(10, out) && out >= 1;
+}
+
+Error writeAtomically(const std::string &path, const std::string &text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::error_code ec;
+    raw_fd_ostream os(tmp, ec);
+    if (ec)
+      return createStringError("cannot write " + path + ": " + ec.message());
+    os << text;
+    os.close();
+    if (os.has_error())
+      return createStringError("cannot write " + path);
+  }
+  if (std::error_code ec = sys::fs::rename(tmp, path))
+    return createStringError("cannot write " + path + ": " + ec.message());
+  return Error::success();
+}
+
+std::string seconds(double s) {
+  if (s >= 1)
+    return formatv("{0:f3} s", s);
+  if (s >= 1e-3)
+    return formatv("{0:f2} ms", s * 1e3);
+  return formatv("{0:f1} us", s * 1e6);
+}
+
+} // namespace
+
+//===--- simulate ---------------------------------------------------------===//
+
+int tessel::simulateCommand(ArrayRef<std::string> args) {
+  Arguments parsed;
+  std::string argumentError = parseArguments(
+      args, {"--cluster", "--gpu", "--gpus-per-node", "--nodes", "--trace"},
+      {"--json", "--help", "-h"}, parsed);
+  if (!argumentError.empty())
+    return usage(kSimulateUsage, "simulate: " + argumentError);
+  if (parsed.switches.count("--help") || parsed.switches.count("-h")) {
+    outs() << kSimulateUsage;
+    return 0;
+  }
+  if (parsed.positionals.size() != 1)
+    return usage(kSimulateUsage, "simulate: expects one compiled directory");
+  auto &values = parsed.values;
+  if (values.count("--cluster") == values.count("--gpu"))
+    return usage(kSimulateUsage,
+                 "simulate: give one of --cluster FILE and --gpu NAME");
+  const std::string dir = parsed.positionals[0];
+  Expected<json> plan = readPlan(dir);
+  if (!plan)
+    return fail(toString(plan.takeError()));
+  if (plan->contains("inference"))
+    return fail(dir + " is an inference plan: simulate replays a training "
+                      "step");
+
+  SmallString<256> irPath(dir);
+  sys::path::append(irPath, "ir", "07-programs.mlir");
+  if (!sys::fs::exists(irPath))
+    return fail(inQuotes(std::string(irPath)) +
+                " is missing: compile the spec again (simulate replays the "
+                "rank programs the compiler wrote there)");
+  mlir::MLIRContext context;
+  loadAllDialects(context);
+  std::string diagnostics;
+  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+    raw_string_ostream os(diagnostics);
+    os << d.getLocation() << ": " << d << "\n";
+    return mlir::success();
+  });
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::parseSourceFile<mlir::ModuleOp>(irPath, &context);
+  if (!module)
+    return fail(inQuotes(std::string(irPath)) +
+                " cannot be read; compile the spec again:\n" + diagnostics);
+
+  int64_t world = plan->value("world_size", int64_t(1));
+  Expected<sim::Cluster> cluster = [&]() -> Expected<sim::Cluster> {
+    if (values.count("--cluster"))
+      return sim::readCluster(values["--cluster"]);
+    int64_t perNode = 8, nodes = 0;
+    if (values.count("--gpus-per-node") &&
+        !parseCount(values["--gpus-per-node"], perNode))
+      return createStringError("--gpus-per-node expects a count >= 1, got '" +
+                               values["--gpus-per-node"] + "'");
+    if (values.count("--nodes") && !parseCount(values["--nodes"], nodes))
+      return createStringError("--nodes expects a count >= 1, got '" +
+                               values["--nodes"] + "'");
+    if (!nodes)
+      nodes = (world + perNode - 1) / perNode;
+    return sim::presetCluster(values["--gpu"], perNode, nodes);
+  }();
+  if (!cluster)
+    return fail(toString(cluster.takeError()));
+
+  sim::SimOptions options;
+  options.trace = values.count("--trace");
+  Expected<sim::SimResult> result = sim::simulate(*module, *cluster, options);
+  if (!result)
+    return fail(dir + ": " + toString(result.takeError()));
+  if (options.trace)
+    if (Error e = writeAtomically(values["--trace"], result->trace.dump(1)))
+      return fail(toString(std::move(e)));
+
+  if (parsed.switches.count("--json")) {
+    json out = sim::resultToJson(*result);
+    out["cluster"] = cluster->name;
+    outs() << out.dump(2) << "\n";
+    return 0;
+  }
+  const sim::SimResult &r = *result;
+  outs() << formatv("simulated {0} on {1}: {2} ranks\n", dir, cluster->name,
+                    r.devices);
+  outs() << formatv("  step {0}, {1:f0} tokens/s, {2:f2} model TFLOP/s per "
+                    "device ({3:f1}% MFU at {4:f1} {5} TFLOP/s peak)\n",
+                    seconds(r.stepTime), r.tokensPerSecond(),
+                    r.tflopsPerDevice(), 100 * r.mfu(), r.peakFlops / 1e12,
+                    r.elementType);
+  outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", "program",
+                    "compute", "optimizer", "exposed comm", "bubble");
+  for (const sim::ProgramTimes &p : r.programs)
+    outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", p.name,
+                      seconds(p.compute), seconds(p.optimizer),
+                      seconds(p.exposedComm), seconds(p.bubble));
+  if (options.trace)
+    outs() << "  trace: " << values["--trace"] << "\n";
+  return 0;
+}
+
+//===--- calibrate --------------------------------------------------------===//
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The median time of `fn` over repetitions lasting about `budget` seconds
+// (at least 3).
+template <typename Fn> double timeIt(Fn &&fn, double budget) {
+  fn(); // warm up
+  std::vector<double> samples;
+  auto begin = Clock::now();
+  while (samples.size() < 3 ||
+         (std::chrono::duration<double>(Clock::now() - begin).count() <
+              budget &&
+          samples.size() < 1000)) {
+    auto t0 = Clock::now();
+    fn();
+    samples.push_back(
+        std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+std::vector<float> filled(int64_t n, float scale = 0.01f) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = scale * float((i * 7919) % 1000 - 500) / 500.0f;
+  return v;
+}
+
+// Everything one rank measures (rank 0's figures are written).
+json measureRank(double budget, int64_t ranks) {
+  json out;
+  bool multi = ranks > 1;
+  auto barrier = [&]() {
+    if (multi) {
+      float x = 0;
+      rt::allReduceSum(&x, 1, AxisSet(MeshAxis::DP).bits());
+    }
+  };
+
+  // GEMMs at shapes a small model's step calls.
+  json gemms = json::array();
+  const int64_t shapes[][3] = {
+      {64, 64, 64},      {128, 128, 128},  {256, 256, 256},
+      {512, 512, 512},   {1024, 1024, 1024}, {1024, 256, 256},
+      {1024, 768, 256},  {1024, 256, 1024}, {1024, 1024, 256},
+      {1024, 4096, 256}, {256, 1024, 1024}, {2048, 512, 512}};
+  for (auto &s : shapes) {
+    int64_t m = s[0], n = s[1], k = s[2];
+    auto a = filled(m * k), b = filled(k * n);
+    std::vector<float> c(m * n);
+    barrier();
+    double t = timeIt(
+        [&] {
+          rt::matmul(a.data(), b.data(), c.data(), 1, m, n, k, false, false,
+                     0, 0, 0);
+        },
+        budget);
+    gemms.push_back({{"m", m}, {"n", n}, {"k", k}, {"seconds", t}});
+  }
+  out["gemm"] = gemms;
+
+  // Fused attention, forward and backward.
+  json attention = json::array();
+  const int64_t atts[][4] = {{4, 128, 8, 32}, {2, 256, 4, 64}};
+  for (auto &s : atts) {
+    int64_t B = s[0], T = s[1], H = s[2], D = s[3];
+    int64_t n = B * T * H * D;
+    auto q = filled(n), k = filled(n), v = filled(n), dout = filled(n);
+    std::vector<float> o(n), lse(B * H * T), dq(n), dk(n), dv(n);
+    barrier();
+    double f = timeIt(
+        [&] {
+          rt::attentionForward(q.data(), k.data(), v.data(), o.data(),
+                               lse.data(), B, T, H, H, D, true);
+        },
+        budget);
+    barrier();
+    double bw = timeIt(
+        [&] {
+          rt::attentionBackward(q.data(), k.data(), v.data(), o.data(),
+                                lse.data(), dout.data(), dq.data(), dk.data(),
+                                dv.data(), B, T, H, H, D, true);
+        },
+        budget);
+    attention.push_back({{"batch", B}, {"seq", T}, {"heads", H},
+                         {"head_dim", D}, {"forward", f}, {"backward", bw}});
+  }
+  out["attention"] = attention;
+
+  // Memory bandwidth and a call's overhead.
+  {
+    int64_t n = 4 << 20;
+    auto a = filled(n), b = filled(1024);
+    std::vector<float> o(n);
+    barrier();
+    double t = timeIt(
+        [&] { rt::addBroadcast(a.data(), b.data(), o.data(), n, 1024); },
+        budget);
+    out["bandwidth"] = (2.0 * n + 1024) * 4 / t;
+    barrier();
+    double tiny = timeIt(
+        [&] { rt::addBroadcast(a.data(), b.data(), o.data(), 64, 64); },
+        budget / 4);
+    out["overhead"] = tiny;
+  }
+
+  // The rates of the other kernels a step spends time in: bytes of their
+  // operands (as the cost model counts them) per second.
+  json kernels = json::object();
+  auto rate = [&](const char *name, double bytes, auto &&fn) {
+    barrier();
+    double t = timeIt(fn, budget / 2);
+    kernels[name] = {{"bytes", bytes}, {"seconds", t}};
+  };
+  {
+    int64_t rows = 1024, C = 512, n = rows * C;
+    auto x = filled(n), w = filled(C, 1), bias = filled(C), dout = filled(n);
+    std::vector<float> out1(n), dx(n), dw(C), db(C);
+    rate("layerNormForward", (2.0 * n + 2 * C) * 4, [&] {
+      rt::layerNormForward(x.data(), w.data(), bias.data(), out1.data(), rows,
+                           C, 1e-5);
+    });
+    rate("layerNormBackward", (3.0 * n + 3 * C) * 4, [&] {
+      rt::layerNormBackward(x.data(), w.data(), dout.data(), dx.data(),
+                            dw.data(), db.data(), rows, C, 1e-5);
+    });
+    rate("rmsNormForward", (2.0 * n + C) * 4, [&] {
+      rt::rmsNormForward(x.data(), w.data(), out1.data(), rows, C, 1e-5);
+    });
+    rate("rmsNormBackward", (3.0 * n + 2 * C) * 4, [&] {
+      rt::rmsNormBackward(x.data(), w.data(), dout.data(), dx.data(),
+                          dw.data(), rows, C, 1e-5);
+    });
+    rate("geluForward", 2.0 * n * 4,
+         [&] { rt::geluForward(x.data(), out1.data(), n); });
+    rate("geluBackward", 3.0 * n * 4, [&] {
+      rt::geluBackward(x.data(), dout.data(), dx.data(), n);
+    });
+    rate("siluForward", 2.0 * n * 4,
+         [&] { rt::siluForward(x.data(), out1.data(), n); });
+    rate("siluBackward", 3.0 * n * 4, [&] {
+      rt::siluBackward(x.data(), dout.data(), dx.data(), n);
+    });
+    rate("accumulateSum", 2.0 * n * 4, [&] {
+      rt::accumulateSum(x.data(), out1.data(), false, n);
+    });
+    rate("rope", 2.0 * n * 4, [&] {
+      rt::rope(x.data(), out1.data(), 1, rows, C / 64, 64, 10000.0, false);
+    });
+  }
+  {
+    int64_t rows = 512, V = 4096;
+    auto logits = filled(rows * V);
+    std::vector<int32_t> targets(rows);
+    for (int64_t r = 0; r < rows; ++r)
+      targets[r] = (r * 31) % V;
+    std::vector<float> loss(1), dloss(1, 1.0f), dlogits(rows * V);
+    rate("crossEntropyForward", (rows * V + rows + 1) * 4.0, [&] {
+      rt::crossEntropyForward(logits.data(), targets.data(), loss.data(), rows,
+                              V, V);
+    });
+    rate("crossEntropyBackward", (2.0 * rows * V + rows + 1) * 4, [&] {
+      rt::crossEntropyBackward(logits.data(), targets.data(), dloss.data(),
+                               dlogits.data(), rows, V, V);
+    });
+  }
+  {
+    int64_t tokens = 1024, V = 4096, C = 256;
+    auto table = filled(V * C), dout = filled(tokens * C);
+    std::vector<int32_t> ids(tokens);
+    for (int64_t i = 0; i < tokens; ++i)
+      ids[i] = (i * 37) % V;
+    std::vector<float> out1(tokens * C), dtable(V * C);
+    rate("embeddingForward", (V * C + tokens + tokens * C) * 4.0, [&] {
+      rt::embeddingForward(table.data(), ids.data(), out1.data(), tokens, V,
+                           C);
+    });
+    rate("embeddingBackward", (V * C + tokens + tokens * C) * 4.0, [&] {
+      rt::embeddingBackward(ids.data(), dout.data(), dtable.data(), tokens, V,
+                            C);
+    });
+  }
+  {
+    int64_t n = 1 << 20;
+    auto p = filled(n), g = filled(n), m = filled(n), v = filled(n, 0.001f);
+    for (float &x : v)
+      x = std::fabs(x);
+    float norm = 1.0f;
+    rate("adamwStep", (4.0 * n + 1) * 4, [&] {
+      rt::adamwStep(p.data(), nullptr, g.data(), m.data(), v.data(), &norm,
+                    1e-4f, 1, n, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f);
+    });
+  }
+  out["kernels"] = kernels;
+
+  // The collectives between the ranks: an all-reduce at a small and a
+  // large size (latency, then bandwidth).
+  if (multi) {
+    unsigned axes = AxisSet(MeshAxis::DP).bits();
+    json comm = json::array();
+    for (int64_t n : {int64_t(1), int64_t(1024), int64_t(1) << 20,
+                      int64_t(4) << 20}) {
+      std::vector<float> buf = filled(n);
+      barrier();
+      double t = timeIt([&] { rt::allReduceSum(buf.data(), n, axes); },
+                        budget);
+      comm.push_back({{"elements", n}, {"seconds", t}});
+    }
+    out["all_reduce"] = comm;
+  }
+  return out;
+}
+
+// The cost model's GEMM curve fitted to the measured GEMMs: for each
+// half-size h on a grid, the peak that fits best in log space; the h with
+// the least squared error.
+std::pair<double, double> fitGemm(const json &gemms) {
+  double bestH = 0, bestPeak = 0, bestErr = INFINITY;
+  for (double h = 0; h <= 2048; h = h < 1 ? 1 : h * 1.15) {
+    double sum = 0;
+    std::vector<double> resid;
+    for (const json &g : gemms) {
+      double m = g["m"], n = g["n"], k = g["k"], t = g["seconds"];
+      double rate = 2 * m * n * k / t;
+      double f = (m / (m + h)) * (n / (n + h)) * (k / (k + h));
+      resid.push_back(std::log(rate / f));
+      sum += resid.back();
+    }
+    double logPeak = sum / resid.size(), err = 0;
+    for (double r : resid)
+      err += (r - logPeak) * (r - logPeak);
+    if (err < bestErr)
+      bestErr = err, bestH = h, bestPeak = std::exp(logPeak);
+  }
+  return {bestPeak, bestH};
+}
+
+sim::Cluster clusterFromMeasurements(const json &m, int64_t ranks,
+                                     int64_t threads) {
+  sim::Cluster c;
+  char host[256] = "";
+  ::gethostname(host, sizeof(host) - 1);
+  c.name = formatv("cpu: {0} ranks x {1} threads", ranks, threads);
+  sim::Device &d = c.device;
+  d.name = formatv("CPU rank ({0} threads)", threads);
+  long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGE_SIZE);
+  d.memoryBytes = pages > 0 && pageSize > 0
+                      ? double(pages) * pageSize / ranks
+                      : 1e9;
+  auto [peak, half] = fitGemm(m["gemm"]);
+  d.peakFlops["fp32"] = peak;
+  d.gemmEfficiency = 1;
+  d.gemmHalfSize = half;
+  // Attention's efficiency against that peak, over forward and backward.
+  double logSum = 0;
+  int count = 0;
+  for (const json &a : m["attention"]) {
+    double B = a["batch"], T = a["seq"], H = a["heads"], D = a["head_dim"];
+    double f = 4 * B * H * T * T * D * 0.5;
+    double t = double(a["forward"]) + double(a["backward"]);
+    logSum += std::log(3.5 * f / t / peak);
+    ++count;
+  }
+  d.attentionEfficiency = std::min(1.0, std::exp(logSum / count));
+  d.memoryBandwidth = m["bandwidth"];
+  d.memoryEfficiency = 1;
+  d.kernelOverhead = m["overhead"];
+  for (auto it = m["kernels"].begin(); it != m["kernels"].end(); ++it) {
+    double bytes = (*it)["bytes"], t = (*it)["seconds"];
+    double net = std::max(t - d.kernelOverhead, t * 0.5);
+    d.kernelBytesPerSecond[it.key()] = bytes / net;
+  }
+  c.gpusPerNode = ranks;
+  c.nodes = 1;
+  // A one-rank description still names a link (its collectives are
+  // trivial): shared memory at the measured bandwidth.
+  c.intraNode = {d.memoryBandwidth / 2, 1e-6, 1};
+  if (m.contains("all_reduce")) {
+    const json &ar = m["all_reduce"];
+    double g = ranks;
+    double small = ar.front()["seconds"];
+    double alpha = small / (2 * (g - 1));
+    const json &big = ar.back();
+    double n = big["elements"];
+    double bytesSent = 2 * (g - 1) / g * n * 4;
+    double t = double(big["seconds"]) - 2 * (g - 1) * alpha;
+    c.intraNode = {bytesSent / std::max(t, 1e-9), alpha, 1};
+  }
+  c.interNode = c.intraNode;
+  c.nicsPerNode = c.gpusPerNode;
+  c.sources["device"] = formatv(
+      "measured by tessel calibrate on {0}: the runtime's GEMM (OpenBLAS) at "
+      "{1} shapes fitted to the efficiency curve, its fused attention, "
+      "addBroadcast's bandwidth and per-call time, {2} kernels' rates; all "
+      "ranks measuring at once",
+      host, m["gemm"].size(), m["kernels"].size());
+  c.sources["links"] =
+      ranks > 1 ? "measured: MPI all-reduce of 4 B (latency) and 16 MB "
+                  "(bandwidth) between the ranks"
+                : "one rank: no collectives";
+  return c;
+}
+
+} // namespace
+
+int tessel::calibrateCommand(ArrayRef<std::string> args) {
+  Arguments parsed;
+  std::string argumentError = parseArguments(
+      args, {"-o", "--ranks", "--threads", "--worker-out"},
+      {"--quick", "--help", "-h", "--worker"}, parsed);
+  if (!argumentError.empty())
+    return usage(kCalibrateUsage, "calibrate: " + argumentError);
+  if (parsed.switches.count("--help") || parsed.switches.count("-h")) {
+    outs() << kCalibrateUsage;
+    return 0;
+  }
+  auto &values = parsed.values;
+  int64_t ranks = 1, threads = 1;
+  if (values.count("--ranks") && !parseCount(values["--ranks"], ranks))
+    return usage(kCalibrateUsage, "calibrate: --ranks expects a count >= 1, "
+                                  "got '" + values["--ranks"] + "'");
+  if (values.count("--threads") && !parseCount(values["--threads"], threads))
+    return usage(kCalibrateUsage, "calibrate: --threads expects a count >= "
+                                  "1, got '" + values["--threads"] + "'");
+  bool quick = parsed.switches.count("--quick");
+  double budget = quick ? 0.02 : 0.25;
+
+  if (parsed.switches.count("--worker")) {
+    // One rank of the measurement.
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    try {
+      MeshShape mesh;
+      mesh[MeshAxis::DP] = ranks;
+      int argc = 0;
+      char **argv = nullptr;
+      rt::commInit(&argc, &argv, mesh);
+      json m = measureRank(budget, ranks);
+      if (rt::commRank() == 0) {
+        sim::Cluster c = clusterFromMeasurements(m, ranks, threads);
+        json out = sim::clusterToJson(c);
+        out["measurements"] = m;
+        if (Error e = writeAtomically(values["--worker-out"], out.dump(2)))
+          return fail(toString(std::move(e)));
+      }
+      rt::commFinalize();
+    } catch (const std::exception &e) {
+      return fail(std::string("calibrate: ") + e.what());
+    }
+    return 0;
+  }
+
+  if (!values.count("-o"))
+    return usage(kCalibrateUsage, "calibrate: -o FILE is required");
+  std::string output = values["-o"];
+  auto self = sys::fs::getMainExecutable(nullptr, nullptr);
+  std::vector<std::string> argv;
+  if (ranks > 1) {
+    auto mpirun = sys::findProgramByName("mpirun");
+    if (!mpirun)
+      return fail("calibrate --ranks " + std::to_string(ranks) +
+                  " needs mpirun (Debian: openmpi-bin)");
+    argv = {*mpirun, "--oversubscribe"};
+    if (getuid() == 0)
+      argv.push_back("--allow-run-as-root");
+    argv.insert(argv.end(), {"-np", std::to_string(ranks)});
+  }
+  std::string partial = output + ".partial";
+  argv.insert(argv.end(),
+              {self, "calibrate", "--worker", "--ranks", std::to_string(ranks),
+               "--threads", std::to_string(threads), "--worker-out", partial});
+  if (quick)
+    argv.push_back("--quick");
+  std::vector<std::string> env = rankEnvironment();
+  env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
+  env.push_back("OPENBLAS_NUM_THREADS=" + std::to_string(threads));
+  outs() << formatv("calibrate: measuring {0} rank(s) x {1} thread(s)...\n",
+                    ranks, threads);
+  outs().flush();
+  int rc = runForwardingSignals(argv, env);
+  if (rc != 0) {
+    sys::fs::remove(partial);
+    return fail("calibrate: the measurement failed (" + describeExit(rc) +
+                ")");
+  }
+  if (std::error_code ec = sys::fs::rename(partial, output))
+    return fail("cannot write " + output + ": " + ec.message());
+  Expected<sim::Cluster> c = sim::readCluster(output);
+  if (!c)
+    return fail(toString(c.takeError()));
+  outs() << formatv("calibrate: wrote {0}: GEMM peak {1:f1} GFLOP/s (half "
+                    "size {2:f0}), attention at {3:f0}% of it, {4:f1} GB/s, "
+                    "{5:f1} us per call",
+                    output, c->peak("fp32") / 1e9,
+                    c->device.gemmHalfSize,
+                    100 * c->device.attentionEfficiency,
+                    c->device.memoryBandwidth / 1e9,
+                    c->device.kernelOverhead * 1e6);
+  if (ranks > 1)
+    outs() << formatv("; links {0:f2} GB/s, {1:f1} us",
+                      c->intraNode.bandwidth / 1e9, c->intraNode.latency * 1e6);
+  outs() << "\n";
+  return 0;
+}
