@@ -123,6 +123,36 @@ def trace(args):
     print(f"trace: {len(pids)} programs, {args.microbatches} microbatches each")
 
 
+def ranked(args):
+    """tessel plan --json: sorted by simulated step among the layouts that
+    fit, each within the limit, the best no slower than the included."""
+    plan = load(args.plan)
+    rows = plan["ranked"]
+    fits = [r for r in rows if r["fits"]]
+    steps = [r["step_time_s"] for r in fits]
+    if steps != sorted(steps):
+        fail(f"not sorted by step: {steps}")
+    for r in fits:
+        if r["memory_bytes"] > args.limit:
+            fail(f"{r['describe']} holds {r['memory_bytes']} bytes > {args.limit}")
+    included = [r for r in rows if r["included"]]
+    if not included:
+        fail("the included layout is not in the ranking")
+    if fits[0]["step_time_s"] > included[0]["step_time_s"]:
+        fail("the best is slower than the included layout")
+    print(f"ranked {len(rows)} layouts; the best {fits[0]['step_time_s']:.6f} s <= "
+          f"the included {included[0]['step_time_s']:.6f} s")
+
+
+def applied(args):
+    """The spec tessel plan --apply wrote simulates to the best's step."""
+    best = load(args.plan)["ranked"][0]["step_time_s"]
+    got = load(args.sim)["step_time_s"]
+    if abs(got - best) > 1e-12 * best:
+        fail(f"the applied spec simulates to {got} s, the plan said {best} s")
+    print("the applied spec simulates to the best layout's step")
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -156,6 +186,14 @@ def main():
     p.add_argument("trace")
     p.add_argument("--microbatches", type=int, required=True)
     p.set_defaults(fn=trace)
+    p = sub.add_parser("ranked")
+    p.add_argument("plan")
+    p.add_argument("limit", type=float)
+    p.set_defaults(fn=ranked)
+    p = sub.add_parser("applied")
+    p.add_argument("plan")
+    p.add_argument("sim")
+    p.set_defaults(fn=applied)
     args = ap.parse_args()
     args.fn(args)
 

@@ -14,6 +14,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Simulate.h"
 #include "Commands.h"
 
 #include "tessel/InitAllDialects.h"
@@ -78,7 +79,29 @@ bool parseCount(const std::string &text, int64_t &out) {
   return !StringRef(text).getAsInteger(10, out) && out >= 1;
 }
 
-Error writeAtomically(const std::string &path, const std::string &text) {
+
+} // namespace
+
+//===--- simulate ---------------------------------------------------------===//
+
+std::string tessel::formatSeconds(double s) {
+  if (s >= 1)
+    return formatv("{0:f3} s", s);
+  if (s >= 1e-3)
+    return formatv("{0:f2} ms", s * 1e3);
+  return formatv("{0:f1} us", s * 1e6);
+}
+
+std::string tessel::formatBytes(double bytes) {
+  if (bytes >= 1e9)
+    return formatv("{0:f1} GB", bytes / 1e9);
+  if (bytes >= 1e6)
+    return formatv("{0:f1} MB", bytes / 1e6);
+  return formatv("{0:f1} kB", bytes / 1e3);
+}
+
+Error tessel::writeFileAtomically(const std::string &path,
+                                  const std::string &text) {
   std::string tmp = path + ".tmp";
   {
     std::error_code ec;
@@ -95,17 +118,54 @@ Error writeAtomically(const std::string &path, const std::string &text) {
   return Error::success();
 }
 
-std::string seconds(double s) {
-  if (s >= 1)
-    return formatv("{0:f3} s", s);
-  if (s >= 1e-3)
-    return formatv("{0:f2} ms", s * 1e3);
-  return formatv("{0:f1} us", s * 1e6);
+
+Expected<sim::Cluster>
+tessel::clusterFromFlags(std::map<std::string, std::string> &values,
+                         int64_t devices) {
+  if (values.count("--cluster"))
+    return sim::readCluster(values["--cluster"]);
+  int64_t perNode = 8, nodes = 0;
+  if (values.count("--gpus-per-node") &&
+      !parseCount(values["--gpus-per-node"], perNode))
+    return createStringError("--gpus-per-node expects a count >= 1, got '" +
+                             values["--gpus-per-node"] + "'");
+  if (values.count("--nodes") && !parseCount(values["--nodes"], nodes))
+    return createStringError("--nodes expects a count >= 1, got '" +
+                             values["--nodes"] + "'");
+  if (!nodes)
+    nodes = (devices + perNode - 1) / perNode;
+  return sim::presetCluster(values["--gpu"], perNode, nodes);
 }
 
-} // namespace
-
-//===--- simulate ---------------------------------------------------------===//
+Expected<sim::SimResult>
+tessel::simulateCompiled(const std::string &dir, const sim::Cluster &cluster,
+                         const sim::SimOptions &options) {
+  SmallString<256> irPath(dir);
+  sys::path::append(irPath, "ir", "07-programs.mlir");
+  if (!sys::fs::exists(irPath))
+    return createStringError(inQuotes(std::string(irPath)) +
+                             " is missing: compile the spec again (simulate "
+                             "replays the rank programs the compiler wrote "
+                             "there)");
+  mlir::MLIRContext context;
+  loadAllDialects(context);
+  std::string diagnostics;
+  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
+    raw_string_ostream os(diagnostics);
+    os << d.getLocation() << ": " << d << "\n";
+    return mlir::success();
+  });
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::parseSourceFile<mlir::ModuleOp>(irPath, &context);
+  if (!module)
+    return createStringError(inQuotes(std::string(irPath)) +
+                             " cannot be read; compile the spec again:\n" +
+                             diagnostics);
+  Expected<sim::SimResult> result = sim::simulate(*module, cluster, options);
+  if (!result)
+    return createStringError(dir + ": " + toString(result.takeError()));
+  return result;
+}
 
 int tessel::simulateCommand(ArrayRef<std::string> args) {
   Arguments parsed;
@@ -132,52 +192,18 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
     return fail(dir + " is an inference plan: simulate replays a training "
                       "step");
 
-  SmallString<256> irPath(dir);
-  sys::path::append(irPath, "ir", "07-programs.mlir");
-  if (!sys::fs::exists(irPath))
-    return fail(inQuotes(std::string(irPath)) +
-                " is missing: compile the spec again (simulate replays the "
-                "rank programs the compiler wrote there)");
-  mlir::MLIRContext context;
-  loadAllDialects(context);
-  std::string diagnostics;
-  mlir::ScopedDiagnosticHandler handler(&context, [&](mlir::Diagnostic &d) {
-    raw_string_ostream os(diagnostics);
-    os << d.getLocation() << ": " << d << "\n";
-    return mlir::success();
-  });
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::parseSourceFile<mlir::ModuleOp>(irPath, &context);
-  if (!module)
-    return fail(inQuotes(std::string(irPath)) +
-                " cannot be read; compile the spec again:\n" + diagnostics);
-
   int64_t world = plan->value("world_size", int64_t(1));
-  Expected<sim::Cluster> cluster = [&]() -> Expected<sim::Cluster> {
-    if (values.count("--cluster"))
-      return sim::readCluster(values["--cluster"]);
-    int64_t perNode = 8, nodes = 0;
-    if (values.count("--gpus-per-node") &&
-        !parseCount(values["--gpus-per-node"], perNode))
-      return createStringError("--gpus-per-node expects a count >= 1, got '" +
-                               values["--gpus-per-node"] + "'");
-    if (values.count("--nodes") && !parseCount(values["--nodes"], nodes))
-      return createStringError("--nodes expects a count >= 1, got '" +
-                               values["--nodes"] + "'");
-    if (!nodes)
-      nodes = (world + perNode - 1) / perNode;
-    return sim::presetCluster(values["--gpu"], perNode, nodes);
-  }();
+  Expected<sim::Cluster> cluster = clusterFromFlags(values, world);
   if (!cluster)
     return fail(toString(cluster.takeError()));
 
   sim::SimOptions options;
   options.trace = values.count("--trace");
-  Expected<sim::SimResult> result = sim::simulate(*module, *cluster, options);
+  Expected<sim::SimResult> result = simulateCompiled(dir, *cluster, options);
   if (!result)
-    return fail(dir + ": " + toString(result.takeError()));
+    return fail(toString(result.takeError()));
   if (options.trace)
-    if (Error e = writeAtomically(values["--trace"], result->trace.dump(1)))
+    if (Error e = writeFileAtomically(values["--trace"], result->trace.dump(1)))
       return fail(toString(std::move(e)));
 
   if (parsed.switches.count("--json")) {
@@ -191,15 +217,15 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
                     r.devices);
   outs() << formatv("  step {0}, {1:f0} tokens/s, {2:f2} model TFLOP/s per "
                     "device ({3:f1}% MFU at {4:f1} {5} TFLOP/s peak)\n",
-                    seconds(r.stepTime), r.tokensPerSecond(),
+                    formatSeconds(r.stepTime), r.tokensPerSecond(),
                     r.tflopsPerDevice(), 100 * r.mfu(), r.peakFlops / 1e12,
                     r.elementType);
   outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", "program",
                     "compute", "optimizer", "exposed comm", "bubble");
   for (const sim::ProgramTimes &p : r.programs)
     outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", p.name,
-                      seconds(p.compute), seconds(p.optimizer),
-                      seconds(p.exposedComm), seconds(p.bubble));
+                      formatSeconds(p.compute), formatSeconds(p.optimizer),
+                      formatSeconds(p.exposedComm), formatSeconds(p.bubble));
   if (options.trace)
     outs() << "  trace: " << values["--trace"] << "\n";
   return 0;
@@ -551,7 +577,7 @@ int tessel::calibrateCommand(ArrayRef<std::string> args) {
         sim::Cluster c = clusterFromMeasurements(m, ranks, threads);
         json out = sim::clusterToJson(c);
         out["measurements"] = m;
-        if (Error e = writeAtomically(values["--worker-out"], out.dump(2)))
+        if (Error e = writeFileAtomically(values["--worker-out"], out.dump(2)))
           return fail(toString(std::move(e)));
       }
       rt::commFinalize();

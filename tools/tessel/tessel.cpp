@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Commands.h"
+#include "Simulate.h"
 #include "Compile.h"
 
 #include "llvm/Support/CommandLine.h"
@@ -392,6 +393,9 @@ int main(int argc, char **argv) {
       "  simulate DIR --gpu a100-80g --nodes N | --cluster FILE\n"
       "                        replay the compiled step on a cluster: step\n"
       "                        time, its breakdown, tokens/s, MFU\n"
+      "  plan SPEC --gpus N --gpu a100-80g\n"
+      "                        choose a layout: compile and simulate the most\n"
+      "                        promising, ranked\n"
       "  calibrate -o FILE [--ranks N --threads T]\n"
       "                        measure this machine as a cluster description\n"
       "  gradcheck SPEC        check gradients against finite differences\n"
@@ -447,6 +451,8 @@ int main(int argc, char **argv) {
     return tessel::simulateCommand(rest);
   if (command == "calibrate")
     return tessel::calibrateCommand(rest);
+  if (command == "plan")
+    return tessel::planCommand(rest);
   if (command == "--version" || command == "version") {
     outs() << "tessel " << TESSEL_VERSION << "\n";
     return 0;
