@@ -48,7 +48,7 @@ const char *kPlanUsage =
     "  and why the best wins.\n"
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
-    "                    (keys: tp, pp, mbs, v, zero, recompute, sp)\n"
+    "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
     "  --scaling 64,128,...  instead of --gpus: the best layout at each count,\n"
     "                    the global batch growing with the GPUs (weak) and\n"
@@ -61,14 +61,17 @@ int usage(const Twine &message) {
 }
 
 struct Layout {
-  int64_t tp = 1, pp = 1, dp = 1, mbs = 1, microbatches = 1, v = 1, zero = 0;
+  int64_t tp = 1, pp = 1, dp = 1, ep = 1, mbs = 1, microbatches = 1, v = 1,
+          zero = 0;
   std::string recompute = "none";
   bool sp = false;
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
   std::string str() const {
-    std::string s = formatv("tp{0}{1} pp{2} dp{3}, {4} x {5}", tp,
-                            sp ? "+sp" : "", pp, dp, mbs, microbatches);
+    std::string s = formatv("tp{0}{1} pp{2} dp{3}{4}, {5} x {6}", tp,
+                            sp ? "+sp" : "", pp, dp,
+                            ep > 1 ? formatv(" ep{0}", ep).str() : "", mbs,
+                            microbatches);
     if (pp > 1)
       s += v > 1 ? formatv(", interleaved x{0}", v).str() : ", 1f1b";
     s += formatv(", zero {0}, recompute {1}", zero, recompute).str();
@@ -89,11 +92,28 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double h = m.hidden, L = m.layers, s = m.seqLen, V = m.paddedVocab();
   double kv = double(m.kvHeads) * m.headDim();
   double mlpMatrices = m.family == "llama" ? 3 : 2;
-  double layerParams = h * (h + 2 * kv) + h * h + mlpMatrices * h * m.ffnHidden;
-  double totalParams = L * layerParams + V * h * (m.tieEmbeddings ? 1 : 2);
-  double stageParams = std::ceil(L / l.pp) * layerParams + V * h;
-  double gpuParams = stageParams / l.tp;
-  double devices = double(l.tp) * l.pp * l.dp;
+  double attention = h * (h + 2 * kv) + h * h;
+  double dense = mlpMatrices * h * m.ffnHidden;
+  // An MoE block: the router, the shared experts (always on) and the
+  // routed experts, of which a token passes through top_k and a rank
+  // holds experts / ep.
+  const MoeSpec &moe = m.moe;
+  double expert = mlpMatrices * h * moe.ffnHidden;
+  double moeLayers = 0;
+  for (int64_t i = 0; i < m.layers; ++i)
+    moeLayers += moe.isMoeLayer(i);
+  double moeBase = h * moe.experts + moe.sharedExperts * expert;
+  double activeParams = L * attention + (L - moeLayers) * dense +
+                        moeLayers * (moeBase + moe.topK * expert) +
+                        V * h * (m.tieEmbeddings ? 1 : 2);
+  double totalParams = activeParams;
+  double layerParams =
+      attention + (L - moeLayers) / L * dense + moeLayers / L * moeBase;
+  double layerExperts = moeLayers / L * moe.experts * expert;
+  double stageLayers = std::ceil(L / l.pp);
+  double gpuParams = (stageLayers * layerParams + V * h) / l.tp +
+                     stageLayers * layerExperts / l.ep;
+  double devices = double(l.tp) * l.pp * l.dp * l.ep;
   double elem = cuda ? 2 : 4;
   double peak = cluster.peak(cuda ? "bf16" : "fp32");
   const sim::Device &d = cluster.device;
@@ -130,6 +150,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
     shape3[MeshAxis::DP] = l.dp;
     shape3[MeshAxis::TP] = l.tp;
     shape3[MeshAxis::PP] = l.pp;
+    shape3[MeshAxis::EP] = l.ep;
     MeshLayout layout(shape3);
     sim::GroupPlacement g =
         sim::placeGroup(layout, 0, AxisSet(MeshAxis::DP), cluster);
@@ -180,6 +201,8 @@ std::vector<std::string> compileFlags(const Layout &l) {
                                 "parallel.zero=" + std::to_string(l.zero)};
   if (l.v > 1)
     f.insert(f.end(), {"--virtual-stages", std::to_string(l.v)});
+  if (l.ep > 1)
+    f.insert(f.end(), {"--ep", std::to_string(l.ep)});
   return f;
 }
 
@@ -208,25 +231,28 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.mbs = n;
     else if (key == "v" && number && n >= 1)
       l.v = n;
+    else if (key == "ep" && number && n >= 1)
+      l.ep = n;
     else if (key == "zero" && number && n <= 3)
       l.zero = n;
     else
       return createStringError("--include '" + text + "': cannot read '" +
                                item.str() +
-                               "' (keys: tp, pp, mbs, v, zero, recompute, sp)");
+                               "' (keys: tp, pp, ep, mbs, v, zero, recompute, sp)");
   }
   if (!spGiven || l.tp == 1)
     l.sp = l.sp && l.tp > 1;
-  if (devices % (l.tp * l.pp))
-    return createStringError(formatv("--include '{0}': tp x pp = {1} does "
-                                     "not divide the {2} devices",
-                                     text, l.tp * l.pp, devices));
-  l.dp = devices / (l.tp * l.pp);
-  if (batch % (l.dp * l.mbs))
+  if (devices % (l.tp * l.pp * l.ep))
+    return createStringError(formatv("--include '{0}': tp x pp{1} = {2} does "
+                                     "not divide the {3} devices",
+                                     text, l.ep > 1 ? " x ep" : "",
+                                     l.tp * l.pp * l.ep, devices));
+  l.dp = devices / (l.tp * l.pp * l.ep);
+  if (batch % (l.dp * l.ep * l.mbs))
     return createStringError(formatv("--include '{0}': the global batch {1} "
-                                     "is not a multiple of dp x mbs = {2}",
-                                     text, batch, l.dp * l.mbs));
-  l.microbatches = batch / (l.dp * l.mbs);
+                                     "is not a multiple of dp x ep x mbs = {2}",
+                                     text, batch, l.dp * l.ep * l.mbs));
+  l.microbatches = batch / (l.dp * l.ep * l.mbs);
   return l;
 }
 
@@ -315,11 +341,12 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       loadSpec(req.specPath, req.sets, LayoutOverrides::oneRank());
   if (!spec)
     return spec.takeError();
-  if (spec->model.moe.enabled())
+  if (spec->model.moe.enabled() && req.target == "cuda")
     return createStringError(req.specPath +
-                             ": the planner does not search expert "
-                             "parallelism yet; compile MoE layouts with --ep "
-                             "and compare them with tessel simulate");
+                             ": mixture-of-experts models compile for the "
+                             "CPU target only (their CUDA kernels are not "
+                             "built yet): plan with --cluster FILE and "
+                             "--target cpu");
   out->spec = *spec;
   const int64_t devices = req.devices, batch = spec->train.globalBatch;
   out->batch = batch;
@@ -348,41 +375,50 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
     c.estimate = estimate(*spec, l, batch, cluster, cuda);
     all.push_back(c);
   };
-  for (int64_t tp = 1; tp <= std::min(cluster.gpusPerNode, devices); tp *= 2) {
-    if (m.heads % tp || m.kvHeads % tp || m.ffnHidden % tp || m.hidden % tp)
-      continue;
-    for (int64_t pp = 1; pp <= m.layers && tp * pp <= devices; ++pp) {
-      if (devices % (tp * pp))
+  // Expert parallel degrees: powers of two dividing the experts (1 for a
+  // dense model).
+  std::vector<int64_t> eps = {1};
+  for (int64_t ep = 2; ep <= m.moe.experts; ep *= 2)
+    if (m.moe.experts % ep == 0)
+      eps.push_back(ep);
+  auto addLayouts = [&](int64_t tp, int64_t pp, int64_t ep) {
+    if (devices % (tp * pp * ep))
+      return;
+    int64_t dp = devices / (tp * pp * ep);
+    if (batch % (dp * ep))
+      return;
+    int64_t perRank = batch / (dp * ep);
+    for (int64_t mbs : {1, 2, 4, 8, 16}) {
+      if (perRank % mbs)
         continue;
-      int64_t dp = devices / (tp * pp);
-      if (batch % dp)
+      int64_t micro = perRank / mbs;
+      if (pp > 1 && micro < pp)
         continue;
-      int64_t perRank = batch / dp;
-      for (int64_t mbs : {1, 2, 4, 8, 16}) {
-        if (perRank % mbs)
+      for (int64_t v : {1, 2}) {
+        if (v > 1 && (pp == 1 || m.layers % (pp * v) || micro % pp))
           continue;
-        int64_t micro = perRank / mbs;
-        if (pp > 1 && micro < pp)
-          continue;
-        for (int64_t v : {1, 2}) {
-          if (v > 1 && (pp == 1 || m.layers % (pp * v) || micro % pp))
+        for (int64_t zero : {0, 1}) {
+          if (zero && dp == 1)
             continue;
-          for (int64_t zero : {0, 1}) {
-            if (zero && dp == 1)
-              continue;
-            // Selective recomputation recomputes the attention core,
-            // which fused attention never stores: the program is none's.
-            for (const char *rc : {"none", "full"}) {
-              Layout l;
-              l.tp = tp, l.pp = pp, l.dp = dp, l.mbs = mbs;
-              l.microbatches = micro, l.v = v, l.zero = zero;
-              l.recompute = rc, l.sp = tp > 1;
-              add(l, false);
-            }
+          // Selective recomputation recomputes the attention core, which
+          // fused attention never stores: the program is none's.
+          for (const char *rc : {"none", "full"}) {
+            Layout l;
+            l.tp = tp, l.pp = pp, l.dp = dp, l.ep = ep, l.mbs = mbs;
+            l.microbatches = micro, l.v = v, l.zero = zero;
+            l.recompute = rc, l.sp = tp > 1;
+            add(l, false);
           }
         }
       }
     }
+  };
+  for (int64_t tp = 1; tp <= std::min(cluster.gpusPerNode, devices); tp *= 2) {
+    if (m.heads % tp || m.kvHeads % tp || m.ffnHidden % tp || m.hidden % tp)
+      continue;
+    for (int64_t pp = 1; pp <= m.layers && tp * pp <= devices; ++pp)
+      for (int64_t ep : eps)
+        addLayouts(tp, pp, ep);
   }
   out->searched = all.size();
   for (const std::string &text : req.includes) {
@@ -833,7 +869,8 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       const Layout &l = c->layout;
       json row = sim::resultToJson(c->result);
       row["layout"] = {{"tp", l.tp},         {"pp", l.pp},
-                       {"dp", l.dp},         {"mbs", l.mbs},
+                       {"dp", l.dp},         {"ep", l.ep},
+                       {"mbs", l.mbs},
                        {"microbatches", l.microbatches},
                        {"virtual_stages", l.v},
                        {"schedule", l.schedule()},
@@ -894,7 +931,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     if (doc.is_discarded())
       return fail("cannot write " + values["--apply"] + ": the spec's text");
     json &p = doc["parallel"];
-    p["dp"] = l.dp, p["tp"] = l.tp, p["pp"] = l.pp;
+    p["dp"] = l.dp, p["tp"] = l.tp, p["pp"] = l.pp, p["ep"] = l.ep;
     p["microbatches"] = l.microbatches;
     p["schedule"] = l.schedule();
     p["virtual_stages"] = l.v;
