@@ -14,6 +14,7 @@
 #include "Simulate.h"
 
 #include "tessel/Frontend/Spec.h"
+#include "tessel/Pipeline/Schedule.h"
 #include "tessel/Support/MeshLayout.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -83,6 +84,37 @@ struct Layout {
 struct Estimate {
   double step = 0, memory = 0;
 };
+
+// The most model chunks whose activations a pipeline rank holds at once
+// (forwards run, their backwards not yet) in the schedule Tessel runs.
+double peakChunksInFlight(int64_t pp, int64_t microbatches, int64_t v) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, double> memo;
+  auto key = std::make_tuple(pp, microbatches, v);
+  auto it = memo.find(key);
+  if (it != memo.end())
+    return it->second;
+  double peak = std::min(microbatches, pp) *
+                (1 + (v > 1 ? double(pp - 1) / (pp * v) : 0)) * v;
+  Expected<pipeline::ScheduleKind> kind =
+      pipeline::parseScheduleKind(v > 1 ? "interleaved" : "1f1b");
+  Expected<pipeline::Schedule> schedule =
+      kind ? pipeline::generateSchedule(*kind, pp, microbatches, v)
+           : Expected<pipeline::Schedule>(kind.takeError());
+  if (schedule) {
+    peak = 0;
+    for (const std::vector<pipeline::Step> &steps : schedule->steps) {
+      int live = 0;
+      for (const pipeline::Step &step : steps) {
+        live += step.kind == pipeline::StepKind::Forward;
+        live -= step.kind == pipeline::StepKind::Backward;
+        peak = std::max(peak, double(live));
+      }
+    }
+  } else {
+    consumeError(schedule.takeError());
+  }
+  return memo[key] = peak;
+}
 
 // Closed-form estimates, only to choose what to compile: the compiled
 // memory plan and the simulated step decide.
@@ -171,9 +203,9 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double perLayer = l.recompute == "full"
                         ? 2 * act
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
-  double inFlight = std::min<double>(l.microbatches, l.pp);
-  if (l.v > 1)
-    inFlight *= 1 + double(l.pp - 1) / (l.pp * l.v);
+  // Microbatches in flight, in units of a stage's layers.
+  double inFlight =
+      l.pp > 1 ? peakChunksInFlight(l.pp, l.microbatches, l.v) / l.v : 1;
   double activations = perLayer * (elem / 2) * layersHere * inFlight +
                        rows * h * 34.0 / l.tp * (elem / 2) +
                        2 * rows * V / l.tp * 4;

@@ -26,6 +26,7 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
@@ -216,10 +217,10 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
   outs() << formatv("simulated {0} on {1}: {2} ranks\n", dir, cluster->name,
                     r.devices);
   outs() << formatv("  step {0}, {1:f0} tokens/s, {2:f2} model TFLOP/s per "
-                    "device ({3:f1}% MFU at {4:f1} {5} TFLOP/s peak)\n",
+                    "device ({3:f1}% MFU at {4} {5} TFLOP/s peak)\n",
                     formatSeconds(r.stepTime), r.tokensPerSecond(),
-                    r.tflopsPerDevice(), 100 * r.mfu(), r.peakFlops / 1e12,
-                    r.elementType);
+                    r.tflopsPerDevice(), 100 * r.mfu(),
+                    llvm::format("%.4g", r.peakFlops / 1e12), r.elementType);
   outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", "program",
                     "compute", "optimizer", "exposed comm", "bubble");
   for (const sim::ProgramTimes &p : r.programs)
@@ -280,7 +281,9 @@ json measureRank(double budget, int64_t ranks) {
       {64, 64, 64},      {128, 128, 128},  {256, 256, 256},
       {512, 512, 512},   {1024, 1024, 1024}, {1024, 256, 256},
       {1024, 768, 256},  {1024, 256, 1024}, {1024, 1024, 256},
-      {1024, 4096, 256}, {256, 1024, 1024}, {2048, 512, 512}};
+      {1024, 4096, 256}, {256, 1024, 1024}, {2048, 512, 512},
+      {1024, 128, 256},  {1024, 256, 128},   {1024, 384, 256},
+      {1024, 2048, 256}, {1024, 64, 1024},   {1024, 1024, 64}};
   for (auto &s : shapes) {
     int64_t m = s[0], n = s[1], k = s[2];
     auto a = filled(m * k), b = filled(k * n);
@@ -383,6 +386,26 @@ json measureRank(double budget, int64_t ranks) {
     });
     rate("rope", 2.0 * n * 4, [&] {
       rt::rope(x.data(), out1.data(), 1, rows, C / 64, 64, 10000.0, false);
+    });
+    rate("mulBroadcast", (2.0 * n + C) * 4, [&] {
+      rt::mulBroadcast(x.data(), w.data(), out1.data(), n, C);
+    });
+    rate("reduceSumLeading", (double(n) + C) * 4, [&] {
+      rt::reduceSumLeading(x.data(), dw.data(), rows, C);
+    });
+    rate("copy", 2.0 * n * 4, [&] { rt::copy(x.data(), out1.data(), n); });
+    // The layout kernels around split tensors: a third of each row (as a
+    // fused QKV weight's split), out of and into a whole buffer.
+    int64_t third = C / 2;
+    rate("sliceAxis", (double(n) + rows * third) * 4, [&] {
+      rt::sliceAxis(x.data(), out1.data(), rows, C, 1, third / 2, third);
+    });
+    rate("insertAxis", (double(n) + rows * third) * 4, [&] {
+      rt::insertAxis(x.data(), out1.data(), rows, C, 1, third / 2, third);
+    });
+    const int64_t shape[] = {8, 128, 8, C / 16}, perm[] = {0, 2, 1, 3};
+    rate("transpose", 2.0 * (8 * 128 * 8 * (C / 16)) * 4, [&] {
+      rt::transpose(x.data(), out1.data(), shape, perm, 4);
     });
   }
   {
