@@ -191,15 +191,37 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
     // Without a pipeline the gradients' buckets reduce during backward.
     if (l.pp == 1)
       dpComm = std::max(0.0, dpComm - 0.6 * work);
+    // ZeRO reduce-scatters and gathers each parameter's run on its own: a
+    // ring's latency per step of the group, for each (about 12 per layer).
+    if (l.zero >= 1) {
+      bool cross = g.nodes > 1;
+      double alpha =
+          cross ? cluster.interNode.latency : cluster.intraNode.latency;
+      dpComm += 2 * (12 * stageLayers + 2) * (l.dp - 1) * alpha;
+    }
+    // ZeRO-3 gathers each stage's parameters for every microbatch's
+    // forward and backward (prefetched: half of it hidden).
+    if (l.zero >= 3)
+      dpComm += 0.5 * 2 * l.microbatches *
+                sim::collectiveSeconds("all_gather",
+                                       (l.dp - 1.0) / l.dp * gpuParams *
+                                           elem,
+                                       g, cluster);
   }
   double optimizer = gpuParams * 36 / (l.zero ? l.dp : 1) /
                      (d.memoryBandwidth * d.memoryEfficiency);
   Estimate e;
   e.step = work + bubble + dpComm + optimizer;
 
-  double state = gpuParams * (4 + (l.zero >= 2 ? 4.0 / l.dp : 4) +
-                              (l.zero >= 1 ? 8.0 / l.dp : 8) +
-                              (cuda ? 2 : 0));
+  // fp32 parameters (pieces from ZeRO-3, plus two gathered layers'
+  // worth), gradients (pieces from ZeRO-2), AdamW's moments (pieces from
+  // ZeRO-1), the bf16 copy.
+  double layerShare = gpuParams / std::max(1.0, stageLayers);
+  double state =
+      gpuParams * ((l.zero >= 3 ? 4.0 / l.dp : 4) +
+                   (l.zero >= 2 ? 4.0 / l.dp : 4) +
+                   (l.zero >= 1 ? 8.0 / l.dp : 8) + (cuda ? 2 : 0)) +
+      (l.zero >= 3 ? 2 * layerShare * (4 + 4) : 0);
   double perLayer = l.recompute == "full"
                         ? 2 * act
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
@@ -429,7 +451,7 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       for (int64_t v : {1, 2}) {
         if (v > 1 && (pp == 1 || m.layers % (pp * v) || micro % pp))
           continue;
-        for (int64_t zero : {0, 1}) {
+        for (int64_t zero : {0, 1, 2, 3}) {
           if (zero && dp == 1)
             continue;
           // Selective recomputation recomputes the attention core, which
@@ -530,15 +552,28 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
     c.result = *r;
     ++simulated;
   };
+  // A layout that differs from one already simulated only in its ZeRO
+  // level is left out (the levels trade memory for communication, which
+  // the first that fits already shows), so that the candidates differ.
   int fittingSimulated = 0;
+  std::set<std::string> simulatedShapes;
+  auto shapeKey = [](Layout l) {
+    l.zero = 0;
+    return l.key();
+  };
   for (size_t k = 0; k < order.size() && fittingSimulated < req.candidates &&
                      compiledCount < 4 * req.candidates;
        ++k) {
     Candidate &c = all[order[k]];
     if (c.estimate.memory > 1.25 * limit)
       break;
+    if (simulatedShapes.count(shapeKey(c.layout)))
+      continue;
     evaluate(c, order[k]);
-    fittingSimulated += c.fits && c.error.empty();
+    if (c.fits && c.error.empty()) {
+      ++fittingSimulated;
+      simulatedShapes.insert(shapeKey(c.layout));
+    }
   }
   for (size_t i = 0; i < all.size(); ++i)
     if (all[i].included && !all[i].compiled)
