@@ -42,7 +42,7 @@ const char *kPlanUsage =
     "                   [--global-batch B] [--set K=V]... [--memory-limit "
     "GB]\n"
     "                   [--candidates K] [--include LAYOUT]... [--apply "
-    "OUT.json] [--json]\n"
+    "OUT.json] [--target T] [--json]\n"
     "  Searches the layouts of SPEC on N devices, compiles the K most\n"
     "  promising that fit the memory (default 6) and simulates their steps;\n"
     "  prints them ranked with tokens/s, TFLOP/s per device, MFU and memory,\n"
@@ -51,6 +51,8 @@ const char *kPlanUsage =
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
     "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
+    "  --target T        cpu or cuda (default: cuda with --gpu, cpu with\n"
+    "                    --cluster)\n"
     "  --scaling 64,128,...  instead of --gpus: the best layout at each count,\n"
     "                    the global batch growing with the GPUs (weak) and\n"
     "                    fixed (strong); --svg FILE charts both\n";
