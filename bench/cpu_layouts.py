@@ -34,6 +34,17 @@ def run(cmd, env=None):
     return r.stdout
 
 
+def median_step_ms(out, steps, threads, metrics, extra=()):
+    """Trains the compiled `out` for `steps` steps with `threads` threads per
+    rank; the median step time (ms) over steps 3..steps."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads))
+    run([TESSEL, "run", out, "--steps", str(steps), "--metrics", metrics,
+         "--threads", str(threads), "--quiet"] + list(extra), env)
+    records = [json.loads(line) for line in open(metrics)]
+    return statistics.median(r["step_ms"] for r in records[2:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
@@ -48,14 +59,9 @@ def main():
             plan = json.load(open(os.path.join(out, "plan.json")))
             ranks = plan["world_size"]
             threads = max(1, cores // ranks)
-            metrics = os.path.join(work, "m.jsonl")
             report = os.path.join(work, "comm.json")
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_NUM_THREADS=str(threads))
-            run([TESSEL, "run", out, "--steps", str(args.steps), "--metrics", metrics,
-                 "--comm-report", report, "--threads", str(threads), "--quiet"], env)
-            steps = [json.loads(l) for l in open(metrics)]
-            ms = statistics.median(s["step_ms"] for s in steps[2:])
+            ms = median_step_ms(out, args.steps, threads, os.path.join(work, "m.jsonl"),
+                                ["--comm-report", report])
             counted = json.load(open(os.path.join(work, "comm.rank0.json")))
             sent = sum(c["bytes_sent"] for c in counted["collectives"].values()) / counted["steps"]
             rows.append((name, ranks, threads, ms, sent))

@@ -12,12 +12,11 @@ the ranks of both orders, as markdown for docs/benchmarks.md.
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_layouts import MODEL, ROOT, TESSEL, run  # noqa: E402
+from cpu_layouts import MODEL, ROOT, TESSEL, median_step_ms, run  # noqa: E402
 
 
 def main():
@@ -52,13 +51,8 @@ def main():
             if l["sequence_parallel"]:
                 flags += ["--sp"]
             run([TESSEL, "compile", args.spec, "-o", out] + MODEL + flags)
-            metrics = os.path.join(work, f"m{i}.jsonl")
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_NUM_THREADS=str(threads))
-            run([TESSEL, "run", out, "--steps", str(args.steps), "--metrics", metrics,
-                 "--threads", str(threads), "--quiet"], env)
-            steps = [json.loads(line) for line in open(metrics)]
-            measured = statistics.median(s["step_ms"] for s in steps[2:])
+            measured = median_step_ms(out, args.steps, threads,
+                                      os.path.join(work, f"m{i}.jsonl"))
             rows.append((r["describe"], r["step_time_s"] * 1e3, measured))
             print(f"{r['describe']}: simulated {r['step_time_s'] * 1e3:.1f} ms, "
                   f"measured {measured:.1f} ms", file=sys.stderr)

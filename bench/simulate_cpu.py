@@ -14,12 +14,11 @@ ratio simulated / measured.
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_layouts import MODEL, ROOT, TESSEL, run  # noqa: E402
+from cpu_layouts import MODEL, ROOT, TESSEL, median_step_ms, run  # noqa: E402
 
 # The layouts of bench/cpu_layouts.py and two more.
 LAYOUTS = [("dp1", []), ("dp2", ["--dp", "2"]), ("tp2", ["--tp", "2"]),
@@ -48,13 +47,8 @@ def main():
                 print(run([TESSEL, "calibrate", "-o", path, "--ranks", str(ranks),
                            "--threads", str(threads)]).strip(), file=sys.stderr)
                 clusters[ranks] = path
-            metrics = os.path.join(work, "m.jsonl")
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_NUM_THREADS=str(threads))
-            run([TESSEL, "run", out, "--steps", str(args.steps), "--metrics", metrics,
-                 "--threads", str(threads), "--quiet"], env)
-            steps = [json.loads(l) for l in open(metrics)]
-            measured = statistics.median(s["step_ms"] for s in steps[2:])
+            measured = median_step_ms(out, args.steps, threads,
+                                      os.path.join(work, "m.jsonl"))
             sim = json.loads(run([TESSEL, "simulate", out, "--cluster", clusters[ranks],
                                   "--json"]))
             simulated = sim["step_time_s"] * 1e3

@@ -261,7 +261,13 @@ private:
   llvm::Error load();
   // Runs one op of `c`; false when it must wait for another program.
   bool step(size_t index);
-  double collectiveTime(Cursor &c, Operation *op, double *bytes);
+  // What one execution of a communicating op costs `c`: its records' time
+  // and bytes, and the axes they run over.
+  struct Comm {
+    double seconds = 0, bytes = 0;
+    AxisSet axes;
+  };
+  Comm communication(Cursor &c, Operation *op);
   const GroupPlacement &group(const Cursor &c, AxisSet axes);
   void span(const Cursor &c, int tid, const std::string &name, double start,
             double end, json args = json::object());
@@ -350,19 +356,20 @@ const GroupPlacement &Simulation::group(const Cursor &c, AxisSet axes) {
   return it->second;
 }
 
-double Simulation::collectiveTime(Cursor &c, Operation *op, double *bytes) {
+Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
+  Comm out;
   auto comm = dyn_cast<rt::CommunicationOpInterface>(op);
   if (!comm)
-    return 0;
+    return out;
   SmallVector<rt::CollectiveRecord> records;
   comm.describeCommunication(layout.shape(), records);
-  double t = 0;
   for (const rt::CollectiveRecord &r : records) {
-    t += collectiveSeconds(r.kind, r.bytesSent, group(c, r.axes), cluster);
-    if (bytes)
-      *bytes += r.bytesSent;
+    out.seconds +=
+        collectiveSeconds(r.kind, r.bytesSent, group(c, r.axes), cluster);
+    out.bytes += r.bytesSent;
+    out.axes |= r.axes;
   }
-  return t;
+  return out;
 }
 
 void Simulation::span(const Cursor &c, int tid, const std::string &name,
@@ -388,14 +395,11 @@ bool Simulation::step(size_t index) {
     return constantOf(v, item.microbatch);
   };
   auto advance = [&]() {
-    if (item.call >= 0) {
-      PartCall &p = c.calls[item.call];
-      if (p.start < 0)
-        p.start = c.t;
-      p.end = c.t;
-    }
+    if (item.call >= 0)
+      c.calls[item.call].end = c.t;
     ++c.pc;
   };
+  // A part call starts where its first op does.
   if (item.call >= 0 && c.calls[item.call].start < 0)
     c.calls[item.call].start = c.t;
 
@@ -455,7 +459,8 @@ bool Simulation::step(size_t index) {
   }
   if (auto w = dyn_cast<rt::WaitRequestsOp>(op)) {
     double done = c.t;
-    for (int64_t s = w.getFirst(); s < w.getFirst() + w.getCount(); ++s) {
+    int64_t first = w.getFirst(), count = w.getCount();
+    for (int64_t s = first; s < first + count; ++s) {
       auto it = c.slotDone.find(s);
       if (it != c.slotDone.end())
         done = std::max(done, it->second);
@@ -465,19 +470,18 @@ bool Simulation::step(size_t index) {
     return true;
   }
   if (isStart(op)) {
-    double bytes = 0;
-    double dur = collectiveTime(c, op, &bytes);
+    Comm comm = communication(c, op);
     double start = std::max(c.t, c.commFree);
-    double done = start + dur;
+    double done = start + comm.seconds;
     c.commFree = done;
-    c.times.commBytes += bytes;
+    c.times.commBytes += comm.bytes;
     for (Value r : op->getResults())
       c.requestDone[r] = done;
     auto [first, count] = slotsOf(op);
     for (int64_t s = first; first >= 0 && s < first + count; ++s)
       c.slotDone[s] = done;
     span(c, 1, op->getName().stripDialect().str(), start, done,
-         {{"bytes", bytes}});
+         {{"bytes", comm.bytes}});
     advance();
     return true;
   }
@@ -490,13 +494,9 @@ bool Simulation::step(size_t index) {
   }
   // A collective (or a kernel that communicates) blocks the program; over
   // pp it waits for every stage first.
+  Comm comm = communication(c, op);
   if (communicates) {
-    SmallVector<rt::CollectiveRecord> records;
-    cast<rt::CommunicationOpInterface>(op).describeCommunication(
-        layout.shape(), records);
-    AxisSet axes;
-    for (const rt::CollectiveRecord &r : records)
-      axes |= r.axes;
+    AxisSet axes = comm.axes;
     if (axes.contains(MeshAxis::PP) && layout.numPrograms() > 1) {
       auto key = std::make_pair(axes.bits(), c.ppSyncs[axes.bits()]);
       auto &arrived = syncs[key];
@@ -514,7 +514,6 @@ bool Simulation::step(size_t index) {
       ++c.ppSyncs[axes.bits()];
     }
   }
-  double begin = c.t;
   if (kernel) {
     auto it = costs.find(op);
     if (it == costs.end())
@@ -527,16 +526,13 @@ bool Simulation::step(size_t index) {
     ++c.times.kernels;
   }
   if (communicates) {
-    double bytes = 0;
-    double dur = collectiveTime(c, op, &bytes);
-    if (dur > 0)
-      span(c, 0, op->getName().stripDialect().str(), c.t, c.t + dur,
-           {{"bytes", bytes}});
-    c.t += dur;
-    c.times.exposedComm += dur;
-    c.times.commBytes += bytes;
+    if (comm.seconds > 0)
+      span(c, 0, op->getName().stripDialect().str(), c.t,
+           c.t + comm.seconds, {{"bytes", comm.bytes}});
+    c.t += comm.seconds;
+    c.times.exposedComm += comm.seconds;
+    c.times.commBytes += comm.bytes;
   }
-  (void)begin;
   advance();
   return true;
 }

@@ -80,7 +80,6 @@ struct Layout {
     s += formatv(", zero {0}, recompute {1}", zero, recompute).str();
     return s;
   }
-  std::string key() const { return str(); }
 };
 
 struct Estimate {
@@ -419,9 +418,9 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   std::set<std::string> seen;
   const ModelSpec &m = spec->model;
   auto add = [&](const Layout &l, bool included) {
-    if (!seen.insert(l.key()).second) {
+    if (!seen.insert(l.str()).second) {
       for (Candidate &c : all)
-        if (c.layout.key() == l.key())
+        if (c.layout.str() == l.str())
           c.included |= included;
       return;
     }
@@ -561,7 +560,7 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   std::set<std::string> simulatedShapes;
   auto shapeKey = [](Layout l) {
     l.zero = 0;
-    return l.key();
+    return l.str();
   };
   for (size_t k = 0; k < order.size() && fittingSimulated < req.candidates &&
                      compiledCount < 4 * req.candidates;
@@ -910,29 +909,21 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     return fail(toString(outcome.takeError()));
   const PlanOutcome &o = **outcome;
   const std::vector<const Candidate *> &ranked = o.ranked;
-  const std::vector<Candidate> &all = o.all;
-  const sim::Cluster *cluster = &req.cluster;
-  const int64_t devices = req.devices, batch = o.batch;
-  const std::vector<std::string> &includes = req.includes;
   if (!o.best())
     return fail(formatv("no layout of {0} on {1} devices fits {2} per "
                         "device among the {3} compiled",
-                        specPath, devices, formatBytes(req.limit),
+                        specPath, req.devices, formatBytes(req.limit),
                         o.compiled));
-  const size_t searched = o.searched, fitByEstimate = o.fitByEstimate;
-  const int compiledCount = o.compiled, simulated = o.simulated;
-  const double seconds = o.seconds;
-  const Spec *spec = &o.spec;
 
   if (parsed.switches.count("--json")) {
     json out = {{"spec", specPath},
-                {"devices", devices},
-                {"cluster", cluster->name},
-                {"global_batch", batch},
-                {"searched", searched},
-                {"fit_by_estimate", fitByEstimate},
-                {"compiled", compiledCount},
-                {"seconds", seconds}};
+                {"devices", req.devices},
+                {"cluster", req.cluster.name},
+                {"global_batch", o.batch},
+                {"searched", o.searched},
+                {"fit_by_estimate", o.fitByEstimate},
+                {"compiled", o.compiled},
+                {"seconds", o.seconds}};
     json rows = json::array();
     for (const Candidate *c : ranked) {
       const Layout &l = c->layout;
@@ -956,7 +947,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     out["ranked"] = rows;
     // What was compiled and dropped: too large, or refused.
     json rejected = json::array();
-    for (const Candidate &c : all)
+    for (const Candidate &c : o.all)
       if (c.compiled && !c.error.empty())
         rejected.push_back({{"describe", c.layout.str()},
                             {"why", c.error},
@@ -968,11 +959,11 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     outs() << out.dump(2) << "\n";
   } else {
     outs() << formatv("plan for {0} on {1}, {2} devices, global batch {3}\n",
-                      specPath, cluster->name, devices, batch);
+                      specPath, req.cluster.name, req.devices, o.batch);
     outs() << formatv("  searched {0} layouts, {1} fit by estimate; compiled "
                       "{2}, simulated {3} in {4:f1} s\n",
-                      searched, fitByEstimate, compiledCount, simulated,
-                      seconds);
+                      o.searched, o.fitByEstimate, o.compiled, o.simulated,
+                      o.seconds);
     outs() << formatv("  {0,-4} {1,-58} {2,10} {3,12} {4,8} {5,6} {6,10}\n",
                       "rank", "layout (tp pp dp, mbs x microbatches, ...)",
                       "step", "tokens/s", "TFLOP/s", "MFU", "memory");
@@ -987,7 +978,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                         c->result.tflopsPerDevice(), 100 * c->result.mfu(),
                         formatBytes(c->memory), c->fits ? "" : " (does not fit)");
     }
-    if (!includes.empty())
+    if (!req.includes.empty())
       outs() << "  (* given with --include)\n";
     if (ranked.size() > 1 && ranked[1]->fits)
       outs() << "  best: " << ranked[0]->layout.str() << ", "
@@ -996,7 +987,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
 
   if (values.count("--apply")) {
     const Layout &l = ranked.front()->layout;
-    json doc = json::parse(spec->document, nullptr, false);
+    json doc = json::parse(o.spec.document, nullptr, false);
     if (doc.is_discarded())
       return fail("cannot write " + values["--apply"] + ": the spec's text");
     json &p = doc["parallel"];
@@ -1007,7 +998,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     p["sequence_parallel"] = l.sp;
     p["zero"] = l.zero;
     doc["train"]["recompute"] = l.recompute;
-    doc["train"]["global_batch"] = batch;
+    doc["train"]["global_batch"] = o.batch;
     if (Error e = writeFileAtomically(values["--apply"], doc.dump(2) + "\n"))
       return fail(toString(std::move(e)));
     if (!parsed.switches.count("--json"))
