@@ -24,21 +24,14 @@ static Value matmul(OpBuilder &b, Location loc, Value lhs, Value rhs, bool tl,
   return MatmulOp::create(b, loc, lhs, rhs, tl, tr);
 }
 
-static Value collapseBatch(OpBuilder &b, Location loc, Value v) {
-  auto type = cast<RankedTensorType>(v.getType());
-  int64_t rows = type.getNumElements() / type.getShape().back();
-  return ReshapeOp::create(b, loc,
-                           RankedTensorType::get({rows, type.getShape().back()},
-                                                 type.getElementType()),
-                           v);
-}
-
 LogicalResult MatmulOp::buildGradients(OpBuilder &b,
                                        ArrayRef<Value> resultGrads,
                                        SmallVectorImpl<Value> &operandGrads) {
   Location loc = getLoc();
   Value dC = resultGrads[0], A = getLhs(), B = getRhs();
   bool tA = getTransposeLhs(), tB = getTransposeRhs();
+  if (getSumBatch())
+    return emitOpError("no gradient rule for a matmul with sum_batch");
   bool broadcastRhs =
       getRhs().getType().getRank() == 2 && getLhs().getType().getRank() > 2;
   if (tA && broadcastRhs)
@@ -47,11 +40,13 @@ LogicalResult MatmulOp::buildGradients(OpBuilder &b,
   // C = op(A) op(B):  d op(A) = dC op(B)^T,  d op(B) = op(A)^T dC.
   Value dA =
       tA ? matmul(b, loc, B, dC, tB, true) : matmul(b, loc, dC, B, false, !tB);
-  // A broadcast rhs sees every batch entry: fold the batch into the rows.
-  Value A2 = broadcastRhs ? collapseBatch(b, loc, A) : A;
-  Value dC2 = broadcastRhs ? collapseBatch(b, loc, dC) : dC;
-  Value dB = tB ? matmul(b, loc, dC2, A2, true, tA)
-                : matmul(b, loc, A2, dC2, !tA, false);
+  // A broadcast rhs sees every batch entry: the batch is summed over too.
+  Value dB;
+  if (broadcastRhs)
+    dB = tB ? MatmulOp::create(b, loc, dC, A, true, false, true)
+            : MatmulOp::create(b, loc, A, dC, true, false, true);
+  else
+    dB = tB ? matmul(b, loc, dC, A, true, tA) : matmul(b, loc, A, dC, !tA, false);
   operandGrads.append({dA, dB});
   return success();
 }

@@ -187,6 +187,11 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
     return fail(loc, "matmul batch dimensions differ: " + shapeStr(lhs) +
                          " and " + shapeStr(rhs));
   bool tl = adaptor.getTransposeLhs(), tr = adaptor.getTransposeRhs();
+  bool sumBatch = adaptor.getSumBatch();
+  if (sumBatch && (!tl || tr || rhs.size() != lhs.size() || lhs.size() < 3))
+    return fail(loc, "matmul with sum_batch needs transpose_lhs, no "
+                     "transpose_rhs and batched operands of equal rank, got " +
+                         shapeStr(lhs) + " and " + shapeStr(rhs));
   int64_t m = lhs[lhs.size() - (tl ? 1 : 2)];
   int64_t kl = lhs[lhs.size() - (tl ? 2 : 1)];
   int64_t kr = rhs[rhs.size() - (tr ? 1 : 2)];
@@ -195,7 +200,7 @@ LogicalResult MatmulOp::inferReturnTypes(MLIRContext *,
     return fail(loc, "matmul contraction sizes differ: " + Twine(kl) + " vs " +
                          Twine(kr) + " (" + shapeStr(lhs) + " and " +
                          shapeStr(rhs) + ")");
-  SmallVector<int64_t> shape(batch);
+  SmallVector<int64_t> shape(sumBatch ? ArrayRef<int64_t>() : batch);
   shape.append({m, n});
   types.push_back(tensorOf(shape, getElementTypeOrSelf(adaptor.getLhs())));
   return success();

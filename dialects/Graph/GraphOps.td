@@ -112,14 +112,24 @@ def Graph_MatmulOp : Graph_DiffOp<"matmul"> {
     `rhs` is `[K, N]` (broadcast over the batch) or `[batch..., K, N]`
     (`[..., N, K]` with `transpose_rhs`). The result is `[batch..., M, N]`.
 
+    With `sum_batch` (which needs `transpose_lhs`, no `transpose_rhs` and a
+    batched rhs) the batch dimensions are contracted as well: the result is
+    `[M, N]`, the sum over the batch of `lhs[b]^T rhs[b]`. That is the
+    weight gradient of a matmul whose rhs is broadcast over the batch, and
+    written this way the batch and sequence splits of a `[batch, seq, ...]`
+    activation both become partial sums of the result (a reshape to
+    `[batch * seq, ...]` would have to gather one of them first).
+
     ```mlir
     %y = graph.matmul %x, %w : (tensor<8x64x64xf32>, tensor<64x192xf32>) -> tensor<8x64x192xf32>
     %l = graph.matmul %h, %wte {transpose_rhs = true} : (tensor<8x64x64xf32>, tensor<256x64xf32>) -> tensor<8x64x256xf32>
+    %g = graph.matmul %x, %dy {sum_batch = true, transpose_lhs = true} : (tensor<8x64x64xf32>, tensor<8x64x192xf32>) -> tensor<64x192xf32>
     ```
   }];
   let arguments = (ins Graph_FloatTensor:$lhs, Graph_FloatTensor:$rhs,
                    DefaultValuedAttr<BoolAttr, "false">:$transpose_lhs,
-                   DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs);
+                   DefaultValuedAttr<BoolAttr, "false">:$transpose_rhs,
+                   DefaultValuedAttr<BoolAttr, "false">:$sum_batch);
   let results = (outs Graph_FloatTensor:$result);
 }
 

@@ -459,9 +459,17 @@ LogicalResult MatmulOp::propagateSharding(ShardingContext &ctx) {
   int64_t lM = tl ? lr - 1 : lr - 2, lK = tl ? lr - 2 : lr - 1;
   int64_t rK = tr ? rr - 1 : rr - 2, rN = tr ? rr - 2 : rr - 1;
   Sharding l = ctx.reduced(getLhs()), r = ctx.reduced(getRhs());
-  // Contract over the axes both sides split K by; gather the others.
-  AxisSet k = l.dims[lK] & r.dims[rK];
-  l.dims[lK] = r.dims[rK] = k;
+  // Contract over the axes both sides split K by (and, with sum_batch, each
+  // batch dimension by); gather the others.
+  bool sumBatch = getSumBatch();
+  AxisSet k;
+  for (int64_t d = 0; d < lr - 2; ++d)
+    if (sumBatch) {
+      l.dims[d] = r.dims[d] = l.dims[d] & r.dims[d];
+      k |= l.dims[d];
+    }
+  k |= l.dims[lK] & r.dims[rK];
+  l.dims[lK] = r.dims[rK] = l.dims[lK] & r.dims[rK];
   // An axis cannot split both the rows and the columns of the result: the
   // rows (the activation) are gathered, as before Megatron's column-parallel
   // matmul under sequence parallelism.
@@ -469,17 +477,17 @@ LogicalResult MatmulOp::propagateSharding(ShardingContext &ctx) {
   for (int64_t d = 0; d < lr; ++d)
     if (d != lK)
       l.dims[d] -= n;
-  if (rr == lr)
+  if (rr == lr && !sumBatch)
     for (int64_t d = 0; d < lr - 2; ++d)
       r.dims[d] = l.dims[d];
   ctx.require(*this, 0, l);
   ctx.require(*this, 1, r);
   Sharding out;
-  for (int64_t d = 0; d < lr - 2; ++d)
+  for (int64_t d = 0; d < lr - 2 && !sumBatch; ++d)
     out.dims.push_back(l.dims[d]);
   out.dims.append({l.dims[lM], n});
   out.partial = k;
-  out.setBlocks(lr - 1, r.blocksOf(rN));
+  out.setBlocks(out.dims.size() - 1, r.blocksOf(rN));
   ctx.set(getResult(), out);
   return success();
 }
@@ -606,8 +614,20 @@ LogicalResult ConcatOp::propagateSharding(ShardingContext &ctx) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult GlobalNormOp::propagateSharding(ShardingContext &ctx) {
-  for (unsigned i = 0; i < getNumOperands(); ++i)
-    ctx.require(*this, i, ctx.reduced(getOperand(i)));
+  // Each gradient summed and split as AdamW needs it for its parameter (one
+  // reduction serves both). Not `reduced`: under sequence parallelism that
+  // would split a stacked expert weight's gradient ([E, in, out]) as if it
+  // were a [batch, seq, hidden] activation, a second collective.
+  for (unsigned i = 0; i < getNumOperands(); ++i) {
+    Value grad = getOperand(i);
+    Sharding s = ctx.get(grad);
+    s.partial = {};
+    for (Operation *user : grad.getUsers())
+      if (auto update = dyn_cast<AdamWOp>(user);
+          update && update.getGrad() == grad)
+        s = ctx.get(update.getParam());
+    ctx.require(*this, i, s);
+  }
   return success();
 }
 

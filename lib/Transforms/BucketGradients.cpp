@@ -43,10 +43,16 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
     Operation *def = ar.getInputs()[0].getDefiningOp();
     return def ? position[def] : -1;
   };
+  // A gradient that is only made in the update (reduce-scattered over tp
+  // there, as a key/value projection's whose heads are fewer than tp ranks
+  // is under sequence parallelism) keeps its blocking all-reduce: started
+  // in backward, it would wait for the update.
   SmallVector<dist::AllReduceOp> syncs;
-  for (auto ar : body.getOps<dist::AllReduceOp>())
-    if (isGradientSync(ar))
+  for (auto ar : body.getOps<dist::AllReduceOp>()) {
+    Operation *def = ar.getInputs()[0].getDefiningOp();
+    if (isGradientSync(ar) && !(def && phaseOf(def) == Phase::Update))
       syncs.push_back(ar);
+  }
   llvm::stable_sort(syncs, [&](auto a, auto b) { return ready(a) < ready(b); });
 
   SmallVector<SmallVector<dist::AllReduceOp>> buckets;

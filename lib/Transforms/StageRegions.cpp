@@ -625,6 +625,9 @@ void StageCutter::finishRank(int64_t rank, func::FuncOp func) {
 double matmulWork(MatmulOp m) {
   auto lhs = cast<RankedTensorType>(m.getLhs().getType()).getShape();
   int64_t K = m.getTransposeLhs() ? lhs[lhs.size() - 2] : lhs.back();
+  if (m.getSumBatch())
+    for (int64_t d : lhs.drop_back(2))
+      K *= d;
   return double(cast<RankedTensorType>(m.getType()).getNumElements()) * K;
 }
 

@@ -27,8 +27,8 @@ func.func @forward() -> tensor<f32> attributes {graph.optimizer = {beta1 = 0.8 :
   // CHECK: %[[DL:.*]] = graph.cross_entropy_grad %[[LOGITS]], %{{.*}}, %[[SEED]]
   // dH = dL E (the head's rhs was transposed, so no transpose here)
   // CHECK: %[[DH:.*]] = graph.matmul %[[DL]], %[[E]] {graph.phase = #graph.phase<backward>} :
-  // dE (head part) = dL^T H, over the collapsed batch
-  // CHECK: %[[DE1:.*]] = graph.matmul {{.*}} {graph.phase = #graph.phase<backward>, transpose_lhs = true} : (tensor<8x32xf32>, tensor<8x16xf32>) -> tensor<32x16xf32>
+  // dE (head part) = dL^T H, summed over the batch as well
+  // CHECK: %[[DE1:.*]] = graph.matmul %[[DL]], %{{.*}} {graph.phase = #graph.phase<backward>, sum_batch = true, transpose_lhs = true} : (tensor<2x4x32xf32>, tensor<2x4x16xf32>) -> tensor<32x16xf32>
   // The bias gradient sums over batch and sequence.
   // CHECK: %[[DB:.*]] = graph.reduce_sum {{.*}} : (tensor<2x4x8xf32>) -> tensor<8xf32>
   // CHECK: %[[DE2:.*]] = graph.embedding_grad

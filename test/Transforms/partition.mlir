@@ -14,7 +14,7 @@
 // CHECK: %[[DLOSS:.*]] = graph.mul %[[SEED]], %{{.*}}
 // CHECK: graph.cross_entropy_grad %{{.*}}, %{{.*}}, %[[DLOSS]]
 // The weight gradient contracts the local tokens only.
-// CHECK: graph.matmul {{.*}}transpose_lhs = true} : (tensor<12x32xf32>, tensor<12x16xf32>) -> tensor<32x16xf32>
+// CHECK: graph.matmul {{.*}}sum_batch = true, transpose_lhs = true} : (tensor<2x6x32xf32>, tensor<2x6x16xf32>) -> tensor<32x16xf32>
 // CHECK: %[[GW:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<16x8xf32>) -> tensor<16x8xf32>
 // CHECK: %[[GB:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<8xf32>) -> tensor<8xf32>
 // CHECK: %[[GE:.*]] = dist.all_reduce %{{.*}} {axes = #dist.axes<dp>{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf32>

@@ -12,7 +12,7 @@
 // CHECK: graph.input "tokens" {dist.sharding = [#dist.sharding<{{\[\[dp\], \[\]\]}}, partial = []>]
 // CHECK: graph.embedding {{.*}}dist.sharding = [#dist.sharding<{{\[\[dp\], \[\], \[\]\]}}, partial = []>]
 // CHECK: %[[LOSS:.*]] = graph.cross_entropy {{.*}}dist.sharding = [#dist.sharding<[], partial = [dp]>]
-// CHECK: graph.matmul {{.*}}partial = [dp]>], {{.*}}transpose_lhs = true} : (tensor<24x32xf32>, tensor<24x16xf32>) -> tensor<32x16xf32>
+// CHECK: graph.matmul {{.*}}partial = [dp]>], {{.*}}sum_batch = true, transpose_lhs = true} : (tensor<4x6x32xf32>, tensor<4x6x16xf32>) -> tensor<32x16xf32>
 // CHECK: %[[DB:.*]] = graph.reduce_sum {{.*}}partial = [dp]>]
 // CHECK: %[[DE2:.*]] = graph.embedding_grad {{.*}}partial = [dp]>]
 // CHECK: %[[DE:.*]] = graph.add %{{.*}}, %[[DE2]] {dist.sharding = [#dist.sharding<{{.*}}, partial = [dp]>]

@@ -181,6 +181,10 @@ PATTERN(MatmulOp) {
   int64_t M = out[out.size() - 2], N = out.back();
   int64_t K = tl ? lhs[lhs.size() - 2] : lhs.back();
   int64_t batch = product(out.drop_back(2));
+  // Summed over the batch too: the batch's rows are more rows of K (both
+  // operands are [batch..., K, .] row-major).
+  if (op.getSumBatch())
+    K *= product(ArrayRef<int64_t>(lhs).drop_back(2));
   int64_t strideB = rhs.size() == 2 ? 0 : K * N;
   Value result = alloc(b, op.getLoc(), op);
   rt::MatmulOp::create(b, op.getLoc(), a.getLhs(), a.getRhs(), result,

@@ -9,6 +9,15 @@ func.func @bad_matmul(%a: tensor<2x8x16xf32>, %b: tensor<12x4xf32>) {
 
 // -----
 
+func.func @sum_batch_untransposed(%a: tensor<2x8x16xf32>, %b: tensor<2x8x4xf32>) {
+  // expected-error@+2 {{matmul with sum_batch needs transpose_lhs, no transpose_rhs and batched operands of equal rank, got [2x8x16] and [2x8x4]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %y = graph.matmul %a, %b {sum_batch = true} : (tensor<2x8x16xf32>, tensor<2x8x4xf32>) -> tensor<16x4xf32>
+  return
+}
+
+// -----
+
 func.func @wrong_result(%a: tensor<2x8x16xf32>, %b: tensor<16x4xf32>) {
   // expected-error@+2 {{inferred type(s) 'tensor<2x8x4xf32>' are incompatible with return type(s) of operation 'tensor<2x8x5xf32>'}}
   // expected-error@+1 {{failed to infer returned types}}

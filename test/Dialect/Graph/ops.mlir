@@ -46,6 +46,9 @@ func.func @forward_ops() -> tensor<f32> {
   %y = graph.add %m, %r : (tensor<2x8x16xf32>, tensor<2x8x16xf32>) -> tensor<2x8x16xf32>
   // CHECK: graph.matmul {{.*}} {transpose_rhs = true}
   %logits = graph.matmul %y, %wte {transpose_rhs = true} : (tensor<2x8x16xf32>, tensor<32x16xf32>) -> tensor<2x8x32xf32>
+  // The head's weight gradient, summed over batch and sequence:
+  // CHECK: graph.matmul {{.*}} {sum_batch = true, transpose_lhs = true} : (tensor<2x8x32xf32>, tensor<2x8x16xf32>) -> tensor<32x16xf32>
+  %dwte = graph.matmul %logits, %y {sum_batch = true, transpose_lhs = true} : (tensor<2x8x32xf32>, tensor<2x8x16xf32>) -> tensor<32x16xf32>
   // CHECK: graph.softmax
   %p = graph.softmax %logits : (tensor<2x8x32xf32>) -> tensor<2x8x32xf32>
   // CHECK: graph.cross_entropy
