@@ -770,6 +770,12 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                     " exceeds model.layers = " +
                                     std::to_string(spec.model.layers) +
                                     " (every stage needs a layer)");
+  else if (p.virtualStages > 1 && p.pp == 1)
+    problems.report(s.at("virtual_stages"),
+                    "parallel.virtual_stages = " +
+                        std::to_string(p.virtualStages) +
+                        " needs parallel.pp > 1 (virtual stages interleave "
+                        "the chunks of several pipeline ranks)");
   else if (p.virtualStages > 1 && p.schedule != "interleaved")
     problems.report(s.at("virtual_stages"),
                     "virtual stages need parallel.schedule = \"interleaved\"");
