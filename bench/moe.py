@@ -23,7 +23,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
 REFERENCE = os.path.join(ROOT, "test", "e2e", "torch_reference.py")
-LAYOUTS = [("ep1", []), ("ep2", ["--ep", "2"]), ("dp2 (experts replicated)", ["--dp", "2"])]
+LAYOUTS = [("ep1", []), ("ep2", ["--ep", "2"]), ("dp2 (experts replicated)", ["--dp", "2"]),
+           ("tp2 + sp (experts whole)", ["--tp", "2", "--sp"]),
+           ("tp2 + sp, expert_tp 2", ["--tp", "2", "--sp", "--set", "parallel.expert_tp=2"])]
 
 
 def run(cmd, env=None):
@@ -44,7 +46,7 @@ def main():
         tokens = os.path.join(work, "tokens.bin")
         run([TESSEL, "data", "synth", "-o", tokens, "--tokens", "200000", "--seed", "7"])
         for name, layout in LAYOUTS:
-            out = os.path.join(work, name.split()[0])
+            out = os.path.join(work, f"layout{len(rows)}")
             run([TESSEL, "compile", args.spec, "-o", out] + layout)
             ranks = json.load(open(os.path.join(out, "plan.json")))["world_size"]
             threads = max(1, cores // ranks)

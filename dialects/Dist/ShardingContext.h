@@ -42,6 +42,9 @@ public:
   virtual const MeshShape &mesh() const = 0;
   // The axes with more than one rank; a plan's other axes split nothing.
   virtual AxisSet activeAxes() const = 0;
+  // Whether the routed experts are split over tp (parallel.expert_tp), so
+  // that every tp rank routes the same tokens.
+  virtual bool expertTensorParallel() const = 0;
 
   // `s` with the given dimensions whole (negative: from the end).
   static Sharding whole(Sharding s, std::initializer_list<int64_t> dims) {

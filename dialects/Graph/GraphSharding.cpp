@@ -714,7 +714,12 @@ LogicalResult OutputOp::propagateSharding(ShardingContext &ctx) {
 //===----------------------------------------------------------------------===//
 // Mixture of experts: tokens may be split (over dp, and over tp under
 // sequence parallelism); an expert-major buffer's rows are this rank's
-// tokens' assignments, split over the same axes; expert weights are whole.
+// tokens' assignments, split over the same axes; expert weights are whole
+// but for ep (their experts) and, with parallel.expert_tp, tp (their hidden
+// width). Then every tp rank routes the same tokens, and the experts'
+// outputs are partial sums over tp until the block's output is reduced, as
+// a dense MLP's are: dispatch, exchange, combine and unpermute are linear in
+// the rows and carry the partial sum.
 //===----------------------------------------------------------------------===//
 
 namespace {
@@ -735,10 +740,27 @@ Sharding rowsOf(const Sharding &tokens) {
 AxisSet tokenAxes(const Sharding &tokens) {
   return tokens.leadingAxes(tokens.dims.size() - 1);
 }
+// What routing reads of per-token values `s`: the last dimension whole and,
+// with the experts split over tp, the tokens too (every tp rank routes them
+// all).
+Sharding routed(ShardingContext &ctx, Sharding s) {
+  s = ShardingContext::whole(s, {-1});
+  if (ctx.expertTensorParallel())
+    for (AxisSet &axes : s.dims)
+      axes -= AxisSet(MeshAxis::TP);
+  return s;
+}
+// The part of `v`'s partial sum the MoE ops carry through: over tp, with the
+// experts split over tp.
+AxisSet carried(ShardingContext &ctx, Value v) {
+  return ctx.expertTensorParallel()
+             ? ctx.get(v).partial & AxisSet(MeshAxis::TP)
+             : AxisSet();
+}
 } // namespace
 
 LogicalResult MoeTopKOp::propagateSharding(ShardingContext &ctx) {
-  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  Sharding p = routed(ctx, ctx.reduced(getProbs()));
   ctx.require(*this, 0, p);
   ctx.set(getWeights(), p);
   ctx.set(getExperts(), p);
@@ -746,7 +768,7 @@ LogicalResult MoeTopKOp::propagateSharding(ShardingContext &ctx) {
 }
 
 LogicalResult MoeTopKGradOp::propagateSharding(ShardingContext &ctx) {
-  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  Sharding p = routed(ctx, ctx.reduced(getProbs()));
   for (unsigned i = 0; i < 3; ++i)
     ctx.require(*this, i, p);
   ctx.set(getResult(), p);
@@ -755,7 +777,7 @@ LogicalResult MoeTopKGradOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult MoeLoadStatsOp::propagateSharding(ShardingContext &ctx) {
   // Sums over split tokens: partial sums.
-  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  Sharding p = routed(ctx, ctx.reduced(getProbs()));
   ctx.require(*this, 0, p);
   ctx.require(*this, 1, p);
   Sharding stats = Sharding::replicated(1);
@@ -766,7 +788,7 @@ LogicalResult MoeLoadStatsOp::propagateSharding(ShardingContext &ctx) {
 }
 
 LogicalResult MoeProbSumsGradOp::propagateSharding(ShardingContext &ctx) {
-  Sharding p = ShardingContext::whole(ctx.reduced(getProbs()), {-1});
+  Sharding p = routed(ctx, ctx.reduced(getProbs()));
   ctx.require(*this, 0, p);
   ctx.require(*this, 1, Sharding::replicated(1));
   ctx.set(getResult(), p);
@@ -836,7 +858,7 @@ LogicalResult MoeZLossGradOp::localize(PartitionContext &ctx) {
 }
 
 LogicalResult MoeDispatchOp::propagateSharding(ShardingContext &ctx) {
-  Sharding e = ShardingContext::whole(ctx.reduced(getExperts()), {-1});
+  Sharding e = routed(ctx, ctx.reduced(getExperts()));
   ctx.require(*this, 0, e);
   ctx.set(getRowOf(), e);
   // This rank's row ranges: not a slice of anything, never resharded.
@@ -858,7 +880,7 @@ LogicalResult MoeDispatchOp::localize(PartitionContext &ctx) {
 LogicalResult MoeKeptCountsOp::propagateSharding(ShardingContext &ctx) {
   // Read as moe_dispatch reads the experts (one reshard serves both); the
   // counts of this rank's tokens are a share of the microbatch's.
-  Sharding e = ShardingContext::whole(ctx.reduced(getExperts()), {-1});
+  Sharding e = routed(ctx, ctx.reduced(getExperts()));
   ctx.require(*this, 0, e);
   ctx.require(*this, 1, Sharding::replicated(1));
   Sharding kept = Sharding::replicated(1);
@@ -868,7 +890,7 @@ LogicalResult MoeKeptCountsOp::propagateSharding(ShardingContext &ctx) {
 }
 
 LogicalResult MoePermuteOp::propagateSharding(ShardingContext &ctx) {
-  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {-1});
+  Sharding x = routed(ctx, ctx.reduced(getInput()));
   ctx.require(*this, 0, x);
   ctx.require(*this, 1, perToken(x, rankOf(getRowOf())));
   ctx.set(getResult(), rowsOf(x));
@@ -877,41 +899,49 @@ LogicalResult MoePermuteOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult MoePermuteGradOp::propagateSharding(ShardingContext &ctx) {
   Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
-  ctx.require(*this, 0, rowsOf(r));
+  Sharding rows = rowsOf(r);
+  rows.partial = carried(ctx, getGrad());
+  ctx.require(*this, 0, rows);
   ctx.require(*this, 1, r);
-  ctx.set(getResult(), perToken(r, rankOf(getResult())));
+  Sharding out = perToken(r, rankOf(getResult()));
+  out.partial = rows.partial;
+  ctx.set(getResult(), out);
   return success();
 }
 
 LogicalResult MoeUnpermuteOp::propagateSharding(ShardingContext &ctx) {
   Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
-  ctx.require(*this, 0, rowsOf(r));
+  Sharding rows = rowsOf(r);
+  rows.partial = carried(ctx, getRows());
+  ctx.require(*this, 0, rows);
   ctx.require(*this, 1, r);
   ctx.require(*this, 2, r);
-  ctx.set(getResult(), perToken(r, rankOf(getResult())));
+  Sharding out = perToken(r, rankOf(getResult()));
+  out.partial = rows.partial;
+  ctx.set(getResult(), out);
   return success();
 }
 
 LogicalResult MoeUnpermuteGradOp::propagateSharding(ShardingContext &ctx) {
+  // The weights' gradient is a product with the experts' rows: partial as
+  // they are; the rows' gradient (a weighted copy of the output's) is not.
   Sharding r = ShardingContext::whole(ctx.get(getRowOf()), {-1});
-  ctx.require(*this, 0, rowsOf(r));
+  Sharding rows = rowsOf(r);
+  rows.partial = carried(ctx, getRows());
+  ctx.require(*this, 0, rows);
   ctx.require(*this, 1, r);
   ctx.require(*this, 2, r);
   ctx.require(*this, 3, perToken(r, rankOf(getGrad())));
   ctx.set(getRowsGrad(), rowsOf(r));
-  ctx.set(getWeightsGrad(), r);
+  Sharding weights = r;
+  weights.partial = rows.partial;
+  ctx.set(getWeightsGrad(), weights);
   return success();
-}
-
-// The experts' weights: split over ep when the mesh has it.
-static Sharding expertWeights(ShardingContext &ctx) {
-  Sharding w = Sharding::replicated(3);
-  w.dims[0] = ctx.activeAxes() & AxisSet(MeshAxis::EP);
-  return w;
 }
 
 LogicalResult MoeExchangeOp::propagateSharding(ShardingContext &ctx) {
   Sharding r = ShardingContext::whole(ctx.reduced(getRows()), {1});
+  r.partial = carried(ctx, getRows());
   AxisSet ep = r.dims[0] & ctx.activeAxes() & AxisSet(MeshAxis::EP);
   ctx.require(*this, 0, r);
   ctx.require(*this, 1, Sharding::replicated(1));
@@ -928,6 +958,7 @@ LogicalResult MoeExchangeOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult MoeCombineOp::propagateSharding(ShardingContext &ctx) {
   Sharding r = ShardingContext::whole(ctx.reduced(getRows()), {1});
+  r.partial = carried(ctx, getRows());
   AxisSet ep = (ctx.activeAxes() & AxisSet(MeshAxis::EP)) - r.dims[0];
   ctx.require(*this, 0, r);
   ctx.require(*this, 1, Sharding::replicated(1));
@@ -942,23 +973,47 @@ LogicalResult MoeCombineOp::propagateSharding(ShardingContext &ctx) {
   return success();
 }
 
+// A stacked expert weight [E, K, N] ([E, N, K] transposed): split over ep
+// by expert and, with parallel.expert_tp, over tp along one of K and N. A
+// split of N splits the rows' outputs (column-parallel); a split of K needs
+// the rows' inputs split alike and sums over it (row-parallel).
 LogicalResult GroupedMatmulOp::propagateSharding(ShardingContext &ctx) {
-  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {1});
+  Sharding w = ctx.get(getWeight());
+  w.partial = {};
+  bool tr = getTransposeRhs();
+  AxisSet k = w.dims[tr ? 2 : 1], n = w.dims[tr ? 1 : 2];
+  Sharding x = ctx.reduced(getInput());
+  x.dims[1] = k;
+  x.dims[0] -= k | n;
   ctx.require(*this, 0, x);
-  ctx.require(*this, 1, expertWeights(ctx));
+  ctx.require(*this, 1, w);
   ctx.require(*this, 2, Sharding::replicated(1));
-  ctx.set(getResult(), x);
+  Sharding out = x;
+  out.dims[1] = n;
+  out.partial = k;
+  ctx.set(getResult(), out);
   return success();
 }
 
 LogicalResult GroupedMatmulWeightGradOp::propagateSharding(
     ShardingContext &ctx) {
-  // A sum over the rows: partial over the axes splitting them.
-  Sharding x = ShardingContext::whole(ctx.reduced(getInput()), {1});
+  // A sum over the rows: partial over the axes splitting them. The inputs'
+  // and the outputs' widths split over tp (parallel.expert_tp) split the
+  // gradient as they split the weight.
+  AxisSet widths = ctx.expertTensorParallel() ? AxisSet(MeshAxis::TP)
+                                              : AxisSet();
+  Sharding x = ctx.reduced(getInput()), dy = ctx.reduced(getGrad());
+  x.dims[1] &= widths;
+  dy.dims[1] &= widths - x.dims[1];
+  dy.dims[0] = x.dims[0] -= x.dims[1] | dy.dims[1];
   ctx.require(*this, 0, x);
-  ctx.require(*this, 1, x);
+  ctx.require(*this, 1, dy);
   ctx.require(*this, 2, Sharding::replicated(1));
-  Sharding w = expertWeights(ctx);
+  bool tr = getTransposeRhs();
+  Sharding w = Sharding::replicated(3);
+  w.dims[0] = ctx.activeAxes() & AxisSet(MeshAxis::EP);
+  w.dims[tr ? 2 : 1] = x.dims[1];
+  w.dims[tr ? 1 : 2] = dy.dims[1];
   w.partial = x.dims[0];
   ctx.set(getResult(), w);
   return success();

@@ -117,6 +117,8 @@ public:
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());
+    if (par.expertTp > 1)
+      (*module)->setAttr("dist.expert_tp", b.getUnitAttr());
     SmallVector<int64_t> layerStages;
     if (!par.stageLayers.empty() && par.pp > 1) {
       llvm::Expected<std::vector<int>> stages = pipeline::stagesFromLayerLists(
@@ -468,13 +470,17 @@ private:
         dispatch.getOffsets(), /*ep_axes=*/nullptr);
     Value offsets = exchange.getRecvOffsets();
     rows = exchange.getRecvRows();
+    // `ffnDim`: the weight's dimension of the expert's hidden width.
     auto grouped = [&](Value x, const std::string &name,
-                       ArrayRef<int64_t> shape, bool transposed,
+                       ArrayRef<int64_t> shape, bool transposed, int ffnDim,
                        double std = 0.02) {
       Value w = param(p + ".experts." + name, shape, "normal", std);
-      // The experts are split over ep (a mesh without ep splits nothing).
+      // The experts are split over ep (a mesh without ep splits nothing)
+      // and, with parallel.expert_tp, each one's hidden width over tp.
       dist::Sharding s = dist::Sharding::replicated(3);
       s.dims[0] = MeshAxis::EP;
+      if (spec.parallel.expertTp > 1)
+        s.dims[ffnDim] = MeshAxis::TP;
       w.getDefiningOp()->setAttr("dist.param_sharding", s.toAttr(&ctx));
       return GroupedMatmulOp::create(b, at(p + ".experts"), x, w, offsets,
                                      b.getBoolAttr(transposed))
@@ -483,14 +489,16 @@ private:
     Value out;
     if (isLlama) {
       // Per-expert Linear layers stacked: [E, out, in].
-      Value gate = SiluOp::create(b, loc, grouped(rows, "w1", {E, F, C}, true));
-      Value up = grouped(rows, "w3", {E, F, C}, true);
+      Value gate =
+          SiluOp::create(b, loc, grouped(rows, "w1", {E, F, C}, true, 1));
+      Value up = grouped(rows, "w3", {E, F, C}, true, 1);
       Value act = MulOp::create(b, loc, gate, up);
-      out = grouped(act, "w2", {E, C, F}, true);
+      out = grouped(act, "w2", {E, C, F}, true, 2);
     } else {
       // Per-expert Conv1D weights stacked: [E, in, out]; no biases.
-      Value f = GeluOp::create(b, loc, grouped(rows, "c_fc", {E, C, F}, false));
-      out = grouped(f, "c_proj", {E, F, C}, false, projStd);
+      Value f =
+          GeluOp::create(b, loc, grouped(rows, "c_fc", {E, C, F}, false, 2));
+      out = grouped(f, "c_proj", {E, F, C}, false, 1, projStd);
     }
     out = MoeCombineOp::create(b, at(p + ".experts"), out.getType(), out,
                                offsets, dispatch.getOffsets(),

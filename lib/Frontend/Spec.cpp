@@ -652,6 +652,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.tp = s.integer("tp", 1, 1, kMaxAxis);
   p.pp = s.integer("pp", 1, 1, kMaxAxis);
   p.ep = s.integer("ep", 1, 1, kMaxAxis);
+  p.expertTp = s.integer("expert_tp", 1, 1, kMaxAxis);
   p.microbatches = s.integer("microbatches", 1, 1, kMaxBatch);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
   p.sequenceParallel = s.boolean("sequence_parallel", false);
@@ -734,6 +735,29 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
     problems.report(s.at("ep"), "parallel.ep = " + std::to_string(p.ep) +
                                     " does not divide model.moe.experts = " +
                                     std::to_string(spec.model.moe.experts));
+  else if (p.expertTp > 1 && !spec.model.moe.enabled())
+    problems.report(s.at("expert_tp"),
+                    "tensor parallelism inside the experts splits the "
+                    "experts of a mixture-of-experts model: model.moe is "
+                    "not set");
+  else if (p.expertTp != 1 && p.expertTp != p.tp)
+    problems.report(s.at("expert_tp"),
+                    "parallel.expert_tp = " + std::to_string(p.expertTp) +
+                        " must be 1 (experts whole) or parallel.tp = " +
+                        std::to_string(p.tp) + " (experts split over tp)");
+  else if (p.expertTp > 1 && p.ep > 1)
+    problems.report(s.at("expert_tp"),
+                    "parallel.expert_tp = " + std::to_string(p.expertTp) +
+                        " with parallel.ep = " + std::to_string(p.ep) +
+                        " would split the expert weights along two "
+                        "dimensions (experts over ep, width over tp); "
+                        "parameters split along one are supported: use one "
+                        "of the two");
+  else if (p.expertTp > 1 && spec.model.moe.ffnHidden % p.expertTp != 0)
+    problems.report(s.at("expert_tp"),
+                    "parallel.expert_tp = " + std::to_string(p.expertTp) +
+                        " does not divide model.moe.ffn_hidden = " +
+                        std::to_string(spec.model.moe.ffnHidden));
   else if (spec.model.heads % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.heads = " +

@@ -49,7 +49,9 @@ public:
   Propagator(ModuleOp module)
       : ctx(module.getContext()), meshShape(dist::meshOf(module)),
         active(meshShape.activeAxes()),
-        sequenceParallel(module->hasAttr("dist.sequence_parallel")) {}
+        sequenceParallel(module->hasAttr("dist.sequence_parallel")),
+        expertTp(module->hasAttr("dist.expert_tp") &&
+                 active.contains(MeshAxis::TP)) {}
 
   LogicalResult run(func::FuncOp func) {
     SmallVector<Operation *> worklist;
@@ -125,12 +127,14 @@ public:
 
   const MeshShape &mesh() const override { return meshShape; }
   AxisSet activeAxes() const override { return active; }
+  bool expertTensorParallel() const override { return expertTp; }
 
 private:
   MLIRContext *ctx;
   MeshShape meshShape;
   AxisSet active;
   bool sequenceParallel;
+  bool expertTp;
   DenseMap<Value, Sharding> shardings;
   DenseMap<std::pair<Value, Attribute>, Value> reshards;
 };

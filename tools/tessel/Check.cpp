@@ -209,10 +209,12 @@ int tessel::checkCommand(const CheckOptions &options) {
   } else {
     consumeError(spec.takeError()); // compile reports it
   }
-  // One rank has no dp groups to shard over, and the CPU program keeps its
-  // optimizer state in host memory anyway.
+  // One rank has no dp groups to shard over nor tp ranks to split experts
+  // over, and the CPU program keeps its optimizer state in host memory
+  // anyway.
   ref.overrides.push_back("parallel.zero_group=0");
   ref.overrides.push_back("parallel.offload=\"none\"");
+  ref.overrides.push_back("parallel.expert_tp=1");
   layout.layout.layers = options.layers;
   layout.target = options.target;
   layout.cudaArch = options.cudaArch;

@@ -335,6 +335,8 @@ json planJson(const Spec &spec, ModuleOp module,
       mesh[meshAxisName(axis)] = layout.size(axis);
   plan["mesh"] = mesh;
   plan["sequence_parallel"] = par.sequenceParallel;
+  if (par.expertTp > 1)
+    plan["expert_tp"] = par.expertTp;
   plan["microbatches"] = par.microbatches;
   plan["zero"] = par.zero;
   if (par.zero > 0 && par.zeroGroup > 0 && par.zeroGroup < par.dp)

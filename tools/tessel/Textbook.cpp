@@ -232,6 +232,9 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
               r, first, last, ep] = *sizes;
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
   Moe moe = moeOf(plan);
+  // The routed experts split over tp (parallel.expert_tp): every tp rank
+  // routes all of the microbatch's tokens.
+  bool expertTp = moe.enabled && t > 1 && plan.value("expert_tp", 1) > 1;
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1;
   bool zero3 = plan.value("zero", 0) >= 3 && d > 1;
@@ -311,8 +314,23 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       // experts are whole on every tp rank, so only attention's collectives
       // remain (under sequence parallelism the experts take the rank's
       // piece of the sequence as it is).
-      if (moe.isMoeBlock(block) && moe.shared == 0) {
+      if (moe.isMoeBlock(block) && moe.shared == 0 && !expertTp) {
         perMicrobatch += (4 + again / 2) * (t - 1) / t * bsh * e;
+        continue;
+      }
+      // Split over tp, the experts reduce their output as an MLP does
+      // (forward and backward), the shared experts' with it; the rows they
+      // read are the gathered tokens the dispatch keeps, gathered again
+      // only for the shared experts. Routing the whole microbatch adds the
+      // router's probabilities gathered (forward and backward, b s E fp32
+      // values, under sequence parallelism) and the routing weights'
+      // gradient summed (b s k), a partial sum like the rows it comes from.
+      if (moe.isMoeBlock(block) && expertTp) {
+        double shared = moe.shared > 0 && !recomputes(plan, block) ? regather : 0;
+        double rerun = recomputes(plan, block) ? again : again / 2;
+        perMicrobatch += (8 + rerun + shared) * (t - 1) / t * bsh * e +
+                         (sp ? 2 * (t - 1) / t * b * s * moe.experts * 4 : 0) +
+                         allReduce(b * s * moe.topK, t, 4);
         continue;
       }
       perMicrobatch += (8 + again) * (t - 1) / t * bsh * e;
@@ -338,10 +356,11 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   // rows of the g - 1 other ranks: the worst case the static plan bounds
   // (balanced routing moves (g-1)/g of R rows in each of the four).
   if (moe.enabled) {
-    double tokens = b * s / (sp ? t : 1);
-    double tokenGroup = d * ep * (sp ? t : 1);
+    bool tokensOverTp = sp && t > 1 && !expertTp;
+    double tokens = b * s / (tokensOverTp ? t : 1);
+    double tokenGroup = d * ep * (tokensOverTp ? t : 1);
     std::string tokenAxes = std::string(d > 1 ? "dp," : "") +
-                            (sp && t > 1 ? "tp," : "") + (ep > 1 ? "ep," : "");
+                            (tokensOverTp ? "tp," : "") + (ep > 1 ? "ep," : "");
     if (!tokenAxes.empty())
       tokenAxes.pop_back();
     double E = moe.experts, rows = tokens * moe.topK;
@@ -354,7 +373,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
         else
           table.textbook[tokenAxes] += allReduce(E, tokenGroup, 4);
         if (moe.capacity) {
-          double n = sp && t > 1 ? b * E : E;
+          double n = tokensOverTp ? b * E : E;
           table.textbook[tokenAxes] +=
               m * (tokenGroup - 1) * n * 4 + allReduce(E, tokenGroup, 4);
         }

@@ -101,6 +101,11 @@ struct ParallelSpec {
   // split over ep ranks; the tokens are split over dp x ep (for everything
   // but the experts, ep is more data parallelism).
   int64_t ep = 1;
+  // parallel.expert_tp: 1 keeps each routed expert whole on a rank (under
+  // sequence parallelism each tp rank routes its piece of the sequence);
+  // tp splits every expert's MLP over tp as a dense MLP is split (the
+  // tokens gathered over tp before the router, the output reduced after).
+  int64_t expertTp = 1;
   int64_t virtualStages = 1; // pipeline stages per rank (interleaved)
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
