@@ -299,12 +299,24 @@ Value StageCutter::lookup(Value v, const Part &user) {
   bool regather = fromForward && isa<dist::AllGatherOp>(def);
   // Under full recompute, what the running block's backward needs from the
   // block's own forward pass is computed again (received values, the
-  // block's input from another rank, stay received).
+  // block's input from another rank, stay received). So does the block's
+  // input: a reduction of values made before the block (a vocabulary-
+  // parallel embedding's partial sums, which the first block's norm reads
+  // reduced) is kept as it was reduced, not reduced again.
   LayerAttr layer = layerOf(def);
+  auto inBlock = [&](Value operand) {
+    Operation *producer = operand.getDefiningOp();
+    LayerAttr l = producer ? layerOf(producer) : LayerAttr();
+    return l && l.getKind() == LayerKind::Block &&
+           l.getIndex() == *recomputing;
+  };
+  bool blockInput =
+      isa<dist::AllReduceOp, dist::ReduceScatterOp>(def) &&
+      recomputing && llvm::none_of(def->getOperands(), inBlock);
   bool recompute = fromForward && recomputing && layer &&
                    layer.getKind() == LayerKind::Block &&
                    layer.getIndex() == *recomputing &&
-                   !isa<dist::RecvOp>(def);
+                   !isa<dist::RecvOp>(def) && !blockInput;
   if (known != home.end() && (isParameterPiece(v) || regather || recompute)) {
     OpBuilder b = builderAtEnd(user);
     IRMapping map;

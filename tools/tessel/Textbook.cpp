@@ -314,8 +314,12 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       // experts are whole on every tp rank, so only attention's collectives
       // remain (under sequence parallelism the experts take the rank's
       // piece of the sequence as it is).
+      // Recomputed, such a block runs attention's reduction again (what
+      // the experts' backward reads comes after it): one all-reduce, or a
+      // gather and a reduce-scatter that replace the re-gather.
       if (moe.isMoeBlock(block) && moe.shared == 0 && !expertTp) {
-        perMicrobatch += (4 + again / 2) * (t - 1) / t * bsh * e;
+        double rerun = recomputes(plan, block) ? 2 : again / 2;
+        perMicrobatch += (4 + rerun) * (t - 1) / t * bsh * e;
         continue;
       }
       // Split over tp, the experts reduce their output as an MLP does
