@@ -49,7 +49,7 @@ const char *kPlanUsage =
     "  and why the best wins.\n"
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
-    "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp)\n"
+    "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp, etp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
     "  --target T        cpu or cuda (default: cuda with --gpu, cpu with\n"
     "                    --cluster)\n"
@@ -68,6 +68,7 @@ struct Layout {
           zero = 0;
   std::string recompute = "none";
   bool sp = false;
+  bool expertTp = false; // MoE: the routed experts split over tp
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
   std::string str() const {
@@ -78,6 +79,8 @@ struct Layout {
     if (pp > 1)
       s += v > 1 ? formatv(", interleaved x{0}", v).str() : ", 1f1b";
     s += formatv(", zero {0}, recompute {1}", zero, recompute).str();
+    if (expertTp)
+      s += ", etp";
     return s;
   }
 };
@@ -145,7 +148,8 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double layerExperts = moeLayers / L * moe.experts * expert;
   double stageLayers = std::ceil(L / l.pp);
   double gpuParams = (stageLayers * layerParams + V * h) / l.tp +
-                     stageLayers * layerExperts / l.ep;
+                     stageLayers * layerExperts / l.ep /
+                         (l.expertTp ? l.tp : 1);
   double devices = double(l.tp) * l.pp * l.dp * l.ep;
   double elem = cuda ? 2 : 4;
   double peak = cluster.peak(cuda ? "bf16" : "fp32");
@@ -258,6 +262,8 @@ std::vector<std::string> compileFlags(const Layout &l) {
     f.insert(f.end(), {"--virtual-stages", std::to_string(l.v)});
   if (l.ep > 1)
     f.insert(f.end(), {"--ep", std::to_string(l.ep)});
+  if (l.expertTp)
+    f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
   return f;
 }
 
@@ -278,6 +284,8 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.recompute = value.str();
     else if (key == "sp" && (value == "true" || value == "false"))
       l.sp = value == "true", spGiven = true;
+    else if (key == "etp" && (value == "true" || value == "false"))
+      l.expertTp = value == "true";
     else if (key == "tp" && number && n >= 1)
       l.tp = n;
     else if (key == "pp" && number && n >= 1)
@@ -293,10 +301,11 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
     else
       return createStringError("--include '" + text + "': cannot read '" +
                                item.str() +
-                               "' (keys: tp, pp, ep, mbs, v, zero, recompute, sp)");
+                               "' (keys: tp, pp, ep, mbs, v, zero, recompute, sp, etp)");
   }
   if (!spGiven || l.tp == 1)
     l.sp = l.sp && l.tp > 1;
+  l.expertTp = l.expertTp && l.tp > 1;
   if (devices % (l.tp * l.pp * l.ep))
     return createStringError(formatv("--include '{0}': tp x pp{1} = {2} does "
                                      "not divide the {3} devices",
@@ -457,13 +466,19 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
             continue;
           // Selective recomputation recomputes the attention core, which
           // fused attention never stores: the program is none's.
-          for (const char *rc : {"none", "full"}) {
-            Layout l;
-            l.tp = tp, l.pp = pp, l.dp = dp, l.ep = ep, l.mbs = mbs;
-            l.microbatches = micro, l.v = v, l.zero = zero;
-            l.recompute = rc, l.sp = tp > 1;
-            add(l, false);
-          }
+          // An MoE model's experts whole on each tp rank, or split over
+          // tp (not with ep: parameters split along one dimension).
+          for (const char *rc : {"none", "full"})
+            for (bool etp : {false, true}) {
+              if (etp && (tp == 1 || ep > 1 || !m.moe.enabled() ||
+                          m.moe.ffnHidden % tp))
+                continue;
+              Layout l;
+              l.tp = tp, l.pp = pp, l.dp = dp, l.ep = ep, l.mbs = mbs;
+              l.microbatches = micro, l.v = v, l.zero = zero;
+              l.recompute = rc, l.sp = tp > 1, l.expertTp = etp;
+              add(l, false);
+            }
         }
       }
     }
@@ -935,7 +950,8 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                        {"virtual_stages", l.v},
                        {"schedule", l.schedule()},
                        {"zero", l.zero},     {"recompute", l.recompute},
-                       {"sequence_parallel", l.sp}};
+                       {"sequence_parallel", l.sp},
+                       {"expert_tp", l.expertTp ? l.tp : 1}};
       row["describe"] = l.str();
       row["memory_bytes"] = c->memory;
       row["fits"] = c->fits;
@@ -997,6 +1013,10 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     p["virtual_stages"] = l.v;
     p["sequence_parallel"] = l.sp;
     p["zero"] = l.zero;
+    if (l.expertTp)
+      p["expert_tp"] = l.tp;
+    else
+      p.erase("expert_tp");
     doc["train"]["recompute"] = l.recompute;
     doc["train"]["global_batch"] = o.batch;
     if (Error e = writeFileAtomically(values["--apply"], doc.dump(2) + "\n"))
