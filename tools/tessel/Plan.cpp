@@ -89,35 +89,54 @@ struct Estimate {
   double step = 0, memory = 0;
 };
 
-// The most model chunks whose activations a pipeline rank holds at once
-// (forwards run, their backwards not yet) in the schedule Tessel runs.
-double peakChunksInFlight(int64_t pp, int64_t microbatches, int64_t v) {
+// The activation slots the busiest pipeline rank's memory plan holds in
+// the schedule Tessel runs, each a microbatch's activations of the rank's
+// whole stage (all its chunks): as pipe::activationSlots counts them, a
+// microbatch holds its slot from its first forward on the rank to its last
+// backward there, and microbatch m takes slot m % slots.
+double activationSlots(int64_t pp, int64_t microbatches, int64_t v) {
   static std::map<std::tuple<int64_t, int64_t, int64_t>, double> memo;
   auto key = std::make_tuple(pp, microbatches, v);
   auto it = memo.find(key);
   if (it != memo.end())
     return it->second;
-  double peak = std::min(microbatches, pp) *
-                (1 + (v > 1 ? double(pp - 1) / (pp * v) : 0)) * v;
+  double most = std::min(microbatches, pp);
   Expected<pipeline::ScheduleKind> kind =
       pipeline::parseScheduleKind(v > 1 ? "interleaved" : "1f1b");
   Expected<pipeline::Schedule> schedule =
       kind ? pipeline::generateSchedule(*kind, pp, microbatches, v)
            : Expected<pipeline::Schedule>(kind.takeError());
   if (schedule) {
-    peak = 0;
+    most = 1;
     for (const std::vector<pipeline::Step> &steps : schedule->steps) {
-      int live = 0;
-      for (const pipeline::Step &step : steps) {
-        live += step.kind == pipeline::StepKind::Forward;
-        live -= step.kind == pipeline::StepKind::Backward;
-        peak = std::max(peak, double(live));
+      std::map<int, int> backwards; // microbatch -> its backward steps here
+      for (const pipeline::Step &step : steps)
+        backwards[step.microbatch] += step.kind == pipeline::StepKind::Backward;
+      int64_t slots = 1;
+      for (; slots < microbatches; ++slots) {
+        std::map<int, int> left; // in flight -> backward steps left
+        bool fits = true;
+        for (const pipeline::Step &step : steps) {
+          if (step.kind == pipeline::StepKind::Forward &&
+              !left.count(step.microbatch)) {
+            for (auto &[other, n] : left)
+              fits &= other % slots != step.microbatch % slots;
+            left[step.microbatch] = backwards[step.microbatch];
+          } else if (step.kind == pipeline::StepKind::Backward) {
+            auto in = left.find(step.microbatch);
+            if (in != left.end() && --in->second == 0)
+              left.erase(in);
+          }
+        }
+        if (fits)
+          break;
       }
+      most = std::max(most, double(slots));
     }
   } else {
     consumeError(schedule.takeError());
   }
-  return memo[key] = peak;
+  return memo[key] = most;
 }
 
 // Closed-form estimates, only to choose what to compile: the compiled
@@ -231,8 +250,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                         ? 2 * act
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
   // Microbatches in flight, in units of a stage's layers.
-  double inFlight =
-      l.pp > 1 ? peakChunksInFlight(l.pp, l.microbatches, l.v) / l.v : 1;
+  double inFlight = l.pp > 1 ? activationSlots(l.pp, l.microbatches, l.v) : 1;
   double activations = perLayer * (elem / 2) * layersHere * inFlight +
                        rows * h * 34.0 / l.tp * (elem / 2) +
                        2 * rows * V / l.tp * 4;
