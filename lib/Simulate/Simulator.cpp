@@ -51,6 +51,18 @@ static const char *typeName(int64_t elementBytes) {
   }
 }
 
+// The rows a grouped GEMM computes on under balanced routing. Its buffer
+// holds the most that can come: with expert parallelism, the rows of each
+// source rank (`segments` = source ranks x the rank's experts), each up to
+// all of that rank's assignments; routed evenly, the sources together send
+// one rank's worth.
+static double balancedRows(Value x, int64_t k, int64_t segments,
+                           int64_t experts) {
+  int64_t sources = std::max<int64_t>(1, segments / std::max<int64_t>(1, experts));
+  return static_cast<double>(rt::elementsOf(x)) / std::max<int64_t>(1, k) /
+         sources;
+}
+
 KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
   const Device &d = cluster.device;
   KernelCost cost;
@@ -71,12 +83,16 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
     a = mb.getA();
   } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
     k = g.getK(), n = g.getN();
-    m = static_cast<double>(rt::elementsOf(g.getX())) / std::max<int64_t>(1, g.getK());
+    m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
     a = g.getX();
+    cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
+                 rt::elementsOf(g.getW()) * rt::elementBytesOf(g.getW());
   } else if (auto g = dyn_cast<rt::GroupedMatmulWeightGradOp>(op)) {
     k = g.getK(), n = g.getN();
-    m = static_cast<double>(rt::elementsOf(g.getX())) / std::max<int64_t>(1, g.getK());
+    m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
     a = g.getX();
+    cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
+                 rt::elementsOf(g.getDw()) * rt::elementBytesOf(g.getDw());
   }
   double memoryRate = d.memoryBandwidth * d.memoryEfficiency;
   double memoryTime = memoryRate > 0 ? cost.bytes / memoryRate : 0;

@@ -40,6 +40,16 @@ def scale(args):
     print("twice as fast: half the step")
 
 
+def flops(args):
+    """Each rank of `split` computes `ratio` of the model FLOPs a rank of
+    `whole` computes (the layouts split the same global batch)."""
+    a = load(args.whole)["programs"][0]["flops_per_rank"]
+    b = load(args.split)["programs"][0]["flops_per_rank"]
+    if abs(b / a - args.ratio) > 1e-9:
+        fail(f"{b:.0f} FLOPs per rank against {a:.0f}: ratio {b / a}, not {args.ratio}")
+    print(f"FLOPs per rank: {args.ratio} of the one-rank program's")
+
+
 def faster(args):
     """Make a cluster description twice as fast in every figure."""
     c = load(args.cluster)
@@ -164,6 +174,11 @@ def main():
     p.add_argument("slow")
     p.add_argument("fast")
     p.set_defaults(fn=scale)
+    p = sub.add_parser("flops")
+    p.add_argument("whole")
+    p.add_argument("split")
+    p.add_argument("ratio", type=float)
+    p.set_defaults(fn=flops)
     p = sub.add_parser("faster")
     p.add_argument("cluster")
     p.add_argument("out")
