@@ -358,7 +358,8 @@ def Rt_CrossEntropyVocabParallelBackwardOp : Rt_KernelOp<
          Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes, I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 
-// Mixture of experts (tessel/Runtime/Kernels.h, CPU only for now).
+// Mixture of experts (tessel/Runtime/Kernels.h; the CUDA runtime's in
+// tessel/Runtime/Cuda/Kernels.h).
 def Rt_MoeTopKOp : Rt_KernelOp<"moe_top_k", "moeTopK",
     (ins Rt_Buffer:$probs, Rt_Buffer:$experts, Rt_Buffer:$weights,
          I64Attr:$tokens, I64Attr:$num_experts, I64Attr:$top_k)>;

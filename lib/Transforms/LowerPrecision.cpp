@@ -145,6 +145,21 @@ void LowerPrecisionPass::runOnOperation() {
       keep(a.getLse());
     } else if (auto a = dyn_cast<rt::AttentionBackwardOp>(op)) {
       keep(a.getLse());
+    } else if (auto stats = dyn_cast<rt::MoeLoadStatsOp>(op)) {
+      // Assignments per expert (bf16 counts exactly only up to 256) and
+      // the probabilities summed over the microbatch's tokens.
+      keep(stats.getCounts());
+      keep(stats.getProbSums());
+    } else if (auto kept = dyn_cast<rt::MoeKeptCountsOp>(op)) {
+      keep(kept.getKept());
+    } else if (auto grad = dyn_cast<rt::MoeAuxLossBackwardOp>(op)) {
+      keep(grad.getDprobSums());
+    } else if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+      // What a function returns (the step's metrics) keeps the type its
+      // signature declares.
+      for (Value v : ret.getOperands())
+        if (isBuffer(v))
+          keep(v);
     }
     for (Value r : op->getResults())
       if (auto type = dyn_cast<MemRefType>(r.getType());

@@ -801,11 +801,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                    << spec.train.warmupSteps << " is longer than train.steps = "
                    << spec.train.steps
                    << ": the learning rate never reaches train.optimizer.lr\n";
-    if (spec.model.moe.enabled() && options.target == "cuda")
-      return llvm::createStringError(
-          options.input + ": model.moe: the CUDA target has no "
-                          "mixture-of-experts kernels yet; compile with "
-                          "--target cpu");
     if (options.inference)
       spec.train.globalBatch = 1; // one sequence at a time
     int64_t prefillChunk = options.prefillChunk > 0

@@ -423,12 +423,6 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       loadSpec(req.specPath, req.sets, LayoutOverrides::oneRank());
   if (!spec)
     return spec.takeError();
-  if (spec->model.moe.enabled() && req.target == "cuda")
-    return createStringError(req.specPath +
-                             ": mixture-of-experts models compile for the "
-                             "CPU target only (their CUDA kernels are not "
-                             "built yet): plan with --cluster FILE and "
-                             "--target cpu");
   out->spec = *spec;
   const int64_t devices = req.devices, batch = spec->train.globalBatch;
   out->batch = batch;

@@ -87,7 +87,7 @@ public:
     return cast<rt::KernelCallOpInterface>(kernel).getFunction().str();
   }
   std::vector<std::string> extraArguments(Operation *kernel) const override {
-    if (!scratchBytes(kernel).empty())
+    if (usesScratch(kernel))
       return {"ctx.scratch"};
     return {};
   }
@@ -126,9 +126,8 @@ public:
           if (r.kind != "send_recv")
             axes.insert(r.axes.bits());
       }
-      std::string bytes = scratchBytes(op);
-      if (!bytes.empty())
-        info.scratch.push_back(bytes);
+      if (usesScratch(op))
+        info.scratch.push_back(scratchBytes(op, mesh));
       // The staging allGatherAlong / reduceScatterAlong ask for when the
       // gathered dimension is not the outermost: the gathered blocks, the
       // packed input, g x n elements of the piece's n.
@@ -213,10 +212,18 @@ public:
   }
 
 private:
-  // Bytes of device scratch a kernel needs (a C++ expression), if any: the
-  // attention backward recomputes the forward there; the
-  // vocabulary-parallel loss keeps its row statistics there.
-  static std::string scratchBytes(Operation *kernel) {
+  // Kernels that take the device scratch: the attention backward
+  // recomputes the forward there; the vocabulary-parallel loss keeps its
+  // row statistics there; the MoE dispatch its counts per chunk of
+  // assignments and, over a group, the gathered counts.
+  static bool usesScratch(Operation *kernel) {
+    return isa<rt::AttentionBackwardOp, rt::CrossEntropyVocabParallelForwardOp,
+               rt::CrossEntropyVocabParallelBackwardOp, rt::MoeDispatchOp>(
+        kernel);
+  }
+
+  // The bytes of scratch a kernel that uses it needs (a C++ expression).
+  static std::string scratchBytes(Operation *kernel, const MeshShape &mesh) {
     if (auto a = dyn_cast<rt::AttentionBackwardOp>(kernel))
       return "attentionScratchBytes(" + std::to_string(a.getBatch()) + ", " +
              std::to_string(a.getSeq()) + ", " + std::to_string(a.getHeads()) +
@@ -227,7 +234,11 @@ private:
       return "crossEntropyScratchBytes(" + std::to_string(c.getRows()) + ")";
     if (auto c = dyn_cast<rt::CrossEntropyVocabParallelBackwardOp>(kernel))
       return "crossEntropyScratchBytes(" + std::to_string(c.getRows()) + ")";
-    return "";
+    auto d = cast<rt::MoeDispatchOp>(kernel);
+    return "moeDispatchScratchBytes(" + std::to_string(d.getTokens()) + ", " +
+           std::to_string(d.getRows()) + ", " + std::to_string(d.getTopK()) +
+           ", " + std::to_string(d.getNumExperts()) + ", " +
+           std::to_string(mesh.groupSize(d.getAxes())) + ")";
   }
 
   int arch;

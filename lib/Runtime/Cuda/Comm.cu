@@ -93,6 +93,23 @@
 // one ncclReduce (ncclBroadcast) per root: root k's operation covers piece
 // k alone, so the operations touch disjoint elements. Nothing is allocated.
 //
+// Expert parallelism. moeExchange and moeCombine move the rows of a routed
+// layer as the CPU runtime does (an all-to-all of the counts, then
+// MPI_Alltoallv's layout: rank j's rows for this rank's experts land by
+// source rank, then expert), as grouped ncclSend / ncclRecv. The counts
+// are exchanged first, on the device (a fixed __device__ array holds
+// them); the row ranges (this rank's and those it receives) are then
+// copied to the host, which waits for the compute stream, since NCCL takes
+// message sizes from the host. That wait is the one place a step
+// synchronises with the device before its end: padded messages of the
+// largest possible size would avoid it, but would send up to g - 1 times
+// the rows (every rank's whole buffer to every peer) and break the byte
+// counts the compiler plans and the CPU runtime reports. It waits for the
+// compute stream only, and every rank of the group reaches the exchange at
+// the same point of its program, so the collectives and messages the
+// compute stream waits for have been issued. The combine reads its two row
+// ranges the same way.
+//
 // Counting uses the CPU runtime's counters (rt::collectiveCounter) with the
 // same elements and textbook volumes (tessel/Runtime/CommVolume.h), at the
 // width of the element type, so --comm-report works unchanged.
@@ -1218,6 +1235,222 @@ void broadcast(T *buffer, int64_t n, int root, unsigned axes) {
   });
 }
 
+//===--- Expert parallelism ----------------------------------------------===//
+
+namespace {
+
+__global__ void rowCountsKernel(const int32_t *offsets, int32_t *counts,
+                                int64_t E) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < E;
+       e += int64_t(blockDim.x) * gridDim.x)
+    counts[e] = offsets[e + 1] - offsets[e];
+}
+
+__global__ void rowRangesKernel(const int32_t *counts, int32_t *offsets,
+                                int64_t E) {
+  offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e)
+    offsets[e + 1] = offsets[e] + counts[e];
+}
+
+// The counts an exchange sends and receives (E each): a fixed device array,
+// so that no step allocates. Exchanges run one at a time on the compute
+// stream, which waits for each one's counts to arrive, so one array serves
+// them all.
+constexpr int64_t kMaxExperts = int64_t(1) << 14;
+__device__ int32_t gExpertCounts[2 * kMaxExperts];
+
+int32_t *expertCounts(int64_t E, const char *what) {
+  if (E > kMaxExperts)
+    throw std::runtime_error(std::string(what) + ": " + std::to_string(E) +
+                             " experts (the CUDA runtime routes at most " +
+                             std::to_string(kMaxExperts) + ")");
+  static int32_t *counts = [] {
+    void *p = nullptr;
+    check(cudaGetSymbolAddress(&p, gExpertCounts), "cudaGetSymbolAddress");
+    return static_cast<int32_t *>(p);
+  }();
+  return counts;
+}
+
+// Two row-range arrays [E + 1] copied to the host after the compute
+// stream's work so far, which the host waits for: an exchange's message
+// sizes (see the top).
+std::vector<int32_t> rowRangesOnHost(const int32_t *first,
+                                     const int32_t *second, int64_t E) {
+  std::vector<int32_t> host((size_t)(2 * (E + 1)));
+  const size_t bytes = (size_t)(E + 1) * sizeof(int32_t);
+  check(cudaMemcpyAsync(host.data(), first, bytes, cudaMemcpyDeviceToHost,
+                        computeStream()),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(host.data() + E + 1, second, bytes,
+                        cudaMemcpyDeviceToHost, computeStream()),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(computeStream()), "cudaStreamSynchronize");
+  return host;
+}
+
+int64_t expertsPerRank(int64_t E, int64_t g, const char *what) {
+  if (E <= 0 || E % g != 0)
+    throw std::runtime_error(std::string(what) + ": " + std::to_string(E) +
+                             " experts over a group of " + std::to_string(g) +
+                             " ranks");
+  return E / g;
+}
+
+// Where each group rank's rows start and how many there are, from row
+// ranges by (rank, expert): rank j's are ranges [j El, (j + 1) El).
+struct PeerRows {
+  std::vector<int64_t> at, count;
+};
+PeerRows peerRows(const int32_t *ranges, int64_t g, int64_t El) {
+  PeerRows p{std::vector<int64_t>(g), std::vector<int64_t>(g)};
+  for (int64_t j = 0; j < g; ++j) {
+    p.at[j] = ranges[j * El];
+    p.count[j] = ranges[(j + 1) * El] - ranges[j * El];
+  }
+  return p;
+}
+
+// Rows [sendAt[j], sendAt[j] + sendRows[j]) of `send` to group rank j, rows
+// from j at recvAt[j] (row counts, on the host): MPI_Alltoallv's layout,
+// as grouped NCCL sends and receives; a rank keeps its own block with a
+// copy. Counted as the CPU runtime's allToAllV.
+template <typename T>
+void exchangeRows(const T *send, const std::vector<int64_t> &sendAt,
+                  const std::vector<int64_t> &sendRows, T *recv,
+                  const std::vector<int64_t> &recvAt,
+                  const std::vector<int64_t> &recvRows, int64_t width,
+                  unsigned axes) {
+  const int64_t g = rt::groupSize(axes), me = rt::groupRank(axes);
+  int64_t total = 0, offRank = 0;
+  for (int64_t j = 0; j < g; ++j) {
+    total += sendRows[j] * width;
+    if (j != me)
+      offRank += sendRows[j] * width;
+  }
+  count(CollectiveKind::AllToAll, total, offRank * (int64_t)sizeof(T));
+  const char *name = rt::collectiveName(CollectiveKind::AllToAll);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(recv + recvAt[0] * width, send + sendAt[0] * width,
+                  sendRows[0] * width);
+    return;
+  }
+  cudaStream_t stream = collectiveStream();
+  blockingCollective(name, axes, total, [&] {
+    if (sendRows[me] > 0)
+      check(cudaMemcpyAsync(recv + recvAt[me] * width,
+                            send + sendAt[me] * width,
+                            (size_t)(sendRows[me] * width) * sizeof(T),
+                            cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
+    // Both ends skip an empty message: they agree on its size.
+    checkNccl(ncclGroupStart(), name, axes, total);
+    for (int peer = 0; peer < (int)g; peer++) {
+      if (peer == me)
+        continue;
+      if (sendRows[peer] > 0)
+        checkNccl(ncclSend(send + sendAt[peer] * width,
+                           (size_t)(sendRows[peer] * width), ncclType<T>(),
+                           peer, comm, stream),
+                  name, axes, total);
+      if (recvRows[peer] > 0)
+        checkNccl(ncclRecv(recv + recvAt[peer] * width,
+                           (size_t)(recvRows[peer] * width), ncclType<T>(),
+                           peer, comm, stream),
+                  name, axes, total);
+    }
+    checkNccl(ncclGroupEnd(), name, axes, total);
+  });
+}
+
+// Rows [from, rows) of a [rows, width] buffer set to zero (an all-zero
+// pattern in float and bf16), on the compute stream.
+template <typename T>
+void zeroRows(T *buffer, int64_t from, int64_t rows, int64_t width) {
+  if (rows > from)
+    check(cudaMemsetAsync(buffer + from * width, 0,
+                          (size_t)((rows - from) * width) * sizeof(T),
+                          computeStream()),
+          "cudaMemsetAsync");
+}
+
+} // namespace
+
+template <typename T>
+void moeExchange(const T *rows, const int32_t *offsets, T *recv,
+                 int32_t *recvOffsets, int64_t E, int64_t H, int64_t recvRows,
+                 unsigned axes) {
+  checkAxes(axes, "moeExchange");
+  checkNotInGroup("moeExchange");
+  const int64_t g = rt::groupSize(axes);
+  const int64_t El = expertsPerRank(E, g, "moeExchange");
+  int32_t *counts = expertCounts(E, "moeExchange"), *got = counts + E;
+  rowCountsKernel<<<detail::blocksFor(E), 256, 0, computeStream()>>>(
+      offsets, counts, E);
+  check(cudaGetLastError(), "rowCountsKernel");
+  // The counts first, El to each rank, as the CPU's allToAllInt.
+  count(CollectiveKind::AllToAll, El * g, El * (g - 1) * 4);
+  const char *name = rt::collectiveName(CollectiveKind::AllToAll);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm) {
+    copyOnCompute(got, counts, E);
+  } else {
+    const int me = (int)rt::groupRank(axes);
+    cudaStream_t stream = collectiveStream();
+    blockingCollective(name, axes, El * g, [&] {
+      check(cudaMemcpyAsync(got + me * El, counts + me * El,
+                            (size_t)El * sizeof(int32_t),
+                            cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpyAsync");
+      checkNccl(ncclGroupStart(), name, axes, El * g);
+      for (int peer = 0; peer < (int)g; peer++) {
+        if (peer == me)
+          continue;
+        checkNccl(ncclSend(counts + peer * El, (size_t)El, ncclInt32, peer,
+                           comm, stream),
+                  name, axes, El * g);
+        checkNccl(ncclRecv(got + peer * El, (size_t)El, ncclInt32, peer, comm,
+                           stream),
+                  name, axes, El * g);
+      }
+      checkNccl(ncclGroupEnd(), name, axes, El * g);
+    });
+  }
+  // Segment j * El + e: source rank j's rows for this rank's expert e.
+  rowRangesKernel<<<1, 1, 0, computeStream()>>>(got, recvOffsets, E);
+  check(cudaGetLastError(), "rowRangesKernel");
+  const std::vector<int32_t> host = rowRangesOnHost(offsets, recvOffsets, E);
+  const int32_t *mine = host.data(), *received = host.data() + E + 1;
+  if (received[E] > recvRows)
+    throw std::runtime_error("moeExchange: " + std::to_string(received[E]) +
+                             " rows received for a buffer of " +
+                             std::to_string(recvRows));
+  zeroRows(recv, received[E], recvRows, H);
+  PeerRows to = peerRows(mine, g, El), from = peerRows(received, g, El);
+  exchangeRows(rows, to.at, to.count, recv, from.at, from.count, H, axes);
+}
+
+template <typename T>
+void moeCombine(const T *recvOut, const int32_t *recvOffsets,
+                const int32_t *offsets, T *out, int64_t E, int64_t N,
+                int64_t rows, unsigned axes) {
+  checkAxes(axes, "moeCombine");
+  checkNotInGroup("moeCombine");
+  const int64_t g = rt::groupSize(axes);
+  const int64_t El = expertsPerRank(E, g, "moeCombine");
+  const std::vector<int32_t> host = rowRangesOnHost(recvOffsets, offsets, E);
+  const int32_t *received = host.data(), *mine = host.data() + E + 1;
+  if (mine[E] > rows)
+    throw std::runtime_error("moeCombine: " + std::to_string(mine[E]) +
+                             " rows come back to a buffer of " +
+                             std::to_string(rows));
+  zeroRows(out, mine[E], rows, N);
+  PeerRows to = peerRows(received, g, El), from = peerRows(mine, g, El);
+  exchangeRows(recvOut, to.at, to.count, out, from.at, from.count, N, axes);
+}
+
 template <typename T>
 CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes) {
   BackgroundLane lane(axes);
@@ -1565,5 +1798,14 @@ TESSEL_CUDA_COMM_INSTANTIATE(float)
 TESSEL_CUDA_COMM_INSTANTIATE(bf16)
 TESSEL_CUDA_COMM_INSTANTIATE(double)
 #undef TESSEL_CUDA_COMM_INSTANTIATE
+
+#define TESSEL_CUDA_MOE_INSTANTIATE(T)                                         \
+  template void moeExchange<T>(const T *, const int32_t *, T *, int32_t *,     \
+                               int64_t, int64_t, int64_t, unsigned);           \
+  template void moeCombine<T>(const T *, const int32_t *, const int32_t *,     \
+                              T *, int64_t, int64_t, int64_t, unsigned);
+TESSEL_CUDA_MOE_INSTANTIATE(float)
+TESSEL_CUDA_MOE_INSTANTIATE(bf16)
+#undef TESSEL_CUDA_MOE_INSTANTIATE
 
 } // namespace tessel::cuda

@@ -55,6 +55,22 @@ template <typename T>
 void allToAll(const T *in, T *out, int64_t n, unsigned axes);
 template <typename T>
 void broadcast(T *buffer, int64_t n, int root, unsigned axes);
+// Expert parallelism over `axes` (E experts, E / g per rank), as the CPU's
+// moeExchange and moeCombine (tessel/Runtime/Kernels.h), with the same
+// layout and counts: the counts per expert exchanged first, then each
+// expert's rows to the rank holding it, received by source rank then
+// expert into `recv` (recvRows rows, the rest zeroed), recvOffsets [E + 1]
+// their ranges; the combine sends them back into `out` (rows rows, past
+// offsets[E] zeroed). Each waits on the host for the row ranges that size
+// its NCCL messages (see Comm.cu).
+template <typename T>
+void moeExchange(const T *rows, const int32_t *offsets, T *recv,
+                 int32_t *recvOffsets, int64_t E, int64_t H, int64_t recvRows,
+                 unsigned axes);
+template <typename T>
+void moeCombine(const T *recvOut, const int32_t *recvOffsets,
+                const int32_t *offsets, T *out, int64_t E, int64_t N,
+                int64_t rows, unsigned axes);
 
 // Non-blocking all-reduce on the communication stream; commWait makes the
 // compute stream wait for it.

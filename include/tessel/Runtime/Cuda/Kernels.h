@@ -225,6 +225,119 @@ void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        void *scratch);
 int64_t crossEntropyScratchBytes(int64_t rows);
 
+//===--- Moe.cu: mixture of experts ---------------------------------------===//
+// A routed layer over `tokens` rows and E experts, each token sent to its
+// top k; assignment a = t * k + s. The row ranges of the experts (offsets)
+// stay on the device: no kernel here reads them on the host. The CPU
+// kernels that return a host value (moeAuxLoss, moeZLossSum) have their
+// step forms only (moeAuxLossForward, moeZLossForward), which write it to
+// the device.
+
+// The top k of each row of router probabilities [tokens, E], descending,
+// the lower expert first on a tie, weights renormalised to sum to 1.
+template <typename TP, typename TW>
+void moeTopK(const TP *probs, int32_t *experts, TW *weights, int64_t tokens,
+             int64_t E, int64_t k);
+template <typename TP, typename TG, typename TO>
+void moeTopKBackward(const TP *probs, const int32_t *experts,
+                     const TG *dweights, TO *dprobs, int64_t tokens, int64_t E,
+                     int64_t k, bool accumulate);
+// The dispatch plan: rowOf[a] (-1 when dropped) and offsets [E + 1], in the
+// CPU's order and with its capacity drops (`before` [E], device, nullable:
+// the assignments of earlier shards). `scratch` holds
+// moeDispatchScratchBytes(tokens, 1, k, E, 1) bytes.
+void moeDispatchPlan(const int32_t *experts, int64_t tokens, int64_t k,
+                     int64_t E, int64_t capacity, const int64_t *before,
+                     int32_t *rowOf, int32_t *offsets, void *scratch);
+// The same over `rows` runs of consecutive tokens whose capacity counts
+// restart, run r after before[r * E + e] (nullable, [rows, E]) earlier
+// assignments of expert e: the form moeDispatchGroup uses with the
+// sequence split over tp.
+void moeDispatchRuns(const int32_t *experts, int64_t tokens, int64_t rows,
+                     int64_t k, int64_t E, int64_t capacity,
+                     const int64_t *before, int32_t *rowOf, int32_t *offsets,
+                     void *scratch);
+void moeDispatch(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
+                 int64_t tokens, int64_t k, int64_t E, int64_t capacity,
+                 void *scratch);
+// With the tokens split over `axes` and a capacity: the counts per expert
+// (per row with tp among the axes) all-gathered with NCCL, the earlier
+// ranks' assignments counted first, as the CPU's moeDispatchGroup.
+void moeDispatchGroup(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
+                      int64_t tokens, int64_t rows, int64_t k, int64_t E,
+                      int64_t capacity, unsigned axes, void *scratch);
+// The scratch any dispatch of `tokens` tokens in `rows` rows over a group
+// of `groupSize` ranks needs.
+int64_t moeDispatchScratchBytes(int64_t tokens, int64_t rows, int64_t k,
+                                int64_t E, int64_t groupSize);
+template <typename TI, typename TO>
+void moePermute(const TI *x, const int32_t *rowOf, TO *xp, int64_t tokens,
+                int64_t k, int64_t H);
+template <typename TI, typename TO>
+void moePermuteBackward(const TI *dxp, const int32_t *rowOf, TO *dx,
+                        int64_t tokens, int64_t k, int64_t H);
+template <typename TY, typename TW, typename TO>
+void moeUnpermute(const TY *yp, const int32_t *rowOf, const TW *weights, TO *y,
+                  int64_t tokens, int64_t k, int64_t H);
+template <typename TY, typename TW, typename TG, typename TO, typename TD>
+void moeUnpermuteBackward(const TY *yp, const int32_t *rowOf, const TW *weights,
+                          const TG *dy, TO *dyp, TD *dweights, int64_t tokens,
+                          int64_t k, int64_t H);
+// The experts' products over their rows (fp32 accumulation; W may be the
+// fp32 master weights under bf16 activations): segment s of the rows uses
+// expert s % E.
+template <typename TX, typename TW, typename TO>
+void groupedMatmul(const TX *x, const TW *W, TO *out, const int32_t *offsets,
+                   int64_t E, int64_t K, int64_t N, bool transW,
+                   bool accumulate = false);
+template <typename TX, typename TW, typename TO>
+void groupedMatmulSegments(const TX *x, const TW *W, TO *out,
+                           const int32_t *offsets, int64_t segments, int64_t E,
+                           int64_t K, int64_t N, bool transW);
+template <typename TX, typename TG, typename TO>
+void groupedMatmulWeightGrad(const TX *x, const TG *dout, TO *dW,
+                             const int32_t *offsets, int64_t E, int64_t K,
+                             int64_t N, bool transW, bool accumulate = false);
+template <typename TX, typename TG, typename TO>
+void groupedMatmulWeightGradSegments(const TX *x, const TG *dout, TO *dW,
+                                     const int32_t *offsets, int64_t segments,
+                                     int64_t E, int64_t K, int64_t N,
+                                     bool transW);
+// Load statistics: moeLoadStats adds to counts and probSums, the Into form
+// sets them.
+template <typename TP, typename TO>
+void moeLoadStats(const TP *probs, const int32_t *experts, TO *counts,
+                  TO *probSums, int64_t tokens, int64_t E, int64_t k);
+template <typename TP, typename TO>
+void moeLoadStatsInto(const TP *probs, const int32_t *experts, TO *counts,
+                      TO *probSums, int64_t tokens, int64_t E, int64_t k);
+template <typename TO>
+void moeKeptCounts(const int32_t *offsets, TO *kept, int64_t E);
+template <typename TI, typename TO>
+void moeProbSumsBackward(const TI *dprobSums, TO *dprobs, int64_t tokens,
+                         int64_t E);
+template <typename TC, typename TP, typename TO>
+void moeAuxLossForward(const TC *counts, const TP *probSums, TO *loss,
+                       int64_t totalTokens, int64_t E, int64_t k, double coef);
+template <typename TC, typename TG, typename TO>
+void moeAuxLossGrad(const TC *counts, const TG *dloss, TO *dprobSums,
+                    int64_t totalTokens, int64_t E, int64_t k, double coef);
+// Adds daux * d aux / d probs (the counts held fixed) to dprobs.
+template <typename TC, typename TO>
+void moeAuxLossBackward(const TC *counts, int64_t totalTokens, int64_t E,
+                        int64_t k, double coef, float daux, TO *dprobs,
+                        int64_t tokens);
+template <typename TL, typename TO>
+void moeZLossForward(const TL *logits, TO *loss, int64_t tokens, int64_t E,
+                     double coef);
+template <typename TL, typename TG, typename TO>
+void moeZLossGrad(const TL *logits, const TG *dloss, TO *dlogits,
+                  int64_t tokens, int64_t E, double coef);
+// Adds dsum * d (sum of lse^2) / d logits to dlogits.
+template <typename TL, typename TO>
+void moeZLossBackward(const TL *logits, int64_t tokens, int64_t E, float dsum,
+                      TO *dlogits);
+
 //===--- Optimizer.cu -----------------------------------------------------===//
 
 // acc[0] += sum of x^2 (fp64), deterministic.
