@@ -8,7 +8,8 @@
 #             as skipped, here it is a failure)
 #   numerics  per-step loss, grad_norm and lr of --target cuda programs, fp32
 #             and bf16, against the CPU reference program of the same spec
-#             (gpt-tiny, llama-tiny, GPT-2 124M at seq_len 256), compared by
+#             (gpt-tiny, llama-tiny, mixtral-tiny, GPT-2 124M at seq_len
+#             256), compared by
 #             bench/gpu/compare_losses.py
 #   bench     Tessel's training throughput and MFU in bf16: GPT-2 124M
 #             (16 x 1024 tokens) and a 1.3B GPT (examples/gpt-1.3b.json, 8 x 2048)
@@ -778,6 +779,7 @@ if [[ $MODE != bundled ]]; then
   NUMERICS_CASES=(
     "gpt-tiny|examples/gpt-tiny.json|"
     "llama-tiny|examples/llama-tiny.json|"
+    "mixtral-tiny|examples/mixtral-tiny.json|"
     "gpt2-124m-T256|examples/gpt2-124m.json|model.seq_len=256 train.global_batch=4 data.format=synthetic train.lr_schedule.warmup_steps=5"
   )
   # name | spec | batch | seq_len
