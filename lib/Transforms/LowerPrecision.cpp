@@ -145,6 +145,10 @@ void LowerPrecisionPass::runOnOperation() {
       keep(a.getLse());
     } else if (auto a = dyn_cast<rt::AttentionBackwardOp>(op)) {
       keep(a.getLse());
+    } else if (auto top = dyn_cast<rt::MoeTopKOp>(op)) {
+      // The router's probabilities, as Hugging Face's Mixtral takes the
+      // softmax of the (bf16) logits in fp32: routing near-ties as fp32.
+      keep(top.getProbs());
     } else if (auto stats = dyn_cast<rt::MoeLoadStatsOp>(op)) {
       // Assignments per expert (bf16 counts exactly only up to 256) and
       // the probabilities summed over the microbatch's tokens.
