@@ -19,6 +19,7 @@
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 #include "llvm/Support/raw_ostream.h"
@@ -548,13 +549,24 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       argv.insert(argv.end(), {"--set", s});
     std::vector<std::string> flags = compileFlags(c.layout);
     argv.insert(argv.end(), flags.begin(), flags.end());
-    // A layout the compiler refuses is dropped; its messages are not shown.
+    // A layout the compiler refuses is dropped, with the compiler's first
+    // error as the reason.
     std::vector<StringRef> argRefs(argv.begin(), argv.end());
+    std::string log = dir + ".log";
     std::optional<StringRef> redirects[] = {std::nullopt, StringRef(""),
-                                            StringRef("")};
+                                            StringRef(log)};
     int rc = sys::ExecuteAndWait(self, argRefs, std::nullopt, redirects);
     if (rc != 0) {
       c.error = "does not compile";
+      if (auto text = MemoryBuffer::getFile(log)) {
+        SmallVector<StringRef> lines;
+        (*text)->getBuffer().split(lines, '\n');
+        for (StringRef line : lines)
+          if (size_t at = line.find("error: "); at != StringRef::npos) {
+            c.error += ": " + line.drop_front(at + 7).trim().str();
+            break;
+          }
+      }
       return;
     }
     Expected<json> plan = readPlan(dir);
@@ -1008,6 +1020,10 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     }
     if (!req.includes.empty())
       outs() << "  (* given with --include)\n";
+    for (const Candidate &c : o.all)
+      if (c.included && c.compiled && !c.error.empty())
+        outs() << "  not ranked: " << c.layout.str() << " *: " << c.error
+               << "\n";
     if (ranked.size() > 1 && ranked[1]->fits)
       outs() << "  best: " << ranked[0]->layout.str() << ", "
              << whyFaster(*ranked[0], *ranked[1]) << "\n";
