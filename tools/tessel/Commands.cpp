@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 #include <csignal>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -787,8 +788,14 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
             row.textbook <= 0
                 ? std::string("-")
                 : formatv("{0:f3}", row.predicted / row.textbook).str();
-        outs() << formatv("  {0,-32} {1,14:f0} {2,14:f0} {3,8}", row.what,
-                          row.predicted, row.textbook, ratio);
+        // Counts that are not whole (an interleaved schedule's microbatches
+        // in flight in units of the stage) keep their fraction.
+        auto number = [](double x) {
+          return x == std::floor(x) ? formatv("{0:f0}", x).str()
+                                    : formatv("{0:f2}", x).str();
+        };
+        outs() << formatv("  {0,-32} {1,14} {2,14} {3,8}", row.what,
+                          number(row.predicted), number(row.textbook), ratio);
         if (!row.note.empty())
           outs() << "  (" << row.note << ")";
         outs() << "\n";

@@ -543,17 +543,26 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                                : "head") +
                 ", which the formula leaves out";
   rows.push_back(kept);
-  // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m.
+  // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m. The
+  // interleaved schedule (Narayanan et al.) runs 2(p - r - 1) + (v - 1)p
+  // chunk forwards before its first backward and holds one more: in units
+  // of the rank's whole stage, p (1 + (p - 1)/(p v)) at the first stage.
+  // Tessel keeps a slot of the whole stage per microbatch in flight, any of
+  // its chunks alive: more than that.
   std::string schedule = plan.value("schedule", std::string("1f1b"));
   MemoryRow inFlight{"microbatches in flight", slots, 0, ""};
   if (p == 1)
     inFlight.textbook = 1;
-  else if (schedule == "1f1b" && plan.value("virtual_stages", 1) == 1)
+  else if (schedule == "1f1b" && v == 1)
     inFlight.textbook = std::min(p - r, m);
   else if (schedule == "gpipe")
     inFlight.textbook = m;
-  else
-    inFlight.note = "interleaved: from the schedule's warm-up";
+  else {
+    inFlight.textbook =
+        std::min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v;
+    inFlight.note = "interleaved: textbook in whole-stage units (chunks / "
+                    "v); a slot here holds the whole stage";
+  }
   rows.push_back(inFlight);
   return rows;
 }
