@@ -69,25 +69,35 @@ LayoutAttr tessel::pipe::layoutOf(Operation *op) {
 // two microbatches in flight share one (1F1B: the p - r in flight at rank r;
 // GPipe: all of them).
 int64_t tessel::pipe::activationSlots(RankOp steps, int64_t microbatches) {
+  std::vector<std::pair<bool, int64_t>> order;
+  steps.walk([&](Operation *op) {
+    if (auto f = dyn_cast<ForwardOp>(op))
+      order.push_back({true, f.getMicrobatch()});
+    else if (auto b = dyn_cast<BackwardOp>(op))
+      order.push_back({false, b.getMicrobatch()});
+  });
+  return activationSlots(order, microbatches);
+}
+
+int64_t tessel::pipe::activationSlots(
+    llvm::ArrayRef<std::pair<bool, int64_t>> steps, int64_t microbatches) {
   std::map<int64_t, int64_t> backwards; // microbatch -> backward steps here
-  steps.walk([&](BackwardOp b) { ++backwards[b.getMicrobatch()]; });
+  for (auto [forward, mb] : steps)
+    backwards[mb] += !forward;
   for (int64_t slots = 1; slots < microbatches; ++slots) {
     std::map<int64_t, int64_t> left; // in flight -> backward steps left
     bool fits = true;
-    steps.walk([&](Operation *op) {
-      if (auto f = dyn_cast<ForwardOp>(op)) {
-        int64_t mb = f.getMicrobatch();
+    for (auto [forward, mb] : steps) {
+      if (forward) {
         if (left.count(mb))
-          return;
+          continue;
         for (auto &[other, n] : left)
           fits &= other % slots != mb % slots;
         left[mb] = backwards[mb];
-      } else if (auto b = dyn_cast<BackwardOp>(op)) {
-        auto it = left.find(b.getMicrobatch());
-        if (it != left.end() && --it->second == 0)
-          left.erase(it);
+      } else if (auto it = left.find(mb); it != left.end() && --it->second == 0) {
+        left.erase(it);
       }
-    });
+    }
     if (fits)
       return slots;
   }

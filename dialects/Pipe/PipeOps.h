@@ -37,6 +37,10 @@ void setLayout(mlir::ModuleOp module, LayoutAttr layout);
 // How many microbatches' activations a rank running `steps` holds at once
 // (1F1B: the p - r in flight at rank r; GPipe: all of them).
 int64_t activationSlots(RankOp steps, int64_t microbatches);
+// The same for a rank's compute steps in order, each (a forward?, its
+// microbatch).
+int64_t activationSlots(llvm::ArrayRef<std::pair<bool, int64_t>> steps,
+                        int64_t microbatches);
 constexpr const char *kActivation = "activation";
 constexpr const char *kGradient = "gradient";
 

@@ -13,6 +13,7 @@
 #include "Commands.h"
 #include "Simulate.h"
 
+#include "dialects/Pipe/PipeOps.h"
 #include "tessel/Frontend/Spec.h"
 #include "tessel/Pipeline/Schedule.h"
 #include "tessel/Support/MeshLayout.h"
@@ -110,29 +111,12 @@ double activationSlots(int64_t pp, int64_t microbatches, int64_t v) {
   if (schedule) {
     most = 1;
     for (const std::vector<pipeline::Step> &steps : schedule->steps) {
-      std::map<int, int> backwards; // microbatch -> its backward steps here
+      std::vector<std::pair<bool, int64_t>> order;
       for (const pipeline::Step &step : steps)
-        backwards[step.microbatch] += step.kind == pipeline::StepKind::Backward;
-      int64_t slots = 1;
-      for (; slots < microbatches; ++slots) {
-        std::map<int, int> left; // in flight -> backward steps left
-        bool fits = true;
-        for (const pipeline::Step &step : steps) {
-          if (step.kind == pipeline::StepKind::Forward &&
-              !left.count(step.microbatch)) {
-            for (auto &[other, n] : left)
-              fits &= other % slots != step.microbatch % slots;
-            left[step.microbatch] = backwards[step.microbatch];
-          } else if (step.kind == pipeline::StepKind::Backward) {
-            auto in = left.find(step.microbatch);
-            if (in != left.end() && --in->second == 0)
-              left.erase(in);
-          }
-        }
-        if (fits)
-          break;
-      }
-      most = std::max(most, double(slots));
+        if (step.isCompute())
+          order.push_back(
+              {step.kind == pipeline::StepKind::Forward, step.microbatch});
+      most = std::max(most, double(pipe::activationSlots(order, microbatches)));
     }
   } else {
     consumeError(schedule.takeError());

@@ -1376,6 +1376,25 @@ void zeroRows(T *buffer, int64_t from, int64_t rows, int64_t width) {
           "cudaMemsetAsync");
 }
 
+// The rows of `send` by (rank, expert) range to the ranks, those of the
+// ranks into `recv` by theirs (E + 1 host offsets each, rank j's experts
+// [j El, (j + 1) El)); recv's rows past the last received are zeroed.
+template <typename T>
+void exchangeByRanges(const T *send, const int32_t *sendRanges, T *recv,
+                      const int32_t *recvRanges, int64_t recvCapacity,
+                      int64_t width, int64_t g, int64_t El, unsigned axes,
+                      const char *what) {
+  const int64_t arriving = recvRanges[g * El];
+  if (arriving > recvCapacity)
+    throw std::runtime_error(std::string(what) + ": " +
+                             std::to_string(arriving) +
+                             " rows arrive for a buffer of " +
+                             std::to_string(recvCapacity));
+  zeroRows(recv, arriving, recvCapacity, width);
+  PeerRows to = peerRows(sendRanges, g, El), from = peerRows(recvRanges, g, El);
+  exchangeRows(send, to.at, to.count, recv, from.at, from.count, width, axes);
+}
+
 } // namespace
 
 template <typename T>
@@ -1422,14 +1441,8 @@ void moeExchange(const T *rows, const int32_t *offsets, T *recv,
   rowRangesKernel<<<1, 1, 0, computeStream()>>>(got, recvOffsets, E);
   check(cudaGetLastError(), "rowRangesKernel");
   const std::vector<int32_t> host = rowRangesOnHost(offsets, recvOffsets, E);
-  const int32_t *mine = host.data(), *received = host.data() + E + 1;
-  if (received[E] > recvRows)
-    throw std::runtime_error("moeExchange: " + std::to_string(received[E]) +
-                             " rows received for a buffer of " +
-                             std::to_string(recvRows));
-  zeroRows(recv, received[E], recvRows, H);
-  PeerRows to = peerRows(mine, g, El), from = peerRows(received, g, El);
-  exchangeRows(rows, to.at, to.count, recv, from.at, from.count, H, axes);
+  exchangeByRanges(rows, host.data(), recv, host.data() + E + 1, recvRows, H,
+                   g, El, axes, "moeExchange");
 }
 
 template <typename T>
@@ -1441,14 +1454,8 @@ void moeCombine(const T *recvOut, const int32_t *recvOffsets,
   const int64_t g = rt::groupSize(axes);
   const int64_t El = expertsPerRank(E, g, "moeCombine");
   const std::vector<int32_t> host = rowRangesOnHost(recvOffsets, offsets, E);
-  const int32_t *received = host.data(), *mine = host.data() + E + 1;
-  if (mine[E] > rows)
-    throw std::runtime_error("moeCombine: " + std::to_string(mine[E]) +
-                             " rows come back to a buffer of " +
-                             std::to_string(rows));
-  zeroRows(out, mine[E], rows, N);
-  PeerRows to = peerRows(received, g, El), from = peerRows(mine, g, El);
-  exchangeRows(recvOut, to.at, to.count, out, from.at, from.count, N, axes);
+  exchangeByRanges(recvOut, host.data(), out, host.data() + E + 1, rows, N, g,
+                   El, axes, "moeCombine");
 }
 
 template <typename T>
