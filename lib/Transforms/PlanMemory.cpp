@@ -7,7 +7,9 @@
 // store; the update's inputs accumulated over microbatches get
 // accumulators; every other buffer gets an offset in the activation arena of
 // its microbatch, reused as soon as the value is dead (first fit by
-// liveness, in the order the parts run within a microbatch); a parameter
+// liveness, in the order the parts run within a microbatch; under the
+// interleaved schedule an arena per chunk, placed per chunk of a microbatch
+// in flight over the rank's schedule); a parameter
 // received from another rank for the step is held after the arena slots
 // (`received`). Values handed
 // from one part to another keep one place. Afterwards each part refers only
@@ -91,11 +93,20 @@ struct Place {
   int64_t offset;
 };
 
+// One compute step of a rank's pipeline schedule: the forward (or backward)
+// of one of its chunks on one microbatch.
+struct ChunkStep {
+  bool forward;
+  int64_t chunk, microbatch;
+};
+
 class Planner {
 public:
-  Planner(func::FuncOp func, int64_t microbatches, int64_t slots)
-      : func(func), ctx(func.getContext()), accumulates(microbatches > 1),
-        split(slots > 1) {}
+  Planner(func::FuncOp func, int64_t microbatches, int64_t slots,
+          ArrayRef<ChunkStep> schedule = {})
+      : func(func), ctx(func.getContext()), microbatches(microbatches),
+        accumulates(microbatches > 1), split(slots > 1), slots(slots),
+        schedule(schedule) {}
 
   LogicalResult run();
 
@@ -107,6 +118,7 @@ private:
   void placeAccumulators(pipe::UpdateOp update);
   void accumulateEarly(pipe::UpdateOp update);
   void placeArena();
+  bool placeChunkSlots(ArrayRef<int64_t> chunkBytes);
   void placeStates();
   void materialize();
   void coalesceCollectives();
@@ -117,11 +129,21 @@ private:
 
   func::FuncOp func;
   MLIRContext *ctx;
+  int64_t microbatches;
   bool accumulates;
   // With several microbatches in flight, only what crosses from one part to
   // another needs a slot per microbatch; what lives within one run of a
   // part goes to one region all parts share (they run one at a time).
   bool split;
+  // The microbatches in flight at once (whole-stage slots) and the rank's
+  // schedule, by chunk.
+  int64_t slots;
+  SmallVector<ChunkStep> schedule;
+  // With several chunks per rank (the interleaved schedule), where each
+  // chunk's microbatch keeps what crosses its parts: a byte offset in the
+  // arena per (chunk, microbatch), chunk-major; empty otherwise.
+  SmallVector<int64_t> chunkOffsets;
+  int64_t chunkArenaTotal = 0, chunksInFlight = 0;
   // Whether the step is cut into parts (a training step); an inference
   // step is one part of its own.
   bool hasParts = false;
@@ -253,15 +275,48 @@ void Planner::placeAccumulators(pipe::UpdateOp update) {
   }
 }
 
+// The chunk a part runs (-1: the update, or an op outside every part).
+static int64_t chunkOfPart(Operation *part) {
+  if (auto f = dyn_cast_or_null<pipe::ForwardPassOp>(part))
+    return f.getChunk();
+  if (auto b = dyn_cast_or_null<pipe::BackwardPassOp>(part))
+    return b.getChunk();
+  return -1;
+}
+
 // Arena offsets by liveness: a buffer lives from its rt.alloc to the last op
 // that reads it or any of its aliases.
+//
+// With several chunks per rank (the interleaved schedule), a microbatch is
+// in flight on a chunk from the chunk's forward to its backward, and the
+// chunks of a rank start and finish a microbatch at different times. When
+// everything that crosses parts is read by one chunk's parts only, each
+// chunk gets an arena of its own, and each (chunk, microbatch) its place
+// over the schedule (placeChunkSlots): the rank holds the chunks in flight,
+// not whole stages.
 void Planner::placeArena() {
   DenseMap<Value, int64_t> lastUse;
   // The parts (ops of the function's body) that touch each buffer.
   DenseMap<Value, Operation *> firstPart;
   DenseSet<Value> crosses;
+  // The one chunk whose parts touch each buffer (-1: several, or another
+  // part).
+  DenseMap<Value, int64_t> chunkOf;
+  // Buffers of a collective that may still run after its part: their
+  // microbatch's place must outlive the part.
+  DenseSet<Value> started;
+  int64_t chunks = 0;
   Block &top = func.getBody().front();
+  auto touch = [&](Value root, Operation *part) {
+    int64_t chunk = chunkOfPart(part);
+    auto [it, inserted] = chunkOf.try_emplace(root, chunk);
+    if (!inserted && it->second != chunk)
+      it->second = -1;
+  };
   func.walk([&](Operation *op) {
+    chunks = std::max(chunks, chunkOfPart(op) + 1);
+    if (auto alloc = dyn_cast<rt::AllocOp>(op))
+      touch(alloc.getResult(), top.findAncestorOpInBlock(*op));
     // With accumulation, the update's operands are read where they are
     // yielded (the accumulation), not by the update.
     if (accumulates && isa<pipe::UpdateOp>(op))
@@ -275,10 +330,13 @@ void Planner::placeArena() {
       int64_t &last = lastUse[root];
       last = std::max(last, position[op]);
       Operation *part = top.findAncestorOpInBlock(*op);
+      touch(root, part);
       auto [it, inserted] = firstPart.try_emplace(root, part);
       // A collective still running when its part ends keeps its buffer too.
       if ((!inserted && it->second != part) || isa<rt::AllReduceStartOp>(op))
         crosses.insert(root);
+      if (isa<rt::AllReduceStartOp>(op))
+        started.insert(root);
     }
   });
   // Allocations and deaths in program order.
@@ -300,24 +358,94 @@ void Planner::placeArena() {
     int64_t last = lastUse.count(buffer) ? lastUse[buffer] : position[alloc];
     dying[last].push_back(buffer);
   });
-  ArenaAllocator arena, transient;
-  auto allocatorOf = [&](Value buffer) -> ArenaAllocator & {
-    return split && !crosses.contains(buffer) ? transient : arena;
+  // An arena per chunk when every buffer that crosses parts belongs to one
+  // chunk (and no collective on it outlives its part); else one arena for
+  // all.
+  bool byChunk = split && chunks > 1 && !schedule.empty() &&
+                 llvm::all_of(allocs, [&](Value buffer) {
+                   return !crosses.contains(buffer) ||
+                          (chunkOf.lookup(buffer) >= 0 &&
+                           !started.contains(buffer));
+                 });
+  // Places every buffer; returns each arena's size.
+  auto place = [&](bool byChunk) {
+    SmallVector<ArenaAllocator> arenas(byChunk ? chunks : 1);
+    ArenaAllocator transient;
+    auto allocatorOf = [&](Value buffer) -> ArenaAllocator & {
+      if (split && !crosses.contains(buffer))
+        return transient;
+      return arenas[byChunk ? chunkOf.lookup(buffer) : 0];
+    };
+    auto nextDeath = dying.begin();
+    for (Value buffer : allocs) {
+      int64_t here = position[buffer.getDefiningOp()];
+      // Free what died before this allocation.
+      for (; nextDeath != dying.end() && nextDeath->first < here; ++nextDeath)
+        for (Value dead : nextDeath->second)
+          allocatorOf(dead).release(placeOf[dead].offset, bytesOf(dead));
+      ArenaAllocator &into = allocatorOf(buffer);
+      placeOf[buffer] = {&into == &transient ? rt::Space::Transient
+                                             : rt::Space::Arena,
+                         into.allocate(bytesOf(buffer))};
+    }
+    transientBytes = transient.size();
+    SmallVector<int64_t> sizes;
+    arenaBytes = 0;
+    for (ArenaAllocator &arena : arenas) {
+      sizes.push_back(arena.size());
+      arenaBytes += arena.size();
+    }
+    return sizes;
   };
-  auto nextDeath = dying.begin();
-  for (Value buffer : allocs) {
-    int64_t here = position[buffer.getDefiningOp()];
-    // Free what died before this allocation.
-    for (; nextDeath != dying.end() && nextDeath->first < here; ++nextDeath)
-      for (Value dead : nextDeath->second)
-        allocatorOf(dead).release(placeOf[dead].offset, bytesOf(dead));
-    ArenaAllocator &into = allocatorOf(buffer);
-    placeOf[buffer] = {&into == &arena ? rt::Space::Arena
-                                       : rt::Space::Transient,
-                       into.allocate(bytesOf(buffer))};
+  // Each chunk's places over the schedule, unless slots of the whole stage
+  // would hold less: then one arena for all.
+  if (byChunk && !placeChunkSlots(place(true))) {
+    chunkOffsets.clear();
+    place(false);
+  } else if (!byChunk) {
+    place(false);
   }
-  arenaBytes = arena.size();
-  transientBytes = transient.size();
+}
+
+// Each (chunk, microbatch) of the rank's schedule takes a place for what
+// crosses the chunk's parts at its forward and gives it back after its
+// backward, first fit: as many chunks' worth as are in flight at once
+// (Narayanan et al.'s 2(p - r - 1) + (v - 1)p + 1 at rank r), where slots of
+// the whole stage would hold every chunk of every microbatch with any chunk
+// in flight. Kept only if smaller than those slots. Returns whether it is.
+bool Planner::placeChunkSlots(ArrayRef<int64_t> chunkBytes) {
+  int64_t chunks = chunkBytes.size();
+  std::map<std::pair<int64_t, int64_t>, int64_t> backwardsLeft, offset;
+  for (const ChunkStep &step : schedule)
+    if (step.chunk < chunks)
+      backwardsLeft[{step.chunk, step.microbatch}] += !step.forward;
+  ArenaAllocator places;
+  int64_t live = 0;
+  for (const ChunkStep &step : schedule) {
+    if (step.chunk >= chunks || step.microbatch >= microbatches)
+      return false;
+    std::pair<int64_t, int64_t> key{step.chunk, step.microbatch};
+    int64_t bytes = chunkBytes[step.chunk];
+    if (step.forward) {
+      if (offset.count(key))
+        continue;
+      offset[key] = bytes ? places.allocate(bytes) : 0;
+      chunksInFlight = std::max(chunksInFlight, ++live);
+    } else if (auto it = backwardsLeft.find(key);
+               it != backwardsLeft.end() && offset.count(key) &&
+               --it->second == 0) {
+      if (bytes)
+        places.release(offset[key], bytes);
+      --live;
+    }
+  }
+  if (places.size() >= slots * arenaBytes)
+    return false;
+  chunkOffsets.assign(chunks * microbatches, 0);
+  for (auto [key, at] : offset)
+    chunkOffsets[key.first * microbatches + key.second] = at;
+  chunkArenaTotal = places.size();
+  return true;
 }
 
 // Every use of a planned buffer, a parameter or a value handed on becomes a
@@ -554,6 +682,12 @@ LogicalResult Planner::run() {
   OpBuilder b(ctx);
   func->setAttr("rt.param_elems", b.getI64IntegerAttr(paramElems));
   func->setAttr("rt.arena_bytes", b.getI64IntegerAttr(arenaBytes));
+  if (!chunkOffsets.empty()) {
+    func->setAttr("rt.chunk_arena_offsets",
+                  b.getDenseI64ArrayAttr(chunkOffsets));
+    func->setAttr("rt.chunk_arena_total", b.getI64IntegerAttr(chunkArenaTotal));
+    func->setAttr("rt.chunks_in_flight", b.getI64IntegerAttr(chunksInFlight));
+  }
   func->setAttr("rt.accumulator_elems", b.getI64IntegerAttr(accumulatorElems));
   func->setAttr("rt.norm_sums", b.getI64IntegerAttr(normSums));
   func->setAttr("rt.received_bytes", b.getI64IntegerAttr(receivedBytes));
@@ -572,17 +706,34 @@ struct PlanMemoryPass : tessel::impl::PlanMemoryBase<PlanMemoryPass> {
     // The microbatches each rank holds at once, from its schedule (one slot
     // when the module has none).
     DenseMap<int64_t, int64_t> slots;
-    for (auto schedule : module.getOps<pipe::ScheduleOp>())
-      for (auto rank : schedule.getBody().getOps<pipe::RankOp>())
+    // And each rank's compute steps, by chunk.
+    DenseMap<int64_t, SmallVector<ChunkStep>> steps;
+    for (auto schedule : module.getOps<pipe::ScheduleOp>()) {
+      MeshLayout layout = pipe::pipelineLayout(schedule.getRanks(),
+                                               schedule.getVirtualStages());
+      for (auto rank : schedule.getBody().getOps<pipe::RankOp>()) {
         slots[rank.getRank()] =
             pipe::activationSlots(rank, schedule.getMicrobatches());
+        SmallVector<ChunkStep> &order = steps[rank.getRank()];
+        rank.walk([&](Operation *op) {
+          if (auto f = dyn_cast<pipe::ForwardOp>(op))
+            order.push_back({true, layout.stageChunk(f.getStage()),
+                             (int64_t)f.getMicrobatch()});
+          else if (auto b = dyn_cast<pipe::BackwardOp>(op))
+            order.push_back({false, layout.stageChunk(b.getStage()),
+                             (int64_t)b.getMicrobatch()});
+        });
+      }
+    }
     bool any = false;
     for (auto func : module.getOps<func::FuncOp>()) {
       auto rank = func->getAttrOfType<IntegerAttr>("pipe.rank");
       if (!rank)
         continue;
       any = true;
-      if (failed(Planner(func, microbatches, slots.lookup(rank.getInt())).run()))
+      if (failed(Planner(func, microbatches, slots.lookup(rank.getInt()),
+                         steps.lookup(rank.getInt()))
+                     .run()))
         return signalPassFailure();
     }
     if (!any) {

@@ -80,11 +80,16 @@ SmallVector<PartCall> runOf(const StepItem &item) {
   return run;
 }
 
-// What may differ between programs that share: the rank, the slots.
+// What may differ between programs that share: the rank, the slots (and,
+// with an arena per chunk, the places of the chunks in flight).
 DictionaryAttr comparedAttributes(ModuleOp program) {
   NamedAttrList attrs(program->getDiscardableAttrDictionary());
   attrs.erase("pipe.rank");
   attrs.erase("rt.arena_slots");
+  if (attrs.erase("rt.chunk_arena_offsets"))
+    attrs.set("rt.chunk_arena", UnitAttr::get(program.getContext()));
+  attrs.erase("rt.chunk_arena_total");
+  attrs.erase("rt.chunks_in_flight");
   return attrs.getDictionary(program.getContext());
 }
 
@@ -213,13 +218,20 @@ void share(ArrayRef<ModuleOp> group) {
   MLIRContext *ctx = shared.getContext();
   Builder b(ctx);
   SmallVector<func::FuncOp> steps;
-  SmallVector<int64_t> ranks, slots;
+  SmallVector<int64_t> ranks, slots, chunkOffsets, chunkTotals;
   SmallVector<Attribute> serves;
   for (ModuleOp program : group) {
     steps.push_back(program.lookupSymbol<func::FuncOp>("train_step"));
     ranks.push_back(program->getAttrOfType<IntegerAttr>("pipe.rank").getInt());
     auto s = program->getAttrOfType<IntegerAttr>("rt.arena_slots");
     slots.push_back(s ? s.getInt() : 1);
+    if (auto offsets = program->getAttrOfType<DenseI64ArrayAttr>(
+            "rt.chunk_arena_offsets")) {
+      llvm::append_range(chunkOffsets, offsets.asArrayRef());
+      chunkTotals.push_back(
+          program->getAttrOfType<IntegerAttr>("rt.chunk_arena_total")
+              .getInt());
+    }
     serves.push_back(b.getStringAttr(*program.getSymName()));
   }
   for (StringRef name : {"train_step", "eval_step"})
@@ -242,6 +254,12 @@ void share(ArrayRef<ModuleOp> group) {
   shared->removeAttr("pipe.rank");
   shared->setAttr("rt.variants", b.getDenseI64ArrayAttr(ranks));
   shared->setAttr("rt.variant_arena_slots", b.getDenseI64ArrayAttr(slots));
+  if (!chunkTotals.empty()) {
+    shared->setAttr("rt.variant_chunk_arena_offsets",
+                    b.getDenseI64ArrayAttr(chunkOffsets));
+    shared->setAttr("rt.variant_chunk_arena_total",
+                    b.getDenseI64ArrayAttr(chunkTotals));
+  }
   shared->setAttr("rt.arena_slots",
                   b.getI64IntegerAttr(*llvm::max_element(slots)));
   shared->setAttr("rt.serves", b.getArrayAttr(serves));

@@ -201,3 +201,152 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
   return %u#0, %u#1 : memref<f32>, memref<f32>
 }
 }
+
+// -----
+
+// The interleaved schedule: rank 1 of two runs chunks 0 (stage 1) and 1
+// (stage 3). What crosses a chunk's parts (x for chunk 0, y for chunk 1, 64
+// bytes each) gets an arena of that chunk's own (both at offset 0 in it),
+// and each (chunk, microbatch) a place taken at its forward and given back
+// after its backward, first fit over the schedule: chunk 0's microbatches 0
+// and 1 at 0 and 64, chunk 1's microbatch 0 at 128 and again microbatch 1,
+// chunk 0's microbatch 2 at 128, then 3 where microbatch 0 was; chunk 1's
+// microbatches 2 and 3 where chunk 0's microbatch 1 was. Three chunks in
+// flight at most: 192 bytes, where a slot of the whole stage (128 bytes)
+// per microbatch in flight would hold three slots, 384.
+// CHECK-LABEL: func.func @stage_1()
+// CHECK-SAME: rt.arena_bytes = 128 : i64
+// CHECK-SAME: rt.chunk_arena_offsets = array<i64: 0, 64, 128, 0, 128, 128, 64, 64>
+// CHECK-SAME: rt.chunk_arena_total = 192 : i64
+// CHECK-SAME: rt.chunks_in_flight = 3 : i64
+// CHECK: pipe.forward_pass chunk 0
+// CHECK-NEXT: rt.buffer <arena> 0 : memref<2x8xf32>
+// CHECK: pipe.forward_pass chunk 1
+// CHECK-NEXT: rt.first_run
+// CHECK-NEXT: rt.buffer <arena> 0 : memref<2x8xf32>
+
+module attributes {dist.mesh = #dist.mesh<pp = 2>, pipe.layout = #pipe.layout<microbatches = 4, schedule = "interleaved", virtual_stages = 2>} {
+  pipe.schedule "interleaved" ranks 2 microbatches 4 virtual_stages 2 {
+    pipe.rank 0 {
+      pipe.forward stage 0 microbatch 0
+      pipe.send "activation" stage 0 microbatch 0 to 1
+      pipe.forward stage 0 microbatch 1
+      pipe.send "activation" stage 0 microbatch 1 to 1
+      pipe.recv "activation" stage 1 microbatch 0 from 1
+      pipe.forward stage 2 microbatch 0
+      pipe.send "activation" stage 2 microbatch 0 to 1
+      pipe.recv "activation" stage 1 microbatch 1 from 1
+      pipe.forward stage 2 microbatch 1
+      pipe.send "activation" stage 2 microbatch 1 to 1
+      pipe.forward stage 0 microbatch 2
+      pipe.send "activation" stage 0 microbatch 2 to 1
+      pipe.recv "gradient" stage 3 microbatch 0 from 1
+      pipe.backward stage 2 microbatch 0
+      pipe.send "gradient" stage 2 microbatch 0 to 1
+      pipe.forward stage 0 microbatch 3
+      pipe.send "activation" stage 0 microbatch 3 to 1
+      pipe.recv "gradient" stage 3 microbatch 1 from 1
+      pipe.backward stage 2 microbatch 1
+      pipe.send "gradient" stage 2 microbatch 1 to 1
+      pipe.recv "activation" stage 1 microbatch 2 from 1
+      pipe.forward stage 2 microbatch 2
+      pipe.send "activation" stage 2 microbatch 2 to 1
+      pipe.recv "gradient" stage 1 microbatch 0 from 1
+      pipe.backward stage 0 microbatch 0
+      pipe.recv "activation" stage 1 microbatch 3 from 1
+      pipe.forward stage 2 microbatch 3
+      pipe.send "activation" stage 2 microbatch 3 to 1
+      pipe.recv "gradient" stage 1 microbatch 1 from 1
+      pipe.backward stage 0 microbatch 1
+      pipe.recv "gradient" stage 3 microbatch 2 from 1
+      pipe.backward stage 2 microbatch 2
+      pipe.send "gradient" stage 2 microbatch 2 to 1
+      pipe.recv "gradient" stage 3 microbatch 3 from 1
+      pipe.backward stage 2 microbatch 3
+      pipe.send "gradient" stage 2 microbatch 3 to 1
+      pipe.recv "gradient" stage 1 microbatch 2 from 1
+      pipe.backward stage 0 microbatch 2
+      pipe.recv "gradient" stage 1 microbatch 3 from 1
+      pipe.backward stage 0 microbatch 3
+    }
+    pipe.rank 1 {
+      pipe.recv "activation" stage 0 microbatch 0 from 0
+      pipe.forward stage 1 microbatch 0
+      pipe.send "activation" stage 1 microbatch 0 to 0
+      pipe.recv "activation" stage 0 microbatch 1 from 0
+      pipe.forward stage 1 microbatch 1
+      pipe.send "activation" stage 1 microbatch 1 to 0
+      pipe.recv "activation" stage 2 microbatch 0 from 0
+      pipe.forward stage 3 microbatch 0
+      pipe.backward stage 3 microbatch 0
+      pipe.send "gradient" stage 3 microbatch 0 to 0
+      pipe.recv "activation" stage 2 microbatch 1 from 0
+      pipe.forward stage 3 microbatch 1
+      pipe.backward stage 3 microbatch 1
+      pipe.send "gradient" stage 3 microbatch 1 to 0
+      pipe.recv "activation" stage 0 microbatch 2 from 0
+      pipe.forward stage 1 microbatch 2
+      pipe.send "activation" stage 1 microbatch 2 to 0
+      pipe.recv "gradient" stage 2 microbatch 0 from 0
+      pipe.backward stage 1 microbatch 0
+      pipe.send "gradient" stage 1 microbatch 0 to 0
+      pipe.recv "activation" stage 0 microbatch 3 from 0
+      pipe.forward stage 1 microbatch 3
+      pipe.send "activation" stage 1 microbatch 3 to 0
+      pipe.recv "gradient" stage 2 microbatch 1 from 0
+      pipe.backward stage 1 microbatch 1
+      pipe.send "gradient" stage 1 microbatch 1 to 0
+      pipe.recv "activation" stage 2 microbatch 2 from 0
+      pipe.forward stage 3 microbatch 2
+      pipe.backward stage 3 microbatch 2
+      pipe.send "gradient" stage 3 microbatch 2 to 0
+      pipe.recv "activation" stage 2 microbatch 3 from 0
+      pipe.forward stage 3 microbatch 3
+      pipe.backward stage 3 microbatch 3
+      pipe.send "gradient" stage 3 microbatch 3 to 0
+      pipe.recv "gradient" stage 2 microbatch 2 from 0
+      pipe.backward stage 1 microbatch 2
+      pipe.send "gradient" stage 1 microbatch 2 to 0
+      pipe.recv "gradient" stage 2 microbatch 3 from 0
+      pipe.backward stage 1 microbatch 3
+      pipe.send "gradient" stage 1 microbatch 3 to 0
+    }
+  }
+func.func @stage_1() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 1 : i64} {
+  %b = rt.param "b" {decay = false, global_shape = array<i64: 8>, init = "zeros", mean = 0.0 : f64, std = 0.02 : f64, shard_dim = -1 : i64, shard_axis = #dist.axis<dp>, shard_blocks = 1 : i64} : memref<8xf32>
+  %f0 = pipe.forward_pass chunk 0 -> memref<2x8xf32> {
+    %x = rt.alloc : memref<2x8xf32>
+    rt.fill(%x) {n = 16 : i64, value = 1.0 : f64} : memref<2x8xf32>
+    pipe.yield %x : memref<2x8xf32>
+  }
+  %f1:2 = pipe.forward_pass chunk 1 -> memref<2x8xf32>, memref<f32> {
+    %y = rt.alloc : memref<2x8xf32>
+    rt.fill(%y) {n = 16 : i64, value = 1.0 : f64} : memref<2x8xf32>
+    %l = rt.alloc : memref<f32>
+    rt.fill(%l) {n = 1 : i64, value = 0.5 : f64} : memref<f32>
+    pipe.yield %y, %l : memref<2x8xf32>, memref<f32>
+  }
+  %g1 = pipe.backward_pass chunk 1 -> memref<8xf32> {
+    %gy = rt.alloc : memref<8xf32>
+    rt.reduce_sum_leading(%f1#0, %gy) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
+    pipe.yield %gy : memref<8xf32>
+  }
+  %g0 = pipe.backward_pass chunk 0 -> memref<8xf32> {
+    %gx = rt.alloc : memref<8xf32>
+    rt.reduce_sum_leading(%f0, %gx) {rows = 2 : i64, cols = 8 : i64} : memref<2x8xf32>, memref<8xf32>
+    pipe.yield %gx : memref<8xf32>
+  }
+  %u:2 = pipe.update(%g0, %f1#1 : memref<8xf32>, memref<f32>) -> memref<f32>, memref<f32> {
+  ^bb0(%db: memref<8xf32>, %loss: memref<f32>):
+    %n = rt.alloc : memref<f32>
+    rt.fill(%n) {n = 1 : i64, value = 1.0 : f64} : memref<f32>
+    %lr = rt.learning_rate : f32
+    %t = rt.update_count : i64
+    %mb = rt.state_of %b <adam_m> : memref<8xf32> -> memref<8xf32>
+    %vb = rt.state_of %b <adam_v> : memref<8xf32> -> memref<8xf32>
+    rt.adamw(%b, %db, %mb, %vb, %n, %lr, %t) {n = 8 : i64, beta1 = 0.9 : f32, beta2 = 0.95 : f32, eps = 1.0e-8 : f32, weight_decay = 0.0 : f32, max_grad_norm = 1.0 : f32} : memref<8xf32>, memref<8xf32>, memref<8xf32>, memref<8xf32>, memref<f32>, f32, i64
+    pipe.yield %loss, %n : memref<f32>, memref<f32>
+  }
+  return %u#0, %u#1 : memref<f32>, memref<f32>
+}
+}

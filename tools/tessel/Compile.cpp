@@ -224,9 +224,13 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   }
   // Each microbatch in flight holds a slot of what crosses from one part to
   // another; what lives within one run of a part shares one region.
-  int64_t arena = attr("rt.arena_bytes") *
-                      std::max<int64_t>(1, attr("rt.arena_slots")) +
-                  attr("rt.transient_bytes");
+  // With an arena per chunk (the interleaved schedule), each chunk of a
+  // microbatch in flight holds its own place instead.
+  bool byChunk = program->hasAttr("rt.chunk_arena_offsets");
+  int64_t slotsBytes = byChunk ? attr("rt.chunk_arena_total")
+                               : attr("rt.arena_bytes") *
+                                     std::max<int64_t>(1, attr("rt.arena_slots"));
+  int64_t arena = slotsBytes + attr("rt.transient_bytes");
   json m;
   // With the parameters sharded (parallel.zero 3): the pieces, the
   // parameters kept whole and the runs gathered for the parts.
@@ -275,7 +279,15 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // what each holds from its forward to its backward pass (with several
   // slots; with one, the slot also holds what lives within a part), and the
   // region the parts share.
-  m["activation_slots"] = std::max<int64_t>(1, attr("rt.arena_slots"));
+  // With an arena per chunk, the slots are whole stages' worth (the
+  // chunks' places over a microbatch's whole stage), and the chunks in
+  // flight at once are counted too.
+  if (byChunk && attr("rt.arena_bytes") > 0) {
+    m["activation_slots"] = double(slotsBytes) / attr("rt.arena_bytes");
+    m["activation_chunks_in_flight"] = attr("rt.chunks_in_flight");
+  } else {
+    m["activation_slots"] = std::max<int64_t>(1, attr("rt.arena_slots"));
+  }
   m["activation_slot_bytes"] = attr("rt.arena_bytes");
   m["transient_bytes"] = attr("rt.transient_bytes");
   m["accumulator_bytes"] = attr("rt.accumulator_elems") * 4;

@@ -91,11 +91,12 @@ struct Estimate {
   double step = 0, memory = 0;
 };
 
-// The activation slots the busiest pipeline rank's memory plan holds in
-// the schedule Tessel runs, each a microbatch's activations of the rank's
-// whole stage (all its chunks): as pipe::activationSlots counts them, a
-// microbatch holds its slot from its first forward on the rank to its last
-// backward there, and microbatch m takes slot m % slots.
+// The activations the busiest pipeline rank's memory plan holds in the
+// schedule Tessel runs, in units of a microbatch's whole stage: with one
+// chunk per rank, a slot per microbatch in flight (as pipe::activationSlots
+// counts them: a microbatch holds its slot from its forward on the rank to
+// its backward there, and microbatch m takes slot m % slots); interleaved,
+// a place per chunk of a microbatch in flight (the most at once, over v).
 double activationSlots(int64_t pp, int64_t microbatches, int64_t v) {
   static std::map<std::tuple<int64_t, int64_t, int64_t>, double> memo;
   auto key = std::make_tuple(pp, microbatches, v);
@@ -112,11 +113,17 @@ double activationSlots(int64_t pp, int64_t microbatches, int64_t v) {
     most = 1;
     for (const std::vector<pipeline::Step> &steps : schedule->steps) {
       std::vector<std::pair<bool, int64_t>> order;
+      int64_t live = 0, chunks = 0;
       for (const pipeline::Step &step : steps)
-        if (step.isCompute())
-          order.push_back(
-              {step.kind == pipeline::StepKind::Forward, step.microbatch});
-      most = std::max(most, double(pipe::activationSlots(order, microbatches)));
+        if (step.isCompute()) {
+          bool forward = step.kind == pipeline::StepKind::Forward;
+          order.push_back({forward, step.microbatch});
+          live += forward ? 1 : -1;
+          chunks = std::max(chunks, live);
+        }
+      most = std::max(most, v > 1 ? double(chunks) / v
+                                  : double(pipe::activationSlots(
+                                        order, microbatches)));
     }
   } else {
     consumeError(schedule.takeError());

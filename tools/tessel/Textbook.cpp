@@ -50,6 +50,7 @@
 
 #include "Textbook.h"
 
+#include <cstdio>
 #include <optional>
 #include <regex>
 #include <set>
@@ -545,10 +546,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   rows.push_back(kept);
   // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m. The
   // interleaved schedule (Narayanan et al.) runs 2(p - r - 1) + (v - 1)p
-  // chunk forwards before its first backward and holds one more: in units
-  // of the rank's whole stage, p (1 + (p - 1)/(p v)) at the first stage.
-  // Tessel keeps a slot of the whole stage per microbatch in flight, any of
-  // its chunks alive: more than that.
+  // chunk forwards before its first backward and holds one more chunk: with
+  // an arena per chunk Tessel holds the chunks in flight, compared in
+  // chunks (the bytes are the slots', above, times the slots in whole
+  // stages).
   std::string schedule = plan.value("schedule", std::string("1f1b"));
   MemoryRow inFlight{"microbatches in flight", slots, 0, ""};
   if (p == 1)
@@ -557,7 +558,16 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     inFlight.textbook = std::min(p - r, m);
   else if (schedule == "gpipe")
     inFlight.textbook = m;
-  else {
+  else if (memory.contains("activation_chunks_in_flight")) {
+    inFlight.what = "chunks in flight";
+    inFlight.predicted = memory["activation_chunks_in_flight"].get<double>();
+    inFlight.textbook = std::min(2 * (p - r - 1) + (v - 1) * p + 1, m * v);
+    char stages[64];
+    std::snprintf(stages, sizeof stages, "%.2f", slots);
+    inFlight.note = std::string("interleaved: a place per chunk of a "
+                                "microbatch, ") +
+                    stages + " whole stages' worth";
+  } else {
     inFlight.textbook =
         std::min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v;
     inFlight.note = "interleaved: textbook in whole-stage units (chunks / "

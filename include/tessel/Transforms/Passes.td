@@ -235,7 +235,8 @@ def SharePrograms : Pass<"tessel-share-programs", "mlir::ModuleOp"> {
     forwards) become one program: the middle stages of a uniform model
     build one binary instead of one each. What differs becomes data chosen
     by the pipeline rank at run time: `rt.variants` (the ranks, in order),
-    `rt.variant_arena_slots`, each `rt.param`'s `variant_names`, and an
+    `rt.variant_arena_slots` (and `rt.variant_chunk_arena_offsets` and
+    `rt.variant_chunk_arena_total`), each `rt.param`'s `variant_names`, and an
     `rt.schedule` table for each run of part calls the ranks order
     differently. `rt.serves` names the programs it replaces.
   }];
@@ -293,7 +294,14 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     holds several microbatches at once, only buffers that cross from one
     part to another get the arena (one slot per microbatch in flight);
     those that live within one run of a part go to the `transient` region,
-    which all parts share (`rt.transient_bytes`). The rank function records
+    which all parts share (`rt.transient_bytes`). With several chunks per
+    rank (the interleaved schedule), when what crosses parts is read by one
+    chunk's parts only, each chunk's arena is planned on its own and each
+    (chunk, microbatch) of the rank's schedule gets a place, taken at its
+    forward and given back after its backward, first fit
+    (`rt.chunk_arena_offsets`, chunk-major byte offsets;
+    `rt.chunk_arena_total`; `rt.chunks_in_flight`), unless whole-stage slots
+    would hold less. The rank function records
     `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems`,
     `rt.norm_sums` and `rt.received_bytes`.
   }];

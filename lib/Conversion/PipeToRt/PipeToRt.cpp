@@ -84,7 +84,9 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
                            "rt.grad_elems", "rt.grad_staging_elems",
                            "rt.grad_piece_elems", "rt.grad_scratch_elems",
                            "rt.grad_whole_elems", "rt.param_store_elems",
-                           "rt.param_piece_elems", "rt.param_gather_elems"})
+                           "rt.param_piece_elems", "rt.param_gather_elems",
+                           "rt.chunk_arena_offsets", "rt.chunk_arena_total",
+                           "rt.chunks_in_flight"})
       if (Attribute attr = step->getAttr(name))
         program->setAttr(name, attr);
     program->setAttr("rt.arena_slots",
@@ -116,6 +118,10 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
                                              : isa<pipe::ForwardPassOp>(part)
                                                  ? "forward"
                                                  : "backward"));
+      if (auto f = dyn_cast<pipe::ForwardPassOp>(part))
+        fn->setAttr("rt.part_chunk", b.getI64IntegerAttr(f.getChunk()));
+      else if (auto bp = dyn_cast<pipe::BackwardPassOp>(part))
+        fn->setAttr("rt.part_chunk", b.getI64IntegerAttr(bp.getChunk()));
       Block *body = &part->getRegion(0).front();
       fn.getBody().push_back(body->getParent()->getBlocks().remove(body));
       // The update's block arguments are unused once planned.

@@ -52,6 +52,24 @@ int64_t intAttr(Operation *op, StringRef name, int64_t fallback = 0) {
   return fallback;
 }
 
+// The bytes of a rank program's activation slots (those of the microbatches
+// in flight, or with an arena per chunk the chunks' places), for pipeline
+// rank variant `variant` of a shared program (-1: a program of its own).
+int64_t arenaSlotsBytes(ModuleOp program, int64_t variant = -1) {
+  int64_t bytes = intAttr(program, "rt.arena_bytes");
+  if (variant >= 0) {
+    if (auto totals = program->getAttrOfType<DenseI64ArrayAttr>(
+            "rt.variant_chunk_arena_total"))
+      return totals[variant];
+    auto slots =
+        program->getAttrOfType<DenseI64ArrayAttr>("rt.variant_arena_slots");
+    return bytes * (slots ? slots[variant] : 1);
+  }
+  if (program->hasAttr("rt.chunk_arena_offsets"))
+    return intAttr(program, "rt.chunk_arena_total");
+  return bytes * intAttr(program, "rt.arena_slots", 1);
+}
+
 // rt.schedule as C++: the tables of all variants in one array, where each
 // variant's starts, and a loop over the running variant's (part,
 // microbatch, first) triples.
@@ -135,10 +153,16 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   // A program shared by pipeline ranks holds as many slots as the running
   // rank needs (kArenaSlots, by variant).
   bool variantSlots = program->hasAttr("rt.variant_arena_slots");
-  std::string slotBytes = variantSlots
-                              ? "kArenaSlots[ctx.variant] * " +
-                                    std::to_string(arenaBytes)
-                              : std::to_string(slots * arenaBytes);
+  // With an arena per chunk, a part finds its (chunk, microbatch)'s place
+  // in kArenaOffsets (kArenaTotal: all the places, by variant).
+  auto chunkOffsets =
+      program->getAttrOfType<DenseI64ArrayAttr>("rt.chunk_arena_offsets");
+  auto partChunk = func->getAttrOfType<IntegerAttr>("rt.part_chunk");
+  std::string slotBytes =
+      variantSlots && chunkOffsets ? "kArenaTotal[ctx.variant]"
+      : variantSlots ? "kArenaSlots[ctx.variant] * " +
+                           std::to_string(arenaBytes)
+                     : std::to_string(arenaSlotsBytes(program));
   b.setInsertionPointToStart(&entry);
   auto line = [&](const Twine &text, ValueRange args = {}) {
     b.create<emitc::VerbatimOp>(loc, b.getStringAttr(text), args);
@@ -151,7 +175,8 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
     line("const int64_t mb = {};", entry.getArgument(1));
     line("const bool first = {};", entry.getArgument(2));
     if (!usesMb &&
-        !(spaces.count(rt::Space::Arena) && slots > 1) && !tokens && !targets)
+        !(spaces.count(rt::Space::Arena) && (slots > 1 || chunkOffsets)) &&
+        !tokens && !targets)
       line("(void)mb;");
     if (!usesFirst)
       line("(void)first;");
@@ -164,7 +189,20 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   for (rt::Space space : spaces) {
     switch (space) {
     case rt::Space::Arena:
-      if (hasMicrobatch && slots > 1 && variantSlots)
+      if (chunkOffsets) {
+        // Only a chunk's parts keep anything in the arena.
+        if (!hasMicrobatch || !partChunk)
+          return func.emitOpError("uses the activation arena, which a "
+                                  "program with an arena per chunk keeps "
+                                  "for its chunks' parts only");
+        int64_t microbatches = intAttr(program, "rt.microbatches", 1);
+        std::string index = std::to_string(partChunk.getInt() * microbatches) +
+                            " + mb";
+        if (variantSlots)
+          index = "ctx.variant * " + std::to_string(chunkOffsets.size()) +
+                  " + " + index;
+        line("char *A = ctx.activations + kArenaOffsets[" + index + "];");
+      } else if (hasMicrobatch && slots > 1 && variantSlots)
         line("char *A = ctx.activations + (mb % kArenaSlots[ctx.variant]) * " +
              Twine(arenaBytes) + ";");
       else if (hasMicrobatch && slots > 1 &&
@@ -476,8 +514,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   set(var, "params", "kParams");
   setInt(var, "numParams", numParams);
   setInt(var, "paramElems", intAttr(program, "rt.param_elems"));
-  setInt(var, "activationBytes", intAttr(program, "rt.arena_bytes") *
-                                         intAttr(program, "rt.arena_slots", 1) +
+  setInt(var, "activationBytes", arenaSlotsBytes(program) +
                                      intAttr(program, "rt.received_bytes") +
                                      intAttr(program, "rt.transient_bytes"));
   bool inference = program.lookupSymbol("decodeStep") != nullptr;
@@ -679,7 +716,7 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
       variantList +=
           "    {" + std::to_string(rank) + ", kParams + " +
           std::to_string(k * params.size()) + ", " +
-          std::to_string(intAttr(program, "rt.arena_bytes") * slots[k] +
+          std::to_string(arenaSlotsBytes(program, k) +
                          intAttr(program, "rt.received_bytes") +
                          intAttr(program, "rt.transient_bytes")) +
           "},\n";
@@ -692,6 +729,29 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
         loc, "kVariants",
         emitc::ArrayType::get({numVariants}, opaque(ctx, "ProgramVariant")),
         opaqueAttr(ctx, variantList + "}"), false, true, true);
+    if (auto totals = program->getAttrOfType<DenseI64ArrayAttr>(
+            "rt.variant_chunk_arena_total")) {
+      std::string list;
+      for (int64_t total : totals.asArrayRef())
+        list += (list.empty() ? "" : ", ") + std::to_string(total);
+      b.create<emitc::GlobalOp>(
+          loc, "kArenaTotal",
+          emitc::ArrayType::get({numVariants}, b.getI64Type()),
+          opaqueAttr(ctx, "{" + list + "}"), false, true, true);
+    }
+  }
+  // With an arena per chunk: the byte offset of each (chunk, microbatch)'s
+  // place, chunk-major (by variant in a shared program).
+  if (auto offsets = program->getAttrOfType<DenseI64ArrayAttr>(
+          variants ? "rt.variant_chunk_arena_offsets"
+                   : "rt.chunk_arena_offsets")) {
+    std::string list = "{";
+    for (auto [k, offset] : llvm::enumerate(offsets.asArrayRef()))
+      list += (k ? (k % 12 ? ", " : ",\n    ") : "") + std::to_string(offset);
+    b.create<emitc::GlobalOp>(
+        loc, "kArenaOffsets",
+        emitc::ArrayType::get({(int64_t)offsets.size()}, b.getI64Type()),
+        opaqueAttr(ctx, list + "}"), false, true, true);
   }
   if (int64_t requests = intAttr(program, "rt.request_slots"))
     b.create<emitc::GlobalOp>(

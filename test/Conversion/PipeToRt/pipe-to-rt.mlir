@@ -20,10 +20,10 @@
 // CHECK-NEXT: call @backward0(%[[ZERO]], %[[TRUE]]) : (i64, i1) -> ()
 // CHECK-NEXT: call @update(%[[ZERO]], %[[TRUE]]) : (i64, i1) -> ()
 // CHECK-NEXT: return
-// CHECK: func.func private @forward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "forward"}
+// CHECK: func.func private @forward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "forward", rt.part_chunk = 0 : i64}
 // CHECK: rt.fill
 // CHECK-NEXT: return
-// CHECK: func.func private @backward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "backward"}
+// CHECK: func.func private @backward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "backward", rt.part_chunk = 0 : i64}
 // CHECK: rt.all_reduce_start
 // CHECK-NEXT: return
 // CHECK: func.func private @update(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "update"}
