@@ -201,9 +201,13 @@ int tessel::checkCommand(const CheckOptions &options) {
   layout.output = std::string(layDir);
   layout.layout = options.layout;
   // A mixture-of-experts model routes, balances and drops per microbatch:
-  // its serial program splits the batch into the layout's microbatches.
+  // its serial program splits the batch into the layout's microbatches
+  // (read from the spec as the layout compiles it: with --layers, which
+  // an interleaved layout of a shallow example needs).
+  LayoutOverrides checked = options.layout;
+  checked.layers = options.layers;
   if (Expected<tessel::Spec> spec = tessel::loadSpec(
-          options.input, options.overrides, options.layout)) {
+          options.input, options.overrides, checked)) {
     if (spec->model.moe.enabled())
       ref.layout.microbatches = spec->parallel.microbatches;
   } else {
