@@ -73,9 +73,11 @@ def Rt_ParamOp : Rt_Op<"param"> {
     `variant_names` gives the parameter's name on each of them, in the order
     of the program's `rt.variants`.
     With the optimizer sharded over dp (`tessel-shard-optimizer`),
-    `optimizer_shard` = [state offset, offset in run, piece] says where the
-    parameter's AdamW moments are (see that pass; piece 0: whole, at the
-    state offset).
+    `optimizer_shard` = [state offset, offset in run, piece, group] says where
+    the parameter's AdamW moments are (see that pass; piece 0: whole, at the
+    state offset) and, when it is not the mesh's shard group, the axes its
+    run's pieces are cut over (`AxisSet` bits: dp x ep for a dense parameter
+    under expert parallelism; 0 or absent: the shard group).
 
     ```mlir
     %w = rt.param "h.0.mlp.c_fc.weight" {global_shape = array<i64: 64, 256>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = 1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<64x128xf32>

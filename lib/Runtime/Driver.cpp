@@ -592,7 +592,8 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
   int64_t piece = kind == Kind::Moments ? p.statePiece : p.valuePiece;
   if (piece == 0)
     return {0, p.numel, base, true};
-  int64_t k = groupRank(meshLayout().shape().shardAxes().bits());
+  int64_t k = groupRank(p.stateAxes ? p.stateAxes
+                                    : meshLayout().shape().shardAxes().bits());
   PieceRange own = inPiece(p.stateRunOffset, p.numel, piece, k);
   return {own.begin - p.stateRunOffset, own.end - p.stateRunOffset,
           base + own.begin - k * piece,
@@ -602,20 +603,34 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
 // A sharded store laid out by the parameters' `offset` (as init, load and
 // save see it): each rank places its parts and the sum over the shard group
 // (dp, or a hybrid group of it) fills the rest (whole parameters: the
-// group's rank 0's count).
+// group's rank 0's count). Parameters whose pieces are cut over another
+// group (dp x ep) are summed over theirs.
 void expandStore(const Program &program, Kind kind, const float *store,
                  float *full) {
-  std::fill_n(full, program.paramElems, 0.0f);
   unsigned shard = meshLayout().shape().shardAxes().bits();
-  bool dpLeader = groupRank(shard) == 0;
-  for (int i = 0; i < program.numParams; i++) {
-    const ParamInfo &p = program.params[i];
-    Owned o = ownedIn(p, kind);
-    if (!o.whole || dpLeader)
-      std::copy_n(store + o.at, o.hi - o.lo, full + p.offset + o.lo);
-  }
+  std::set<unsigned> groups = {shard};
+  for (int i = 0; i < program.numParams; i++)
+    if (program.params[i].stateAxes && !ownedIn(program.params[i], kind).whole)
+      groups.insert(program.params[i].stateAxes);
+  std::fill_n(full, program.paramElems, 0.0f);
+  std::vector<float> part(groups.size() > 1 ? program.paramElems : 0);
   UncountedCollectives notTraffic;
-  allReduceSum(full, program.paramElems, shard);
+  for (unsigned group : groups) {
+    float *into = groups.size() > 1 ? part.data() : full;
+    std::fill_n(into, program.paramElems, 0.0f);
+    bool leader = groupRank(group) == 0;
+    for (int i = 0; i < program.numParams; i++) {
+      const ParamInfo &p = program.params[i];
+      Owned o = ownedIn(p, kind);
+      unsigned axes = o.whole || !p.stateAxes ? shard : p.stateAxes;
+      if (axes == group && (!o.whole || leader))
+        std::copy_n(store + o.at, o.hi - o.lo, into + p.offset + o.lo);
+    }
+    allReduceSum(into, program.paramElems, group);
+    if (into != full)
+      for (int64_t k = 0; k < program.paramElems; ++k)
+        full[k] += into[k];
+  }
 }
 
 // The reverse: this rank's parts of a store laid out by `offset`.

@@ -5,6 +5,8 @@
 // and each level extends the one below.)
 //
 // ZeRO-1 (Megatron's distributed optimizer) on the planned rank programs.
+// (Under expert parallelism a dense parameter's run, summed over dp x ep,
+// is cut over dp x ep: "dp" below is the run's group.)
 // Every gradient collective over dp whose buffer is a run of the gradient
 // store becomes a reduce-scatter: the run's n elements are cut into
 // ceil(n / dp) pieces in dp order, and rank k keeps the sum of piece k in
@@ -70,6 +72,12 @@ struct Run {
   // store) and gathered whole where a part reads them.
   bool sharded = false;
   int64_t value = 0;
+  // The ranks the pieces are cut over: dp (or a hybrid shard group of it),
+  // and with expert parallelism dp x ep for a gradient summed over ep too
+  // (a dense parameter's: ep is more data parallelism for it, as in
+  // Megatron-LM's distributed optimizer), of `groupSize` ranks.
+  AxisSet group;
+  int64_t groupSize = 1;
 };
 
 int64_t elementsOf(Value v) {
@@ -102,6 +110,7 @@ public:
   Sharder(func::FuncOp func, const MeshShape &mesh, int64_t zero,
           int64_t microbatches)
       : func(func), ctx(func.getContext()), dp(mesh.shardGroupSize()),
+        ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]),
         shardAxes(mesh.shardAxes()),
         replicaAxes(mesh.hybrid() ? AxisSet::dpReplica() : AxisSet()),
         zero(zero), microbatches(microbatches) {}
@@ -206,6 +215,9 @@ private:
   }
   // The group the pieces are cut over: dp, or a hybrid shard group of it.
   dist::AxesAttr dpAxes() { return dist::AxesAttr::get(ctx, shardAxes); }
+  dist::AxesAttr groupOf(const Run &r) {
+    return dist::AxesAttr::get(ctx, r.group);
+  }
   LogicalResult collectRuns();
   void shardSyncs();
   LogicalResult shardUpdates();
@@ -215,6 +227,9 @@ private:
   MLIRContext *ctx;
   // dp: the ranks of a shard group (all of dp unless hybrid).
   int64_t dp;
+  // Expert parallelism a dense gradient's pieces are cut over besides dp
+  // (1 without, or with hybrid sharding).
+  int64_t ep;
   AxisSet shardAxes;
   // Hybrid sharding: the groups' replicas, over which each piece of a
   // gradient is summed as well; empty otherwise.
@@ -244,10 +259,14 @@ LogicalResult Sharder::collectRuns() {
     if (!axes.contains(MeshAxis::DP))
       return;
     bool any = false;
+    bool overEp = ep > 1 && axes.contains(MeshAxis::EP);
     for (Value b : buffers)
       if (auto range = placeIn(rt::Space::Grads, b)) {
         any = true;
-        runs.push_back({range->first, range->second, 0, 0});
+        Run r{range->first, range->second, 0, 0};
+        r.group = overEp ? shardAxes | AxisSet(MeshAxis::EP) : shardAxes;
+        r.groupSize = overEp ? dp * ep : dp;
+        runs.push_back(r);
       }
     if (any)
       syncs.push_back(op);
@@ -259,8 +278,8 @@ LogicalResult Sharder::collectRuns() {
              << runs[k - 1].start << ", +" << runs[k - 1].length << ") and ["
              << runs[k].start << ", +" << runs[k].length
              << ") overlap; each gradient must be synchronised once";
-    // ceil(n / dp), as the runtime cuts it (tessel/Runtime/Pieces.h).
-    runs[k].piece = (runs[k].length + dp - 1) / dp;
+    // ceil(n / g), as the runtime cuts it (tessel/Runtime/Pieces.h).
+    runs[k].piece = (runs[k].length + runs[k].groupSize - 1) / runs[k].groupSize;
     runs[k].state = stateElems;
     stateElems += runs[k].piece;
   }
@@ -285,10 +304,6 @@ void Sharder::shardSyncs() {
       started = true;
     }
     AxisSet rest = axes - AxisSet(MeshAxis::DP);
-    auto restAttr = dist::AxesAttr::get(ctx, rest);
-    // In place, the pieces are summed over the replicas by the
-    // reduce-scatter itself (see rt.reduce_scatter_shards).
-    auto reducedAxes = dist::AxesAttr::get(ctx, shardAxes | replicaAxes);
     Type request = rt::RequestType::get(ctx);
     // The request is still handed on through the parts' yields (the waits
     // use slots): the first new start's stands for it.
@@ -296,11 +311,14 @@ void Sharder::shardSyncs() {
     for (auto [k, buffer] : llvm::enumerate(op->getOperands())) {
       std::optional<std::pair<int64_t, int64_t>> range = placeIn(rt::Space::Grads, buffer);
       bool isRun = range.has_value();
-      if (isRun && zero >= 2 && runOf(range->first, range->second)->staged) {
+      Run *run = isRun ? runOf(range->first, range->second) : nullptr;
+      // The axes the pieces' group does not cover sum the run first.
+      AxisSet runRest = run ? rest - run->group : rest;
+      if (isRun && zero >= 2 && run->staged) {
         // Reduced where the backward pass finishes the run instead; the
         // slot's waits go. Its piece is summed over the other axes (and
         // the replicas) once, in the update.
-        runOf(range->first, range->second)->rest = rest | replicaAxes;
+        run->rest = runRest | replicaAxes;
         if (slot)
           erasedSlots.insert(*slot + k);
         continue;
@@ -321,8 +339,12 @@ void Sharder::shardSyncs() {
                                   dist::AxesAttr::get(ctx, axes));
         continue;
       }
-      if (!rest.empty())
-        rt::AllReduceOp::create(b, loc, ValueRange{buffer}, restAttr);
+      if (!runRest.empty())
+        rt::AllReduceOp::create(b, loc, ValueRange{buffer},
+                                dist::AxesAttr::get(ctx, runRest));
+      // In place, the pieces are summed over the replicas by the
+      // reduce-scatter itself (see rt.reduce_scatter_shards).
+      auto reducedAxes = dist::AxesAttr::get(ctx, run->group | replicaAxes);
       if (started) {
         auto start = rt::ReduceScatterShardsStartOp::create(
             b, loc, request, ValueRange{buffer}, reducedAxes, slotOf());
@@ -421,12 +443,15 @@ LogicalResult Sharder::shardUpdates() {
     auto sharded = rt::AdamWShardOp::create(
         b, loc, value, copy, grad, m, v, op.getNorm(), op.getLr(),
         op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
-        b.getI64IntegerAttr(r->piece), dpAxes(), b.getBoolAttr(pieces),
+        b.getI64IntegerAttr(r->piece), groupOf(*r), b.getBoolAttr(pieces),
         b.getBoolAttr(r->sharded),
         op.getBeta1Attr(), op.getBeta2Attr(), op.getEpsAttr(),
         op.getWeightDecayAttr(), op.getMaxGradNormAttr());
-    if (param)
+    if (param && r->group == shardAxes)
       param.setOptimizerShard(ArrayRef<int64_t>{r->state, inRun, r->piece});
+    else if (param)
+      param.setOptimizerShard(ArrayRef<int64_t>{r->state, inRun, r->piece,
+                                                (int64_t)r->group.bits()});
     if (last == op.getOperation())
       last = sharded;
     op.erase();
@@ -447,17 +472,37 @@ LogicalResult Sharder::shardUpdates() {
                                                   .getElementType()),
                   rt::Space::Shadow, r.start);
     rt::AllGatherShardsOp::create(b, loc, params, Value(), copy,
-                                  b.getI64IntegerAttr(r.length), dpAxes());
+                                  b.getI64IntegerAttr(r.length), groupOf(r));
   }
   func->setAttr("rt.optimizer_elems", b.getI64IntegerAttr(whole));
   return success();
 }
 
 // The norm's squares: of this rank's pieces, and (for gradients outside the
-// runs, which every dp rank holds alike) on dp rank 0; then summed over dp.
+// runs, which every rank of the group holds alike) on the group's rank 0;
+// then summed over the group. A partial sum of dense gradients cut over
+// dp x ep is summed over dp x ep (those gradients are alike over ep); one of
+// experts' gradients over dp (it is summed over ep already).
 void Sharder::shardNorm() {
+  auto slotOf = [](Value acc) -> std::optional<int64_t> {
+    auto view = acc.getDefiningOp<rt::BufferOp>();
+    if (!view || view.getSpace() != rt::Space::NormSums)
+      return std::nullopt;
+    return (int64_t)view.getOffset();
+  };
   SmallVector<rt::SumSquaresOp> squares;
   func.walk([&](rt::SumSquaresOp op) { squares.push_back(op); });
+  // The group of each partial sum: that of the runs it adds.
+  std::map<int64_t, AxisSet> slotGroup;
+  for (rt::SumSquaresOp op : squares)
+    if (auto range = placeIn(rt::Space::Grads, op.getX()))
+      if (const Run *r = runOf(range->first, op.getN()))
+        if (auto slot = slotOf(op.getAcc()))
+          slotGroup[*slot] |= r->group;
+  auto groupOfSlot = [&](Value acc) {
+    std::optional<int64_t> slot = slotOf(acc);
+    return slot && slotGroup.count(*slot) ? slotGroup[*slot] : shardAxes;
+  };
   for (rt::SumSquaresOp op : squares) {
     OpBuilder b(op);
     int64_t n = op.getN();
@@ -467,18 +512,44 @@ void Sharder::shardNorm() {
     int64_t piece = r ? r->piece : n;
     bool pieces = r && zero >= 2 && r->staged;
     Value x = pieces ? pieceView(b, op.getLoc(), *r) : op.getX();
-    rt::SumSquaresShardOp::create(b, op.getLoc(), x, op.getAcc(),
-                                  op.getNAttr(), b.getI64IntegerAttr(inRun),
-                                  b.getI64IntegerAttr(piece), dpAxes(),
-                                  b.getBoolAttr(pieces));
+    rt::SumSquaresShardOp::create(
+        b, op.getLoc(), x, op.getAcc(), op.getNAttr(),
+        b.getI64IntegerAttr(inRun), b.getI64IntegerAttr(piece),
+        dist::AxesAttr::get(ctx, r ? r->group : groupOfSlot(op.getAcc())),
+        b.getBoolAttr(pieces));
     op.erase();
   }
   SmallVector<rt::SqrtSumOp> roots;
   func.walk([&](rt::SqrtSumOp op) { roots.push_back(op); });
   for (rt::SqrtSumOp op : roots) {
     OpBuilder b(op);
-    rt::AllReduceOp::create(b, op.getLoc(), ValueRange{op.getAcc()},
-                            dpAxes());
+    Location loc = op.getLoc();
+    std::optional<int64_t> first = slotOf(op.getAcc());
+    int64_t n = cast<MemRefType>(op.getAcc().getType()).getNumElements();
+    auto groupAt = [&](int64_t slot) {
+      return slotGroup.count(slot) ? slotGroup[slot] : shardAxes;
+    };
+    bool alike = first && llvm::all_of(llvm::seq<int64_t>(0, n), [&](int64_t k) {
+      return groupAt(*first + k) == groupAt(*first);
+    });
+    if (!first || alike) {
+      rt::AllReduceOp::create(
+          b, loc, ValueRange{op.getAcc()},
+          dist::AxesAttr::get(ctx, first ? groupAt(*first) : shardAxes));
+      continue;
+    }
+    // Consecutive partial sums with the same group, one reduction each.
+    Type f64 = cast<MemRefType>(op.getAcc().getType()).getElementType();
+    for (int64_t k = 0; k < n;) {
+      int64_t end = k + 1;
+      while (end < n && groupAt(*first + end) == groupAt(*first + k))
+        ++end;
+      Value sums = view(b, loc, MemRefType::get({end - k}, f64),
+                        rt::Space::NormSums, *first + k);
+      rt::AllReduceOp::create(b, loc, ValueRange{sums},
+                              dist::AxesAttr::get(ctx, groupAt(*first + k)));
+      k = end;
+    }
   }
 }
 
@@ -814,11 +885,12 @@ LogicalResult Sharder::gatherParams() {
     auto n = b.getI64IntegerAttr(g.run->length);
     if (!g.issue) {
       rt::AllGatherShardsOp::create(b, loc, gathered, from, copy, n,
-                                    dpAxes());
+                                    groupOf(*g.run));
       continue;
     }
     rt::AllGatherShardsStartOp::create(b, loc, rt::RequestType::get(ctx),
-                                       gathered, from, copy, n, dpAxes(),
+                                       gathered, from, copy, n,
+                                       groupOf(*g.run),
                                        b.getI64IntegerAttr(request));
     b.setInsertionPoint(g.first);
     rt::WaitRequestsOp::create(b, loc, request, 1);
@@ -942,7 +1014,7 @@ LogicalResult Sharder::stageGradients() {
                      rt::Space::Grads, scratch);
       rt::ReduceScatterPieceStartOp::create(
           b, loc, rt::RequestType::get(ctx), staged, out,
-          b.getI64IntegerAttr(r->run->length), dpAxes(),
+          b.getI64IntegerAttr(r->run->length), groupOf(*r->run),
           b.getI64IntegerAttr(request));
       previous = r;
     }

@@ -167,6 +167,7 @@ double elementsOf(const json &param) {
 struct Held {
   std::set<int64_t> blocks;
   double elements = 0;
+  double expertElements = 0; // of experts split over ep
 };
 Held heldBy(const json &plan, const std::string &program) {
   Held held;
@@ -176,6 +177,9 @@ Held heldBy(const json &plan, const std::string &program) {
     if (std::optional<int64_t> k = blockOf(param["name"].get<std::string>()))
       held.blocks.insert(*k);
     held.elements += elementsOf(param);
+    if (param.contains("shard") &&
+        param["shard"].value("axis", std::string()) == "ep")
+      held.expertElements += elementsOf(param);
   }
   return held;
 }
@@ -268,22 +272,32 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool tiedFirst = tied && p > 1 && first &&
                      (name == "wte.weight" || name == "model.embed_tokens.weight");
     bool pieces = zero2 && !tiedFirst;
-    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, g, 4)
-                     : pieces        ? (m + 1) / 2 * allReduce(n, g, 4)
-                                     : allReduce(n, g, 4);
+    // Under ZeRO a dense parameter's pieces are cut over dp x ep, as
+    // Megatron-LM's distributed optimizer cuts them over the whole
+    // data-parallel group (not with hybrid sharding).
+    bool overDpEp = zero && epSum > 1 && g == d;
+    double G = overDpEp ? g * epSum : g;
+    std::string group = overDpEp ? "dp,ep" : shard;
+    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, G, 4)
+                     : pieces        ? (m + 1) / 2 * allReduce(n, G, 4)
+                                     : allReduce(n, G, 4);
     if (zero && replicas > 1)
       table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
-    // The axes besides dp that sum the gradient: ep for a dense parameter,
-    // tp for one replicated over tp under sequence parallelism.
+    // The axes besides dp that sum the gradient: ep for a dense parameter
+    // (but where its pieces are cut over dp x ep), tp for one replicated
+    // over tp under sequence parallelism.
     bool overTp = sp && t > 1 && !splitOverTp;
-    std::string rest = epSum > 1 && overTp ? "tp,ep"
-                       : epSum > 1         ? "ep"
-                       : overTp            ? "tp"
-                                           : "";
-    double restGroup = epSum * (overTp ? t : 1);
+    double restEp = overDpEp ? 1 : epSum;
+    std::string rest = restEp > 1 && overTp ? "tp,ep"
+                       : restEp > 1         ? "ep"
+                       : overTp             ? "tp"
+                                            : "";
+    double restGroup = restEp * (overTp ? t : 1);
     if (!rest.empty() && zero) {
-      table.textbook[rest] += allReduce(pieces ? n / g : n, restGroup, 4);
-      table.textbook[shard] += dpBytes;
+      table.textbook[rest] += allReduce(pieces ? n / G : n, restGroup, 4);
+      table.textbook[group] += dpBytes;
+    } else if (zero && overDpEp) {
+      table.textbook[group] += dpBytes;
     } else if (!rest.empty())
       table.textbook[d > 1 ? "dp," + rest : rest] +=
           allReduce(n, d * restGroup, 4);
@@ -292,9 +306,12 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   }
 
   // The norm's partial sums (fp64; two under tp: parameters split over tp
-  // and those replicated) added over the shard group; one value counts as
-  // a scalar.
-  if (zero && t > 1)
+  // and those replicated) added over the shard group (the dense ones over
+  // dp x ep under expert parallelism, the experts' one over dp); one value
+  // counts as a scalar.
+  if (zero && t > 1 && ep > 1 && g == d)
+    table.textbook["dp,ep"] += allReduce(2, g * ep, 8); // the dense ones
+  else if (zero && t > 1)
     table.textbook[shard] += allReduce(2, g, 8);
 
   double bsh = b * s * h;
@@ -439,20 +456,29 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // ZeRO-3: the parameters as pieces, those kept whole (as the gradients
   // below) and the runs gathered for the parts.
   double keptWhole = keptWholeUnderZero(plan, program, *sizes);
-  // The pieces are 1/g of a run, g the shard group (dp unless hybrid).
+  // The pieces are 1/g of a run, g the shard group (dp unless hybrid); a
+  // dense run's 1/(g ep) under expert parallelism (not hybrid).
   const double dz = shardGroupOf(plan, d);
+  const double dzEp = dz == d ? dz * ep : dz;
+  const double experts = dzEp > dz ? held.expertElements : 0;
   const std::string part = dz < d ? "1/zero_group" : "1/dp";
+  const std::string overEp =
+      dzEp > dz ? "a dense run's pieces over dp x ep" : "";
+  // A run's elements as pieces: experts' over dp, the rest over dp x ep.
+  auto asPieces = [&](double elements) {
+    return (elements - experts) / dzEp + experts / dz;
+  };
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
   } else {
     rows.push_back({"parameter pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
-                    4 * (P - keptWhole) / dz,
+                    4 * asPieces(P - keptWhole),
                     memory.contains("offloaded_bytes")
                         ? "offloaded with the moments: in pinned host "
                           "memory, not in the total"
-                        : ""});
+                        : overEp});
     rows.push_back({"parameters kept whole (fp32)",
                     memory["param_whole_bytes"].get<double>(), 4 * keptWhole,
                     ""});
@@ -472,7 +498,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     double kept = keptWhole;
     rows.push_back({"gradient pieces (fp32, " + part + ")",
                     memory["grad_piece_bytes"].get<double>(),
-                    4 * (P - kept) / dz, ""});
+                    4 * asPieces(P - kept), overEp});
     rows.push_back({"gradients kept whole (fp32)",
                     memory["grad_whole_bytes"].get<double>(), 4 * kept, ""});
     rows.push_back({"gradient staging",
@@ -495,8 +521,9 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   rows.push_back({zero ? "AdamW moments (fp32, " + part + ")"
                        : "AdamW moments (fp32)",
                   memory["optimizer_bytes"].get<double>(),
-                  zero ? 8 * (P - whole) / dz + 8 * whole : 8 * P,
+                  zero ? 8 * asPieces(P - whole) + 8 * whole : 8 * P,
                   std::string(zero ? "ceil(n/dp) of each gradient run" : "") +
+                      (zero && !overEp.empty() ? "; " + overEp : "") +
                       (memory.contains("offloaded_bytes")
                            ? std::string(zero ? "; " : "") +
                                  "offloaded: in pinned host memory, not "

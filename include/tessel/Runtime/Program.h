@@ -59,6 +59,10 @@ struct ParamInfo {
   // Without sharding the store is laid out by `offset`.
   int64_t valueOffset;
   int64_t valuePiece;
+  // The axes (AxisSet bits) the pieces of its run are cut over, when not
+  // the mesh's shard group (0): dp x ep for a dense parameter under expert
+  // parallelism. Rank k of the group holds piece k.
+  unsigned stateAxes;
 };
 
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };

@@ -318,6 +318,11 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     slot): the run's n elements are cut into pieces of ceil(n / dp) elements
     in dp order, and dp rank k keeps the sum of piece k in place (a
     collective over dp and other axes first all-reduces over the others).
+    Under expert parallelism a run summed over dp and ep (a dense
+    parameter's) is cut over dp x ep instead, as Megatron-LM's distributed
+    optimizer cuts it (not with hybrid sharding); its collectives, updates
+    and gathers run over that group, `optimizer_shard` carries the group's
+    axes, and the norm's partial sums of such runs are added over it.
     The flattening is the gradient store's: parameters in the order the plan
     placed them, each run cut independently.
 

@@ -379,11 +379,11 @@ FailureOr<std::string> parameterTable(ModuleOp program,
        << static_cast<int64_t>(p.getShardDim()) << ", "
        << axisLiteral(p.getShardAxis()) << ", " << p.getShardBlocks();
     // Where the moments are (tessel-shard-optimizer): [state offset, offset
-    // in run, piece]; by default at the parameter's offset, whole.
+    // in run, piece(, group)]; by default at the parameter's offset, whole.
     ArrayRef<int64_t> shard;
     if (auto s = p.getOptimizerShard())
       shard = *s;
-    if (shard.size() == 3)
+    if (shard.size() >= 3)
       os << ", " << shard[0] << ", " << shard[1] << ", " << shard[2];
     else
       os << ", " << *p.getOffset() << ", 0, 0";
@@ -394,6 +394,8 @@ FailureOr<std::string> parameterTable(ModuleOp program,
       os << ", " << value[0] << ", " << value[1];
     else
       os << ", " << *p.getOffset() << ", 0";
+    // The ranks its pieces are cut over, when not the shard group.
+    os << ", " << (shard.size() == 4 ? shard[3] : 0) << "u";
     os << "},\n";
   }
   os << "}";
