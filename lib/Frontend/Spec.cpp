@@ -745,14 +745,6 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                     "parallel.expert_tp = " + std::to_string(p.expertTp) +
                         " must be 1 (experts whole) or parallel.tp = " +
                         std::to_string(p.tp) + " (experts split over tp)");
-  else if (p.expertTp > 1 && p.ep > 1)
-    problems.report(s.at("expert_tp"),
-                    "parallel.expert_tp = " + std::to_string(p.expertTp) +
-                        " with parallel.ep = " + std::to_string(p.ep) +
-                        " would split the expert weights along two "
-                        "dimensions (experts over ep, width over tp); "
-                        "parameters split along one are supported: use one "
-                        "of the two");
   else if (p.expertTp > 1 && spec.model.moe.ffnHidden % p.expertTp != 0)
     problems.report(s.at("expert_tp"),
                     "parallel.expert_tp = " + std::to_string(p.expertTp) +

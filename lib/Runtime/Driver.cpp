@@ -505,11 +505,18 @@ Options parseArgs(int argc, char **argv, const Program &program) {
 ShardLayout shardLayoutOf(const ParamInfo &p) {
   if (p.shardDim < 0)
     return makeShardLayout(p.shape, p.rank, -1, 1, 1, 0);
-  return makeShardLayout(p.shape, p.rank, p.shardDim, p.shardBlocks,
-                         meshSize(p.shardAxis), meshCoord(p.shardAxis));
+  ShardLayout first =
+      makeShardLayout(p.shape, p.rank, p.shardDim, p.shardBlocks,
+                      meshSize(p.shardAxis), meshCoord(p.shardAxis));
+  if (p.secondShardDim <= 0)
+    return first;
+  return cutAgain(first, p.shape, p.rank, p.shardDim, p.secondShardDim,
+                  meshSize(p.secondShardAxis), meshCoord(p.secondShardAxis));
 }
 
-bool isSplit(const ShardLayout &layout) { return layout.parts > 1; }
+bool isSplit(const ShardLayout &layout) {
+  return layout.parts > 1 || layout.parts2 > 1;
+}
 
 } // namespace
 
@@ -536,6 +543,13 @@ void validateProgram(const Program &program) {
         ((int)p.shardAxis < 0 || (int)p.shardAxis >= kNumMeshAxes))
       fail("parameter " + inQuotes(name) + " is sharded along an invalid " +
            "mesh axis " + std::to_string((int)p.shardAxis));
+    if (p.secondShardDim > 0 &&
+        (p.shardDim < 0 || (int)p.secondShardAxis < 0 ||
+         (int)p.secondShardAxis >= kNumMeshAxes ||
+         p.secondShardAxis == p.shardAxis))
+      fail("parameter " + inQuotes(name) + " has an invalid second cut " +
+           "(dimension " + std::to_string(p.secondShardDim) + ", mesh axis " +
+           std::to_string((int)p.secondShardAxis) + ")");
     int64_t numel = 0;
     try {
       numel = shardLayoutOf(p).numel();
@@ -937,16 +951,36 @@ void saveParams(const Program &program, const std::string &path,
     const ParamInfo &p = program.params[i];
     const float *data = stores[st].data + p.offset;
     ShardLayout layout = shardLayoutOf(p);
+    std::vector<float> firstPiece;
+    if (layout.parts2 > 1) {
+      // Cut twice: the first cut's piece from the second's over its axis,
+      // then as below.
+      std::vector<float> pieces(layout.parts2 * p.numel);
+      allGather(data, pieces.data(), p.numel,
+                AxisSet(p.secondShardAxis).bits());
+      std::vector<int64_t> shape = shapeOf(p);
+      shape[p.shardDim] = layout.pieceRows();
+      firstPiece.resize(p.numel * layout.parts2);
+      for (int64_t k = 0; k < layout.parts2; k++)
+        copyShardIn(cutAgain(makeShardLayout(shape.data(), p.rank,
+                                             p.shardDim, 1, 1, 0),
+                             shape.data(), p.rank, p.shardDim,
+                             p.secondShardDim, layout.parts2, k),
+                    pieces.data() + k * p.numel, firstPiece.data());
+      data = firstPiece.data();
+      layout.parts2 = 1;
+    }
+    int64_t numel = layout.numel();
     if (isSplit(layout)) {
-      std::vector<float> pieces(layout.parts * p.numel);
-      allGather(data, pieces.data(), p.numel, AxisSet(p.shardAxis).bits());
+      std::vector<float> pieces(layout.parts * numel);
+      allGather(data, pieces.data(), numel, AxisSet(p.shardAxis).bits());
       if (stageLeader) {
         std::vector<float> &global = gathered[st * program.numParams + i];
         global.resize(layout.globalNumel());
         for (int64_t k = 0; k < layout.parts; k++) {
           ShardLayout piece = layout;
           piece.index = k;
-          copyShardIn(piece, pieces.data() + k * p.numel, global.data());
+          copyShardIn(piece, pieces.data() + k * numel, global.data());
         }
         data = global.data();
       }
@@ -1024,6 +1058,11 @@ std::vector<Box> shardBoxes(const ParamInfo &p, const ShardLayout &layout) {
     Box box = whole;
     box.offsets[p.shardDim] = b * blockRows + layout.index * layout.pieceRows();
     box.sizes[p.shardDim] = layout.pieceRows();
+    if (layout.parts2 > 1) {
+      int64_t rows2 = layout.dim2 / layout.parts2;
+      box.offsets[p.secondShardDim] = layout.index2 * rows2;
+      box.sizes[p.secondShardDim] = rows2;
+    }
     boxes.push_back(box);
   }
   return boxes;
@@ -1033,6 +1072,14 @@ std::vector<Box> shardBoxes(const ParamInfo &p, const ShardLayout &layout) {
 // own row-major box: copied out of the shard, or into it.
 void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
                bool intoShard) {
+  // Cut twice, the shard is one box (of one block), row-major alike.
+  if (layout.parts2 > 1) {
+    if (intoShard)
+      std::copy_n(box, layout.numel(), shard);
+    else
+      std::copy_n(shard, layout.numel(), box);
+    return;
+  }
   int64_t run = layout.pieceRows() * layout.inner;
   for (int64_t o = 0; o < layout.outer; o++) {
     float *at = shard + (o * layout.blocks + b) * run;
@@ -1061,6 +1108,7 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
       int64_t replicas = 1;
       for (MeshAxis axis : kMeshAxes)
         if (axis != MeshAxis::PP && !(isSplit(layout) && axis == p.shardAxis) &&
+            !(layout.parts2 > 1 && axis == p.secondShardAxis) &&
             meshSize(axis) > 1) {
           replicaAxes |= AxisSet(axis).bits();
           replicas *= meshSize(axis);

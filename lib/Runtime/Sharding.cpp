@@ -45,6 +45,34 @@ ShardLayout makeShardLayout(const int64_t *shape, int rank, int shardDim,
   return layout;
 }
 
+ShardLayout cutAgain(ShardLayout first, const int64_t *shape, int rank,
+                     int shardDim, int dim2, int64_t parts2, int64_t index2) {
+  if (dim2 <= shardDim || dim2 >= rank)
+    throw std::runtime_error("second shard dimension " + std::to_string(dim2) +
+                             " is not after " + std::to_string(shardDim) +
+                             " in a tensor of rank " + std::to_string(rank));
+  if (first.blocks != 1 || parts2 < 1 || index2 < 0 || index2 >= parts2)
+    throw std::runtime_error("invalid second cut: piece " +
+                             std::to_string(index2) + " of " +
+                             std::to_string(parts2) + " of a tensor in " +
+                             std::to_string(first.blocks) + " blocks");
+  first.outer2 = first.pieceRows();
+  for (int d = shardDim + 1; d < dim2; d++)
+    first.outer2 *= shape[d];
+  first.dim2 = shape[dim2];
+  first.inner2 = 1;
+  for (int d = dim2 + 1; d < rank; d++)
+    first.inner2 *= shape[d];
+  if (first.dim2 % parts2 != 0)
+    throw std::runtime_error("dimension " + std::to_string(dim2) +
+                             " of size " + std::to_string(first.dim2) +
+                             " cannot be cut into " + std::to_string(parts2) +
+                             " equal pieces");
+  first.parts2 = parts2;
+  first.index2 = index2;
+  return first;
+}
+
 void copyShardOut(const ShardLayout &layout, const float *global,
                   float *shard) {
   forEachShardRun(

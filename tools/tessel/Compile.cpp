@@ -175,6 +175,12 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
         entry["shard"] = {{"dim", static_cast<int64_t>(p.getShardDim())},
                           {"axis", meshAxisName(p.getShardAxis())},
                           {"blocks", static_cast<int64_t>(p.getShardBlocks())}};
+      // Cut a second time (an expert's width over tp, the experts over ep).
+      if (auto second = p->getAttrOfType<DenseI64ArrayAttr>("second_shard");
+          second && second.size() == 2)
+        entry["shard"]["second"] = {
+            {"dim", second[0]},
+            {"axis", meshAxisName(static_cast<MeshAxis>(second[1]))}};
       out.parameters.push_back(entry);
       return;
     }

@@ -471,10 +471,11 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
           // Selective recomputation recomputes the attention core, which
           // fused attention never stores: the program is none's.
           // An MoE model's experts whole on each tp rank, or split over
-          // tp (not with ep: parameters split along one dimension).
+          // tp (with ep too: the experts over ep, each one's width over
+          // tp).
           for (const char *rc : {"none", "full"})
             for (bool etp : {false, true}) {
-              if (etp && (tp == 1 || ep > 1 || !m.moe.enabled() ||
+              if (etp && (tp == 1 || !m.moe.enabled() ||
                           m.moe.ffnHidden % tp))
                 continue;
               Layout l;

@@ -252,8 +252,11 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       continue;
     std::string name = param["name"].get<std::string>();
     double n = elementsOf(param);
-    bool splitOverTp = param.contains("shard") &&
-                       param["shard"].value("axis", std::string()) == "tp";
+    bool splitOverTp =
+        param.contains("shard") &&
+        (param["shard"].value("axis", std::string()) == "tp" ||
+         (param["shard"].contains("second") &&
+          param["shard"]["second"].value("axis", std::string()) == "tp"));
     // Expert parallelism: an expert's gradient is summed over dp only, a
     // dense one over dp x ep (ep is more data parallelism for it).
     bool expert = param.contains("shard") &&

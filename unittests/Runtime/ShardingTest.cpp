@@ -118,3 +118,40 @@ TEST(RuntimeSharding, RejectsBadLayouts) {
   EXPECT_THROW(makeShardLayout(shape, 2, 0, 0, 2, 0), std::runtime_error);
   EXPECT_THROW(makeShardLayout(shape, 2, -1, 1, 2, 0), std::runtime_error);
 }
+
+// An expert weight [4, 6, 10] cut over ep along dimension 0 (2 pieces) and
+// then over tp along dimension 2 (2 pieces): each shard is the box [2, 6, 5]
+// at (2 * ep index, 0, 5 * tp index), row-major, and the four shards
+// rebuild the tensor.
+TEST(RuntimeSharding, CutTwiceIsABox) {
+  const int64_t shape[3] = {4, 6, 10};
+  std::vector<float> global = iota(240);
+  std::vector<float> rebuilt(240, -1.0f);
+  for (int64_t e = 0; e < 2; e++)
+    for (int64_t t = 0; t < 2; t++) {
+      ShardLayout layout =
+          cutAgain(makeShardLayout(shape, 3, 0, 1, 2, e), shape, 3, 0, 2, 2, t);
+      ASSERT_EQ(layout.numel(), 60);
+      std::vector<float> shard(60, -2.0f);
+      copyShardOut(layout, global.data(), shard.data());
+      for (int64_t i = 0; i < 2; i++)
+        for (int64_t r = 0; r < 6; r++)
+          for (int64_t c = 0; c < 5; c++)
+            EXPECT_EQ(shard[(i * 6 + r) * 5 + c],
+                      global[((2 * e + i) * 6 + r) * 10 + 5 * t + c]);
+      copyShardIn(layout, shard.data(), rebuilt.data());
+    }
+  EXPECT_EQ(rebuilt, global);
+}
+
+TEST(RuntimeSharding, RejectsBadSecondCuts) {
+  const int64_t shape[3] = {4, 6, 10};
+  ShardLayout first = makeShardLayout(shape, 3, 1, 1, 2, 0);
+  EXPECT_THROW(cutAgain(first, shape, 3, 1, 1, 2, 0), std::runtime_error);
+  EXPECT_THROW(cutAgain(first, shape, 3, 1, 3, 2, 0), std::runtime_error);
+  EXPECT_THROW(cutAgain(first, shape, 3, 1, 2, 3, 0), std::runtime_error);
+  EXPECT_THROW(cutAgain(first, shape, 3, 1, 2, 2, 2), std::runtime_error);
+  EXPECT_THROW(cutAgain(makeShardLayout(shape, 3, 1, 3, 2, 0), shape, 3, 1, 2,
+                        2, 0),
+               std::runtime_error);
+}

@@ -63,6 +63,10 @@ struct ParamInfo {
   // the mesh's shard group (0): dp x ep for a dense parameter under expert
   // parallelism. Rank k of the group holds piece k.
   unsigned stateAxes;
+  // A second cut, along a later dimension (0: none) over another mesh axis:
+  // an expert's width over tp when the experts are split over ep.
+  int secondShardDim;
+  MeshAxis secondShardAxis;
 };
 
 enum class LrDecay : int { Constant = 0, Linear = 1, Cosine = 2 };

@@ -71,6 +71,9 @@ PATTERN(ParamOp) {
   SmallVector<int64_t> shape(op.getType().getShape());
   int64_t shardDim = -1, shardBlocks = 1;
   MeshAxis shardAxis = MeshAxis::DP;
+  // A second cut (an expert's weights: the experts over ep, each one's
+  // width over tp), of one block.
+  std::optional<std::pair<int64_t, MeshAxis>> second;
   if (auto attrs = op->getAttrOfType<ArrayAttr>("dist.sharding")) {
     dist::Sharding s =
         dist::Sharding::fromAttr(cast<dist::ShardingAttr>(attrs[0]));
@@ -78,12 +81,18 @@ PATTERN(ParamOp) {
     for (auto [d, axes] : llvm::enumerate(s.dims)) {
       if (axes.empty())
         continue;
-      if (shardDim >= 0 || !axes.single())
-        return op.emitOpError("parameters split along more than one "
-                              "dimension or axis are not supported yet");
-      shardDim = d;
-      shardAxis = *axes.single();
-      shardBlocks = s.blocksOf(d);
+      if (!axes.single() || second ||
+          (shardDim >= 0 && (shardBlocks != 1 || s.blocksOf(d) != 1)))
+        return op.emitOpError("parameters split along more than two "
+                              "dimensions, over several axes in one, or "
+                              "in blocks along two are not supported");
+      if (shardDim >= 0) {
+        second = {(int64_t)d, *axes.single()};
+      } else {
+        shardDim = d;
+        shardAxis = *axes.single();
+        shardBlocks = s.blocksOf(d);
+      }
       shape[d] *= mesh.groupSize(axes);
     }
   }
@@ -93,6 +102,10 @@ PATTERN(ParamOp) {
       op.getMeanAttr(), op.getStdAttr(), flag(b, shape.size() >= 2),
       i(b, shardDim), dist::AxisAttr::get(b.getContext(), shardAxis),
       i(b, shardBlocks), IntegerAttr(), ArrayAttr(), DenseI64ArrayAttr());
+  if (second)
+    param->setAttr("second_shard",
+                   b.getDenseI64ArrayAttr(
+                       {second->first, (int64_t)second->second}));
   b.replaceOp(op, param);
   return success();
 }

@@ -396,6 +396,13 @@ FailureOr<std::string> parameterTable(ModuleOp program,
       os << ", " << *p.getOffset() << ", 0";
     // The ranks its pieces are cut over, when not the shard group.
     os << ", " << (shard.size() == 4 ? shard[3] : 0) << "u";
+    // A second cut: [dimension, axis].
+    auto second = p->getAttrOfType<DenseI64ArrayAttr>("second_shard");
+    if (second && second.size() == 2)
+      os << ", " << second[0] << ", "
+         << axisLiteral(static_cast<MeshAxis>(second[1]));
+    else
+      os << ", 0, MeshAxis::DP";
     os << "},\n";
   }
   os << "}";
