@@ -158,9 +158,14 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
       attention + (L - moeLayers) / L * dense + moeLayers / L * moeBase;
   double layerExperts = moeLayers / L * moe.experts * expert;
   double stageLayers = std::ceil(L / l.pp);
-  double gpuParams = (stageLayers * layerParams + V * h) / l.tp +
-                     stageLayers * layerExperts / l.ep /
-                         (l.expertTp ? l.tp : 1);
+  double gpuExperts =
+      stageLayers * layerExperts / l.ep / (l.expertTp ? l.tp : 1);
+  double gpuParams = (stageLayers * layerParams + V * h) / l.tp + gpuExperts;
+  // Under ZeRO the dense parameters' state is cut over dp x ep, the
+  // experts' over dp: the share of a GPU's parameters a rank keeps.
+  double zeroShare = ((gpuParams - gpuExperts) / (l.dp * l.ep) +
+                      gpuExperts / l.dp) /
+                     gpuParams;
   double devices = double(l.tp) * l.pp * l.dp * l.ep;
   double elem = cuda ? 2 : 4;
   double peak = cluster.peak(cuda ? "bf16" : "fp32");
@@ -224,7 +229,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                                            elem,
                                        g, cluster);
   }
-  double optimizer = gpuParams * 36 / (l.zero ? l.dp : 1) /
+  double optimizer = gpuParams * 36 * (l.zero ? zeroShare : 1) /
                      (d.memoryBandwidth * d.memoryEfficiency);
   Estimate e;
   e.step = work + bubble + dpComm + optimizer;
@@ -234,9 +239,9 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   // ZeRO-1), the bf16 copy.
   double layerShare = gpuParams / std::max(1.0, stageLayers);
   double state =
-      gpuParams * ((l.zero >= 3 ? 4.0 / l.dp : 4) +
-                   (l.zero >= 2 ? 4.0 / l.dp : 4) +
-                   (l.zero >= 1 ? 8.0 / l.dp : 8) + (cuda ? 2 : 0)) +
+      gpuParams * ((l.zero >= 3 ? 4.0 * zeroShare : 4) +
+                   (l.zero >= 2 ? 4.0 * zeroShare : 4) +
+                   (l.zero >= 1 ? 8.0 * zeroShare : 8) + (cuda ? 2 : 0)) +
       (l.zero >= 3 ? 2 * layerShare * (4 + 4) : 0);
   double perLayer = l.recompute == "full"
                         ? 2 * act
