@@ -51,6 +51,25 @@ int64_t tessel::rtir::elementBytesOf(Value buffer) {
   return element.getIntOrFloatBitWidth() / 8;
 }
 
+int64_t tessel::rtir::arenaSlotsBytes(Operation *program, int64_t variant) {
+  auto intAttr = [&](StringRef name) -> int64_t {
+    auto a = program->getAttrOfType<IntegerAttr>(name);
+    return a ? a.getInt() : 0;
+  };
+  int64_t bytes = intAttr("rt.arena_bytes");
+  if (variant >= 0) {
+    if (auto totals = program->getAttrOfType<DenseI64ArrayAttr>(
+            "rt.variant_chunk_arena_total"))
+      return totals[variant];
+    auto slots =
+        program->getAttrOfType<DenseI64ArrayAttr>("rt.variant_arena_slots");
+    return bytes * (slots ? slots[variant] : 1);
+  }
+  if (program->hasAttr("rt.chunk_arena_offsets"))
+    return intAttr("rt.chunk_arena_total");
+  return bytes * std::max<int64_t>(1, intAttr("rt.arena_slots"));
+}
+
 std::tuple<int64_t, int64_t, int64_t>
 tessel::rtir::messageOf(Operation *sendOrRecv) {
   int64_t rank = 0;

@@ -39,6 +39,13 @@ struct CallArgument {
 int64_t elementsOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);
 
+// The bytes of a rank program's activation slots: rt.arena_bytes per
+// microbatch in flight (rt.arena_slots), or with an arena per chunk
+// (rt.chunk_arena_offsets) the chunks' places (rt.chunk_arena_total); for
+// pipeline rank `variant` of a program shared by several (-1: a program of
+// its own).
+int64_t arenaSlotsBytes(mlir::Operation *program, int64_t variant = -1);
+
 // The pipeline message an rt.send or rt.recv takes part in: (sender,
 // receiver, tag), tags being numbered per channel. The ranks are those of
 // the enclosing program (`pipe.rank`, 0 without one).

@@ -233,9 +233,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   // With an arena per chunk (the interleaved schedule), each chunk of a
   // microbatch in flight holds its own place instead.
   bool byChunk = program->hasAttr("rt.chunk_arena_offsets");
-  int64_t slotsBytes = byChunk ? attr("rt.chunk_arena_total")
-                               : attr("rt.arena_bytes") *
-                                     std::max<int64_t>(1, attr("rt.arena_slots"));
+  int64_t slotsBytes = rtir::arenaSlotsBytes(program);
   int64_t arena = slotsBytes + attr("rt.transient_bytes");
   json m;
   // With the parameters sharded (parallel.zero 3): the pieces, the

@@ -52,24 +52,6 @@ int64_t intAttr(Operation *op, StringRef name, int64_t fallback = 0) {
   return fallback;
 }
 
-// The bytes of a rank program's activation slots (those of the microbatches
-// in flight, or with an arena per chunk the chunks' places), for pipeline
-// rank variant `variant` of a shared program (-1: a program of its own).
-int64_t arenaSlotsBytes(ModuleOp program, int64_t variant = -1) {
-  int64_t bytes = intAttr(program, "rt.arena_bytes");
-  if (variant >= 0) {
-    if (auto totals = program->getAttrOfType<DenseI64ArrayAttr>(
-            "rt.variant_chunk_arena_total"))
-      return totals[variant];
-    auto slots =
-        program->getAttrOfType<DenseI64ArrayAttr>("rt.variant_arena_slots");
-    return bytes * (slots ? slots[variant] : 1);
-  }
-  if (program->hasAttr("rt.chunk_arena_offsets"))
-    return intAttr(program, "rt.chunk_arena_total");
-  return bytes * intAttr(program, "rt.arena_slots", 1);
-}
-
 // rt.schedule as C++: the tables of all variants in one array, where each
 // variant's starts, and a loop over the running variant's (part,
 // microbatch, first) triples.
@@ -162,7 +144,7 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
       variantSlots && chunkOffsets ? "kArenaTotal[ctx.variant]"
       : variantSlots ? "kArenaSlots[ctx.variant] * " +
                            std::to_string(arenaBytes)
-                     : std::to_string(arenaSlotsBytes(program));
+                     : std::to_string(rt::arenaSlotsBytes(program));
   b.setInsertionPointToStart(&entry);
   auto line = [&](const Twine &text, ValueRange args = {}) {
     b.create<emitc::VerbatimOp>(loc, b.getStringAttr(text), args);
@@ -523,7 +505,7 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   set(var, "params", "kParams");
   setInt(var, "numParams", numParams);
   setInt(var, "paramElems", intAttr(program, "rt.param_elems"));
-  setInt(var, "activationBytes", arenaSlotsBytes(program) +
+  setInt(var, "activationBytes", rt::arenaSlotsBytes(program) +
                                      intAttr(program, "rt.received_bytes") +
                                      intAttr(program, "rt.transient_bytes"));
   bool inference = program.lookupSymbol("decodeStep") != nullptr;
@@ -725,7 +707,7 @@ tessel::convertProgramToEmitC(ModuleOp program, ModuleOp top,
       variantList +=
           "    {" + std::to_string(rank) + ", kParams + " +
           std::to_string(k * params.size()) + ", " +
-          std::to_string(arenaSlotsBytes(program, k) +
+          std::to_string(rt::arenaSlotsBytes(program, k) +
                          intAttr(program, "rt.received_bytes") +
                          intAttr(program, "rt.transient_bytes")) +
           "},\n";
