@@ -255,6 +255,22 @@ def Rt_MatmulBiasOp : Rt_KernelOp<"matmul_bias", "matmulBias",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$bias, Rt_Buffer:$out,
          Optional<Rt_Buffer>:$gelu, I64Attr:$m, I64Attr:$n, I64Attr:$k,
          BoolAttr:$trans_b)>;
+// A weight gradient and the bias gradient of the same output gradient
+// (cuBLASLt's BGRAD epilogue): c [m, n] = a^T b with a stored [k, m] and b
+// [k, n]; db [n] = the column sums of b.
+def Rt_MatmulBiasGradOp : Rt_KernelOp<"matmul_bias_grad", "matmulBiasGrad",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, Rt_Buffer:$db, I64Attr:$m,
+         I64Attr:$n, I64Attr:$k)>;
+// An input gradient through GELU (cuBLASLt's DGELU epilogue): dx [m, n] =
+// gelu'(pre) * (a opB(b)), a [m, k], pre the GELU's input.
+def Rt_MatmulGeluGradOp : Rt_KernelOp<"matmul_gelu_grad", "matmulGeluGrad",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$pre, Rt_Buffer:$dx,
+         I64Attr:$m, I64Attr:$n, I64Attr:$k, BoolAttr:$trans_b)>;
+// A product added to a sum (the GEMM's C with beta = 1): out [m, n] =
+// addend + a opB(b), a [m, k].
+def Rt_MatmulAddOp : Rt_KernelOp<"matmul_add", "matmulAdd",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$addend, Rt_Buffer:$out,
+         I64Attr:$m, I64Attr:$n, I64Attr:$k, BoolAttr:$trans_b)>;
 
 def Rt_AddBroadcastOp : Rt_KernelOp<"add_broadcast", "addBroadcast",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$out, I64Attr:$n, I64Attr:$nb)>;

@@ -35,7 +35,9 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createStageRegions(stages));
   pm.addPass(createSchedulePipeline());
   pm.addPass(createConvertGraphToRt());
-  if (options.target == "cuda")
+  bool fuse = options.fuseKernels.empty() ? options.target == "cuda"
+                                          : options.fuseKernels == "true";
+  if (fuse)
     pm.addPass(createFuseKernels());
   if (options.target == "cuda" && options.precision == "bf16")
     pm.addPass(createLowerPrecision());

@@ -81,6 +81,15 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
   } else if (auto mb = dyn_cast<rt::MatmulBiasOp>(op)) {
     m = mb.getM(), n = mb.getN(), k = mb.getK();
     a = mb.getA();
+  } else if (auto mg = dyn_cast<rt::MatmulBiasGradOp>(op)) {
+    m = mg.getM(), n = mg.getN(), k = mg.getK();
+    a = mg.getA();
+  } else if (auto mg = dyn_cast<rt::MatmulGeluGradOp>(op)) {
+    m = mg.getM(), n = mg.getN(), k = mg.getK();
+    a = mg.getA();
+  } else if (auto ma = dyn_cast<rt::MatmulAddOp>(op)) {
+    m = ma.getM(), n = ma.getN(), k = ma.getK();
+    a = ma.getA();
   } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
     k = g.getK(), n = g.getN();
     m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
@@ -358,8 +367,9 @@ llvm::Error Simulation::load() {
   top.walk([&](Operation *op) {
     if (auto mm = dyn_cast<rt::MatmulOp>(op))
       bf16 |= rt::elementBytesOf(mm.getA()) == 2;
-    if (auto mm = dyn_cast<rt::MatmulBiasOp>(op))
-      bf16 |= rt::elementBytesOf(mm.getA()) == 2;
+    if (isa<rt::MatmulBiasOp, rt::MatmulBiasGradOp, rt::MatmulGeluGradOp,
+            rt::MatmulAddOp>(op))
+      bf16 |= rt::elementBytesOf(op->getOperand(0)) == 2;
   });
   return llvm::Error::success();
 }

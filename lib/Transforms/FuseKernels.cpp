@@ -7,10 +7,16 @@
 //   residual add + LayerNorm/RMSNorm   -> add_layer_norm / add_rms_norm
 //   norm backward + residual grad add  -> layer_norm / rms_norm _backward_add
 //   SiLU(gate) * up                    -> swiglu_forward
+//   weight gradient + bias gradient    -> matmul_bias_grad (BGRAD epilogue)
+//   input gradient + GELU backward     -> matmul_gelu_grad (DGELU epilogue)
+//   product + add of another term      -> matmul_add (beta = 1)
 //
-// Each fuses an op with the one that reads its result right after it (only
-// buffer bookkeeping in between), so nothing else can read or write the
-// buffers meanwhile; the fused op takes the later op's place.
+// The forward fusions join an op with the one that reads its result right
+// after it (only buffer bookkeeping in between), so nothing else can read or
+// write the buffers meanwhile; the fused op takes the later op's place. The
+// backward ones join ops a few kernels apart (a weight gradient runs between
+// an input gradient and what reads it): everything in between may only read
+// what the fused op reads and may not touch what it writes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -82,6 +88,86 @@ bool sameBuffer(Value a, Value b) { return rootOf(a) == rootOf(b); }
 
 Type elementOf(Value v) { return cast<MemRefType>(v.getType()).getElementType(); }
 
+// Whether operand `index` of `op` is one the kernel only reads. Only the
+// matmul family and the ops met between a backward's products are known;
+// any other access counts as a write.
+bool readsOperand(Operation *op, unsigned index) {
+  if (isa<rt::MatmulOp, rt::MatmulBiasGradOp>(op))
+    return index < 2;
+  if (isa<rt::MatmulBiasOp, rt::MatmulGeluGradOp, rt::MatmulAddOp>(op))
+    return index < 3;
+  if (isa<rt::ReduceSumLeadingOp, rt::SliceAxisOp>(op))
+    return index < 1;
+  return false;
+}
+
+// Whether every op strictly between `from` and `to` (one block, `from`
+// first) leaves `reads` unwritten and never touches `writes`.
+bool clearBetween(Operation *from, Operation *to, ArrayRef<Value> reads,
+                  ArrayRef<Value> writes) {
+  for (Operation *op = from->getNextNode(); op && op != to;
+       op = op->getNextNode()) {
+    if (isBookkeeping(op))
+      continue;
+    for (OpOperand &use : op->getOpOperands()) {
+      Value v = use.get();
+      if (!isa<MemRefType>(v.getType()))
+        continue;
+      for (Value w : writes)
+        if (sameBuffer(v, w))
+          return false;
+      for (Value r : reads)
+        if (sameBuffer(v, r) && !readsOperand(op, use.getOperandNumber()))
+          return false;
+    }
+  }
+  return true;
+}
+
+// The last kernel before `op` in its block that accesses `buffer`, when it
+// is a product whose batch is just more rows of one GEMM (the contiguous
+// [batch x m, k] rows times a shared weight) writing `buffer` as its C.
+rt::MatmulOp rowsProductWriting(Operation *op, Value buffer) {
+  for (Operation *prev = op->getPrevNode(); prev; prev = prev->getPrevNode()) {
+    if (isBookkeeping(prev))
+      continue;
+    bool touches = llvm::any_of(prev->getOperands(), [&](Value v) {
+      return isa<MemRefType>(v.getType()) && sameBuffer(v, buffer);
+    });
+    if (!touches)
+      continue;
+    auto m = dyn_cast<rt::MatmulOp>(prev);
+    if (!m || !sameBuffer(m.getC(), buffer) || m.getTransA() ||
+        m.getStrideB() != 0 ||
+        m.getStrideA() != (int64_t)(m.getM() * m.getK()) ||
+        m.getStrideC() != (int64_t)(m.getM() * m.getN()))
+      return {};
+    return m;
+  }
+  return {};
+}
+
+// A parameter, or a run of one cut into a working buffer that only the cut
+// writes (the q, k or v piece of a fused projection's bias).
+bool isParameterVector(Value bias) {
+  if (rootOf(bias).getDefiningOp<rt::ParamOp>())
+    return true;
+  if (!rootOf(bias).getDefiningOp<rt::AllocOp>())
+    return false;
+  for (Operation *op : accessesOf(rootOf(bias))) {
+    auto cut = dyn_cast<rt::SliceAxisOp>(op);
+    if (!cut)
+      continue;
+    if (!sameBuffer(cut.getOut(), bias) || cut.getOuter() != 1 ||
+        !rootOf(cut.getX()).getDefiningOp<rt::ParamOp>())
+      return false;
+  }
+  // Every other access reads it (the add).
+  return llvm::count_if(accessesOf(rootOf(bias)), [](Operation *op) {
+           return isa<rt::SliceAxisOp>(op);
+         }) == 1;
+}
+
 // matmul(a, b) -> c; add(c, bias) -> out [; gelu(out) -> g]: one cuBLASLt
 // call with a bias (and GELU) epilogue. The weight is 2-D and the batch of
 // rows contiguous; the bias is a parameter of N elements.
@@ -95,7 +181,7 @@ struct MatmulBiasFusion : OpRewritePattern<rt::AddBroadcastOp> {
         m.getStrideA() != (int64_t)(m.getM() * m.getK()) ||
         m.getStrideC() != (int64_t)(m.getM() * m.getN()) ||
         add.getNb() != m.getN() ||
-        !rootOf(add.getB()).getDefiningOp<rt::ParamOp>() ||
+        !isParameterVector(add.getB()) ||
         !onlyAccessedBy(m.getC(), {m, add}) ||
         elementOf(add.getOut()) != elementOf(m.getC()))
       return failure();
@@ -236,6 +322,101 @@ struct SwigluFusion : OpRewritePattern<rt::MulBroadcastOp> {
   }
 };
 
+// reduce_sum_leading(dy) -> db; ...; matmul(x^T, dy) -> dw: the weight
+// gradient's GEMM sums dy's columns as it reads them. The column sums move
+// to the product, so nothing in between may write dy or touch db.
+struct BiasGradFusion : OpRewritePattern<rt::ReduceSumLeadingOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::ReduceSumLeadingOp sum,
+                                PatternRewriter &rewriter) const override {
+    Value dy = sum.getX(), db = sum.getOut();
+    if (sameBuffer(dy, db))
+      return failure();
+    for (Operation *op = sum->getNextNode(); op; op = op->getNextNode()) {
+      auto m = dyn_cast<rt::MatmulOp>(op);
+      if (!m || !sameBuffer(m.getB(), dy))
+        continue;
+      if (m.getBatch() != 1 || !m.getTransA() || m.getTransB() ||
+          m.getK() != (int64_t)sum.getRows() ||
+          m.getN() != (int64_t)sum.getCols() ||
+          rt::elementsOf(m.getB()) != rt::elementsOf(dy) ||
+          elementOf(m.getC()) != elementOf(db) || sameBuffer(m.getC(), db) ||
+          sameBuffer(m.getA(), db) || !clearBetween(sum, m, {dy}, {db}))
+        return failure();
+      rewriter.setInsertionPoint(m);
+      rt::MatmulBiasGradOp::create(rewriter, m.getLoc(), m.getA(), m.getB(),
+                                   m.getC(), db, m.getM(), m.getN(), m.getK());
+      rewriter.eraseOp(m);
+      rewriter.eraseOp(sum);
+      return success();
+    }
+    return failure();
+  }
+};
+
+// matmul(dy, W^T) -> dg; ...; gelu_backward(pre, dg) -> dx: the product
+// applies GELU's derivative as it writes. The product moves to the GELU's
+// place, so nothing in between may write its operands or the GELU's input,
+// or touch dx.
+struct GeluGradFusion : OpRewritePattern<rt::GeluBackwardOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::GeluBackwardOp gelu,
+                                PatternRewriter &rewriter) const override {
+    rt::MatmulOp m = rowsProductWriting(gelu, gelu.getDout());
+    if (!m || !onlyAccessedBy(m.getC(), {m, gelu}) ||
+        m.getBatch() * m.getM() * m.getN() != (int64_t)gelu.getN() ||
+        sameBuffer(gelu.getDx(), gelu.getX()) ||
+        sameBuffer(gelu.getDx(), m.getA()) ||
+        sameBuffer(gelu.getDx(), m.getB()) ||
+        elementOf(gelu.getDx()) != elementOf(m.getC()) ||
+        elementOf(gelu.getX()) != elementOf(m.getC()) ||
+        !clearBetween(m, gelu, {m.getA(), m.getB(), gelu.getX()},
+                      {gelu.getDx()}))
+      return failure();
+    rewriter.setInsertionPoint(gelu);
+    rt::MatmulGeluGradOp::create(rewriter, gelu.getLoc(), m.getA(), m.getB(),
+                                 gelu.getX(), gelu.getDx(),
+                                 m.getBatch() * m.getM(), m.getN(), m.getK(),
+                                 m.getTransB());
+    rewriter.eraseOp(m);
+    rewriter.eraseOp(gelu);
+    return success();
+  }
+};
+
+// matmul(a, W) -> c; ...; add(x, c) -> out: the product is added to x as
+// the GEMM writes it (the q, k and v input gradients of a fused
+// projection, summed).
+struct MatmulAddFusion : OpRewritePattern<rt::AddBroadcastOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::AddBroadcastOp add,
+                                PatternRewriter &rewriter) const override {
+    if (add.getN() != add.getNb())
+      return failure();
+    for (bool productIsRhs : {true, false}) {
+      Value c = productIsRhs ? add.getB() : add.getA();
+      Value x = productIsRhs ? add.getA() : add.getB();
+      rt::MatmulOp m = rowsProductWriting(add, c);
+      if (!m || sameBuffer(x, c) || !onlyAccessedBy(m.getC(), {m, add}) ||
+          llvm::any_of(ValueRange{x, m.getA(), m.getB()},
+                       [&](Value v) { return sameBuffer(v, add.getOut()); }) ||
+          rt::elementsOf(x) != rt::elementsOf(add.getOut()) ||
+          elementOf(x) != elementOf(add.getOut()) ||
+          elementOf(m.getC()) != elementOf(add.getOut()) ||
+          !clearBetween(m, add, {m.getA(), m.getB(), x}, {add.getOut()}))
+        continue;
+      rewriter.setInsertionPoint(add);
+      rt::MatmulAddOp::create(rewriter, add.getLoc(), m.getA(), m.getB(), x,
+                              add.getOut(), m.getBatch() * m.getM(), m.getN(),
+                              m.getK(), m.getTransB());
+      rewriter.eraseOp(m);
+      rewriter.eraseOp(add);
+      return success();
+    }
+    return failure();
+  }
+};
+
 struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
@@ -268,5 +449,6 @@ struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
 void tessel::populateFuseKernelsPatterns(RewritePatternSet &patterns) {
   patterns.add<MatmulBiasFusion, AddNormFusion<rt::LayerNormForwardOp>,
                AddNormFusion<rt::RmsNormForwardOp>, NormBackwardAddFusion,
-               SwigluFusion>(patterns.getContext());
+               SwigluFusion, BiasGradFusion, GeluGradFusion, MatmulAddFusion>(
+      patterns.getContext());
 }

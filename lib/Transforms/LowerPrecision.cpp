@@ -128,6 +128,9 @@ void LowerPrecisionPass::runOnOperation() {
       fp32.insert(classes.find(p.getResult()));
     else if (auto adamw = dyn_cast<rt::AdamWOp>(op))
       keep(adamw.getGrad());
+    else if (auto mb = dyn_cast<rt::MatmulBiasOp>(op))
+      // The epilogue reads the fp32 bias (a piece of one is cut in fp32).
+      keep(mb.getBias());
     else if (auto s = dyn_cast<rt::SumSquaresOp>(op))
       keep(s.getX());
     else if (auto n = dyn_cast<rt::LayerNormBackwardOp>(op)) {
@@ -183,6 +186,10 @@ void LowerPrecisionPass::runOnOperation() {
             keep(add.getA());
             keep(add.getB());
           }
+        } else if (auto sum = dyn_cast<rt::MatmulAddOp>(user)) {
+          // The GEMM's C and D have one type.
+          keep(sum.getAddend());
+          keep(sum.getOut());
         } else if (isa<rt::InsertAxisOp, rt::SliceAxisOp, rt::TransposeOp,
                        rt::AllGatherOp, rt::ReduceScatterOp>(user)) {
           // Pieces of one tensor share its type.
@@ -224,7 +231,8 @@ void LowerPrecisionPass::runOnOperation() {
   SmallVector<OpOperand *> readers;
   SmallVector<rt::AdamWOp> updates;
   module.walk([&](Operation *op) {
-    if (isa<rt::MatmulOp, rt::MatmulBiasOp>(op)) {
+    if (isa<rt::MatmulOp, rt::MatmulBiasOp, rt::MatmulBiasGradOp,
+            rt::MatmulGeluGradOp, rt::MatmulAddOp>(op)) {
       readers.push_back(&op->getOpOperand(0));
       readers.push_back(&op->getOpOperand(1));
     } else if (isa<rt::SendOp>(op)) {

@@ -1,6 +1,6 @@
 // RUN: tessel-opt %s --tessel-fuse-kernels | FileCheck %s
 
-// The CUDA fusions, on rt before the memory plan: each pair of kernels that
+// The kernel fusions, on rt before the memory plan: each pair of kernels that
 // run back to back becomes one kernel writing what both wrote, and the
 // buffers only the first one wrote are gone.
 
@@ -66,6 +66,76 @@ module attributes {dist.mesh = #dist.mesh<>} {
     %y = rt.alloc : memref<2x4x16xf32>
     rt.add_broadcast(%c, %b, %y) {n = 128 : i64, nb = 16 : i64} : memref<2x4x16xf32>, memref<16xf32>, memref<2x4x16xf32>
     rt.gelu_forward(%y, %c) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>
+    return
+  }
+
+// A GPT MLP's backward. The weight gradients' GEMMs sum the bias gradients
+// (the column sums move to the products, past the input gradient that reads
+// the same output gradient); the input gradient through GELU is one GEMM
+// reading the pre-activation; the product added to another gradient takes
+// it as its C.
+// CHECK-LABEL: func.func @backward()
+// CHECK-NOT: rt.reduce_sum_leading
+// CHECK: rt.matmul_bias_grad(%[[H:.*]], %[[DY:.*]], %[[DW2:.*]], %[[DB2:.*]]) {k = 8 : i64, m = 16 : i64, n = 8 : i64}
+// CHECK: rt.matmul_gelu_grad(%[[DY]], %[[W2:.*]], %[[PRE:.*]], %[[DH:.*]]) {k = 8 : i64, m = 8 : i64, n = 16 : i64, trans_b = true}
+// CHECK: rt.matmul_bias_grad(%[[X:.*]], %[[DH]], %[[DW1:.*]], %[[DB1:.*]]) {k = 8 : i64, m = 8 : i64, n = 16 : i64}
+// CHECK: rt.matmul_add(%[[DH]], %[[W1:.*]], %[[DY]], %[[DX:.*]]) {k = 16 : i64, m = 8 : i64, n = 8 : i64, trans_b = true}
+// CHECK-NOT: rt.gelu_backward
+// CHECK-NOT: rt.add_broadcast
+// CHECK: return
+  func.func @backward() {
+    %w1 = rt.param "w1" {global_shape = array<i64: 8, 16>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = -1 : i64, shard_axis = #dist.axis<dp>, shard_blocks = 1 : i64} : memref<8x16xf32>
+    %w2 = rt.param "w2" {global_shape = array<i64: 8, 16>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = -1 : i64, shard_axis = #dist.axis<dp>, shard_blocks = 1 : i64} : memref<8x16xf32>
+    %x = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%x) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %pre = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%pre) {n = 128 : i64, value = 0.5 : f64} : memref<2x4x16xf32>
+    %h = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%h) {n = 128 : i64, value = 0.25 : f64} : memref<2x4x16xf32>
+    %dy = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%dy) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %db2 = rt.alloc : memref<8xf32>
+    rt.reduce_sum_leading(%dy, %db2) {rows = 8 : i64, cols = 8 : i64} : memref<2x4x8xf32>, memref<8xf32>
+    %dg = rt.alloc : memref<2x4x16xf32>
+    rt.matmul(%dy, %w2, %dg) {batch = 2 : i64, m = 4 : i64, n = 16 : i64, k = 8 : i64, trans_a = false, trans_b = true, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 64 : i64} : memref<2x4x8xf32>, memref<8x16xf32>, memref<2x4x16xf32>
+    %dw2 = rt.alloc : memref<16x8xf32>
+    rt.matmul(%h, %dy, %dw2) {batch = 1 : i64, m = 16 : i64, n = 8 : i64, k = 8 : i64, trans_a = true, trans_b = false, stride_a = 128 : i64, stride_b = 64 : i64, stride_c = 128 : i64} : memref<2x4x16xf32>, memref<2x4x8xf32>, memref<16x8xf32>
+    %dh = rt.alloc : memref<2x4x16xf32>
+    rt.gelu_backward(%pre, %dg, %dh) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    %db1 = rt.alloc : memref<16xf32>
+    rt.reduce_sum_leading(%dh, %db1) {rows = 8 : i64, cols = 16 : i64} : memref<2x4x16xf32>, memref<16xf32>
+    %dx1 = rt.alloc : memref<2x4x8xf32>
+    rt.matmul(%dh, %w1, %dx1) {batch = 2 : i64, m = 4 : i64, n = 8 : i64, k = 16 : i64, trans_a = false, trans_b = true, stride_a = 64 : i64, stride_b = 0 : i64, stride_c = 32 : i64} : memref<2x4x16xf32>, memref<8x16xf32>, memref<2x4x8xf32>
+    %dw1 = rt.alloc : memref<8x16xf32>
+    rt.matmul(%x, %dh, %dw1) {batch = 1 : i64, m = 8 : i64, n = 16 : i64, k = 8 : i64, trans_a = true, trans_b = false, stride_a = 64 : i64, stride_b = 128 : i64, stride_c = 128 : i64} : memref<2x4x8xf32>, memref<2x4x16xf32>, memref<8x16xf32>
+    %dx = rt.alloc : memref<2x4x8xf32>
+    rt.add_broadcast(%dy, %dx1, %dx) {n = 64 : i64, nb = 64 : i64} : memref<2x4x8xf32>, memref<2x4x8xf32>, memref<2x4x8xf32>
+    return
+  }
+
+// Nothing moves a column sum past a write of what it sums, nor a product
+// past a write of what it reads.
+// CHECK-LABEL: func.func @blocked()
+// CHECK: rt.reduce_sum_leading
+// CHECK: rt.matmul(
+// CHECK: rt.fill(%[[P:.*]]) {n = 128
+// CHECK: rt.gelu_backward(%[[P]],
+// CHECK: rt.matmul(
+  func.func @blocked() {
+    %w2 = rt.param "w2" {global_shape = array<i64: 8, 16>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, decay = true, shard_dim = -1 : i64, shard_axis = #dist.axis<dp>, shard_blocks = 1 : i64} : memref<8x16xf32>
+    %dy = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%dy) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %db2 = rt.alloc : memref<8xf32>
+    rt.reduce_sum_leading(%dy, %db2) {rows = 8 : i64, cols = 8 : i64} : memref<2x4x8xf32>, memref<8xf32>
+    %dg = rt.alloc : memref<2x4x16xf32>
+    rt.matmul(%dy, %w2, %dg) {batch = 2 : i64, m = 4 : i64, n = 16 : i64, k = 8 : i64, trans_a = false, trans_b = true, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 64 : i64} : memref<2x4x8xf32>, memref<8x16xf32>, memref<2x4x16xf32>
+    %pre = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%pre) {n = 128 : i64, value = 0.5 : f64} : memref<2x4x16xf32>
+    %dh = rt.alloc : memref<2x4x16xf32>
+    rt.gelu_backward(%pre, %dg, %dh) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    rt.fill(%dy) {n = 64 : i64, value = 2.0 : f64} : memref<2x4x8xf32>
+    %dw2 = rt.alloc : memref<16x8xf32>
+    rt.matmul(%dh, %dy, %dw2) {batch = 1 : i64, m = 16 : i64, n = 8 : i64, k = 8 : i64, trans_a = true, trans_b = false, stride_a = 128 : i64, stride_b = 64 : i64, stride_c = 128 : i64} : memref<2x4x16xf32>, memref<2x4x8xf32>, memref<16x8xf32>
     return
   }
 }

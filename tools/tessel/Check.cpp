@@ -222,6 +222,7 @@ int tessel::checkCommand(const CheckOptions &options) {
   layout.layout.layers = options.layers;
   layout.target = options.target;
   layout.cudaArch = options.cudaArch;
+  layout.fuseKernels = options.fuseKernels;
   for (CompileOptions *o : {&ref, &layout})
     if (Error err = compile(*o)) {
       errs() << "tessel: error: " << toString(std::move(err)) << "\n";

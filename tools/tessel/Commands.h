@@ -111,6 +111,7 @@ struct CheckOptions {
   double tolerance = -1;      // < 0: by what the layout computes in (Check.cpp)
   std::string target = "cpu"; // the layout's backend; the reference is cpu
   std::string cudaArch = "sm_90";
+  std::optional<bool> fuseKernels; // the layout's (the reference's: none)
 };
 // Trains the layout and the one-rank program and compares losses and final
 // parameters (relative to each tensor's largest magnitude).

@@ -337,6 +337,8 @@ json planJson(const Spec &spec, ModuleOp module,
   json plan;
   plan["name"] = spec.name;
   plan["target"] = options.target;
+  plan["fused_kernels"] =
+      options.fuseKernels.value_or(options.target == "cuda");
   if (options.target == "cuda") {
     plan["cuda_arch"] = options.cudaArch;
     plan["precision"] = spec.train.precision;
@@ -837,6 +839,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   TrainPipelineOptions pipeline;
   pipeline.target = options.target;
   pipeline.precision = options.target == "cuda" ? spec.train.precision : "fp32";
+  if (options.fuseKernels)
+    pipeline.fuseKernels = *options.fuseKernels ? "true" : "false";
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;

@@ -8,6 +8,7 @@
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
+#include <optional>
 #include <string>
 
 namespace tessel {
@@ -19,6 +20,9 @@ struct CompileOptions {
   LayoutOverrides layout;             // --dp, --tp, ...
   std::string target = "cpu";
   std::string cudaArch = "sm_90"; // --target cuda: the GPU architecture
+  // --fuse-kernels: join kernels into fused calls (unset: the CUDA target
+  // does, the CPU target does not).
+  std::optional<bool> fuseKernels;
   // An inference program (forward over a KV cache, for tessel generate)
   // instead of a training step.
   bool inference = false;

@@ -22,6 +22,11 @@ using namespace llvm;
 
 // The layout flags common to compile and check, as typed values: a flag
 // not given leaves the spec's field alone.
+static const char kFuseKernelsHelp[] =
+    "Join kernels that run back to back into one call (a matmul and its "
+    "bias, GELU or their gradients; a residual add and the norm after it): "
+    "on by default for cuda, off for cpu";
+
 static tessel::LayoutOverrides
 layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
                 const cl::opt<int> &pp, const cl::opt<int> &microbatches,
@@ -138,6 +143,10 @@ static int compileCommand(int argc, char **argv) {
       "cuda-arch",
       cl::desc("GPU architecture for --target cuda (default sm_90: H100/H200)"),
       cl::init("sm_90"), cl::cat(category));
+  cl::opt<bool> fuseKernels(
+      "fuse-kernels",
+      cl::desc(kFuseKernelsHelp),
+      cl::cat(category));
   cl::opt<bool> emitOnly(
       "emit-only",
       cl::desc("Write the sources, IR and plan but build no binaries (e.g. "
@@ -200,6 +209,8 @@ static int compileCommand(int argc, char **argv) {
   options.output = output;
   options.target = target;
   options.cudaArch = cudaArch;
+  if (fuseKernels.getNumOccurrences())
+    options.fuseKernels = bool(fuseKernels);
   options.emitOnly = emitOnly;
   options.inference = inference;
   options.prefillChunk = prefillChunk;
@@ -286,6 +297,11 @@ static int checkCommandLine(int argc, char **argv) {
   cl::opt<std::string> cudaArch("cuda-arch",
                                 cl::desc("GPU architecture for --target cuda"),
                                 cl::init("sm_90"), cl::cat(category));
+  cl::opt<bool> fuseKernels(
+      "fuse-kernels",
+      cl::desc(kFuseKernelsHelp),
+      cl::cat(category));
+
   cl::opt<std::string> recompute(
       "recompute",
       cl::desc("Activation recomputation: none, selective or full "
@@ -325,6 +341,8 @@ static int checkCommandLine(int argc, char **argv) {
   options.steps = steps;
   options.target = target;
   options.cudaArch = cudaArch;
+  if (fuseKernels.getNumOccurrences())
+    options.fuseKernels = bool(fuseKernels);
   options.tolerance = tolerance;
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,

@@ -3,8 +3,10 @@
 // matmul over transposes, batches with contiguous, padded and broadcast
 // (stride 0) operands, accumulation, a shared output summing the batch and
 // an empty contraction; matmulBias with and without GELU, on shapes that
-// take the fused epilogue (N a multiple of 8) and the unfused one. Storage:
-// fp32 throughout, bf16 operands into fp32, bf16 throughout.
+// take the fused epilogue (N a multiple of 8) and the unfused one; the
+// backward's fused products (matmulBiasGrad, matmulGeluGrad, matmulAdd)
+// against the CPU kernels they replace. Storage: fp32 throughout, bf16
+// operands into fp32, bf16 throughout.
 //
 //===----------------------------------------------------------------------===//
 
@@ -210,6 +212,104 @@ TYPED_TEST(Gemm, BiasEpilogue) {
       // N = 50: GELU goes through the unfused path.
       checkBias<TypeParam>(31, 50, 24, transB, withGelu, seed += 3);
     }
+}
+
+// matmulBiasGrad against matmul (A^T B) and reduceSumLeading of B.
+template <typename S>
+void checkBiasGrad(int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+               " K=" + std::to_string(K));
+  const std::vector<float> a = roundTo<TAB>(randomVector(K * M, seed));
+  const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
+  DeviceArray<TAB> dA(a), dB(b);
+  DeviceArray<TC> c(M * N);
+  DeviceArray<float> db(N);
+  sync();
+  matmulBiasGrad(dA.get(), dB.get(), c.get(), db.get(), M, N, K);
+
+  std::vector<float> wantC(M * N), wantDb(N);
+  rt::matmul(a.data(), b.data(), wantC.data(), 1, M, N, K, true, false, 0, 0,
+             0);
+  rt::reduceSumLeading(b.data(), wantDb.data(), K, N);
+  const bool bf16Out = std::is_same_v<TC, bf16>;
+  expectClose(c.download(), wantC, rtolFor<TC>(), bf16Out ? 1e-2 : 1e-4, "C");
+  expectClose(db.download(), wantDb, 1e-4, 1e-3, "bias gradient");
+}
+
+TYPED_TEST(Gemm, BiasGradEpilogue) {
+  checkBiasGrad<TypeParam>(64, 48, 96, 110);   // fp32 C: BGRADA eligible
+  checkBiasGrad<TypeParam>(37, 50, 129, 113);  // odd shapes
+  checkBiasGrad<TypeParam>(256, 128, 256, 116);
+}
+
+// matmulGeluGrad against matmul and geluBackward.
+template <typename S>
+void checkGeluGrad(int64_t M, int64_t N, int64_t K, bool transB,
+                   uint32_t seed) {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+               " K=" + std::to_string(K) + " transB=" + std::to_string(transB));
+  const std::vector<float> a = roundTo<TAB>(randomVector(M * K, seed));
+  const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
+  const std::vector<float> pre = roundTo<TC>(randomVector(M * N, seed + 2));
+  DeviceArray<TAB> dA(a), dB(b);
+  DeviceArray<TC> dPre(pre), dx(M * N);
+  sync();
+  matmulGeluGrad(dA.get(), dB.get(), dPre.get(), dx.get(), M, N, K, transB);
+
+  std::vector<float> want(M * N);
+  rt::matmul(a.data(), b.data(), want.data(), 1, M, N, K, false, transB, 0, 0,
+             0);
+  rt::geluBackward(pre.data(), want.data(), want.data(), M * N);
+  const bool bf16Out = std::is_same_v<TC, bf16>;
+  // cuBLASLt's GELU derivative need not round as the CPU's does.
+  expectClose(dx.download(), want, bf16Out ? 2e-2 : 1e-3,
+              bf16Out ? 2e-2 : 2e-3, "dx");
+}
+
+TYPED_TEST(Gemm, GeluGradEpilogue) {
+  uint32_t seed = 120;
+  for (bool transB : {false, true}) {
+    checkGeluGrad<TypeParam>(48, 64, 40, transB, seed += 3); // N % 8 == 0
+    checkGeluGrad<TypeParam>(31, 50, 24, transB, seed += 3); // unfused path
+  }
+}
+
+// matmulAdd against a copy of the addend and an accumulating matmul.
+template <typename S>
+void checkMatmulAdd(int64_t M, int64_t N, int64_t K, bool transB,
+                    uint32_t seed) {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+               " K=" + std::to_string(K) + " transB=" + std::to_string(transB));
+  const std::vector<float> a = roundTo<TAB>(randomVector(M * K, seed));
+  const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
+  const std::vector<float> x = roundTo<TC>(randomVector(M * N, seed + 2));
+  DeviceArray<TAB> dA(a), dB(b);
+  DeviceArray<TC> dX(x), out(M * N);
+  sync();
+  matmulAdd(dA.get(), dB.get(), dX.get(), out.get(), M, N, K, transB);
+
+  std::vector<float> want = x;
+  rt::matmul(a.data(), b.data(), want.data(), 1, M, N, K, false, transB, 0, 0,
+             0, true);
+  const bool bf16Out = std::is_same_v<TC, bf16>;
+  expectClose(out.download(), want, rtolFor<TC>(), bf16Out ? 1e-2 : 1e-4,
+              "out");
+  // The addend is read, not written.
+  expectBitwiseEqual(dX.download(), x, "addend");
+}
+
+TYPED_TEST(Gemm, AddIntoC) {
+  uint32_t seed = 140;
+  for (bool transB : {false, true}) {
+    checkMatmulAdd<TypeParam>(64, 96, 80, transB, seed += 3);
+    checkMatmulAdd<TypeParam>(33, 17, 21, transB, seed += 3);
+  }
 }
 
 TEST(GemmTypes, MixedOperandTypesThrow) {

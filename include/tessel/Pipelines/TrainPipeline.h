@@ -63,6 +63,12 @@ struct TrainPipelineOptions
       *this, "precision",
       llvm::cl::desc("fp32 or bf16 (bf16 only on the cuda target)"),
       llvm::cl::init("fp32")};
+  Option<std::string> fuseKernels{
+      *this, "fuse-kernels",
+      llvm::cl::desc("Join kernels that run back to back into one call "
+                     "(tessel-fuse-kernels): true or false; empty: on the "
+                     "cuda target only"),
+      llvm::cl::init("")};
   Option<int> cudaArch{*this, "cuda-arch",
                        llvm::cl::desc("GPU architecture (sm_N) of CUDA code"),
                        llvm::cl::init(90)};

@@ -27,6 +27,45 @@ void matmul(const T *A, const T *B, T *C, int64_t batch, int64_t M, int64_t N,
             int64_t K, bool transA, bool transB, int64_t strideA,
             int64_t strideB, int64_t strideC, bool accumulate = false);
 
+// Fused kernels (tessel-fuse-kernels; lib/Runtime/Kernels/Fused.cpp), each
+// the plain kernels it replaces run in their order:
+// out = A opB(B) + bias (row broadcast), A [M, K]; gelu (when non-null) =
+// gelu(out).
+template <typename T>
+void matmulBias(const T *A, const T *B, const T *bias, T *out, T *gelu,
+                int64_t M, int64_t N, int64_t K, bool transB);
+// C = A^T B (A stored [K, M], B [K, N]); db = the column sums of B.
+template <typename T>
+void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
+                    int64_t K);
+// dx = gelu'(pre) * (A opB(B)), A [M, K].
+template <typename T>
+void matmulGeluGrad(const T *A, const T *B, const T *pre, T *dx, int64_t M,
+                    int64_t N, int64_t K, bool transB);
+// out = addend + A opB(B), A [M, K].
+template <typename T>
+void matmulAdd(const T *A, const T *B, const T *addend, T *out, int64_t M,
+               int64_t N, int64_t K, bool transB);
+// sum = a + r; out = LayerNorm(sum) / RMSNorm(sum).
+template <typename T>
+void addLayerNormForward(const T *a, const T *r, T *sum, const T *w,
+                         const T *b, T *out, int64_t rows, int64_t C,
+                         double eps);
+template <typename T>
+void addRmsNormForward(const T *a, const T *r, T *sum, const T *w, T *out,
+                       int64_t rows, int64_t C, double eps);
+// The norm's backward with dx = its input gradient + dres.
+template <typename T>
+void layerNormBackwardAdd(const T *x, const T *w, const T *dout,
+                          const T *dres, T *dx, T *dw, T *db, int64_t rows,
+                          int64_t C, double eps);
+template <typename T>
+void rmsNormBackwardAdd(const T *x, const T *w, const T *dout, const T *dres,
+                        T *dx, T *dw, int64_t rows, int64_t C, double eps);
+// out = silu(gate) * up; siluOut (when non-null) = silu(gate).
+template <typename T>
+void swigluForward(const T *gate, const T *up, T *out, T *siluOut, int64_t n);
+
 // out[i] = a[i] + b[i % nb]; b has nb elements and n is a multiple of nb
 // (b's shape is a suffix of a's shape).
 template <typename T>

@@ -34,6 +34,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -95,8 +96,10 @@ struct GemmCall {
   }
 
   std::string describe() const {
-    std::string s =
-        epilogue == CUBLASLT_EPILOGUE_DEFAULT ? "matmul" : "matmulBias";
+    std::string s = epilogue == CUBLASLT_EPILOGUE_DEFAULT ? "matmul"
+                    : epilogue == CUBLASLT_EPILOGUE_BGRADA ? "matmulBiasGrad"
+                    : epilogue == CUBLASLT_EPILOGUE_DGELU  ? "matmulGeluGrad"
+                                                           : "matmulBias";
     s += " M=" + std::to_string(M) + " N=" + std::to_string(N) +
          " K=" + std::to_string(K) + " batch=" + std::to_string(batch) +
          " transA=" + std::to_string(int(transA)) +
@@ -109,6 +112,10 @@ struct GemmCall {
       s += " epilogue GELU_AUX_BIAS";
     else if (epilogue == CUBLASLT_EPILOGUE_BIAS)
       s += " epilogue BIAS";
+    else if (epilogue == CUBLASLT_EPILOGUE_BGRADA)
+      s += " epilogue BGRADA";
+    else if (epilogue == CUBLASLT_EPILOGUE_DGELU)
+      s += " epilogue DGELU";
     return s;
   }
 };
@@ -197,8 +204,10 @@ void setEpiloguePointers(const Plan &p, const GemmCall &call, const void *bias,
                          void *aux) {
   if (call.epilogue == CUBLASLT_EPILOGUE_DEFAULT)
     return;
-  setDesc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
-  if (call.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+  if (call.epilogue != CUBLASLT_EPILOGUE_DGELU)
+    setDesc(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
+  if (call.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+      call.epilogue == CUBLASLT_EPILOGUE_DGELU)
     setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
 }
 
@@ -228,7 +237,8 @@ Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const void *bias,
       setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, call);
       // The bias and the auxiliary buffer keep cuBLASLt's default type,
       // D's (a bf16 product's bias is the rounded copy).
-      if (call.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+      if (call.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+          call.epilogue == CUBLASLT_EPILOGUE_DGELU) {
         const int64_t auxLd = N;
         setDesc(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, auxLd, call);
       }
@@ -551,6 +561,123 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
   }
 }
 
+namespace {
+
+// One product of row-major [M, K] (or [K, M] when transA) rows, no batch,
+// with the operands' alignments.
+template <typename TA, typename TB, typename TC>
+GemmCall rowsCall(const TA *A, const TB *B, const TC *D, int64_t M, int64_t N,
+                  int64_t K, bool transA, bool transB,
+                  cublasLtEpilogue_t epilogue) {
+  GemmCall call;
+  call.abType = dataTypeOf<TA>();
+  call.cType = dataTypeOf<TC>();
+  call.M = M;
+  call.N = N;
+  call.K = K;
+  call.transA = transA;
+  call.transB = transB;
+  call.epilogue = epilogue;
+  call.alignA = alignmentOf(A, 0, 1, sizeof(TA));
+  call.alignB = alignmentOf(B, 0, 1, sizeof(TB));
+  call.alignC = alignmentOf(D, 0, 1, sizeof(TC));
+  return call;
+}
+
+// Runs `call` (one product, no batch) with its epilogue's pointers through
+// its cached plan, D = C except where the caller says. Returns false when
+// cuBLASLt has no algorithm for the epilogue or rejects it at launch (the
+// plan then stays unfused for this problem), so the caller runs the
+// unfused kernels.
+bool tryFused(GemmCall &call, const void *A, const void *B, const void *C,
+              void *D, float beta, const void *bias, size_t biasBytes,
+              void *aux) {
+  GemmState &st = initialisedState(call);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (bias)
+    call.alignBias = alignmentOf(bias, 0, 1, biasBytes);
+  Plan &p = planFor(st, call, bias, aux);
+  if (!p.found)
+    return false;
+  setEpiloguePointers(p, call, bias, aux);
+  const cublasStatus_t s = launchPlan(st, p, A, B, C, D, beta);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return true;
+  if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
+    checkLt(s, "cublasLtMatmul", call);
+  p.found = false;
+  return false;
+}
+
+} // namespace
+
+template <typename TA, typename TB, typename TC>
+void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
+                    int64_t N, int64_t K) {
+  if constexpr (!supportedTypes<TA, TB, TC>()) {
+    unsupportedTypes<TA, TB, TC>("matmulBiasGrad");
+  } else {
+    if (M <= 0 || N <= 0)
+      return;
+    // cuBLASLt's first operand is our B, reduced over K: BGRADA. The bias
+    // gradient takes D's type, so only an fp32 C gets it.
+    if (K > 0 && std::is_same_v<TC, float>) {
+      GemmCall call = rowsCall(A, B, C, M, N, K, true, false,
+                               CUBLASLT_EPILOGUE_BGRADA);
+      if (tryFused(call, A, B, C, C, 0.0f, db, sizeof(float), nullptr))
+        return;
+    }
+    reduceSumLeading(B, db, K, N);
+    matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, false);
+  }
+}
+
+template <typename TA, typename TB, typename TC>
+void matmulGeluGrad(const TA *A, const TB *B, const TC *pre, TC *dx,
+                    int64_t M, int64_t N, int64_t K, bool transB) {
+  if constexpr (!supportedTypes<TA, TB, TC>()) {
+    unsupportedTypes<TA, TB, TC>("matmulGeluGrad");
+  } else {
+    if (M <= 0 || N <= 0)
+      return;
+    // The auxiliary buffer (the GELU's input, D's type and layout) needs a
+    // leading dimension that is a multiple of 8.
+    if (K > 0 && N % 8 == 0) {
+      GemmCall call = rowsCall(A, B, dx, M, N, K, false, transB,
+                               CUBLASLT_EPILOGUE_DGELU);
+      call.alignAux = alignmentOf(pre, 0, 1, sizeof(TC));
+      if (tryFused(call, A, B, dx, dx, 0.0f, nullptr, 0,
+                   const_cast<TC *>(pre)))
+        return;
+    }
+    matmul(A, B, dx, 1, M, N, K, false, transB, 0, 0, 0, false);
+    // Elementwise, so in place.
+    geluBackward(pre, dx, dx, M * N);
+  }
+}
+
+template <typename TA, typename TB, typename TC>
+void matmulAdd(const TA *A, const TB *B, const TC *addend, TC *out, int64_t M,
+               int64_t N, int64_t K, bool transB) {
+  if constexpr (!supportedTypes<TA, TB, TC>()) {
+    unsupportedTypes<TA, TB, TC>("matmulAdd");
+  } else {
+    if (M <= 0 || N <= 0)
+      return;
+    if (K > 0) {
+      GemmCall call = rowsCall(A, B, out, M, N, K, false, transB,
+                               CUBLASLT_EPILOGUE_DEFAULT);
+      call.accumulate = true;
+      // C and D share the plan's layout and its alignment preference.
+      call.alignC = std::min(call.alignC, alignmentOf(addend, 0, 1, sizeof(TC)));
+      if (tryFused(call, A, B, addend, out, 1.0f, nullptr, 0, nullptr))
+        return;
+    }
+    copy(addend, out, M * N);
+    matmul(A, B, out, 1, M, N, K, false, transB, 0, 0, 0, true);
+  }
+}
+
 //===--- Instantiations ---------------------------------------------------===//
 
 #define TESSEL_INSTANTIATE3(A, B, C)                                           \
@@ -558,7 +685,13 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
                                 int64_t, int64_t, bool, bool, int64_t,         \
                                 int64_t, int64_t, bool);                       \
   template void matmulBias<A, B, C>(const A *, const B *, const float *, C *,  \
-                                    C *, int64_t, int64_t, int64_t, bool);
+                                    C *, int64_t, int64_t, int64_t, bool);     \
+  template void matmulBiasGrad<A, B, C>(const A *, const B *, C *, float *,    \
+                                        int64_t, int64_t, int64_t);            \
+  template void matmulGeluGrad<A, B, C>(const A *, const B *, const C *, C *,  \
+                                        int64_t, int64_t, int64_t, bool);      \
+  template void matmulAdd<A, B, C>(const A *, const B *, const C *, C *,       \
+                                   int64_t, int64_t, int64_t, bool);
 TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
 #undef TESSEL_INSTANTIATE3
 

@@ -58,6 +58,26 @@ template <typename TA, typename TB, typename TC>
 void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
                 int64_t M, int64_t N, int64_t K, bool transB);
 
+// A weight gradient with its bias gradient (cuBLASLt BGRADA on our B):
+// C = A^T B (A stored [K, M], B [K, N]) and db = the column sums of B in
+// fp32. Falls back to the plain product and reduceSumLeading when cuBLASLt
+// has no algorithm (or C is not fp32, the type its bias gradient takes).
+template <typename TA, typename TB, typename TC>
+void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
+                    int64_t N, int64_t K);
+
+// An input gradient through GELU (cuBLASLt DGELU): dx = gelu'(pre) *
+// (A opB(B)), A [M, K] row-major; `pre` is the GELU's input as the forward
+// epilogue stored it. Falls back to the product and geluBackward.
+template <typename TA, typename TB, typename TC>
+void matmulGeluGrad(const TA *A, const TB *B, const TC *pre, TC *dx,
+                    int64_t M, int64_t N, int64_t K, bool transB);
+
+// out = addend + A opB(B) as one GEMM (C = addend, D = out, beta = 1).
+template <typename TA, typename TB, typename TC>
+void matmulAdd(const TA *A, const TB *B, const TC *addend, TC *out, int64_t M,
+               int64_t N, int64_t K, bool transB);
+
 //===--- Elementwise.cu ---------------------------------------------------===//
 
 template <typename TA, typename TB, typename TO>
