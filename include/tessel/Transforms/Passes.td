@@ -165,7 +165,7 @@ def SchedulePipeline : Pass<"tessel-schedule-pipeline", "mlir::ModuleOp"> {
 }
 
 def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
-  let summary = "Fuses ops that run back to back into one kernel (CUDA)";
+  let summary = "Fuses ops that run back to back into one kernel";
   let description = [{
     On the bufferized rank programs, before the memory plan (which then
     sees the fused kernels and the buffers they no longer need): a matmul
@@ -174,7 +174,14 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
     `rt.add_rms_norm_forward`, a norm's backward and the residual gradient
     added to its input gradient `rt.layer_norm_backward_add` or
     `rt.rms_norm_backward_add`, and a SiLU with the product that gates it
-    `rt.swiglu_forward`. The CUDA runtime has these kernels.
+    `rt.swiglu_forward`. In the backward, a weight gradient's GEMM and the
+    column sums of the output gradient it reads become
+    `rt.matmul_bias_grad`, an input gradient's GEMM and the GELU backward
+    of it `rt.matmul_gelu_grad`, and a product added to another term
+    `rt.matmul_add`; these move a kernel past others that only read what
+    it reads and never touch what it writes. Both runtimes have these
+    kernels; the CUDA target always runs the pass, the CPU target with
+    `--fuse-kernels`.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
