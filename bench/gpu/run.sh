@@ -13,6 +13,10 @@
 #             bench/gpu/compare_losses.py
 #   bench     Tessel's training throughput and MFU in bf16: GPT-2 124M
 #             (16 x 1024 tokens) and a 1.3B GPT (examples/gpt-1.3b.json, 8 x 2048)
+#   calibrate tessel calibrate --target cuda --quick on every GPU of the
+#             node: the measured cluster description (cuBLASLt GEMM peaks,
+#             attention, bandwidth, NCCL) for tessel simulate and plan,
+#             kept as bench/gpu/calibrated.json (not with TESSEL_BUNDLE)
 #   torch     the same models and batches in PyTorch eager (bench/gpu/torch_gpt.py)
 #   compile   and with torch.compile, when at least COMPILE_MIN_S seconds remain
 #
@@ -56,7 +60,8 @@
 #
 # Environment (all optional):
 #   TESSEL_BUILD=DIR       use this build of Tessel instead of building build/
-#   PHASES=a,b,...         a subset of build,kernels,numerics,bench,torch,compile
+#   PHASES=a,b,...         a subset of build,kernels,calibrate,numerics,bench,
+#                          torch,compile
 #                          (PHASES=build builds and stops, without a GPU too;
 #                          PHASES=bundle makes a bundle, see above)
 #   BUNDLE=DIR             where PHASES=bundle writes the bundle (replaced
@@ -105,7 +110,7 @@ if [[ -n ${TESSEL_BUNDLE:-} ]]; then
   MODE=bundled
   PHASES=${PHASES:-kernels,numerics,bench,torch,compile}
 else
-  PHASES=${PHASES:-build,kernels,numerics,bench,torch,compile}
+  PHASES=${PHASES:-build,kernels,calibrate,numerics,bench,torch,compile}
 fi
 PHASES=",${PHASES// /,},"
 if [[ $PHASES == *,bundle,* && $MODE == here ]]; then
@@ -853,6 +858,22 @@ if want kernels; then
       failed=$(grep -h '^\[  FAILED  \] [A-Za-z]' "$LOGS/kernels.log" | head -n 5 | sed 's/^\[  FAILED  \] //' | paste -sd ',' - || true)
       check_result FAIL "cuda kernel tests: $(cat "$LOGS/kernels.status")${failed:+; failed: $failed}"
       ;;
+  esac
+fi
+
+# ---------------------------------------------------------------- calibrate
+
+if want calibrate && [[ $MODE == here ]]; then
+  rc=0
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  (( gpus >= 1 )) || gpus=1
+  run_logged calibrate 120 "$TESSEL" calibrate --target cuda --ranks "$gpus" --quick \
+    -o "$ROOT/bench/gpu/calibrated.json" || rc=$?
+  line=$(grep -h '^calibrate: wrote' "$LOGS/calibrate.log" | tail -n 1 || true)
+  case $rc in
+    0) check_result PASS "calibrate: ${line#calibrate: wrote }" ;;
+    200) check_result SKIP "calibrate: time budget spent" ;;
+    *) check_result FAIL "calibrate: $(cat "$LOGS/calibrate.status")" ;;
   esac
 fi
 

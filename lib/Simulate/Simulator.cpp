@@ -324,7 +324,7 @@ llvm::Error Simulation::load() {
                          programs.size(), layout.numPrograms()));
   if (layout.worldSize() > cluster.devices())
     return error(formatv("the plan needs {0} devices but the cluster has {1} "
-                         "({2} node(s) of {3})",
+                         "({2} node(s) of {3}; --nodes N sets the nodes)",
                          layout.worldSize(), cluster.devices(), cluster.nodes,
                          cluster.gpusPerNode));
   for (ModuleOp program : programs) {

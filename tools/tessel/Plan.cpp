@@ -48,13 +48,14 @@ const char *kPlanUsage =
     "  Searches the layouts of SPEC on N devices, compiles the K most\n"
     "  promising that fit the memory (default 6) and simulates their steps;\n"
     "  prints them ranked with tokens/s, TFLOP/s per device, MFU and memory,\n"
-    "  and why the best wins.\n"
+    "  and why the best wins. A cluster file's node is replicated to N\n"
+    "  devices.\n"
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
     "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp, etp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
-    "  --target T        cpu or cuda (default: cuda with --gpu, cpu with\n"
-    "                    --cluster)\n"
+    "  --target T        cpu or cuda (default: cuda with --gpu or a GPU\n"
+    "                    cluster file, cpu with a CPU one)\n"
     "  --scaling 64,128,...  instead of --gpus: the best layout at each count,\n"
     "                    the global batch growing with the GPUs (weak) and\n"
     "                    fixed (strong); --svg FILE charts both\n";
@@ -908,9 +909,20 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       (StringRef(values["--candidates"]).getAsInteger(10, req.candidates) ||
        req.candidates < 1))
     return usage("--candidates expects a count >= 1");
-  req.target = values.count("--target") ? values["--target"]
-               : values.count("--gpu")  ? "cuda"
-                                        : "cpu";
+  // A cluster file measured on GPUs (a bf16 peak) plans CUDA programs.
+  auto gpuCluster = [&] {
+    if (!values.count("--cluster"))
+      return false;
+    Expected<sim::Cluster> c = sim::readCluster(values["--cluster"]);
+    if (!c) {
+      consumeError(c.takeError()); // reported when the cluster is read
+      return false;
+    }
+    return c->device.peakFlops.count("bf16") > 0;
+  };
+  req.target = values.count("--target")        ? values["--target"]
+               : values.count("--gpu") || gpuCluster() ? "cuda"
+                                                       : "cpu";
   if (req.target != "cuda" && req.target != "cpu")
     return usage("--target expects cpu or cuda, got '" + req.target + "'");
   const std::string target = req.target;
@@ -929,6 +941,10 @@ int tessel::planCommand(ArrayRef<std::string> args) {
     Expected<sim::Cluster> cluster = clusterFromFlags(values, devices);
     if (!cluster)
       return cluster.takeError();
+    // A described node (a calibrated one) replicated to the devices asked.
+    if (values.count("--cluster") && cluster->devices() < devices)
+      cluster->nodes =
+          (devices + cluster->gpusPerNode - 1) / cluster->gpusPerNode;
     req.cluster = *cluster;
     req.limit = memoryLimit > 0 ? memoryLimit * 1e9
                                 : cluster->device.memoryBytes;

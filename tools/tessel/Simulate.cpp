@@ -37,6 +37,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <unistd.h>
@@ -51,7 +53,7 @@ namespace {
 
 const char *kSimulateUsage =
     "usage: tessel simulate DIR (--cluster FILE | --gpu NAME [--gpus-per-node "
-    "N] [--nodes N]) [--json] [--trace FILE]\n"
+    "N]) [--nodes N] [--json] [--trace FILE]\n"
     "  Replays the compiled step of DIR on a cluster: step time, its\n"
     "  breakdown per pipeline rank (compute, optimizer, exposed\n"
     "  communication, pipeline bubble), tokens/s, model TFLOP/s per device\n"
@@ -59,15 +61,26 @@ const char *kSimulateUsage =
     "  --cluster FILE       a cluster description (tessel calibrate writes one)\n"
     "  --gpu NAME           a preset: a100-80g, h100, h200\n"
     "  --gpus-per-node N    devices per node (default 8)\n"
-    "  --nodes N            nodes (default: as many as the plan's ranks need)\n"
+    "  --nodes N            nodes (default: as many as the plan's ranks need;\n"
+    "                       with --cluster, the file's node this many times)\n"
     "  --json               print the result as JSON\n"
     "  --trace FILE         write the replay as a Chrome trace (Perfetto)\n";
 
 const char *kCalibrateUsage =
     "usage: tessel calibrate -o FILE [--ranks N] [--threads T] [--quick]\n"
+    "       tessel calibrate --target cuda -o FILE [--ranks N] [--like GPU]\n"
+    "                        [--measurements FILE] [--quick]\n"
     "  Measures this machine as a cluster description for tessel simulate:\n"
     "  N ranks (processes, under mpirun when N > 1) of T threads each,\n"
     "  measured while all N run at once.\n"
+    "  --target cuda        N GPUs of this node (one process each): cuBLASLt\n"
+    "                       GEMMs (bf16, fp32), flash attention, bandwidth,\n"
+    "                       launch time, kernel rates, NCCL all-reduces\n"
+    "  --like GPU           take what one node cannot measure (the links\n"
+    "                       between nodes, the host link) from a preset:\n"
+    "                       a100-80g, h100, h200\n"
+    "  --measurements FILE  fit the figures tessel-calibrate-cuda wrote\n"
+    "                       (or a calibrated file's) instead of measuring\n"
     "  --quick   shorter measurements (less precise; for tests)\n";
 
 int usage(const char *text, const Twine &message) {
@@ -123,9 +136,24 @@ Error tessel::writeFileAtomically(const std::string &path,
 Expected<sim::Cluster>
 tessel::clusterFromFlags(std::map<std::string, std::string> &values,
                          int64_t devices) {
-  if (values.count("--cluster"))
-    return sim::readCluster(values["--cluster"]);
   int64_t perNode = 8, nodes = 0;
+  if (values.count("--cluster")) {
+    // A described node (a calibrated one, say) replicated: --nodes sets
+    // how many, joined by the file's links between nodes.
+    Expected<sim::Cluster> c = sim::readCluster(values["--cluster"]);
+    if (c && values.count("--gpus-per-node"))
+      return createStringError("--gpus-per-node goes with --gpu: " +
+                               values["--cluster"] +
+                               " describes its node's devices");
+    if (c && values.count("--nodes")) {
+      if (!parseCount(values["--nodes"], nodes))
+        return createStringError("--nodes expects a count >= 1, got '" +
+                                 values["--nodes"] + "'");
+      c->nodes = nodes;
+      c->name = formatv("{0} nodes of {1}", nodes, c->name).str();
+    }
+    return c;
+  }
   if (values.count("--gpus-per-node") &&
       !parseCount(values["--gpus-per-node"], perNode))
     return createStringError("--gpus-per-node expects a count >= 1, got '" +
@@ -505,6 +533,120 @@ std::pair<double, double> fitGemm(const json &gemms) {
   return {bestPeak, bestH};
 }
 
+// The peak that fits `gemms` best in log space at half-size h.
+double fitPeak(const json &gemms, double h) {
+  double sum = 0;
+  for (const json &g : gemms) {
+    double m = g["m"], n = g["n"], k = g["k"], t = g["seconds"];
+    sum += std::log(2 * m * n * k / t /
+                    ((m / (m + h)) * (n / (n + h)) * (k / (k + h))));
+  }
+  return std::exp(sum / gemms.size());
+}
+
+// The ring all-reduce's alpha-beta fit: a one-element all-reduce is
+// 2 (g - 1) latencies; the largest moves 2 (g - 1) / g of its bytes.
+sim::Link linkFromAllReduce(const json &ar, double g) {
+  double alpha = double(ar.front()["seconds"]) / (2 * (g - 1));
+  const json &big = ar.back();
+  double bytesSent = 2 * (g - 1) / g * double(big["elements"]) * 4;
+  double t = double(big["seconds"]) - 2 * (g - 1) * alpha;
+  return {bytesSent / std::max(t, 1e-9), alpha, 1};
+}
+
+// Attention's efficiency against `peak`, over forward and backward (3.5x
+// the forward's FLOPs), as the cost model counts them.
+double attentionEfficiencyOf(const json &attention, double peak) {
+  double logSum = 0;
+  for (const json &a : attention) {
+    double B = a["batch"], T = a["seq"], H = a["heads"], D = a["head_dim"];
+    double f = 4 * B * H * T * T * D * 0.5;
+    double t = double(a["forward"]) + double(a["backward"]);
+    logSum += std::log(3.5 * f / t / peak);
+  }
+  return std::min(1.0, std::exp(logSum / attention.size()));
+}
+
+void kernelRatesInto(const json &kernels, sim::Device &d) {
+  for (auto it = kernels.begin(); it != kernels.end(); ++it) {
+    double bytes = (*it)["bytes"], t = (*it)["seconds"];
+    double net = std::max(t - d.kernelOverhead, t * 0.5);
+    d.kernelBytesPerSecond[it.key()] = bytes / net;
+  }
+}
+
+// The device figures both calibrations measure the same way: the GEMM
+// curve fitted to `gemms` (its peak stored for `elementType`), attention
+// against that peak, bandwidth, a call's time and the kernels' rates.
+void fitDeviceInto(const json &m, const json &gemms,
+                   const std::string &elementType, sim::Device &d) {
+  auto [peak, half] = fitGemm(gemms);
+  d.peakFlops[elementType] = peak;
+  d.gemmEfficiency = 1;
+  d.gemmHalfSize = half;
+  d.attentionEfficiency = attentionEfficiencyOf(m["attention"], peak);
+  d.memoryBandwidth = m["bandwidth"];
+  d.memoryEfficiency = 1;
+  d.kernelOverhead = m["overhead"];
+  kernelRatesInto(m["kernels"], d);
+}
+
+// A GPU node as tessel-calibrate-cuda measured it; `like` (when given)
+// supplies what one node cannot measure.
+Expected<sim::Cluster> clusterFromGpuMeasurements(const json &m,
+                                                  const std::string &from,
+                                                  const sim::Cluster *like) {
+  for (const char *field : {"device", "memory_bytes", "ranks", "gemm_bf16",
+                            "gemm_fp32", "attention", "bandwidth", "overhead",
+                            "kernels"})
+    if (!m.contains(field))
+      return createStringError(from + ": not GPU measurements (no '" +
+                               field + "'; tessel-calibrate-cuda writes them)");
+  try {
+    sim::Cluster c;
+    int64_t ranks = m["ranks"];
+    std::string device = m["device"];
+    c.name = formatv("{0} x {1} (calibrated)", ranks, device);
+    sim::Device &d = c.device;
+    d.name = device;
+    d.memoryBytes = m["memory_bytes"];
+    fitDeviceInto(m, m["gemm_bf16"], "bf16", d);
+    d.peakFlops["fp32"] = fitPeak(m["gemm_fp32"], d.gemmHalfSize);
+    c.gpusPerNode = ranks;
+    c.nodes = 1;
+    if (m.contains("all_reduce") && ranks > 1)
+      c.intraNode = linkFromAllReduce(m["all_reduce"], double(ranks));
+    else if (like)
+      c.intraNode = like->intraNode;
+    else
+      c.intraNode = {d.memoryBandwidth / 2, 1e-6, 1};
+    c.interNode = like ? like->interNode : c.intraNode;
+    c.nicsPerNode = like ? like->nicsPerNode : c.gpusPerNode;
+    if (like)
+      d.hostBandwidth = like->device.hostBandwidth;
+    c.sources["device"] = formatv(
+        "measured by tessel calibrate --target cuda ({0}): cuBLASLt GEMMs "
+        "at {1} bf16 shapes fitted to the efficiency curve (fp32 at {2} "
+        "shapes, the same half-size), the runtime's flash attention, a "
+        "streaming add's bandwidth, one launch's time, {3} kernels' rates",
+        device, m["gemm_bf16"].size(), m["gemm_fp32"].size(),
+        m["kernels"].size());
+    c.sources["links"] =
+        ranks > 1 && m.contains("all_reduce")
+            ? formatv("inside the node: NCCL all-reduces of 4 B (latency) and "
+                      "{0} MB (bandwidth) between {1} GPUs{2}",
+                      double(m["all_reduce"].back()["elements"]) * 4 / 1e6,
+                      ranks,
+                      like ? ", between nodes: the preset's" : "")
+                  .str()
+        : like ? std::string("one GPU measured: the preset's links")
+               : std::string("one GPU measured: no links");
+    return c;
+  } catch (const json::exception &e) {
+    return createStringError(from + ": " + e.what());
+  }
+}
+
 sim::Cluster clusterFromMeasurements(const json &m, int64_t ranks,
                                      int64_t threads) {
   sim::Cluster c;
@@ -517,45 +659,14 @@ sim::Cluster clusterFromMeasurements(const json &m, int64_t ranks,
   d.memoryBytes = pages > 0 && pageSize > 0
                       ? double(pages) * pageSize / ranks
                       : 1e9;
-  auto [peak, half] = fitGemm(m["gemm"]);
-  d.peakFlops["fp32"] = peak;
-  d.gemmEfficiency = 1;
-  d.gemmHalfSize = half;
-  // Attention's efficiency against that peak, over forward and backward.
-  double logSum = 0;
-  int count = 0;
-  for (const json &a : m["attention"]) {
-    double B = a["batch"], T = a["seq"], H = a["heads"], D = a["head_dim"];
-    double f = 4 * B * H * T * T * D * 0.5;
-    double t = double(a["forward"]) + double(a["backward"]);
-    logSum += std::log(3.5 * f / t / peak);
-    ++count;
-  }
-  d.attentionEfficiency = std::min(1.0, std::exp(logSum / count));
-  d.memoryBandwidth = m["bandwidth"];
-  d.memoryEfficiency = 1;
-  d.kernelOverhead = m["overhead"];
-  for (auto it = m["kernels"].begin(); it != m["kernels"].end(); ++it) {
-    double bytes = (*it)["bytes"], t = (*it)["seconds"];
-    double net = std::max(t - d.kernelOverhead, t * 0.5);
-    d.kernelBytesPerSecond[it.key()] = bytes / net;
-  }
+  fitDeviceInto(m, m["gemm"], "fp32", d);
   c.gpusPerNode = ranks;
   c.nodes = 1;
   // A one-rank description still names a link (its collectives are
   // trivial): shared memory at the measured bandwidth.
   c.intraNode = {d.memoryBandwidth / 2, 1e-6, 1};
-  if (m.contains("all_reduce")) {
-    const json &ar = m["all_reduce"];
-    double g = ranks;
-    double small = ar.front()["seconds"];
-    double alpha = small / (2 * (g - 1));
-    const json &big = ar.back();
-    double n = big["elements"];
-    double bytesSent = 2 * (g - 1) / g * n * 4;
-    double t = double(big["seconds"]) - 2 * (g - 1) * alpha;
-    c.intraNode = {bytesSent / std::max(t, 1e-9), alpha, 1};
-  }
+  if (m.contains("all_reduce"))
+    c.intraNode = linkFromAllReduce(m["all_reduce"], double(ranks));
   c.interNode = c.intraNode;
   c.nicsPerNode = c.gpusPerNode;
   c.sources["device"] = formatv(
@@ -573,10 +684,129 @@ sim::Cluster clusterFromMeasurements(const json &m, int64_t ranks,
 
 } // namespace
 
+namespace {
+
+// The mpirun prefix that starts `ranks` measuring processes (none for one).
+// CPU ranks may outnumber the cores; GPU ranks are one per GPU.
+Expected<std::vector<std::string>> mpirunFor(int64_t ranks,
+                                             bool oversubscribe) {
+  std::vector<std::string> argv;
+  if (ranks <= 1)
+    return argv;
+  auto mpirun = sys::findProgramByName("mpirun");
+  if (!mpirun)
+    return createStringError("calibrate --ranks " + std::to_string(ranks) +
+                             " needs mpirun (Debian: openmpi-bin)");
+  argv = {*mpirun};
+  if (oversubscribe)
+    argv.push_back("--oversubscribe");
+  if (getuid() == 0)
+    argv.push_back("--allow-run-as-root");
+  argv.insert(argv.end(), {"-np", std::to_string(ranks)});
+  return argv;
+}
+
+// `tessel calibrate --target cuda`: runs tessel-calibrate-cuda (beside this
+// executable) on `ranks` GPUs, or reads --measurements, and writes the
+// fitted description with the figures it came from.
+int calibrateCuda(std::map<std::string, std::string> &values, int64_t ranks,
+                  bool quick) {
+  if (!values.count("-o"))
+    return usage(kCalibrateUsage, "calibrate: -o FILE is required");
+  std::string output = values["-o"];
+  std::optional<sim::Cluster> like;
+  if (values.count("--like")) {
+    Expected<sim::Cluster> preset =
+        sim::presetCluster(values["--like"], 8, 1);
+    if (!preset)
+      return fail("calibrate --like: " + toString(preset.takeError()));
+    like = *preset;
+  }
+  json measured;
+  std::string from;
+  if (values.count("--measurements")) {
+    from = values["--measurements"];
+    std::ifstream in(from);
+    if (!in)
+      return fail("calibrate --measurements: cannot read " + from);
+    try {
+      in >> measured;
+    } catch (const json::exception &e) {
+      return fail("calibrate --measurements: " + from + " is not JSON (" +
+                  e.what() + ")");
+    }
+    // A calibrated description keeps its measurements.
+    if (measured.contains("measurements"))
+      measured = json(measured["measurements"]);
+  } else {
+    auto self = sys::fs::getMainExecutable(nullptr, nullptr);
+    SmallString<256> tool(sys::path::parent_path(self));
+    sys::path::append(tool, "tessel-calibrate-cuda");
+    if (!sys::fs::can_execute(tool))
+      return fail("calibrate --target cuda needs " + tool.str().str() +
+                  ", which is built where the CUDA toolkit is (nvcc)");
+    Expected<std::vector<std::string>> launcher = mpirunFor(ranks, false);
+    if (!launcher)
+      return fail(toString(launcher.takeError()));
+    std::vector<std::string> argv = *launcher;
+    from = output + ".measurements";
+    argv.insert(argv.end(), {std::string(tool), from});
+    if (quick)
+      argv.push_back("--quick");
+    outs() << formatv("calibrate: measuring {0} GPU(s)...\n", ranks);
+    outs().flush();
+    int rc = runForwardingSignals(argv, rankEnvironment());
+    if (rc == 77)
+      return fail("calibrate --target cuda: no CUDA device on this machine");
+    if (rc != 0) {
+      sys::fs::remove(from);
+      return fail("calibrate: the measurement failed (" + describeExit(rc) +
+                  ")");
+    }
+    std::ifstream in(from);
+    try {
+      in >> measured;
+    } catch (const json::exception &e) {
+      return fail("calibrate: " + from + " is not JSON (" + e.what() + ")");
+    }
+    sys::fs::remove(from);
+  }
+  Expected<sim::Cluster> c =
+      clusterFromGpuMeasurements(measured, from, like ? &*like : nullptr);
+  if (!c)
+    return fail("calibrate: " + toString(c.takeError()));
+  json out = sim::clusterToJson(*c);
+  out["measurements"] = measured;
+  // What the simulator reads back must be what was fitted.
+  if (Expected<sim::Cluster> check = sim::clusterFromJson(out, output); !check)
+    return fail("calibrate: " + toString(check.takeError()));
+  if (Error e = writeFileAtomically(output, out.dump(2)))
+    return fail(toString(std::move(e)));
+  outs() << formatv("calibrate: wrote {0}: {1}, bf16 GEMM peak {2:f1} "
+                    "TFLOP/s (half size {3:f0}), fp32 {4:f1} TFLOP/s, "
+                    "attention at {5:f0}% of bf16, {6:f0} GB/s, {7:f1} us per "
+                    "launch",
+                    output, c->device.name, c->peak("bf16") / 1e12,
+                    c->device.gemmHalfSize, c->peak("fp32") / 1e12,
+                    100 * c->device.attentionEfficiency,
+                    c->device.memoryBandwidth / 1e9,
+                    c->device.kernelOverhead * 1e6);
+  if (c->gpusPerNode > 1)
+    outs() << formatv("; NCCL {0:f1} GB/s, {1:f1} us",
+                      c->intraNode.bandwidth / 1e9,
+                      c->intraNode.latency * 1e6);
+  outs() << "\n";
+  return 0;
+}
+
+} // namespace
+
 int tessel::calibrateCommand(ArrayRef<std::string> args) {
   Arguments parsed;
   std::string argumentError = parseArguments(
-      args, {"-o", "--ranks", "--threads", "--worker-out"},
+      args,
+      {"-o", "--ranks", "--threads", "--worker-out", "--target", "--like",
+       "--measurements"},
       {"--quick", "--help", "-h", "--worker"}, parsed);
   if (!argumentError.empty())
     return usage(kCalibrateUsage, "calibrate: " + argumentError);
@@ -594,6 +824,16 @@ int tessel::calibrateCommand(ArrayRef<std::string> args) {
                                   "1, got '" + values["--threads"] + "'");
   bool quick = parsed.switches.count("--quick");
   double budget = quick ? 0.02 : 0.25;
+  std::string target = values.count("--target") ? values["--target"] : "cpu";
+  if (target != "cpu" && target != "cuda")
+    return usage(kCalibrateUsage, "calibrate: --target expects cpu or cuda, "
+                                  "got '" + target + "'");
+  if (target == "cuda")
+    return calibrateCuda(values, ranks, quick);
+  for (const char *gpuOnly : {"--like", "--measurements"})
+    if (values.count(gpuOnly))
+      return usage(kCalibrateUsage, std::string("calibrate: ") + gpuOnly +
+                                        " goes with --target cuda");
 
   if (parsed.switches.count("--worker")) {
     // One rank of the measurement.
@@ -624,17 +864,10 @@ int tessel::calibrateCommand(ArrayRef<std::string> args) {
     return usage(kCalibrateUsage, "calibrate: -o FILE is required");
   std::string output = values["-o"];
   auto self = sys::fs::getMainExecutable(nullptr, nullptr);
-  std::vector<std::string> argv;
-  if (ranks > 1) {
-    auto mpirun = sys::findProgramByName("mpirun");
-    if (!mpirun)
-      return fail("calibrate --ranks " + std::to_string(ranks) +
-                  " needs mpirun (Debian: openmpi-bin)");
-    argv = {*mpirun, "--oversubscribe"};
-    if (getuid() == 0)
-      argv.push_back("--allow-run-as-root");
-    argv.insert(argv.end(), {"-np", std::to_string(ranks)});
-  }
+  Expected<std::vector<std::string>> launcher = mpirunFor(ranks, true);
+  if (!launcher)
+    return fail(toString(launcher.takeError()));
+  std::vector<std::string> argv = *launcher;
   std::string partial = output + ".partial";
   argv.insert(argv.end(),
               {self, "calibrate", "--worker", "--ranks", std::to_string(ranks),
