@@ -784,6 +784,9 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     return diagnostics.error("--inference: the inference program is built "
                              "for the CPU target so far (--target " +
                              options.target + " is not)");
+  if (options.inference && options.fuseKernels.value_or(false))
+    return diagnostics.error("--fuse-kernels goes with training programs: "
+                             "the inference program runs unfused kernels");
   if (llvm::StringRef(options.input).ends_with(".mlir")) {
     spec = defaultSpecForIR(llvm::sys::path::stem(options.input));
     // MLIR's parser recurses per nesting level: a deeper file would
