@@ -47,6 +47,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     sharding.zero = options.zero;
     pm.addPass(createShardOptimizer(sharding));
   }
+  pm.addPass(createJoinUpdates());
   pm.addPass(createConvertPipeToRt());
   if (!options.gradientCheck)
     pm.addPass(createEvalStep());
@@ -69,6 +70,7 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"convert-graph-to-rt", "05-rt.mlir"},
       {"tessel-plan-memory", "06-planned.mlir"},
       {"tessel-shard-optimizer", "06-planned.mlir"},
+      {"tessel-join-updates", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
       {"tessel-eval-step", "07-programs.mlir"},
       {"tessel-share-programs", "08-shared.mlir"},

@@ -315,6 +315,23 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def JoinUpdates : Pass<"tessel-join-updates", "mlir::ModuleOp"> {
+  let summary = "One optimizer call per run of adjacent, like parameters";
+  let description = [{
+    On the planned rank programs: `rt.sum_squares` calls that follow each
+    other on adjacent runs of a store, into the same partial sum, become
+    one call on the joined run; `rt.adamw` calls likewise when their
+    parameters, gradients, moments (and bf16 shadows) are adjacent and
+    their hyperparameters equal (in practice one call per run of parameters
+    with the same weight decay). AdamW is elementwise, so the joined call
+    computes what the calls did; the norm's fp64 sum adds in another order.
+    GPT-2 small's update goes from 296 calls to 99 (one sum of squares and
+    98 runs of AdamW, the weight decay alternating between matrices and
+    vectors).
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
   let summary = "Shards AdamW's state over data parallel (ZeRO-1)";
   let description = [{
