@@ -75,21 +75,22 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
   // GEMM FLOPs and shape.
   double m = 0, n = 0, k = 0, batch = 1;
   Value a;
-  if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
-    batch = mm.getBatch(), m = mm.getM(), n = mm.getN(), k = mm.getK();
+  // The matmul family: one product of m x k by k x n (batched or fused).
+  auto product = [&](auto mm) {
+    m = mm.getM(), n = mm.getN(), k = mm.getK();
     a = mm.getA();
+  };
+  if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
+    batch = mm.getBatch();
+    product(mm);
   } else if (auto mb = dyn_cast<rt::MatmulBiasOp>(op)) {
-    m = mb.getM(), n = mb.getN(), k = mb.getK();
-    a = mb.getA();
+    product(mb);
   } else if (auto mg = dyn_cast<rt::MatmulBiasGradOp>(op)) {
-    m = mg.getM(), n = mg.getN(), k = mg.getK();
-    a = mg.getA();
+    product(mg);
   } else if (auto mg = dyn_cast<rt::MatmulGeluGradOp>(op)) {
-    m = mg.getM(), n = mg.getN(), k = mg.getK();
-    a = mg.getA();
+    product(mg);
   } else if (auto ma = dyn_cast<rt::MatmulAddOp>(op)) {
-    m = ma.getM(), n = ma.getN(), k = ma.getK();
-    a = ma.getA();
+    product(ma);
   } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
     k = g.getK(), n = g.getN();
     m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());

@@ -139,8 +139,8 @@ rt::MatmulOp rowsProductWriting(Operation *op, Value buffer) {
     auto m = dyn_cast<rt::MatmulOp>(prev);
     if (!m || !sameBuffer(m.getC(), buffer) || m.getTransA() ||
         m.getStrideB() != 0 ||
-        m.getStrideA() != (int64_t)(m.getM() * m.getK()) ||
-        m.getStrideC() != (int64_t)(m.getM() * m.getN()))
+        m.getStrideA() != m.getM() * m.getK() ||
+        m.getStrideC() != m.getM() * m.getN())
       return {};
     return m;
   }
@@ -150,22 +150,18 @@ rt::MatmulOp rowsProductWriting(Operation *op, Value buffer) {
 // A parameter, or a run of one cut into a working buffer that only the cut
 // writes (the q, k or v piece of a fused projection's bias).
 bool isParameterVector(Value bias) {
-  if (rootOf(bias).getDefiningOp<rt::ParamOp>())
+  Value root = rootOf(bias);
+  if (root.getDefiningOp<rt::ParamOp>())
     return true;
-  if (!rootOf(bias).getDefiningOp<rt::AllocOp>())
+  if (!root.getDefiningOp<rt::AllocOp>())
     return false;
-  for (Operation *op : accessesOf(rootOf(bias))) {
-    auto cut = dyn_cast<rt::SliceAxisOp>(op);
-    if (!cut)
-      continue;
-    if (!sameBuffer(cut.getOut(), bias) || cut.getOuter() != 1 ||
-        !rootOf(cut.getX()).getDefiningOp<rt::ParamOp>())
-      return false;
-  }
-  // Every other access reads it (the add).
-  return llvm::count_if(accessesOf(rootOf(bias)), [](Operation *op) {
-           return isa<rt::SliceAxisOp>(op);
-         }) == 1;
+  SmallVector<rt::SliceAxisOp> cuts;
+  for (Operation *op : accessesOf(root))
+    if (auto cut = dyn_cast<rt::SliceAxisOp>(op))
+      cuts.push_back(cut);
+  return cuts.size() == 1 && sameBuffer(cuts[0].getOut(), bias) &&
+         cuts[0].getOuter() == 1 &&
+         rootOf(cuts[0].getX()).getDefiningOp<rt::ParamOp>();
 }
 
 // matmul(a, b) -> c; add(c, bias) -> out [; gelu(out) -> g]: one cuBLASLt
@@ -178,8 +174,8 @@ struct MatmulBiasFusion : OpRewritePattern<rt::AddBroadcastOp> {
     auto m = dyn_cast_or_null<rt::MatmulOp>(previousKernel(add));
     if (!m || !sameBuffer(m.getC(), add.getA()) || m.getTransA() ||
         m.getStrideB() != 0 ||
-        m.getStrideA() != (int64_t)(m.getM() * m.getK()) ||
-        m.getStrideC() != (int64_t)(m.getM() * m.getN()) ||
+        m.getStrideA() != m.getM() * m.getK() ||
+        m.getStrideC() != m.getM() * m.getN() ||
         add.getNb() != m.getN() ||
         !isParameterVector(add.getB()) ||
         !onlyAccessedBy(m.getC(), {m, add}) ||
@@ -337,8 +333,8 @@ struct BiasGradFusion : OpRewritePattern<rt::ReduceSumLeadingOp> {
       if (!m || !sameBuffer(m.getB(), dy))
         continue;
       if (m.getBatch() != 1 || !m.getTransA() || m.getTransB() ||
-          m.getK() != (int64_t)sum.getRows() ||
-          m.getN() != (int64_t)sum.getCols() ||
+          m.getK() != sum.getRows() ||
+          m.getN() != sum.getCols() ||
           rt::elementsOf(m.getB()) != rt::elementsOf(dy) ||
           elementOf(m.getC()) != elementOf(db) || sameBuffer(m.getC(), db) ||
           sameBuffer(m.getA(), db) || !clearBetween(sum, m, {dy}, {db}))
@@ -364,7 +360,7 @@ struct GeluGradFusion : OpRewritePattern<rt::GeluBackwardOp> {
                                 PatternRewriter &rewriter) const override {
     rt::MatmulOp m = rowsProductWriting(gelu, gelu.getDout());
     if (!m || !onlyAccessedBy(m.getC(), {m, gelu}) ||
-        m.getBatch() * m.getM() * m.getN() != (int64_t)gelu.getN() ||
+        m.getBatch() * m.getM() * m.getN() != gelu.getN() ||
         sameBuffer(gelu.getDx(), gelu.getX()) ||
         sameBuffer(gelu.getDx(), m.getA()) ||
         sameBuffer(gelu.getDx(), m.getB()) ||

@@ -722,22 +722,12 @@ int calibrateCuda(std::map<std::string, std::string> &values, int64_t ranks,
       return fail("calibrate --like: " + toString(preset.takeError()));
     like = *preset;
   }
-  json measured;
+  // The measurements: the file given, or what tessel-calibrate-cuda
+  // writes (removed once read).
   std::string from;
-  if (values.count("--measurements")) {
+  bool measuredHere = !values.count("--measurements");
+  if (!measuredHere) {
     from = values["--measurements"];
-    std::ifstream in(from);
-    if (!in)
-      return fail("calibrate --measurements: cannot read " + from);
-    try {
-      in >> measured;
-    } catch (const json::exception &e) {
-      return fail("calibrate --measurements: " + from + " is not JSON (" +
-                  e.what() + ")");
-    }
-    // A calibrated description keeps its measurements.
-    if (measured.contains("measurements"))
-      measured = json(measured["measurements"]);
   } else {
     auto self = sys::fs::getMainExecutable(nullptr, nullptr);
     SmallString<256> tool(sys::path::parent_path(self));
@@ -763,14 +753,23 @@ int calibrateCuda(std::map<std::string, std::string> &values, int64_t ranks,
       return fail("calibrate: the measurement failed (" + describeExit(rc) +
                   ")");
     }
+  }
+  json measured;
+  {
     std::ifstream in(from);
+    if (!in)
+      return fail("calibrate: cannot read " + from);
     try {
       in >> measured;
     } catch (const json::exception &e) {
       return fail("calibrate: " + from + " is not JSON (" + e.what() + ")");
     }
-    sys::fs::remove(from);
   }
+  if (measuredHere)
+    sys::fs::remove(from);
+  // A calibrated description keeps its measurements.
+  if (measured.contains("measurements"))
+    measured = json(measured["measurements"]);
   Expected<sim::Cluster> c =
       clusterFromGpuMeasurements(measured, from, like ? &*like : nullptr);
   if (!c)

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -383,6 +384,55 @@ template <typename TA, typename TB, typename TC>
       "operands only into an fp32 result");
 }
 
+// One product of row-major [M, K] (or [K, M] when transA) rows, no batch,
+// with the operands' alignments.
+template <typename TA, typename TB, typename TC>
+GemmCall rowsCall(const TA *A, const TB *B, const TC *D, int64_t M, int64_t N,
+                  int64_t K, bool transA, bool transB,
+                  cublasLtEpilogue_t epilogue) {
+  GemmCall call;
+  call.abType = dataTypeOf<TA>();
+  call.cType = dataTypeOf<TC>();
+  call.M = M;
+  call.N = N;
+  call.K = K;
+  call.transA = transA;
+  call.transB = transB;
+  call.epilogue = epilogue;
+  call.alignA = alignmentOf(A, 0, 1, sizeof(TA));
+  call.alignB = alignmentOf(B, 0, 1, sizeof(TB));
+  call.alignC = alignmentOf(D, 0, 1, sizeof(TC));
+  return call;
+}
+
+// Runs `call` (one product, no batch) with its epilogue's pointers through
+// its cached plan, D = C except where the caller says; `prepare` runs right
+// before the launch, on the stream, once an algorithm is found. Returns false when
+// cuBLASLt has no algorithm for the epilogue or rejects it at launch (the
+// plan then stays unfused for this problem), so the caller runs the
+// unfused kernels.
+bool tryFused(GemmCall &call, const void *A, const void *B, const void *C,
+              void *D, float beta, const void *bias, size_t biasBytes,
+              void *aux, const std::function<void()> &prepare = {}) {
+  GemmState &st = initialisedState(call);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (bias)
+    call.alignBias = alignmentOf(bias, 0, 1, biasBytes);
+  Plan &p = planFor(st, call, bias, aux);
+  if (!p.found)
+    return false;
+  if (prepare)
+    prepare();
+  setEpiloguePointers(p, call, bias, aux);
+  const cublasStatus_t s = launchPlan(st, p, A, B, C, D, beta);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    return true;
+  if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
+    checkLt(s, "cublasLtMatmul", call);
+  p.found = false;
+  return false;
+}
+
 } // namespace
 
 namespace detail {
@@ -504,54 +554,33 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
   } else {
     if (M <= 0 || N <= 0)
       return;
-    GemmCall call;
-    call.abType = dataTypeOf<TA>();
-    call.cType = dataTypeOf<TC>();
-    call.M = M;
-    call.N = N;
-    call.K = K;
-    call.transB = transB;
-    call.epilogue =
-        gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    call.alignA = alignmentOf(A, 0, 1, sizeof(TA));
-    call.alignB = alignmentOf(B, 0, 1, sizeof(TB));
     // D is `gelu` when fused with GELU (the pre-activation goes to the
     // auxiliary buffer, `out`), else `out`.
     TC *D = gelu ? gelu : out;
-    call.alignC = alignmentOf(D, 0, 1, sizeof(TC));
+    GemmCall call = rowsCall(
+        A, B, D, M, N, K, false, transB,
+        gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS);
     call.alignAux = gelu ? alignmentOf(out, 0, 1, sizeof(TC)) : 256;
 
     // The auxiliary buffer's leading dimension must be a multiple of 8, and
     // a bf16 product's bias must fit the buffer of its rounded copy.
     constexpr bool roundBias = std::is_same_v<TC, bf16>;
-    bool fused =
-        K > 0 && (!gelu || N % 8 == 0) && (!roundBias || N <= kBiasElements);
-    if (fused) {
-      GemmState &st = initialisedState(call);
-      std::lock_guard<std::mutex> lock(st.mutex);
+    if (K > 0 && (!gelu || N % 8 == 0) && (!roundBias || N <= kBiasElements)) {
+      bf16 *copy = initialisedState(call).biasBf16;
       const void *epilogueBias =
-          roundBias ? static_cast<const void *>(st.biasBf16) : bias;
-      call.alignBias = alignmentOf(epilogueBias, 0, 1, roundBias ? 2 : 4);
-      Plan &p = planFor(st, call, epilogueBias, gelu ? out : nullptr);
-      if (p.found) {
-        if constexpr (roundBias) {
-          // Stream-ordered: the previous product reading the buffer is done
-          // before this copy overwrites it.
-          toBf16Kernel<<<blocksFor(N), kThreads, 0, computeStream()>>>(
-              bias, st.biasBf16, N);
-          TESSEL_CUDA_CHECK(cudaGetLastError());
-        }
-        setEpiloguePointers(p, call, epilogueBias, gelu ? out : nullptr);
-        const cublasStatus_t s = launchPlan(st, p, A, B, D, D, 0.0f);
-        if (s == CUBLAS_STATUS_SUCCESS)
-          return;
-        if (s != CUBLAS_STATUS_NOT_SUPPORTED &&
-            s != CUBLAS_STATUS_INVALID_VALUE)
-          checkLt(s, "cublasLtMatmul", call);
-        // The epilogue's combination of types is rejected at launch: take
-        // the unfused path from now on for this problem.
-        p.found = false;
-      }
+          roundBias ? static_cast<const void *>(copy) : bias;
+      // Stream-ordered: the previous product reading the copy is done
+      // before this one overwrites it.
+      auto roundBiasIntoCopy = [&] {
+        toBf16Kernel<<<blocksFor(N), kThreads, 0, computeStream()>>>(bias,
+                                                                     copy, N);
+        TESSEL_CUDA_CHECK(cudaGetLastError());
+      };
+      if (tryFused(call, A, B, D, D, 0.0f, epilogueBias, roundBias ? 2 : 4,
+                   gelu ? out : nullptr,
+                   roundBias ? std::function<void()>(roundBiasIntoCopy)
+                             : std::function<void()>()))
+        return;
     }
     matmul(A, B, out, 1, M, N, K, false, transB, 0, 0, 0, false);
     const int64_t n = M * N;
@@ -561,55 +590,6 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
   }
 }
 
-namespace {
-
-// One product of row-major [M, K] (or [K, M] when transA) rows, no batch,
-// with the operands' alignments.
-template <typename TA, typename TB, typename TC>
-GemmCall rowsCall(const TA *A, const TB *B, const TC *D, int64_t M, int64_t N,
-                  int64_t K, bool transA, bool transB,
-                  cublasLtEpilogue_t epilogue) {
-  GemmCall call;
-  call.abType = dataTypeOf<TA>();
-  call.cType = dataTypeOf<TC>();
-  call.M = M;
-  call.N = N;
-  call.K = K;
-  call.transA = transA;
-  call.transB = transB;
-  call.epilogue = epilogue;
-  call.alignA = alignmentOf(A, 0, 1, sizeof(TA));
-  call.alignB = alignmentOf(B, 0, 1, sizeof(TB));
-  call.alignC = alignmentOf(D, 0, 1, sizeof(TC));
-  return call;
-}
-
-// Runs `call` (one product, no batch) with its epilogue's pointers through
-// its cached plan, D = C except where the caller says. Returns false when
-// cuBLASLt has no algorithm for the epilogue or rejects it at launch (the
-// plan then stays unfused for this problem), so the caller runs the
-// unfused kernels.
-bool tryFused(GemmCall &call, const void *A, const void *B, const void *C,
-              void *D, float beta, const void *bias, size_t biasBytes,
-              void *aux) {
-  GemmState &st = initialisedState(call);
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (bias)
-    call.alignBias = alignmentOf(bias, 0, 1, biasBytes);
-  Plan &p = planFor(st, call, bias, aux);
-  if (!p.found)
-    return false;
-  setEpiloguePointers(p, call, bias, aux);
-  const cublasStatus_t s = launchPlan(st, p, A, B, C, D, beta);
-  if (s == CUBLAS_STATUS_SUCCESS)
-    return true;
-  if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
-    checkLt(s, "cublasLtMatmul", call);
-  p.found = false;
-  return false;
-}
-
-} // namespace
 
 template <typename TA, typename TB, typename TC>
 void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
