@@ -507,14 +507,9 @@ void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
     if (batch == 1)
       strideA = strideB = strideC = 0;
 
-    GemmCall call;
-    call.abType = dataTypeOf<TA>();
-    call.cType = dataTypeOf<TC>();
-    call.M = M;
-    call.N = N;
-    call.K = K;
-    call.transA = transA;
-    call.transB = transB;
+    // The alignments are set below, per batch layout.
+    GemmCall call = rowsCall(A, B, C, M, N, K, transA, transB,
+                             CUBLASLT_EPILOGUE_DEFAULT);
     call.accumulate = accumulate;
 
     // cuBLASLt's strided batch takes non-negative strides, an int32 count,
