@@ -12,7 +12,9 @@
 #             256), compared by
 #             bench/gpu/compare_losses.py
 #   bench     Tessel's training throughput and MFU in bf16: GPT-2 124M
-#             (16 x 1024 tokens) and a 1.3B GPT (examples/gpt-1.3b.json, 8 x 2048)
+#             (16 x 1024 tokens) and a 1.3B GPT (examples/gpt-1.3b.json, 8 x 2048),
+#             each with its steps as a CUDA graph (the default) and again
+#             launched eagerly (TESSEL_CUDA_GRAPH=0)
 #   calibrate tessel calibrate --target cuda --quick on every GPU of the
 #             node: the measured cluster description (cuBLASLt GEMM peaks,
 #             attention, bandwidth, NCCL) for tessel simulate and plan,
@@ -266,18 +268,19 @@ tessel_compile() {
 # tessel_run NAME STEPS LIMIT_S: trains the program tessel_compile made (or
 # the bundle's), writing one metrics line per step to $LOGS/NAME.jsonl.
 tessel_run() {
-  local name=$1 steps=$2 limit=$3
-  local out=$SCRATCH/$name
-  [[ $(cat "$LOGS/$name.compile.status" 2>/dev/null) == ok ]] || return 1
+  local name=$1 steps=$2 limit=$3 program=${4:-$1}
+  local vars=("${@:5}")
+  local out=$SCRATCH/$program
+  [[ $(cat "$LOGS/$program.compile.status" 2>/dev/null) == ok ]] || return 1
   if [[ $MODE == bundled ]]; then
     # As tessel run runs one rank: the program itself, its OpenMP workers
     # asleep when idle.
     local binary
-    out=$BUNDLE/programs/$name
+    out=$BUNDLE/programs/$program
     binary=$(plan_binary "$out") || return 1
     rm -f "$LOGS/$name.jsonl"
     run_logged "$name.run" "$limit" env LD_LIBRARY_PATH="$BUNDLE_LIBRARY_PATH" \
-      OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" "$out/$binary" \
+      OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" "${vars[@]}" "$out/$binary" \
       --steps "$steps" --metrics "$LOGS/$name.jsonl" --progress lines
     return
   fi
@@ -286,7 +289,7 @@ tessel_run() {
     args+=(--threads "$CPU_THREADS")
   fi
   rm -f "$LOGS/$name.jsonl"
-  run_logged "$name.run" "$limit" "$TESSEL" "${args[@]}"
+  run_logged "$name.run" "$limit" env "${vars[@]}" "$TESSEL" "${args[@]}"
 }
 
 # plan_binary DIR: the path, in DIR, of the one program of a one-rank plan
@@ -970,6 +973,21 @@ if want bench; then
       fi
     fi
   done
+  # The same programs with every kernel launched by the host each step
+  # (no CUDA graph), for the table's comparison.
+  for c in "${BENCH_CASES[@]}"; do
+    IFS='|' read -r name _ <<<"$c"
+    # (A program that did not compile has been reported above.)
+    [[ $(cat "$LOGS/bench-$name-tessel.compile.status" 2>/dev/null) == ok ]] || continue
+    if ! tessel_run "bench-$name-tessel-eager" "$BENCH_STEPS" 240 "bench-$name-tessel" TESSEL_CUDA_GRAPH=0; then
+      outcome=$(cat "$LOGS/bench-$name-tessel-eager.run.status" 2>/dev/null || echo "not run")
+      if [[ $outcome == skipped ]]; then
+        check_result SKIP "benchmark $name: the Tessel run without the CUDA graph was skipped (time budget)"
+      else
+        check_result FAIL "benchmark $name: the Tessel program without the CUDA graph $outcome (see $LOGS/bench-$name-tessel-eager.*.log)"
+      fi
+    fi
+  done
 fi
 
 # torch_ready: PYTHON has PyTorch with a CUDA device (checked once; a
@@ -1082,8 +1100,8 @@ def status(name):
         return "not run"
 
 
-def tessel_tokens_per_s(name):
-    path = os.path.join(logs, "bench-%s-tessel.jsonl" % name)
+def tessel_tokens_per_s(name, run="tessel"):
+    path = os.path.join(logs, "bench-%s-%s.jsonl" % (name, run))
     try:
         rows = [json.loads(l) for l in open(path) if l.strip()]
     except (OSError, ValueError):
@@ -1092,7 +1110,7 @@ def tessel_tokens_per_s(name):
     if timed:
         return statistics.median(timed), None
     for stage in ("run", "compile"):
-        s = status("bench-%s-tessel.%s" % (name, stage))
+        s = status("bench-%s-%s.%s" % (name, run if stage == "run" else "tessel", stage))
         if s not in ("ok", "not run"):
             return None, s
     return None, "no timed steps" if rows else "not run"
@@ -1131,6 +1149,7 @@ for case in env["CASES"].splitlines():
     fpt = flops_per_token(m)
     total, matmul = gpt_params(m)
     t, t_why = tessel_tokens_per_s(name)
+    g, g_why = tessel_tokens_per_s(name, "tessel-eager")
     e, e_why = torch_record(name, "eager")
     c, c_why = torch_record(name, "compiled")
     ev = e["tokens_per_s"] if e else None
@@ -1145,9 +1164,13 @@ for case in env["CASES"].splitlines():
     if e and e.get("params") != total:
         notes.append("%s: PyTorch counts %s parameters, the formula %d" % (name, e.get("params"), total))
     ratio = "%.2f" % (t / ev) if (t and ev) else "n/a"
-    rows.append("| %s (%.2fB params, B=%s, T=%s) | bf16 | %s | %s | %s | %s | %s | %s | %s |" % (
-        name, total / 1e9, batch, seq, tps(t, t_why), mfu(t, fpt), tps(ev, e_why), mfu(ev, fpt),
-        tps(cv, c_why), mfu(cv, fpt), ratio))
+    rows.append("| %s (%.2fB params, B=%s, T=%s) | bf16 | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        name, total / 1e9, batch, seq, tps(t, t_why), mfu(t, fpt), tps(g, g_why), tps(ev, e_why),
+        mfu(ev, fpt), tps(cv, c_why), mfu(cv, fpt), ratio))
+    if t and g:
+        tokens = int(batch) * int(seq)
+        notes.append("%s: Tessel's step %.1f ms as a CUDA graph, %.1f ms launched eagerly "
+                     "(TESSEL_CUDA_GRAPH=0)" % (name, 1000 * tokens / t, 1000 * tokens / g))
     notes.append("%s: %.3g FLOPs per token (N = %d matmul parameters)" % (name, fpt, matmul))
     if e:
         notes.append("%s: PyTorch %s, %s, %s attention, peak memory %.1f GiB" % (
@@ -1168,9 +1191,10 @@ out.append("`bench/gpu/run.sh`, %s, commit %s, --cuda-arch=%s, %s s in all." % (
 out.append("Tokens/s: median over %s timed steps after %d warm-up steps. MFU = tokens/s x "
            "(6 N + 12 L d T) / peak, bf16 dense peak %s." % (env["MEASURED_STEPS"], warmup, peak_text))
 out.append("")
-out.append("| model | precision | Tessel tokens/s | Tessel MFU | PyTorch eager tokens/s | "
-           "PyTorch eager MFU | PyTorch compiled tokens/s | PyTorch compiled MFU | Tessel / eager |")
-out.append("|---|---|---|---|---|---|---|---|---|")
+out.append("| model | precision | Tessel tokens/s | Tessel MFU | Tessel without CUDA graph tokens/s | "
+           "PyTorch eager tokens/s | PyTorch eager MFU | PyTorch compiled tokens/s | "
+           "PyTorch compiled MFU | Tessel / eager |")
+out.append("|---|---|---|---|---|---|---|---|---|---|")
 out.extend(rows)
 out.append("")
 out.extend("- " + n for n in notes)

@@ -2084,7 +2084,10 @@ int train(const Program &sharedProgram, const Options &opts) {
     ctx.metrics.clear();
 
     auto start = std::chrono::steady_clock::now();
-    program.step(ctx);
+    if (device && device->runStep)
+      device->runStep(program, ctx);
+    else
+      program.step(ctx);
     auto stop = std::chrono::steady_clock::now();
 
     double ms = std::chrono::duration<double, std::milli>(stop - start).count();

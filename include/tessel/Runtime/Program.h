@@ -180,6 +180,10 @@ struct DeviceHooks {
   // for saving and resuming.
   void (*copyMoments)(const Program &program, float *hostM, float *hostV,
                       bool toDevice);
+  // Runs one training step (program.step, or what stands for it, such as
+  // a captured graph of it) and fills ctx.loss and ctx.gradNorm; null:
+  // the runtime calls program.step itself.
+  void (*runStep)(const Program &program, StepContext &ctx);
 };
 
 // One pipeline rank a shared program serves: pipeline stages that compute

@@ -128,6 +128,15 @@ public:
       }
       if (usesScratch(op))
         info.scratch.push_back(scratchBytes(op, mesh));
+      // What keeps the step from running as a CUDA graph: the host waits
+      // for device data inside it.
+      if (info.hostReadsInStep.empty()) {
+        if (isa<rt::MoeExchangeOp, rt::MoeCombineOp>(op))
+          info.hostReadsInStep =
+              "the expert exchange reads its counts on the host";
+        else if (isa<rt::RecordMetricOp>(op))
+          info.hostReadsInStep = "the step's metrics are read on the host";
+      }
       // The staging allGatherAlong / reduceScatterAlong ask for when the
       // gathered dimension is not the outermost: the gathered blocks, the
       // packed input, g x n elements of the piece's n.
@@ -191,6 +200,10 @@ public:
                     ";");
     if (info.offloadOptimizer)
       lines.push_back("device.offloadOptimizer = true;");
+    // A fixed text of the compiler's, never a name from the spec.
+    if (!info.hostReadsInStep.empty())
+      lines.push_back("device.hostReadsInStep = \"" + info.hostReadsInStep +
+                      "\";");
     lines.push_back("device.commAxes = kCommAxes;");
     lines.push_back("device.numCommAxes = " +
                     std::to_string(info.commAxes.size()) + ";");

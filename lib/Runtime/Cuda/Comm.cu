@@ -168,8 +168,10 @@ constexpr int queueOf(int channel) { return 2 + channel; }
 // One enqueued operation, as the watchdog sees it.
 struct InFlight {
   // A collective ("all_reduce"), a point-to-point operation ("send to",
-  // "recv from", with `offset`) or a beginP2P/endP2P group on one channel.
-  enum Kind { Collective, PointToPoint, Group } kind;
+  // "recv from", with `offset`), a beginP2P/endP2P group on one channel or
+  // a launch of the step captured as a CUDA graph (`elements`: the
+  // collectives and sends in it).
+  enum Kind { Collective, PointToPoint, Group, Graph } kind;
   const char *name;
   unsigned axes;
   int offset;
@@ -449,6 +451,13 @@ void operationEnqueued(int queue, cudaStream_t stream, InFlight entry,
   check(cudaEventRecord(done, stream), "cudaEventRecord");
   if (computeWaits)
     check(cudaStreamWaitEvent(computeStream(), done, 0), "cudaStreamWaitEvent");
+  if (detail::capturing()) {
+    // Captured: the record above is an edge of the graph (the wait has
+    // taken it), and the watchdog follows the graph's launches instead.
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.eventPool.push_back(done);
+    return;
+  }
   entry.done = done;
   entry.since = Clock::now();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -527,6 +536,7 @@ template <typename T> void copyOnCompute(T *out, const T *in, int64_t n) {
 void *staging(size_t bytes) {
   CommState &s = state();
   if (bytes > s.stagingBytes) {
+    detail::notWhileCapturing("growing the collective staging");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (s.staging)
       check(cudaFree(s.staging), "cudaFree");
@@ -586,6 +596,9 @@ std::string describeOperation(const InFlight &f) {
            (f.offset > 0 ? "+" : "") + std::to_string(f.offset) + size;
   case InFlight::Group:
     break;
+  case InFlight::Graph:
+    return "the training step's CUDA graph (" + std::to_string(f.elements) +
+           " collectives and sends)";
   }
   return std::string(f.name) + size;
 }
@@ -823,6 +836,7 @@ void *nextSendBuffer(size_t bytes) {
       s.sendBuffers[s.nextSendBuffer].bytes < bytes) {
     // A new schedule (or the first step): keep the existing buffers, which
     // later sends of this step may still fit, and add one here.
+    detail::notWhileCapturing("allocating a send buffer");
     void *data = nullptr;
     check(cudaMalloc(&data, std::max<size_t>(bytes, 1)),
           "cudaMalloc (send buffer)");
@@ -1064,6 +1078,13 @@ void commStop() {
   s.failure.clear();
 }
 
+void commGraphLaunched(int64_t operations) {
+  operationEnqueued(kCommQueue, computeStream(),
+                    {InFlight::Graph, "graph", 0, 0, operations, nullptr,
+                     Clock::time_point()},
+                    /*computeWaits=*/false);
+}
+
 // The watchdog's failure message, empty while every collective is fine.
 std::string commFailure() {
   CommState &s = state();
@@ -1278,6 +1299,7 @@ int32_t *expertCounts(int64_t E, const char *what) {
 // sizes (see the top).
 std::vector<int32_t> rowRangesOnHost(const int32_t *first,
                                      const int32_t *second, int64_t E) {
+  detail::notWhileCapturing("an expert exchange's counts");
   std::vector<int32_t> host((size_t)(2 * (E + 1)));
   const size_t bytes = (size_t)(E + 1) * sizeof(int32_t);
   check(cudaMemcpyAsync(host.data(), first, bytes, cudaMemcpyDeviceToHost,

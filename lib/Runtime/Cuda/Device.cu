@@ -9,11 +9,40 @@
 // asynchronously on the compute stream; finishStep is its one
 // synchronisation point, where the loss and the gradient norm come back.
 //
+// The step as a CUDA graph. The first training step runs eagerly: it
+// creates what is made on first use (send buffers, cuBLASLt's choices) and
+// counts the step's AdamW calls. The second is captured on the compute
+// stream (thread-local mode; the communication streams join the capture
+// through the events the step already records), and that graph, launched
+// once per step, replaces the host's thousands of launches. What a graph
+// cannot take:
+//   - per-step values: the learning rate and the update count enter the
+//     step only through AdamW's scalars, which the host computes as in an
+//     eager step into pinned slots; the graph's first node copies them to
+//     the device, and every launch is preceded by refilling them for its
+//     step (updateSlot, refillSlots);
+//   - host reads of device data (finishStep's loss and norm): the copies to
+//     pinned memory are captured and the host waits once, after the launch
+//     (waitForStep);
+//   - waits, allocations and host-side reads of counts inside the step
+//     (notWhileCapturing): a program whose step has them (expert routing,
+//     recorded metrics) says so at compile time (DeviceProgram::
+//     hostReadsInStep) and runs eagerly;
+//   - per-operation watching: the watchdog follows each launch as one
+//     operation, and the collective counters grow by the captured step's
+//     counts per launch.
+// A capture that CUDA refuses after the step's host code has run through
+// (an unjoined stream, an operation it cannot capture) leaves the host's
+// state as an eager step would: the run warns, goes on eagerly and redoes
+// the step. TESSEL_CUDA_GRAPH=0 turns graphs off; --trace does too (its
+// spans time the host's enqueueing).
+//
 //===----------------------------------------------------------------------===//
 
 #include "Internal.h"
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Cuda/Device.h"
+#include "tessel/Runtime/Trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +62,9 @@ void commStart(const DeviceProgram &program, int device);
 void commStop();
 // The watchdog's failure message, empty while every collective is fine.
 std::string commFailure();
+// Hands the watchdog a launch of the captured step (`operations`
+// collectives and sends in it), just enqueued on the compute stream.
+void commGraphLaunched(int64_t operations);
 } // namespace detail
 
 namespace {
@@ -73,6 +105,29 @@ struct DeviceState {
   int32_t *hostBatch = nullptr;
   cudaEvent_t staged = nullptr;
   DeviceBuffers buffers;
+
+  // The step as a CUDA graph (see the top).
+  struct StepGraph {
+    bool decided = false; // `enabled` and `reason` set (first step)
+    bool enabled = false;
+    std::string reason; // why not, for the banner and the warning
+    int64_t stepsRun = 0;
+    bool capturing = false;
+    bool overflow = false; // more AdamW calls than the first step made
+    cudaGraphExec_t exec = nullptr;
+    // AdamW calls: counted in an eager step, then one slot each in the
+    // captured one (their constants), in call order.
+    int64_t eagerUpdates = 0;
+    std::vector<detail::AdamConstants> slots;
+    int64_t capacity = 0;
+    detail::AdamScalars *hostSlots = nullptr;   // pinned
+    detail::AdamScalars *deviceSlots = nullptr; // read by the kernels
+    // What the captured finishStep copied back.
+    bool loss = false, norm = false;
+    // The captured step's communication, added to the counters per launch.
+    rt::CollectiveCounter counts[rt::kNumCollectiveKinds];
+    int64_t operations = 0;
+  } graph;
 };
 
 DeviceState &state() {
@@ -186,6 +241,28 @@ template <typename T> T *allocate(int64_t count, const char *what) {
   return (T *)data;
 }
 
+// Whether steps run as a CUDA graph: the program's step must allow it, and
+// neither TESSEL_CUDA_GRAPH=0 nor --trace asks otherwise.
+void decideGraph(DeviceState &s) {
+  DeviceState::StepGraph &g = s.graph;
+  g.decided = true;
+  g.enabled = false;
+  const char *text = std::getenv("TESSEL_CUDA_GRAPH");
+  std::string value = text ? text : "1";
+  if (value != "0" && value != "1")
+    throw std::runtime_error("TESSEL_CUDA_GRAPH is '" + value +
+                             "': expected 1 (steps as a CUDA graph, the "
+                             "default) or 0 (eager launches)");
+  if (value == "0")
+    g.reason = "TESSEL_CUDA_GRAPH=0";
+  else if (s.program.hostReadsInStep)
+    g.reason = s.program.hostReadsInStep;
+  else if (rt::traceEnabled())
+    g.reason = "--trace times the launches";
+  else
+    g.enabled = true;
+}
+
 void startDevice(const rt::Program &program, const float *hostParams,
                  rt::StepContext &ctx) {
   DeviceState &s = state();
@@ -210,6 +287,11 @@ void startDevice(const rt::Program &program, const float *hostParams,
       std::to_string(
           (long long)std::llround(prop.totalGlobalMem / 1073741824.0)) +
       " GiB), " + (device.bf16 ? "bf16 mixed precision" : "fp32");
+
+  decideGraph(s);
+  s.description += s.graph.enabled
+                       ? ", steps as a CUDA graph"
+                       : ", steps launched eagerly (" + s.graph.reason + ")";
 
   // From here on stop() releases whatever was created.
   s.started = true;
@@ -432,6 +514,14 @@ void stopDevice() {
     cudaEventDestroy(s.staged);
   s.staged = nullptr;
   b = DeviceBuffers();
+  DeviceState::StepGraph &g = s.graph;
+  if (g.exec)
+    cudaGraphExecDestroy(g.exec);
+  if (g.hostSlots)
+    cudaFreeHost(g.hostSlots);
+  if (g.deviceSlots)
+    cudaFree(g.deviceSlots);
+  g = DeviceState::StepGraph();
   if (s.hostScalars)
     cudaFreeHost(s.hostScalars);
   s.hostScalars = nullptr;
@@ -440,6 +530,168 @@ void stopDevice() {
       cudaStreamDestroy(*stream);
     *stream = nullptr;
   }
+}
+
+// Waits for the step on the compute stream and hands its loss and norm
+// (copied to hostScalars by the step) to ctx: the step's one
+// synchronisation.
+void waitForStep(rt::StepContext &ctx, bool loss, bool norm) {
+  DeviceState &s = state();
+  cudaError_t status = cudaStreamSynchronize(s.compute);
+  // A collective that failed explains a failed step better than CUDA can.
+  std::string failure = detail::commFailure();
+  if (!failure.empty())
+    throw std::runtime_error(failure);
+  check(status, "cudaStreamSynchronize (end of step)");
+  ctx.loss = loss ? s.hostScalars[0] : NAN;
+  ctx.gradNorm = norm ? s.hostScalars[1] : NAN;
+}
+
+// AdamW's scalars for the step about to launch, in the pinned slots the
+// graph's first node copies to the device. The generated step passes
+// AdamW ctx.lr and the update count ctx.step + 1.
+void refillSlots(const rt::StepContext &ctx) {
+  DeviceState::StepGraph &g = state().graph;
+  for (size_t i = 0; i < g.slots.size(); i++)
+    g.hostSlots[i] = detail::adamScalars(g.slots[i], ctx.lr, ctx.step + 1);
+}
+
+void launchGraph(rt::StepContext &ctx) {
+  DeviceState &s = state();
+  DeviceState::StepGraph &g = s.graph;
+  for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
+    auto &counter = const_cast<rt::CollectiveCounter &>(
+        rt::collectiveCounter((rt::CollectiveKind)k));
+    counter.calls += g.counts[k].calls;
+    counter.elements += g.counts[k].elements;
+    counter.bytesSent += g.counts[k].bytesSent;
+  }
+  check(cudaGraphLaunch(g.exec, s.compute), "cudaGraphLaunch (the step)");
+  if (g.operations > 0)
+    detail::commGraphLaunched(g.operations);
+  waitForStep(ctx, g.loss, g.norm);
+}
+
+std::string errorText(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + ": " +
+         cudaGetErrorString(status);
+}
+
+// Captures the step into g.exec, launches it and waits for it. Returns
+// false, with the host's state as after an eager step's host code and the
+// counters as before, when CUDA refused the capture; nothing of the step
+// has run on the device then.
+bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
+  DeviceState &s = state();
+  DeviceState::StepGraph &g = s.graph;
+  // The slots, sized by the eager step's AdamW calls, before the capture
+  // (which allocates nothing).
+  if (g.capacity < g.eagerUpdates) {
+    if (g.hostSlots)
+      check(cudaFreeHost(g.hostSlots), "cudaFreeHost");
+    if (g.deviceSlots)
+      check(cudaFree(g.deviceSlots), "cudaFree");
+    g.hostSlots = nullptr;
+    g.deviceSlots = nullptr;
+    check(cudaMallocHost(&g.hostSlots, (size_t)g.eagerUpdates *
+                                           sizeof(detail::AdamScalars)),
+          "cudaMallocHost (AdamW's step scalars)");
+    check(cudaMalloc(&g.deviceSlots,
+                     (size_t)g.eagerUpdates * sizeof(detail::AdamScalars)),
+          "cudaMalloc (AdamW's step scalars)");
+    g.capacity = g.eagerUpdates;
+  }
+  rt::CollectiveCounter before[rt::kNumCollectiveKinds];
+  for (int k = 0; k < rt::kNumCollectiveKinds; k++)
+    before[k] = rt::collectiveCounter((rt::CollectiveKind)k);
+  g.slots.clear();
+  g.overflow = false;
+  g.loss = g.norm = false;
+
+  check(cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture (the step)");
+  g.capturing = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    if (g.capacity > 0)
+      check(cudaMemcpyAsync(g.deviceSlots, g.hostSlots,
+                            (size_t)g.capacity * sizeof(detail::AdamScalars),
+                            cudaMemcpyHostToDevice, s.compute),
+            "cudaMemcpyAsync (AdamW's step scalars)");
+    program.step(ctx);
+  } catch (const std::exception &e) {
+    g.capturing = false;
+    cudaStreamEndCapture(s.compute, &graph);
+    if (graph)
+      cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw std::runtime_error(
+        std::string("capturing the training step as a CUDA graph failed "
+                    "midway: ") +
+        e.what() + " (TESSEL_CUDA_GRAPH=0 runs the steps eagerly)");
+  }
+  g.capturing = false;
+  cudaError_t status = cudaStreamEndCapture(s.compute, &graph);
+  std::string refused;
+  if (status != cudaSuccess)
+    refused = "cudaStreamEndCapture: " + errorText(status);
+  else if (g.overflow)
+    refused = "the step made more AdamW calls than the first one";
+  if (refused.empty()) {
+    status = cudaGraphInstantiate(&g.exec, graph, 0);
+    if (status != cudaSuccess)
+      refused = "cudaGraphInstantiate: " + errorText(status);
+  }
+  if (graph)
+    cudaGraphDestroy(graph);
+  if (!refused.empty()) {
+    cudaGetLastError();
+    g.exec = nullptr;
+    for (int k = 0; k < rt::kNumCollectiveKinds; k++)
+      const_cast<rt::CollectiveCounter &>(
+          rt::collectiveCounter((rt::CollectiveKind)k)) = before[k];
+    g.enabled = false;
+    g.reason = "the capture failed: " + refused;
+    return false;
+  }
+  g.operations = 0;
+  for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
+    const rt::CollectiveCounter &now =
+        rt::collectiveCounter((rt::CollectiveKind)k);
+    g.counts[k].calls = now.calls - before[k].calls;
+    g.counts[k].elements = now.elements - before[k].elements;
+    g.counts[k].bytesSent = now.bytesSent - before[k].bytesSent;
+    g.operations += g.counts[k].calls;
+    // launchGraph adds them again.
+    const_cast<rt::CollectiveCounter &>(now) = before[k];
+  }
+  launchGraph(ctx);
+  return true;
+}
+
+// One training step (DeviceHooks::runStep): eagerly the first time, then
+// captured once and launched as a graph (see the top).
+void runStep(const rt::Program &program, rt::StepContext &ctx) {
+  DeviceState &s = state();
+  if (!s.started)
+    throw std::runtime_error("runStep before the CUDA device was started");
+  DeviceState::StepGraph &g = s.graph;
+  bool first = g.stepsRun++ == 0;
+  if (g.enabled && g.exec) {
+    refillSlots(ctx);
+    launchGraph(ctx);
+    return;
+  }
+  if (g.enabled && !first) {
+    if (captureStep(program, ctx))
+      return;
+    if (rt::commRank() == 0)
+      std::fprintf(stderr,
+                   "warning: the training step runs eagerly: %s\n",
+                   g.reason.c_str());
+  }
+  g.eagerUpdates = 0;
+  program.step(ctx);
 }
 
 const char *describe() { return state().description.c_str(); }
@@ -471,6 +723,32 @@ void detail::toBf16On(cudaStream_t stream, const float *in, bf16 *out,
 
 const DeviceBuffers &deviceBuffers() { return state().buffers; }
 
+bool detail::capturing() { return state().graph.capturing; }
+
+const detail::AdamScalars *
+detail::updateSlot(const AdamConstants &c, const AdamScalars &now) {
+  DeviceState::StepGraph &g = state().graph;
+  if (!g.capturing) {
+    g.eagerUpdates++;
+    return nullptr;
+  }
+  if ((int64_t)g.slots.size() >= g.capacity) {
+    // Refused when the capture ends; this launch's scalars are baked in.
+    g.overflow = true;
+    return nullptr;
+  }
+  g.hostSlots[g.slots.size()] = now;
+  g.slots.push_back(c);
+  return g.deviceSlots + (g.slots.size() - 1);
+}
+
+void detail::notWhileCapturing(const char *what) {
+  if (state().graph.capturing)
+    throw std::runtime_error(
+        std::string(what) +
+        " inside a step captured as a CUDA graph, which cannot replay it");
+}
+
 const rt::DeviceHooks *deviceHooks(const DeviceProgram &program) {
   DeviceState &s = state();
   s.commAxes.assign(program.commAxes,
@@ -489,7 +767,8 @@ const rt::DeviceHooks *deviceHooks(const DeviceProgram &program) {
     s.p2pOffsets.clear();
   }
   static const rt::DeviceHooks hooks = {&startDevice, &loadBatch, &download,
-                                        &stopDevice, &describe, &copyMoments};
+                                        &stopDevice,  &describe,  &copyMoments,
+                                        &runStep};
   return &hooks;
 }
 
@@ -505,19 +784,19 @@ void finishStep(rt::StepContext &ctx, const float *loss, const float *norm) {
     check(cudaMemcpyAsync(&s.hostScalars[1], norm, sizeof(float),
                           cudaMemcpyDeviceToHost, s.compute),
           "cudaMemcpyAsync (gradient norm)");
-  cudaError_t status = cudaStreamSynchronize(s.compute);
-  // A collective that failed explains a failed step better than CUDA can.
-  std::string failure = detail::commFailure();
-  if (!failure.empty())
-    throw std::runtime_error(failure);
-  check(status, "cudaStreamSynchronize (end of step)");
-  ctx.loss = loss ? s.hostScalars[0] : NAN;
-  ctx.gradNorm = norm ? s.hostScalars[1] : NAN;
+  // A captured step's copies run at each launch, which waits for them.
+  if (s.graph.capturing) {
+    s.graph.loss = loss != nullptr;
+    s.graph.norm = norm != nullptr;
+    return;
+  }
+  waitForStep(ctx, loss != nullptr, norm != nullptr);
 }
 
 void recordMetric(rt::StepContext &ctx, const char *name, const float *values,
                   int64_t n) {
   DeviceState &s = state();
+  detail::notWhileCapturing("recordMetric (a metric read on the host)");
   std::vector<float> host(n);
   check(cudaMemcpyAsync(host.data(), values, n * sizeof(float),
                         cudaMemcpyDeviceToHost, s.compute),

@@ -20,6 +20,35 @@ cudaStream_t commStream();
 // Device.cu: out[i] = bf16(in[i]) for n elements, on `stream`.
 void toBf16On(cudaStream_t stream, const float *in, bf16 *out, int64_t n);
 
+// Optimizer.cu: one AdamW call's hyperparameters, and the scalars its
+// kernel reads, which change from step to step (computed on the host in
+// double, as lib/Runtime/Optimizer.cpp does).
+struct AdamConstants {
+  float beta1, beta2, eps, weightDecay, maxNorm;
+};
+struct AdamScalars {
+  float decay;         // 1 - lr * weightDecay
+  float stepSize;      // lr / (1 - beta1^step)
+  float bc2Sqrt;       // sqrt(1 - beta2^step)
+  float oneMinusBeta1; // 1 - beta1
+  float oneMinusBeta2; // 1 - beta2
+  float beta2, eps, maxNorm;
+};
+AdamScalars adamScalars(const AdamConstants &c, float lr, int64_t step);
+
+// Device.cu: the step captured as a CUDA graph (see Device.cu).
+// True while this thread captures the step.
+bool capturing();
+// Every AdamW call of a step asks for its slot. While the step is captured
+// it gets the device copy of its scalars, which the runtime rewrites for
+// each later launch of the graph from that step's learning rate and update
+// count (`now`: this step's); otherwise null, and the kernel takes its
+// scalars by value.
+const AdamScalars *updateSlot(const AdamConstants &c, const AdamScalars &now);
+// Throws while the step is captured: `what` would wait for the device,
+// allocate or read device data on the host, which a graph cannot replay.
+void notWhileCapturing(const char *what);
+
 // Grid size for a grid-stride loop over n elements.
 inline unsigned blocksFor(int64_t n, int threads = 256) {
   int64_t b = (n + threads - 1) / threads;

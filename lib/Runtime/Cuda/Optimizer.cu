@@ -8,7 +8,9 @@
 //
 // adamwUpdate follows lib/Runtime/Optimizer.cpp (PyTorch's
 // _single_tensor_adamw): the scalars are computed on the host in double from
-// the shortest decimal of each float hyperparameter, then the element-wise
+// the shortest decimal of each float hyperparameter (in a step captured as
+// a CUDA graph the kernel reads them from a device slot that the runtime
+// refills before each launch with the same host code), then the element-wise
 // update is fp32 with every product and sum rounded separately (no fused
 // multiply-add), as the CPU evaluates it. The clip coefficient is computed
 // on the device from the global norm, so nothing waits for the host.
@@ -71,19 +73,14 @@ __global__ void sqrtKernel(const double *acc, int parts, float *out) {
   out[0] = float(sqrt(s));
 }
 
-// The per-step scalars of AdamW (see Optimizer.cpp).
-struct AdamScalars {
-  float decay;         // 1 - lr * weightDecay
-  float stepSize;      // lr / (1 - beta1^step)
-  float bc2Sqrt;       // sqrt(1 - beta2^step)
-  float oneMinusBeta1; // 1 - beta1
-  float oneMinusBeta2; // 1 - beta2
-  float beta2, eps, maxNorm;
-};
+using detail::AdamConstants;
+using detail::AdamScalars;
 
 __global__ void adamwKernel(float *p, bf16 *shadow, const float *g, float *m,
-                            float *v, int64_t n, AdamScalars k,
-                            const float *norm) {
+                            float *v, int64_t n, AdamScalars byValue,
+                            const AdamScalars *slot, const float *norm) {
+  // A captured step reads the scalars its launch was given (updateSlot).
+  const AdamScalars k = slot ? *slot : byValue;
   // torch.nn.utils.clip_grad_norm_'s coefficient, as
   // tessel::rt::clipCoefficient computes it (in double).
   float gradScale = 1.0f;
@@ -153,15 +150,11 @@ void sqrtInto(const double *acc, int parts, float *out) {
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
-void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
-                 int64_t n, float lr, float beta1, float beta2, float eps,
-                 float weightDecay, int64_t step, const float *norm,
-                 float maxNorm) {
-  if (n <= 0)
-    return;
-  const double lrD = shortestDecimal(lr), beta1D = shortestDecimal(beta1);
-  const double beta2D = shortestDecimal(beta2);
-  const double wdD = shortestDecimal(weightDecay);
+detail::AdamScalars detail::adamScalars(const AdamConstants &c, float lr,
+                                        int64_t step) {
+  const double lrD = shortestDecimal(lr), beta1D = shortestDecimal(c.beta1);
+  const double beta2D = shortestDecimal(c.beta2);
+  const double wdD = shortestDecimal(c.weightDecay);
   const double bc1 = 1.0 - std::pow(beta1D, (double)step);
   const double bc2 = 1.0 - std::pow(beta2D, (double)step);
   AdamScalars k;
@@ -170,11 +163,23 @@ void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
   k.bc2Sqrt = (float)std::sqrt(bc2);
   k.oneMinusBeta1 = (float)(1.0 - beta1D);
   k.oneMinusBeta2 = (float)(1.0 - beta2D);
-  k.beta2 = beta2;
-  k.eps = eps;
-  k.maxNorm = maxNorm;
+  k.beta2 = c.beta2;
+  k.eps = c.eps;
+  k.maxNorm = c.maxNorm;
+  return k;
+}
+
+void adamwUpdate(float *p, bf16 *shadow, const float *g, float *m, float *v,
+                 int64_t n, float lr, float beta1, float beta2, float eps,
+                 float weightDecay, int64_t step, const float *norm,
+                 float maxNorm) {
+  if (n <= 0)
+    return;
+  const AdamConstants c = {beta1, beta2, eps, weightDecay, maxNorm};
+  const AdamScalars k = detail::adamScalars(c, lr, step);
+  const AdamScalars *slot = detail::updateSlot(c, k);
   adamwKernel<<<blocksFor(n, kThreads), kThreads, 0, computeStream()>>>(
-      p, shadow, g, m, v, n, k, norm);
+      p, shadow, g, m, v, n, k, slot, norm);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -68,6 +68,9 @@ public:
     int64_t sendBytes = 0;
     // parallel.offload = "optimizer": AdamW's moments in pinned host memory.
     bool offloadOptimizer = false;
+    // Empty when the training step can be captured as a CUDA graph, else
+    // what in it reads device data on the host.
+    std::string hostReadsInStep;
   };
   virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
                                 mlir::ModuleOp top) const {

@@ -181,6 +181,10 @@ struct DeviceProgram {
   // kernel reads and writes them across the bus, and nothing else touches
   // them in a step.
   bool offloadOptimizer = false;
+  // Null when the training step can run as a CUDA graph (captured once,
+  // then launched per step); otherwise why not: what in the step waits
+  // for device data on the host.
+  const char *hostReadsInStep = nullptr;
 };
 
 // The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
