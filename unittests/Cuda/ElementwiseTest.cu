@@ -318,17 +318,28 @@ TEST(CudaElementwise, Transpose) {
   checkTranspose<float, float>({13}, {0});
 }
 
-template <typename TI, typename TO> void checkSliceInsert() {
-  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>());
-  const int64_t outer = 3, axis = 10, inner = 7, start = 4, len = 5;
+// `shift` elements into both device buffers: a pointer that is not 16-byte
+// aligned takes the one-element path.
+template <typename TI, typename TO>
+void checkSliceInsert(int64_t outer, int64_t axis, int64_t inner,
+                      int64_t start, int64_t len, int64_t shift = 0) {
+  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() + " [" +
+               std::to_string(outer) + ", " + std::to_string(axis) + ", " +
+               std::to_string(inner) + "] from " + std::to_string(start) +
+               " len " + std::to_string(len) + " shift " +
+               std::to_string(shift));
   auto x = roundTo<TI>(randomVector(size_t(outer * axis * inner), 14));
   std::vector<float> want(outer * len * inner);
   tessel::rt::sliceAxis(x.data(), want.data(), outer, axis, inner, start, len);
+  x.insert(x.begin(), size_t(shift), 0.0f);
   DeviceArray<TI> dx(x);
-  DeviceArray<TO> part(outer * len * inner);
+  DeviceArray<TO> part(shift + outer * len * inner);
   sync();
-  sliceAxis(dx.get(), part.get(), outer, axis, inner, start, len);
-  expectClose(part.download(), roundTo<TO>(want), 0, 0, "sliceAxis");
+  sliceAxis(dx.get() + shift, part.get() + shift, outer, axis, inner, start,
+            len);
+  auto got = part.download();
+  got.erase(got.begin(), got.begin() + shift);
+  expectClose(got, roundTo<TO>(want), 0, 0, "sliceAxis");
 
   // insertAxis leaves the rest of the output as it was.
   auto y = roundTo<TI>(randomVector(size_t(outer * len * inner), 15));
@@ -336,17 +347,32 @@ template <typename TI, typename TO> void checkSliceInsert() {
   std::vector<float> wantFull = before;
   tessel::rt::insertAxis(y.data(), wantFull.data(), outer, axis, inner, start,
                          len);
+  y.insert(y.begin(), size_t(shift), 0.0f);
+  before.insert(before.begin(), size_t(shift), 0.0f);
   DeviceArray<TI> dy(y);
   DeviceArray<TO> full(before);
   sync();
-  insertAxis(dy.get(), full.get(), outer, axis, inner, start, len);
-  expectClose(full.download(), roundTo<TO>(wantFull), 0, 0, "insertAxis");
+  insertAxis(dy.get() + shift, full.get() + shift, outer, axis, inner, start,
+             len);
+  auto gotFull = full.download();
+  gotFull.erase(gotFull.begin(), gotFull.begin() + shift);
+  expectClose(gotFull, roundTo<TO>(wantFull), 0, 0, "insertAxis");
 }
 
 TEST(CudaElementwise, SliceInsertAxis) {
-  checkSliceInsert<float, float>();
-  checkSliceInsert<bf16, bf16>();
-  checkSliceInsert<float, bf16>();
+  // One element at a time (sizes not multiples of 8).
+  checkSliceInsert<float, float>(3, 10, 7, 4, 5);
+  checkSliceInsert<bf16, bf16>(3, 10, 7, 4, 5);
+  checkSliceInsert<float, bf16>(3, 10, 7, 4, 5);
+  // In 16-byte vectors: q, k and v out of a fused projection's rows (inner
+  // 1, every size a multiple of 8), and heads of 8 along a middle axis.
+  checkSliceInsert<float, float>(37, 96, 1, 32, 32);
+  checkSliceInsert<bf16, bf16>(37, 96, 1, 64, 32);
+  checkSliceInsert<bf16, float>(37, 96, 1, 0, 32);
+  checkSliceInsert<float, bf16>(5, 6, 8, 2, 3);
+  // The same sizes off alignment: the one-element path.
+  checkSliceInsert<float, float>(37, 96, 1, 32, 32, 1);
+  checkSliceInsert<bf16, bf16>(5, 6, 8, 2, 3, 3);
 }
 
 //===--- Embedding --------------------------------------------------------===//

@@ -284,30 +284,62 @@ __global__ void transposeKernel(const TI *x, TO *out, int64_t total,
   }
 }
 
-// out[o, j, :] = x[o, start + j, :] over the [outer, len, inner] output.
-template <typename TI, typename TO>
-__global__ void sliceAxisKernel(const TI *x, TO *out, int64_t outer,
-                                int64_t srcAxis, int64_t inner, int64_t start,
-                                int64_t len) {
-  const int64_t run = len * inner;
-  const int64_t total = outer * run;
-  for (int64_t i = gridStart(); i < total; i += gridStride()) {
-    const int64_t o = i / run, rem = i % run;
-    out[i] = fromFloat<TO>(toFloat(x[(o * srcAxis + start) * inner + rem]));
+// sliceAxis (out[o, j, :] = x[o, start + j, :] over the [outer, len,
+// inner] output) and insertAxis (the reverse) over `runs` = outer rows of
+// `run` = len * inner elements, the axis-long tensor's rows `axisRun` =
+// axis * inner long and the piece at `offset` = start * inner in each. In
+// units of `width` elements (8: one 16-byte vector per thread, when every
+// size is a multiple of 8 and both pointers are 16-byte aligned; else 1),
+// with Index 32-bit when the axis-long tensor has fewer than 2^31 of them
+// (a 64-bit division costs several times more). Copies, so every path
+// gives the same bits.
+template <int Width, bool Insert, typename Index, typename TI, typename TO>
+__global__ void axisPieceKernel(const TI *x, TO *out, Index units, Index run,
+                                Index axisRun, Index offset) {
+  const Index stride = Index(blockDim.x) * gridDim.x;
+  for (Index u = Index(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
+       u += stride) {
+    const Index o = u / run;
+    const Index far = o * axisRun + offset + (u - o * run);
+    const int64_t near = int64_t(u) * Width;
+    const int64_t wide = int64_t(far) * Width;
+    if constexpr (Width == 8) {
+      float v[8];
+      load8(x + (Insert ? near : wide), v);
+      store8(out + (Insert ? wide : near), v);
+    } else {
+      out[Insert ? wide : near] = fromFloat<TO>(toFloat(x[Insert ? near : wide]));
+    }
   }
 }
 
-// out[o, start + j, :] = x[o, j, :] over the [outer, len, inner] input.
-template <typename TI, typename TO>
-__global__ void insertAxisKernel(const TI *x, TO *out, int64_t outer,
-                                 int64_t dstAxis, int64_t inner, int64_t start,
-                                 int64_t len) {
-  const int64_t run = len * inner;
-  const int64_t total = outer * run;
-  for (int64_t i = gridStart(); i < total; i += gridStride()) {
-    const int64_t o = i / run, rem = i % run;
-    out[(o * dstAxis + start) * inner + rem] = fromFloat<TO>(toFloat(x[i]));
-  }
+template <bool Insert, typename TI, typename TO>
+void launchAxisPiece(const TI *x, TO *out, int64_t outer, int64_t axis,
+                     int64_t inner, int64_t start, int64_t len) {
+  if (outer <= 0 || len <= 0 || inner <= 0)
+    return;
+  const int64_t run = len * inner, axisRun = axis * inner,
+                offset = start * inner;
+  const bool vectors = run % 8 == 0 && axisRun % 8 == 0 && offset % 8 == 0 &&
+                       aligned16(x) && aligned16(out);
+  const int64_t width = vectors ? 8 : 1;
+  const int64_t units = outer * run / width;
+  const bool narrow = outer * axisRun / width < (int64_t(1) << 31);
+  auto launch = [&](auto kernel, auto index) {
+    using Index = decltype(index);
+    kernel<<<blocksFor(units), kThreads, 0, computeStream()>>>(
+        x, out, Index(units), Index(run / width), Index(axisRun / width),
+        Index(offset / width));
+  };
+  if (vectors && narrow)
+    launch(axisPieceKernel<8, Insert, uint32_t, TI, TO>, uint32_t());
+  else if (vectors)
+    launch(axisPieceKernel<8, Insert, int64_t, TI, TO>, int64_t());
+  else if (narrow)
+    launch(axisPieceKernel<1, Insert, uint32_t, TI, TO>, uint32_t());
+  else
+    launch(axisPieceKernel<1, Insert, int64_t, TI, TO>, int64_t());
+  TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
 //===--- Embedding --------------------------------------------------------===//
@@ -563,23 +595,13 @@ void transpose(const TI *x, TO *out, const int64_t *shape, const int64_t *perm,
 template <typename TI, typename TO>
 void sliceAxis(const TI *x, TO *out, int64_t outer, int64_t srcAxis,
                int64_t inner, int64_t start, int64_t len) {
-  const int64_t total = outer * len * inner;
-  if (outer <= 0 || len <= 0 || inner <= 0)
-    return;
-  sliceAxisKernel<<<blocksFor(total), kThreads, 0, computeStream()>>>(
-      x, out, outer, srcAxis, inner, start, len);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchAxisPiece<false>(x, out, outer, srcAxis, inner, start, len);
 }
 
 template <typename TI, typename TO>
 void insertAxis(const TI *x, TO *out, int64_t outer, int64_t dstAxis,
                 int64_t inner, int64_t start, int64_t len) {
-  const int64_t total = outer * len * inner;
-  if (outer <= 0 || len <= 0 || inner <= 0)
-    return;
-  insertAxisKernel<<<blocksFor(total), kThreads, 0, computeStream()>>>(
-      x, out, outer, dstAxis, inner, start, len);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchAxisPiece<true>(x, out, outer, dstAxis, inner, start, len);
 }
 
 template <typename TT, typename TO>
