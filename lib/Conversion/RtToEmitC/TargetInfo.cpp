@@ -129,14 +129,11 @@ public:
       if (usesScratch(op))
         info.scratch.push_back(scratchBytes(op, mesh));
       // What keeps the step from running as a CUDA graph: the host waits
-      // for device data inside it.
-      if (info.hostReadsInStep.empty()) {
-        if (isa<rt::MoeExchangeOp, rt::MoeCombineOp>(op))
-          info.hostReadsInStep =
-              "the expert exchange reads its counts on the host";
-        else if (isa<rt::RecordMetricOp>(op))
-          info.hostReadsInStep = "the step's metrics are read on the host";
-      }
+      // for device data inside it (metrics, read after the step, do not).
+      if (info.hostReadsInStep.empty() &&
+          isa<rt::MoeExchangeOp, rt::MoeCombineOp>(op))
+        info.hostReadsInStep =
+            "the expert exchange reads its counts on the host";
       // The staging allGatherAlong / reduceScatterAlong ask for when the
       // gathered dimension is not the outermost: the gathered blocks, the
       // packed input, g x n elements of the piece's n.

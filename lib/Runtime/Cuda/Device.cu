@@ -21,13 +21,14 @@
 //     eager step into pinned slots; the graph's first node copies them to
 //     the device, and every launch is preceded by refilling them for its
 //     step (updateSlot, refillSlots);
-//   - host reads of device data (finishStep's loss and norm): the copies to
-//     pinned memory are captured and the host waits once, after the launch
-//     (waitForStep);
-//   - waits, allocations and host-side reads of counts inside the step
-//     (notWhileCapturing): a program whose step has them (expert routing,
-//     recorded metrics) says so at compile time (DeviceProgram::
-//     hostReadsInStep) and runs eagerly;
+//   - host reads of device data at the end of the step (finishStep's loss
+//     and norm, recordMetric's values): the copies to pinned memory are
+//     captured and the host waits once, after the launch (waitForStep);
+//   - waits, allocations and host-side reads inside the step
+//     (notWhileCapturing): a program whose step has them (the expert
+//     exchange, which sizes its messages from counts read on the host)
+//     says so at compile time (DeviceProgram::hostReadsInStep) and runs
+//     eagerly;
 //   - per-operation watching: the watchdog follows each launch as one
 //     operation, and the collective counters grow by the captured step's
 //     counts per launch.
@@ -124,6 +125,17 @@ struct DeviceState {
     detail::AdamScalars *deviceSlots = nullptr; // read by the kernels
     // What the captured finishStep copied back.
     bool loss = false, norm = false;
+    // The metrics the step records (recordMetric): their floats in an
+    // eager step, and in the captured one each metric's place in the
+    // pinned buffer its copies land in.
+    struct Metric {
+      std::string name;
+      int64_t at, n;
+    };
+    int64_t eagerMetricFloats = 0;
+    std::vector<Metric> metrics;
+    int64_t metricCapacity = 0;
+    float *hostMetrics = nullptr; // pinned
     // The captured step's communication, added to the counters per launch.
     rt::CollectiveCounter counts[rt::kNumCollectiveKinds];
     int64_t operations = 0;
@@ -521,6 +533,8 @@ void stopDevice() {
     cudaFreeHost(g.hostSlots);
   if (g.deviceSlots)
     cudaFree(g.deviceSlots);
+  if (g.hostMetrics)
+    cudaFreeHost(g.hostMetrics);
   g = DeviceState::StepGraph();
   if (s.hostScalars)
     cudaFreeHost(s.hostScalars);
@@ -570,6 +584,10 @@ void launchGraph(rt::StepContext &ctx) {
   if (g.operations > 0)
     detail::commGraphLaunched(g.operations);
   waitForStep(ctx, g.loss, g.norm);
+  for (const DeviceState::StepGraph::Metric &m : g.metrics)
+    ctx.metrics.push_back(
+        {m.name, std::vector<double>(g.hostMetrics + m.at,
+                                     g.hostMetrics + m.at + m.n)});
 }
 
 std::string errorText(cudaError_t status) {
@@ -601,6 +619,16 @@ bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
           "cudaMalloc (AdamW's step scalars)");
     g.capacity = g.eagerUpdates;
   }
+  if (g.metricCapacity < g.eagerMetricFloats) {
+    if (g.hostMetrics)
+      check(cudaFreeHost(g.hostMetrics), "cudaFreeHost");
+    g.hostMetrics = nullptr;
+    check(cudaMallocHost(&g.hostMetrics,
+                         (size_t)g.eagerMetricFloats * sizeof(float)),
+          "cudaMallocHost (the step's metrics)");
+    g.metricCapacity = g.eagerMetricFloats;
+  }
+  g.metrics.clear();
   rt::CollectiveCounter before[rt::kNumCollectiveKinds];
   for (int k = 0; k < rt::kNumCollectiveKinds; k++)
     before[k] = rt::collectiveCounter((rt::CollectiveKind)k);
@@ -636,7 +664,8 @@ bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
   if (status != cudaSuccess)
     refused = "cudaStreamEndCapture: " + errorText(status);
   else if (g.overflow)
-    refused = "the step made more AdamW calls than the first one";
+    refused = "the step made more AdamW calls or recorded more metrics than "
+              "the first one";
   if (refused.empty()) {
     status = cudaGraphInstantiate(&g.exec, graph, 0);
     if (status != cudaSuccess)
@@ -691,6 +720,7 @@ void runStep(const rt::Program &program, rt::StepContext &ctx) {
                    g.reason.c_str());
   }
   g.eagerUpdates = 0;
+  g.eagerMetricFloats = 0;
   program.step(ctx);
 }
 
@@ -796,7 +826,24 @@ void finishStep(rt::StepContext &ctx, const float *loss, const float *norm) {
 void recordMetric(rt::StepContext &ctx, const char *name, const float *values,
                   int64_t n) {
   DeviceState &s = state();
-  detail::notWhileCapturing("recordMetric (a metric read on the host)");
+  DeviceState::StepGraph &g = s.graph;
+  if (g.capturing) {
+    // Copied at each launch into the pinned buffer that launchGraph reads
+    // after the step's synchronisation.
+    int64_t at = g.metrics.empty() ? 0
+                                   : g.metrics.back().at + g.metrics.back().n;
+    if (at + n > g.metricCapacity) {
+      g.overflow = true; // refused when the capture ends
+      return;
+    }
+    if (n > 0)
+      check(cudaMemcpyAsync(g.hostMetrics + at, values, n * sizeof(float),
+                            cudaMemcpyDeviceToHost, s.compute),
+            "cudaMemcpyAsync (metric)");
+    g.metrics.push_back({name, at, n});
+    return;
+  }
+  g.eagerMetricFloats += n;
   std::vector<float> host(n);
   check(cudaMemcpyAsync(host.data(), values, n * sizeof(float),
                         cudaMemcpyDeviceToHost, s.compute),
