@@ -357,6 +357,8 @@ TEST(CudaMoe, GroupedMatmulMatchesCpu) {
     checkGroupedMatmul<float, float, float>(16, 8, 72, 40, transW);
     checkGroupedMatmul<float, float, float>(6, 3, 17, 130, transW);
     checkGroupedMatmul<bf16, bf16, bf16>(16, 8, 72, 40, transW);
+    // Tensor cores: several tiles each way, the depth not a multiple of 32.
+    checkGroupedMatmul<bf16, bf16, bf16>(11, 4, 200, 136, transW);
     checkGroupedMatmul<bf16, float, bf16>(8, 8, 64, 96, transW);
   }
 }
@@ -404,6 +406,7 @@ TEST(CudaMoe, GroupedMatmulWeightGradMatchesCpu) {
     checkGroupedWeightGrad<float, float, float>(16, 8, 72, 40, transW);
     checkGroupedWeightGrad<float, float, float>(6, 3, 17, 130, transW);
     checkGroupedWeightGrad<bf16, bf16, float>(16, 8, 72, 40, transW);
+    checkGroupedWeightGrad<bf16, bf16, bf16>(11, 4, 200, 136, transW);
   }
 }
 
@@ -509,13 +512,16 @@ TEST(CudaMoe, StatisticsAndLossesMatchCpu) {
   checkStatsAndLosses<bf16, bf16>();
 }
 
-// Runs twice give the same bits (no atomics, fixed reduction orders).
-TEST(CudaMoe, Deterministic) {
+// Runs twice give the same bits (no atomics, fixed reduction orders), on
+// CUDA cores (fp32) and on tensor cores (bf16).
+template <typename T> void checkDeterministic() {
+  SCOPED_TRACE(typeName<T>());
   const int64_t segments = 16, E = 8, K = 72, N = 40;
   auto offsets = segmentOffsets(segments);
   const int64_t rows = offsets[segments];
-  DeviceArray<float> x(randomVector(rows * K, 24)),
-      dout(randomVector(rows * N, 25)), dW(E * K * N);
+  DeviceArray<T> x(randomVector(rows * K, 24)),
+      dout(randomVector(rows * N, 25));
+  DeviceArray<float> dW(E * K * N);
   DeviceArray<int32_t> dOffsets(asFloats(offsets));
   groupedMatmulWeightGradSegments(x.get(), dout.get(), dW.get(), dOffsets.get(),
                                   segments, E, K, N, false);
@@ -523,6 +529,11 @@ TEST(CudaMoe, Deterministic) {
   groupedMatmulWeightGradSegments(x.get(), dout.get(), dW.get(), dOffsets.get(),
                                   segments, E, K, N, false);
   expectBitwiseEqual(dW.download(), first, "groupedMatmulWeightGradSegments");
+}
+
+TEST(CudaMoe, Deterministic) {
+  checkDeterministic<float>();
+  checkDeterministic<bf16>();
 }
 
 //===--- Expert parallelism on one rank -----------------------------------===//

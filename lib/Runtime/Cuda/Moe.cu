@@ -52,8 +52,10 @@
 #include "tessel/Runtime/Cuda/Device.h"
 
 #include <cmath>
+#include <mma.h>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace tessel::cuda {
 
@@ -498,6 +500,103 @@ __device__ void gemmTile(const TX *x, const TW *We, TO *out, int64_t r0,
   }
 }
 
+// Tensor cores (sm_80 and later) for bf16 operands: WMMA 16 x 16 x 16
+// products with fp32 accumulators over the same 64 x 64 tile, each of the 8
+// warps owning a 16 x 32 piece, the depth in steps of kBf16Depth. Operands
+// are staged in shared memory as bf16 (rows padded by 8 elements, which
+// keeps every fragment 32-byte aligned), the accumulators go through
+// shared memory to the masked, optionally accumulating store.
+constexpr int kBf16Depth = 32;
+constexpr int kBf16Pad = 8;
+
+// The 64 x 64 fp32 tile from the warps' accumulators, stored to out
+// [rows from r0 (count of them), columns from n0, ld N] (plus what it holds
+// with `accumulate`).
+template <typename TO, typename Frag>
+__device__ void storeTile(Frag (&acc)[2], TO *out, int64_t r0, int64_t count,
+                          int64_t n0, int64_t N, int64_t ldOut,
+                          bool accumulate) {
+  __shared__ __align__(32) float Cs[kTile][kTile + 4];
+  const int warp = threadIdx.x / 32, wr = warp % 4, wc = warp / 4;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    nvcuda::wmma::store_matrix_sync(&Cs[wr * 16][wc * 32 + j * 16], acc[j],
+                                    kTile + 4, nvcuda::wmma::mem_row_major);
+  __syncthreads();
+  for (int l = threadIdx.x; l < kTile * kTile; l += kGemmThreads) {
+    const int m = l / kTile, n = l % kTile;
+    if (m >= count || n0 + n >= N)
+      continue;
+    TO *o = out + (r0 + m) * ldOut + n0 + n;
+    *o = fromFloat<TO>(Cs[m][n] + (accumulate ? toFloat(*o) : 0.0f));
+  }
+  __syncthreads();
+}
+
+template <typename TO>
+__device__ void gemmTileBf16(const bf16 *x, const bf16 *We, TO *out,
+                             int64_t r0, int64_t count, int64_t n0, int64_t K,
+                             int64_t N, bool transW, bool accumulate) {
+  using namespace nvcuda;
+  __shared__ __align__(32) bf16 As[kTile][kBf16Depth + kBf16Pad]; // [m][k]
+  __shared__ __align__(32) bf16 Bs[kBf16Depth][kTile + kBf16Pad]; // [k][n]
+  const int tid = threadIdx.x, warp = tid / 32, wr = warp % 4, wc = warp / 4;
+  const bf16 zero = __float2bfloat16(0.0f);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.0f);
+  wmma::fill_fragment(acc[1], 0.0f);
+  for (int64_t k0 = 0; k0 < K; k0 += kBf16Depth) {
+    for (int l = tid; l < kTile * kBf16Depth; l += kGemmThreads) {
+      const int m = l / kBf16Depth, kk = l % kBf16Depth;
+      As[m][kk] = m < count && k0 + kk < K ? x[(r0 + m) * K + k0 + kk] : zero;
+      if (transW) {
+        const int n = l / kBf16Depth;
+        Bs[kk][n] = n0 + n < N && k0 + kk < K ? We[(n0 + n) * K + k0 + kk]
+                                              : zero;
+      } else {
+        const int kb = l / kTile, n = l % kTile;
+        Bs[kb][n] = n0 + n < N && k0 + kb < K ? We[(k0 + kb) * N + n0 + n]
+                                              : zero;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBf16Depth; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+      wmma::load_matrix_sync(a, &As[wr * 16][kk], kBf16Depth + kBf16Pad);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+        wmma::load_matrix_sync(b, &Bs[kk][wc * 32 + j * 16],
+                               kTile + kBf16Pad);
+        wmma::mma_sync(acc[j], a, b, acc[j]);
+      }
+    }
+    __syncthreads();
+  }
+  storeTile(acc, out, r0, count, n0, N, N, accumulate);
+}
+
+// bf16 x bf16 on tensor cores where the device has them; other types (and
+// a build for an older architecture) on CUDA cores.
+template <typename TA, typename TB> constexpr bool onTensorCores() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  return std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16>;
+#else
+  return false;
+#endif
+}
+
+template <typename TX, typename TW, typename TO>
+__device__ void anyGemmTile(const TX *x, const TW *We, TO *out, int64_t r0,
+                            int64_t count, int64_t n0, int64_t K, int64_t N,
+                            bool transW, bool accumulate) {
+  if constexpr (onTensorCores<TX, TW>())
+    gemmTileBf16(x, We, out, r0, count, n0, K, N, transW, accumulate);
+  else
+    gemmTile(x, We, out, r0, count, n0, K, N, transW, accumulate);
+}
+
 // Persistent: every block walks the segments in order, numbering their
 // tiles, and computes tiles blockIdx.x, blockIdx.x + gridDim.x, ...
 template <typename TX, typename TW, typename TO>
@@ -518,8 +617,8 @@ __global__ void groupedMatmulKernel(const TX *x, const TW *W, TO *out,
     for (int64_t i = first; i < tiles; i += gridDim.x) {
       const int64_t tm = i / tilesN, tn = i % tilesN;
       const int64_t left = rows - tm * kTile;
-      gemmTile(x, We, out, r0 + tm * kTile, left < kTile ? left : kTile,
-               tn * kTile, K, N, transW, accumulate);
+      anyGemmTile(x, We, out, r0 + tm * kTile, left < kTile ? left : kTile,
+                  tn * kTile, K, N, transW, accumulate);
     }
     numbered += tiles;
   }
@@ -530,10 +629,10 @@ __global__ void groupedMatmulKernel(const TX *x, const TW *W, TO *out,
 // a = dout, b = x. A block per 64 x 64 tile of one expert, the rows in
 // order, segment by segment.
 template <typename TA, typename TB, typename TO>
-__global__ void groupedWeightGradKernel(const TA *a, const TB *b, TO *dW,
-                                        const int32_t *offsets,
-                                        int64_t segments, int64_t E, int64_t P,
-                                        int64_t Q, bool accumulate) {
+__device__ void weightGradTile(const TA *a, const TB *b, TO *dW,
+                               const int32_t *offsets, int64_t segments,
+                               int64_t E, int64_t P, int64_t Q,
+                               bool accumulate) {
   __shared__ float As[kDepth][kTile];
   __shared__ float Bs[kDepth][kTile];
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
@@ -576,6 +675,66 @@ __global__ void groupedWeightGradKernel(const TA *a, const TB *b, TO *dW,
       *o = fromFloat<TO>(acc[i][j] + (accumulate ? toFloat(*o) : 0.0f));
     }
   }
+}
+
+// The same on tensor cores: a^T as WMMA's column-major A straight from the
+// rows staged in shared memory, the rows in steps of kBf16Depth (padded
+// with zeros past a segment's end), in the same order.
+template <typename TO>
+__device__ void weightGradTileBf16(const bf16 *a, const bf16 *b, TO *dW,
+                                   const int32_t *offsets, int64_t segments,
+                                   int64_t E, int64_t P, int64_t Q,
+                                   bool accumulate) {
+  using namespace nvcuda;
+  __shared__ __align__(32) bf16 As[kBf16Depth][kTile + kBf16Pad]; // [r][p]
+  __shared__ __align__(32) bf16 Bs[kBf16Depth][kTile + kBf16Pad]; // [r][q]
+  const int tid = threadIdx.x, warp = tid / 32, wr = warp % 4, wc = warp / 4;
+  const int64_t q0 = int64_t(blockIdx.x) * kTile,
+                p0 = int64_t(blockIdx.y) * kTile;
+  const int64_t e = blockIdx.z;
+  const bf16 zero = __float2bfloat16(0.0f);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.0f);
+  wmma::fill_fragment(acc[1], 0.0f);
+  for (int64_t s = e; s < segments; s += E) {
+    const int64_t end = offsets[s + 1];
+    for (int64_t r0 = offsets[s]; r0 < end; r0 += kBf16Depth) {
+      for (int l = tid; l < kTile * kBf16Depth; l += kGemmThreads) {
+        const int rr = l / kTile, c = l % kTile;
+        const bool row = r0 + rr < end;
+        As[rr][c] = row && p0 + c < P ? a[(r0 + rr) * P + p0 + c] : zero;
+        Bs[rr][c] = row && q0 + c < Q ? b[(r0 + rr) * Q + q0 + c] : zero;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kBf16Depth; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> fa;
+        wmma::load_matrix_sync(fa, &As[kk][wr * 16], kTile + kBf16Pad);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, &Bs[kk][wc * 32 + j * 16],
+                                 kTile + kBf16Pad);
+          wmma::mma_sync(acc[j], fa, fb, acc[j]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+  const int64_t left = P - p0;
+  storeTile(acc, dW + e * P * Q, p0, left < kTile ? left : kTile, q0, Q, Q,
+            accumulate);
+}
+
+template <typename TA, typename TB, typename TO>
+__global__ void groupedWeightGradKernel(const TA *a, const TB *b, TO *dW,
+                                        const int32_t *offsets,
+                                        int64_t segments, int64_t E, int64_t P,
+                                        int64_t Q, bool accumulate) {
+  if constexpr (onTensorCores<TA, TB>())
+    weightGradTileBf16(a, b, dW, offsets, segments, E, P, Q, accumulate);
+  else
+    weightGradTile(a, b, dW, offsets, segments, E, P, Q, accumulate);
 }
 
 // Blocks for the persistent grouped GEMM: enough to fill the device.
