@@ -77,7 +77,7 @@ TEST(CudaElementwise, AddMulBroadcast) {
     }
     checkBroadcast<bf16, float, bf16>(37 * 1001, 1001, mul);
     checkBroadcast<float, bf16, float>(37 * 1001, 1001, mul);
-    // Multiples of 8: the vectorised add (and the element-wise multiply).
+    // Multiples of 8: eight elements a thread.
     for (int64_t nb : {int64_t(1000), int64_t(8), int64_t(64 * 1000)}) {
       checkBroadcast<float, float, float>(64 * 1000, nb, mul);
       checkBroadcast<bf16, bf16, bf16>(64 * 1000, nb, mul);
@@ -121,9 +121,10 @@ TEST(CudaElementwise, ReduceSumLeading) {
 
 //===--- Pointwise --------------------------------------------------------===//
 
-template <typename TI, typename TO> void checkScale() {
-  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>());
-  const int64_t n = 100003;
+// Sizes odd (one element a thread) and multiples of 8 (eight).
+template <typename TI, typename TO> void checkScale(int64_t n) {
+  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() +
+               " n=" + std::to_string(n));
   auto x = roundTo<TI>(randomVector(size_t(n), 4, -3.0f, 3.0f));
   std::vector<float> want(n);
   tessel::rt::scale(x.data(), want.data(), n, 0.37f);
@@ -135,17 +136,20 @@ template <typename TI, typename TO> void checkScale() {
 }
 
 TEST(CudaElementwise, Scale) {
-  checkScale<float, float>();
-  checkScale<bf16, bf16>();
-  checkScale<float, bf16>();
+  for (int64_t n : {int64_t(100003), int64_t(100000)}) {
+    checkScale<float, float>(n);
+    checkScale<bf16, bf16>(n);
+    checkScale<float, bf16>(n);
+  }
 }
 
 enum class Act { Gelu, Silu };
 
-template <typename TI, typename TO> void checkActivationForward(Act act) {
+template <typename TI, typename TO>
+void checkActivationForward(Act act, int64_t n) {
   SCOPED_TRACE(std::string(act == Act::Gelu ? "gelu " : "silu ") +
-               typeName<TI>() + "->" + typeName<TO>());
-  const int64_t n = 65537;
+               typeName<TI>() + "->" + typeName<TO>() +
+               " n=" + std::to_string(n));
   auto x = roundTo<TI>(randomVector(size_t(n), 5, -5.0f, 5.0f));
   std::vector<float> want(n);
   DeviceArray<TI> dx(x);
@@ -188,19 +192,20 @@ void checkActivationBackward(Act act) {
 
 TEST(CudaElementwise, GeluSilu) {
   for (Act act : {Act::Gelu, Act::Silu}) {
-    checkActivationForward<float, float>(act);
-    checkActivationForward<bf16, bf16>(act);
-    checkActivationForward<float, bf16>(act);
+    for (int64_t n : {int64_t(65537), int64_t(65536)}) {
+      checkActivationForward<float, float>(act, n);
+      checkActivationForward<bf16, bf16>(act, n);
+      checkActivationForward<float, bf16>(act, n);
+    }
     checkActivationBackward<float, float, float>(act);
     checkActivationBackward<bf16, bf16, bf16>(act);
     checkActivationBackward<bf16, float, float>(act);
   }
 }
 
-template <typename TI, typename TO> void checkSwiglu(bool withSilu) {
+template <typename TI, typename TO> void checkSwiglu(bool withSilu, int64_t n) {
   SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() +
-               (withSilu ? " with silu" : ""));
-  const int64_t n = 50001;
+               (withSilu ? " with silu" : "") + " n=" + std::to_string(n));
   auto gate = roundTo<TI>(randomVector(size_t(n), 8, -5.0f, 5.0f));
   auto up = roundTo<TI>(randomVector(size_t(n), 9, -2.0f, 2.0f));
   std::vector<float> wantSilu(n), want(n);
@@ -220,16 +225,18 @@ template <typename TI, typename TO> void checkSwiglu(bool withSilu) {
 }
 
 TEST(CudaElementwise, Swiglu) {
-  for (bool withSilu : {true, false}) {
-    checkSwiglu<float, float>(withSilu);
-    checkSwiglu<bf16, bf16>(withSilu);
+  for (int64_t n : {int64_t(50001), int64_t(50000)}) {
+    for (bool withSilu : {true, false}) {
+      checkSwiglu<float, float>(withSilu, n);
+      checkSwiglu<bf16, bf16>(withSilu, n);
+    }
+    checkSwiglu<bf16, float>(true, n);
   }
-  checkSwiglu<bf16, float>(true);
 }
 
-template <typename TI, typename TO> void checkCopy() {
-  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>());
-  const int64_t n = 70001;
+template <typename TI, typename TO> void checkCopy(int64_t n) {
+  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() +
+               " n=" + std::to_string(n));
   auto x = roundTo<TI>(randomVector(size_t(n), 10, -100.0f, 100.0f));
   DeviceArray<TI> dx(x);
   DeviceArray<TO> out(n);
@@ -239,10 +246,12 @@ template <typename TI, typename TO> void checkCopy() {
 }
 
 TEST(CudaElementwise, CopyFill) {
-  checkCopy<float, float>();
-  checkCopy<float, bf16>();
-  checkCopy<bf16, float>();
-  checkCopy<bf16, bf16>();
+  for (int64_t n : {int64_t(70001), int64_t(70000)}) {
+    checkCopy<float, float>(n);
+    checkCopy<float, bf16>(n);
+    checkCopy<bf16, float>(n);
+    checkCopy<bf16, bf16>(n);
+  }
 
   DeviceArray<float> f(1000);
   sync();
@@ -257,8 +266,8 @@ TEST(CudaElementwise, CopyFill) {
               "fill bf16");
 }
 
-TEST(CudaElementwise, AccumulateInto) {
-  const int64_t n = 30011;
+void checkAccumulate(int64_t n) {
+  SCOPED_TRACE("n=" + std::to_string(n));
   auto a = randomVector(size_t(n), 11), b = randomVector(size_t(n), 12);
   std::vector<float> want(n);
   tessel::rt::accumulateSum(a.data(), want.data(), true, n);
@@ -278,6 +287,11 @@ TEST(CudaElementwise, AccumulateInto) {
   accumulateInto(dah.get(), acc.get(), n, true);
   accumulateInto(dbh.get(), acc.get(), n, false);
   expectClose(acc.download(), want, 0, 0, "accumulateInto bf16");
+}
+
+TEST(CudaElementwise, AccumulateInto) {
+  checkAccumulate(30011);
+  checkAccumulate(30008);
 }
 
 //===--- Layout -----------------------------------------------------------===//

@@ -1,9 +1,10 @@
 //===- Elementwise.cu - Pointwise, layout and embedding kernels -----------===//
 //
 // The CUDA counterparts of lib/Runtime/Kernels/{Elementwise,Layout,
-// Embedding,VocabParallel}.cpp. Pointwise kernels are grid-stride loops over
-// 64-bit indices that load the storage type, compute in fp32 and store the
-// output type.
+// Embedding,VocabParallel}.cpp. Pointwise kernels are grid-stride loops
+// that load the storage type, compute in fp32 (one functor per kernel) and
+// store the output type, eight elements a thread with 16-byte accesses
+// where the sizes are multiples of 8 and the pointers aligned, else one.
 //
 // The two reductions are deterministic: their order depends only on the
 // shape, never on thread timing.
@@ -53,11 +54,11 @@ __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 //===--- Pointwise --------------------------------------------------------===//
 
 // Eight consecutive elements as fp32, in one or two 16-byte accesses. The
-// pointwise kernels most steps run (residual adds, bias broadcasts, GELU's
-// backward) take this path when their sizes are multiples of 8 and their
-// pointers 16-byte aligned: one element per thread with 64-bit indices left
-// them at a third of the memory bandwidth (measured on an H200). The
-// arithmetic per element is unchanged, so results are the same bits.
+// pointwise kernels take this path when their sizes are multiples of 8 and
+// their pointers 16-byte aligned: one element per thread with 64-bit
+// indices left them at a third of the memory bandwidth (measured on an
+// H200 for the residual adds and GELU's backward). The arithmetic per
+// element is unchanged, so results are the same bits.
 __device__ inline void load8(const float *p, float v[8]) {
   const float4 a = reinterpret_cast<const float4 *>(p)[0];
   const float4 b = reinterpret_cast<const float4 *>(p)[1];
@@ -101,56 +102,9 @@ __device__ inline int64_t broadcastIndex(int64_t v, int64_t nv, int64_t nbv) {
   return v % nbv;
 }
 
-template <typename TA, typename TB, typename TO>
-__global__ void addBroadcast8Kernel(const TA *a, const TB *b, TO *out,
-                                    int64_t nv, int64_t nbv) {
-  for (int64_t v = gridStart(); v < nv; v += gridStride()) {
-    float x[8], y[8];
-    load8(a + 8 * v, x);
-    load8(b + 8 * broadcastIndex(v, nv, nbv), y);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      x[e] = x[e] + y[e];
-    store8(out + 8 * v, x);
-  }
-}
-
-template <typename TA, typename TB, typename TO>
-__global__ void addBroadcastKernel(const TA *a, const TB *b, TO *out, int64_t n,
-                                   int64_t nb) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const int64_t j = nb == n ? i : i % nb;
-    out[i] = fromFloat<TO>(toFloat(a[i]) + toFloat(b[j]));
-  }
-}
-
-template <typename TA, typename TB, typename TO>
-__global__ void mulBroadcastKernel(const TA *a, const TB *b, TO *out, int64_t n,
-                                   int64_t nb) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const int64_t j = nb == n ? i : i % nb;
-    out[i] = fromFloat<TO>(toFloat(a[i]) * toFloat(b[j]));
-  }
-}
-
-template <typename TI, typename TO>
-__global__ void scaleKernel(const TI *x, TO *out, int64_t n, float s) {
-  for (int64_t i = gridStart(); i < n; i += gridStride())
-    out[i] = fromFloat<TO>(toFloat(x[i]) * s);
-}
-
 // GELU, tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))).
 constexpr float kGeluC = float(0.7978845608028654); // sqrt(2/pi)
 constexpr float kGeluA = float(0.044715);
-
-template <typename TI, typename TO>
-__global__ void geluForwardKernel(const TI *x, TO *out, int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const float xi = toFloat(x[i]);
-    const float u = kGeluC * (xi + kGeluA * xi * xi * xi);
-    out[i] = fromFloat<TO>(0.5f * xi * (1.0f + tanhViaExp(u)));
-  }
-}
 
 __device__ inline float geluGrad(float xi) {
   const float x2 = xi * xi;
@@ -159,76 +113,160 @@ __device__ inline float geluGrad(float xi) {
   return 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
 }
 
-template <typename TI, typename TG, typename TO>
-__global__ void geluBackwardKernel(const TI *x, const TG *dout, TO *dx,
-                                   int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride())
-    dx[i] = fromFloat<TO>(toFloat(dout[i]) * geluGrad(toFloat(x[i])));
-}
-
-template <typename TI, typename TG, typename TO>
-__global__ void geluBackward8Kernel(const TI *x, const TG *dout, TO *dx,
-                                    int64_t nv) {
-  for (int64_t v = gridStart(); v < nv; v += gridStride()) {
-    float xv[8], g[8];
-    load8(x + 8 * v, xv);
-    load8(dout + 8 * v, g);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      g[e] = g[e] * geluGrad(xv[e]);
-    store8(dx + 8 * v, g);
+// The arithmetic of each pointwise kernel, in fp32, shared by its
+// one-element and eight-element paths (so both give the same bits).
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Mul {
+  __device__ float operator()(float a, float b) const { return a * b; }
+};
+struct Scale {
+  float s;
+  __device__ float operator()(float x) const { return x * s; }
+};
+struct Identity {
+  __device__ float operator()(float x) const { return x; }
+};
+struct Gelu {
+  __device__ float operator()(float x) const {
+    const float u = kGeluC * (x + kGeluA * x * x * x);
+    return 0.5f * x * (1.0f + tanhViaExp(u));
   }
-}
-
-template <typename TI, typename TO>
-__global__ void siluForwardKernel(const TI *x, TO *out, int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const float xi = toFloat(x[i]);
-    out[i] = fromFloat<TO>(xi / (1.0f + expf(-xi)));
+};
+struct GeluGrad { // (x, dout)
+  __device__ float operator()(float x, float g) const {
+    return g * geluGrad(x);
   }
-}
-
+};
+struct Silu {
+  __device__ float operator()(float x) const { return x / (1.0f + expf(-x)); }
+};
 // silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
-template <typename TI, typename TG, typename TO>
-__global__ void siluBackwardKernel(const TI *x, const TG *dout, TO *dx,
-                                   int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const float xi = toFloat(x[i]);
-    const float s = sigmoid(xi);
-    dx[i] = fromFloat<TO>(toFloat(dout[i]) * (s * (1.0f + xi * (1.0f - s))));
+struct SiluGrad { // (x, dout)
+  __device__ float operator()(float x, float g) const {
+    const float s = sigmoid(x);
+    return g * (s * (1.0f + x * (1.0f - s)));
+  }
+};
+struct Accumulate { // (src, acc): the first microbatch sets, the rest add
+  bool first;
+  __device__ float operator()(float src, float acc) const {
+    return first ? src : acc + src;
+  }
+};
+
+// out = f(a, b[broadcast]) for nu units of Width elements (8: one 16-byte
+// access per operand, see load8), b repeating every nbu units.
+template <int Width, typename F, typename TA, typename TB, typename TO>
+__global__ void broadcastKernel(F f, const TA *a, const TB *b, TO *out,
+                                int64_t nu, int64_t nbu) {
+  for (int64_t u = gridStart(); u < nu; u += gridStride()) {
+    const int64_t j = broadcastIndex(u, nu, nbu);
+    if constexpr (Width == 8) {
+      float x[8], y[8];
+      load8(a + 8 * u, x);
+      load8(b + 8 * j, y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        x[e] = f(x[e], y[e]);
+      store8(out + 8 * u, x);
+    } else {
+      out[u] = fromFloat<TO>(f(toFloat(a[u]), toFloat(b[j])));
+    }
   }
 }
 
-template <typename TI, typename TO>
+// out = f(x) over nu units of Width elements.
+template <int Width, typename F, typename TI, typename TO>
+__global__ void map1Kernel(F f, const TI *x, TO *out, int64_t nu) {
+  for (int64_t u = gridStart(); u < nu; u += gridStride()) {
+    if constexpr (Width == 8) {
+      float v[8];
+      load8(x + 8 * u, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        v[e] = f(v[e]);
+      store8(out + 8 * u, v);
+    } else {
+      out[u] = fromFloat<TO>(f(toFloat(x[u])));
+    }
+  }
+}
+
+// Eight elements a thread where n and nb are multiples of 8 and every
+// pointer is 16-byte aligned, else one.
+template <typename F, typename TA, typename TB, typename TO>
+void launchBroadcast(F f, const TA *a, const TB *b, TO *out, int64_t n,
+                     int64_t nb) {
+  if (n <= 0)
+    return;
+  if (n % 8 == 0 && nb % 8 == 0 && nb > 0 && aligned16(a) && aligned16(b) &&
+      aligned16(out))
+    broadcastKernel<8><<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        f, a, b, out, n / 8, nb / 8);
+  else
+    broadcastKernel<1><<<blocksFor(n), kThreads, 0, computeStream()>>>(
+        f, a, b, out, n, nb);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename F, typename TI, typename TO>
+void launchMap(F f, const TI *x, TO *out, int64_t n) {
+  if (n <= 0)
+    return;
+  if (n % 8 == 0 && aligned16(x) && aligned16(out))
+    map1Kernel<8><<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        f, x, out, n / 8);
+  else
+    map1Kernel<1><<<blocksFor(n), kThreads, 0, computeStream()>>>(f, x, out,
+                                                                  n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
+// SwiGLU's forward: out = silu(gate) * up, and silu(gate) itself into
+// siluOut when it is non-null.
+template <int Width, typename TI, typename TO>
 __global__ void swigluForwardKernel(const TI *gate, const TI *up, TO *out,
-                                    TO *siluOut, int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride()) {
-    const float g = toFloat(gate[i]);
-    const float s = g / (1.0f + expf(-g));
-    out[i] = fromFloat<TO>(s * toFloat(up[i]));
-    if (siluOut)
-      siluOut[i] = fromFloat<TO>(s);
+                                    TO *siluOut, int64_t nu) {
+  for (int64_t u = gridStart(); u < nu; u += gridStride()) {
+    float g[Width], v[Width];
+    if constexpr (Width == 8) {
+      load8(gate + 8 * u, g);
+      load8(up + 8 * u, v);
+    } else {
+      g[0] = toFloat(gate[u]);
+      v[0] = toFloat(up[u]);
+    }
+#pragma unroll
+    for (int e = 0; e < Width; ++e) {
+      g[e] = Silu{}(g[e]);
+      v[e] = g[e] * v[e];
+    }
+    if constexpr (Width == 8) {
+      store8(out + 8 * u, v);
+      if (siluOut)
+        store8(siluOut + 8 * u, g);
+    } else {
+      out[u] = fromFloat<TO>(v[0]);
+      if (siluOut)
+        siluOut[u] = fromFloat<TO>(g[0]);
+    }
   }
 }
 
-template <typename TI, typename TO>
-__global__ void copyKernel(const TI *x, TO *out, int64_t n) {
-  for (int64_t i = gridStart(); i < n; i += gridStride())
-    out[i] = fromFloat<TO>(toFloat(x[i]));
-}
-
-template <typename TO>
-__global__ void fillKernel(TO *out, int64_t n, float value) {
-  const TO v = fromFloat<TO>(value);
-  for (int64_t i = gridStart(); i < n; i += gridStride())
-    out[i] = v;
-}
-
-template <typename TI>
-__global__ void accumulateKernel(const TI *src, float *acc, int64_t n,
-                                 bool first) {
-  for (int64_t i = gridStart(); i < n; i += gridStride())
-    acc[i] = first ? toFloat(src[i]) : acc[i] + toFloat(src[i]);
+template <int Width, typename TO>
+__global__ void fillKernel(TO *out, int64_t nu, float value) {
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    v[e] = value;
+  for (int64_t u = gridStart(); u < nu; u += gridStride()) {
+    if constexpr (Width == 8)
+      store8(out + 8 * u, v);
+    else
+      out[u] = fromFloat<TO>(value);
+  }
 }
 
 //===--- Column sums ------------------------------------------------------===//
@@ -433,27 +471,12 @@ void launchEmbeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
 
 template <typename TA, typename TB, typename TO>
 void addBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb) {
-  if (n <= 0)
-    return;
-  if (n % 8 == 0 && nb % 8 == 0 && nb > 0 && aligned16(a) && aligned16(b) &&
-      aligned16(out)) {
-    addBroadcast8Kernel<<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
-        a, b, out, n / 8, nb / 8);
-    TESSEL_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  addBroadcastKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(a, b, out,
-                                                                     n, nb);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchBroadcast(Add{}, a, b, out, n, nb);
 }
 
 template <typename TA, typename TB, typename TO>
 void mulBroadcast(const TA *a, const TB *b, TO *out, int64_t n, int64_t nb) {
-  if (n <= 0)
-    return;
-  mulBroadcastKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(a, b, out,
-                                                                     n, nb);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchBroadcast(Mul{}, a, b, out, n, nb);
 }
 
 template <typename TI, typename TO>
@@ -471,50 +494,27 @@ void reduceSumLeading(const TI *x, TO *out, int64_t rows, int64_t cols) {
 
 template <typename TI, typename TO>
 void scale(const TI *x, TO *out, int64_t n, float s) {
-  if (n <= 0)
-    return;
-  scaleKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n, s);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchMap(Scale{s}, x, out, n);
 }
 
 template <typename TI, typename TO>
 void geluForward(const TI *x, TO *out, int64_t n) {
-  if (n <= 0)
-    return;
-  geluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchMap(Gelu{}, x, out, n);
 }
 
 template <typename TI, typename TG, typename TO>
 void geluBackward(const TI *x, const TG *dout, TO *dx, int64_t n) {
-  if (n <= 0)
-    return;
-  if (n % 8 == 0 && aligned16(x) && aligned16(dout) && aligned16(dx)) {
-    geluBackward8Kernel<<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
-        x, dout, dx, n / 8);
-    TESSEL_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  geluBackwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, dout,
-                                                                     dx, n);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchBroadcast(GeluGrad{}, x, dout, dx, n, n);
 }
 
 template <typename TI, typename TO>
 void siluForward(const TI *x, TO *out, int64_t n) {
-  if (n <= 0)
-    return;
-  siluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchMap(Silu{}, x, out, n);
 }
 
 template <typename TI, typename TG, typename TO>
 void siluBackward(const TI *x, const TG *dout, TO *dx, int64_t n) {
-  if (n <= 0)
-    return;
-  siluBackwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, dout,
-                                                                     dx, n);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchBroadcast(SiluGrad{}, x, dout, dx, n, n);
 }
 
 template <typename TI, typename TO>
@@ -522,28 +522,36 @@ void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
                    int64_t n) {
   if (n <= 0)
     return;
-  swigluForwardKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(
-      gate, up, out, siluOut, n);
+  if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(out) &&
+      (!siluOut || aligned16(siluOut)))
+    swigluForwardKernel<8><<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        gate, up, out, siluOut, n / 8);
+  else
+    swigluForwardKernel<1><<<blocksFor(n), kThreads, 0, computeStream()>>>(
+        gate, up, out, siluOut, n);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename TI, typename TO> void copy(const TI *x, TO *out, int64_t n) {
   if (n <= 0)
     return;
-  if constexpr (std::is_same_v<TI, TO>) {
+  if constexpr (std::is_same_v<TI, TO>)
     TESSEL_CUDA_CHECK(cudaMemcpyAsync(out, x, size_t(n) * sizeof(TO),
                                       cudaMemcpyDeviceToDevice,
                                       computeStream()));
-  } else {
-    copyKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(x, out, n);
-    TESSEL_CUDA_CHECK(cudaGetLastError());
-  }
+  else
+    launchMap(Identity{}, x, out, n);
 }
 
 template <typename TO> void fill(TO *out, int64_t n, float value) {
   if (n <= 0)
     return;
-  fillKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(out, n, value);
+  if (n % 8 == 0 && aligned16(out))
+    fillKernel<8><<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        out, n / 8, value);
+  else
+    fillKernel<1><<<blocksFor(n), kThreads, 0, computeStream()>>>(out, n,
+                                                                  value);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -634,11 +642,7 @@ void embeddingBackwardRange(const int32_t *ids, const TG *dout, TO *dtable,
 
 template <typename TI>
 void accumulateInto(const TI *src, float *acc, int64_t n, bool first) {
-  if (n <= 0)
-    return;
-  accumulateKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(src, acc, n,
-                                                                   first);
-  TESSEL_CUDA_CHECK(cudaGetLastError());
+  launchBroadcast(Accumulate{first}, src, acc, acc, n, n);
 }
 
 //===--- Instantiations ---------------------------------------------------===//
