@@ -10,7 +10,9 @@
 #             and bf16, against the CPU reference program of the same spec
 #             (gpt-tiny, llama-tiny, mixtral-tiny, GPT-2 124M at seq_len
 #             256), compared by
-#             bench/gpu/compare_losses.py
+#             bench/gpu/compare_losses.py; and each fp32 program's steps as
+#             a CUDA graph (the default) against the same program launched
+#             eagerly (TESSEL_CUDA_GRAPH=0), bitwise
 #   bench     Tessel's training throughput and MFU in bf16: GPT-2 124M
 #             (16 x 1024 tokens) and a 1.3B GPT (examples/gpt-1.3b.json, 8 x 2048),
 #             each with its steps as a CUDA graph (the default) and again
@@ -914,6 +916,9 @@ if want numerics; then
     for precision in fp32 bf16; do
       tessel_run "num-$name-cuda-$precision" "$NUMERICS_STEPS" 90 || true
     done
+    # The fp32 program again with every kernel launched by the host: the
+    # step as a CUDA graph must give the same bits.
+    tessel_run "num-$name-cuda-fp32-eager" "$NUMERICS_STEPS" 90 "num-$name-cuda-fp32" TESSEL_CUDA_GRAPH=0 || true
   done
   if [[ -n $cpu_pid ]]; then wait "$cpu_pid" || true; fi
   BG_PIDS=()
@@ -956,6 +961,28 @@ if want numerics; then
         check_result FAIL "$label: compare_losses.py failed: $line"
       fi
     done
+    # Graph against eager launches: bitwise.
+    graph=$LOGS/num-$name-cuda-fp32.jsonl
+    eager=$LOGS/num-$name-cuda-fp32-eager.jsonl
+    label="numerics $name fp32 CUDA graph vs eager launches"
+    if [[ ! -s $graph ]]; then
+      continue # reported above
+    elif [[ ! -s $eager ]]; then
+      outcome=$(cat "$LOGS/num-$name-cuda-fp32-eager.run.status" 2>/dev/null || echo "not run")
+      if [[ $outcome == skipped ]]; then
+        check_result SKIP "$label: the eager run was skipped (time budget)"
+      else
+        check_result FAIL "$label: the eager run $outcome (see $LOGS/num-$name-cuda-fp32-eager.run.log)"
+      fi
+    else
+      line=$(python3 bench/gpu/compare_losses.py "$eager" "$graph" --steps "$NUMERICS_STEPS" \
+        --name "$label" --rtol 0 --grad-rtol 0 2>&1 || true)
+      if [[ $line == PASS\ * || $line == FAIL\ * ]]; then
+        check_result "${line%% *}" "${line#* }"
+      else
+        check_result FAIL "$label: compare_losses.py failed: $line"
+      fi
+    fi
   done
 fi
 
