@@ -263,7 +263,8 @@ llvm::Expected<Cluster> tessel::sim::clusterFromJson(const json &j,
                        "memory_bandwidth_gbs", "gemm_efficiency",
                        "gemm_half_size", "attention_efficiency",
                        "memory_efficiency", "kernel_overhead_us",
-                       "host_bandwidth_gbs", "kernel_gbs"}))
+                       "graph_kernel_overhead_us", "host_bandwidth_gbs",
+                       "kernel_gbs"}))
     return std::move(e);
   Device &dv = c.device;
   if (auto e = d.string("name", dv.name))
@@ -286,6 +287,10 @@ llvm::Expected<Cluster> tessel::sim::clusterFromJson(const json &j,
     return std::move(e);
   if (auto e = d.number("kernel_overhead_us", dv.kernelOverhead, 1e-6, false))
     return std::move(e);
+  if (dev->contains("graph_kernel_overhead_us"))
+    if (auto e = d.number("graph_kernel_overhead_us", dv.graphKernelOverhead,
+                          1e-6, false))
+      return std::move(e);
   if (auto e = d.number("host_bandwidth_gbs", dv.hostBandwidth, 1e9, false))
     return std::move(e);
   for (const char *f : {"gemm_efficiency", "attention_efficiency",
@@ -376,6 +381,8 @@ json tessel::sim::clusterToJson(const Cluster &c) {
                  {"attention_efficiency", d.attentionEfficiency},
                  {"memory_efficiency", d.memoryEfficiency},
                  {"kernel_overhead_us", d.kernelOverhead * 1e6}};
+  if (d.graphKernelOverhead >= 0)
+    device["graph_kernel_overhead_us"] = d.graphKernelOverhead * 1e6;
   if (d.hostBandwidth > 0)
     device["host_bandwidth_gbs"] = d.hostBandwidth / 1e9;
   if (!d.kernelBytesPerSecond.empty()) {

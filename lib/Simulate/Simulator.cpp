@@ -63,8 +63,12 @@ static double balancedRows(Value x, int64_t k, int64_t segments,
          sources;
 }
 
-KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
+KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
+                                   bool inGraph) {
   const Device &d = cluster.device;
+  const double overhead = inGraph && d.graphKernelOverhead >= 0
+                              ? d.graphKernelOverhead
+                              : d.kernelOverhead;
   KernelCost cost;
   llvm::SmallPtrSet<Value, 8> seen;
   for (Value v : op->getOperands())
@@ -113,7 +117,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
     double eff = d.gemmEfficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h));
     double peak = cluster.peak(typeName(rt::elementBytesOf(a)));
     double t = peak > 0 && eff > 0 ? cost.flops / (peak * eff) : 0;
-    cost.seconds = std::max(t, memoryTime) + d.kernelOverhead;
+    cost.seconds = std::max(t, memoryTime) + overhead;
     return cost;
   }
   auto attention = [&](int64_t b, int64_t s, int64_t heads, int64_t dim,
@@ -123,7 +127,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
                  (causal ? 0.5 : 1.0);
     double peak = cluster.peak(typeName(rt::elementBytesOf(q)));
     double t = cost.flops / (peak * d.attentionEfficiency);
-    cost.seconds = std::max(t, memoryTime) + d.kernelOverhead;
+    cost.seconds = std::max(t, memoryTime) + overhead;
   };
   if (auto f = dyn_cast<rt::AttentionForwardOp>(op)) {
     attention(f.getBatch(), f.getSeq(), f.getHeads(), f.getHeadDim(),
@@ -141,7 +145,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster) {
     if (it != d.kernelBytesPerSecond.end())
       memoryTime = cost.bytes / it->second;
   }
-  cost.seconds = memoryTime + d.kernelOverhead;
+  cost.seconds = memoryTime + overhead;
   return cost;
 }
 
@@ -246,6 +250,7 @@ struct Cursor {
   llvm::DenseMap<Value, double> requestDone;
   double sendsDone = 0;
   std::map<unsigned, int64_t> ppSyncs; // axes bits -> collectives passed
+  bool graph = false; // its kernels are nodes of a CUDA graph
   ProgramTimes times;
 };
 
@@ -363,6 +368,13 @@ llvm::Error Simulation::load() {
       if (op.getNumRegions() == 0)
         c.items.push_back({&op, -1, Phase::Step, -1});
     }
+    // As the CUDA runtime decides (DeviceProgram::hostReadsInStep): a step
+    // whose expert exchange reads counts on the host launches eagerly.
+    c.graph = options.cudaGraphs;
+    program.walk([&](Operation *op) {
+      if (isa<rt::MoeExchangeOp, rt::MoeCombineOp>(op))
+        c.graph = false;
+    });
     cursors.push_back(std::move(c));
   }
   top.walk([&](Operation *op) {
@@ -544,7 +556,7 @@ bool Simulation::step(size_t index) {
   if (kernel) {
     auto it = costs.find(op);
     if (it == costs.end())
-      it = costs.try_emplace(op, kernelCost(op, cluster)).first;
+      it = costs.try_emplace(op, kernelCost(op, cluster, c.graph)).first;
     const KernelCost &k = it->second;
     c.t += k.seconds;
     (item.phase == Phase::Update ? c.times.optimizer : c.times.compute) +=

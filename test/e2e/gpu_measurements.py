@@ -14,6 +14,7 @@ HALF = 300.0         # GEMM half-size
 ATTENTION = 0.45     # attention's fraction of the bf16 peak
 BANDWIDTH = 3.0e12   # bytes/s
 OVERHEAD = 3e-6      # s per launch
+GRAPH_OVERHEAD = 1e-6  # a kernel inside a CUDA graph
 RANKS = 8
 LINK = 150e9         # bytes/s a GPU gets from NCCL in the node
 ALPHA = 8e-6         # s per message
@@ -54,6 +55,7 @@ def main():
         "attention": attention,
         "bandwidth": BANDWIDTH,
         "overhead": OVERHEAD,
+        "graph_overhead": GRAPH_OVERHEAD,
         "kernels": {"layerNormForward": {"bytes": 1e8,
                                          "seconds": OVERHEAD + 1e8 / 2.5e12}},
         "all_reduce": all_reduce,

@@ -190,7 +190,14 @@ tessel::simulateCompiled(const std::string &dir, const sim::Cluster &cluster,
     return createStringError(inQuotes(std::string(irPath)) +
                              " cannot be read; compile the spec again:\n" +
                              diagnostics);
-  Expected<sim::SimResult> result = sim::simulate(*module, cluster, options);
+  // A CUDA program's step runs as a CUDA graph (see docs/cuda.md).
+  Expected<json> plan = readPlan(dir);
+  if (!plan)
+    return plan.takeError();
+  sim::SimOptions withTarget = options;
+  withTarget.cudaGraphs = plan->value("target", std::string("cpu")) == "cuda";
+  Expected<sim::SimResult> result =
+      sim::simulate(*module, cluster, withTarget);
   if (!result)
     return createStringError(dir + ": " + toString(result.takeError()));
   return result;
@@ -588,6 +595,9 @@ void fitDeviceInto(const json &m, const json &gemms,
   d.memoryBandwidth = m["bandwidth"];
   d.memoryEfficiency = 1;
   d.kernelOverhead = m["overhead"];
+  // A CUDA graph's kernel (GPU measurements only).
+  if (m.contains("graph_overhead"))
+    d.graphKernelOverhead = m["graph_overhead"];
   kernelRatesInto(m["kernels"], d);
 }
 
@@ -628,7 +638,8 @@ Expected<sim::Cluster> clusterFromGpuMeasurements(const json &m,
         "measured by tessel calibrate --target cuda ({0}): cuBLASLt GEMMs "
         "at {1} bf16 shapes fitted to the efficiency curve (fp32 at {2} "
         "shapes, the same half-size), the runtime's flash attention, a "
-        "streaming add's bandwidth, one launch's time, {3} kernels' rates",
+        "streaming add's bandwidth, one launch's time (and a CUDA graph "
+        "node's), {3} kernels' rates",
         device, m["gemm_bf16"].size(), m["gemm_fp32"].size(),
         m["kernels"].size());
     c.sources["links"] =

@@ -51,6 +51,9 @@ struct Device {
   // memory bandwidth.
   double memoryEfficiency = 1;
   double kernelOverhead = 0; // s per kernel call
+  // s per kernel call inside a CUDA graph (a CUDA program's step from its
+  // second on); negative: the same as kernelOverhead.
+  double graphKernelOverhead = -1;
   // Measured rates of particular runtime functions (bytes of their operands
   // per second), which replace the memory-bound estimate (`tessel
   // calibrate` fills them in for the CPU's kernels).

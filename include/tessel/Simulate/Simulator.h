@@ -37,7 +37,9 @@ struct KernelCost {
   double bytes = 0; // operand bytes
   const char *kind = "memory"; // gemm, attention, memory
 };
-KernelCost kernelCost(mlir::Operation *op, const Cluster &cluster);
+// `inGraph`: the call is a node of a CUDA graph.
+KernelCost kernelCost(mlir::Operation *op, const Cluster &cluster,
+                      bool inGraph = false);
 
 // Where a group's ranks sit: how many, on how many nodes, at most how many
 // on one node.
@@ -91,6 +93,9 @@ struct SimResult {
 
 struct SimOptions {
   bool trace = false;
+  // The programs are CUDA programs: a step without host reads inside it
+  // runs as a CUDA graph (Device::graphKernelOverhead per kernel).
+  bool cudaGraphs = false;
 };
 
 // Replays the programs of `top` (the module convert-pipe-to-rt produced).
