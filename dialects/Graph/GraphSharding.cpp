@@ -262,6 +262,14 @@ LogicalResult SoftmaxGradOp::propagateSharding(ShardingContext &ctx) {
   return elementwise(*this, ctx, {-1});
 }
 LogicalResult RopeOp::propagateSharding(ShardingContext &ctx) {
+  // Linear in its input: a partial sum (the gradient of KV heads replicated
+  // over tp) rotates as it is and is summed later, where a consumer can
+  // take it split (a reduce-scatter) rather than whole.
+  Sharding in = ctx.get(getInput());
+  if (!in.partial.empty() && in.dims[1].empty() && in.dims[3].empty()) {
+    ctx.set(getResult(), in);
+    return success();
+  }
   // The position of a token must be whole to rotate it.
   return elementwise(*this, ctx, {1, 3});
 }
@@ -459,9 +467,37 @@ LogicalResult MatmulOp::propagateSharding(ShardingContext &ctx) {
   int64_t lM = tl ? lr - 1 : lr - 2, lK = tl ? lr - 2 : lr - 1;
   int64_t rK = tr ? rr - 1 : rr - 2, rN = tr ? rr - 2 : rr - 1;
   Sharding l = ctx.reduced(getLhs()), r = ctx.reduced(getRhs());
+  bool sumBatch = getSumBatch();
+  // An operand that is a partial sum over axes P (the gradient of KV heads
+  // replicated over tp) need not be summed whole: split along a dimension
+  // by P it is a reduce-scatter, half an all-reduce. Along K where the
+  // other side splits K by P (the product is then partial over P, summed
+  // with the sums it joins), or, for a weight gradient (sum_batch), along M
+  // (the gradient comes out split like a column-parallel weight).
+  auto splitPartial = [&](Value v, Sharding &self, int64_t kDim,
+                          int64_t mDim, const Sharding &other,
+                          int64_t otherK) {
+    AxisSet partial = ctx.get(v).partial, used;
+    for (const AxisSet &d : self.dims)
+      used |= d;
+    partial -= used;
+    ArrayRef<int64_t> shape = shapeOf(v);
+    auto divides = [&](AxisSet axes, int64_t d) {
+      return !axes.empty() && shape[d] % ctx.mesh().groupSize(axes) == 0;
+    };
+    AxisSet viaK = partial & other.dims[otherK];
+    if (self.dims[kDim].empty() && divides(viaK, kDim)) {
+      self.dims[kDim] = viaK;
+      partial -= viaK;
+    }
+    if (sumBatch && mDim >= 0 && self.dims[mDim].empty() &&
+        divides(partial, mDim))
+      self.dims[mDim] = partial;
+  };
+  splitPartial(getLhs(), l, lK, lM, r, rK);
+  splitPartial(getRhs(), r, rK, -1, l, lK);
   // Contract over the axes both sides split K by (and, with sum_batch, each
   // batch dimension by); gather the others.
-  bool sumBatch = getSumBatch();
   AxisSet k;
   for (int64_t d = 0; d < lr - 2; ++d)
     if (sumBatch) {
