@@ -185,15 +185,30 @@ check_result() {
   say "$1 $2"
 }
 
-# outcome_of NAME: why a Tessel program left no metrics: the first of its
-# compile and run outcomes that is not "ok".
+# outcome_of NAME [PROGRAM]: why the run NAME of a Tessel program (PROGRAM,
+# default NAME) left no metrics: the first of the program's compile and the
+# run's outcomes that is not "ok".
 outcome_of() {
-  local stage s
-  for stage in compile run; do
-    s=$(cat "$LOGS/$1.$stage.status" 2>/dev/null || echo "not run")
+  local s
+  for s in "${2:-$1}.compile" "$1.run"; do
+    s=$(cat "$LOGS/$s.status" 2>/dev/null || echo "not run")
     if [[ $s != ok ]]; then echo "$s"; return; fi
   done
   echo "left no metrics"
+}
+
+# compare_metrics LABEL REFERENCE CANDIDATE TOLERANCES...: compare_losses.py's
+# verdict on the candidate's per-step metrics, as a check line.
+compare_metrics() {
+  local label=$1 ref=$2 cand=$3 line
+  shift 3
+  line=$(python3 bench/gpu/compare_losses.py "$ref" "$cand" --steps "$NUMERICS_STEPS" \
+    --name "$label" "$@" 2>&1 || true)
+  if [[ $line == PASS\ * || $line == FAIL\ * ]]; then
+    check_result "${line%% *}" "${line#* }"
+  else
+    check_result FAIL "$label: compare_losses.py failed: $line"
+  fi
 }
 
 # run_logged NAME LIMIT_S CMD...: runs CMD with its output in $LOGS/NAME.log
@@ -953,13 +968,7 @@ if want numerics; then
       else
         tolerances=(--rtol "$BF16_RTOL" --first-rtol "$BF16_FIRST_RTOL" --grad-rtol "$BF16_GRAD_RTOL")
       fi
-      line=$(python3 bench/gpu/compare_losses.py "$ref" "$cand" --steps "$NUMERICS_STEPS" \
-        --name "$label" "${tolerances[@]}" 2>&1 || true)
-      if [[ $line == PASS\ * || $line == FAIL\ * ]]; then
-        check_result "${line%% *}" "${line#* }"
-      else
-        check_result FAIL "$label: compare_losses.py failed: $line"
-      fi
+      compare_metrics "$label" "$ref" "$cand" "${tolerances[@]}"
     done
     # Graph against eager launches: bitwise.
     graph=$LOGS/num-$name-cuda-fp32.jsonl
@@ -968,20 +977,14 @@ if want numerics; then
     if [[ ! -s $graph ]]; then
       continue # reported above
     elif [[ ! -s $eager ]]; then
-      outcome=$(cat "$LOGS/num-$name-cuda-fp32-eager.run.status" 2>/dev/null || echo "not run")
+      outcome=$(outcome_of "num-$name-cuda-fp32-eager" "num-$name-cuda-fp32")
       if [[ $outcome == skipped ]]; then
         check_result SKIP "$label: the eager run was skipped (time budget)"
       else
         check_result FAIL "$label: the eager run $outcome (see $LOGS/num-$name-cuda-fp32-eager.run.log)"
       fi
     else
-      line=$(python3 bench/gpu/compare_losses.py "$eager" "$graph" --steps "$NUMERICS_STEPS" \
-        --name "$label" --rtol 0 --grad-rtol 0 2>&1 || true)
-      if [[ $line == PASS\ * || $line == FAIL\ * ]]; then
-        check_result "${line%% *}" "${line#* }"
-      else
-        check_result FAIL "$label: compare_losses.py failed: $line"
-      fi
+      compare_metrics "$label" "$eager" "$graph" --rtol 0 --grad-rtol 0
     fi
   done
 fi
@@ -1007,7 +1010,7 @@ if want bench; then
     # (A program that did not compile has been reported above.)
     [[ $(cat "$LOGS/bench-$name-tessel.compile.status" 2>/dev/null) == ok ]] || continue
     if ! tessel_run "bench-$name-tessel-eager" "$BENCH_STEPS" 240 "bench-$name-tessel" TESSEL_CUDA_GRAPH=0; then
-      outcome=$(cat "$LOGS/bench-$name-tessel-eager.run.status" 2>/dev/null || echo "not run")
+      outcome=$(outcome_of "bench-$name-tessel-eager" "bench-$name-tessel")
       if [[ $outcome == skipped ]]; then
         check_result SKIP "benchmark $name: the Tessel run without the CUDA graph was skipped (time budget)"
       else
