@@ -244,29 +244,45 @@ TYPED_TEST(Gemm, BiasGradEpilogue) {
   checkBiasGrad<TypeParam>(256, 128, 256, 116);
 }
 
+// The operands of an M x K by K x N product (B stored [N, K] with transB)
+// with a third M x N operand of the output's type (a pre-activation, an
+// addend), on the host and on the device, and the device output.
+template <typename S> struct EpilogueOperands {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  EpilogueOperands(int64_t M, int64_t N, int64_t K, uint32_t seed)
+      : a(roundTo<TAB>(randomVector(M * K, seed))),
+        b(roundTo<TAB>(randomVector(K * N, seed + 1))),
+        third(roundTo<TC>(randomVector(M * N, seed + 2))), dA(a), dB(b),
+        dThird(third), out(M * N) {
+    sync();
+  }
+  std::vector<float> a, b, third;
+  DeviceArray<TAB> dA, dB;
+  DeviceArray<TC> dThird, out;
+};
+
+std::string shapeTrace(int64_t M, int64_t N, int64_t K, bool transB) {
+  return "M=" + std::to_string(M) + " N=" + std::to_string(N) +
+         " K=" + std::to_string(K) + " transB=" + std::to_string(transB);
+}
+
 // matmulGeluGrad against matmul and geluBackward.
 template <typename S>
 void checkGeluGrad(int64_t M, int64_t N, int64_t K, bool transB,
                    uint32_t seed) {
-  using TAB = typename S::AB;
-  using TC = typename S::C;
-  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
-               " K=" + std::to_string(K) + " transB=" + std::to_string(transB));
-  const std::vector<float> a = roundTo<TAB>(randomVector(M * K, seed));
-  const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
-  const std::vector<float> pre = roundTo<TC>(randomVector(M * N, seed + 2));
-  DeviceArray<TAB> dA(a), dB(b);
-  DeviceArray<TC> dPre(pre), dx(M * N);
-  sync();
-  matmulGeluGrad(dA.get(), dB.get(), dPre.get(), dx.get(), M, N, K, transB);
+  SCOPED_TRACE(shapeTrace(M, N, K, transB));
+  EpilogueOperands<S> o(M, N, K, seed);
+  matmulGeluGrad(o.dA.get(), o.dB.get(), o.dThird.get(), o.out.get(), M, N, K,
+                 transB);
 
   std::vector<float> want(M * N);
-  rt::matmul(a.data(), b.data(), want.data(), 1, M, N, K, false, transB, 0, 0,
-             0);
-  rt::geluBackward(pre.data(), want.data(), want.data(), M * N);
-  const bool bf16Out = std::is_same_v<TC, bf16>;
+  rt::matmul(o.a.data(), o.b.data(), want.data(), 1, M, N, K, false, transB, 0,
+             0, 0);
+  rt::geluBackward(o.third.data(), want.data(), want.data(), M * N);
+  const bool bf16Out = std::is_same_v<typename S::C, bf16>;
   // cuBLASLt's GELU derivative need not round as the CPU's does.
-  expectClose(dx.download(), want, bf16Out ? 2e-2 : 1e-3,
+  expectClose(o.out.download(), want, bf16Out ? 2e-2 : 1e-3,
               bf16Out ? 2e-2 : 2e-3, "dx");
 }
 
@@ -282,26 +298,19 @@ TYPED_TEST(Gemm, GeluGradEpilogue) {
 template <typename S>
 void checkMatmulAdd(int64_t M, int64_t N, int64_t K, bool transB,
                     uint32_t seed) {
-  using TAB = typename S::AB;
-  using TC = typename S::C;
-  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
-               " K=" + std::to_string(K) + " transB=" + std::to_string(transB));
-  const std::vector<float> a = roundTo<TAB>(randomVector(M * K, seed));
-  const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
-  const std::vector<float> x = roundTo<TC>(randomVector(M * N, seed + 2));
-  DeviceArray<TAB> dA(a), dB(b);
-  DeviceArray<TC> dX(x), out(M * N);
-  sync();
-  matmulAdd(dA.get(), dB.get(), dX.get(), out.get(), M, N, K, transB);
+  SCOPED_TRACE(shapeTrace(M, N, K, transB));
+  EpilogueOperands<S> o(M, N, K, seed);
+  matmulAdd(o.dA.get(), o.dB.get(), o.dThird.get(), o.out.get(), M, N, K,
+            transB);
 
-  std::vector<float> want = x;
-  rt::matmul(a.data(), b.data(), want.data(), 1, M, N, K, false, transB, 0, 0,
-             0, true);
-  const bool bf16Out = std::is_same_v<TC, bf16>;
-  expectClose(out.download(), want, rtolFor<TC>(), bf16Out ? 1e-2 : 1e-4,
-              "out");
+  std::vector<float> want = o.third;
+  rt::matmul(o.a.data(), o.b.data(), want.data(), 1, M, N, K, false, transB, 0,
+             0, 0, true);
+  const bool bf16Out = std::is_same_v<typename S::C, bf16>;
+  expectClose(o.out.download(), want, rtolFor<typename S::C>(),
+              bf16Out ? 1e-2 : 1e-4, "out");
   // The addend is read, not written.
-  expectBitwiseEqual(dX.download(), x, "addend");
+  expectBitwiseEqual(o.dThird.download(), o.third, "addend");
 }
 
 TYPED_TEST(Gemm, AddIntoC) {
