@@ -109,7 +109,6 @@ struct DeviceState {
 
   // The step as a CUDA graph (see the top).
   struct StepGraph {
-    bool decided = false; // `enabled` and `reason` set (first step)
     bool enabled = false;
     std::string reason; // why not, for the banner and the warning
     int64_t stepsRun = 0;
@@ -257,7 +256,6 @@ template <typename T> T *allocate(int64_t count, const char *what) {
 // neither TESSEL_CUDA_GRAPH=0 nor --trace asks otherwise.
 void decideGraph(DeviceState &s) {
   DeviceState::StepGraph &g = s.graph;
-  g.decided = true;
   g.enabled = false;
   const char *text = std::getenv("TESSEL_CUDA_GRAPH");
   std::string value = text ? text : "1";
@@ -570,16 +568,16 @@ void refillSlots(const rt::StepContext &ctx) {
     g.hostSlots[i] = detail::adamScalars(g.slots[i], ctx.lr, ctx.step + 1);
 }
 
+// The runtime's counter of collectives of kind `k` (Comm.h hands them out
+// read-only; Comm.cu's count() writes them the same way).
+rt::CollectiveCounter &counter(int k) {
+  return const_cast<rt::CollectiveCounter &>(
+      rt::collectiveCounter((rt::CollectiveKind)k));
+}
+
 void launchGraph(rt::StepContext &ctx) {
   DeviceState &s = state();
   DeviceState::StepGraph &g = s.graph;
-  for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
-    auto &counter = const_cast<rt::CollectiveCounter &>(
-        rt::collectiveCounter((rt::CollectiveKind)k));
-    counter.calls += g.counts[k].calls;
-    counter.elements += g.counts[k].elements;
-    counter.bytesSent += g.counts[k].bytesSent;
-  }
   check(cudaGraphLaunch(g.exec, s.compute), "cudaGraphLaunch (the step)");
   if (g.operations > 0)
     detail::commGraphLaunched(g.operations);
@@ -602,39 +600,25 @@ std::string errorText(cudaError_t status) {
 bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
   DeviceState &s = state();
   DeviceState::StepGraph &g = s.graph;
-  // The slots, sized by the eager step's AdamW calls, before the capture
-  // (which allocates nothing).
-  if (g.capacity < g.eagerUpdates) {
-    if (g.hostSlots)
-      check(cudaFreeHost(g.hostSlots), "cudaFreeHost");
-    if (g.deviceSlots)
-      check(cudaFree(g.deviceSlots), "cudaFree");
-    g.hostSlots = nullptr;
-    g.deviceSlots = nullptr;
-    check(cudaMallocHost(&g.hostSlots, (size_t)g.eagerUpdates *
-                                           sizeof(detail::AdamScalars)),
+  // A step is captured once: the slots and the metrics' buffer, sized by
+  // the eager step before, are allocated here, before the capture (which
+  // allocates nothing).
+  g.capacity = g.eagerUpdates;
+  g.metricCapacity = g.eagerMetricFloats;
+  if (g.capacity > 0) {
+    size_t bytes = (size_t)g.capacity * sizeof(detail::AdamScalars);
+    check(cudaMallocHost(&g.hostSlots, bytes),
           "cudaMallocHost (AdamW's step scalars)");
-    check(cudaMalloc(&g.deviceSlots,
-                     (size_t)g.eagerUpdates * sizeof(detail::AdamScalars)),
+    check(cudaMalloc(&g.deviceSlots, bytes),
           "cudaMalloc (AdamW's step scalars)");
-    g.capacity = g.eagerUpdates;
   }
-  if (g.metricCapacity < g.eagerMetricFloats) {
-    if (g.hostMetrics)
-      check(cudaFreeHost(g.hostMetrics), "cudaFreeHost");
-    g.hostMetrics = nullptr;
+  if (g.metricCapacity > 0)
     check(cudaMallocHost(&g.hostMetrics,
-                         (size_t)g.eagerMetricFloats * sizeof(float)),
+                         (size_t)g.metricCapacity * sizeof(float)),
           "cudaMallocHost (the step's metrics)");
-    g.metricCapacity = g.eagerMetricFloats;
-  }
-  g.metrics.clear();
   rt::CollectiveCounter before[rt::kNumCollectiveKinds];
   for (int k = 0; k < rt::kNumCollectiveKinds; k++)
-    before[k] = rt::collectiveCounter((rt::CollectiveKind)k);
-  g.slots.clear();
-  g.overflow = false;
-  g.loss = g.norm = false;
+    before[k] = counter(k);
 
   check(cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal),
         "cudaStreamBeginCapture (the step)");
@@ -677,22 +661,20 @@ bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
     cudaGetLastError();
     g.exec = nullptr;
     for (int k = 0; k < rt::kNumCollectiveKinds; k++)
-      const_cast<rt::CollectiveCounter &>(
-          rt::collectiveCounter((rt::CollectiveKind)k)) = before[k];
+      counter(k) = before[k]; // the eager step counts again
     g.enabled = false;
     g.reason = "the capture failed: " + refused;
     return false;
   }
+  // The capture counted this step's operations; each later launch adds
+  // them again.
   g.operations = 0;
   for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
-    const rt::CollectiveCounter &now =
-        rt::collectiveCounter((rt::CollectiveKind)k);
-    g.counts[k].calls = now.calls - before[k].calls;
-    g.counts[k].elements = now.elements - before[k].elements;
-    g.counts[k].bytesSent = now.bytesSent - before[k].bytesSent;
+    const rt::CollectiveCounter &now = counter(k);
+    g.counts[k] = {now.calls - before[k].calls,
+                   now.elements - before[k].elements,
+                   now.bytesSent - before[k].bytesSent};
     g.operations += g.counts[k].calls;
-    // launchGraph adds them again.
-    const_cast<rt::CollectiveCounter &>(now) = before[k];
   }
   launchGraph(ctx);
   return true;
@@ -708,6 +690,11 @@ void runStep(const rt::Program &program, rt::StepContext &ctx) {
   bool first = g.stepsRun++ == 0;
   if (g.enabled && g.exec) {
     refillSlots(ctx);
+    for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
+      counter(k).calls += g.counts[k].calls;
+      counter(k).elements += g.counts[k].elements;
+      counter(k).bytesSent += g.counts[k].bytesSent;
+    }
     launchGraph(ctx);
     return;
   }
