@@ -46,9 +46,12 @@ int64_t tessel::rtir::elementsOf(Value buffer) {
   return cast<MemRefType>(buffer.getType()).getNumElements();
 }
 
+Type tessel::rtir::elementTypeOf(Value buffer) {
+  return cast<MemRefType>(buffer.getType()).getElementType();
+}
+
 int64_t tessel::rtir::elementBytesOf(Value buffer) {
-  Type element = cast<MemRefType>(buffer.getType()).getElementType();
-  return element.getIntOrFloatBitWidth() / 8;
+  return elementTypeOf(buffer).getIntOrFloatBitWidth() / 8;
 }
 
 int64_t tessel::rtir::arenaSlotsBytes(Operation *program, int64_t variant) {

@@ -35,8 +35,9 @@ struct CallArgument {
   mlir::Attribute attr;
 };
 
-// Elements and bytes per element of a buffer.
+// Elements, element type and bytes per element of a buffer.
 int64_t elementsOf(mlir::Value buffer);
+mlir::Type elementTypeOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);
 
 // The bytes of a rank program's activation slots: rt.arena_bytes per

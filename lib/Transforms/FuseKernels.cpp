@@ -86,8 +86,6 @@ bool onlyAccessedBy(Value buffer, ArrayRef<Operation *> ops) {
 
 bool sameBuffer(Value a, Value b) { return rootOf(a) == rootOf(b); }
 
-Type elementOf(Value v) { return cast<MemRefType>(v.getType()).getElementType(); }
-
 // Whether operand `index` of `op` is one the kernel only reads. Only the
 // matmul family and the ops met between a backward's products are known;
 // any other access counts as a write.
@@ -179,7 +177,7 @@ struct MatmulBiasFusion : OpRewritePattern<rt::AddBroadcastOp> {
         add.getNb() != m.getN() ||
         !isParameterVector(add.getB()) ||
         !onlyAccessedBy(m.getC(), {m, add}) ||
-        elementOf(add.getOut()) != elementOf(m.getC()))
+        rt::elementTypeOf(add.getOut()) != rt::elementTypeOf(m.getC()))
       return failure();
     // A GELU of the sum right after it is the epilogue's too.
     rt::GeluForwardOp gelu;
@@ -191,7 +189,7 @@ struct MatmulBiasFusion : OpRewritePattern<rt::AddBroadcastOp> {
       break;
     }
     if (gelu && (!sameBuffer(gelu.getX(), add.getOut()) ||
-                 elementOf(gelu.getOut()) != elementOf(add.getOut())))
+                 rt::elementTypeOf(gelu.getOut()) != rt::elementTypeOf(add.getOut())))
       gelu = nullptr;
     Operation *last = gelu ? gelu.getOperation() : add.getOperation();
     rewriter.setInsertionPoint(last);
@@ -217,7 +215,7 @@ struct AddNormFusion : OpRewritePattern<Norm> {
     auto add = dyn_cast_or_null<rt::AddBroadcastOp>(previousKernel(norm));
     if (!add || add.getN() != add.getNb() ||
         !sameBuffer(add.getOut(), norm.getX()) ||
-        elementOf(add.getOut()) != elementOf(norm.getOut()))
+        rt::elementTypeOf(add.getOut()) != rt::elementTypeOf(norm.getOut()))
       return failure();
     rewriter.setInsertionPoint(norm);
     if constexpr (std::is_same_v<Norm, rt::LayerNormForwardOp>)
@@ -252,8 +250,8 @@ struct NormBackwardAddFusion : OpRewritePattern<rt::AddBroadcastOp> {
     if (lhs == rhs || !onlyAccessedBy(dx, {prev, add}))
       return failure();
     Value dres = lhs ? add.getB() : add.getA();
-    if (elementOf(dres) != elementOf(add.getOut()) ||
-        elementOf(dx) != elementOf(add.getOut()))
+    if (rt::elementTypeOf(dres) != rt::elementTypeOf(add.getOut()) ||
+        rt::elementTypeOf(dx) != rt::elementTypeOf(add.getOut()))
       return failure();
     rewriter.setInsertionPoint(add);
     if (layer)
@@ -291,8 +289,8 @@ struct SwigluFusion : OpRewritePattern<rt::MulBroadcastOp> {
           silu = candidate;
       if (!silu || silu->getBlock() != mul->getBlock() ||
           !silu->isBeforeInBlock(mul) || sameBuffer(up, s) ||
-          elementOf(up) != elementOf(silu.getX()) ||
-          elementOf(mul.getOut()) != elementOf(s))
+          rt::elementTypeOf(up) != rt::elementTypeOf(silu.getX()) ||
+          rt::elementTypeOf(mul.getOut()) != rt::elementTypeOf(s))
         continue;
       // Between the two, nothing reads s or writes the gate or up.
       bool clear = true;
@@ -336,7 +334,7 @@ struct BiasGradFusion : OpRewritePattern<rt::ReduceSumLeadingOp> {
           m.getK() != sum.getRows() ||
           m.getN() != sum.getCols() ||
           rt::elementsOf(m.getB()) != rt::elementsOf(dy) ||
-          elementOf(m.getC()) != elementOf(db) || sameBuffer(m.getC(), db) ||
+          rt::elementTypeOf(m.getC()) != rt::elementTypeOf(db) || sameBuffer(m.getC(), db) ||
           sameBuffer(m.getA(), db) || !clearBetween(sum, m, {dy}, {db}))
         return failure();
       rewriter.setInsertionPoint(m);
@@ -364,8 +362,8 @@ struct GeluGradFusion : OpRewritePattern<rt::GeluBackwardOp> {
         sameBuffer(gelu.getDx(), gelu.getX()) ||
         sameBuffer(gelu.getDx(), m.getA()) ||
         sameBuffer(gelu.getDx(), m.getB()) ||
-        elementOf(gelu.getDx()) != elementOf(m.getC()) ||
-        elementOf(gelu.getX()) != elementOf(m.getC()) ||
+        rt::elementTypeOf(gelu.getDx()) != rt::elementTypeOf(m.getC()) ||
+        rt::elementTypeOf(gelu.getX()) != rt::elementTypeOf(m.getC()) ||
         !clearBetween(m, gelu, {m.getA(), m.getB(), gelu.getX()},
                       {gelu.getDx()}))
       return failure();
@@ -397,8 +395,8 @@ struct MatmulAddFusion : OpRewritePattern<rt::AddBroadcastOp> {
           llvm::any_of(ValueRange{x, m.getA(), m.getB()},
                        [&](Value v) { return sameBuffer(v, add.getOut()); }) ||
           rt::elementsOf(x) != rt::elementsOf(add.getOut()) ||
-          elementOf(x) != elementOf(add.getOut()) ||
-          elementOf(m.getC()) != elementOf(add.getOut()) ||
+          rt::elementTypeOf(x) != rt::elementTypeOf(add.getOut()) ||
+          rt::elementTypeOf(m.getC()) != rt::elementTypeOf(add.getOut()) ||
           !clearBetween(m, add, {m.getA(), m.getB(), x}, {add.getOut()}))
         continue;
       rewriter.setInsertionPoint(add);

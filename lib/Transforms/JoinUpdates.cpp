@@ -40,17 +40,13 @@ rt::BufferOp placed(Value v) {
   return v ? v.getDefiningOp<rt::BufferOp>() : nullptr;
 }
 
-Type elementOf(Value v) {
-  return cast<MemRefType>(v.getType()).getElementType();
-}
-
 // Whether `next` continues `prev`'s run in the same space: it starts where
 // the `n` elements of `prev` end.
 bool continues(Value prev, Value next, int64_t n) {
   rt::BufferOp a = placed(prev), b = placed(next);
   return a && b && a.getSpace() == b.getSpace() &&
          a.getSpace() != rt::Space::Arena &&
-         elementOf(prev) == elementOf(next) &&
+         rt::elementTypeOf(prev) == rt::elementTypeOf(next) &&
          b.getOffset() == a.getOffset() + n;
 }
 
@@ -65,7 +61,7 @@ bool sameBuffer(Value a, Value b) {
 // The buffer `first` names, `n` elements long.
 Value joinedBuffer(OpBuilder &b, Value first, int64_t n) {
   rt::BufferOp buffer = placed(first);
-  auto type = MemRefType::get({n}, elementOf(first));
+  auto type = MemRefType::get({n}, rt::elementTypeOf(first));
   return rt::BufferOp::create(b, buffer.getLoc(), type, buffer.getSpace(),
                               buffer.getOffset());
 }

@@ -574,12 +574,12 @@ void Planner::coalesceCollectives() {
     for (size_t k = 0; k < pieces.size();) {
       size_t end = k + 1;
       Type element =
-          cast<MemRefType>(pieces[k].view.getType()).getElementType();
+          rt::elementTypeOf(pieces[k].view);
       int64_t elements =
           cast<MemRefType>(pieces[k].view.getType()).getNumElements();
       while (end < pieces.size() &&
              pieces[end].view.getSpace() == pieces[k].view.getSpace() &&
-             cast<MemRefType>(pieces[end].view.getType()).getElementType() ==
+             rt::elementTypeOf(pieces[end].view) ==
                  element &&
              pieces[end].view.getOffset() ==
                  pieces[end - 1].view.getOffset() + pieces[end - 1].size) {
