@@ -581,7 +581,8 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       sys::fs::remove_directories(dir);
       return;
     }
-    Expected<sim::SimResult> r = simulateCompiled(dir, cluster, {});
+    Expected<sim::SimResult> r =
+        simulateCompiled(dir, cluster, simOptionsFor(*plan));
     sys::fs::remove_directories(dir);
     if (!r) {
       c.error = toString(r.takeError());

@@ -166,6 +166,12 @@ tessel::clusterFromFlags(std::map<std::string, std::string> &values,
   return sim::presetCluster(values["--gpu"], perNode, nodes);
 }
 
+sim::SimOptions tessel::simOptionsFor(const json &plan) {
+  sim::SimOptions options;
+  options.cudaGraphs = plan.value("target", std::string("cpu")) == "cuda";
+  return options;
+}
+
 Expected<sim::SimResult>
 tessel::simulateCompiled(const std::string &dir, const sim::Cluster &cluster,
                          const sim::SimOptions &options) {
@@ -190,14 +196,7 @@ tessel::simulateCompiled(const std::string &dir, const sim::Cluster &cluster,
     return createStringError(inQuotes(std::string(irPath)) +
                              " cannot be read; compile the spec again:\n" +
                              diagnostics);
-  // A CUDA program's step runs as a CUDA graph (see docs/cuda.md).
-  Expected<json> plan = readPlan(dir);
-  if (!plan)
-    return plan.takeError();
-  sim::SimOptions withTarget = options;
-  withTarget.cudaGraphs = plan->value("target", std::string("cpu")) == "cuda";
-  Expected<sim::SimResult> result =
-      sim::simulate(*module, cluster, withTarget);
+  Expected<sim::SimResult> result = sim::simulate(*module, cluster, options);
   if (!result)
     return createStringError(dir + ": " + toString(result.takeError()));
   return result;
@@ -233,7 +232,7 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
   if (!cluster)
     return fail(toString(cluster.takeError()));
 
-  sim::SimOptions options;
+  sim::SimOptions options = simOptionsFor(*plan);
   options.trace = values.count("--trace");
   Expected<sim::SimResult> result = simulateCompiled(dir, *cluster, options);
   if (!result)

@@ -14,6 +14,10 @@ namespace tessel {
 llvm::Expected<sim::Cluster>
 clusterFromFlags(std::map<std::string, std::string> &values, int64_t devices);
 
+// How to replay the programs of a compiled plan (plan.json): a CUDA
+// program's step runs as a CUDA graph (docs/cuda.md).
+sim::SimOptions simOptionsFor(const nlohmann::json &plan);
+
 // Replays the training step compiled into `dir` (its ir/07-programs.mlir).
 llvm::Expected<sim::SimResult> simulateCompiled(const std::string &dir,
                                                 const sim::Cluster &cluster,
