@@ -61,8 +61,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=len(TABLE1))
     ap.add_argument("--gpu", default="a100-80g")
+    ap.add_argument("--megatron-2021", action="store_true",
+                    help="compile the program Megatron-LM ran in 2021: "
+                    "unfused attention, gradients reduced after backward")
     args = ap.parse_args()
     rows = []
+    megatron = (["--set", 'train.attention="unfused"',
+                 "--set", "parallel.overlap_grad_reduce=false"]
+                if args.megatron_2021 else [])
     with tempfile.TemporaryDirectory() as work:
         for (params, heads, hidden, layers, tp, pp, gpus, batch,
              paper) in TABLE1[:args.rows]:
@@ -80,7 +86,7 @@ def main():
                  "--set", "parallel.sequence_parallel=false",
                  "--dp", str(dp), "--tp", str(tp), "--pp", str(pp),
                  "--microbatches", str(microbatches), "--schedule", "1f1b",
-                 "--recompute", "full"])
+                 "--recompute", "full"] + megatron)
             compiled = time.time() - t0
             t0 = time.time()
             sim = json.loads(run([TESSEL, "simulate", out, "--gpu", args.gpu, "--json"]))

@@ -25,12 +25,17 @@ def Graph_Dialect : Dialect {
     computes) and `graph.phase` (set by autodiff: forward, backward or the
     optimizer update). Passes that add ops copy them from the op they work
     for; pipeline stages are cut by layer and scheduled by phase.
+    `graph.recompute` (a unit attribute, set by the frontend) marks a forward
+    op whose result the backward makes again rather than keeps (selective
+    recomputation: the attention scores and probabilities).
   }];
   let useDefaultAttributePrinterParser = 1;
   let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     static constexpr ::llvm::StringLiteral kLayerAttrName = "graph.layer";
     static constexpr ::llvm::StringLiteral kPhaseAttrName = "graph.phase";
+    static constexpr ::llvm::StringLiteral kRecomputeAttrName =
+        "graph.recompute";
   }];
 }
 

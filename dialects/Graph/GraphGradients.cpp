@@ -126,7 +126,8 @@ LogicalResult SoftmaxOp::buildGradients(OpBuilder &b,
                                         ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(
-      SoftmaxGradOp::create(b, getLoc(), getResult(), resultGrads[0]));
+      SoftmaxGradOp::create(b, getLoc(), getResult(), resultGrads[0],
+                            getScaleAttr()));
   return success();
 }
 

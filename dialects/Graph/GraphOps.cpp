@@ -41,6 +41,8 @@ LogicalResult GraphDialect::verifyOperationAttribute(Operation *op,
     return op->emitOpError("graph.layer must be a #graph.layer<...>");
   if (attr.getName() == kPhaseAttrName && !isa<PhaseAttr>(attr.getValue()))
     return op->emitOpError("graph.phase must be a #graph.phase<...>");
+  if (attr.getName() == kRecomputeAttrName && !isa<UnitAttr>(attr.getValue()))
+    return op->emitOpError("graph.recompute must be a unit attribute");
   return success();
 }
 
@@ -241,9 +243,16 @@ LogicalResult SiluOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
   return success();
 }
 LogicalResult SoftmaxOp::inferReturnTypes(MLIRContext *,
-                                          std::optional<Location>,
+                                          std::optional<Location> loc,
                                           Adaptor adaptor,
                                           SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput());
+  // (The attribute is absent, not yet defaulted, when a builder infers.)
+  BoolAttr causal = adaptor.getCausalAttr();
+  if (causal && causal.getValue() &&
+      (x.size() < 2 || x.back() == 0 || x[x.size() - 2] % x.back() != 0))
+    return fail(loc, "a causal softmax needs [..., rows, n] with rows a "
+                     "multiple of n, got " + shapeStr(x));
   types.push_back(adaptor.getInput().getType());
   return success();
 }

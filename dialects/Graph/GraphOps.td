@@ -253,13 +253,23 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
 }
 
 def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
-  let summary = "Softmax over the last dimension";
+  let summary = "Softmax over the last dimension, optionally scaled and causal";
   let description = [{
+    `softmax(scale * x)` over the last dimension. With `causal`, a row of
+    `[..., rows, n]` sees only the columns up to its position, which is its
+    index along `rows` modulo `n` (`rows` a multiple of `n`: the query rows of
+    a group of heads that share one key head, stacked); the others are zero.
+    That is the attention's probabilities when its scores are materialised
+    (Megatron-LM's scaled upper-triangular masked softmax).
+
     ```mlir
     %p = graph.softmax %x : (tensor<8x256xf32>) -> tensor<8x256xf32>
+    %a = graph.softmax %s {causal = true, scale = 0.25 : f64} : (tensor<2x4x64x64xf32>) -> tensor<2x4x64x64xf32>
     ```
   }];
-  let arguments = (ins Graph_FloatTensor:$input);
+  let arguments = (ins Graph_FloatTensor:$input,
+                   DefaultValuedAttr<F64Attr, "1.0">:$scale,
+                   DefaultValuedAttr<BoolAttr, "false">:$causal);
   let results = (outs Graph_FloatTensor:$result);
 }
 
@@ -426,13 +436,16 @@ def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
 }
 
 def Graph_SoftmaxGradOp : Graph_InferOp<"softmax_grad"> {
-  let summary = "Gradient of softmax from its output: y * (dy - sum(dy * y))";
+  let summary = "Gradient of softmax from its output: scale * y * (dy - sum(dy * y))";
   let description = [{
+    A causal softmax's masked outputs are zero, so their gradients are too.
+
     ```mlir
     %dx = graph.softmax_grad %y, %dy : (tensor<8x256xf32>, tensor<8x256xf32>) -> tensor<8x256xf32>
     ```
   }];
-  let arguments = (ins Graph_FloatTensor:$output, Graph_FloatTensor:$grad);
+  let arguments = (ins Graph_FloatTensor:$output, Graph_FloatTensor:$grad,
+                   DefaultValuedAttr<F64Attr, "1.0">:$scale);
   let results = (outs Graph_FloatTensor:$result);
 }
 

@@ -256,6 +256,9 @@ LogicalResult SiluGradOp::propagateSharding(ShardingContext &ctx) {
   return elementwise(*this, ctx, {});
 }
 LogicalResult SoftmaxOp::propagateSharding(ShardingContext &ctx) {
+  // A causal row's mask follows from its index along the rows.
+  if (getCausal())
+    return elementwise(*this, ctx, {-2, -1});
   return elementwise(*this, ctx, {-1});
 }
 LogicalResult SoftmaxGradOp::propagateSharding(ShardingContext &ctx) {

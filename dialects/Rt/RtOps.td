@@ -349,10 +349,11 @@ def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
          I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
          BoolAttr:$causal)>;
 def Rt_SoftmaxForwardOp : Rt_KernelOp<"softmax_forward", "softmaxForward",
-    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols)>;
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols,
+         F64Attr:$scale, BoolAttr:$causal)>;
 def Rt_SoftmaxBackwardOp : Rt_KernelOp<"softmax_backward", "softmaxBackward",
     (ins Rt_Buffer:$y, Rt_Buffer:$dy, Rt_Buffer:$dx, I64Attr:$rows,
-         I64Attr:$cols)>;
+         I64Attr:$cols, F64Attr:$scale)>;
 
 def Rt_CrossEntropyForwardOp : Rt_KernelOp<"cross_entropy_forward",
     "crossEntropyForward",

@@ -591,6 +591,8 @@ private:
   // (`prefix`.k_cache and .v_cache, split over tp by heads as k and v are).
   Value attention(const std::string &prefix, Value q, Value k, Value v,
                   int64_t kvHeads) {
+    if (!inference && spec.train.attention == "unfused")
+      return unfusedAttention(prefix, q, k, v, kvHeads);
     if (!inference)
       return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr)
           .getResult();
@@ -608,6 +610,44 @@ private:
     Value kc = cache(".k_cache"), vc = cache(".v_cache");
     return CachedAttentionOp::create(b, at(prefix), q.getType(), q, k, v, kc,
                                      vc, positions);
+  }
+  // Attention with its scores materialised (train.attention = "unfused"),
+  // as Megatron-LM computed it before FlashAttention: per head S = Q K^T, P
+  // the causal softmax of S / sqrt(D), then P V. The G = heads / kv_heads
+  // query heads that read one key head are stacked as G * T rows against
+  // its T keys (the causal mask follows a row's position, its index modulo
+  // T). Under selective recomputation S and P are made again in backward
+  // (Korthikanti et al. 2022) rather than kept.
+  Value unfusedAttention(const std::string &prefix, Value q, Value k, Value v,
+                         int64_t kvHeads) {
+    auto shape = cast<RankedTensorType>(q.getType()).getShape();
+    int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3],
+            G = H / kvHeads;
+    Location loc = at(prefix);
+    auto transpose = [&](Value x, ArrayRef<int64_t> permutation) -> Value {
+      return TransposeOp::create(b, loc, x,
+                                 b.getDenseI64ArrayAttr(permutation));
+    };
+    // [B, T, H, D] -> [B, Hkv, G * T, D]; keys and values [B, Hkv, T, D].
+    Value qs = G == 1 ? transpose(q, {0, 2, 1, 3})
+                      : reshape(transpose(reshape(q, {B, T, kvHeads, G, D}),
+                                          {0, 2, 3, 1, 4}),
+                                {B, kvHeads, G * T, D});
+    Value ks = transpose(k, {0, 2, 1, 3}), vs = transpose(v, {0, 2, 1, 3});
+    auto scores = MatmulOp::create(b, loc, qs, ks, false, true, false);
+    auto probs = SoftmaxOp::create(
+        b, loc, scores.getResult(),
+        b.getF64FloatAttr(1.0 / std::sqrt(double(D))), b.getBoolAttr(true));
+    if (spec.train.recompute == "selective")
+      for (Operation *op : {scores.getOperation(), probs.getOperation()})
+        op->setAttr(GraphDialect::kRecomputeAttrName, b.getUnitAttr());
+    Value o = MatmulOp::create(b, loc, probs.getResult(), vs, false, false,
+                               false);
+    if (G == 1)
+      return transpose(o, {0, 2, 1, 3});
+    return reshape(transpose(reshape(o, {B, kvHeads, G, T, D}),
+                             {0, 3, 1, 2, 4}),
+                   {B, T, H, D});
   }
   Value rmsNorm(Value x, const std::string &name, int64_t C) {
     Value w = param(name + ".weight", {C}, "ones");

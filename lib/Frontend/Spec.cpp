@@ -458,6 +458,7 @@ void readTrain(Section s, TrainSpec &t, Problems &problems) {
   t.evalBatches = s.integer("eval_batches", 8, 1);
   t.precision = s.choice("precision", "bf16", {"bf16", "fp32"});
   t.recompute = s.choice("recompute", "none", {"none", "selective", "full"});
+  t.attention = s.choice("attention", "flash", {"flash", "unfused"});
   if (const json *layers = s.raw("recompute_layers")) {
     std::set<int64_t> seen;
     bool valid = layers->is_array() && !layers->empty();
@@ -659,6 +660,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.virtualStages = s.integer("virtual_stages", 1, 1, kMaxLayers);
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
+  p.overlapGradReduce = s.boolean("overlap_grad_reduce", true);
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
   p.offload = s.choice("offload", "none", {"none", "optimizer"});
@@ -759,6 +761,13 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                     " neither divides nor is a multiple of "
                                     "model.kv_heads = " +
                                     std::to_string(spec.model.kvHeads));
+  else if (spec.train.attention == "unfused" && spec.model.kvHeads % p.tp != 0)
+    problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
+                                    " does not divide model.kv_heads = " +
+                                    std::to_string(spec.model.kvHeads) +
+                                    ", which train.attention = \"unfused\" "
+                                    "needs (each rank's query heads read its "
+                                    "own key heads)");
   else if (spec.model.ffnHidden % p.tp != 0)
     problems.report(s.at("tp"), "parallel.tp = " + std::to_string(p.tp) +
                                     " does not divide model.ffn_hidden = " +

@@ -27,6 +27,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createPartition());
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes = static_cast<int64_t>(options.bucketMB * (1 << 20));
+  bucketing.overlap = options.overlapGradReduce;
   pm.addPass(createBucketGradients(bucketing));
   StageRegionsOptions stages;
   stages.recompute = options.recompute;

@@ -317,7 +317,13 @@ Value StageCutter::lookup(Value v, const Part &user) {
                    layer.getKind() == LayerKind::Block &&
                    layer.getIndex() == *recomputing &&
                    !isa<dist::RecvOp>(def) && !blockInput;
-  if (known != home.end() && (isParameterPiece(v) || regather || recompute)) {
+  // Under selective recomputation, what the frontend marked (the attention
+  // scores and probabilities) is made again by each backward part that
+  // reads it.
+  bool selective =
+      fromForward && def->hasAttr(GraphDialect::kRecomputeAttrName);
+  if (known != home.end() &&
+      (isParameterPiece(v) || regather || recompute || selective)) {
     OpBuilder b = builderAtEnd(user);
     IRMapping map;
     for (Value operand : def->getOperands())

@@ -215,7 +215,9 @@ int tessel::checkCommand(const CheckOptions &options) {
   }
   // One rank has no dp groups to shard over nor tp ranks to split experts
   // over, and the CPU program keeps its optimizer state in host memory
-  // anyway.
+  // anyway. Its attention is the flash kernel, so an unfused layout is
+  // checked against it too.
+  ref.overrides.push_back("train.attention=\"flash\"");
   ref.overrides.push_back("parallel.zero_group=0");
   ref.overrides.push_back("parallel.offload=\"none\"");
   ref.overrides.push_back("parallel.expert_tp=1");

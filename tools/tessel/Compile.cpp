@@ -414,7 +414,8 @@ json planJson(const Spec &spec, ModuleOp module,
                    {"lr", t.lr},
                    {"decay", t.decay},
                    {"recompute", t.recompute},
-                   {"recompute_layers", t.recomputeLayers}};
+                   {"recompute_layers", t.recomputeLayers},
+                   {"attention", t.attention}};
   const ModelSpec &model = spec.model;
   plan["model"] = {{"family", model.family},
                    {"vocab_size", model.vocabSize},
@@ -845,6 +846,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   if (options.fuseKernels)
     pipeline.fuseKernels = *options.fuseKernels ? "true" : "false";
   pipeline.bucketMB = spec.parallel.bucketMB;
+  pipeline.overlapGradReduce = spec.parallel.overlapGradReduce;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
   if (spec.parallel.offload != "none" && options.target != "cuda")

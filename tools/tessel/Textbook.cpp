@@ -547,13 +547,22 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // the sequence under sp), q, k, v and the attention output, and the MLP's
   // hidden activations (GELU: its input and output; SwiGLU: gate, up, their
   // activation and product), all split over tp; and the attention's row
-  // log-sum-exp, one fp32 value per token and head (FlashAttention's).
+  // log-sum-exp, one fp32 value per token and head (FlashAttention's), or
+  // with unfused attention its probabilities, s values per token and head
+  // (Korthikanti et al.'s 2as^2b without dropout), which selective
+  // recomputation makes again instead.
   double heads = plan["model"]["heads"].get<double>();
+  const json &train = plan["train"];
+  bool unfused = train.value("attention", std::string("flash")) == "unfused";
+  bool selective = train.value("recompute", std::string("none")) == "selective";
+  double attentionKept = !unfused   ? b * s * heads / t * 4
+                         : selective ? 0
+                                     : b * s * heads / t * s * e;
   double perBlock = b * s *
                         (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
                          (llama ? 4 : 2) * f / t) *
                         e +
-                    b * s * heads / t * 4;
+                    attentionKept;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
   double keptPerMicrobatch = 0;

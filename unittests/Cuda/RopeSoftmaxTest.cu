@@ -58,36 +58,43 @@ TEST(CudaRope, InverseUndoesForward) {
 }
 
 template <typename TI, typename TO>
-void checkSoftmaxForward(int64_t rows, int64_t cols) {
+void checkSoftmaxForward(int64_t rows, int64_t cols, double scale = 1.0,
+                         bool causal = false) {
   SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() + " rows=" +
-               std::to_string(rows) + " cols=" + std::to_string(cols));
+               std::to_string(rows) + " cols=" + std::to_string(cols) +
+               " scale=" + std::to_string(scale) +
+               (causal ? " causal" : ""));
   auto x = roundTo<TI>(randomVector(rows * cols, 42, -6.0f, 6.0f));
   std::vector<float> want(rows * cols);
-  tessel::rt::softmaxForward(x.data(), want.data(), rows, cols);
+  tessel::rt::softmaxForward(x.data(), want.data(), rows, cols, scale, causal);
   DeviceArray<TI> dx(x);
   DeviceArray<TO> out(rows * cols);
   sync();
-  softmaxForward(dx.get(), out.get(), rows, cols);
+  softmaxForward(dx.get(), out.get(), rows, cols, scale, causal);
   expectClose(out.download(), want, rtolFor<TO>(), 1e-7, "softmaxForward");
 }
 
 template <typename TY, typename TG, typename TO>
-void checkSoftmaxBackward(int64_t rows, int64_t cols) {
+void checkSoftmaxBackward(int64_t rows, int64_t cols, double scale = 1.0,
+                          bool causal = false) {
   SCOPED_TRACE(std::string(typeName<TY>()) + "," + typeName<TG>() + "->" +
                typeName<TO>() + " rows=" + std::to_string(rows) +
-               " cols=" + std::to_string(cols));
+               " cols=" + std::to_string(cols) +
+               " scale=" + std::to_string(scale) +
+               (causal ? " causal" : ""));
   auto x = randomVector(rows * cols, 43, -4.0f, 4.0f);
   std::vector<float> y(rows * cols);
-  tessel::rt::softmaxForward(x.data(), y.data(), rows, cols);
+  tessel::rt::softmaxForward(x.data(), y.data(), rows, cols, scale, causal);
   y = roundTo<TY>(y);
   auto dy = roundTo<TG>(randomVector(rows * cols, 44));
   std::vector<float> want(rows * cols);
-  tessel::rt::softmaxBackward(y.data(), dy.data(), want.data(), rows, cols);
+  tessel::rt::softmaxBackward(y.data(), dy.data(), want.data(), rows, cols,
+                              scale);
   DeviceArray<TY> dY(y);
   DeviceArray<TG> dDy(dy);
   DeviceArray<TO> dx(rows * cols);
   sync();
-  softmaxBackward(dY.get(), dDy.get(), dx.get(), rows, cols);
+  softmaxBackward(dY.get(), dDy.get(), dx.get(), rows, cols, scale);
   // dy - sum(dy y) cancels for some entries.
   expectClose(dx.download(), want, rtolFor<TO>(), 1e-6, "softmaxBackward");
 }
@@ -101,6 +108,11 @@ TEST(CudaSoftmax, Forward) {
   }
   checkSoftmaxForward<bf16, float>(33, 100);
   checkSoftmaxForward<float, bf16>(33, 100);
+  // An attention's scores: scaled, causal, query rows of two heads stacked.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{64, 64}, {512, 256}}) {
+    checkSoftmaxForward<float, float>(rows, cols, 0.125, true);
+    checkSoftmaxForward<bf16, bf16>(rows, cols, 0.125, true);
+  }
 }
 
 // Rows sum to one (a property, independent of the CPU kernel).
@@ -128,6 +140,8 @@ TEST(CudaSoftmax, Backward) {
   }
   checkSoftmaxBackward<bf16, float, float>(33, 100);
   checkSoftmaxBackward<float, bf16, bf16>(33, 100);
+  checkSoftmaxBackward<float, float, float>(512, 256, 0.125, true);
+  checkSoftmaxBackward<bf16, bf16, bf16>(512, 256, 0.125, true);
 }
 
 } // namespace

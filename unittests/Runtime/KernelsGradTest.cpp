@@ -200,6 +200,25 @@ TEST(KernelGradCheck, Softmax) {
       x, r, g);
 }
 
+// The attention's probabilities when its scores are materialised: scaled,
+// causal, two heads' query rows stacked over the same keys.
+TEST(KernelGradCheck, ScaledCausalSoftmax) {
+  std::mt19937 gen(108);
+  const int64_t rows = 12, cols = 6, n = rows * cols;
+  const double scale = 0.4;
+  Vec x = randVec(n, gen, -3, 3), r = randVec(n, gen), y(n), g(n);
+  rt::softmaxForward(x.data(), y.data(), rows, cols, scale, true);
+  rt::softmaxBackward(y.data(), r.data(), g.data(), rows, cols, scale);
+  checkGrad(
+      "scaled causal softmax",
+      [&](const Vec &in) {
+        Vec out(n);
+        rt::softmaxForward(in.data(), out.data(), rows, cols, scale, true);
+        return out;
+      },
+      x, r, g);
+}
+
 TEST(KernelGradCheck, CrossEntropy) {
   std::mt19937 gen(107);
   const int64_t rows = 7, V = 11, n = rows * V;

@@ -482,6 +482,30 @@ TEST(KernelSoftmax, MatchesReference) {
     rt::ref::softmaxBackward(ry.data(), dy.data(), rdx.data(), rows, cols);
     expectClose(dx, rdx, "softmaxBackward");
   }
+  // Scaled and causal (an attention's scores; two heads' query rows
+  // stacked over 5 keys, so row r sees keys 0 .. r mod 5).
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{5, 5}, {10, 5}, {64, 64}}) {
+    const size_t n = static_cast<size_t>(rows * cols);
+    auto x = randVec(n, gen, -5.f, 5.f), dy = randVec(n, gen);
+    std::vector<float> y(n), ry(n), dx(n), rdx(n);
+    rt::softmaxForward(x.data(), y.data(), rows, cols, 0.25, true);
+    rt::ref::softmaxForward(x.data(), ry.data(), rows, cols, 0.25, true);
+    expectClose(y, ry, "causal softmaxForward");
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        if (j > r % cols)
+          EXPECT_EQ(y[r * cols + j], 0.f) << "row " << r << " column " << j;
+        sum += y[r * cols + j];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << r;
+    }
+    rt::softmaxBackward(ry.data(), dy.data(), dx.data(), rows, cols, 0.25);
+    rt::ref::softmaxBackward(ry.data(), dy.data(), rdx.data(), rows, cols,
+                             0.25);
+    expectClose(dx, rdx, "scaled softmaxBackward");
+  }
   // Large logits do not overflow.
   std::vector<float> x = {1000.f, 1001.f, 999.f}, y(3);
   rt::softmaxForward(x.data(), y.data(), 1, 3);

@@ -75,11 +75,16 @@ struct TrainSpec {
   // and matmul operands, fp32 master weights, optimizer state and
   // reductions) or "fp32". The CPU target always computes in fp32.
   std::string precision = "bf16";
-  // Activation recomputation: "none", "selective" (what Tessel does anyway:
-  // flash attention never stores the attention scores) or "full" (each
-  // transformer block's forward runs again in its backward; a microbatch in
-  // flight keeps only each block's input).
+  // Activation recomputation: "none", "selective" (the attention scores and
+  // probabilities are made again in backward rather than kept: what flash
+  // attention does anyway, so only unfused attention changes) or "full"
+  // (each transformer block's forward runs again in its backward; a
+  // microbatch in flight keeps only each block's input).
   std::string recompute = "none";
+  // train.attention: "flash" (one kernel that never stores the scores) or
+  // "unfused" (the scores materialised: batched matmuls around a scaled
+  // causal softmax, as Megatron-LM ran attention before FlashAttention).
+  std::string attention = "flash";
   // The transformer blocks `recompute` applies to (train.recompute_layers);
   // empty: all of them.
   std::vector<int64_t> recomputeLayers;
@@ -110,6 +115,10 @@ struct ParallelSpec {
   std::string schedule = "1f1b";
   bool sequenceParallel = false;
   double bucketMB = 25.0; // gradient all-reduce bucket size
+  // parallel.overlap_grad_reduce: start each gradient bucket's all-reduce
+  // during backward (true) or reduce them all after it (false, as Megatron-LM
+  // did before its overlapped data parallelism).
+  bool overlapGradReduce = true;
   // parallel.zero: 0 replicates the optimizer over dp; 1 shards AdamW's
   // moments over dp (gradients reduce-scattered, parameters all-gathered);
   // 2 keeps the gradients as pieces too; 3 the parameters as well (CPU).

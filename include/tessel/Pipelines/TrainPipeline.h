@@ -43,6 +43,11 @@ struct TrainPipelineOptions
   Option<double> bucketMB{*this, "bucket-mb",
                           llvm::cl::desc("Gradient all-reduce bucket (MiB)"),
                           llvm::cl::init(25.0)};
+  Option<bool> overlapGradReduce{
+      *this, "overlap-grad-reduce",
+      llvm::cl::desc("Start gradient buckets during backward (false: reduce "
+                     "them after it)"),
+      llvm::cl::init(true)};
   Option<int64_t> zero{
       *this, "zero",
       llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer), 1 "

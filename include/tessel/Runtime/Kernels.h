@@ -151,13 +151,16 @@ void cachedAttention(const T *q, const T *k, const T *v, T *kCache, T *vCache,
                      const int32_t *positions, T *out, int64_t B, int64_t S,
                      int64_t Tmax, int64_t H, int64_t Hkv, int64_t D);
 
-// Softmax over the last dimension of [rows, cols].
+// Softmax of scale * x over the last dimension of [rows, cols]. With
+// `causal`, row r sees columns 0 .. r mod cols (an attention's scores, query
+// rows of one or more heads stacked over the keys); the others are zero.
 template <typename T>
-void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols);
-// dx = y * (dy - sum(dy * y)), from the forward output y.
+void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols,
+                    double scale = 1.0, bool causal = false);
+// dx = scale * y * (dy - sum(dy * y)), from the forward output y.
 template <typename T>
 void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
-                     int64_t cols);
+                     int64_t cols, double scale = 1.0);
 
 // Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V],
 // of which the first `valid` columns are the vocabulary (the rest, padding,

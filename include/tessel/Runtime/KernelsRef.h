@@ -60,10 +60,11 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
                        int64_t Hkv, int64_t D, bool causal);
 
 template <typename T>
-void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols);
+void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols,
+                    double scale = 1.0, bool causal = false);
 template <typename T>
 void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
-                     int64_t cols);
+                     int64_t cols, double scale = 1.0);
 
 template <typename T>
 void crossEntropyForward(const T *logits, const int32_t *targets, T *loss,

@@ -331,7 +331,8 @@ PATTERN(SoftmaxOp) {
   int64_t cols = shapeOf(op).back();
   Value out = alloc(b, op.getLoc(), op);
   rt::SoftmaxForwardOp::create(b, op.getLoc(), a.getInput(), out,
-                               i(b, numel(op) / cols), i(b, cols));
+                               i(b, numel(op) / cols), i(b, cols),
+                               op.getScaleAttr(), op.getCausalAttr());
   b.replaceOp(op, out);
   return success();
 }
@@ -340,7 +341,8 @@ PATTERN(SoftmaxGradOp) {
   int64_t cols = shapeOf(op).back();
   Value out = alloc(b, op.getLoc(), op);
   rt::SoftmaxBackwardOp::create(b, op.getLoc(), a.getOutput(), a.getGrad(),
-                                out, i(b, numel(op) / cols), i(b, cols));
+                                out, i(b, numel(op) / cols), i(b, cols),
+                                op.getScaleAttr());
   b.replaceOp(op, out);
   return success();
 }

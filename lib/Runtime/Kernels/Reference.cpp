@@ -319,27 +319,30 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *dout, T *dq,
 }
 
 template <typename T>
-void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols) {
+void softmaxForward(const T *x, T *out, int64_t rows, int64_t cols,
+                    double scale, bool causal) {
   for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = causal ? r % cols + 1 : cols;
     double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n; ++j)
+      m = std::fmax(m, scale * x[r * cols + j]);
+    for (int64_t j = 0; j < n; ++j)
+      sum += std::exp(scale * x[r * cols + j] - m);
     for (int64_t j = 0; j < cols; ++j)
-      m = std::fmax(m, double(x[r * cols + j]));
-    for (int64_t j = 0; j < cols; ++j)
-      sum += std::exp(x[r * cols + j] - m);
-    for (int64_t j = 0; j < cols; ++j)
-      out[r * cols + j] = T(std::exp(x[r * cols + j] - m) / sum);
+      out[r * cols + j] =
+          j < n ? T(std::exp(scale * x[r * cols + j] - m) / sum) : T(0);
   }
 }
 
 template <typename T>
 void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
-                     int64_t cols) {
+                     int64_t cols, double scale) {
   for (int64_t r = 0; r < rows; ++r) {
     double s = 0;
     for (int64_t j = 0; j < cols; ++j)
       s += double(dy[r * cols + j]) * y[r * cols + j];
     for (int64_t j = 0; j < cols; ++j)
-      dx[r * cols + j] = T(y[r * cols + j] * (dy[r * cols + j] - s));
+      dx[r * cols + j] = T(scale * y[r * cols + j] * (dy[r * cols + j] - s));
   }
 }
 
@@ -483,9 +486,10 @@ template <typename T> double sumSquares(const T *x, int64_t n) {
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, T *, T *, T *, int64_t,      \
       int64_t, int64_t, int64_t, int64_t, bool);                               \
-  template void softmaxForward<T>(const T *, T *, int64_t, int64_t);           \
+  template void softmaxForward<T>(const T *, T *, int64_t, int64_t, double,    \
+                                  bool);                                       \
   template void softmaxBackward<T>(const T *, const T *, T *, int64_t,         \
-                                   int64_t);                                   \
+                                   int64_t, double);                           \
   template void crossEntropyForward<T>(const T *, const int32_t *, T *,        \
                                        int64_t, int64_t);                      \
   template void crossEntropyBackward<T>(const T *, const int32_t *, const T *, \

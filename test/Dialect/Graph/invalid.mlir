@@ -213,3 +213,12 @@ func.func @other_output(%x: tensor<1x1x8xf32>) {
   graph.output "hidden" %x : tensor<1x1x8xf32>
   return
 }
+
+// -----
+
+func.func @causal_rows(%x: tensor<2x12x8xf32>) {
+  // expected-error@+2 {{a causal softmax needs [..., rows, n] with rows a multiple of n, got [2x12x8]}}
+  // expected-error@+1 {{failed to infer returned types}}
+  %p = graph.softmax %x {causal = true} : (tensor<2x12x8xf32>) -> tensor<2x12x8xf32>
+  return
+}

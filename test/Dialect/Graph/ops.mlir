@@ -93,3 +93,14 @@ func.func @optimizer(%g: tensor<16xf32>, %n: tensor<f32>) {
   graph.adamw %p, %g, %n {beta1 = 0.9 : f64, beta2 = 0.95 : f64, eps = 1.0e-8 : f64, weight_decay = 0.0 : f64, max_grad_norm = 1.0 : f64} : tensor<16xf32>, tensor<16xf32>, tensor<f32>
   return
 }
+
+// An attention's probabilities when its scores are materialised: two query
+// heads stacked over 16 keys, scaled and causal.
+// CHECK-LABEL: func.func @causal_softmax
+func.func @causal_softmax(%s: tensor<2x32x16xf32>) -> tensor<2x32x16xf32> {
+  // CHECK: graph.softmax {{.*}} {causal = true, scale = 2.500000e-01 : f64} : (tensor<2x32x16xf32>)
+  %p = graph.softmax %s {causal = true, scale = 0.25 : f64} : (tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  // CHECK: graph.softmax_grad {{.*}} {scale = 2.500000e-01 : f64}
+  %d = graph.softmax_grad %p, %s {scale = 0.25 : f64} : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  return %d : tensor<2x32x16xf32>
+}

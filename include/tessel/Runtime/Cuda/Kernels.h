@@ -145,11 +145,13 @@ void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
 
 //===--- Softmax.cu -------------------------------------------------------===//
 
+// As the CPU kernels (Kernels.h): softmax of scale * x, causal rows.
 template <typename TI, typename TO>
-void softmaxForward(const TI *x, TO *out, int64_t rows, int64_t cols);
+void softmaxForward(const TI *x, TO *out, int64_t rows, int64_t cols,
+                    double scale = 1.0, bool causal = false);
 template <typename TY, typename TG, typename TO>
 void softmaxBackward(const TY *y, const TG *dy, TO *dx, int64_t rows,
-                     int64_t cols);
+                     int64_t cols, double scale = 1.0);
 
 //===--- Norms.cu: fused residual add + LayerNorm / RMSNorm ---------------===//
 
