@@ -122,6 +122,16 @@ AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   return success();
 }
 
+// Linear, and its own transpose: the same mask on the gradient.
+LogicalResult DropoutOp::buildGradients(OpBuilder &b,
+                                        ArrayRef<Value> resultGrads,
+                                        SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(DropoutOp::create(b, getLoc(), resultGrads[0],
+                                           getPAttr(), getSeedAttr(),
+                                           getSiteAttr(), nullptr, nullptr));
+  return success();
+}
+
 LogicalResult SoftmaxOp::buildGradients(OpBuilder &b,
                                         ArrayRef<Value> resultGrads,
                                         SmallVectorImpl<Value> &operandGrads) {

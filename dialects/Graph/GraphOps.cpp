@@ -242,6 +242,23 @@ LogicalResult SiluOp::inferReturnTypes(MLIRContext *, std::optional<Location>,
   types.push_back(adaptor.getInput().getType());
   return success();
 }
+LogicalResult DropoutOp::inferReturnTypes(MLIRContext *,
+                                          std::optional<Location> loc,
+                                          Adaptor adaptor,
+                                          SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput());
+  FloatAttr p = adaptor.getPAttr();
+  if (p && !(p.getValueAsDouble() >= 0 && p.getValueAsDouble() < 1))
+    return fail(loc, "dropout p must be in [0, 1), got " +
+                         std::to_string(p.getValueAsDouble()));
+  if (x.empty() || x.size() > 6)
+    return fail(loc, "dropout takes a tensor of rank 1 to 6, got " +
+                         shapeStr(x));
+  if (auto axes = adaptor.getSplitAxesAttr(); axes && axes.size() != (int64_t)x.size())
+    return fail(loc, "dropout split_axes needs one entry per dimension");
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
 LogicalResult SoftmaxOp::inferReturnTypes(MLIRContext *,
                                           std::optional<Location> loc,
                                           Adaptor adaptor,

@@ -273,6 +273,30 @@ def Graph_SoftmaxOp : Graph_DiffOp<"softmax"> {
   let results = (outs Graph_FloatTensor:$result);
 }
 
+def Graph_DropoutOp : Graph_DiffOp<"dropout", [], ["localize"]> {
+  let summary = "Dropout with a mask drawn from the element's global place";
+  let description = [{
+    `input * keep / (1 - p)`, where `keep` is drawn per element from `seed`,
+    `site` (which place of the model), the running step and the element's
+    coordinates in the whole tensor of the step (lib/Runtime's Dropout.h),
+    so every layout drops what the one-rank program drops. It is linear and
+    its own transpose: the gradient is the same dropout of the result's
+    gradient. An evaluation step copies its input.
+    Partitioning records `split_axes` (per dimension, the bit set of mesh
+    axes that split it) and `microbatches` (which split the batch,
+    dimension 0, in time).
+
+    ```mlir
+    %y = graph.dropout %x {p = 0.1 : f64, seed = 1234 : i64, site = 3 : i64} : (tensor<8x64x64xf32>) -> tensor<8x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, F64Attr:$p, I64Attr:$seed,
+                   I64Attr:$site,
+                   OptionalAttr<DenseI64ArrayAttr>:$split_axes,
+                   OptionalAttr<I64Attr>:$microbatches);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
 def Graph_CrossEntropyOp : Graph_DiffOp<"cross_entropy", [], ["localize"]> {
   let summary = "Mean token cross-entropy of logits against target ids";
   let description = [{

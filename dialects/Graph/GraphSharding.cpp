@@ -255,6 +255,20 @@ LogicalResult GeluGradOp::propagateSharding(ShardingContext &ctx) {
 LogicalResult SiluGradOp::propagateSharding(ShardingContext &ctx) {
   return elementwise(*this, ctx, {});
 }
+// The mask follows from global coordinates, so any split of the input
+// will do; partitioning records it for the kernel.
+LogicalResult DropoutOp::propagateSharding(ShardingContext &ctx) {
+  return elementwise(*this, ctx, {});
+}
+LogicalResult DropoutOp::localize(PartitionContext &ctx) {
+  Sharding s = ctx.shardingOf(getInput());
+  SmallVector<int64_t> axes;
+  for (const AxisSet &dim : s.dims)
+    axes.push_back(dim.bits());
+  setSplitAxes(axes);
+  setMicrobatches(ctx.microbatches());
+  return success();
+}
 LogicalResult SoftmaxOp::propagateSharding(ShardingContext &ctx) {
   // A causal row's mask follows from its index along the rows.
   if (getCausal())

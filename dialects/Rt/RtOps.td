@@ -348,6 +348,11 @@ def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
          Rt_Buffer:$dv, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
          BoolAttr:$causal)>;
+def Rt_DropoutOp : Rt_KernelOp<"dropout", "dropout",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64:$microbatch,
+         DenseI64ArrayAttr:$shape, DenseI64ArrayAttr:$split_axes,
+         I64Attr:$rank, I64Attr:$microbatches, F64Attr:$p, I64Attr:$seed,
+         I64Attr:$site)>;
 def Rt_SoftmaxForwardOp : Rt_KernelOp<"softmax_forward", "softmaxForward",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols,
          F64Attr:$scale, BoolAttr:$causal)>;

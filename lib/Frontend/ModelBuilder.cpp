@@ -358,8 +358,10 @@ private:
                                             nullptr));
     else
       x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
+    x = dropout(x, m.dropout, kEmbeddingSite);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
+      block = l;
       std::string p = "h." + std::to_string(l) + ".";
       Value h = layerNorm(x, p + "ln_1", C);
       // The fused [q | k | v] projection, column-parallel per block: the
@@ -397,12 +399,14 @@ private:
       a = reshape(a, {B, T, C});
       x = AddOp::create(
           b, at(p + "attn"), x,
-          conv1d(a, p + "attn.c_proj", C, C, Parallel::Row, projStd));
+          dropout(conv1d(a, p + "attn.c_proj", C, C, Parallel::Row, projStd),
+                  m.dropout, blockSite(l, Site::AttentionOutput)));
       h = layerNorm(x, p + "ln_2", C);
       Value y = m.moe.isMoeLayer(l) ? moe(h, p + "mlp", projStd, l)
                                     : gptMlp(h, p + "mlp", m.ffnHidden,
                                              projStd);
-      x = AddOp::create(b, at(p + "mlp"), x, y);
+      x = AddOp::create(b, at(p + "mlp"), x,
+                        dropout(y, m.dropout, blockSite(l, Site::MlpOutput)));
     }
     enter(graph::LayerKind::Head);
     return lmHead(layerNorm(x, "ln_f", C), wte, "lm_head.weight");
@@ -552,9 +556,11 @@ private:
                     0);
     Value x = EmbeddingOp::create(b, at("model.embed_tokens"), embed, tokens,
                                   nullptr);
+    x = dropout(x, m.dropout, kEmbeddingSite);
     auto theta = b.getF64FloatAttr(m.ropeTheta);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
+      block = l;
       std::string p = "model.layers." + std::to_string(l) + ".";
       Value h = rmsNorm(x, p + "input_layernorm", C);
       const Parallel col = Parallel::Column, row = Parallel::Row;
@@ -578,11 +584,15 @@ private:
       Value a = attention(p + "self_attn", q, k, v, Hkv);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,
-                        linear(a, p + "self_attn.o_proj", H * D, C, row));
+                        dropout(linear(a, p + "self_attn.o_proj", H * D, C,
+                                       row),
+                                m.dropout,
+                                blockSite(l, Site::AttentionOutput)));
       h = rmsNorm(x, p + "post_attention_layernorm", C);
       Value y = m.moe.isMoeLayer(l) ? moe(h, p + "block_sparse_moe", 0.02, l)
                                     : llamaMlp(h, p + "mlp", F);
-      x = AddOp::create(b, at(p + "mlp"), x, y);
+      x = AddOp::create(b, at(p + "mlp"), x,
+                        dropout(y, m.dropout, blockSite(l, Site::MlpOutput)));
     }
     enter(graph::LayerKind::Head);
     return lmHead(rmsNorm(x, "model.norm", C), embed, "lm_head.weight");
@@ -641,13 +651,28 @@ private:
     if (spec.train.recompute == "selective")
       for (Operation *op : {scores.getOperation(), probs.getOperation()})
         op->setAttr(GraphDialect::kRecomputeAttrName, b.getUnitAttr());
-    Value o = MatmulOp::create(b, loc, probs.getResult(), vs, false, false,
-                               false);
+    Value p = dropout(probs.getResult(), m.attentionDropout,
+                      blockSite(block, Site::AttentionProbs));
+    Value o = MatmulOp::create(b, loc, p, vs, false, false, false);
     if (G == 1)
       return transpose(o, {0, 2, 1, 3});
     return reshape(transpose(reshape(o, {B, kvHeads, G, T, D}),
                              {0, 3, 1, 2, 4}),
                    {B, T, H, D});
+  }
+  // Dropout sites: the embedding's output, then three per block. A site's
+  // number keys its masks, so it depends on the model only.
+  static constexpr int64_t kEmbeddingSite = 0;
+  enum class Site : int64_t { AttentionProbs, AttentionOutput, MlpOutput };
+  static int64_t blockSite(int64_t l, Site site) {
+    return 1 + 3 * l + static_cast<int64_t>(site);
+  }
+  Value dropout(Value x, double p, int64_t site) {
+    if (inference || p <= 0)
+      return x;
+    return DropoutOp::create(b, x.getLoc(), x, b.getF64FloatAttr(p),
+                             b.getI64IntegerAttr(int64_t(spec.train.seed)),
+                             b.getI64IntegerAttr(site), nullptr, nullptr);
   }
   Value rmsNorm(Value x, const std::string &name, int64_t C) {
     Value w = param(name + ".weight", {C}, "ones");
@@ -663,6 +688,8 @@ private:
   // chunk of new tokens in an inference step.
   int64_t S;
   bool inference = false;
+  int64_t block = 0; // the transformer block being built
+
   Value tokens, targets, positions;
   // The MoE layers' load-balancing and z losses, in layer order.
   SmallVector<Value> auxLosses, zLosses;

@@ -426,6 +426,14 @@ void readModel(Section s, ModelSpec &m, const LayoutOverrides &layout,
   m.tieEmbeddings = s.boolean("tie_embeddings", gpt);
   m.normEps = s.number("norm_eps", 1e-5, 0.0);
   m.ropeTheta = s.number("rope_theta", 10000.0, 1.0);
+  for (auto [key, field] : {std::pair<const char *, double *>{"dropout", &m.dropout},
+                            {"attention_dropout", &m.attentionDropout}}) {
+    *field = s.number(key, 0.0, 0.0);
+    if (*field >= 1)
+      problems.report(s.at(key), std::string("must be below 1 (the share of "
+                                             "elements dropped), got ") +
+                                     brief(json(*field)));
+  }
   if (s.has("moe"))
     readMoe(s.child("moe"), m, problems);
   s.rejectUnknown();
@@ -952,6 +960,11 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
       problems.report("train.recompute_layers",
                       "applies to train.recompute = \"full\", which is \"" +
                           t.recompute + "\"");
+    if (m.attentionDropout > 0 && t.attention != "unfused")
+      problems.report("model.attention_dropout",
+                      "drops attention probabilities, which only "
+                      "train.attention = \"unfused\" materialises (it is "
+                      "\"" + t.attention + "\")");
   }
   if (!problems.any())
     readParallel(root.child("parallel"), spec.parallel, spec, layout, problems);

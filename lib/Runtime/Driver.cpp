@@ -23,6 +23,7 @@
 #include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
+#include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/Init.h"
 #include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Program.h"
@@ -2001,6 +2002,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     StepContext saved = ctx;
     double sum = 0;
     ctx.evaluating = true;
+    setRunningStep(ctx.step, /*evaluating=*/true); // no dropout
     for (int64_t k = 0; k < opts.evalBatches; k++) {
       valid->microbatchRowsForStep(k, globalB, firstRow, B,
                                    program.microbatches, T,
@@ -2083,6 +2085,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     ctx.gradNorm = NAN;
     ctx.metrics.clear();
 
+    setRunningStep(step, /*evaluating=*/false);
     auto start = std::chrono::steady_clock::now();
     if (device && device->runStep)
       device->runStep(program, ctx);

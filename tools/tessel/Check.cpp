@@ -206,18 +206,23 @@ int tessel::checkCommand(const CheckOptions &options) {
   // an interleaved layout of a shallow example needs).
   LayoutOverrides checked = options.layout;
   checked.layers = options.layers;
+  // The reference's attention is the flash kernel, so an unfused layout is
+  // checked against it too; unless the attention probabilities are dropped
+  // out, which only the unfused attention does.
+  bool flashReference = true;
   if (Expected<tessel::Spec> spec = tessel::loadSpec(
           options.input, options.overrides, checked)) {
     if (spec->model.moe.enabled())
       ref.layout.microbatches = spec->parallel.microbatches;
+    flashReference = spec->model.attentionDropout == 0;
   } else {
     consumeError(spec.takeError()); // compile reports it
   }
   // One rank has no dp groups to shard over nor tp ranks to split experts
   // over, and the CPU program keeps its optimizer state in host memory
-  // anyway. Its attention is the flash kernel, so an unfused layout is
-  // checked against it too.
-  ref.overrides.push_back("train.attention=\"flash\"");
+  // anyway.
+  if (flashReference)
+    ref.overrides.push_back("train.attention=\"flash\"");
   ref.overrides.push_back("parallel.zero_group=0");
   ref.overrides.push_back("parallel.offload=\"none\"");
   ref.overrides.push_back("parallel.expert_tp=1");

@@ -2,12 +2,14 @@
 //
 // rope, softmaxForward and softmaxBackward against the CPU kernels, for
 // float and bf16 storage, over shapes that exercise odd head sizes, one
-// warp per row (few columns) and rows longer than a block.
+// warp per row (few columns) and rows longer than a block; and dropout,
+// whose masks must be the CPU kernel's bit for bit.
 //
 //===----------------------------------------------------------------------===//
 
 #include "CudaTest.h"
 
+#include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/Kernels.h"
 
 #include <string>
@@ -142,6 +144,29 @@ TEST(CudaSoftmax, Backward) {
   checkSoftmaxBackward<float, bf16, bf16>(33, 100);
   checkSoftmaxBackward<float, float, float>(512, 256, 0.125, true);
   checkSoftmaxBackward<bf16, bf16, bf16>(512, 256, 0.125, true);
+}
+
+// The device draws the CPU kernel's masks (Dropout.h runs on both), for
+// each microbatch's piece, and copies while evaluating.
+TEST(CudaDropout, MatchesCpuMasks) {
+  const int64_t shape[3] = {3, 40, 33}, axes[3] = {0, 0, 0},
+                n = shape[0] * shape[1] * shape[2];
+  auto x = randomVector(n, 46, 0.5f, 2.0f);
+  for (int64_t microbatch : {0, 1}) {
+    for (bool evaluating : {false, true}) {
+      tessel::rt::setRunningStep(5, evaluating);
+      std::vector<float> want(n);
+      tessel::rt::dropout(x.data(), want.data(), microbatch, shape, axes, 3, 2,
+                          0.25, 1234, 7);
+      DeviceArray<float> dx(x), out(n);
+      sync();
+      dropout(dx.get(), out.get(), microbatch, shape, axes, 3, 2, 0.25, 1234,
+              7);
+      EXPECT_EQ(out.download(), want)
+          << "microbatch " << microbatch << (evaluating ? " evaluating" : "");
+    }
+  }
+  tessel::rt::setRunningStep(0, false);
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/KernelsRef.h"
 #include "tessel/Runtime/Kernels.h"
 
@@ -512,6 +513,71 @@ TEST(KernelSoftmax, MatchesReference) {
   for (float v : y)
     EXPECT_TRUE(std::isfinite(v));
   EXPECT_NEAR(y[1], 0.66524096f, 1e-6);
+}
+
+// ------------------------------------------------------------- dropout
+
+// Dropout of a [4, 6, 5] tensor at step `step`, as one piece or as the
+// pieces of `microbatches` microbatches (one rank: no mesh axis splits it).
+std::vector<float> dropoutOf(const std::vector<float> &x, double p,
+                             int64_t step, int64_t microbatches,
+                             int64_t site = 3) {
+  rt::setRunningStep(step, false);
+  const int64_t axes[3] = {0, 0, 0};
+  const int64_t rows = 4 / microbatches;
+  const int64_t shape[3] = {rows, 6, 5};
+  std::vector<float> out(x.size());
+  for (int64_t m = 0; m < microbatches; ++m)
+    rt::dropout(x.data() + m * rows * 30, out.data() + m * rows * 30, m,
+                shape, axes, 3, microbatches, p, 1234, site);
+  return out;
+}
+
+TEST(KernelDropout, MasksFollowGlobalPlaces) {
+  std::mt19937 gen(21);
+  auto x = randVec(120, gen, 0.5f, 2.f); // no zeros: a zero out is a drop
+  auto whole = dropoutOf(x, 0.3, 7, 1);
+  // Kept elements are scaled by 1 / (1 - p), the others zero.
+  int64_t kept = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (whole[i] != 0.f) {
+      EXPECT_FLOAT_EQ(whole[i], x[i] * float(1.0 / 0.7));
+      ++kept;
+    }
+  }
+  EXPECT_GT(kept, 60);
+  EXPECT_LT(kept, 108);
+  // Microbatches draw what the whole batch draws; so do the gradient (the
+  // same op on dy) and a recomputed forward: the mask is a function of the
+  // place, not of a generator's state.
+  EXPECT_EQ(dropoutOf(x, 0.3, 7, 2), whole);
+  EXPECT_EQ(dropoutOf(x, 0.3, 7, 4), whole);
+  EXPECT_EQ(dropoutOf(x, 0.3, 7, 1), whole);
+  // Another step or another site draws another mask.
+  EXPECT_NE(dropoutOf(x, 0.3, 8, 1), whole);
+  EXPECT_NE(dropoutOf(x, 0.3, 7, 1, 4), whole);
+  // An evaluation copies.
+  rt::setRunningStep(7, true);
+  const int64_t axes[3] = {0, 0, 0}, shape[3] = {4, 6, 5};
+  std::vector<float> out(x.size());
+  rt::dropout(x.data(), out.data(), 0, shape, axes, 3, 1, 0.3, 1234, 3);
+  EXPECT_EQ(out, x);
+  rt::setRunningStep(0, false);
+}
+
+TEST(KernelDropout, KeepsOneMinusPOnAverage) {
+  const int64_t n = 1 << 18;
+  std::vector<float> x(n, 1.f), out(n);
+  const int64_t axes[1] = {0}, shape[1] = {n};
+  for (double p : {0.1, 0.5, 0.9}) {
+    rt::setRunningStep(3, false);
+    rt::dropout(x.data(), out.data(), 0, shape, axes, 1, 1, p, 99, 0);
+    double kept = std::count_if(out.begin(), out.end(),
+                                [](float v) { return v != 0.f; });
+    // Binomial: 5 standard deviations of n p (1 - p) is below 0.005 n.
+    EXPECT_NEAR(kept / n, 1 - p, 0.005) << "p = " << p;
+  }
+  rt::setRunningStep(0, false);
 }
 
 TEST(KernelCrossEntropy, MatchesReference) {

@@ -51,6 +51,11 @@ struct ModelSpec {
   int64_t vocabPadTo = 1;
   bool tieEmbeddings = true;
   double normEps = 1e-5, ropeTheta = 10000.0;
+  // model.dropout: on the embedding's output and on each block's attention
+  // and MLP outputs before the residual adds; model.attention_dropout: on
+  // the attention probabilities (unfused attention). Masks are drawn from
+  // global coordinates (runtime Dropout.h), the same at every layout.
+  double dropout = 0, attentionDropout = 0;
   MoeSpec moe;
   int64_t headDim() const { return hidden / heads; }
   int64_t paddedVocab() const {

@@ -162,6 +162,16 @@ template <typename T>
 void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
                      int64_t cols, double scale = 1.0);
 
+// out = x * keep / (1 - p), keep drawn per element from the seed, the site,
+// the running step and the element's place in the whole tensor (Dropout.h):
+// x is this rank's piece ([shape], `rank` dimensions, dimension d split over
+// the mesh axes splitAxes[d], the batch also over `microbatches`, this being
+// `microbatch`). Copies x while the program evaluates.
+template <typename T>
+void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
+             const int64_t *splitAxes, int64_t rank, int64_t microbatches,
+             double p, int64_t seed, int64_t site);
+
 // Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V],
 // of which the first `valid` columns are the vocabulary (the rest, padding,
 // take no part in the softmax). Writes the scalar to loss[0].

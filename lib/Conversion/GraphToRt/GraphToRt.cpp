@@ -327,6 +327,23 @@ PATTERN(AttentionGradOp) {
   return success();
 }
 
+PATTERN(DropoutOp) {
+  auto shape = shapeOf(op);
+  SmallVector<int64_t> axes(shape.size(), 0);
+  if (auto split = op.getSplitAxesAttr())
+    axes.assign(split.asArrayRef().begin(), split.asArrayRef().end());
+  int64_t microbatches = op.getMicrobatches().value_or(1);
+  Value out = alloc(b, op.getLoc(), op);
+  Value mb = rt::MicrobatchOp::create(b, op.getLoc(), b.getI64Type());
+  rt::DropoutOp::create(b, op.getLoc(), a.getInput(), out, mb,
+                        b.getDenseI64ArrayAttr(shape),
+                        b.getDenseI64ArrayAttr(axes), i(b, shape.size()),
+                        i(b, microbatches), op.getPAttr(), op.getSeedAttr(),
+                        op.getSiteAttr());
+  b.replaceOp(op, out);
+  return success();
+}
+
 PATTERN(SoftmaxOp) {
   int64_t cols = shapeOf(op).back();
   Value out = alloc(b, op.getLoc(), op);
@@ -778,6 +795,7 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       LayerNormOpLowering, LayerNormGradOpLowering, RmsNormOpLowering,
       RmsNormGradOpLowering, RopeOpLowering, AttentionOpLowering,
       AttentionGradOpLowering, SoftmaxOpLowering, SoftmaxGradOpLowering,
+      DropoutOpLowering,
       CrossEntropyOpLowering, CrossEntropyGradOpLowering, EmbeddingOpLowering,
       EmbeddingGradOpLowering, ReshapeOpLowering, TransposeOpLowering,
       SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,

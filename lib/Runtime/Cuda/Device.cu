@@ -82,6 +82,9 @@ struct DeviceState {
   cudaStream_t compute = nullptr;
   cudaStream_t comm = nullptr;
   float *hostScalars = nullptr; // pinned: the loss and the norm of a step
+  // The running step (detail::deviceStep): pinned, and its device copy,
+  // which each step's first copy writes (a captured one replays it).
+  int64_t *hostStep = nullptr, *deviceStep = nullptr;
 
   // The step's parameters (and a bf16 program's copy of them); with the
   // parameters sharded (parallel.zero 3) the parameters kept whole and the
@@ -310,6 +313,14 @@ void startDevice(const rt::Program &program, const float *hostParams,
   check(cudaStreamCreateWithFlags(&s.comm, cudaStreamNonBlocking),
         "cudaStreamCreateWithFlags");
   check(cudaMallocHost(&s.hostScalars, 2 * sizeof(float)), "cudaMallocHost");
+  check(cudaMallocHost(&s.hostStep, sizeof(int64_t)),
+        "cudaMallocHost (the running step)");
+  check(cudaMalloc(&s.deviceStep, sizeof(int64_t)),
+        "cudaMalloc (the running step)");
+  *s.hostStep = 0;
+  check(cudaMemcpy(s.deviceStep, s.hostStep, sizeof(int64_t),
+                   cudaMemcpyHostToDevice),
+        "cudaMemcpy (the running step)");
   detail::gemmInit();
   detail::commStart(device, s.device);
 
@@ -537,6 +548,11 @@ void stopDevice() {
   if (s.hostScalars)
     cudaFreeHost(s.hostScalars);
   s.hostScalars = nullptr;
+  if (s.hostStep)
+    cudaFreeHost(s.hostStep);
+  if (s.deviceStep)
+    cudaFree(s.deviceStep);
+  s.hostStep = s.deviceStep = nullptr;
   for (cudaStream_t *stream : {&s.compute, &s.comm}) {
     if (*stream)
       cudaStreamDestroy(*stream);
@@ -566,6 +582,15 @@ void refillSlots(const rt::StepContext &ctx) {
   DeviceState::StepGraph &g = state().graph;
   for (size_t i = 0; i < g.slots.size(); i++)
     g.hostSlots[i] = detail::adamScalars(g.slots[i], ctx.lr, ctx.step + 1);
+}
+
+// The running step to the device, on the compute stream (its first
+// operation; in a captured step, the graph's first node, which reads the
+// pinned value again at each launch).
+void copyStep(DeviceState &s) {
+  check(cudaMemcpyAsync(s.deviceStep, s.hostStep, sizeof(int64_t),
+                        cudaMemcpyHostToDevice, s.compute),
+        "cudaMemcpyAsync (the running step)");
 }
 
 // The runtime's counter of collectives of kind `k` (Comm.h hands them out
@@ -625,6 +650,7 @@ bool captureStep(const rt::Program &program, rt::StepContext &ctx) {
   g.capturing = true;
   cudaGraph_t graph = nullptr;
   try {
+    copyStep(s);
     if (g.capacity > 0)
       check(cudaMemcpyAsync(g.deviceSlots, g.hostSlots,
                             (size_t)g.capacity * sizeof(detail::AdamScalars),
@@ -688,6 +714,9 @@ void runStep(const rt::Program &program, rt::StepContext &ctx) {
     throw std::runtime_error("runStep before the CUDA device was started");
   DeviceState::StepGraph &g = s.graph;
   bool first = g.stepsRun++ == 0;
+  // The previous step has finished (waitForStep), so its copy has read the
+  // pinned step.
+  *s.hostStep = ctx.step;
   if (g.enabled && g.exec) {
     refillSlots(ctx);
     for (int k = 0; k < rt::kNumCollectiveKinds; k++) {
@@ -708,6 +737,7 @@ void runStep(const rt::Program &program, rt::StepContext &ctx) {
   }
   g.eagerUpdates = 0;
   g.eagerMetricFloats = 0;
+  copyStep(s);
   program.step(ctx);
 }
 
@@ -741,6 +771,8 @@ void detail::toBf16On(cudaStream_t stream, const float *in, bf16 *out,
 const DeviceBuffers &deviceBuffers() { return state().buffers; }
 
 bool detail::capturing() { return state().graph.capturing; }
+
+const int64_t *detail::deviceStep() { return state().deviceStep; }
 
 const detail::AdamScalars *
 detail::updateSlot(const AdamConstants &c, const AdamScalars &now) {

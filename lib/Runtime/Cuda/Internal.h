@@ -45,6 +45,10 @@ bool capturing();
 // count (`now`: this step's); otherwise null, and the kernel takes its
 // scalars by value.
 const AdamScalars *updateSlot(const AdamConstants &c, const AdamScalars &now);
+// The running step in device memory, which the runtime writes before each
+// step (eager or launched as a graph) for the kernels that read it
+// (dropout); null before the device is started.
+const int64_t *deviceStep();
 // Throws while the step is captured: `what` would wait for the device,
 // allocate or read device data on the host, which a graph cannot replay.
 void notWhileCapturing(const char *what);

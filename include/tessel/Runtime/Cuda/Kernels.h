@@ -143,6 +143,15 @@ template <typename TI, typename TO>
 void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
           double theta, bool inverse);
 
+//===--- Dropout.cu -------------------------------------------------------===//
+
+// As the CPU kernel (Kernels.h): the masks of Dropout.h, keyed by the step
+// the runtime keeps in device memory (before start: rt::runningStep()).
+template <typename TI, typename TO>
+void dropout(const TI *x, TO *out, int64_t microbatch, const int64_t *shape,
+             const int64_t *splitAxes, int64_t rank, int64_t microbatches,
+             double p, int64_t seed, int64_t site);
+
 //===--- Softmax.cu -------------------------------------------------------===//
 
 // As the CPU kernels (Kernels.h): softmax of scale * x, causal rows.
