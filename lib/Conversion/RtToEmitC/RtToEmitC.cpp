@@ -113,15 +113,26 @@ FailureOr<Attribute> callAttribute(Operation *op, Attribute attr,
                                Twine(offset.getDenominator()));
   if (auto array = dyn_cast<DenseI64ArrayAttr>(attr)) {
     // A constant table beside the functions.
-    std::string name;
-    int index = 0;
-    do
-      name = "kTable" + std::to_string(index++);
-    while (module.lookupSymbol(name));
+    // (One table per distinct content: kernels called alike share it.)
     std::string init = "{";
     for (auto [k, v] : llvm::enumerate(array.asArrayRef()))
       init += (k ? ", " : "") + std::to_string(v);
     init += "}";
+    int index = 0;
+    for (auto global : module.getOps<emitc::GlobalOp>()) {
+      if (!global.getSymName().starts_with("kTable"))
+        continue;
+      auto value = dyn_cast_or_null<emitc::OpaqueAttr>(global.getInitialValueAttr());
+      if (value && value.getValue() == init &&
+          global.getType() ==
+              emitc::ArrayType::get({array.size()}, b.getI64Type()))
+        return opaqueAttr(ctx, global.getSymName());
+      ++index;
+    }
+    std::string name;
+    do
+      name = "kTable" + std::to_string(index++);
+    while (module.lookupSymbol(name));
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(op->getParentOfType<emitc::FuncOp>());
     b.create<emitc::GlobalOp>(
