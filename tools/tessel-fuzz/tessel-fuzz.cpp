@@ -133,7 +133,8 @@ const std::vector<std::string> kJsonValues = {
 const std::vector<std::string> kStrings = {
     "gpt", "llama", "bert", "gpipe", "1f1b", "interleaved", "zigzag",
     "cosine", "linear", "constant", "step", "adamw", "sgd", "bf16", "fp32",
-    "int8", "llmc", "synthetic", "none", "selective", "full", "tp", "dp", "", "*", "[", "h.*",
+    "int8", "llmc", "synthetic", "none", "selective", "full", "flash",
+    "unfused", "tp", "dp", "", "*", "[", "h.*",
     "a b", "x\\ny", "\\u0000", "\\ud800", "..", "/dev/null", "tokens.bin",
     "a-very-long-name-that-is-longer-than-sixty-four-characters-for-sure"};
 const std::vector<std::string> kKeys = {
@@ -144,13 +145,16 @@ const std::vector<std::string> kKeys = {
     "weight_decay", "lr_schedule", "warmup_steps", "decay", "min_lr",
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
     "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
-    "shard", "hiden", ""};
+    "shard", "attention", "dropout", "attention_dropout",
+    "overlap_grad_reduce", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",
     "model.hidden", "model.heads", "model.kv_heads", "model.ffn_hidden",
     "model.norm_eps", "model.rope_theta", "model.tie_embeddings",
     "train.global_batch", "train.steps", "train.seed", "train.grad_clip",
-    "train.precision", "train.recompute", "train.optimizer.lr", "train.optimizer.betas",
+    "train.precision", "train.recompute", "train.attention",
+    "model.dropout", "model.attention_dropout",
+    "parallel.overlap_grad_reduce", "train.optimizer.lr", "train.optimizer.betas",
     "train.optimizer.name", "train.lr_schedule.decay",
     "train.lr_schedule.warmup_steps", "data.format", "data.path",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.microbatches",
