@@ -626,8 +626,8 @@ private:
   // the causal softmax of S / sqrt(D), then P V. The G = heads / kv_heads
   // query heads that read one key head are stacked as G * T rows against
   // its T keys (the causal mask follows a row's position, its index modulo
-  // T). Under selective recomputation S and P are made again in backward
-  // (Korthikanti et al. 2022) rather than kept.
+  // T). Under selective recomputation S and P (and P's dropout) are made
+  // again in backward (Korthikanti et al. 2022) rather than kept.
   Value unfusedAttention(const std::string &prefix, Value q, Value k, Value v,
                          int64_t kvHeads) {
     auto shape = cast<RankedTensorType>(q.getType()).getShape();
@@ -648,11 +648,12 @@ private:
     auto probs = SoftmaxOp::create(
         b, loc, scores.getResult(),
         b.getF64FloatAttr(1.0 / std::sqrt(double(D))), b.getBoolAttr(true));
-    if (spec.train.recompute == "selective")
-      for (Operation *op : {scores.getOperation(), probs.getOperation()})
-        op->setAttr(GraphDialect::kRecomputeAttrName, b.getUnitAttr());
     Value p = dropout(probs.getResult(), m.attentionDropout,
                       blockSite(block, Site::AttentionProbs));
+    if (spec.train.recompute == "selective")
+      for (Operation *op : {scores.getOperation(), probs.getOperation(),
+                            p.getDefiningOp()})
+        op->setAttr(GraphDialect::kRecomputeAttrName, b.getUnitAttr());
     Value o = MatmulOp::create(b, loc, p, vs, false, false, false);
     if (G == 1)
       return transpose(o, {0, 2, 1, 3});

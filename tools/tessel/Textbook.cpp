@@ -549,15 +549,19 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // activation and product), all split over tp; and the attention's row
   // log-sum-exp, one fp32 value per token and head (FlashAttention's), or
   // with unfused attention its probabilities, s values per token and head
-  // (Korthikanti et al.'s 2as^2b without dropout), which selective
-  // recomputation makes again instead.
+  // (Korthikanti et al.'s 2as^2b), and with attention dropout the dropped
+  // ones too (their 2as^2b; the mask is drawn again, not kept), which
+  // selective recomputation makes again instead. Dropout on the hidden
+  // states keeps nothing: its backward draws the mask again.
   double heads = plan["model"]["heads"].get<double>();
   const json &train = plan["train"];
   bool unfused = train.value("attention", std::string("flash")) == "unfused";
   bool selective = train.value("recompute", std::string("none")) == "selective";
+  double probabilities =
+      plan["model"].value("attention_dropout", 0.0) > 0 ? 2 : 1;
   double attentionKept = !unfused   ? b * s * heads / t * 4
                          : selective ? 0
-                                     : b * s * heads / t * s * e;
+                                     : probabilities * b * s * heads / t * s * e;
   double perBlock = b * s *
                         (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
                          (llama ? 4 : 2) * f / t) *
