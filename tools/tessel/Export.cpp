@@ -69,6 +69,8 @@ struct Model {
   int64_t paddedVocab; // the embedding's rows (model.vocab_pad_to_multiple)
   bool tied;
   double normEps, ropeTheta;
+  // Hugging Face's dropout fields (training only; 0 in older plans).
+  double dropout = 0, attentionDropout = 0;
 };
 
 // The model fields plan.json and checkpoints record (docs/spec.md).
@@ -97,6 +99,8 @@ Model modelOf(const json &j, const std::string &where) {
   m.tied = field("tie_embeddings").get<bool>();
   // Older plans did not record these; they were the defaults then.
   m.normEps = j.value("norm_eps", 1e-5);
+  m.dropout = j.value("dropout", 0.0);
+  m.attentionDropout = j.value("attention_dropout", 0.0);
   m.ropeTheta = j.value("rope_theta", 10000.0);
   return m;
 }
@@ -177,9 +181,9 @@ json configOf(const Model &m, std::optional<int64_t> eos) {
          // Tessel's GELU is the tanh approximation (docs/spec.md).
          {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", m.normEps},
-         {"resid_pdrop", 0.0},
-         {"embd_pdrop", 0.0},
-         {"attn_pdrop", 0.0},
+         {"resid_pdrop", m.dropout},
+         {"embd_pdrop", m.dropout},
+         {"attn_pdrop", m.attentionDropout},
          {"scale_attn_weights", true},
          {"initializer_range", 0.02},
          {"tie_word_embeddings", m.tied}};
@@ -199,7 +203,7 @@ json configOf(const Model &m, std::optional<int64_t> eos) {
          {"rope_theta", m.ropeTheta},
          {"attention_bias", false},
          {"mlp_bias", false},
-         {"attention_dropout", 0.0},
+         {"attention_dropout", m.attentionDropout},
          {"initializer_range", 0.02},
          {"tie_word_embeddings", m.tied}};
   }
