@@ -75,13 +75,16 @@ DropoutLayout dropoutLayout(const int64_t *shape, const int64_t *splitAxes,
                             int64_t rank, int64_t microbatch,
                             int64_t microbatches);
 
-// The global index of local element `i` of a piece laid out by `l`.
-TESSEL_HOST_DEVICE inline uint64_t dropoutIndex(const DropoutLayout &l,
-                                                int64_t i) {
-  uint64_t index = 0;
-  for (int d = l.rank - 1; d >= 0; --d) {
-    int64_t c = i % l.size[d];
-    i /= l.size[d];
+// The global index of the first element of local row `row` of a piece
+// laid out by `l` (a row: the last dimension, whose elements follow one
+// another in the whole tensor too).
+TESSEL_HOST_DEVICE inline uint64_t dropoutRowIndex(const DropoutLayout &l,
+                                                   int64_t row) {
+  const int last = l.rank - 1;
+  uint64_t index = uint64_t(l.offset[last]);
+  for (int d = last - 1; d >= 0; --d) {
+    int64_t c = row % l.size[d];
+    row /= l.size[d];
     index += uint64_t(c + l.offset[d]) * uint64_t(l.stride[d]);
   }
   return index;

@@ -19,16 +19,22 @@ using detail::toFloat;
 
 namespace {
 
+// One block per row (grid-stride over rows): the row's global index once,
+// then its elements one after another.
 template <typename TI, typename TO>
-__global__ void dropoutKernel(const TI *x, TO *out, int64_t n,
+__global__ void dropoutKernel(const TI *x, TO *out, int64_t rows, int64_t cols,
                               rt::DropoutLayout layout, const int64_t *step,
                               int64_t stepValue, int64_t seed, int64_t site,
                               uint64_t threshold, float scale) {
   const uint64_t key = rt::dropoutKey(seed, site, step ? *step : stepValue);
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    bool keep = rt::dropoutKeeps(key, rt::dropoutIndex(layout, i), threshold);
-    out[i] = fromFloat<TO>(keep ? toFloat(x[i]) * scale : 0.0f);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const uint64_t first = rt::dropoutRowIndex(layout, r);
+    const TI *xr = x + r * cols;
+    TO *outr = out + r * cols;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      bool keep = rt::dropoutKeeps(key, first + uint64_t(j), threshold);
+      outr[j] = fromFloat<TO>(keep ? toFloat(xr[j]) * scale : 0.0f);
+    }
   }
 }
 
@@ -45,9 +51,13 @@ void dropout(const TI *x, TO *out, int64_t microbatch, const int64_t *shape,
   bool drop = !rt::runningEvaluation() && p > 0;
   rt::DropoutLayout layout =
       rt::dropoutLayout(shape, splitAxes, rank, microbatch, microbatches);
-  dropoutKernel<<<detail::blocksFor(n), 256, 0, computeStream()>>>(
-      x, out, n, layout, detail::deviceStep(), rt::runningStep(), seed, site,
-      drop ? rt::dropoutThreshold(p) : 0, drop ? float(1.0 / (1.0 - p)) : 1.0f);
+  const int64_t cols = shape[rank - 1], rows = n / cols;
+  constexpr int64_t kMaxBlocks = 65535 * 8;
+  unsigned blocks = unsigned(rows < kMaxBlocks ? rows : kMaxBlocks);
+  dropoutKernel<<<blocks, cols <= 32 ? 32 : 256, 0, computeStream()>>>(
+      x, out, rows, cols, layout, detail::deviceStep(), rt::runningStep(), seed,
+      site, drop ? rt::dropoutThreshold(p) : 0,
+      drop ? float(1.0 / (1.0 - p)) : 1.0f);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 

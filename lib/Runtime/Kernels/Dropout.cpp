@@ -61,6 +61,8 @@ void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
              const int64_t *splitAxes, int64_t rank, int64_t microbatches,
              double p, int64_t seed, int64_t site) {
   const int64_t n = elementsOf(shape, rank);
+  if (n <= 0)
+    return;
   if (runningEvaluation() || p <= 0) {
     std::memcpy(out, x, size_t(n) * sizeof(T));
     return;
@@ -70,10 +72,15 @@ void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
   const uint64_t key = dropoutKey(seed, site, runningStep());
   const uint64_t threshold = dropoutThreshold(p);
   const T scale = T(1.0 / (1.0 - p));
+  const int64_t cols = shape[rank - 1], rows = n / cols;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = dropoutKeeps(key, dropoutIndex(l, i), threshold) ? x[i] * scale
-                                                              : T(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t first = dropoutRowIndex(l, r);
+    for (int64_t j = 0; j < cols; ++j)
+      out[r * cols + j] =
+          dropoutKeeps(key, first + uint64_t(j), threshold) ? x[r * cols + j] * scale
+                                                            : T(0);
+  }
 }
 
 #define TESSEL_INSTANTIATE(T)                                                  \
