@@ -187,6 +187,13 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double passes = l.recompute == "full" ? 4 : 3;
   compute += 40 * act * elem * passes * layersHere * l.microbatches /
              (d.memoryBandwidth * d.memoryEfficiency);
+  // Unfused attention writes and reads its scores and probabilities (and
+  // their dropout), s per token and head, about four times a pass.
+  if (spec.train.attention == "unfused")
+    compute += rows * double(m.heads) / l.tp * s * elem * 4 *
+               (l.recompute == "none" ? 3 : 4) *
+               (m.attentionDropout > 0 ? 2 : 1) * layersHere *
+               l.microbatches / (d.memoryBandwidth * d.memoryEfficiency);
   double tpComm = 0;
   if (l.tp > 1) {
     sim::GroupPlacement g{l.tp, 1, l.tp};
@@ -247,6 +254,11 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double perLayer = l.recompute == "full"
                         ? 2 * act
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
+  // Unfused attention keeps its probabilities (and their dropout), s per
+  // token and head, unless recomputed.
+  if (spec.train.attention == "unfused" && l.recompute == "none")
+    perLayer += rows * double(m.heads) / l.tp * s *
+                (m.attentionDropout > 0 ? 2 : 1);
   // Microbatches in flight, in units of a stage's layers.
   double inFlight = l.pp > 1 ? activationSlots(l.pp, l.microbatches, l.v) : 1;
   double activations = perLayer * (elem / 2) * layersHere * inFlight +
@@ -475,12 +487,16 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
           if (zero && dp == 1)
             continue;
           // Selective recomputation recomputes the attention core, which
-          // fused attention never stores: the program is none's.
+          // flash attention never stores: the program is none's; with
+          // unfused attention it is a layout of its own.
           // An MoE model's experts whole on each tp rank, or split over
           // tp (with ep too: the experts over ep, each one's width over
           // tp).
-          for (const char *rc : {"none", "full"})
+          for (const char *rc : {"none", "selective", "full"})
             for (bool etp : {false, true}) {
+              if (std::string(rc) == "selective" &&
+                  spec->train.attention != "unfused")
+                continue;
               if (etp && (tp == 1 || !m.moe.enabled() ||
                           m.moe.ffnHidden % tp))
                 continue;
@@ -1018,13 +1034,13 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                       "{2}, simulated {3} in {4:f1} s\n",
                       o.searched, o.fitByEstimate, o.compiled, o.simulated,
                       o.seconds);
-    outs() << formatv("  {0,-4} {1,-58} {2,10} {3,12} {4,8} {5,6} {6,10}\n",
+    outs() << formatv("  {0,-4} {1,-64} {2,10} {3,12} {4,8} {5,6} {6,10}\n",
                       "rank", "layout (tp pp dp, mbs x microbatches, ...)",
                       "step", "tokens/s", "TFLOP/s", "MFU", "memory");
     int rank = 0;
     for (const Candidate *c : ranked) {
       std::string name = c->layout.str() + (c->included ? " *" : "");
-      outs() << formatv("  {0,-4} {1,-58} {2,10} {3,12:f0} {4,8:f1} {5,5:f1}% "
+      outs() << formatv("  {0,-4} {1,-64} {2,10} {3,12:f0} {4,8:f1} {5,5:f1}% "
                         "{6,10}{7}\n",
                         ++rank, name,
                         formatSeconds(c->result.stepTime),
