@@ -805,6 +805,7 @@ if [[ $MODE != bundled ]]; then
     "gpt-tiny|examples/gpt-tiny.json|"
     "llama-tiny|examples/llama-tiny.json|"
     "mixtral-tiny|examples/mixtral-tiny.json|"
+    "gpt-tiny-unfused-dropout|examples/gpt-tiny.json|train.attention=unfused model.dropout=0.1 model.attention_dropout=0.1"
     "gpt2-124m-T256|examples/gpt2-124m.json|model.seq_len=256 train.global_batch=4 data.format=synthetic train.lr_schedule.warmup_steps=5"
   )
   # name | spec | batch | seq_len
