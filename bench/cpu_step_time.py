@@ -27,6 +27,15 @@ CASES = [
      {"model": {"seq_len": 64}, "train": {"global_batch": 4}, "data": {"format": "synthetic"}}),
     ("gpt2-124m (B=4, T=256)", "examples/gpt2-124m.json",
      {"model": {"seq_len": 256}, "train": {"global_batch": 4}, "data": {"format": "synthetic"}}),
+    # Both sides materialising the attention scores (PyTorch eager's
+    # attention here always does) and dropping out 0.1 of the hidden
+    # states and of the attention probabilities (each with its own masks).
+    ("gpt-tiny (B=8, T=64), unfused attention, dropout 0.1", "examples/gpt-tiny.json",
+     {"model": {"dropout": 0.1, "attention_dropout": 0.1},
+      "train": {"attention": "unfused"}}),
+    ("gpt2-124m (B=4, T=256), unfused attention, dropout 0.1", "examples/gpt2-124m.json",
+     {"model": {"seq_len": 256, "dropout": 0.1, "attention_dropout": 0.1},
+      "train": {"global_batch": 4, "attention": "unfused"}, "data": {"format": "synthetic"}}),
 ]
 
 

@@ -58,6 +58,10 @@ def load_spec(spec):
     m.setdefault("heads", 4)
     m.setdefault("kv_heads", m["heads"])
     m.setdefault("ffn_hidden", 4 * m["hidden"])
+    # Dropout (PyTorch's own masks: a run with it matches Tessel's only in
+    # distribution; the equality tests train without).
+    m.setdefault("dropout", 0.0)
+    m.setdefault("attention_dropout", 0.0)
     m.setdefault("tie_embeddings", fam == "gpt")
     m.setdefault("norm_eps", 1e-5)
     m.setdefault("rope_theta", 10000.0)
@@ -286,14 +290,21 @@ class Conv1D(nn.Module):
             *x.shape[:-1], self.weight.shape[1])
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, dropout=0.0):
     """q, k, v: [B, H, T, D] -> [B, H, T, D]; softmax(q k^T / sqrt(D) + causal mask) v."""
     T, D = q.shape[-2], q.shape[-1]
     att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(~mask, float("-inf"))
     att = torch.softmax(att, dim=-1)
+    if dropout > 0:
+        att = F.dropout(att, dropout)
     return torch.matmul(att, v)
+
+
+def drop(x, p, training):
+    """Dropout on a residual branch (only when the spec asks for it)."""
+    return F.dropout(x, p) if p > 0 and training else x
 
 
 class GPTAttention(nn.Module):
@@ -301,6 +312,7 @@ class GPTAttention(nn.Module):
         super().__init__()
         C = cfg["hidden"]
         self.n_head = cfg["heads"]
+        self.p = cfg.get("attention_dropout", 0.0)
         self.c_attn = Conv1D(C, 3 * C)
         self.c_proj = Conv1D(C, C)
 
@@ -312,7 +324,7 @@ class GPTAttention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)
         k = k.view(B, T, H, D).transpose(1, 2)
         v = v.view(B, T, H, D).transpose(1, 2)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = causal_attention(q, k, v, self.p if self.training else 0.0).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 
 
@@ -334,10 +346,11 @@ class GPTBlock(nn.Module):
         self.attn = GPTAttention(cfg)
         self.ln_2 = nn.LayerNorm(C, eps=eps)
         self.mlp = GPTMoE(cfg) if is_moe_layer(cfg, layer) else GPTMLP(cfg)
+        self.p = cfg.get("dropout", 0.0)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
+        x = x + drop(self.attn(self.ln_1(x)), self.p, self.training)
+        x = x + drop(self.mlp(self.ln_2(x)), self.p, self.training)
         return x
 
 
@@ -356,7 +369,8 @@ class GPT(nn.Module):
     def forward(self, idx):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)[None]
+        x = drop(self.wte(idx) + self.wpe(pos)[None], self.cfg.get("dropout", 0.0),
+                 self.training)
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
@@ -416,6 +430,8 @@ class LlamaAttention(nn.Module):
         C, H, Hkv = cfg["hidden"], cfg["heads"], cfg["kv_heads"]
         D = C // H
         self.H, self.Hkv, self.D = H, Hkv, D
+        self.p = cfg.get("attention_dropout", 0.0)
+        self.p_hidden = cfg.get("dropout", 0.0)
         self.q_proj = nn.Linear(C, H * D, bias=False)
         self.k_proj = nn.Linear(C, Hkv * D, bias=False)
         self.v_proj = nn.Linear(C, Hkv * D, bias=False)
@@ -432,7 +448,7 @@ class LlamaAttention(nn.Module):
         if Hkv != H:  # query head h uses kv head h // (H / Hkv)
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
+        y = causal_attention(q, k, v, self.p if self.training else 0.0).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(y)
 
 
@@ -462,9 +478,11 @@ class LlamaLayer(nn.Module):
             self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        p = self.self_attn.p_hidden
+        x = x + drop(self.self_attn(self.input_layernorm(x), cos, sin), p,
+                     self.training)
         ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        x = x + ffn(self.post_attention_layernorm(x))
+        x = x + drop(ffn(self.post_attention_layernorm(x)), p, self.training)
         return x
 
 
@@ -487,7 +505,8 @@ class Llama(nn.Module):
     def forward(self, idx):
         B, T = idx.shape
         D = self.cfg["hidden"] // self.cfg["heads"]
-        x = self.model.embed_tokens(idx)
+        x = drop(self.model.embed_tokens(idx), self.cfg.get("dropout", 0.0),
+                 self.training)
         cos, sin = rope_cos_sin(T, D, self.cfg["rope_theta"], x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
