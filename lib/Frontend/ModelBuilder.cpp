@@ -361,7 +361,6 @@ private:
     x = dropout(x, m.dropout, kEmbeddingSite);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
-      block = l;
       std::string p = "h." + std::to_string(l) + ".";
       Value h = layerNorm(x, p + "ln_1", C);
       // The fused [q | k | v] projection, column-parallel per block: the
@@ -395,7 +394,7 @@ private:
       };
       q = project(0), k = project(1), v = project(2);
       }
-      Value a = attention(p + "attn", q, k, v, H);
+      Value a = attention(p + "attn", q, k, v, H, l);
       a = reshape(a, {B, T, C});
       x = AddOp::create(
           b, at(p + "attn"), x,
@@ -560,7 +559,6 @@ private:
     auto theta = b.getF64FloatAttr(m.ropeTheta);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
-      block = l;
       std::string p = "model.layers." + std::to_string(l) + ".";
       Value h = rmsNorm(x, p + "input_layernorm", C);
       const Parallel col = Parallel::Column, row = Parallel::Row;
@@ -581,7 +579,7 @@ private:
         k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
                            b.getBoolAttr(false));
       }
-      Value a = attention(p + "self_attn", q, k, v, Hkv);
+      Value a = attention(p + "self_attn", q, k, v, Hkv, l);
       a = reshape(a, {B, T, H * D});
       x = AddOp::create(b, at(p + "self_attn"), x,
                         dropout(linear(a, p + "self_attn.o_proj", H * D, C,
@@ -600,9 +598,9 @@ private:
   // Causal attention; in an inference step, over the layer's KV cache
   // (`prefix`.k_cache and .v_cache, split over tp by heads as k and v are).
   Value attention(const std::string &prefix, Value q, Value k, Value v,
-                  int64_t kvHeads) {
+                  int64_t kvHeads, int64_t layer) {
     if (!inference && spec.train.attention == "unfused")
-      return unfusedAttention(prefix, q, k, v, kvHeads);
+      return unfusedAttention(prefix, q, k, v, kvHeads, layer);
     if (!inference)
       return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr)
           .getResult();
@@ -629,7 +627,7 @@ private:
   // T). Under selective recomputation S and P (and P's dropout) are made
   // again in backward (Korthikanti et al. 2022) rather than kept.
   Value unfusedAttention(const std::string &prefix, Value q, Value k, Value v,
-                         int64_t kvHeads) {
+                         int64_t kvHeads, int64_t layer) {
     auto shape = cast<RankedTensorType>(q.getType()).getShape();
     int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3],
             G = H / kvHeads;
@@ -649,7 +647,7 @@ private:
         b, loc, scores.getResult(),
         b.getF64FloatAttr(1.0 / std::sqrt(double(D))), b.getBoolAttr(true));
     Value p = dropout(probs.getResult(), m.attentionDropout,
-                      blockSite(block, Site::AttentionProbs));
+                      blockSite(layer, Site::AttentionProbs));
     if (spec.train.recompute == "selective")
       for (Operation *op : {scores.getOperation(), probs.getOperation(),
                             p.getDefiningOp()})
@@ -689,8 +687,6 @@ private:
   // chunk of new tokens in an inference step.
   int64_t S;
   bool inference = false;
-  int64_t block = 0; // the transformer block being built
-
   Value tokens, targets, positions;
   // The MoE layers' load-balancing and z losses, in layer order.
   SmallVector<Value> auxLosses, zLosses;

@@ -62,12 +62,8 @@ void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
     const T *dyr = dy + r * cols;
     T *dxr = dx + r * cols;
     const T s = dotOf(dyr, yr, cols);
-    if (scaleT == T(1))
-      for (int64_t j = 0; j < cols; ++j)
-        dxr[j] = yr[j] * (dyr[j] - s);
-    else
-      for (int64_t j = 0; j < cols; ++j)
-        dxr[j] = scaleT * (yr[j] * (dyr[j] - s));
+    for (int64_t j = 0; j < cols; ++j)
+      dxr[j] = scaleT * (yr[j] * (dyr[j] - s));
   }
 }
 
