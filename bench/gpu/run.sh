@@ -992,17 +992,23 @@ fi
 
 # ------------------------------------------------------------------ benchmarks
 
+# tessel_bench_failed CASE RUN [SUFFIX [PROGRAM]]: the check line of a Tessel
+# benchmark run that did not finish (SUFFIX says which variant it was).
+tessel_bench_failed() {
+  local name=$1 run=$2 suffix=${3:-} outcome
+  outcome=$(outcome_of "$run" ${4:+"$4"})
+  if [[ $outcome == skipped ]]; then
+    check_result SKIP "benchmark $name: the Tessel run$suffix was skipped (time budget)"
+  else
+    check_result FAIL "benchmark $name: the Tessel program$suffix $outcome (see $LOGS/$run.*.log)"
+  fi
+}
+
 if want bench; then
   for c in "${BENCH_CASES[@]}"; do
     IFS='|' read -r name _ <<<"$c"
-    if ! tessel_run "bench-$name-tessel" "$BENCH_STEPS" 240; then
-      outcome=$(outcome_of "bench-$name-tessel")
-      if [[ $outcome == skipped ]]; then
-        check_result SKIP "benchmark $name: the Tessel run was skipped (time budget)"
-      else
-        check_result FAIL "benchmark $name: the Tessel program $outcome (see $LOGS/bench-$name-tessel.*.log)"
-      fi
-    fi
+    tessel_run "bench-$name-tessel" "$BENCH_STEPS" 240 ||
+      tessel_bench_failed "$name" "bench-$name-tessel"
   done
   # The same programs with every kernel launched by the host each step
   # (no CUDA graph), for the table's comparison.
@@ -1010,14 +1016,8 @@ if want bench; then
     IFS='|' read -r name _ <<<"$c"
     # (A program that did not compile has been reported above.)
     [[ $(cat "$LOGS/bench-$name-tessel.compile.status" 2>/dev/null) == ok ]] || continue
-    if ! tessel_run "bench-$name-tessel-eager" "$BENCH_STEPS" 240 "bench-$name-tessel" TESSEL_CUDA_GRAPH=0; then
-      outcome=$(outcome_of "bench-$name-tessel-eager" "bench-$name-tessel")
-      if [[ $outcome == skipped ]]; then
-        check_result SKIP "benchmark $name: the Tessel run without the CUDA graph was skipped (time budget)"
-      else
-        check_result FAIL "benchmark $name: the Tessel program without the CUDA graph $outcome (see $LOGS/bench-$name-tessel-eager.*.log)"
-      fi
-    fi
+    tessel_run "bench-$name-tessel-eager" "$BENCH_STEPS" 240 "bench-$name-tessel" TESSEL_CUDA_GRAPH=0 ||
+      tessel_bench_failed "$name" "bench-$name-tessel-eager" " without the CUDA graph" "bench-$name-tessel"
   done
 fi
 
