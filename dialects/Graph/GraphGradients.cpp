@@ -106,7 +106,8 @@ LogicalResult RopeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   // A rotation's adjoint is the opposite rotation.
   operandGrads.push_back(RopeOp::create(b, getLoc(), resultGrads[0],
                                         getThetaAttr(),
-                                        b.getBoolAttr(!getInverse())));
+                                        b.getBoolAttr(!getInverse()),
+                                        /*seq_axes=*/nullptr));
   return success();
 }
 
@@ -117,7 +118,7 @@ AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
       AttentionGradOp::create(b, getLoc(), getQuery(), getKey(), getValue(),
                               getResult(), getLse(), resultGrads[0],
                               getCausalAttr(),
-                              /*kv_replicated=*/nullptr);
+                              /*kv_replicated=*/nullptr, /*seq_axes=*/nullptr);
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();
 }

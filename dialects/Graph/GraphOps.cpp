@@ -336,10 +336,13 @@ static LogicalResult checkAttention(std::optional<Location> loc, Value q,
   if (ks != vs)
     return fail(loc, "attention key and value shapes differ: " + shapeStr(ks) +
                          " vs " + shapeStr(vs));
-  if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3])
+  // A rank's piece of the queries attends over all keys (context
+  // parallelism): the queries' sequence divides the keys'.
+  if (qs[0] != ks[0] || qs[3] != ks[3] || qs[1] <= 0 || ks[1] % qs[1] != 0)
     return fail(loc, "attention query " + shapeStr(qs) + " and key " +
                          shapeStr(ks) +
-                         " must agree on batch, seq and head_dim");
+                         " must agree on batch and head_dim, and the "
+                         "query's seq must be the key's or a piece of it");
   if (ks[2] == 0 || qs[2] % ks[2] != 0)
     return fail(loc, "attention heads (" + Twine(qs[2]) +
                          ") must be a multiple of kv heads (" + Twine(ks[2]) +

@@ -209,12 +209,14 @@ def Graph_RmsNormOp : Graph_DiffOp<"rms_norm"> {
   let results = (outs Graph_FloatTensor:$result);
 }
 
-def Graph_RopeOp : Graph_DiffOp<"rope"> {
+def Graph_RopeOp : Graph_DiffOp<"rope", [], ["localize"]> {
   let summary = "Rotary position embedding on [batch, seq, heads, head_dim]";
   let description = [{
     Hugging Face Llama convention (`rotate_half`): dimension `i < D/2` pairs
     with `i + D/2` and rotates by `pos * theta^(-2i/D)`. `inverse` rotates the
-    other way, which is the gradient.
+    other way, which is the gradient. The sequence may be split over the
+    context-parallel axis: partitioning records the axes (`seq_axes`), and
+    a rank's positions start at its piece's offset.
 
     ```mlir
     %q2 = graph.rope %q {theta = 1.0e+04 : f64} : (tensor<8x64x4x16xf32>) -> tensor<8x64x4x16xf32>
@@ -222,7 +224,8 @@ def Graph_RopeOp : Graph_DiffOp<"rope"> {
   }];
   let arguments = (ins Graph_FloatTensor:$input,
                    DefaultValuedAttr<F64Attr, "10000.0">:$theta,
-                   DefaultValuedAttr<BoolAttr, "false">:$inverse);
+                   DefaultValuedAttr<BoolAttr, "false">:$inverse,
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
   let results = (outs Graph_FloatTensor:$result);
 }
 
@@ -241,6 +244,10 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
     scaled scores (natural log), which the gradient reads with the result
     instead of computing the forward again (FlashAttention-2). Its element
     type is the query's; a bf16 program keeps it in fp32.
+    The queries may be split along the sequence over the context-parallel
+    axis while the keys and values are whole (context parallelism):
+    partitioning records the axes (`seq_axes`), and a rank's query rows
+    start at its piece's offset for the causal mask.
 
     ```mlir
     %o, %lse = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> (tensor<8x64x4x16xf32>, tensor<8x4x64xf32>)
@@ -248,7 +255,8 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
   }];
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
                    DefaultValuedAttr<BoolAttr, "true">:$causal,
-                   OptionalAttr<Dist_AxesAttr>:$kv_replicated);
+                   OptionalAttr<Dist_AxesAttr>:$kv_replicated,
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
   let results = (outs Graph_FloatTensor:$result, Graph_FloatTensor:$lse);
 }
 
@@ -454,7 +462,8 @@ def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
                    Graph_FloatTensor:$result, Graph_FloatTensor:$lse,
                    Graph_FloatTensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
-                   OptionalAttr<Dist_AxesAttr>:$kv_replicated);
+                   OptionalAttr<Dist_AxesAttr>:$kv_replicated,
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
   let results = (outs Graph_FloatTensor:$query_grad, Graph_FloatTensor:$key_grad,
                  Graph_FloatTensor:$value_grad);
 }

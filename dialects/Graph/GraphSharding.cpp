@@ -147,12 +147,35 @@ LogicalResult selectKVHead(Operation *op, AxisSet axes, PartitionContext &ctx) {
   return success();
 }
 
-// Attention and its gradient: batch and heads may be split, the sequence and
-// the head dimension must be whole.
+// A [batch, seq, ...] activation's sequence may stay split over the
+// context-parallel axis (in one block); any other split of it is gathered.
+Sharding sequenceOverCp(Sharding s) {
+  AxisSet rows = s.blocksOf(1) == 1 ? s.dims[1] & AxisSet(MeshAxis::CP)
+                                    : AxisSet();
+  s = ShardingContext::whole(s, {1});
+  s.setBlocks(1, 1);
+  s.dims[1] = rows;
+  return s;
+}
+
+// Where a rank's piece of a [batch, seq, ...] value starts along the
+// sequence: the axes splitting it, recorded for the kernel (none: absent).
+void recordSequenceAxes(Operation *op, const Sharding &s) {
+  if (s.dims[1].empty())
+    op->removeAttr("seq_axes");
+  else
+    op->setAttr("seq_axes",
+                dist::AxesAttr::get(op->getContext(), s.dims[1]));
+}
+
+// Attention and its gradient: batch and heads may be split, and the queries'
+// sequence over cp (each rank attends with its own queries over all keys,
+// which are gathered); the head dimension must be whole.
 LogicalResult propagateAttention(Operation *op, ShardingContext &ctx,
                                  bool grad) {
   Value q = op->getOperand(0), k = op->getOperand(1);
-  Sharding sq = ShardingContext::whole(ctx.reduced(q), {1, 3});
+  Sharding sq = sequenceOverCp(ShardingContext::whole(ctx.reduced(q), {3}));
+  AxisSet rows = sq.dims[1];
   AxisSet heads = sq.dims[2];
   Sharding sk = ShardingContext::whole(ctx.reduced(k), {1, 3});
   sk.dims[0] = sq.dims[0];
@@ -169,10 +192,11 @@ LogicalResult propagateAttention(Operation *op, ShardingContext &ctx,
     op->setAttr("kv_replicated", dist::AxesAttr::get(op->getContext(), heads));
   else
     op->removeAttr("kv_replicated");
-  // The row log-sum-exp [B, H, T] follows the query's batch and heads.
+  // The row log-sum-exp [B, H, T] follows the query's batch, heads and rows.
   Sharding lse = Sharding::replicated(3);
   lse.dims[0] = sq.dims[0];
   lse.dims[1] = sq.dims[2];
+  lse.dims[2] = rows;
   ctx.require(op, 0, sq);
   ctx.require(op, 1, sk);
   ctx.require(op, 2, sk);
@@ -185,10 +209,12 @@ LogicalResult propagateAttention(Operation *op, ShardingContext &ctx,
   if (!grad)
     ctx.set(op->getResult(1), lse);
   if (grad) {
-    // With replicated KV heads each rank contributes to its KV head only.
+    // With replicated KV heads each rank contributes to its KV head only;
+    // with the queries split over cp, each rank's queries to every key.
     Sharding dk = sk;
     if (replicateKV)
       dk.partial |= heads;
+    dk.partial |= rows;
     ctx.set(op->getResult(1), dk);
     ctx.set(op->getResult(2), dk);
   }
@@ -229,8 +255,10 @@ LogicalResult ParamOp::propagateSharding(ShardingContext &ctx) {
 LogicalResult InputOp::propagateSharding(ShardingContext &ctx) {
   // Token ids are split along the batch over dp (and ep, which splits the
   // batch further for all but the experts).
+  // Context parallelism splits the sequence.
   Sharding s = Sharding::replicated(2);
   s.dims[0] = ctx.activeAxes() & (AxisSet(MeshAxis::DP) | MeshAxis::EP);
+  s.dims[1] = ctx.activeAxes() & AxisSet(MeshAxis::CP);
   ctx.set(getResult(), s);
   return success();
 }
@@ -283,12 +311,21 @@ LogicalResult RopeOp::propagateSharding(ShardingContext &ctx) {
   // over tp) rotates as it is and is summed later, where a consumer can
   // take it split (a reduce-scatter) rather than whole.
   Sharding in = ctx.get(getInput());
-  if (!in.partial.empty() && in.dims[1].empty() && in.dims[3].empty()) {
+  if (!in.partial.empty() && in == sequenceOverCp(in) && in.dims[3].empty()) {
     ctx.set(getResult(), in);
     return success();
   }
-  // The position of a token must be whole to rotate it.
-  return elementwise(*this, ctx, {1, 3});
+  // A token's rotation needs its position: the sequence is whole, or split
+  // over cp (a piece's positions start at its offset), and a head whole.
+  Sharding s =
+      sequenceOverCp(ShardingContext::whole(ctx.reduced(getInput()), {3}));
+  ctx.require(*this, 0, s);
+  ctx.set(getResult(), s);
+  return success();
+}
+LogicalResult RopeOp::localize(PartitionContext &ctx) {
+  recordSequenceAxes(*this, ctx.shardingOf(getResult()));
+  return success();
 }
 
 // An operand broadcast over leading dimensions is split like the trailing
@@ -392,11 +429,13 @@ LogicalResult AttentionGradOp::propagateSharding(ShardingContext &ctx) {
   return propagateAttention(*this, ctx, /*grad=*/true);
 }
 LogicalResult AttentionOp::localize(PartitionContext &ctx) {
+  recordSequenceAxes(*this, ctx.shardingOf(getQuery()));
   if (auto axes = getKvReplicatedAttr())
     return selectKVHead(*this, axes.getValue(), ctx);
   return success();
 }
 LogicalResult AttentionGradOp::localize(PartitionContext &ctx) {
+  recordSequenceAxes(*this, ctx.shardingOf(getQuery()));
   if (auto axes = getKvReplicatedAttr())
     return selectKVHead(*this, axes.getValue(), ctx);
   return success();

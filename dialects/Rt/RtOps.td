@@ -328,7 +328,7 @@ def Rt_RmsNormBackwardAddOp : Rt_KernelOp<"rms_norm_backward_add",
 def Rt_RopeOp : Rt_KernelOp<"rope", "rope",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$batch, I64Attr:$seq,
          I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta,
-         BoolAttr:$inverse)>;
+         BoolAttr:$inverse, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
 def Rt_RopeAtOp : Rt_KernelOp<"rope_at", "ropeAt",
     (ins Rt_Buffer:$x, Rt_Buffer:$positions, Rt_Buffer:$out, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta)>;
@@ -340,14 +340,16 @@ def Rt_CachedAttentionOp : Rt_KernelOp<"cached_attention", "cachedAttention",
 def Rt_AttentionForwardOp : Rt_KernelOp<"attention_forward", "attentionForward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
          Rt_Buffer:$lse, I64Attr:$batch, I64Attr:$seq, I64Attr:$heads,
-         I64Attr:$kv_heads, I64Attr:$head_dim, BoolAttr:$causal)>;
+         I64Attr:$kv_heads, I64Attr:$head_dim, BoolAttr:$causal,
+         I64Attr:$kv_seq, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
 def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
     "attentionBackward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
          Rt_Buffer:$lse, Rt_Buffer:$dout, Rt_Buffer:$dq, Rt_Buffer:$dk,
          Rt_Buffer:$dv, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
-         BoolAttr:$causal)>;
+         BoolAttr:$causal, I64Attr:$kv_seq,
+         AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
 def Rt_DropoutOp : Rt_KernelOp<"dropout", "dropout",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64:$microbatch,
          DenseI64ArrayAttr:$shape, DenseI64ArrayAttr:$split_axes,

@@ -113,6 +113,7 @@ public:
     mesh[MeshAxis::DP] = par.dp;
     mesh[MeshAxis::TP] = par.tp;
     mesh[MeshAxis::EP] = par.ep;
+    mesh[MeshAxis::CP] = par.cp;
     mesh.dpShard = par.zeroGroup;
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
@@ -575,9 +576,9 @@ private:
                              positions, theta);
       } else {
         q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta,
-                           b.getBoolAttr(false));
+                           b.getBoolAttr(false), nullptr);
         k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
-                           b.getBoolAttr(false));
+                           b.getBoolAttr(false), nullptr);
       }
       Value a = attention(p + "self_attn", q, k, v, Hkv, l);
       a = reshape(a, {B, T, H * D});
@@ -602,7 +603,7 @@ private:
     if (!inference && spec.train.attention == "unfused")
       return unfusedAttention(prefix, q, k, v, kvHeads, layer);
     if (!inference)
-      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr)
+      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr, nullptr)
           .getResult();
     auto kt = cast<RankedTensorType>(k.getType());
     auto cacheType = f32({kt.getDimSize(0), m.seqLen, kvHeads,

@@ -594,6 +594,7 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
   count("tp", layout.tp, p.tp, kMaxAxis);
   count("pp", layout.pp, p.pp, kMaxAxis);
   count("ep", layout.ep, p.ep, kMaxAxis);
+  count("cp", layout.cp, p.cp, kMaxAxis);
   count("microbatches", layout.microbatches, p.microbatches, kMaxBatch);
   count("virtual_stages", layout.virtualStages, p.virtualStages, kMaxLayers);
   if (layout.sequenceParallel)
@@ -661,6 +662,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.tp = s.integer("tp", 1, 1, kMaxAxis);
   p.pp = s.integer("pp", 1, 1, kMaxAxis);
   p.ep = s.integer("ep", 1, 1, kMaxAxis);
+  p.cp = s.integer("cp", 1, 1, kMaxAxis);
   p.expertTp = s.integer("expert_tp", 1, 1, kMaxAxis);
   p.microbatches = s.integer("microbatches", 1, 1, kMaxBatch);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
@@ -793,11 +795,29 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                  : std::string()) +
             "; set model.vocab_pad_to_multiple to a multiple of " +
             std::to_string(p.tp) + " (128 x tp is usual)");
-  else if (p.sequenceParallel && spec.model.seqLen % p.tp != 0)
+  else if (spec.model.seqLen % p.cp != 0)
+    problems.report(s.at("cp"), "parallel.cp = " + std::to_string(p.cp) +
+                                    " does not divide model.seq_len = " +
+                                    std::to_string(spec.model.seqLen));
+  else if (p.sequenceParallel && (spec.model.seqLen / p.cp) % p.tp != 0)
     problems.report(s.at("sequence_parallel"),
                     "parallel.tp = " + std::to_string(p.tp) +
                         " does not divide model.seq_len = " +
-                        std::to_string(spec.model.seqLen));
+                        std::to_string(spec.model.seqLen) +
+                        (p.cp > 1 ? " / parallel.cp = " +
+                                        std::to_string(spec.model.seqLen /
+                                                       p.cp)
+                                  : std::string()));
+  else if (p.cp > 1 && spec.model.moe.enabled())
+    problems.report(s.at("cp"),
+                    "context parallelism of a mixture-of-experts model is "
+                    "not supported yet (its routing statistics are "
+                    "reduced over dp and ep only)");
+  else if (p.cp > 1 && spec.train.attention == "unfused")
+    problems.report(s.at("cp"),
+                    "context parallelism needs train.attention = \"flash\" "
+                    "(unfused attention's causal softmax would gather each "
+                    "rank's scores whole)");
   else if (p.pp > spec.model.layers)
     problems.report(s.at("pp"), "parallel.pp = " + std::to_string(p.pp) +
                                     " exceeds model.layers = " +
@@ -896,6 +916,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   put("tp", layout.tp);
   put("pp", layout.pp);
   put("ep", layout.ep);
+  put("cp", layout.cp);
   put("microbatches", layout.microbatches);
   put("virtual_stages", layout.virtualStages);
   put("schedule", layout.schedule);
@@ -992,7 +1013,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
 LayoutOverrides LayoutOverrides::oneRank() {
   LayoutOverrides one;
   one.dp = one.tp = one.pp = one.microbatches = one.virtualStages = 1;
-  one.ep = 1;
+  one.ep = one.cp = 1;
   one.schedule = "1f1b";
   one.sequenceParallel = false;
   return one;
@@ -1011,6 +1032,7 @@ std::string LayoutOverrides::describe() const {
   count("tp", tp);
   count("pp", pp);
   count("ep", ep);
+  count("cp", cp);
   count("microbatches", microbatches);
   if (sequenceParallel && *sequenceParallel)
     add("sp");

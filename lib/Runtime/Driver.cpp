@@ -1552,6 +1552,21 @@ int train(const Program &sharedProgram, const Options &opts) {
   const int64_t dataRanks = meshSize(MeshAxis::DP) * meshSize(MeshAxis::EP);
   const int64_t globalB = B * dataRanks;
   const int64_t firstRow = groupRank(dataAxes) * B;
+  // Context parallelism splits each sequence: this rank reads whole rows
+  // and keeps its piece of Tc tokens of each, at the row's start.
+  const unsigned cpAxes = AxisSet(MeshAxis::CP).bits();
+  const int64_t Tc = T / meshSize(MeshAxis::CP);
+  const int64_t firstToken = groupRank(cpAxes) * Tc;
+  auto keepSequencePiece = [&](int32_t *tokens, int32_t *targets) {
+    if (Tc == T)
+      return;
+    for (int64_t r = 0; r < B; r++) {
+      std::memmove(tokens + r * Tc, tokens + r * T + firstToken,
+                   size_t(Tc) * sizeof(int32_t));
+      std::memmove(targets + r * Tc, targets + r * T + firstToken,
+                   size_t(Tc) * sizeof(int32_t));
+    }
+  };
   const bool leader = commRank() == 0;
   const bool multiRank = commWorldSize() > 1;
 
@@ -2007,8 +2022,9 @@ int train(const Program &sharedProgram, const Options &opts) {
       valid->microbatchRowsForStep(k, globalB, firstRow, B,
                                    program.microbatches, T,
                                    validTokens.data(), validTargets.data());
+      keepSequencePiece(validTokens.data(), validTargets.data());
       if (device) {
-        device->loadBatch(ctx, validTokens.data(), validTargets.data(), B * T);
+        device->loadBatch(ctx, validTokens.data(), validTargets.data(), B * Tc);
       } else {
         ctx.tokens = validTokens.data();
         ctx.targets = validTargets.data();
@@ -2076,8 +2092,9 @@ int train(const Program &sharedProgram, const Options &opts) {
         fail("cannot write the sample record: " +
              std::string(std::strerror(errno)));
     }
+    keepSequencePiece(tokens.data(), targets.data());
     if (device)
-      device->loadBatch(ctx, tokens.data(), targets.data(), B * T);
+      device->loadBatch(ctx, tokens.data(), targets.data(), B * Tc);
     ctx.step = step;
     commSetStep(step);
     ctx.lr = learningRate(config, step, opts.steps);

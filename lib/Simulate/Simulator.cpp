@@ -120,23 +120,28 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     cost.seconds = std::max(t, memoryTime) + overhead;
     return cost;
   }
-  auto attention = [&](int64_t b, int64_t s, int64_t heads, int64_t dim,
-                       bool causal, double factor, Value q) {
+  // s query rows over kv keys. Causal rows see the keys up to their
+  // position; with the sequence split over cp (kv > s) the slowest rank,
+  // which every collective waits for, is the last: its rows see
+  // kv - s + 1 .. kv keys.
+  auto attention = [&](int64_t b, int64_t s, int64_t kv, int64_t heads,
+                       int64_t dim, bool causal, double factor, Value q) {
     cost.kind = "attention";
-    cost.flops = factor * 4.0 * b * heads * double(s) * s * dim *
-                 (causal ? 0.5 : 1.0);
+    double pairs = causal ? double(s) * (double(kv) - 0.5 * double(s))
+                          : double(s) * double(kv);
+    cost.flops = factor * 4.0 * b * heads * pairs * dim;
     double peak = cluster.peak(typeName(rt::elementBytesOf(q)));
     double t = cost.flops / (peak * d.attentionEfficiency);
     cost.seconds = std::max(t, memoryTime) + overhead;
   };
   if (auto f = dyn_cast<rt::AttentionForwardOp>(op)) {
-    attention(f.getBatch(), f.getSeq(), f.getHeads(), f.getHeadDim(),
-              f.getCausal(), 1.0, f.getQ());
+    attention(f.getBatch(), f.getSeq(), f.getKvSeq(), f.getHeads(),
+              f.getHeadDim(), f.getCausal(), 1.0, f.getQ());
     return cost;
   }
   if (auto b = dyn_cast<rt::AttentionBackwardOp>(op)) {
-    attention(b.getBatch(), b.getSeq(), b.getHeads(), b.getHeadDim(),
-              b.getCausal(), 2.5, b.getQ());
+    attention(b.getBatch(), b.getSeq(), b.getKvSeq(), b.getHeads(),
+              b.getHeadDim(), b.getCausal(), 2.5, b.getQ());
     return cost;
   }
   // A memory-bound kernel: its measured rate when the description has one.

@@ -29,6 +29,7 @@ using tessel::dist::Sharding;
 namespace {
 
 const AxisSet kTP = MeshAxis::TP;
+const AxisSet kCP = MeshAxis::CP;
 
 int64_t rankOf(Value v) {
   return cast<RankedTensorType>(v.getType()).getRank();
@@ -114,10 +115,24 @@ public:
     Sharding s = get(v);
     AxisSet partial = s.partial;
     s.partial = {};
+    // Activations are [batch, seq, ...].
+    bool sequence = s.dims.size() >= 3 && s.blocksOf(1) == 1;
+    // Context parallelism: a sum over cp of an activation whole along the
+    // sequence (the gradient of the gathered keys and values) is taken
+    // split along it, as the activations are (a reduce-scatter).
+    if (sequence && partial.intersects(kCP) && s.dims[1].empty() &&
+        !s.allAxes().intersects(kCP) &&
+        shapeOf(v)[1] % meshShape[MeshAxis::CP] == 0)
+      s.dims[1] = kCP;
+    // Sequence parallelism: a sum over tp is taken split along the
+    // sequence (inside a context-parallel split of it).
     if (sequenceParallel && partial.intersects(kTP) && s.dims.size() == 3 &&
-        !s.allAxes().intersects(kTP) &&
-        shapeOf(v)[1] % meshShape[MeshAxis::TP] == 0)
-      s.dims[1] = kTP;
+        !s.allAxes().intersects(kTP) && sequence &&
+        (s.dims[1] - AxisSet(MeshAxis::CP)).empty() &&
+        shapeOf(v)[1] % (meshShape.groupSize(s.dims[1]) *
+                         meshShape[MeshAxis::TP]) ==
+            0)
+      s.dims[1] |= kTP;
     return s;
   }
 

@@ -146,7 +146,7 @@ const std::vector<std::string> kKeys = {
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
     "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
     "shard", "attention", "dropout", "attention_dropout",
-    "overlap_grad_reduce", "hiden", ""};
+    "overlap_grad_reduce", "cp", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",
     "model.hidden", "model.heads", "model.kv_heads", "model.ffn_hidden",
@@ -157,7 +157,8 @@ const std::vector<std::string> kSetPaths = {
     "parallel.overlap_grad_reduce", "train.optimizer.lr", "train.optimizer.betas",
     "train.optimizer.name", "train.lr_schedule.decay",
     "train.lr_schedule.warmup_steps", "data.format", "data.path",
-    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.microbatches",
+    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp",
+    "parallel.microbatches",
     "parallel.schedule", "parallel.virtual_stages",
     "parallel.sequence_parallel", "parallel.bucket_mb",
     "parallel.stage_layers", "parallel.shard", "name", "model",
@@ -535,6 +536,8 @@ int fuzzSpecs(const std::vector<std::pair<std::string, std::string>> &seeds,
         };
         flag(layout.dp), flag(layout.tp), flag(layout.pp);
         flag(layout.microbatches), flag(layout.virtualStages);
+        if (r.chance(20))
+          layout.cp = r.pick(kLayoutValues);
         if (r.chance(30))
           layout.schedule = r.pick(kSchedules);
         if (r.chance(30))
@@ -555,6 +558,7 @@ int fuzzSpecs(const std::vector<std::pair<std::string, std::string>> &seeds,
       };
       printFlag("dp", layout.dp), printFlag("tp", layout.tp);
       printFlag("pp", layout.pp);
+      printFlag("cp", layout.cp);
       printFlag("microbatches", layout.microbatches);
       printFlag("virtual-stages", layout.virtualStages);
       printFlag("layers", layout.layers);

@@ -859,6 +859,12 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
         options.target +
         " program keeps all of its state in host memory already (use it "
         "with --target cuda)");
+  if (spec.parallel.cp > 1 && options.target == "cuda")
+    return diagnostics.error(
+        options.input + ": parallel.cp: context parallelism (parallel.cp = " +
+        std::to_string(spec.parallel.cp) +
+        ") runs on the cpu target so far: the CUDA attention kernels attend "
+        "over the queries' own sequence only");
   pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);

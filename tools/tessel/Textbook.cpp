@@ -50,6 +50,7 @@
 
 #include "Textbook.h"
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <regex>
@@ -87,6 +88,10 @@ struct Sizes {
   int64_t r; // pipeline rank
   bool first, last;
   double ep; // expert parallelism (1 without)
+  double c;  // context parallelism (1 without)
+  // The sequence pieces GPT-2's position table's gradient rows are split
+  // in: cp, times tp under sequence parallelism.
+  double positionPieces() const { return c * (sp && t > 1 ? t : 1); }
 };
 
 // A mixture-of-experts model's routing (plan.json's model.moe).
@@ -128,6 +133,7 @@ Expected<Sizes> sizesOf(const json &plan, const std::string &program) {
   };
   Sizes z;
   z.d = axis("dp"), z.t = axis("tp"), z.p = axis("pp"), z.ep = axis("ep");
+  z.c = axis("cp");
   z.sp = plan.value("sequence_parallel", false);
   z.m = plan.value("microbatches", 1);
   z.v = plan.value("virtual_stages", 1);
@@ -210,7 +216,7 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
     if (param["program"] != program)
       continue;
     std::string name = param["name"].get<std::string>();
-    if ((z.sp && z.t > 1 && !z.llama && name == "wpe.weight") ||
+    if ((z.positionPieces() > 1 && !z.llama && name == "wpe.weight") ||
         (z.tied && z.p > 1 && z.first &&
          (name == "wte.weight" || name == "model.embed_tokens.weight")))
       kept += elementsOf(param);
@@ -233,8 +239,10 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   if (!sizes)
     return sizes.takeError();
   const json &model = plan["model"];
-  const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
-              r, first, last, ep] = *sizes;
+  const auto [d, t, p, m, v, e, b, sWhole, h, V, f, kvDim, sp, tied, llama,
+              bf16, r, first, last, ep, c] = *sizes;
+  // Context parallelism: a rank's activations hold s / cp of each sequence.
+  const double s = sWhole / c;
   std::set<int64_t> blocks = heldBy(plan, program).blocks;
   Moe moe = moeOf(plan);
   // The routed experts split over tp (parallel.expert_tp): every tp rank
@@ -262,42 +270,46 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool expert = param.contains("shard") &&
                   param["shard"].value("axis", std::string()) == "ep";
     double epSum = expert ? 1 : ep;
-    if (sp && t > 1 && name == "wpe.weight" && model["family"] == "gpt") {
-      // GPT-2's position table under sequence parallelism: each rank's
-      // gradient rows are its own positions, reduced over dp and gathered
-      // over tp.
-      table.textbook[epSum > 1 ? "dp,ep" : "dp"] += allReduce(n / t, d * epSum, 4);
-      table.textbook["tp"] += (t - 1) * n / t * 4;
+    double pieces = sizes->positionPieces();
+    if (pieces > 1 && name == "wpe.weight" && model["family"] == "gpt") {
+      // GPT-2's position table under sequence (or context) parallelism:
+      // each rank's gradient rows are its own positions, reduced over dp
+      // and gathered over tp (and cp).
+      table.textbook[epSum > 1 ? "dp,ep" : "dp"] +=
+          allReduce(n / pieces, d * epSum, 4);
+      std::string gather = sp && t > 1 ? (c > 1 ? "tp,cp" : "tp") : "cp";
+      table.textbook[gather] += (pieces - 1) * n / pieces * 4;
       continue;
     }
     // Under ZeRO-2 a gradient is reduce-scattered per microbatch, but for
     // a tied embedding on the first of several stages.
     bool tiedFirst = tied && p > 1 && first &&
                      (name == "wte.weight" || name == "model.embed_tokens.weight");
-    bool pieces = zero2 && !tiedFirst;
+    bool asPieces = zero2 && !tiedFirst;
     // Under ZeRO a dense parameter's pieces are cut over dp x ep, as
     // Megatron-LM's distributed optimizer cuts them over the whole
     // data-parallel group (not with hybrid sharding).
     bool overDpEp = zero && epSum > 1 && g == d;
     double G = overDpEp ? g * epSum : g;
     std::string group = overDpEp ? "dp,ep" : shard;
-    double dpBytes = pieces && zero3 ? 1.5 * m * allReduce(n, G, 4)
-                     : pieces        ? (m + 1) / 2 * allReduce(n, G, 4)
-                                     : allReduce(n, G, 4);
+    double dpBytes = asPieces && zero3 ? 1.5 * m * allReduce(n, G, 4)
+                     : asPieces        ? (m + 1) / 2 * allReduce(n, G, 4)
+                                       : allReduce(n, G, 4);
     if (zero && replicas > 1)
       table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
     // The axes besides dp that sum the gradient: ep for a dense parameter
     // (but where its pieces are cut over dp x ep), tp for one replicated
-    // over tp under sequence parallelism.
+    // over tp under sequence parallelism, cp for every one (each cp rank
+    // adds its piece of the sequence).
     bool overTp = sp && t > 1 && !splitOverTp;
     double restEp = overDpEp ? 1 : epSum;
-    std::string rest = restEp > 1 && overTp ? "tp,ep"
-                       : restEp > 1         ? "ep"
-                       : overTp             ? "tp"
-                                            : "";
-    double restGroup = restEp * (overTp ? t : 1);
+    std::string rest = std::string(overTp ? "tp," : "") +
+                       (c > 1 ? "cp," : "") + (restEp > 1 ? "ep," : "");
+    if (!rest.empty())
+      rest.pop_back();
+    double restGroup = restEp * (overTp ? t : 1) * c;
     if (!rest.empty() && zero) {
-      table.textbook[rest] += allReduce(pieces ? n / G : n, restGroup, 4);
+      table.textbook[rest] += allReduce(asPieces ? n / G : n, restGroup, 4);
       table.textbook[group] += dpBytes;
     } else if (zero && overDpEp) {
       table.textbook[group] += dpBytes;
@@ -366,6 +378,17 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       perMicrobatch += (2 + regather) * (t - 1) / t * bsh * e +
                        3 * allReduce(b * s, t, 4);
     table.textbook["tp"] += m * perMicrobatch;
+  }
+  if (c > 1) {
+    // Context parallelism: per block and microbatch, each attention's keys
+    // and values gathered over cp in the forward and again in the backward
+    // (a rank keeps only its piece), and their gradients reduce-scattered:
+    // six collectives of (cp-1)/cp of the b*s keys' kv_dim/tp values (all
+    // KV heads where they are fewer than the tp ranks).
+    double kvHeads = model["kv_heads"].get<double>();
+    double kvLocal = std::fmod(kvHeads, t) == 0 ? kvDim / t : kvDim;
+    double collective = (c - 1) / c * b * sWhole * kvLocal * e;
+    table.textbook["cp"] += m * 6 * collective * double(blocks.size());
   }
   // Per MoE block and microbatch, over the ranks that split the tokens
   // (dp, ep, and tp under sequence parallelism): the router's statistics
@@ -449,8 +472,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   const json &memory = plan["programs"][program]["memory"];
   if (!memory.contains("activation_slot_bytes"))
     return missing("activation_slot_bytes");
-  const auto [d, t, p, m, v, e, b, s, h, V, f, kvDim, sp, tied, llama, bf16,
-              r, first, last, ep] = *sizes;
+  const auto [d, t, p, m, v, e, b, sWhole, h, V, f, kvDim, sp, tied, llama,
+              bf16, r, first, last, ep, c] = *sizes;
+  // Context parallelism: a rank's activations hold s / cp of each sequence.
+  const double s = sWhole / c;
   Held held = heldBy(plan, program);
   double P = held.elements;
   const std::set<int64_t> &blocks = held.blocks;
@@ -517,7 +542,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // reduced as sequence pieces, keeps whole moments.
   bool zero = plan.value("zero", 0) >= 1 && d > 1;
   double whole = 0;
-  if (zero && sp && t > 1 && !llama)
+  if (zero && sizes->positionPieces() > 1 && !llama)
     for (const json &param : plan["parameters"])
       if (param["program"] == program && param["name"] == "wpe.weight")
         whole += elementsOf(param);
@@ -561,7 +586,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
       plan["model"].value("attention_dropout", 0.0) > 0 ? 2 : 1;
   double attentionKept = !unfused   ? b * s * heads / t * 4
                          : selective ? 0
-                                     : probabilities * b * s * heads / t * s * e;
+                                     : probabilities * b * s * heads / t * sWhole * e;
   double perBlock = b * s *
                         (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
                          (llama ? 4 : 2) * f / t) *

@@ -32,7 +32,7 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
                 const cl::opt<int> &pp, const cl::opt<int> &microbatches,
                 const cl::opt<int> &virtualStages,
                 const cl::opt<std::string> &schedule, const cl::opt<bool> &sp,
-                const cl::opt<int> &ep) {
+                const cl::opt<int> &ep, const cl::opt<int> &cp) {
   tessel::LayoutOverrides layout;
   auto count = [](const cl::opt<int> &flag) -> std::optional<int64_t> {
     if (!flag.getNumOccurrences())
@@ -43,6 +43,7 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
   layout.tp = count(tp);
   layout.pp = count(pp);
   layout.ep = count(ep);
+  layout.cp = count(cp);
   layout.microbatches = count(microbatches);
   layout.virtualStages = count(virtualStages);
   if (schedule.getNumOccurrences())
@@ -124,6 +125,10 @@ static int compileCommand(int argc, char **argv) {
   cl::opt<int> ep("ep",
                   cl::desc("Expert-parallel degree of a mixture-of-experts "
                            "model (parallel.ep)"),
+                  cl::init(0), cl::cat(category));
+  cl::opt<int> cp("cp",
+                  cl::desc("Context-parallel degree: the sequence split "
+                           "over cp ranks (parallel.cp)"),
                   cl::init(0), cl::cat(category));
   cl::opt<int> microbatches("microbatches",
                             cl::desc("Microbatches (parallel.microbatches)"),
@@ -248,7 +253,7 @@ static int compileCommand(int argc, char **argv) {
   options.overrides = specOverrides(sets, recompute, zero, zeroGroup, offload);
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
-                      ep);
+                      ep, cp);
   if (Error err = tessel::compile(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;
@@ -269,6 +274,8 @@ static int checkCommandLine(int argc, char **argv) {
   cl::opt<int> pp("pp", cl::desc("Pipeline stages"), cl::init(0),
                   cl::cat(category));
   cl::opt<int> ep("ep", cl::desc("Expert-parallel degree"), cl::init(0),
+                  cl::cat(category));
+  cl::opt<int> cp("cp", cl::desc("Context-parallel degree"), cl::init(0),
                   cl::cat(category));
   cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
                             cl::init(0), cl::cat(category));
@@ -346,7 +353,7 @@ static int checkCommandLine(int argc, char **argv) {
   options.tolerance = tolerance;
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
-                      ep);
+                      ep, cp);
   return tessel::checkCommand(options);
 }
 

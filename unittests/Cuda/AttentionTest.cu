@@ -109,7 +109,7 @@ template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
   attentionBackward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
                        out.get() + o, lse.get(), in.dout.get() + o,
                        dq.get() + o, dk.get() + o, dv.get() + o, s.B, s.T, s.H,
-                       s.Hkv, s.D, s.causal, scratch.get());
+                       s.Hkv, s.D, s.causal, 0, 0, scratch.get());
 
   const double rtol = rtolFor<T>();
   expectClose(dropFront(out.download(), o), r.out, rtol, atolFor<T>(r.out),
@@ -171,7 +171,7 @@ template <typename T> void checkDeterministic(const Shape &s) {
     DeviceArray<T> dq(r.q.size()), dk(r.k.size()), dv(r.k.size());
     attentionBackward<T>(in.q.get(), in.k.get(), in.v.get(), out.get(),
                          lse.get(), in.dout.get(), dq.get(), dk.get(), dv.get(),
-                         s.B, s.T, s.H, s.Hkv, s.D, s.causal, scratch.get());
+                         s.B, s.T, s.H, s.Hkv, s.D, s.causal, 0, 0, scratch.get());
     const std::vector<float> got[3] = {dq.download(), dk.download(),
                                        dv.download()};
     for (int i = 0; i < 3; ++i) {
@@ -206,17 +206,22 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
                                        64, true),
                std::runtime_error);
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 2, 1, 129, false,
+                                        out, out, out, 1, 8, 2, 1, 129, false, 0, 0,
                                         scratch),
                std::runtime_error);
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 4, 3, 64, false,
+                                        out, out, out, 1, 8, 4, 3, 64, false, 0, 0,
                                         scratch),
+               std::runtime_error);
+  // A piece of the queries over all keys (context parallelism) is not
+  // supported on this target.
+  EXPECT_THROW(attentionForward<float>(none, none, none, out, out, 1, 8, 2, 2,
+                                       64, true, 16, 8),
                std::runtime_error);
   // Without the forward's output and log-sum-exp there is nothing to start
   // from.
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 2, 1, 64, false,
+                                        out, out, out, 1, 8, 2, 1, 64, false, 0, 0,
                                         scratch),
                std::runtime_error);
 }

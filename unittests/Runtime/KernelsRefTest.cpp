@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -755,4 +756,132 @@ TEST(KernelElementwise, ExtremeInputs) {
   EXPECT_EQ(p[3], 0.f);
   for (int i = 4; i < 8; ++i)
     EXPECT_TRUE(std::isnan(p[i]));
+}
+
+// -------------------------------------------------- context parallelism
+//
+// Under context parallelism a rank holds a piece of each sequence: its
+// queries attend over all keys from their own positions, and its tokens are
+// rotated at their own positions. Each piece must compute exactly the rows
+// of the whole sequence's result, so that every layout trains as one rank.
+
+namespace {
+
+// Rows [first, first + rows) of the sequence dimension of [B, T, inner].
+std::vector<float> rowsOf(const std::vector<float> &x, int64_t B, int64_t T,
+                          int64_t inner, int64_t first, int64_t rows) {
+  std::vector<float> piece(size_t(B * rows * inner));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < inner; ++i)
+        piece[size_t((b * rows + t) * inner + i)] =
+            x[size_t((b * T + first + t) * inner + i)];
+  return piece;
+}
+
+// The same for the last dimension of [B, H, T] (the log-sum-exp).
+std::vector<float> lastRowsOf(const std::vector<float> &x, int64_t BH,
+                              int64_t T, int64_t first, int64_t rows) {
+  std::vector<float> piece(size_t(BH * rows));
+  for (int64_t r = 0; r < BH; ++r)
+    for (int64_t t = 0; t < rows; ++t)
+      piece[size_t(r * rows + t)] = x[size_t(r * T + first + t)];
+  return piece;
+}
+
+// Splits the queries of one attention into `pieces` pieces along the
+// sequence; each piece's output, log-sum-exp and query gradient are the
+// whole attention's rows bit for bit (the same row computation), and the
+// key and value gradients of the pieces add up to the whole's.
+void checkPieces(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                 bool causal, int64_t pieces, std::mt19937 &gen) {
+  const std::string tag = " (T=" + std::to_string(T) + " H=" +
+                          std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+                          " pieces=" + std::to_string(pieces) +
+                          (causal ? " causal)" : ")");
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  std::vector<float> q = randVec(size_t(nq), gen), k = randVec(size_t(nk), gen),
+                     v = randVec(size_t(nk), gen),
+                     dout = randVec(size_t(nq), gen);
+  std::vector<float> out(static_cast<size_t>(nq)),
+      lse(static_cast<size_t>(B * H * T)), dq(static_cast<size_t>(nq)),
+      dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
+  rt::attentionForward(q.data(), k.data(), v.data(), out.data(), lse.data(), B,
+                       T, H, Hkv, D, causal);
+  rt::attentionBackward(q.data(), k.data(), v.data(), out.data(), lse.data(),
+                        dout.data(), dq.data(), dk.data(), dv.data(), B, T, H,
+                        Hkv, D, causal);
+
+  const int64_t Tc = T / pieces;
+  std::vector<float> dkSum(static_cast<size_t>(nk), 0.f),
+      dvSum(static_cast<size_t>(nk), 0.f);
+  for (int64_t r = 0; r < pieces; ++r) {
+    const int64_t first = r * Tc;
+    std::vector<float> qp = rowsOf(q, B, T, H * D, first, Tc);
+    std::vector<float> dop = rowsOf(dout, B, T, H * D, first, Tc);
+    std::vector<float> op(qp.size()), lsep(static_cast<size_t>(B * H * Tc)),
+        dqp(qp.size()), dkp(static_cast<size_t>(nk)),
+        dvp(static_cast<size_t>(nk));
+    rt::attentionForward(qp.data(), k.data(), v.data(), op.data(), lsep.data(),
+                         B, Tc, H, Hkv, D, causal, T, first);
+    EXPECT_EQ(op, rowsOf(out, B, T, H * D, first, Tc)) << "out" << tag;
+    EXPECT_EQ(lsep, lastRowsOf(lse, B * H, T, first, Tc)) << "lse" << tag;
+    rt::attentionBackward(qp.data(), k.data(), v.data(), op.data(),
+                          lsep.data(), dop.data(), dqp.data(), dkp.data(),
+                          dvp.data(), B, Tc, H, Hkv, D, causal, T, first);
+    EXPECT_EQ(dqp, rowsOf(dq, B, T, H * D, first, Tc)) << "dq" << tag;
+    for (int64_t i = 0; i < nk; ++i) {
+      dkSum[size_t(i)] += dkp[size_t(i)];
+      dvSum[size_t(i)] += dvp[size_t(i)];
+    }
+  }
+  expectClose(dkSum, dk, "dk" + tag);
+  expectClose(dvSum, dv, "dv" + tag);
+}
+
+} // namespace
+
+TEST(KernelAttention, QueryPiecesMatchTheWholeSequence) {
+  std::mt19937 gen(29);
+  for (bool causal : {true, false}) {
+    checkPieces(2, 8, 4, 2, 6, causal, 2, gen);   // GQA
+    checkPieces(2, 8, 4, 4, 6, causal, 4, gen);   // MHA
+    checkPieces(1, 12, 3, 1, 5, causal, 3, gen);  // MQA
+    checkPieces(2, 64, 4, 2, 16, causal, 2, gen); // multi-threaded
+  }
+}
+
+TEST(KernelAttention, RefusesQueriesOutsideTheKeys) {
+  std::vector<float> x(2 * 8 * 2 * 4), lse(2 * 2 * 8);
+  // Rows 12..19 of 16 keys.
+  EXPECT_THROW(rt::attentionForward(x.data(), x.data(), x.data(), x.data(),
+                                    lse.data(), 1, 8, 2, 2, 4, true, 16, 12),
+               std::runtime_error);
+  EXPECT_THROW(rt::attentionBackward(x.data(), x.data(), x.data(), x.data(),
+                                     lse.data(), x.data(), x.data(), x.data(),
+                                     x.data(), 1, 8, 2, 2, 4, true, 16, -1),
+               std::runtime_error);
+}
+
+// A piece of the sequence rotated from its first position is the whole
+// sequence's rotation of those rows, bit for bit.
+TEST(KernelRope, PiecesMatchTheWholeSequence) {
+  std::mt19937 gen(31);
+  const int64_t B = 2, T = 12, H = 3;
+  for (int64_t D : {8, 7})
+    for (bool inverse : {false, true})
+      for (int64_t pieces : {2, 3, 4}) {
+        std::vector<float> x = randVec(size_t(B * T * H * D), gen);
+        std::vector<float> whole(x.size());
+        rt::rope(x.data(), whole.data(), B, T, H, D, 10000.0, inverse);
+        const int64_t Tc = T / pieces;
+        for (int64_t r = 0; r < pieces; ++r) {
+          std::vector<float> piece = rowsOf(x, B, T, H * D, r * Tc, Tc);
+          std::vector<float> got(piece.size());
+          rt::rope(piece.data(), got.data(), B, Tc, H, D, 10000.0, inverse,
+                   r * Tc);
+          EXPECT_EQ(got, rowsOf(whole, B, T, H * D, r * Tc, Tc))
+              << "D=" << D << " piece " << r << " of " << pieces;
+        }
+      }
 }

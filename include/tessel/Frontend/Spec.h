@@ -111,6 +111,10 @@ struct ParallelSpec {
   // split over ep ranks; the tokens are split over dp x ep (for everything
   // but the experts, ep is more data parallelism).
   int64_t ep = 1;
+  // parallel.cp: context parallelism. Every activation is split along the
+  // sequence over cp ranks (outside tp, inside ep and dp); attention gathers
+  // the keys and values over cp and each rank attends with its own queries.
+  int64_t cp = 1;
   // parallel.expert_tp: 1 keeps each routed expert whole on a rank (under
   // sequence parallelism each tp rank routes its piece of the sequence);
   // tp splits every expert's MLP over tp as a dense MLP is split (the
@@ -166,7 +170,7 @@ struct Spec {
 // check's --layers): typed values that replace the spec's and are validated
 // with it, so that errors still name the spec field (parallel.tp, ...).
 struct LayoutOverrides {
-  std::optional<int64_t> dp, tp, pp, microbatches, virtualStages, ep;
+  std::optional<int64_t> dp, tp, pp, microbatches, virtualStages, ep, cp;
   std::optional<std::string> schedule;
   std::optional<bool> sequenceParallel;
   std::optional<int64_t> layers; // model.layers

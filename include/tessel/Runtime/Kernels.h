@@ -111,10 +111,11 @@ void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
 // (rotate_half): for i < D/2 with angle = t * theta^(-2i/D),
 //   out[i]       = x[i] * cos - x[i + D/2] * sin
 //   out[i + D/2] = x[i + D/2] * cos + x[i] * sin.
-// inverse = true rotates by -angle, which is the backward pass.
+// inverse = true rotates by -angle, which is the backward pass. Token t is
+// at position first + t (a piece of a sequence split over cp ranks).
 template <typename T>
 void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse);
+          double theta, bool inverse, int64_t first = 0);
 // rope at explicit positions: x [B, S, H, D], and the angle of token (b, t)
 // is positions[b, t] * theta^(-2i/D) (the same table entries as rope's at
 // that t).
@@ -123,22 +124,27 @@ void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
             int64_t H, int64_t D, double theta);
 
 // Causal (when causal) scaled dot-product attention with grouped KV heads.
-// q, out: [B, T, H, D]; k, v: [B, T, Hkv, D]; query head h reads KV head
+// q, out: [B, T, H, D]; k, v: [B, Tkv, Hkv, D]; query head h reads KV head
 // h / (H / Hkv); scale = 1 / sqrt(D). Never stores the full score matrix
 // beyond one row per thread. lse [B, H, T] (may be null) receives each
-// row's log-sum-exp of the scaled scores.
+// row's log-sum-exp of the scaled scores. The T query rows are positions
+// first .. first + T - 1 of the Tkv keys' sequence (kvLen 0: Tkv = T), as
+// under context parallelism, where a rank attends with its piece of the
+// queries over all keys; a causal row at position p sees keys 0 .. p.
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal);
+                      int64_t D, bool causal, int64_t kvLen = 0,
+                      int64_t first = 0);
 // From the forward's out and lse: the probabilities are exp(S - lse), the
 // softmax gradient's row sums rowsum(dout * out). Writes dq, dk, dv (same
-// shapes as q, k, v).
+// shapes as q, k, v); dk and dv hold this piece's queries' share.
 template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const T *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                       int64_t D, bool causal);
+                       int64_t D, bool causal, int64_t kvLen = 0,
+                       int64_t first = 0);
 // Inference attention over a KV cache. q, out: [B, S, H, D]; k, v: [B, S,
 // Hkv, D], the S new tokens' keys and values; kCache, vCache: [B, Tmax, Hkv,
 // D]; positions: [B, S], each new token's position (0 <= position < Tmax).

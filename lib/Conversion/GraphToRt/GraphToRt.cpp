@@ -251,12 +251,21 @@ PATTERN(RmsNormGradOp) {
   return success();
 }
 
+// The position of a rank's first row along a sequence split over `axes`
+// (context parallelism): its piece's offset; 0 when whole.
+Attribute firstPosition(OpBuilder &b, dist::AxesAttr axes, int64_t rows) {
+  if (!axes)
+    return b.getI64IntegerAttr(0);
+  return rt::GroupOffsetAttr::get(b.getContext(), axes, rows, 1);
+}
+
 PATTERN(RopeOp) {
   auto s = shapeOf(op);
   Value out = alloc(b, op.getLoc(), op);
   rt::RopeOp::create(b, op.getLoc(), a.getInput(), out, i(b, s[0]),
                      i(b, s[1]), i(b, s[2]), i(b, s[3]), op.getThetaAttr(),
-                     op.getInverseAttr());
+                     op.getInverseAttr(),
+                     firstPosition(b, op.getSeqAxesAttr(), s[1]));
   b.replaceOp(op, out);
   return success();
 }
@@ -269,7 +278,9 @@ PATTERN(AttentionOp) {
                                  a.getValue(), out, lse, i(b, q[0]),
                                  i(b, q[1]), i(b, q[2]),
                                  i(b, shapeOf(op.getKey())[2]), i(b, q[3]),
-                                 op.getCausalAttr());
+                                 op.getCausalAttr(),
+                                 i(b, shapeOf(op.getKey())[1]),
+                                 firstPosition(b, op.getSeqAxesAttr(), q[1]));
   b.replaceOp(op, {out, lse});
   return success();
 }
@@ -322,7 +333,9 @@ PATTERN(AttentionGradOp) {
   rt::AttentionBackwardOp::create(
       b, op.getLoc(), a.getQuery(), a.getKey(), a.getValue(), a.getResult(),
       a.getLse(), a.getGrad(), dq, dk, dv, i(b, q[0]), i(b, q[1]), i(b, q[2]),
-      i(b, shapeOf(op.getKey())[2]), i(b, q[3]), op.getCausalAttr());
+      i(b, shapeOf(op.getKey())[2]), i(b, q[3]), op.getCausalAttr(),
+      i(b, shapeOf(op.getKey())[1]),
+      firstPosition(b, op.getSeqAxesAttr(), q[1]));
   b.replaceOp(op, {dq, dk, dv});
   return success();
 }

@@ -1196,6 +1196,20 @@ void backwardGrads(const bf16 *q, const bf16 *k, const bf16 *v,
 }
 
 // Row statistics (LSE, Dvec) are [B, H, T], fp32, 256-byte aligned.
+// The kernels attend over the queries' own sequence: a piece of the
+// queries over all keys (context parallelism) is refused by the compiler
+// for this target.
+void wholeSequence(const char *what, int64_t Tlen, int64_t kvLen,
+                   int64_t first) {
+  if ((kvLen != 0 && kvLen != Tlen) || first != 0)
+    throw std::runtime_error(std::string("CUDA ") + what +
+                             ": queries at positions " +
+                             std::to_string(first) + ".. of " +
+                             std::to_string(kvLen) +
+                             " keys (context parallelism) are not "
+                             "supported on this target");
+}
+
 int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
   return align256(B * H * Tlen * int64_t(sizeof(float)));
 }
@@ -1205,7 +1219,8 @@ int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal) {
+                      int64_t D, bool causal, int64_t kvLen, int64_t first) {
+  wholeSequence("attentionForward", Tlen, kvLen, first);
   Dims s;
   if (!makeDims("attentionForward", B, Tlen, H, Hkv, D, causal, s))
     return;
@@ -1216,7 +1231,9 @@ template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const float *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                       int64_t D, bool causal, void *scratch) {
+                       int64_t D, bool causal, int64_t kvLen, int64_t first,
+                       void *scratch) {
+  wholeSequence("attentionBackward", Tlen, kvLen, first);
   Dims s;
   if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, s))
     return;
@@ -1246,11 +1263,11 @@ int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H,
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
                                     float *, int64_t, int64_t, int64_t,        \
-                                    int64_t, int64_t, bool);                   \
+                                    int64_t, int64_t, bool, int64_t, int64_t); \
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, const float *, const T *,    \
       T *, T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool,        \
-      void *);
+      int64_t, int64_t, void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

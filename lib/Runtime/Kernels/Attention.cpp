@@ -1,7 +1,9 @@
 //===- Attention.cpp - Scaled dot-product attention with grouped KV heads -===//
 //
-// q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, T, Hkv, D]. Query head h reads
-// KV head h / (H / Hkv). Only one row of scores per thread is ever stored.
+// q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, Tkv, Hkv, D]. Query head h
+// reads KV head h / (H / Hkv). Only one row of scores per thread is ever
+// stored. The query rows are positions first .. first + T - 1 of the keys'
+// sequence (a context-parallel piece; first = 0 and Tkv = T otherwise).
 //
 // Forward: every (b, h, t) row is independent; the loop over them is parallel.
 // Backward: parallel over (b, h). Each (b, h) accumulates its contribution to
@@ -21,6 +23,8 @@
 #include "RowOps.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace tessel::rt {
@@ -66,21 +70,34 @@ inline T attendRow(const T *qr, const T *k0, const T *v0, int64_t kStride,
   return lse;
 }
 
+// The query rows must lie inside the keys' sequence.
+void checkQueryRows(const char *what, int64_t Tlen, int64_t Tkv,
+                    int64_t first) {
+  if (first < 0 || first + Tlen > Tkv)
+    throw std::runtime_error(std::string(what) + ": query rows " +
+                             std::to_string(first) + " .. " +
+                             std::to_string(first + Tlen - 1) +
+                             " lie outside the " + std::to_string(Tkv) +
+                             " keys");
+}
+
 } // namespace
 
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal) {
+                      int64_t D, bool causal, int64_t kvLen, int64_t first) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
+  const int64_t Tkv = kvLen > 0 ? kvLen : Tlen;
+  checkQueryRows("attentionForward", Tlen, Tkv, first);
   const int64_t group = H / Hkv;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t kStride = Hkv * D; // between positions of one KV head
   const int64_t total = B * H * Tlen;
-#pragma omp parallel if (total * Tlen * D >= (1 << 15))
+#pragma omp parallel if (total * Tkv * D >= (1 << 15))
   {
-    std::vector<T> p(static_cast<size_t>(Tlen));
+    std::vector<T> p(static_cast<size_t>(Tkv));
     // Rows are ordered (b, h, t); small static chunks interleave short and
     // long causal rows between threads.
 #pragma omp for schedule(static, 8)
@@ -90,11 +107,12 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
       const int64_t b = idx / (Tlen * H);
       const int64_t g = h / group;
       const T *qr = q + ((b * Tlen + t) * H + h) * D;
-      const T *k0 = k + (b * Tlen * Hkv + g) * D;
-      const T *v0 = v + (b * Tlen * Hkv + g) * D;
+      const T *k0 = k + (b * Tkv * Hkv + g) * D;
+      const T *v0 = v + (b * Tkv * Hkv + g) * D;
       T *outr = out + ((b * Tlen + t) * H + h) * D;
-      const T rowLse = attendRow(qr, k0, v0, kStride, causal ? t + 1 : Tlen,
-                                 D, scale, p.data(), outr);
+      const T rowLse = attendRow(qr, k0, v0, kStride,
+                                 causal ? first + t + 1 : Tkv, D, scale,
+                                 p.data(), outr);
       if (lse)
         lse[idx] = rowLse; // idx is (b, h, t): lse is [B, H, T]
     }
@@ -147,43 +165,45 @@ template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const T *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                       int64_t D, bool causal) {
+                       int64_t D, bool causal, int64_t kvLen, int64_t first) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
+  const int64_t Tkv = kvLen > 0 ? kvLen : Tlen;
+  checkQueryRows("attentionBackward", Tlen, Tkv, first);
   const int64_t group = H / Hkv;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t kStride = Hkv * D;
   const int64_t qStride = H * D;
 
   // With one query head per KV head, each (b, h) owns dk/dv[b, :, h, :] and
-  // accumulates there directly; otherwise into per-(b, h) buffers [T, D].
+  // accumulates there directly; otherwise into per-(b, h) buffers [Tkv, D].
   std::vector<T> dkBuf, dvBuf;
   if (group > 1) {
-    dkBuf.resize(size_t(B * H * Tlen * D));
-    dvBuf.resize(size_t(B * H * Tlen * D));
+    dkBuf.resize(size_t(B * H * Tkv * D));
+    dvBuf.resize(size_t(B * H * Tkv * D));
   }
   const int64_t pairs = B * H;
-  const bool par = pairs * Tlen * Tlen * D >= (1 << 15);
+  const bool par = pairs * Tlen * Tkv * D >= (1 << 15);
 #pragma omp parallel if (par)
   {
-    std::vector<T> p(static_cast<size_t>(Tlen)), dp(static_cast<size_t>(Tlen));
+    std::vector<T> p(static_cast<size_t>(Tkv)), dp(static_cast<size_t>(Tkv));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < pairs; ++bh) {
       const int64_t b = bh / H, h = bh % H, g = h / group;
-      const T *k0 = k + (b * Tlen * Hkv + g) * D;
-      const T *v0 = v + (b * Tlen * Hkv + g) * D;
+      const T *k0 = k + (b * Tkv * Hkv + g) * D;
+      const T *v0 = v + (b * Tkv * Hkv + g) * D;
       T *dkAcc, *dvAcc;
       int64_t accStride;
       if (group > 1) {
-        dkAcc = dkBuf.data() + bh * Tlen * D;
-        dvAcc = dvBuf.data() + bh * Tlen * D;
+        dkAcc = dkBuf.data() + bh * Tkv * D;
+        dvAcc = dvBuf.data() + bh * Tkv * D;
         accStride = D;
       } else {
-        dkAcc = dk + (b * Tlen * Hkv + g) * D;
-        dvAcc = dv + (b * Tlen * Hkv + g) * D;
+        dkAcc = dk + (b * Tkv * Hkv + g) * D;
+        dvAcc = dv + (b * Tkv * Hkv + g) * D;
         accStride = kStride;
       }
-      for (int64_t j = 0; j < Tlen; ++j)
+      for (int64_t j = 0; j < Tkv; ++j)
         for (int64_t d = 0; d < D; ++d) {
           dkAcc[j * accStride + d] = T(0);
           dvAcc[j * accStride + d] = T(0);
@@ -193,7 +213,7 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
         const T *qr = q + (b * Tlen + t) * qStride + h * D;
         const T *dor = dout + (b * Tlen + t) * qStride + h * D;
         T *dqr = dq + (b * Tlen + t) * qStride + h * D;
-        const int64_t n = causal ? t + 1 : Tlen;
+        const int64_t n = causal ? first + t + 1 : Tkv;
         for (int64_t j = 0; j < n; ++j)
           p[size_t(j)] = dotOf(qr, k0 + j * kStride, D) * scale;
         detail::expShifted(p.data(), lse[bh * Tlen + t], p.data(), n);
@@ -214,18 +234,18 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
 
     if (group > 1) {
       // dk[b, j, g, :] = buf[b, g*group] + buf[b, g*group + 1] + ... in order.
-      const int64_t rowsKV = B * Tlen * Hkv;
+      const int64_t rowsKV = B * Tkv * Hkv;
 #pragma omp for schedule(static)
       for (int64_t idx = 0; idx < rowsKV; ++idx) {
         const int64_t g = idx % Hkv;
-        const int64_t j = (idx / Hkv) % Tlen;
-        const int64_t b = idx / (Hkv * Tlen);
+        const int64_t j = (idx / Hkv) % Tkv;
+        const int64_t b = idx / (Hkv * Tkv);
         T *dkr = dk + idx * D;
         T *dvr = dv + idx * D;
         for (int64_t hh = 0; hh < group; ++hh) {
           const int64_t h = g * group + hh;
-          const T *sk = dkBuf.data() + ((b * H + h) * Tlen + j) * D;
-          const T *sv = dvBuf.data() + ((b * H + h) * Tlen + j) * D;
+          const T *sk = dkBuf.data() + ((b * H + h) * Tkv + j) * D;
+          const T *sv = dvBuf.data() + ((b * H + h) * Tkv + j) * D;
           if (hh == 0) {
             for (int64_t d = 0; d < D; ++d) {
               dkr[d] = sk[d];
@@ -246,10 +266,11 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void attentionForward<T>(const T *, const T *, const T *, T *, T *, \
                                     int64_t, int64_t, int64_t, int64_t,        \
-                                    int64_t, bool);                            \
+                                    int64_t, bool, int64_t, int64_t);          \
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, const T *, const T *, T *,   \
-      T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool);            \
+      T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t,    \
+      int64_t);                                                                \
   template void cachedAttention<T>(const T *, const T *, const T *, T *, T *,  \
                                    const int32_t *, T *, int64_t, int64_t,     \
                                    int64_t, int64_t, int64_t, int64_t);

@@ -65,12 +65,13 @@ void rotate(const T *x, T *out, int64_t rows, int64_t H, int64_t D,
 
 template <typename T>
 void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse) {
+          double theta, bool inverse, int64_t first) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   std::vector<T> cosT, sinT;
   angleTables(
-      Tlen, [](int64_t t) { return t; }, D, theta, inverse, cosT, sinT);
+      Tlen, [first](int64_t t) { return first + t; }, D, theta, inverse, cosT,
+      sinT);
   rotate(x, out, B * Tlen, H, D, cosT, sinT,
          [Tlen](int64_t bt) { return bt % Tlen; });
 }
@@ -89,7 +90,7 @@ void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
 
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void rope<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,    \
-                        double, bool);                                         \
+                        double, bool, int64_t);                                \
   template void ropeAt<T>(const T *, const int32_t *, T *, int64_t, int64_t,   \
                           int64_t, int64_t, double);
 TESSEL_INSTANTIATE(float)

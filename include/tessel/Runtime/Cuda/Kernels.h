@@ -141,7 +141,7 @@ void accumulateInto(const TI *src, float *acc, int64_t n, bool first);
 
 template <typename TI, typename TO>
 void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse);
+          double theta, bool inverse, int64_t first = 0);
 
 //===--- Dropout.cu -------------------------------------------------------===//
 
@@ -212,7 +212,8 @@ void rmsNormBackwardAdd(const TI *x, const float *w, const TG *dout,
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal);
+                      int64_t D, bool causal, int64_t kvLen = 0,
+                      int64_t first = 0);
 // From the forward's out and lse: rowsum(dout * out) into `scratch`, then the
 // flash-attention backward: a pass over key tiles (dK, dV) and one over query
 // tiles (dQ). dk and dv of a KV head shared by several query heads are summed
@@ -221,7 +222,8 @@ template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const float *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                       int64_t D, bool causal, void *scratch);
+                       int64_t D, bool causal, int64_t kvLen, int64_t first,
+                       void *scratch);
 int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                               int64_t D, int elementBytes);
 
