@@ -624,8 +624,10 @@ int fuzzMlir(const std::vector<std::pair<std::string, std::string>> &seeds,
         return 2;
       ++inputs;
       // As `tessel compile` reads an .mlir file: refused when nested too
-      // deep for the parser, then parsed and verified.
-      if (tessel::tooDeep(text, tessel::kMaxMLIRNesting)) {
+      // deep for the parser or holding a dense array it would crash on,
+      // then parsed and verified.
+      if (tessel::tooDeep(text, tessel::kMaxMLIRNesting) ||
+          tessel::badDenseArray(text)) {
         ++deep;
         continue;
       }
@@ -649,7 +651,9 @@ int fuzzMlir(const std::vector<std::pair<std::string, std::string>> &seeds,
     }
   currentCase.clear();
   outs() << "tessel-fuzz mlir: " << inputs << " inputs from " << seeds.size()
-         << " seeds: " << deep << " refused as nested too deep, " << parsed
+         << " seeds: " << deep
+         << " refused before parsing (too deep, or an index dense array), "
+         << parsed
          << " parsed and verified";
   if (lowerOpt)
     outs() << ", " << lowered << " lowered";

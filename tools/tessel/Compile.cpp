@@ -805,6 +805,12 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
                                std::to_string(kMaxMLIRNesting) +
                                " levels deep (regions, attributes, lists); "
                                "Tessel reads at most that");
+    if (std::optional<int64_t> line = badDenseArray((*text)->getBuffer()))
+      return diagnostics.error(options.input + ":" + std::to_string(*line) +
+                               ": a dense array of index elements (or of a "
+                               "type alias) is not supported: write its "
+                               "element type as an integer or float type, "
+                               "e.g. array<i64: ...>");
     llvm::SourceMgr sources;
     sources.AddNewSourceBuffer(std::move(*text), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sources, &context);
@@ -859,12 +865,6 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
         options.target +
         " program keeps all of its state in host memory already (use it "
         "with --target cuda)");
-  if (spec.parallel.cp > 1 && options.target == "cuda")
-    return diagnostics.error(
-        options.input + ": parallel.cp: context parallelism (parallel.cp = " +
-        std::to_string(spec.parallel.cp) +
-        ") runs on the cpu target so far: the CUDA attention kernels attend "
-        "over the queries' own sequence only");
   pipeline.recomputeBlocks = spec.train.recomputeLayers;
   pipeline.gradientCheck = gradientCheck;
   llvm::StringRef arch(options.cudaArch);

@@ -153,6 +153,63 @@ TEST(CudaAttention, UnalignedTensors) {
   checkAgainstCpu<bf16>({2, 77, 4, 2, 64, true}, 1);
 }
 
+// Context parallelism: a piece of `Tq` query rows at position `first` of the
+// `s.T` keys, on the device against the CPU kernels given the same piece
+// (which equal the whole sequence's rows, unittests/Runtime). Pieces that
+// start inside a tile, past the first key tile, and a last piece whose key
+// tiles see no query of an earlier piece.
+template <typename T>
+void checkPieceAgainstCpu(const Shape &s, int64_t Tq, int64_t first) {
+  SCOPED_TRACE(describe(s) + " queries " + std::to_string(first) + ".." +
+               std::to_string(first + Tq - 1));
+  const size_t nq = size_t(s.B * Tq * s.H * s.D);
+  const size_t nk = size_t(s.B * s.T * s.Hkv * s.D);
+  const std::vector<float> q = roundTo<T>(randomVector(nq, 5, -2.f, 2.f));
+  const std::vector<float> k = roundTo<T>(randomVector(nk, 6));
+  const std::vector<float> v = roundTo<T>(randomVector(nk, 7));
+  const std::vector<float> dout = roundTo<T>(randomVector(nq, 8));
+  std::vector<float> out(nq), lse(size_t(s.B * s.H * Tq)), dq(nq), dk(nk),
+      dv(nk);
+  rt::attentionForward<float>(q.data(), k.data(), v.data(), out.data(),
+                              lse.data(), s.B, Tq, s.H, s.Hkv, s.D, s.causal,
+                              s.T, first);
+  rt::attentionBackward<float>(q.data(), k.data(), v.data(), out.data(),
+                               lse.data(), dout.data(), dq.data(), dk.data(),
+                               dv.data(), s.B, Tq, s.H, s.Hkv, s.D, s.causal,
+                               s.T, first);
+
+  DeviceArray<T> dQ(q), dK(k), dV(v), dO(dout), dOut(nq), gq(nq), gk(nk),
+      gv(nk);
+  DeviceArray<float> dLse(lse.size());
+  DeviceArray<unsigned char> scratch(
+      size_t(attentionScratchBytes(s.B, Tq, s.H, s.Hkv, s.D, int(sizeof(T)))));
+  attentionForward<T>(dQ.get(), dK.get(), dV.get(), dOut.get(), dLse.get(),
+                      s.B, Tq, s.H, s.Hkv, s.D, s.causal, s.T, first);
+  attentionBackward<T>(dQ.get(), dK.get(), dV.get(), dOut.get(), dLse.get(),
+                       dO.get(), gq.get(), gk.get(), gv.get(), s.B, Tq, s.H,
+                       s.Hkv, s.D, s.causal, s.T, first, scratch.get());
+  const double rtol = rtolFor<T>();
+  expectClose(dOut.download(), out, rtol, atolFor<T>(out), "out");
+  expectClose(dLse.download(), lse, 1e-4, 1e-4, "lse");
+  expectClose(gq.download(), dq, rtol, atolFor<T>(dq), "dq");
+  expectClose(gk.download(), dk, rtol, atolFor<T>(dk), "dk");
+  expectClose(gv.download(), dv, rtol, atolFor<T>(dv), "dv");
+}
+
+template <typename T> void checkPieces() {
+  for (bool causal : {true, false}) {
+    // 300 keys in pieces of 150 and 100 rows (tiles of 32 to 128 rows).
+    checkPieceAgainstCpu<T>({2, 300, 4, 2, 64, causal}, 150, 0);
+    checkPieceAgainstCpu<T>({2, 300, 4, 2, 64, causal}, 150, 150);
+    checkPieceAgainstCpu<T>({1, 300, 2, 1, 128, causal}, 100, 200);
+    checkPieceAgainstCpu<T>({1, 300, 2, 2, 30, causal}, 75, 75);
+    checkPieceAgainstCpu<T>({1, 64, 2, 1, 16, causal}, 1, 63);
+  }
+}
+
+TEST(CudaAttention, QueryPiecesMatchCpuFloat) { checkPieces<float>(); }
+TEST(CudaAttention, QueryPiecesMatchCpuBf16) { checkPieces<bf16>(); }
+
 // Bitwise equal gradients from two runs: dK and dV of a shared KV head are
 // summed over its query heads in a fixed order, nothing atomically.
 template <typename T> void checkDeterministic(const Shape &s) {
@@ -213,10 +270,9 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
                                         out, out, out, 1, 8, 4, 3, 64, false, 0, 0,
                                         scratch),
                std::runtime_error);
-  // A piece of the queries over all keys (context parallelism) is not
-  // supported on this target.
+  // Query rows 12..19 of 16 keys.
   EXPECT_THROW(attentionForward<float>(none, none, none, out, out, 1, 8, 2, 2,
-                                       64, true, 16, 8),
+                                       64, true, 16, 12),
                std::runtime_error);
   // Without the forward's output and log-sum-exp there is nothing to start
   // from.

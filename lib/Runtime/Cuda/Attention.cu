@@ -4,8 +4,11 @@
 // their tiling, masking and head-grouping helpers, which must stay
 // together to stay consistent.)
 //
-// q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, T, Hkv, D]. Query head h reads
-// KV head h / (H / Hkv); scale = 1 / sqrt(D). The semantics are those of the
+// q, out, dq: [B, T, H, D]; k, v, dk, dv: [B, Tk, Hkv, D]. Query head h reads
+// KV head h / (H / Hkv); scale = 1 / sqrt(D). The T query rows are positions
+// first .. first + T - 1 of the keys' sequence (context parallelism: a
+// rank's piece of the queries over all keys; first = 0 and Tk = T
+// otherwise), and a causal row at position p sees keys 0 .. p. The semantics are those of the
 // CPU kernels (lib/Runtime/Kernels/Attention.cpp), computed tile by tile as in
 // FlashAttention-2 so that the T x T scores are never stored:
 //
@@ -57,9 +60,11 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // What every kernel needs of the problem. Element (b, t, h, d) of q is at
 // ((b * T + t) * H + h) * D + d, element (b, t, g, d) of k (KV head g) at
-// ((b * T + t) * Hkv + g) * D + d; LSE and Dvec are [B, H, T].
+// ((b * Tk + t) * Hkv + g) * D + d; LSE and Dvec are [B, H, T].
 struct Dims {
   int T, H, Hkv, D;
+  int Tk;    // keys (T unless the queries are a piece of the sequence)
+  int first; // the position of query row 0 among the keys
   int group;       // H / Hkv: query heads per KV head
   float scale;     // 1 / sqrt(D)
   float scaleLog2; // scale * log2(e)
@@ -70,6 +75,7 @@ struct Dims {
 };
 
 __host__ __device__ inline int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ inline int imax(int a, int b) { return a > b ? a : b; }
 
 //===--- Tensor-core and copy primitives ----------------------------------===//
 
@@ -157,7 +163,7 @@ __device__ __forceinline__ float rescale(float &m, float mx, float &base) {
 
 // Is the score of (query row, key) outside the attention pattern?
 __device__ __forceinline__ bool masked(const Dims &s, int row, int key) {
-  return key >= s.T || row >= s.T || (s.causal && key > row);
+  return key >= s.Tk || row >= s.T || (s.causal && key > s.first + row);
 }
 
 // fp32 (CUDA cores). Four threads share a row of the tile; thread part
@@ -167,16 +173,17 @@ __device__ __forceinline__ bool masked(const Dims &s, int row, int key) {
 // that the float4 reads of the four parts of a quad hit distinct banks.
 
 // Rows [row0, row0 + rows) of one head of a [B, T, heads, D] tensor (`head`
-// points at (b, 0, h, 0); rows are rowStride apart) into a shared tile.
+// points at (b, 0, h, 0); rows are rowStride apart; rows from `limit` on
+// are zeros) into a shared tile.
 __device__ void loadTileF32(float *tile, int stride, const float *head,
                             int64_t rowStride, int row0, int rows, int nt,
-                            const Dims &s) {
+                            const Dims &s, int limit) {
   const int chunks = (s.D + 3) / 4;
   for (int idx = threadIdx.x; idx < rows * chunks; idx += nt) {
     const int r = idx / chunks, c = (idx - r * chunks) * 4;
     const int t = row0 + r;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < s.T) {
+    if (t < limit) {
       const float *src = head + int64_t(t) * rowStride + c;
       if (s.vec) {
         x = *reinterpret_cast<const float4 *>(src);
@@ -238,18 +245,18 @@ __global__ void __launch_bounds__(256)
   const int h = blockIdx.y, b = blockIdx.z, g = h / s.group;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
   const float *qHead = q + (int64_t(b) * s.T * s.H + h) * s.D;
-  const float *kHead = k + (int64_t(b) * s.T * s.Hkv + g) * s.D;
-  const float *vHead = v + (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const float *kHead = k + (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
+  const float *vHead = v + (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int r = threadIdx.x >> 2, p = threadIdx.x & 3, row = q0 + r;
 
-  loadTileF32(Qs, S, qHead, qStride, q0, BR, NT, s);
+  loadTileF32(Qs, S, qHead, qStride, q0, BR, NT, s, s.T);
   float o[CH][4] = {};
   float m = -INFINITY, l = 0.f;
-  const int kEnd = s.causal ? imin(s.T, q0 + BR) : s.T;
+  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BR) : s.Tk;
   for (int k0 = 0; k0 < kEnd; k0 += BC) {
     __syncthreads(); // the previous tile is no longer read
-    loadTileF32(Ks, S, kHead, kStride, k0, BC, NT, s);
-    loadTileF32(Vs, S, vHead, kStride, k0, BC, NT, s);
+    loadTileF32(Ks, S, kHead, kStride, k0, BC, NT, s, s.Tk);
+    loadTileF32(Vs, S, vHead, kStride, k0, BC, NT, s, s.Tk);
     __syncthreads();
 
     float sc[BC / 4] = {};
@@ -345,22 +352,23 @@ __global__ void __launch_bounds__(128)
 
   const int k0 = blockIdx.x * BK, g = blockIdx.y, b = blockIdx.z;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
-  const int64_t kvOffset = (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const int64_t kvOffset = (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int r = threadIdx.x >> 2, p = threadIdx.x & 3, key = k0 + r;
 
-  loadTileF32(Ks, S, k + kvOffset, kStride, k0, BK, NT, s);
-  loadTileF32(Vs, S, v + kvOffset, kStride, k0, BK, NT, s);
+  loadTileF32(Ks, S, k + kvOffset, kStride, k0, BK, NT, s, s.Tk);
+  loadTileF32(Vs, S, v + kvOffset, kStride, k0, BK, NT, s, s.Tk);
   float dkAcc[CH][4] = {}, dvAcc[CH][4] = {};
-  // Causal: query tiles entirely above the diagonal see none of these keys.
-  const int qStart = s.causal ? k0 / BQ * BQ : 0;
+  // Causal: query tiles entirely above the diagonal see none of these keys
+  // (the rows before position k0).
+  const int qStart = s.causal ? imax(0, k0 - s.first) / BQ * BQ : 0;
   for (int hh = 0; hh < s.group; ++hh) {
     const int h = g * s.group + hh;
     const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
     const int64_t statOffset = (int64_t(b) * s.H + h) * s.T;
     for (int q0 = qStart; q0 < s.T; q0 += BQ) {
       __syncthreads(); // the previous tile is no longer read
-      loadTileF32(Qs, S, q + qOffset, qStride, q0, BQ, NT, s);
-      loadTileF32(dOs, S, dout + qOffset, qStride, q0, BQ, NT, s);
+      loadTileF32(Qs, S, q + qOffset, qStride, q0, BQ, NT, s, s.T);
+      loadTileF32(dOs, S, dout + qOffset, qStride, q0, BQ, NT, s, s.T);
       for (int i = threadIdx.x; i < BQ; i += NT) {
         const bool in = q0 + i < s.T;
         lse2s[i] = in ? lse[statOffset + q0 + i] * kLog2e : 0.f;
@@ -406,7 +414,7 @@ __global__ void __launch_bounds__(128)
     }
   }
 
-  if (key >= s.T)
+  if (key >= s.Tk)
     return;
   const int64_t rowOffset = kvOffset + int64_t(key) * kStride;
 #pragma unroll
@@ -441,20 +449,20 @@ __global__ void __launch_bounds__(128)
   const int h = blockIdx.y, b = blockIdx.z, g = h / s.group;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
   const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
-  const int64_t kvOffset = (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const int64_t kvOffset = (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int r = threadIdx.x >> 2, p = threadIdx.x & 3, row = q0 + r;
   const int64_t stat = (int64_t(b) * s.H + h) * s.T + row;
   const float lse2 = row < s.T ? lse[stat] * kLog2e : 0.f;
   const float dvecRow = row < s.T ? dvec[stat] : 0.f;
 
-  loadTileF32(Qs, S, q + qOffset, qStride, q0, BQ, NT, s);
-  loadTileF32(dOs, S, dout + qOffset, qStride, q0, BQ, NT, s);
+  loadTileF32(Qs, S, q + qOffset, qStride, q0, BQ, NT, s, s.T);
+  loadTileF32(dOs, S, dout + qOffset, qStride, q0, BQ, NT, s, s.T);
   float dqAcc[CH][4] = {};
-  const int kEnd = s.causal ? imin(s.T, q0 + BQ) : s.T;
+  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BQ) : s.Tk;
   for (int k0 = 0; k0 < kEnd; k0 += BK) {
     __syncthreads(); // the previous tile is no longer read
-    loadTileF32(Ks, S, k + kvOffset, kStride, k0, BK, NT, s);
-    loadTileF32(Vs, S, v + kvOffset, kStride, k0, BK, NT, s);
+    loadTileF32(Ks, S, k + kvOffset, kStride, k0, BK, NT, s, s.Tk);
+    loadTileF32(Vs, S, v + kvOffset, kStride, k0, BK, NT, s, s.Tk);
     __syncthreads();
 
     float sc[BK / 4] = {}, dp[BK / 4] = {};
@@ -512,13 +520,13 @@ __global__ void __launch_bounds__(128)
 
 // Rows [row0, row0 + ROWS) of one head into a shared tile of DP columns, by
 // cp.async when s.vec (then the caller commits and waits), else by plain
-// stores; columns from D on are zeros. The chunk count is a compile-time
+// stores; columns from D on, and rows from `limit` on, are zeros. The chunk count is a compile-time
 // constant, so the index arithmetic is shifts (the loop stays rolled: its
 // addresses would take registers the products need).
 template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void
 loadTileBf16(bf16 *tile, int stride, const bf16 *head, int64_t rowStride,
-             int row0, const Dims &s) {
+             int row0, const Dims &s, int limit) {
   constexpr int chunks = DP / 8, total = ROWS * chunks;
 #pragma unroll 1
   for (int it = 0; it < (total + NT - 1) / NT; ++it) {
@@ -528,7 +536,7 @@ loadTileBf16(bf16 *tile, int stride, const bf16 *head, int64_t rowStride,
     const int r = idx / chunks, c = (idx % chunks) * 8;
     const int t = row0 + r;
     bf16 *dst = tile + r * stride + c;
-    const bool in = t < s.T && c < s.D;
+    const bool in = t < limit && c < s.D;
     if (s.vec) {
       cpAsync16(dst, in ? head + int64_t(t) * rowStride + c : head,
                 in ? 16 : 0);
@@ -619,17 +627,17 @@ __global__ void __launch_bounds__(128, 2)
   const int h = blockIdx.y, b = blockIdx.z, g = h / s.group;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
   const bf16 *qHead = q + (int64_t(b) * s.T * s.H + h) * s.D;
-  const bf16 *kHead = k + (int64_t(b) * s.T * s.Hkv + g) * s.D;
-  const bf16 *vHead = v + (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const bf16 *kHead = k + (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
+  const bf16 *vHead = v + (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int d16 = (s.D + 15) & ~15, chunks = d16 / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gq = lane >> 2, tq = lane & 3;
-  const int kEnd = s.causal ? imin(s.T, q0 + BR) : s.T;
+  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BR) : s.Tk;
 
-  loadTileBf16<BR, NT, DP>(Qs, S, qHead, qStride, q0, s);
-  loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, 0, s);
+  loadTileBf16<BR, NT, DP>(Qs, S, qHead, qStride, q0, s, s.T);
+  loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, 0, s, s.Tk);
   cpAsyncCommit();
-  loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, 0, s);
+  loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, 0, s, s.Tk);
   cpAsyncCommit();
 
   float o[MT][DP / 8][4] = {};
@@ -668,14 +676,15 @@ __global__ void __launch_bounds__(128, 2)
     }
     __syncthreads(); // every warp is done with Ks
     if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, k0 + BC, s);
+      loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, k0 + BC, s, s.Tk);
     cpAsyncCommit();
 
     // Online softmax of each tile's rows gq (elements 0, 1) and gq + 8 (2,
     // 3). The max is taken of the unscaled scores (scaling by a positive
     // factor keeps it), and the scale folds into the exponent's
     // multiply-add.
-    const bool edge = k0 + BC > s.T || (s.causal && k0 + BC - 1 > q0);
+    const bool edge =
+        k0 + BC > s.Tk || (s.causal && k0 + BC - 1 > s.first + q0);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int row0 = q0 + warp * 32 + mt * 16 + gq;
@@ -738,7 +747,7 @@ __global__ void __launch_bounds__(128, 2)
     }
     __syncthreads(); // every warp is done with Vs
     if (k0 + BC < kEnd)
-      loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, k0 + BC, s);
+      loadTileBf16<BC, NT, DP>(Vs, S, vHead, kStride, k0 + BC, s, s.Tk);
     cpAsyncCommit();
   }
   cpAsyncWait<0>();
@@ -797,14 +806,15 @@ __global__ void __launch_bounds__(128)
 
   const int k0 = blockIdx.x * BK, g = blockIdx.y, b = blockIdx.z;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
-  const int64_t kvOffset = (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const int64_t kvOffset = (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int d16 = (s.D + 15) & ~15, chunks = d16 / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gq = lane >> 2, tq = lane & 3;
   const int key0 = k0 + warp * 16 + gq; // keys of fragment rows: key0, key0+8
-  // Causal: query tiles entirely above the diagonal see none of these keys.
-  const int qStart = s.causal ? k0 / BQ * BQ : 0;
-  const int qTiles = (s.T - qStart + BQ - 1) / BQ;
+  // Causal: query tiles entirely above the diagonal see none of these keys
+  // (the rows before position k0; none of a piece that ends before it).
+  const int qStart = s.causal ? imax(0, k0 - s.first) / BQ * BQ : 0;
+  const int qTiles = imax(0, (s.T - qStart + BQ - 1) / BQ);
   const int steps = s.group * qTiles;
 
   // Step n is query tile n % qTiles of head g * group + n / qTiles.
@@ -814,9 +824,10 @@ __global__ void __launch_bounds__(128)
     const int h = stepHead(n), q0 = stepRow(n);
     const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
     const int64_t statOffset = (int64_t(b) * s.H + h) * s.T;
-    loadTileBf16<BQ, NT, DP>(Qs + buf * BQ * S, S, q + qOffset, qStride, q0, s);
+    loadTileBf16<BQ, NT, DP>(Qs + buf * BQ * S, S, q + qOffset, qStride, q0, s,
+                             s.T);
     loadTileBf16<BQ, NT, DP>(dOs + buf * BQ * S, S, dout + qOffset, qStride, q0,
-                             s);
+                             s, s.T);
     for (int i = threadIdx.x; i < BQ; i += NT) {
       const bool in = q0 + i < s.T;
       lse2s[buf * BQ + i] = in ? lse[statOffset + q0 + i] * kLog2e : 0.f;
@@ -824,9 +835,10 @@ __global__ void __launch_bounds__(128)
     }
   };
 
-  loadTileBf16<BK, NT, DP>(Ks, S, k + kvOffset, kStride, k0, s);
-  loadTileBf16<BK, NT, DP>(Vs, S, v + kvOffset, kStride, k0, s);
-  load(0, 0);
+  loadTileBf16<BK, NT, DP>(Ks, S, k + kvOffset, kStride, k0, s, s.Tk);
+  loadTileBf16<BK, NT, DP>(Vs, S, v + kvOffset, kStride, k0, s, s.Tk);
+  if (steps > 0)
+    load(0, 0);
   cpAsyncCommit();
   float dkAcc[DP / 8][4] = {}, dvAcc[DP / 8][4] = {};
   for (int n = 0; n < steps; ++n) {
@@ -863,8 +875,8 @@ __global__ void __launch_bounds__(128)
     }
     // P^T into sT, dS^T into dpT. Only tiles at the diagonal or the end of
     // the sequence test each score against the pattern.
-    const bool edge =
-        q0 + BQ > s.T || k0 + BK > s.T || (s.causal && k0 + BK - 1 > q0);
+    const bool edge = q0 + BQ > s.T || k0 + BK > s.Tk ||
+                      (s.causal && k0 + BK - 1 > s.first + q0);
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
@@ -905,7 +917,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + i * 8;
-    if (key >= s.T)
+    if (key >= s.Tk)
       continue;
     const int64_t rowOffset = kvOffset + int64_t(key) * kStride;
 #pragma unroll
@@ -939,7 +951,7 @@ __global__ void __launch_bounds__(128)
   const int h = blockIdx.y, b = blockIdx.z, g = h / s.group;
   const int64_t qStride = int64_t(s.H) * s.D, kStride = int64_t(s.Hkv) * s.D;
   const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
-  const int64_t kvOffset = (int64_t(b) * s.T * s.Hkv + g) * s.D;
+  const int64_t kvOffset = (int64_t(b) * s.Tk * s.Hkv + g) * s.D;
   const int64_t statOffset = (int64_t(b) * s.H + h) * s.T;
   const int d16 = (s.D + 15) & ~15, chunks = d16 / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -953,16 +965,16 @@ __global__ void __launch_bounds__(128)
     dvecRow[i] = row < s.T ? dvec[statOffset + row] : 0.f;
   }
 
-  const int kEnd = s.causal ? imin(s.T, q0 + BQ) : s.T;
+  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BQ) : s.Tk;
   const int kTiles = (kEnd + BK - 1) / BK;
   auto load = [&](int j, int buf) {
     loadTileBf16<BK, NT, DP>(Ks + buf * BK * S, S, k + kvOffset, kStride,
-                             j * BK, s);
+                             j * BK, s, s.Tk);
     loadTileBf16<BK, NT, DP>(Vs + buf * BK * S, S, v + kvOffset, kStride,
-                             j * BK, s);
+                             j * BK, s, s.Tk);
   };
-  loadTileBf16<BQ, NT, DP>(Qs, S, q + qOffset, qStride, q0, s);
-  loadTileBf16<BQ, NT, DP>(dOs, S, dout + qOffset, qStride, q0, s);
+  loadTileBf16<BQ, NT, DP>(Qs, S, q + qOffset, qStride, q0, s, s.T);
+  loadTileBf16<BQ, NT, DP>(dOs, S, dout + qOffset, qStride, q0, s, s.T);
   load(0, 0);
   cpAsyncCommit();
   float dqAcc[DP / 8][4] = {};
@@ -998,8 +1010,8 @@ __global__ void __launch_bounds__(128)
     }
     // dS into sc. Only tiles at the diagonal or the end of the sequence
     // test each score against the pattern.
-    const bool edge =
-        q0 + BQ > s.T || k0 + BK > s.T || (s.causal && k0 + BK - 1 > q0);
+    const bool edge = q0 + BQ > s.T || k0 + BK > s.Tk ||
+                      (s.causal && k0 + BK - 1 > s.first + q0);
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
 #pragma unroll
@@ -1082,10 +1094,16 @@ bool aligned16(const void *p) {
 // Validates the shape (throws for what the kernels cannot do) and fills
 // Dims; returns false when there is nothing to compute.
 bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-              int64_t D, bool causal, Dims &s) {
+              int64_t D, bool causal, int64_t kvLen, int64_t first, Dims &s) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return false;
   const std::string name = std::string("CUDA ") + what + ": ";
+  const int64_t Tk = kvLen > 0 ? kvLen : Tlen;
+  if (first < 0 || first + Tlen > Tk)
+    throw std::runtime_error(name + "query rows " + std::to_string(first) +
+                             " .. " + std::to_string(first + Tlen - 1) +
+                             " lie outside the " + std::to_string(Tk) +
+                             " keys");
   if (D > kMaxHeadDim)
     throw std::runtime_error(name + "head dimension " + std::to_string(D) +
                              " exceeds " + std::to_string(kMaxHeadDim) +
@@ -1094,12 +1112,14 @@ bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
     throw std::runtime_error(name + "H = " + std::to_string(H) +
                              " query heads are not a multiple of Hkv = " +
                              std::to_string(Hkv) + " KV heads");
-  if (Tlen > INT32_MAX / 2 || H > 65535 || B > 65535)
+  if (Tk > INT32_MAX / 2 || H > 65535 || B > 65535)
     throw std::runtime_error(name + "B = " + std::to_string(B) +
-                             ", T = " + std::to_string(Tlen) +
+                             ", T = " + std::to_string(Tk) +
                              ", H = " + std::to_string(H) +
                              " exceed the grid (T < 2^30, B and H <= 65535)");
   s.T = int(Tlen);
+  s.Tk = int(Tk);
+  s.first = int(first);
   s.H = int(H);
   s.Hkv = int(Hkv);
   s.D = int(D);
@@ -1160,7 +1180,7 @@ void backwardGrads(const float *q, const float *k, const float *v,
                    float *dq, float *dk, float *dv, int64_t B, Dims s) {
   s.vec = s.D % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
           aligned16(dout);
-  const dim3 kvGrid(tiles(s.T, kSimtRowsBwd), unsigned(s.Hkv), unsigned(B));
+  const dim3 kvGrid(tiles(s.Tk, kSimtRowsBwd), unsigned(s.Hkv), unsigned(B));
   const dim3 qGrid(tiles(s.T, kSimtRowsBwd), unsigned(s.H), unsigned(B));
   const int64_t smem = simtBackwardSmem(s.D);
   auto run = [&](auto kvKernel, auto qKernel) {
@@ -1180,7 +1200,7 @@ void backwardGrads(const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *dq, bf16 *dk, bf16 *dv, int64_t B, Dims s) {
   s.vec = s.D % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
           aligned16(dout);
-  const dim3 kvGrid(tiles(s.T, kMmaRows), unsigned(s.Hkv), unsigned(B));
+  const dim3 kvGrid(tiles(s.Tk, kMmaRows), unsigned(s.Hkv), unsigned(B));
   const dim3 qGrid(tiles(s.T, kMmaRows), unsigned(s.H), unsigned(B));
   if (s.D <= 64) {
     launch(backwardKvMma<64>, kvGrid, 128, mmaBackwardKvSmem<64>(), q, k, v,
@@ -1196,20 +1216,6 @@ void backwardGrads(const bf16 *q, const bf16 *k, const bf16 *v,
 }
 
 // Row statistics (LSE, Dvec) are [B, H, T], fp32, 256-byte aligned.
-// The kernels attend over the queries' own sequence: a piece of the
-// queries over all keys (context parallelism) is refused by the compiler
-// for this target.
-void wholeSequence(const char *what, int64_t Tlen, int64_t kvLen,
-                   int64_t first) {
-  if ((kvLen != 0 && kvLen != Tlen) || first != 0)
-    throw std::runtime_error(std::string("CUDA ") + what +
-                             ": queries at positions " +
-                             std::to_string(first) + ".. of " +
-                             std::to_string(kvLen) +
-                             " keys (context parallelism) are not "
-                             "supported on this target");
-}
-
 int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
   return align256(B * H * Tlen * int64_t(sizeof(float)));
 }
@@ -1220,9 +1226,9 @@ template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                       int64_t D, bool causal, int64_t kvLen, int64_t first) {
-  wholeSequence("attentionForward", Tlen, kvLen, first);
   Dims s;
-  if (!makeDims("attentionForward", B, Tlen, H, Hkv, D, causal, s))
+  if (!makeDims("attentionForward", B, Tlen, H, Hkv, D, causal, kvLen, first,
+                s))
     return;
   forward(q, k, v, out, lse, nullptr, nullptr, B, s);
 }
@@ -1233,9 +1239,9 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                        int64_t D, bool causal, int64_t kvLen, int64_t first,
                        void *scratch) {
-  wholeSequence("attentionBackward", Tlen, kvLen, first);
   Dims s;
-  if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, s))
+  if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, kvLen, first,
+                s))
     return;
   if (!scratch)
     throw std::runtime_error("CUDA attentionBackward: no scratch buffer");

@@ -205,10 +205,12 @@ void rmsNormBackwardAdd(const TI *x, const float *w, const TG *dout,
 
 //===--- Attention.cu: flash attention ------------------------------------===//
 
-// Causal (when causal) attention, q/out [B, T, H, D], k/v [B, T, Hkv, D],
-// scale 1/sqrt(D), never materialising the T x T scores (tiles of queries
+// Causal (when causal) attention, q/out [B, T, H, D], k/v [B, Tkv, Hkv, D],
+// scale 1/sqrt(D), never materialising the T x Tkv scores (tiles of queries
 // and keys in shared memory, online softmax). D <= 128. lse [B, H, T] (fp32,
-// may be null) receives each row's log-sum-exp of the scaled scores.
+// may be null) receives each row's log-sum-exp of the scaled scores. The
+// query rows are positions first .. first + T - 1 of the keys' sequence
+// (kvLen 0: Tkv = T), as rt::attentionForward's.
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
