@@ -963,8 +963,8 @@ LogicalResult MoeDispatchOp::localize(PartitionContext &ctx) {
   if (getCapacity() <= 0 || ctx.mesh().groupSize(axes) == 1)
     return success();
   // The ranks splitting the batch hold consecutive rows in group order; a
-  // sequence split over tp (sequence parallelism) holds consecutive pieces
-  // of each row (the kernel counts per row then).
+  // sequence split over cp or tp (context, sequence parallelism) holds
+  // consecutive pieces of each row (the kernel counts per row then).
   setTokenAxesAttr(dist::AxesAttr::get(getContext(), axes));
   return success();
 }

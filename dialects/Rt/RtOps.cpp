@@ -282,8 +282,11 @@ void CrossEntropyVocabParallelBackwardOp::describeCommunication(
 void MoeDispatchOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t g = mesh.groupSize(getAxes()), E = getNumExperts();
-  // Counts per expert; with the sequence split over tp, per row as well.
-  int64_t n = getAxes().contains(MeshAxis::TP) ? getRows() * E : E;
+  // Counts per expert; with the sequence split (over cp or tp), per row as
+  // well.
+  bool perRow = getAxes().contains(MeshAxis::TP) ||
+                getAxes().contains(MeshAxis::CP);
+  int64_t n = perRow ? getRows() * E : E;
   if (g > 1 && getCapacity() > 0)
     records.push_back(record("all_gather", getAxes(), mesh, n, 4,
                              rt::allGatherBytesSent(n, g)));

@@ -808,11 +808,6 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                         std::to_string(spec.model.seqLen /
                                                        p.cp)
                                   : std::string()));
-  else if (p.cp > 1 && spec.model.moe.enabled())
-    problems.report(s.at("cp"),
-                    "context parallelism of a mixture-of-experts model is "
-                    "not supported yet (its routing statistics are "
-                    "reduced over dp and ep only)");
   else if (p.cp > 1 && spec.train.attention == "unfused")
     problems.report(s.at("cp"),
                     "context parallelism needs train.attention = \"flash\" "

@@ -391,7 +391,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     table.textbook["cp"] += m * 6 * collective * double(blocks.size());
   }
   // Per MoE block and microbatch, over the ranks that split the tokens
-  // (dp, ep, and tp under sequence parallelism): the router's statistics
+  // (dp, ep, cp, and tp under sequence parallelism): the router's statistics
   // (assignments and probability sums per expert, E floats each) summed
   // for the load-balancing loss, and with a capacity each rank's counts
   // per expert (per row under sequence parallelism) all-gathered. Per
@@ -406,9 +406,10 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   if (moe.enabled) {
     bool tokensOverTp = sp && t > 1 && !expertTp;
     double tokens = b * s / (tokensOverTp ? t : 1);
-    double tokenGroup = d * ep * (tokensOverTp ? t : 1);
+    double tokenGroup = d * ep * (tokensOverTp ? t : 1) * c;
     std::string tokenAxes = std::string(d > 1 ? "dp," : "") +
-                            (tokensOverTp ? "tp," : "") + (ep > 1 ? "ep," : "");
+                            (tokensOverTp ? "tp," : "") + (c > 1 ? "cp," : "") +
+                            (ep > 1 ? "ep," : "");
     if (!tokenAxes.empty())
       tokenAxes.pop_back();
     double E = moe.experts, rows = tokens * moe.topK;
@@ -421,7 +422,8 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
         else
           table.textbook[tokenAxes] += allReduce(E, tokenGroup, 4);
         if (moe.capacity) {
-          double n = tokensOverTp ? b * E : E;
+          // Per row when the sequence is split (over tp or cp).
+          double n = tokensOverTp || c > 1 ? b * E : E;
           table.textbook[tokenAxes] +=
               m * (tokenGroup - 1) * n * 4 + allReduce(E, tokenGroup, 4);
         }

@@ -980,19 +980,21 @@ void moeDispatchGroup(const int32_t *experts, int32_t *rowOf, int32_t *offsets,
                     scratch);
     return;
   }
-  const unsigned tp = AxisSet(MeshAxis::TP).bits();
+  // The axes that split the sequence: cp, then tp inside it.
+  const unsigned sequence =
+      AxisSet(MeshAxis::TP).bits() | AxisSet(MeshAxis::CP).bits();
   GroupOf group;
   group.axes = axes;
   group.size = rt::groupSize(axes);
   group.rank = rt::groupRank(axes);
-  // Without tp the ranks hold consecutive tokens: one run, counted per
-  // expert. With the sequence split over tp, per row.
-  if (!(axes & tp)) {
+  // Without cp or tp the ranks hold consecutive tokens: one run, counted per
+  // expert. With the sequence split over cp or tp, per row.
+  if (!(axes & sequence)) {
     dispatchRuns(experts, tokens, 1, k, E, capacity, nullptr, &group, rowOf,
                  offsets, scratch);
     return;
   }
-  group.pieces = rt::groupSize(axes & tp);
+  group.pieces = rt::groupSize(axes & sequence);
   dispatchRuns(experts, tokens, rows, k, E, capacity, nullptr, &group, rowOf,
                offsets, scratch);
 }

@@ -383,8 +383,11 @@ void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
     return;
   }
   int64_t g = groupSize(axes), me = groupRank(axes);
-  const unsigned tp = AxisSet(MeshAxis::TP).bits();
-  if (!(axes & tp)) {
+  // The axes that split the sequence: cp (context parallelism), then tp
+  // (sequence parallelism) inside it, the fastest axes in rank order.
+  const unsigned sequence =
+      AxisSet(MeshAxis::TP).bits() | AxisSet(MeshAxis::CP).bits();
+  if (!(axes & sequence)) {
     // The ranks hold consecutive tokens in group order: those before this
     // one count first against each expert's capacity.
     std::vector<float> mine(E, 0.0f), all(g * E);
@@ -400,17 +403,17 @@ void moeDispatchGroup(const int32_t *experts, int32_t *rowOf,
                     offsets);
     return;
   }
-  // The sequence split over tp (sequence parallelism): consecutive group
-  // ranks (tp is the fastest axis in rank order) hold consecutive pieces of
-  // the same rows, the serial order being row by row. Each rank's counts
-  // per row and expert are all-gathered; a row's piece here comes after
-  // every earlier row of the group's rows and the row's pieces on the tp
-  // ranks before this one.
+  // The sequence split over cp and tp: consecutive group ranks (cp and tp
+  // are the fastest axes in rank order) hold consecutive pieces of the same
+  // rows, the serial order being row by row. Each rank's counts per row and
+  // expert are all-gathered; a row's piece here comes after every earlier
+  // row of the group's rows and the row's pieces on the ranks before this
+  // one.
   if (rows < 1 || tokens % rows != 0)
     throw std::invalid_argument("moeDispatchGroup: " + std::to_string(tokens) +
                                 " tokens are not " + std::to_string(rows) +
                                 " rows");
-  int64_t pieces = groupSize(axes & tp), perRow = tokens / rows * k;
+  int64_t pieces = groupSize(axes & sequence), perRow = tokens / rows * k;
   std::vector<float> mine(rows * E, 0.0f), all(g * rows * E);
   for (int64_t a = 0; a < tokens * k; ++a)
     if (experts[a] >= 0 && experts[a] < E)
