@@ -52,7 +52,8 @@ const char *kPlanUsage =
     "  devices.\n"
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
-    "                    (keys: tp, pp, ep, mbs, v, zero, recompute, sp, etp)\n"
+    "                    (keys: tp, pp, ep, cp, mbs, v, zero, recompute, sp, "
+    "etp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
     "  --target T        cpu or cuda (default: cuda with --gpu or a GPU\n"
     "                    cluster file, cpu with a CPU one)\n"
@@ -69,14 +70,16 @@ int usage(const Twine &message) {
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, mbs = 1, microbatches = 1, v = 1,
           zero = 0;
+  int64_t cp = 1; // context parallelism: each sequence over cp ranks
   std::string recompute = "none";
   bool sp = false;
   bool expertTp = false; // MoE: the routed experts split over tp
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
   std::string str() const {
-    std::string s = formatv("tp{0}{1} pp{2} dp{3}{4}, {5} x {6}", tp,
+    std::string s = formatv("tp{0}{1} pp{2} dp{3}{4}{5}, {6} x {7}", tp,
                             sp ? "+sp" : "", pp, dp,
+                            cp > 1 ? formatv(" cp{0}", cp).str() : "",
                             ep > 1 ? formatv(" ep{0}", ep).str() : "", mbs,
                             microbatches);
     if (pp > 1)
@@ -167,16 +170,21 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double zeroShare = ((gpuParams - gpuExperts) / (l.dp * l.ep) +
                       gpuExperts / l.dp) /
                      gpuParams;
-  double devices = double(l.tp) * l.pp * l.dp * l.ep;
+  double devices = double(l.tp) * l.pp * l.dp * l.ep * l.cp;
   double elem = cuda ? 2 : 4;
   double peak = cluster.peak(cuda ? "bf16" : "fp32");
   const sim::Device &d = cluster.device;
 
   double tokens = double(batch) * s;
-  double flops = (6 * totalParams + 12 * L * h * s) * tokens / devices;
+  // Context parallelism: a rank holds s / cp of each sequence, and under a
+  // causal mask the last piece's queries see the most keys, (2cp-1)/cp of
+  // the mean attention work, which every collective then waits for.
+  double attentionShare = (2.0 * l.cp - 1) / l.cp;
+  double flops = (6 * totalParams + 12 * L * h * s * attentionShare) *
+                 tokens / devices;
   if (l.recompute == "full")
     flops *= 4.0 / 3.0;
-  double rows = l.mbs * s, hh = d.gemmHalfSize;
+  double rows = l.mbs * s / l.cp, hh = d.gemmHalfSize;
   double shape = (rows / (rows + hh)) * ((h / l.tp) / (h / l.tp + hh)) *
                  (h / (h + hh));
   double compute = flops / (peak * d.gemmEfficiency * shape);
@@ -202,27 +210,47 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                       sim::collectiveSeconds("all_reduce", bytes, g, cluster);
     tpComm = perLayer * layersHere * l.microbatches;
   }
-  double work = compute + tpComm;
+  // The keys and values gathered over cp forward and backward, and their
+  // gradients reduce-scattered: six collectives per layer and microbatch
+  // (seven with full recompute).
+  double cpComm = 0;
+  if (l.cp > 1) {
+    MeshShape shapeCp;
+    shapeCp[MeshAxis::TP] = l.tp;
+    shapeCp[MeshAxis::CP] = l.cp;
+    sim::GroupPlacement g = sim::placeGroup(
+        MeshLayout(shapeCp), 0, AxisSet(MeshAxis::CP), cluster);
+    double kvLocal = m.kvHeads % l.tp == 0 ? kv / l.tp : kv;
+    double bytes = (l.cp - 1.0) / l.cp * l.mbs * s * kvLocal * elem;
+    cpComm = (l.recompute == "full" ? 8 : 6) *
+             sim::collectiveSeconds("all_gather", bytes, g, cluster) *
+             layersHere * l.microbatches;
+  }
+  double work = compute + tpComm + cpComm;
   double bubble = l.pp > 1 ? work * (l.pp - 1) / double(l.microbatches * l.v)
                            : 0;
   double dpComm = 0;
-  if (l.dp > 1) {
+  // Gradients are summed over dp x cp (each cp rank's piece of the
+  // sequences adds its share).
+  if (l.dp * l.cp > 1) {
     MeshShape shape3;
     shape3[MeshAxis::DP] = l.dp;
     shape3[MeshAxis::TP] = l.tp;
     shape3[MeshAxis::PP] = l.pp;
     shape3[MeshAxis::EP] = l.ep;
+    shape3[MeshAxis::CP] = l.cp;
     MeshLayout layout(shape3);
-    sim::GroupPlacement g =
-        sim::placeGroup(layout, 0, AxisSet(MeshAxis::DP), cluster);
-    double bytes = 2.0 * (l.dp - 1) / l.dp * gpuParams * 4;
+    sim::GroupPlacement g = sim::placeGroup(
+        layout, 0, AxisSet(MeshAxis::DP) | MeshAxis::CP, cluster);
+    double sum = double(l.dp * l.cp);
+    double bytes = 2.0 * (sum - 1) / sum * gpuParams * 4;
     dpComm = sim::collectiveSeconds("all_reduce", bytes, g, cluster);
     // Without a pipeline the gradients' buckets reduce during backward.
     if (l.pp == 1)
       dpComm = std::max(0.0, dpComm - 0.6 * work);
     // ZeRO reduce-scatters and gathers each parameter's run on its own: a
     // ring's latency per step of the group, for each (about 12 per layer).
-    if (l.zero >= 1) {
+    if (l.zero >= 1 && l.dp > 1) {
       bool cross = g.nodes > 1;
       double alpha =
           cross ? cluster.interNode.latency : cluster.intraNode.latency;
@@ -230,7 +258,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
     }
     // ZeRO-3 gathers each stage's parameters for every microbatch's
     // forward and backward (prefetched: half of it hidden).
-    if (l.zero >= 3)
+    if (l.zero >= 3 && l.dp > 1)
       dpComm += 0.5 * 2 * l.microbatches *
                 sim::collectiveSeconds("all_gather",
                                        (l.dp - 1.0) / l.dp * gpuParams *
@@ -290,6 +318,8 @@ std::vector<std::string> compileFlags(const Layout &l) {
     f.insert(f.end(), {"--virtual-stages", std::to_string(l.v)});
   if (l.ep > 1)
     f.insert(f.end(), {"--ep", std::to_string(l.ep)});
+  if (l.cp > 1)
+    f.insert(f.end(), {"--cp", std::to_string(l.cp)});
   if (l.expertTp)
     f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
   return f;
@@ -324,22 +354,26 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.v = n;
     else if (key == "ep" && number && n >= 1)
       l.ep = n;
+    else if (key == "cp" && number && n >= 1)
+      l.cp = n;
     else if (key == "zero" && number && n <= 3)
       l.zero = n;
     else
       return createStringError("--include '" + text + "': cannot read '" +
                                item.str() +
-                               "' (keys: tp, pp, ep, mbs, v, zero, recompute, sp, etp)");
+                               "' (keys: tp, pp, ep, cp, mbs, v, zero, "
+                               "recompute, sp, etp)");
   }
   if (!spGiven || l.tp == 1)
     l.sp = l.sp && l.tp > 1;
   l.expertTp = l.expertTp && l.tp > 1;
-  if (devices % (l.tp * l.pp * l.ep))
-    return createStringError(formatv("--include '{0}': tp x pp{1} = {2} does "
-                                     "not divide the {3} devices",
+  if (devices % (l.tp * l.pp * l.ep * l.cp))
+    return createStringError(formatv("--include '{0}': tp x pp{1}{2} = {3} "
+                                     "does not divide the {4} devices",
                                      text, l.ep > 1 ? " x ep" : "",
-                                     l.tp * l.pp * l.ep, devices));
-  l.dp = devices / (l.tp * l.pp * l.ep);
+                                     l.cp > 1 ? " x cp" : "",
+                                     l.tp * l.pp * l.ep * l.cp, devices));
+  l.dp = devices / (l.tp * l.pp * l.ep * l.cp);
   if (batch % (l.dp * l.ep * l.mbs))
     return createStringError(formatv("--include '{0}': the global batch {1} "
                                      "is not a multiple of dp x ep x mbs = {2}",
@@ -467,10 +501,17 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   for (int64_t ep = 2; ep <= m.moe.experts; ep *= 2)
     if (m.moe.experts % ep == 0)
       eps.push_back(ep);
-  auto addLayouts = [&](int64_t tp, int64_t pp, int64_t ep) {
-    if (devices % (tp * pp * ep))
+  // Context parallel degrees: powers of two whose pieces keep at least 4096
+  // tokens of each sequence (shorter pieces would spend more on gathering
+  // the keys and values than they save), with flash attention.
+  std::vector<int64_t> cps = {1};
+  if (spec->train.attention != "unfused")
+    for (int64_t cp = 2; m.seqLen % cp == 0 && m.seqLen / cp >= 4096; cp *= 2)
+      cps.push_back(cp);
+  auto addLayouts = [&](int64_t tp, int64_t pp, int64_t ep, int64_t cp) {
+    if (devices % (tp * pp * ep * cp))
       return;
-    int64_t dp = devices / (tp * pp * ep);
+    int64_t dp = devices / (tp * pp * ep * cp);
     if (batch % (dp * ep))
       return;
     int64_t perRank = batch / (dp * ep);
@@ -501,7 +542,8 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
                           m.moe.ffnHidden % tp))
                 continue;
               Layout l;
-              l.tp = tp, l.pp = pp, l.dp = dp, l.ep = ep, l.mbs = mbs;
+              l.tp = tp, l.pp = pp, l.dp = dp, l.ep = ep, l.cp = cp;
+              l.mbs = mbs;
               l.microbatches = micro, l.v = v, l.zero = zero;
               l.recompute = rc, l.sp = tp > 1, l.expertTp = etp;
               add(l, false);
@@ -515,7 +557,10 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       continue;
     for (int64_t pp = 1; pp <= m.layers && tp * pp <= devices; ++pp)
       for (int64_t ep : eps)
-        addLayouts(tp, pp, ep);
+        for (int64_t cp : cps)
+          if (tp * pp * ep * cp <= devices &&
+              (m.seqLen / cp) % (tp > 1 ? tp : 1) == 0)
+            addLayouts(tp, pp, ep, cp);
   }
   out->searched = all.size();
   for (const std::string &text : req.includes) {
@@ -999,6 +1044,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       json row = sim::resultToJson(c->result);
       row["layout"] = {{"tp", l.tp},         {"pp", l.pp},
                        {"dp", l.dp},         {"ep", l.ep},
+                       {"cp", l.cp},
                        {"mbs", l.mbs},
                        {"microbatches", l.microbatches},
                        {"virtual_stages", l.v},
@@ -1066,6 +1112,8 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       return fail("cannot write " + values["--apply"] + ": the spec's text");
     json &p = doc["parallel"];
     p["dp"] = l.dp, p["tp"] = l.tp, p["pp"] = l.pp, p["ep"] = l.ep;
+    if (l.cp > 1 || p.contains("cp"))
+      p["cp"] = l.cp;
     p["microbatches"] = l.microbatches;
     p["schedule"] = l.schedule();
     p["virtual_stages"] = l.v;
