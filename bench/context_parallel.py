@@ -7,11 +7,12 @@ Two parts, printed as markdown tables for docs/benchmarks.md:
 
 1. Measured on this machine: a GPT (4 layers, hidden 256, 8 heads, vocab
    4096) on sequences of 2048 tokens, batch 2, compiled at cp1 (one rank,
-   all cores as threads) and cp2 (two ranks, mpirun, the cores split). Per
-   rank: the activations kept per microbatch (plan.json, equal to the
-   textbook's), the bytes sent per step (the runtime's count) and the
-   median step time. tp2 + sp, which splits the same activations over two
-   ranks another way, is measured beside it.
+   all cores as threads) and cp2 (two ranks, mpirun, the cores split), in
+   balanced and in contiguous pieces. Per rank: the activations kept per
+   microbatch (plan.json, equal to the textbook's), the bytes sent per
+   step (the runtime's count) and the median step time. tp2 + sp, which
+   splits the same activations over two ranks another way, is measured
+   beside them.
 2. Compiled only (--emit-only): GPT-3 175B's per-rank activation memory
    at tp8 x pp16 on sequences of 16384 tokens, for cp 1, 2, 4 and 8, with the
    bytes of the attention's key/value gathers, from plan.json. The CPU
@@ -31,7 +32,9 @@ SMALL = ["--set", "model.layers=4", "--set", "model.hidden=256", "--set", "model
          "--set", "model.kv_heads=8", "--set", "model.ffn_hidden=1024",
          "--set", "model.vocab_size=4096", "--set", "model.seq_len=2048",
          "--set", "train.global_batch=2"]
-LAYOUTS = [("cp1", []), ("cp2", ["--cp", "2"]), ("tp2 + sp", ["--tp", "2", "--sp"])]
+LAYOUTS = [("cp1", []), ("cp2, balanced", ["--cp", "2"]),
+           ("cp2, contiguous", ["--cp", "2", "--set", 'parallel.cp_layout="contiguous"']),
+           ("tp2 + sp", ["--tp", "2", "--sp"])]
 
 
 def run(cmd, env=None):
@@ -51,7 +54,7 @@ def measured(args, work):
     cores = os.cpu_count()
     rows = []
     for name, layout in LAYOUTS:
-        out = os.path.join(work, name.replace(" ", ""))
+        out = os.path.join(work, name.replace(" ", "").replace(",", "-"))
         run([TESSEL, "compile", os.path.join(ROOT, "examples", "gpt-tiny.json"), "-o", out]
             + SMALL + layout)
         plan = json.load(open(os.path.join(out, "plan.json")))
@@ -62,7 +65,7 @@ def measured(args, work):
         if not args.skip_run:
             env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                        OPENBLAS_NUM_THREADS=str(threads))
-            metrics = os.path.join(work, name.replace(" ", "") + ".jsonl")
+            metrics = out + ".jsonl"
             report = os.path.join(work, "comm.json")
             run([TESSEL, "run", out, "--steps", str(args.steps), "--metrics", metrics,
                  "--threads", str(threads), "--quiet", "--comm-report", report], env)

@@ -107,7 +107,17 @@ LogicalResult RopeOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
   operandGrads.push_back(RopeOp::create(b, getLoc(), resultGrads[0],
                                         getThetaAttr(),
                                         b.getBoolAttr(!getInverse()),
-                                        /*seq_axes=*/nullptr));
+                                        /*seq_axes=*/nullptr, getZigzagAttr()));
+  return success();
+}
+
+// A permutation's adjoint is its inverse.
+LogicalResult ZigzagOp::buildGradients(OpBuilder &b,
+                                       ArrayRef<Value> resultGrads,
+                                       SmallVectorImpl<Value> &operandGrads) {
+  operandGrads.push_back(ZigzagOp::create(b, getLoc(), resultGrads[0],
+                                          getDimAttr(), getPiecesAttr(),
+                                          b.getBoolAttr(!getInverse())));
   return success();
 }
 
@@ -118,7 +128,8 @@ AttentionOp::buildGradients(OpBuilder &b, ArrayRef<Value> resultGrads,
       AttentionGradOp::create(b, getLoc(), getQuery(), getKey(), getValue(),
                               getResult(), getLse(), resultGrads[0],
                               getCausalAttr(),
-                              /*kv_replicated=*/nullptr, /*seq_axes=*/nullptr);
+                              /*kv_replicated=*/nullptr, /*seq_axes=*/nullptr,
+                              getZigzagAttr());
   operandGrads.append(grad->result_begin(), grad->result_end());
   return success();
 }
@@ -129,7 +140,8 @@ LogicalResult DropoutOp::buildGradients(OpBuilder &b,
                                         SmallVectorImpl<Value> &operandGrads) {
   operandGrads.push_back(DropoutOp::create(b, getLoc(), resultGrads[0],
                                            getPAttr(), getSeedAttr(),
-                                           getSiteAttr(), nullptr, nullptr));
+                                           getSiteAttr(), nullptr, nullptr,
+                                           getZigzagAttr()));
   return success();
 }
 

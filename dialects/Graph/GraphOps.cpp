@@ -307,6 +307,24 @@ LogicalResult RmsNormOp::inferReturnTypes(MLIRContext *,
   return success();
 }
 
+LogicalResult ZigzagOp::inferReturnTypes(MLIRContext *,
+                                         std::optional<Location> loc,
+                                         Adaptor adaptor,
+                                         SmallVectorImpl<Type> &types) {
+  auto x = shapeOf(adaptor.getInput());
+  int64_t dim = adaptor.getDim(), pieces = adaptor.getPieces();
+  if (dim < 0 || dim >= (int64_t)x.size())
+    return fail(loc, "zigzag dim " + std::to_string(dim) +
+                         " is not a dimension of " + shapeStr(x));
+  if (pieces < 1 || x[dim] % (2 * pieces) != 0)
+    return fail(loc, "zigzag cuts dimension " + std::to_string(dim) +
+                         " of " + shapeStr(x) + " into 2 x " +
+                         std::to_string(pieces) + " chunks, which it does "
+                         "not divide (pieces must be >= 1)");
+  types.push_back(adaptor.getInput().getType());
+  return success();
+}
+
 LogicalResult RopeOp::inferReturnTypes(MLIRContext *,
                                        std::optional<Location> loc,
                                        Adaptor adaptor,

@@ -216,7 +216,9 @@ def Graph_RopeOp : Graph_DiffOp<"rope", [], ["localize"]> {
     with `i + D/2` and rotates by `pos * theta^(-2i/D)`. `inverse` rotates the
     other way, which is the gradient. The sequence may be split over the
     context-parallel axis: partitioning records the axes (`seq_axes`), and
-    a rank's positions start at its piece's offset.
+    a rank's positions start at its piece's offset. With `zigzag = n` the
+    sequence is held in the balanced order of n pieces (`graph.zigzag`):
+    row t is at position zigzagPosition(t) (lib/Runtime's Sequence.h).
 
     ```mlir
     %q2 = graph.rope %q {theta = 1.0e+04 : f64} : (tensor<8x64x4x16xf32>) -> tensor<8x64x4x16xf32>
@@ -225,7 +227,8 @@ def Graph_RopeOp : Graph_DiffOp<"rope", [], ["localize"]> {
   let arguments = (ins Graph_FloatTensor:$input,
                    DefaultValuedAttr<F64Attr, "10000.0">:$theta,
                    DefaultValuedAttr<BoolAttr, "false">:$inverse,
-                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes,
+                   OptionalAttr<I64Attr>:$zigzag);
   let results = (outs Graph_FloatTensor:$result);
 }
 
@@ -247,7 +250,9 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
     The queries may be split along the sequence over the context-parallel
     axis while the keys and values are whole (context parallelism):
     partitioning records the axes (`seq_axes`), and a rank's query rows
-    start at its piece's offset for the causal mask.
+    start at its piece's offset for the causal mask. With `zigzag = n` the
+    queries are in the balanced order of n pieces (`graph.zigzag`; the keys
+    in the sequence's): query row t is at position zigzagPosition(t).
 
     ```mlir
     %o, %lse = graph.attention %q, %k, %v : (tensor<8x64x4x16xf32>, tensor<8x64x2x16xf32>, tensor<8x64x2x16xf32>) -> (tensor<8x64x4x16xf32>, tensor<8x4x64xf32>)
@@ -256,7 +261,8 @@ def Graph_AttentionOp : Graph_DiffOp<"attention", [], ["localize"]> {
   let arguments = (ins Graph_FloatTensor:$query, Graph_FloatTensor:$key, Graph_FloatTensor:$value,
                    DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated,
-                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes,
+                   OptionalAttr<I64Attr>:$zigzag);
   let results = (outs Graph_FloatTensor:$result, Graph_FloatTensor:$lse);
 }
 
@@ -292,7 +298,9 @@ def Graph_DropoutOp : Graph_DiffOp<"dropout", [], ["localize"]> {
     gradient. An evaluation step copies its input.
     Partitioning records `split_axes` (per dimension, the bit set of mesh
     axes that split it) and `microbatches` (which split the batch,
-    dimension 0, in time).
+    dimension 0, in time). With `zigzag = n`, dimension 1 (the sequence) is
+    in the balanced order of n pieces (`graph.zigzag`): the mask follows the
+    element's position in the sequence, not its row.
 
     ```mlir
     %y = graph.dropout %x {p = 0.1 : f64, seed = 1234 : i64, site = 3 : i64} : (tensor<8x64x64xf32>) -> tensor<8x64x64xf32>
@@ -301,7 +309,27 @@ def Graph_DropoutOp : Graph_DiffOp<"dropout", [], ["localize"]> {
   let arguments = (ins Graph_FloatTensor:$input, F64Attr:$p, I64Attr:$seed,
                    I64Attr:$site,
                    OptionalAttr<DenseI64ArrayAttr>:$split_axes,
-                   OptionalAttr<I64Attr>:$microbatches);
+                   OptionalAttr<I64Attr>:$microbatches,
+                   OptionalAttr<I64Attr>:$zigzag);
+  let results = (outs Graph_FloatTensor:$result);
+}
+
+def Graph_ZigzagOp : Graph_DiffOp<"zigzag"> {
+  let summary = "A sequence into (or out of) the balanced order of n pieces";
+  let description = [{
+    Context parallelism with balanced pieces: dimension `dim` (the sequence,
+    T rows) is cut into 2n chunks of T/2n and reordered chunk 0, 2n-1, 1,
+    2n-2, ..., so that the contiguous piece c of n holds chunks c and
+    2n-1-c. Row t of the result is row zigzagPosition(t) of the input
+    (lib/Runtime's Sequence.h); `inverse` puts it back. Linear; the
+    gradient is the other direction.
+
+    ```mlir
+    %z = graph.zigzag %x {dim = 1 : i64, pieces = 2 : i64} : (tensor<8x64x16xf32>) -> tensor<8x64x16xf32>
+    ```
+  }];
+  let arguments = (ins Graph_FloatTensor:$input, I64Attr:$dim, I64Attr:$pieces,
+                   DefaultValuedAttr<BoolAttr, "false">:$inverse);
   let results = (outs Graph_FloatTensor:$result);
 }
 
@@ -463,7 +491,8 @@ def Graph_AttentionGradOp : Graph_InferOp<"attention_grad", [], ["localize"]> {
                    Graph_FloatTensor:$result, Graph_FloatTensor:$lse,
                    Graph_FloatTensor:$grad, DefaultValuedAttr<BoolAttr, "true">:$causal,
                    OptionalAttr<Dist_AxesAttr>:$kv_replicated,
-                   OptionalAttr<Dist_AxesAttr>:$seq_axes);
+                   OptionalAttr<Dist_AxesAttr>:$seq_axes,
+                   OptionalAttr<I64Attr>:$zigzag);
   let results = (outs Graph_FloatTensor:$query_grad, Graph_FloatTensor:$key_grad,
                  Graph_FloatTensor:$value_grad);
 }

@@ -323,6 +323,17 @@ LogicalResult RopeOp::propagateSharding(ShardingContext &ctx) {
   ctx.set(getResult(), s);
   return success();
 }
+// A permutation of the sequence: it must be whole (each row comes from
+// another piece); linear, so a partial sum passes through as it is.
+LogicalResult ZigzagOp::propagateSharding(ShardingContext &ctx) {
+  int64_t dim = getDim();
+  Sharding in = ctx.get(getInput());
+  if (!in.partial.empty() && in.dims[dim].empty()) {
+    ctx.set(getResult(), in);
+    return success();
+  }
+  return elementwise(*this, ctx, {dim});
+}
 LogicalResult RopeOp::localize(PartitionContext &ctx) {
   recordSequenceAxes(*this, ctx.shardingOf(getResult()));
   return success();

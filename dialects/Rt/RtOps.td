@@ -328,7 +328,8 @@ def Rt_RmsNormBackwardAddOp : Rt_KernelOp<"rms_norm_backward_add",
 def Rt_RopeOp : Rt_KernelOp<"rope", "rope",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$batch, I64Attr:$seq,
          I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta,
-         BoolAttr:$inverse, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
+         BoolAttr:$inverse, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first,
+         I64Attr:$zigzag, I64Attr:$total)>;
 def Rt_RopeAtOp : Rt_KernelOp<"rope_at", "ropeAt",
     (ins Rt_Buffer:$x, Rt_Buffer:$positions, Rt_Buffer:$out, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$head_dim, F64Attr:$theta)>;
@@ -341,7 +342,8 @@ def Rt_AttentionForwardOp : Rt_KernelOp<"attention_forward", "attentionForward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
          Rt_Buffer:$lse, I64Attr:$batch, I64Attr:$seq, I64Attr:$heads,
          I64Attr:$kv_heads, I64Attr:$head_dim, BoolAttr:$causal,
-         I64Attr:$kv_seq, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
+         I64Attr:$kv_seq, AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first,
+         I64Attr:$zigzag)>;
 def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
     "attentionBackward",
     (ins Rt_Buffer:$q, Rt_Buffer:$k, Rt_Buffer:$v, Rt_Buffer:$out,
@@ -349,12 +351,15 @@ def Rt_AttentionBackwardOp : Rt_KernelOp<"attention_backward",
          Rt_Buffer:$dv, I64Attr:$batch,
          I64Attr:$seq, I64Attr:$heads, I64Attr:$kv_heads, I64Attr:$head_dim,
          BoolAttr:$causal, I64Attr:$kv_seq,
-         AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first)>;
+         AnyAttrOf<[I64Attr, Rt_GroupOffsetAttr]>:$first, I64Attr:$zigzag)>;
 def Rt_DropoutOp : Rt_KernelOp<"dropout", "dropout",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64:$microbatch,
          DenseI64ArrayAttr:$shape, DenseI64ArrayAttr:$split_axes,
          I64Attr:$rank, I64Attr:$microbatches, F64Attr:$p, I64Attr:$seed,
-         I64Attr:$site)>;
+         I64Attr:$site, I64Attr:$zigzag)>;
+def Rt_ZigzagOp : Rt_KernelOp<"zigzag", "zigzag",
+    (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$outer, I64Attr:$len,
+         I64Attr:$inner, I64Attr:$pieces, BoolAttr:$inverse)>;
 def Rt_SoftmaxForwardOp : Rt_KernelOp<"softmax_forward", "softmaxForward",
     (ins Rt_Buffer:$x, Rt_Buffer:$out, I64Attr:$rows, I64Attr:$cols,
          F64Attr:$scale, BoolAttr:$causal)>;

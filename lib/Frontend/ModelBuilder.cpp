@@ -358,7 +358,8 @@ private:
                         EmbeddingOp::create(b, at("wpe"), wpe, positions,
                                             nullptr));
     else
-      x = AddOp::create(b, at("wpe"), x, wpe); // positions 0..T-1 broadcast
+      // positions 0..T-1 broadcast (in the balanced order under cp)
+      x = AddOp::create(b, at("wpe"), x, inSequenceOrder(wpe, 0));
     x = dropout(x, m.dropout, kEmbeddingSite);
     for (int64_t l = 0; l < m.layers; ++l) {
       enter(graph::LayerKind::Block, l);
@@ -576,9 +577,9 @@ private:
                              positions, theta);
       } else {
         q = RopeOp::create(b, at(p + "self_attn.rope"), q, theta,
-                           b.getBoolAttr(false), nullptr);
+                           b.getBoolAttr(false), nullptr, zigzag());
         k = RopeOp::create(b, at(p + "self_attn.rope"), k, theta,
-                           b.getBoolAttr(false), nullptr);
+                           b.getBoolAttr(false), nullptr, zigzag());
       }
       Value a = attention(p + "self_attn", q, k, v, Hkv, l);
       a = reshape(a, {B, T, H * D});
@@ -602,9 +603,25 @@ private:
                   int64_t kvHeads, int64_t layer) {
     if (!inference && spec.train.attention == "unfused")
       return unfusedAttention(prefix, q, k, v, kvHeads, layer);
-    if (!inference)
-      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr, nullptr)
+    if (!inference) {
+      // Under balanced context parallelism the queries stay in the balanced
+      // order; the keys and values are put back in the sequence's. The
+      // backward gathers and reorders them again rather than keeping them
+      // whole (as with contiguous pieces): a rank keeps only its piece.
+      if (IntegerAttr pieces = zigzag()) {
+        for (Value *x : {&k, &v}) {
+          auto sequenceOrder =
+              ZigzagOp::create(b, at(prefix), *x, b.getI64IntegerAttr(1),
+                               pieces, b.getBoolAttr(true));
+          sequenceOrder->setAttr(GraphDialect::kRecomputeAttrName,
+                                 b.getUnitAttr());
+          *x = sequenceOrder;
+        }
+      }
+      return AttentionOp::create(b, at(prefix), q, k, v, true, nullptr,
+                                 nullptr, zigzag())
           .getResult();
+    }
     auto kt = cast<RankedTensorType>(k.getType());
     auto cacheType = f32({kt.getDimSize(0), m.seqLen, kvHeads,
                           kt.getDimSize(3)});
@@ -672,7 +689,25 @@ private:
       return x;
     return DropoutOp::create(b, x.getLoc(), x, b.getF64FloatAttr(p),
                              b.getI64IntegerAttr(int64_t(spec.train.seed)),
-                             b.getI64IntegerAttr(site), nullptr, nullptr);
+                             b.getI64IntegerAttr(site), nullptr, nullptr,
+                             zigzag());
+  }
+  // Balanced context parallelism (parallel.cp_layout): the training step
+  // holds every sequence in the zigzag order of cp pieces (graph.zigzag),
+  // which the position-dependent ops are told; none otherwise.
+  IntegerAttr zigzag() {
+    if (inference || !spec.parallel.cpBalanced())
+      return nullptr;
+    return b.getI64IntegerAttr(spec.parallel.cp);
+  }
+  // `x`, whose dimension `dim` is the sequence in its order, in the order
+  // the step holds the sequence.
+  Value inSequenceOrder(Value x, int64_t dim) {
+    IntegerAttr pieces = zigzag();
+    if (!pieces)
+      return x;
+    return ZigzagOp::create(b, x.getLoc(), x, b.getI64IntegerAttr(dim), pieces,
+                            b.getBoolAttr(false));
   }
   Value rmsNorm(Value x, const std::string &name, int64_t C) {
     Value w = param(name + ".weight", {C}, "ones");
@@ -759,6 +794,9 @@ void tessel::setRecipe(ModuleOp module, const Spec &spec, bool fromSpec) {
   if (spec.parallel.offload != "none")
     recipe.push_back(
         b.getNamedAttr("offload", b.getStringAttr(spec.parallel.offload)));
+  // Each sequence in the balanced order of cp pieces (absent: in order).
+  if (spec.parallel.cpBalanced())
+    recipe.push_back(b.getNamedAttr("sequence_pieces", i(spec.parallel.cp)));
   module->setAttr("graph.recipe", b.getDictionaryAttr(recipe));
 }
 

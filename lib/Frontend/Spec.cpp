@@ -663,6 +663,9 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.pp = s.integer("pp", 1, 1, kMaxAxis);
   p.ep = s.integer("ep", 1, 1, kMaxAxis);
   p.cp = s.integer("cp", 1, 1, kMaxAxis);
+  p.cpLayout = s.choice("cp_layout",
+                        spec.model.moe.enabled() ? "contiguous" : "balanced",
+                        {"balanced", "contiguous"});
   p.expertTp = s.integer("expert_tp", 1, 1, kMaxAxis);
   p.microbatches = s.integer("microbatches", 1, 1, kMaxBatch);
   p.schedule = s.choice("schedule", "1f1b", {"gpipe", "1f1b", "interleaved"});
@@ -808,6 +811,18 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                                         std::to_string(spec.model.seqLen /
                                                        p.cp)
                                   : std::string()));
+  else if (p.cpBalanced() && spec.model.seqLen % (2 * p.cp) != 0)
+    problems.report(s.at("cp_layout"),
+                    "\"balanced\" cuts model.seq_len = " +
+                        std::to_string(spec.model.seqLen) + " into 2 x "
+                        "parallel.cp = " + std::to_string(2 * p.cp) +
+                        " chunks, which it does not divide; use "
+                        "\"contiguous\"");
+  else if (p.cpBalanced() && spec.model.moe.enabled())
+    problems.report(s.at("cp_layout"),
+                    "\"balanced\" is not supported for mixture-of-experts "
+                    "models (their capacity counts tokens in the sequence's "
+                    "order): use \"contiguous\"");
   else if (p.cp > 1 && spec.train.attention == "unfused")
     problems.report(s.at("cp"),
                     "context parallelism needs train.attention = \"flash\" "

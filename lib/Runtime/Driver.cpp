@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tessel/Runtime/Sequence.h"
 #include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
@@ -1553,19 +1554,29 @@ int train(const Program &sharedProgram, const Options &opts) {
   const int64_t globalB = B * dataRanks;
   const int64_t firstRow = groupRank(dataAxes) * B;
   // Context parallelism splits each sequence: this rank reads whole rows
-  // and keeps its piece of Tc tokens of each, at the row's start.
+  // and keeps its piece of Tc tokens of each, at the row's start: piece c
+  // of the sequence's order, or of the balanced order (Sequence.h), chunks
+  // c and 2 cp - 1 - c.
   const unsigned cpAxes = AxisSet(MeshAxis::CP).bits();
-  const int64_t Tc = T / meshSize(MeshAxis::CP);
-  const int64_t firstToken = groupRank(cpAxes) * Tc;
+  const int64_t cpRanks = meshSize(MeshAxis::CP);
+  const int64_t Tc = T / cpRanks;
+  const int64_t firstSequenceRow = groupRank(cpAxes) * Tc;
+  const int64_t pieces = config.sequencePieces;
+  if (pieces > 0 && (pieces != cpRanks || T % (2 * pieces) != 0))
+    fail("the program holds sequences in the balanced order of " +
+         std::to_string(pieces) + " pieces, but it runs with cp = " +
+         std::to_string(cpRanks) + " over sequences of " + std::to_string(T));
+  std::vector<int32_t> piece(static_cast<size_t>(Tc));
   auto keepSequencePiece = [&](int32_t *tokens, int32_t *targets) {
     if (Tc == T)
       return;
-    for (int64_t r = 0; r < B; r++) {
-      std::memmove(tokens + r * Tc, tokens + r * T + firstToken,
-                   size_t(Tc) * sizeof(int32_t));
-      std::memmove(targets + r * Tc, targets + r * T + firstToken,
-                   size_t(Tc) * sizeof(int32_t));
-    }
+    for (int32_t *rows : {tokens, targets})
+      for (int64_t r = 0; r < B; r++) {
+        const int32_t *row = rows + r * T;
+        for (int64_t t = 0; t < Tc; t++)
+          piece[size_t(t)] = row[zigzagPosition(firstSequenceRow + t, T, pieces)];
+        std::memcpy(rows + r * Tc, piece.data(), size_t(Tc) * sizeof(int32_t));
+      }
   };
   const bool leader = commRank() == 0;
   const bool multiRank = commWorldSize() > 1;

@@ -121,14 +121,17 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     return cost;
   }
   // s query rows over kv keys. Causal rows see the keys up to their
-  // position; with the sequence split over cp (kv > s) the slowest rank,
-  // which every collective waits for, is the last: its rows see
-  // kv - s + 1 .. kv keys.
+  // position; with the sequence split over cp (kv > s) in contiguous
+  // pieces the slowest rank, which every collective waits for, is the
+  // last: its rows see kv - s + 1 .. kv keys. Balanced pieces (zigzag) see
+  // half the keys on every rank.
   auto attention = [&](int64_t b, int64_t s, int64_t kv, int64_t heads,
-                       int64_t dim, bool causal, double factor, Value q) {
+                       int64_t dim, bool causal, bool balanced, double factor,
+                       Value q) {
     cost.kind = "attention";
-    double pairs = causal ? double(s) * (double(kv) - 0.5 * double(s))
-                          : double(s) * double(kv);
+    double pairs = !causal    ? double(s) * double(kv)
+                   : balanced ? 0.5 * double(s) * double(kv)
+                              : double(s) * (double(kv) - 0.5 * double(s));
     cost.flops = factor * 4.0 * b * heads * pairs * dim;
     double peak = cluster.peak(typeName(rt::elementBytesOf(q)));
     double t = cost.flops / (peak * d.attentionEfficiency);
@@ -136,12 +139,12 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
   };
   if (auto f = dyn_cast<rt::AttentionForwardOp>(op)) {
     attention(f.getBatch(), f.getSeq(), f.getKvSeq(), f.getHeads(),
-              f.getHeadDim(), f.getCausal(), 1.0, f.getQ());
+              f.getHeadDim(), f.getCausal(), f.getZigzag() > 0, 1.0, f.getQ());
     return cost;
   }
   if (auto b = dyn_cast<rt::AttentionBackwardOp>(op)) {
     attention(b.getBatch(), b.getSeq(), b.getKvSeq(), b.getHeads(),
-              b.getHeadDim(), b.getCausal(), 2.5, b.getQ());
+              b.getHeadDim(), b.getCausal(), b.getZigzag() > 0, 2.5, b.getQ());
     return cost;
   }
   // A memory-bound kernel: its measured rate when the description has one.

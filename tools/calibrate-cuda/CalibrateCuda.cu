@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
     double b = timeIt(
         [&] {
           attentionBackward(q, k, v, o, lse, dout, dq, dk, dv, Bn, T, H, H, D,
-                            true, 0, 0, scratch);
+                            true, 0, 0, 0, scratch);
         },
         budget);
     json += std::string(i ? ", " : "") + "{\"batch\": " + std::to_string(Bn) +

@@ -176,10 +176,12 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   const sim::Device &d = cluster.device;
 
   double tokens = double(batch) * s;
-  // Context parallelism: a rank holds s / cp of each sequence, and under a
-  // causal mask the last piece's queries see the most keys, (2cp-1)/cp of
-  // the mean attention work, which every collective then waits for.
-  double attentionShare = (2.0 * l.cp - 1) / l.cp;
+  // Context parallelism: a rank holds s / cp of each sequence. In balanced
+  // pieces (parallel.cp_layout, the default of dense models) every rank has
+  // the same attention work; in contiguous ones (MoE models) the last
+  // piece's queries see the most keys, (2cp-1)/cp of the mean, which every
+  // collective then waits for.
+  double attentionShare = m.moe.enabled() ? (2.0 * l.cp - 1) / l.cp : 1.0;
   double flops = (6 * totalParams + 12 * L * h * s * attentionShare) *
                  tokens / devices;
   if (l.recompute == "full")

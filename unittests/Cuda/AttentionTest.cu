@@ -109,7 +109,7 @@ template <typename T> void checkAgainstCpu(const Shape &s, int64_t offset = 0) {
   attentionBackward<T>(in.q.get() + o, in.k.get() + o, in.v.get() + o,
                        out.get() + o, lse.get(), in.dout.get() + o,
                        dq.get() + o, dk.get() + o, dv.get() + o, s.B, s.T, s.H,
-                       s.Hkv, s.D, s.causal, 0, 0, scratch.get());
+                       s.Hkv, s.D, s.causal, 0, 0, 0, scratch.get());
 
   const double rtol = rtolFor<T>();
   expectClose(dropFront(out.download(), o), r.out, rtol, atolFor<T>(r.out),
@@ -153,15 +153,19 @@ TEST(CudaAttention, UnalignedTensors) {
   checkAgainstCpu<bf16>({2, 77, 4, 2, 64, true}, 1);
 }
 
-// Context parallelism: a piece of `Tq` query rows at position `first` of the
-// `s.T` keys, on the device against the CPU kernels given the same piece
+// Context parallelism: a piece of `Tq` query rows at row `first` of the
+// `s.T` keys (in the balanced order of `zigzag` pieces, when given), on the
+// device against the CPU kernels given the same piece
 // (which equal the whole sequence's rows, unittests/Runtime). Pieces that
 // start inside a tile, past the first key tile, and a last piece whose key
 // tiles see no query of an earlier piece.
 template <typename T>
-void checkPieceAgainstCpu(const Shape &s, int64_t Tq, int64_t first) {
+void checkPieceAgainstCpu(const Shape &s, int64_t Tq, int64_t first,
+                          int64_t zigzag = 0) {
   SCOPED_TRACE(describe(s) + " queries " + std::to_string(first) + ".." +
-               std::to_string(first + Tq - 1));
+               std::to_string(first + Tq - 1) +
+               (zigzag ? " of " + std::to_string(zigzag) + " balanced pieces"
+                       : std::string()));
   const size_t nq = size_t(s.B * Tq * s.H * s.D);
   const size_t nk = size_t(s.B * s.T * s.Hkv * s.D);
   const std::vector<float> q = roundTo<T>(randomVector(nq, 5, -2.f, 2.f));
@@ -172,11 +176,11 @@ void checkPieceAgainstCpu(const Shape &s, int64_t Tq, int64_t first) {
       dv(nk);
   rt::attentionForward<float>(q.data(), k.data(), v.data(), out.data(),
                               lse.data(), s.B, Tq, s.H, s.Hkv, s.D, s.causal,
-                              s.T, first);
+                              s.T, first, zigzag);
   rt::attentionBackward<float>(q.data(), k.data(), v.data(), out.data(),
                                lse.data(), dout.data(), dq.data(), dk.data(),
                                dv.data(), s.B, Tq, s.H, s.Hkv, s.D, s.causal,
-                               s.T, first);
+                               s.T, first, zigzag);
 
   DeviceArray<T> dQ(q), dK(k), dV(v), dO(dout), dOut(nq), gq(nq), gk(nk),
       gv(nk);
@@ -184,10 +188,11 @@ void checkPieceAgainstCpu(const Shape &s, int64_t Tq, int64_t first) {
   DeviceArray<unsigned char> scratch(
       size_t(attentionScratchBytes(s.B, Tq, s.H, s.Hkv, s.D, int(sizeof(T)))));
   attentionForward<T>(dQ.get(), dK.get(), dV.get(), dOut.get(), dLse.get(),
-                      s.B, Tq, s.H, s.Hkv, s.D, s.causal, s.T, first);
+                      s.B, Tq, s.H, s.Hkv, s.D, s.causal, s.T, first, zigzag);
   attentionBackward<T>(dQ.get(), dK.get(), dV.get(), dOut.get(), dLse.get(),
                        dO.get(), gq.get(), gk.get(), gv.get(), s.B, Tq, s.H,
-                       s.Hkv, s.D, s.causal, s.T, first, scratch.get());
+                       s.Hkv, s.D, s.causal, s.T, first, zigzag,
+                       scratch.get());
   const double rtol = rtolFor<T>();
   expectClose(dOut.download(), out, rtol, atolFor<T>(out), "out");
   expectClose(dLse.download(), lse, 1e-4, 1e-4, "lse");
@@ -204,6 +209,11 @@ template <typename T> void checkPieces() {
     checkPieceAgainstCpu<T>({1, 300, 2, 1, 128, causal}, 100, 200);
     checkPieceAgainstCpu<T>({1, 300, 2, 2, 30, causal}, 75, 75);
     checkPieceAgainstCpu<T>({1, 64, 2, 1, 16, causal}, 1, 63);
+    // Balanced pieces: chunks c and 2n-1-c of 2n (of 50 and 37 rows, so
+    // that tiles straddle the two chunks).
+    checkPieceAgainstCpu<T>({2, 400, 4, 2, 64, causal}, 100, 100, 4);
+    checkPieceAgainstCpu<T>({2, 400, 4, 2, 64, causal}, 100, 0, 4);
+    checkPieceAgainstCpu<T>({1, 296, 2, 1, 128, causal}, 74, 222, 4);
   }
 }
 
@@ -228,7 +238,7 @@ template <typename T> void checkDeterministic(const Shape &s) {
     DeviceArray<T> dq(r.q.size()), dk(r.k.size()), dv(r.k.size());
     attentionBackward<T>(in.q.get(), in.k.get(), in.v.get(), out.get(),
                          lse.get(), in.dout.get(), dq.get(), dk.get(), dv.get(),
-                         s.B, s.T, s.H, s.Hkv, s.D, s.causal, 0, 0, scratch.get());
+                         s.B, s.T, s.H, s.Hkv, s.D, s.causal, 0, 0, 0, scratch.get());
     const std::vector<float> got[3] = {dq.download(), dk.download(),
                                        dv.download()};
     for (int i = 0; i < 3; ++i) {
@@ -263,11 +273,11 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
                                        64, true),
                std::runtime_error);
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 2, 1, 129, false, 0, 0,
+                                        out, out, out, 1, 8, 2, 1, 129, false, 0, 0, 0,
                                         scratch),
                std::runtime_error);
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 4, 3, 64, false, 0, 0,
+                                        out, out, out, 1, 8, 4, 3, 64, false, 0, 0, 0,
                                         scratch),
                std::runtime_error);
   // Query rows 12..19 of 16 keys.
@@ -277,7 +287,7 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   // Without the forward's output and log-sum-exp there is nothing to start
   // from.
   EXPECT_THROW(attentionBackward<float>(none, none, none, none, none, none,
-                                        out, out, out, 1, 8, 2, 1, 64, false, 0, 0,
+                                        out, out, out, 1, 8, 2, 1, 64, false, 0, 0, 0,
                                         scratch),
                std::runtime_error);
 }

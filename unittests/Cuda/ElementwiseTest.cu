@@ -389,6 +389,34 @@ TEST(CudaElementwise, SliceInsertAxis) {
   checkSliceInsert<bf16, bf16>(5, 6, 8, 2, 3, 3);
 }
 
+// A sequence into the balanced order of context parallelism and back, as
+// the CPU kernel does it.
+template <typename TI, typename TO>
+void checkZigzag(int64_t outer, int64_t len, int64_t inner, int64_t pieces) {
+  SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() + " [" +
+               std::to_string(outer) + ", " + std::to_string(len) + ", " +
+               std::to_string(inner) + "] in " + std::to_string(pieces) +
+               " pieces");
+  auto x = roundTo<TI>(randomVector(size_t(outer * len * inner), 19));
+  for (bool inverse : {false, true}) {
+    std::vector<float> want(x.size());
+    tessel::rt::zigzag(x.data(), want.data(), outer, len, inner, pieces,
+                       inverse);
+    DeviceArray<TI> dx(x);
+    DeviceArray<TO> out(x.size());
+    sync();
+    zigzag(dx.get(), out.get(), outer, len, inner, pieces, inverse);
+    expectClose(out.download(), roundTo<TO>(want), 0, 0,
+                inverse ? "zigzag inverse" : "zigzag");
+  }
+}
+
+TEST(CudaElementwise, Zigzag) {
+  checkZigzag<float, float>(3, 12, 7, 3);
+  checkZigzag<bf16, bf16>(8, 64, 32, 2);
+  checkZigzag<float, bf16>(2, 16, 5, 4);
+}
+
 //===--- Embedding --------------------------------------------------------===//
 
 template <typename TT, typename TO>

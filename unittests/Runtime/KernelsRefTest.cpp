@@ -9,6 +9,7 @@
 #include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/KernelsRef.h"
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/Sequence.h"
 
 #include <gtest/gtest.h>
 
@@ -566,6 +567,25 @@ TEST(KernelDropout, MasksFollowGlobalPlaces) {
   rt::setRunningStep(0, false);
 }
 
+// A sequence held in the balanced order of context parallelism (dimension
+// 1 reordered by graph.zigzag) draws each element's mask at its position in
+// the sequence: the reordered whole-sequence mask.
+TEST(KernelDropout, BalancedOrderDrawsTheSequencesMasks) {
+  std::mt19937 gen(23);
+  const int64_t shape[3] = {4, 8, 5}, axes[3] = {0, 0, 0};
+  auto x = randVec(160, gen, 0.5f, 2.f);
+  rt::setRunningStep(3, false);
+  std::vector<float> whole(x.size()), z(x.size()), got(x.size()),
+      want(x.size());
+  rt::dropout(x.data(), whole.data(), 0, shape, axes, 3, 1, 0.4, 1234, 5);
+  rt::zigzag(x.data(), z.data(), 4, 8, 5, 2, false);
+  rt::dropout(z.data(), got.data(), 0, shape, axes, 3, 1, 0.4, 1234, 5, 2);
+  rt::zigzag(whole.data(), want.data(), 4, 8, 5, 2, false);
+  EXPECT_EQ(got, want);
+  EXPECT_NE(want, whole); // the reordering moved some kept elements
+  rt::setRunningStep(0, false);
+}
+
 TEST(KernelDropout, KeepsOneMinusPOnAverage) {
   const int64_t n = 1 << 18;
   std::vector<float> x(n, 1.f), out(n);
@@ -767,38 +787,52 @@ TEST(KernelElementwise, ExtremeInputs) {
 
 namespace {
 
-// Rows [first, first + rows) of the sequence dimension of [B, T, inner].
-std::vector<float> rowsOf(const std::vector<float> &x, int64_t B, int64_t T,
-                          int64_t inner, int64_t first, int64_t rows) {
+// The rows of the sequence dimension of [B, T, inner] at positions
+// position(0 .. rows - 1).
+template <typename Position>
+std::vector<float> rowsAt(const std::vector<float> &x, int64_t B, int64_t T,
+                          int64_t inner, int64_t rows, Position position) {
   std::vector<float> piece(size_t(B * rows * inner));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t i = 0; i < inner; ++i)
         piece[size_t((b * rows + t) * inner + i)] =
-            x[size_t((b * T + first + t) * inner + i)];
+            x[size_t((b * T + position(t)) * inner + i)];
   return piece;
+}
+// Rows [first, first + rows) of the sequence dimension of [B, T, inner].
+std::vector<float> rowsOf(const std::vector<float> &x, int64_t B, int64_t T,
+                          int64_t inner, int64_t first, int64_t rows) {
+  return rowsAt(x, B, T, inner, rows,
+                [first](int64_t t) { return first + t; });
 }
 
 // The same for the last dimension of [B, H, T] (the log-sum-exp).
-std::vector<float> lastRowsOf(const std::vector<float> &x, int64_t BH,
-                              int64_t T, int64_t first, int64_t rows) {
+template <typename Position>
+std::vector<float> lastRowsAt(const std::vector<float> &x, int64_t BH,
+                              int64_t T, int64_t rows, Position position) {
   std::vector<float> piece(size_t(BH * rows));
   for (int64_t r = 0; r < BH; ++r)
     for (int64_t t = 0; t < rows; ++t)
-      piece[size_t(r * rows + t)] = x[size_t(r * T + first + t)];
+      piece[size_t(r * rows + t)] = x[size_t(r * T + position(t))];
   return piece;
 }
 
 // Splits the queries of one attention into `pieces` pieces along the
-// sequence; each piece's output, log-sum-exp and query gradient are the
-// whole attention's rows bit for bit (the same row computation), and the
-// key and value gradients of the pieces add up to the whole's.
+// sequence, contiguous or balanced (chunks c and 2 pieces - 1 - c, the
+// queries in that order); each piece's output, log-sum-exp and query
+// gradient are the whole attention's rows bit for bit (the same row
+// computation), and the key and value gradients of the pieces add up to
+// the whole's.
 void checkPieces(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                 bool causal, int64_t pieces, std::mt19937 &gen) {
+                 bool causal, int64_t pieces, std::mt19937 &gen,
+                 bool balanced = false) {
   const std::string tag = " (T=" + std::to_string(T) + " H=" +
                           std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
                           " pieces=" + std::to_string(pieces) +
+                          (balanced ? " balanced" : "") +
                           (causal ? " causal)" : ")");
+  const int64_t zigzag = balanced ? pieces : 0;
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   std::vector<float> q = randVec(size_t(nq), gen), k = randVec(size_t(nk), gen),
                      v = randVec(size_t(nk), gen),
@@ -817,19 +851,23 @@ void checkPieces(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
       dvSum(static_cast<size_t>(nk), 0.f);
   for (int64_t r = 0; r < pieces; ++r) {
     const int64_t first = r * Tc;
-    std::vector<float> qp = rowsOf(q, B, T, H * D, first, Tc);
-    std::vector<float> dop = rowsOf(dout, B, T, H * D, first, Tc);
+    auto position = [&](int64_t t) {
+      return rt::zigzagPosition(first + t, T, zigzag);
+    };
+    std::vector<float> qp = rowsAt(q, B, T, H * D, Tc, position);
+    std::vector<float> dop = rowsAt(dout, B, T, H * D, Tc, position);
     std::vector<float> op(qp.size()), lsep(static_cast<size_t>(B * H * Tc)),
         dqp(qp.size()), dkp(static_cast<size_t>(nk)),
         dvp(static_cast<size_t>(nk));
     rt::attentionForward(qp.data(), k.data(), v.data(), op.data(), lsep.data(),
-                         B, Tc, H, Hkv, D, causal, T, first);
-    EXPECT_EQ(op, rowsOf(out, B, T, H * D, first, Tc)) << "out" << tag;
-    EXPECT_EQ(lsep, lastRowsOf(lse, B * H, T, first, Tc)) << "lse" << tag;
+                         B, Tc, H, Hkv, D, causal, T, first, zigzag);
+    EXPECT_EQ(op, rowsAt(out, B, T, H * D, Tc, position)) << "out" << tag;
+    EXPECT_EQ(lsep, lastRowsAt(lse, B * H, T, Tc, position)) << "lse" << tag;
     rt::attentionBackward(qp.data(), k.data(), v.data(), op.data(),
                           lsep.data(), dop.data(), dqp.data(), dkp.data(),
-                          dvp.data(), B, Tc, H, Hkv, D, causal, T, first);
-    EXPECT_EQ(dqp, rowsOf(dq, B, T, H * D, first, Tc)) << "dq" << tag;
+                          dvp.data(), B, Tc, H, Hkv, D, causal, T, first,
+                          zigzag);
+    EXPECT_EQ(dqp, rowsAt(dq, B, T, H * D, Tc, position)) << "dq" << tag;
     for (int64_t i = 0; i < nk; ++i) {
       dkSum[size_t(i)] += dkp[size_t(i)];
       dvSum[size_t(i)] += dvp[size_t(i)];
@@ -848,6 +886,9 @@ TEST(KernelAttention, QueryPiecesMatchTheWholeSequence) {
     checkPieces(2, 8, 4, 4, 6, causal, 4, gen);   // MHA
     checkPieces(1, 12, 3, 1, 5, causal, 3, gen);  // MQA
     checkPieces(2, 64, 4, 2, 16, causal, 2, gen); // multi-threaded
+    checkPieces(2, 16, 4, 2, 6, causal, 2, gen, /*balanced=*/true);
+    checkPieces(1, 24, 3, 1, 5, causal, 3, gen, /*balanced=*/true);
+    checkPieces(2, 64, 4, 2, 16, causal, 4, gen, /*balanced=*/true);
   }
 }
 
@@ -882,6 +923,40 @@ TEST(KernelRope, PiecesMatchTheWholeSequence) {
                    r * Tc);
           EXPECT_EQ(got, rowsOf(whole, B, T, H * D, r * Tc, Tc))
               << "D=" << D << " piece " << r << " of " << pieces;
+          // In the balanced order: chunks r and 2 pieces - 1 - r.
+          auto position = [&](int64_t t) {
+            return rt::zigzagPosition(r * Tc + t, T, pieces);
+          };
+          std::vector<float> balanced = rowsAt(x, B, T, H * D, Tc, position);
+          rt::rope(balanced.data(), got.data(), B, Tc, H, D, 10000.0, inverse,
+                   r * Tc, pieces, T);
+          EXPECT_EQ(got, rowsAt(whole, B, T, H * D, Tc, position))
+              << "D=" << D << " balanced piece " << r << " of " << pieces;
         }
       }
+}
+
+// The balanced order of n pieces: chunk k of the order is chunk k / 2 or
+// 2n - 1 - k / 2 of the sequence; graph.zigzag reorders and puts back.
+TEST(KernelZigzag, BalancedOrderAndBack) {
+  EXPECT_EQ(rt::zigzagPosition(0, 8, 2), 0);
+  EXPECT_EQ(rt::zigzagPosition(2, 8, 2), 6); // chunk 1 -> chunk 3
+  EXPECT_EQ(rt::zigzagPosition(4, 8, 2), 2); // chunk 2 -> chunk 1
+  EXPECT_EQ(rt::zigzagPosition(7, 8, 2), 5); // chunk 3 -> chunk 2
+  EXPECT_EQ(rt::zigzagPosition(5, 8, 0), 5); // no reordering
+  std::mt19937 gen(37);
+  const int64_t outer = 3, len = 12, inner = 5;
+  std::vector<float> x = randVec(size_t(outer * len * inner), gen);
+  std::vector<float> z(x.size()), back(x.size());
+  rt::zigzag(x.data(), z.data(), outer, len, inner, 3, false);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t i = 0; i < inner; ++i)
+        ASSERT_EQ(z[size_t((o * len + t) * inner + i)],
+                  x[size_t((o * len + rt::zigzagPosition(t, len, 3)) * inner +
+                           i)]);
+  rt::zigzag(z.data(), back.data(), outer, len, inner, 3, true);
+  EXPECT_EQ(back, x);
+  EXPECT_THROW(rt::zigzag(x.data(), z.data(), outer, len, inner, 4, false),
+               std::invalid_argument);
 }

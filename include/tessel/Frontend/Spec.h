@@ -115,6 +115,12 @@ struct ParallelSpec {
   // sequence over cp ranks (outside tp, inside ep and dp); attention gathers
   // the keys and values over cp and each rank attends with its own queries.
   int64_t cp = 1;
+  // parallel.cp_layout: "balanced" (each rank holds chunks c and 2cp-1-c of
+  // 2cp, so that every rank has the same causal attention work; the
+  // default for dense models) or "contiguous" (piece c of cp; the default,
+  // and the only layout, of mixture-of-experts models).
+  std::string cpLayout;
+  bool cpBalanced() const { return cp > 1 && cpLayout == "balanced"; }
   // parallel.expert_tp: 1 keeps each routed expert whole on a rank (under
   // sequence parallelism each tp rank routes its piece of the sequence);
   // tp splits every expert's MLP over tp as a dense MLP is split (the

@@ -17,6 +17,8 @@
 #ifndef TESSEL_RUNTIME_DROPOUT_H
 #define TESSEL_RUNTIME_DROPOUT_H
 
+#include "tessel/Runtime/Sequence.h"
+
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -60,10 +62,13 @@ inline uint64_t dropoutThreshold(double p) {
 // batch, also over `microbatches` in time, microbatch-major, as the data
 // loader hands out rows (the global row of row r of microbatch m at data
 // rank g is (m * G + g) * rows + r).
+// With `zigzag` pieces, dimension 1 is a sequence of `sequence` rows in
+// the balanced order (Sequence.h): its coordinate is the row's position.
 struct DropoutLayout {
   static constexpr int kMaxDims = 6;
   int rank = 0;
   int64_t size[kMaxDims], stride[kMaxDims], offset[kMaxDims];
+  int64_t zigzag = 0, sequence = 0;
 };
 inline int64_t elementsOf(const int64_t *shape, int64_t rank) {
   int64_t n = 1;
@@ -73,7 +78,7 @@ inline int64_t elementsOf(const int64_t *shape, int64_t rank) {
 }
 DropoutLayout dropoutLayout(const int64_t *shape, const int64_t *splitAxes,
                             int64_t rank, int64_t microbatch,
-                            int64_t microbatches);
+                            int64_t microbatches, int64_t zigzag = 0);
 
 // The global index of the first element of local row `row` of a piece
 // laid out by `l` (a row: the last dimension, whose elements follow one
@@ -83,9 +88,11 @@ TESSEL_HOST_DEVICE inline uint64_t dropoutRowIndex(const DropoutLayout &l,
   const int last = l.rank - 1;
   uint64_t index = uint64_t(l.offset[last]);
   for (int d = last - 1; d >= 0; --d) {
-    int64_t c = row % l.size[d];
+    int64_t c = row % l.size[d] + l.offset[d];
     row /= l.size[d];
-    index += uint64_t(c + l.offset[d]) * uint64_t(l.stride[d]);
+    if (d == 1 && l.zigzag > 0)
+      c = zigzagPosition(c, l.sequence, l.zigzag);
+    index += uint64_t(c) * uint64_t(l.stride[d]);
   }
   return index;
 }

@@ -112,10 +112,14 @@ void rmsNormBackward(const T *x, const T *w, const T *dout, T *dx, T *dw,
 //   out[i]       = x[i] * cos - x[i + D/2] * sin
 //   out[i + D/2] = x[i + D/2] * cos + x[i] * sin.
 // inverse = true rotates by -angle, which is the backward pass. Token t is
-// at position first + t (a piece of a sequence split over cp ranks).
+// row first + t of the sequence (a piece of a sequence split over cp
+// ranks), at position zigzagPosition(first + t, total, zigzag) (Sequence.h:
+// first + t unless the sequence is in the balanced order of `zigzag`
+// pieces).
 template <typename T>
 void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse, int64_t first = 0);
+          double theta, bool inverse, int64_t first = 0, int64_t zigzag = 0,
+          int64_t total = 0);
 // rope at explicit positions: x [B, S, H, D], and the angle of token (b, t)
 // is positions[b, t] * theta^(-2i/D) (the same table entries as rope's at
 // that t).
@@ -127,15 +131,18 @@ void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
 // q, out: [B, T, H, D]; k, v: [B, Tkv, Hkv, D]; query head h reads KV head
 // h / (H / Hkv); scale = 1 / sqrt(D). Never stores the full score matrix
 // beyond one row per thread. lse [B, H, T] (may be null) receives each
-// row's log-sum-exp of the scaled scores. The T query rows are positions
+// row's log-sum-exp of the scaled scores. The T query rows are rows
 // first .. first + T - 1 of the Tkv keys' sequence (kvLen 0: Tkv = T), as
 // under context parallelism, where a rank attends with its piece of the
-// queries over all keys; a causal row at position p sees keys 0 .. p.
+// queries over all keys; query row r is at position zigzagPosition(r, Tkv,
+// zigzag) (r itself unless the queries are in the balanced order of
+// `zigzag` pieces; the keys are in the sequence's); a causal row at
+// position p sees keys 0 .. p.
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                       int64_t D, bool causal, int64_t kvLen = 0,
-                      int64_t first = 0);
+                      int64_t first = 0, int64_t zigzag = 0);
 // From the forward's out and lse: the probabilities are exp(S - lse), the
 // softmax gradient's row sums rowsum(dout * out). Writes dq, dk, dv (same
 // shapes as q, k, v); dk and dv hold this piece's queries' share.
@@ -144,7 +151,7 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const T *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                        int64_t D, bool causal, int64_t kvLen = 0,
-                       int64_t first = 0);
+                       int64_t first = 0, int64_t zigzag = 0);
 // Inference attention over a KV cache. q, out: [B, S, H, D]; k, v: [B, S,
 // Hkv, D], the S new tokens' keys and values; kCache, vCache: [B, Tmax, Hkv,
 // D]; positions: [B, S], each new token's position (0 <= position < Tmax).
@@ -172,11 +179,20 @@ void softmaxBackward(const T *y, const T *dy, T *dx, int64_t rows,
 // the running step and the element's place in the whole tensor (Dropout.h):
 // x is this rank's piece ([shape], `rank` dimensions, dimension d split over
 // the mesh axes splitAxes[d], the batch also over `microbatches`, this being
-// `microbatch`). Copies x while the program evaluates.
+// `microbatch`). With `zigzag`, dimension 1 is a sequence in the balanced
+// order of that many pieces: an element's place counts its position in
+// the sequence. Copies x while the program evaluates.
 template <typename T>
 void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
              const int64_t *splitAxes, int64_t rank, int64_t microbatches,
-             double p, int64_t seed, int64_t site);
+             double p, int64_t seed, int64_t site, int64_t zigzag = 0);
+
+// Dimension `len` of [outer, len, inner] into the balanced order of `pieces`
+// pieces (Sequence.h): out row t = x row zigzagPosition(t); `inverse` puts
+// it back.
+template <typename T>
+void zigzag(const T *x, T *out, int64_t outer, int64_t len, int64_t inner,
+            int64_t pieces, bool inverse);
 
 // Mean over rows of -log softmax(logits[r])[targets[r]]; logits [rows, V],
 // of which the first `valid` columns are the vocabulary (the rest, padding,

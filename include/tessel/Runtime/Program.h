@@ -95,6 +95,10 @@ struct TrainConfig {
   // mean over the first evalBatches global batches of the validation data.
   int64_t evalEvery;
   int64_t evalBatches;
+  // > 0: each sequence is held in the balanced order of this many pieces
+  // (parallel.cp_layout = "balanced", Sequence.h), so context-parallel
+  // rank c reads chunks c and 2 pieces - 1 - c of every row.
+  int64_t sequencePieces;
 };
 
 // One of the step's observations besides the loss and the norm (an MoE

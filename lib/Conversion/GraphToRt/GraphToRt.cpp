@@ -265,7 +265,12 @@ PATTERN(RopeOp) {
   rt::RopeOp::create(b, op.getLoc(), a.getInput(), out, i(b, s[0]),
                      i(b, s[1]), i(b, s[2]), i(b, s[3]), op.getThetaAttr(),
                      op.getInverseAttr(),
-                     firstPosition(b, op.getSeqAxesAttr(), s[1]));
+                     firstPosition(b, op.getSeqAxesAttr(), s[1]),
+                     i(b, op.getZigzag().value_or(0)),
+                     i(b, s[1] * (op.getSeqAxesAttr()
+                                      ? dist::meshOf(op).groupSize(
+                                            op.getSeqAxesAttr().getValue())
+                                      : 1)));
   b.replaceOp(op, out);
   return success();
 }
@@ -280,7 +285,8 @@ PATTERN(AttentionOp) {
                                  i(b, shapeOf(op.getKey())[2]), i(b, q[3]),
                                  op.getCausalAttr(),
                                  i(b, shapeOf(op.getKey())[1]),
-                                 firstPosition(b, op.getSeqAxesAttr(), q[1]));
+                                 firstPosition(b, op.getSeqAxesAttr(), q[1]),
+                                 i(b, op.getZigzag().value_or(0)));
   b.replaceOp(op, {out, lse});
   return success();
 }
@@ -335,7 +341,8 @@ PATTERN(AttentionGradOp) {
       a.getLse(), a.getGrad(), dq, dk, dv, i(b, q[0]), i(b, q[1]), i(b, q[2]),
       i(b, shapeOf(op.getKey())[2]), i(b, q[3]), op.getCausalAttr(),
       i(b, shapeOf(op.getKey())[1]),
-      firstPosition(b, op.getSeqAxesAttr(), q[1]));
+      firstPosition(b, op.getSeqAxesAttr(), q[1]),
+      i(b, op.getZigzag().value_or(0)));
   b.replaceOp(op, {dq, dk, dv});
   return success();
 }
@@ -352,7 +359,22 @@ PATTERN(DropoutOp) {
                         b.getDenseI64ArrayAttr(shape),
                         b.getDenseI64ArrayAttr(axes), i(b, shape.size()),
                         i(b, microbatches), op.getPAttr(), op.getSeedAttr(),
-                        op.getSiteAttr());
+                        op.getSiteAttr(), i(b, op.getZigzag().value_or(0)));
+  b.replaceOp(op, out);
+  return success();
+}
+
+PATTERN(ZigzagOp) {
+  auto shape = shapeOf(op);
+  int64_t dim = op.getDim(), outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d)
+    outer *= shape[d];
+  for (int64_t d = dim + 1; d < (int64_t)shape.size(); ++d)
+    inner *= shape[d];
+  Value out = alloc(b, op.getLoc(), op);
+  rt::ZigzagOp::create(b, op.getLoc(), a.getInput(), out, i(b, outer),
+                       i(b, shape[dim]), i(b, inner), op.getPiecesAttr(),
+                       op.getInverseAttr());
   b.replaceOp(op, out);
   return success();
 }
@@ -808,7 +830,7 @@ void tessel::populateGraphToRtPatterns(const TypeConverter &converter,
       LayerNormOpLowering, LayerNormGradOpLowering, RmsNormOpLowering,
       RmsNormGradOpLowering, RopeOpLowering, AttentionOpLowering,
       AttentionGradOpLowering, SoftmaxOpLowering, SoftmaxGradOpLowering,
-      DropoutOpLowering,
+      DropoutOpLowering, ZigzagOpLowering,
       CrossEntropyOpLowering, CrossEntropyGradOpLowering, EmbeddingOpLowering,
       EmbeddingGradOpLowering, ReshapeOpLowering, TransposeOpLowering,
       SplitOpLowering, ConcatOpLowering, GlobalNormOpLowering,

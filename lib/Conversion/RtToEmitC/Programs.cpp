@@ -481,7 +481,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   // Validation (absent from recipes written before it: never).
   for (auto [key, member] :
        {std::pair<StringRef, StringRef>{"eval_every", "evalEvery"},
-        {"eval_batches", "evalBatches"}})
+        {"eval_batches", "evalBatches"},
+        {"sequence_pieces", "sequencePieces"}})
     if (auto v = recipe.getAs<IntegerAttr>(key))
       setInt(config, member, v.getInt());
   // Model FLOPs per token (absent from recipes written before it: 0).

@@ -43,6 +43,8 @@
 
 #include "Internal.h"
 
+#include "tessel/Runtime/Sequence.h"
+
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -64,7 +66,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 struct Dims {
   int T, H, Hkv, D;
   int Tk;    // keys (T unless the queries are a piece of the sequence)
-  int first; // the position of query row 0 among the keys
+  int first; // the row of query row 0 in the keys' sequence
+  // > 0: the queries are in the balanced order of `zigzag` pieces
+  // (Sequence.h), one piece of which this call holds.
+  int zigzag;
   int group;       // H / Hkv: query heads per KV head
   float scale;     // 1 / sqrt(D)
   float scaleLog2; // scale * log2(e)
@@ -161,9 +166,34 @@ __device__ __forceinline__ float rescale(float &m, float mx, float &base) {
   return alpha;
 }
 
+// The position of query row `row` (< T) among the keys; it grows with the
+// row (in the balanced order, the call holds one piece: two runs).
+__host__ __device__ __forceinline__ int positionOf(const Dims &s, int row) {
+  return s.zigzag > 0
+             ? int(rt::zigzagPosition(s.first + row, s.Tk, s.zigzag))
+             : s.first + row;
+}
+// The first query row whose position is at least `key` (T when none is).
+__device__ __forceinline__ int firstRowSeeing(const Dims &s, int key) {
+  if (s.zigzag == 0)
+    return imin(s.T, imax(0, key - s.first));
+  const int h = s.T / 2, f0 = positionOf(s, 0), f1 = positionOf(s, h);
+  if (key <= f0)
+    return 0;
+  if (key < f0 + h)
+    return key - f0;
+  if (key <= f1)
+    return h;
+  return imin(s.T, h + key - f1);
+}
+// One past the last key the causal rows [q0, q0 + rows) see.
+__device__ __forceinline__ int keyEnd(const Dims &s, int q0, int rows) {
+  return imin(s.Tk, positionOf(s, imin(q0 + rows, s.T) - 1) + 1);
+}
+
 // Is the score of (query row, key) outside the attention pattern?
 __device__ __forceinline__ bool masked(const Dims &s, int row, int key) {
-  return key >= s.Tk || row >= s.T || (s.causal && key > s.first + row);
+  return key >= s.Tk || row >= s.T || (s.causal && key > positionOf(s, row));
 }
 
 // fp32 (CUDA cores). Four threads share a row of the tile; thread part
@@ -252,7 +282,7 @@ __global__ void __launch_bounds__(256)
   loadTileF32(Qs, S, qHead, qStride, q0, BR, NT, s, s.T);
   float o[CH][4] = {};
   float m = -INFINITY, l = 0.f;
-  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BR) : s.Tk;
+  const int kEnd = s.causal ? keyEnd(s, q0, BR) : s.Tk;
   for (int k0 = 0; k0 < kEnd; k0 += BC) {
     __syncthreads(); // the previous tile is no longer read
     loadTileF32(Ks, S, kHead, kStride, k0, BC, NT, s, s.Tk);
@@ -360,7 +390,7 @@ __global__ void __launch_bounds__(128)
   float dkAcc[CH][4] = {}, dvAcc[CH][4] = {};
   // Causal: query tiles entirely above the diagonal see none of these keys
   // (the rows before position k0).
-  const int qStart = s.causal ? imax(0, k0 - s.first) / BQ * BQ : 0;
+  const int qStart = s.causal ? firstRowSeeing(s, k0) / BQ * BQ : 0;
   for (int hh = 0; hh < s.group; ++hh) {
     const int h = g * s.group + hh;
     const int64_t qOffset = (int64_t(b) * s.T * s.H + h) * s.D;
@@ -458,7 +488,7 @@ __global__ void __launch_bounds__(128)
   loadTileF32(Qs, S, q + qOffset, qStride, q0, BQ, NT, s, s.T);
   loadTileF32(dOs, S, dout + qOffset, qStride, q0, BQ, NT, s, s.T);
   float dqAcc[CH][4] = {};
-  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BQ) : s.Tk;
+  const int kEnd = s.causal ? keyEnd(s, q0, BQ) : s.Tk;
   for (int k0 = 0; k0 < kEnd; k0 += BK) {
     __syncthreads(); // the previous tile is no longer read
     loadTileF32(Ks, S, k + kvOffset, kStride, k0, BK, NT, s, s.Tk);
@@ -632,7 +662,7 @@ __global__ void __launch_bounds__(128, 2)
   const int d16 = (s.D + 15) & ~15, chunks = d16 / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gq = lane >> 2, tq = lane & 3;
-  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BR) : s.Tk;
+  const int kEnd = s.causal ? keyEnd(s, q0, BR) : s.Tk;
 
   loadTileBf16<BR, NT, DP>(Qs, S, qHead, qStride, q0, s, s.T);
   loadTileBf16<BC, NT, DP>(Ks, S, kHead, kStride, 0, s, s.Tk);
@@ -684,7 +714,7 @@ __global__ void __launch_bounds__(128, 2)
     // factor keeps it), and the scale folds into the exponent's
     // multiply-add.
     const bool edge =
-        k0 + BC > s.Tk || (s.causal && k0 + BC - 1 > s.first + q0);
+        k0 + BC > s.Tk || (s.causal && k0 + BC - 1 > positionOf(s, q0));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int row0 = q0 + warp * 32 + mt * 16 + gq;
@@ -813,7 +843,7 @@ __global__ void __launch_bounds__(128)
   const int key0 = k0 + warp * 16 + gq; // keys of fragment rows: key0, key0+8
   // Causal: query tiles entirely above the diagonal see none of these keys
   // (the rows before position k0; none of a piece that ends before it).
-  const int qStart = s.causal ? imax(0, k0 - s.first) / BQ * BQ : 0;
+  const int qStart = s.causal ? firstRowSeeing(s, k0) / BQ * BQ : 0;
   const int qTiles = imax(0, (s.T - qStart + BQ - 1) / BQ);
   const int steps = s.group * qTiles;
 
@@ -876,7 +906,7 @@ __global__ void __launch_bounds__(128)
     // P^T into sT, dS^T into dpT. Only tiles at the diagonal or the end of
     // the sequence test each score against the pattern.
     const bool edge = q0 + BQ > s.T || k0 + BK > s.Tk ||
-                      (s.causal && k0 + BK - 1 > s.first + q0);
+                      (s.causal && k0 + BK - 1 > positionOf(s, q0));
 #pragma unroll
     for (int nt = 0; nt < BQ / 8; ++nt)
 #pragma unroll
@@ -965,7 +995,7 @@ __global__ void __launch_bounds__(128)
     dvecRow[i] = row < s.T ? dvec[statOffset + row] : 0.f;
   }
 
-  const int kEnd = s.causal ? imin(s.Tk, s.first + q0 + BQ) : s.Tk;
+  const int kEnd = s.causal ? keyEnd(s, q0, BQ) : s.Tk;
   const int kTiles = (kEnd + BK - 1) / BK;
   auto load = [&](int j, int buf) {
     loadTileBf16<BK, NT, DP>(Ks + buf * BK * S, S, k + kvOffset, kStride,
@@ -1011,7 +1041,7 @@ __global__ void __launch_bounds__(128)
     // dS into sc. Only tiles at the diagonal or the end of the sequence
     // test each score against the pattern.
     const bool edge = q0 + BQ > s.T || k0 + BK > s.Tk ||
-                      (s.causal && k0 + BK - 1 > s.first + q0);
+                      (s.causal && k0 + BK - 1 > positionOf(s, q0));
 #pragma unroll
     for (int nt = 0; nt < BK / 8; ++nt)
 #pragma unroll
@@ -1094,7 +1124,8 @@ bool aligned16(const void *p) {
 // Validates the shape (throws for what the kernels cannot do) and fills
 // Dims; returns false when there is nothing to compute.
 bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-              int64_t D, bool causal, int64_t kvLen, int64_t first, Dims &s) {
+              int64_t D, bool causal, int64_t kvLen, int64_t first,
+              int64_t zigzag, Dims &s) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return false;
   const std::string name = std::string("CUDA ") + what + ": ";
@@ -1103,6 +1134,15 @@ bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
     throw std::runtime_error(name + "query rows " + std::to_string(first) +
                              " .. " + std::to_string(first + Tlen - 1) +
                              " lie outside the " + std::to_string(Tk) +
+                             " keys");
+  // The tiles need positions that grow with the rows: one piece of the
+  // balanced order.
+  if (zigzag < 0 || (zigzag > 0 && (Tk % (2 * zigzag) != 0 ||
+                                    Tlen != Tk / zigzag || first % Tlen != 0)))
+    throw std::runtime_error(name + "query rows " + std::to_string(first) +
+                             " .. " + std::to_string(first + Tlen - 1) +
+                             " are not one of " + std::to_string(zigzag) +
+                             " balanced pieces of " + std::to_string(Tk) +
                              " keys");
   if (D > kMaxHeadDim)
     throw std::runtime_error(name + "head dimension " + std::to_string(D) +
@@ -1120,6 +1160,7 @@ bool makeDims(const char *what, int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
   s.T = int(Tlen);
   s.Tk = int(Tk);
   s.first = int(first);
+  s.zigzag = int(zigzag);
   s.H = int(H);
   s.Hkv = int(Hkv);
   s.D = int(D);
@@ -1225,10 +1266,11 @@ int64_t statBytes(int64_t B, int64_t Tlen, int64_t H) {
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal, int64_t kvLen, int64_t first) {
+                      int64_t D, bool causal, int64_t kvLen, int64_t first,
+                      int64_t zigzag) {
   Dims s;
   if (!makeDims("attentionForward", B, Tlen, H, Hkv, D, causal, kvLen, first,
-                s))
+                zigzag, s))
     return;
   forward(q, k, v, out, lse, nullptr, nullptr, B, s);
 }
@@ -1238,10 +1280,10 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const float *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                        int64_t D, bool causal, int64_t kvLen, int64_t first,
-                       void *scratch) {
+                       int64_t zigzag, void *scratch) {
   Dims s;
   if (!makeDims("attentionBackward", B, Tlen, H, Hkv, D, causal, kvLen, first,
-                s))
+                zigzag, s))
     return;
   if (!scratch)
     throw std::runtime_error("CUDA attentionBackward: no scratch buffer");
@@ -1269,11 +1311,12 @@ int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H,
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void attentionForward<T>(const T *, const T *, const T *, T *,      \
                                     float *, int64_t, int64_t, int64_t,        \
-                                    int64_t, int64_t, bool, int64_t, int64_t); \
+                                    int64_t, int64_t, bool, int64_t, int64_t,  \
+                                    int64_t);                                  \
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, const float *, const T *,    \
       T *, T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool,        \
-      int64_t, int64_t, void *);
+      int64_t, int64_t, int64_t, void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

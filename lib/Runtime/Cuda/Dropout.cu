@@ -43,14 +43,15 @@ __global__ void dropoutKernel(const TI *x, TO *out, int64_t rows, int64_t cols,
 template <typename TI, typename TO>
 void dropout(const TI *x, TO *out, int64_t microbatch, const int64_t *shape,
              const int64_t *splitAxes, int64_t rank, int64_t microbatches,
-             double p, int64_t seed, int64_t site) {
+             double p, int64_t seed, int64_t site, int64_t zigzag) {
   const int64_t n = rt::elementsOf(shape, rank);
   if (n <= 0)
     return;
   // An evaluation keeps everything (threshold 0, scale 1).
   bool drop = !rt::runningEvaluation() && p > 0;
   rt::DropoutLayout layout =
-      rt::dropoutLayout(shape, splitAxes, rank, microbatch, microbatches);
+      rt::dropoutLayout(shape, splitAxes, rank, microbatch, microbatches,
+                        zigzag);
   const int64_t cols = shape[rank - 1], rows = n / cols;
   constexpr int64_t kMaxBlocks = 65535 * 8;
   unsigned blocks = unsigned(rows < kMaxBlocks ? rows : kMaxBlocks);
@@ -64,7 +65,7 @@ void dropout(const TI *x, TO *out, int64_t microbatch, const int64_t *shape,
 #define TESSEL_INSTANTIATE2(A, B)                                              \
   template void dropout<A, B>(const A *, B *, int64_t, const int64_t *,        \
                               const int64_t *, int64_t, int64_t, double,       \
-                              int64_t, int64_t);
+                              int64_t, int64_t, int64_t);
 TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
 #undef TESSEL_INSTANTIATE2
 

@@ -22,7 +22,10 @@
 
 #include "Internal.h"
 
+#include "tessel/Runtime/Sequence.h"
+
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -612,6 +615,39 @@ void insertAxis(const TI *x, TO *out, int64_t outer, int64_t dstAxis,
   launchAxisPiece<true>(x, out, outer, dstAxis, inner, start, len);
 }
 
+namespace {
+// Element i of the balanced order's rows; `inverse` scatters instead.
+template <typename TI, typename TO>
+__global__ void zigzagKernel(const TI *x, TO *out, int64_t n, int64_t len,
+                             int64_t inner, int64_t pieces, bool inverse) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x) {
+    const int64_t e = i % inner, t = (i / inner) % len, o = i / (inner * len);
+    const int64_t from =
+        (o * len + rt::zigzagPosition(t, len, pieces)) * inner + e;
+    if (inverse)
+      out[from] = fromFloat<TO>(toFloat(x[i]));
+    else
+      out[i] = fromFloat<TO>(toFloat(x[from]));
+  }
+}
+} // namespace
+
+template <typename TI, typename TO>
+void zigzag(const TI *x, TO *out, int64_t outer, int64_t len, int64_t inner,
+            int64_t pieces, bool inverse) {
+  const int64_t n = outer * len * inner;
+  if (n <= 0)
+    return;
+  if (pieces < 1 || len % (2 * pieces) != 0)
+    throw std::invalid_argument("CUDA zigzag: " + std::to_string(len) +
+                                " rows are not 2 x " + std::to_string(pieces) +
+                                " chunks");
+  zigzagKernel<<<blocksFor(n), kThreads, 0, computeStream()>>>(
+      x, out, n, len, inner, pieces, inverse);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename TT, typename TO>
 void embeddingForward(const TT *table, const int32_t *ids, TO *out, int64_t n,
                       int64_t V, int64_t C) {
@@ -670,6 +706,8 @@ TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
                                 int64_t, int64_t);                             \
   template void insertAxis<A, B>(const A *, B *, int64_t, int64_t, int64_t,    \
                                  int64_t, int64_t);                            \
+  template void zigzag<A, B>(const A *, B *, int64_t, int64_t, int64_t,        \
+                             int64_t, bool);                                   \
   template void embeddingForward<A, B>(const A *, const int32_t *, B *,        \
                                        int64_t, int64_t, int64_t);             \
   template void embeddingBackward<A, B>(const int32_t *, const A *, B *,       \

@@ -13,6 +13,8 @@
 
 #include "Internal.h"
 
+#include "tessel/Runtime/Sequence.h"
+
 namespace tessel::cuda {
 
 using detail::blocksFor;
@@ -26,7 +28,7 @@ constexpr int kThreads = 256;
 template <typename TI, typename TO>
 __global__ void ropeKernel(const TI *x, TO *out, int64_t rowsBT, int64_t Tlen,
                            int64_t H, int64_t D, double theta, bool inverse,
-                           int64_t first) {
+                           int64_t first, int64_t zigzag, int64_t sequence) {
   const int64_t half = D / 2;
   // With D == 1 there is no pair, only the copied element.
   const int64_t pairs = half > 0 ? half : 1;
@@ -34,7 +36,7 @@ __global__ void ropeKernel(const TI *x, TO *out, int64_t rowsBT, int64_t Tlen,
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
        k += int64_t(blockDim.x) * gridDim.x) {
     const int64_t bt = k / pairs, i = k % pairs;
-    const int64_t t = first + bt % Tlen;
+    const int64_t t = rt::zigzagPosition(first + bt % Tlen, sequence, zigzag);
     float c = 1.0f, s = 0.0f;
     if (i < half) {
       const double invFreq = pow(theta, -2.0 * double(i) / double(D));
@@ -66,19 +68,20 @@ __global__ void ropeKernel(const TI *x, TO *out, int64_t rowsBT, int64_t Tlen,
 
 template <typename TI, typename TO>
 void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse, int64_t first) {
+          double theta, bool inverse, int64_t first, int64_t zigzag,
+          int64_t sequence) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   const int64_t half = D / 2;
   const int64_t total = B * Tlen * (half > 0 ? half : 1);
   ropeKernel<<<blocksFor(total, kThreads), kThreads, 0, computeStream()>>>(
-      x, out, B * Tlen, Tlen, H, D, theta, inverse, first);
+      x, out, B * Tlen, Tlen, H, D, theta, inverse, first, zigzag, sequence);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
 #define TESSEL_INSTANTIATE(A, B)                                               \
   template void rope<A, B>(const A *, B *, int64_t, int64_t, int64_t, int64_t, \
-                           double, bool, int64_t);
+                           double, bool, int64_t, int64_t, int64_t);
 TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE)
 #undef TESSEL_INSTANTIATE
 

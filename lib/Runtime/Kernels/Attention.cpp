@@ -19,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/Sequence.h"
 
 #include "RowOps.h"
 
@@ -70,9 +71,14 @@ inline T attendRow(const T *qr, const T *k0, const T *v0, int64_t kStride,
   return lse;
 }
 
-// The query rows must lie inside the keys' sequence.
+// The query rows must lie inside the keys' sequence (cut into 2 x zigzag
+// chunks when it is in the balanced order).
 void checkQueryRows(const char *what, int64_t Tlen, int64_t Tkv,
-                    int64_t first) {
+                    int64_t first, int64_t zigzag) {
+  if (zigzag < 0 || (zigzag > 0 && Tkv % (2 * zigzag) != 0))
+    throw std::runtime_error(std::string(what) + ": " + std::to_string(Tkv) +
+                             " keys are not 2 x " + std::to_string(zigzag) +
+                             " chunks");
   if (first < 0 || first + Tlen > Tkv)
     throw std::runtime_error(std::string(what) + ": query rows " +
                              std::to_string(first) + " .. " +
@@ -86,11 +92,12 @@ void checkQueryRows(const char *what, int64_t Tlen, int64_t Tkv,
 template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                      int64_t D, bool causal, int64_t kvLen, int64_t first) {
+                      int64_t D, bool causal, int64_t kvLen, int64_t first,
+                      int64_t zigzag) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   const int64_t Tkv = kvLen > 0 ? kvLen : Tlen;
-  checkQueryRows("attentionForward", Tlen, Tkv, first);
+  checkQueryRows("attentionForward", Tlen, Tkv, first, zigzag);
   const int64_t group = H / Hkv;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t kStride = Hkv * D; // between positions of one KV head
@@ -110,9 +117,10 @@ void attentionForward(const T *q, const T *k, const T *v, T *out, T *lse,
       const T *k0 = k + (b * Tkv * Hkv + g) * D;
       const T *v0 = v + (b * Tkv * Hkv + g) * D;
       T *outr = out + ((b * Tlen + t) * H + h) * D;
-      const T rowLse = attendRow(qr, k0, v0, kStride,
-                                 causal ? first + t + 1 : Tkv, D, scale,
-                                 p.data(), outr);
+      const T rowLse = attendRow(
+          qr, k0, v0, kStride,
+          causal ? zigzagPosition(first + t, Tkv, zigzag) + 1 : Tkv, D, scale,
+          p.data(), outr);
       if (lse)
         lse[idx] = rowLse; // idx is (b, h, t): lse is [B, H, T]
     }
@@ -165,11 +173,12 @@ template <typename T>
 void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const T *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
-                       int64_t D, bool causal, int64_t kvLen, int64_t first) {
+                       int64_t D, bool causal, int64_t kvLen, int64_t first,
+                       int64_t zigzag) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   const int64_t Tkv = kvLen > 0 ? kvLen : Tlen;
-  checkQueryRows("attentionBackward", Tlen, Tkv, first);
+  checkQueryRows("attentionBackward", Tlen, Tkv, first, zigzag);
   const int64_t group = H / Hkv;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t kStride = Hkv * D;
@@ -213,7 +222,8 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
         const T *qr = q + (b * Tlen + t) * qStride + h * D;
         const T *dor = dout + (b * Tlen + t) * qStride + h * D;
         T *dqr = dq + (b * Tlen + t) * qStride + h * D;
-        const int64_t n = causal ? first + t + 1 : Tkv;
+        const int64_t n =
+            causal ? zigzagPosition(first + t, Tkv, zigzag) + 1 : Tkv;
         for (int64_t j = 0; j < n; ++j)
           p[size_t(j)] = dotOf(qr, k0 + j * kStride, D) * scale;
         detail::expShifted(p.data(), lse[bh * Tlen + t], p.data(), n);
@@ -266,11 +276,11 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void attentionForward<T>(const T *, const T *, const T *, T *, T *, \
                                     int64_t, int64_t, int64_t, int64_t,        \
-                                    int64_t, bool, int64_t, int64_t);          \
+                                    int64_t, bool, int64_t, int64_t, int64_t); \
   template void attentionBackward<T>(                                          \
       const T *, const T *, const T *, const T *, const T *, const T *, T *,   \
       T *, T *, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t,    \
-      int64_t);                                                                \
+      int64_t, int64_t);                                                       \
   template void cachedAttention<T>(const T *, const T *, const T *, T *, T *,  \
                                    const int32_t *, T *, int64_t, int64_t,     \
                                    int64_t, int64_t, int64_t, int64_t);

@@ -32,7 +32,7 @@ bool runningEvaluation() { return evaluatingNow; }
 
 DropoutLayout dropoutLayout(const int64_t *shape, const int64_t *splitAxes,
                             int64_t rank, int64_t microbatch,
-                            int64_t microbatches) {
+                            int64_t microbatches, int64_t zigzag) {
   if (rank < 1 || rank > DropoutLayout::kMaxDims)
     throw std::runtime_error("dropout: a tensor of rank " +
                              std::to_string(rank) + " (1 to " +
@@ -52,14 +52,23 @@ DropoutLayout dropoutLayout(const int64_t *shape, const int64_t *splitAxes,
     l.offset[d] = block * shape[d];
     l.stride[d] = stride;
     stride *= shape[d] * pieces;
+    if (d == 1 && zigzag > 0) {
+      l.zigzag = zigzag;
+      l.sequence = shape[d] * pieces;
+    }
   }
+  if (zigzag > 0 && (l.rank < 3 || l.sequence % (2 * zigzag) != 0))
+    throw std::runtime_error("dropout: dimension 1 of a tensor of rank " +
+                             std::to_string(l.rank) +
+                             " is not a sequence of 2 x " +
+                             std::to_string(zigzag) + " chunks");
   return l;
 }
 
 template <typename T>
 void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
              const int64_t *splitAxes, int64_t rank, int64_t microbatches,
-             double p, int64_t seed, int64_t site) {
+             double p, int64_t seed, int64_t site, int64_t zigzag) {
   const int64_t n = elementsOf(shape, rank);
   if (n <= 0)
     return;
@@ -68,7 +77,7 @@ void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
     return;
   }
   const DropoutLayout l =
-      dropoutLayout(shape, splitAxes, rank, microbatch, microbatches);
+      dropoutLayout(shape, splitAxes, rank, microbatch, microbatches, zigzag);
   const uint64_t key = dropoutKey(seed, site, runningStep());
   const uint64_t threshold = dropoutThreshold(p);
   const T scale = T(1.0 / (1.0 - p));
@@ -86,7 +95,7 @@ void dropout(const T *x, T *out, int64_t microbatch, const int64_t *shape,
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void dropout<T>(const T *, T *, int64_t, const int64_t *,           \
                            const int64_t *, int64_t, int64_t, double, int64_t, \
-                           int64_t);
+                           int64_t, int64_t);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

@@ -9,8 +9,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/Sequence.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace tessel::rt {
@@ -137,7 +140,31 @@ void insertAxis(const T *x, T *out, int64_t outer, int64_t dstAxis,
                 size_t(run) * sizeof(T));
 }
 
+// Chunks of h rows move whole: chunk k of the balanced order is chunk
+// zigzagPosition(k h) / h of the sequence.
+template <typename T>
+void zigzag(const T *x, T *out, int64_t outer, int64_t len, int64_t inner,
+            int64_t pieces, bool inverse) {
+  if (outer <= 0 || len <= 0 || inner <= 0)
+    return;
+  if (pieces < 1 || len % (2 * pieces) != 0)
+    throw std::invalid_argument("zigzag: " + std::to_string(len) +
+                                " rows are not 2 x " + std::to_string(pieces) +
+                                " chunks");
+  const int64_t h = len / (2 * pieces), run = h * inner;
+#pragma omp parallel for collapse(2) schedule(static) if (outer * len * inner >= kParallelMin)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k = 0; k < 2 * pieces; ++k) {
+      const int64_t from = zigzagPosition(k * h, len, pieces);
+      const int64_t src = inverse ? k * h : from, dst = inverse ? from : k * h;
+      std::memcpy(out + (o * len + dst) * inner, x + (o * len + src) * inner,
+                  size_t(run) * sizeof(T));
+    }
+}
+
 #define TESSEL_INSTANTIATE(T)                                                  \
+  template void zigzag<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,  \
+                          bool);                                               \
   template void transpose<T>(const T *, T *, const int64_t *, const int64_t *, \
                              int);                                             \
   template void sliceAxis<T>(const T *, T *, int64_t, int64_t, int64_t,        \

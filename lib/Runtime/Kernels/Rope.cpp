@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Runtime/Kernels.h"
+#include "tessel/Runtime/Sequence.h"
 
 #include <cmath>
 #include <vector>
@@ -65,13 +66,15 @@ void rotate(const T *x, T *out, int64_t rows, int64_t H, int64_t D,
 
 template <typename T>
 void rope(const T *x, T *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse, int64_t first) {
+          double theta, bool inverse, int64_t first, int64_t zigzag,
+          int64_t total) {
   if (B <= 0 || Tlen <= 0 || H <= 0 || D <= 0)
     return;
   std::vector<T> cosT, sinT;
   angleTables(
-      Tlen, [first](int64_t t) { return first + t; }, D, theta, inverse, cosT,
-      sinT);
+      Tlen,
+      [=](int64_t t) { return zigzagPosition(first + t, total, zigzag); }, D,
+      theta, inverse, cosT, sinT);
   rotate(x, out, B * Tlen, H, D, cosT, sinT,
          [Tlen](int64_t bt) { return bt % Tlen; });
 }
@@ -90,7 +93,7 @@ void ropeAt(const T *x, const int32_t *positions, T *out, int64_t B, int64_t S,
 
 #define TESSEL_INSTANTIATE(T)                                                  \
   template void rope<T>(const T *, T *, int64_t, int64_t, int64_t, int64_t,    \
-                        double, bool, int64_t);                                \
+                        double, bool, int64_t, int64_t, int64_t);              \
   template void ropeAt<T>(const T *, const int32_t *, T *, int64_t, int64_t,   \
                           int64_t, int64_t, double);
 TESSEL_INSTANTIATE(float)

@@ -141,7 +141,8 @@ void accumulateInto(const TI *src, float *acc, int64_t n, bool first);
 
 template <typename TI, typename TO>
 void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-          double theta, bool inverse, int64_t first = 0);
+          double theta, bool inverse, int64_t first = 0, int64_t zigzag = 0,
+          int64_t total = 0);
 
 //===--- Dropout.cu -------------------------------------------------------===//
 
@@ -150,7 +151,11 @@ void rope(const TI *x, TO *out, int64_t B, int64_t Tlen, int64_t H, int64_t D,
 template <typename TI, typename TO>
 void dropout(const TI *x, TO *out, int64_t microbatch, const int64_t *shape,
              const int64_t *splitAxes, int64_t rank, int64_t microbatches,
-             double p, int64_t seed, int64_t site);
+             double p, int64_t seed, int64_t site, int64_t zigzag = 0);
+// As the CPU kernel: a sequence into (or out of) the balanced order.
+template <typename TI, typename TO>
+void zigzag(const TI *x, TO *out, int64_t outer, int64_t len, int64_t inner,
+            int64_t pieces, bool inverse);
 
 //===--- Softmax.cu -------------------------------------------------------===//
 
@@ -215,7 +220,7 @@ template <typename T>
 void attentionForward(const T *q, const T *k, const T *v, T *out, float *lse,
                       int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                       int64_t D, bool causal, int64_t kvLen = 0,
-                      int64_t first = 0);
+                      int64_t first = 0, int64_t zigzag = 0);
 // From the forward's out and lse: rowsum(dout * out) into `scratch`, then the
 // flash-attention backward: a pass over key tiles (dK, dV) and one over query
 // tiles (dQ). dk and dv of a KV head shared by several query heads are summed
@@ -225,7 +230,7 @@ void attentionBackward(const T *q, const T *k, const T *v, const T *out,
                        const float *lse, const T *dout, T *dq, T *dk, T *dv,
                        int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                        int64_t D, bool causal, int64_t kvLen, int64_t first,
-                       void *scratch);
+                       int64_t zigzag, void *scratch);
 int64_t attentionScratchBytes(int64_t B, int64_t Tlen, int64_t H, int64_t Hkv,
                               int64_t D, int elementBytes);
 
