@@ -134,7 +134,7 @@ const std::vector<std::string> kStrings = {
     "gpt", "llama", "bert", "gpipe", "1f1b", "interleaved", "zigzag",
     "cosine", "linear", "constant", "step", "adamw", "sgd", "bf16", "fp32",
     "int8", "llmc", "synthetic", "none", "selective", "full", "flash",
-    "unfused", "tp", "dp", "", "*", "[", "h.*",
+    "unfused", "balanced", "contiguous", "tp", "dp", "", "*", "[", "h.*",
     "a b", "x\\ny", "\\u0000", "\\ud800", "..", "/dev/null", "tokens.bin",
     "a-very-long-name-that-is-longer-than-sixty-four-characters-for-sure"};
 const std::vector<std::string> kKeys = {
@@ -146,7 +146,7 @@ const std::vector<std::string> kKeys = {
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
     "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
     "shard", "attention", "dropout", "attention_dropout",
-    "overlap_grad_reduce", "cp", "hiden", ""};
+    "overlap_grad_reduce", "cp", "cp_layout", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",
     "model.hidden", "model.heads", "model.kv_heads", "model.ffn_hidden",
@@ -158,6 +158,7 @@ const std::vector<std::string> kSetPaths = {
     "train.optimizer.name", "train.lr_schedule.decay",
     "train.lr_schedule.warmup_steps", "data.format", "data.path",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp",
+    "parallel.cp_layout",
     "parallel.microbatches",
     "parallel.schedule", "parallel.virtual_stages",
     "parallel.sequence_parallel", "parallel.bucket_mb",
