@@ -254,8 +254,7 @@ LogicalResult ParamOp::propagateSharding(ShardingContext &ctx) {
 
 LogicalResult InputOp::propagateSharding(ShardingContext &ctx) {
   // Token ids are split along the batch over dp (and ep, which splits the
-  // batch further for all but the experts).
-  // Context parallelism splits the sequence.
+  // batch further for all but the experts), and along the sequence over cp.
   Sharding s = Sharding::replicated(2);
   s.dims[0] = ctx.activeAxes() & (AxisSet(MeshAxis::DP) | MeshAxis::EP);
   s.dims[1] = ctx.activeAxes() & AxisSet(MeshAxis::CP);

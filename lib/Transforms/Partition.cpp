@@ -29,23 +29,6 @@ using tessel::dist::Sharding;
 
 namespace {
 
-// Whether every axis of `inner` comes after every axis of `outer` in rank
-// order (neither naming a half of dp): a piece over `outer` then cut over
-// `inner` is the piece over both.
-bool innerTo(AxisSet inner, AxisSet outer) {
-  unsigned halves = kDpShardBit | kDpReplicaBit;
-  if ((inner.bits() | outer.bits()) & halves)
-    return false;
-  bool seenInner = false;
-  for (MeshAxis axis : kRankOrder) {
-    if (inner.contains(axis))
-      seenInner = true;
-    else if (outer.contains(axis) && seenInner)
-      return false;
-  }
-  return true;
-}
-
 class Partitioner : public dist::PartitionContext {
 public:
   Partitioner(ModuleOp module)
@@ -236,16 +219,13 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     annotate(ag);
     v = ag.getResult();
   }
-  // Dimensions the target splits further: every rank holds the whole
-  // dimension (or the piece of axes outside the new ones, as a sequence
-  // split over cp is split over tp inside) already and keeps its piece.
+  // Dimensions the target splits that nothing split before: every rank
+  // holds the whole dimension already and keeps its piece.
   for (size_t d = 0; d < to.dims.size(); ++d) {
     AxisSet split = to.dims[d] - current.dims[d];
-    if (split.empty() ||
-        (!current.dims[d].empty() &&
-         (current.blocksOf(d) != 1 || !innerTo(split, current.dims[d]))))
+    if (split.empty() || !current.dims[d].empty())
       continue;
-    current.dims[d] |= split;
+    current.dims[d] = split;
     FailureOr<RankedTensorType> type =
         localType(reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
