@@ -21,13 +21,12 @@ Two parts, printed as markdown tables for docs/benchmarks.md:
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_layouts import ROOT, TESSEL, median_step_ms, run  # noqa: E402
+
 SMALL = ["--set", "model.layers=4", "--set", "model.hidden=256", "--set", "model.heads=8",
          "--set", "model.kv_heads=8", "--set", "model.ffn_hidden=1024",
          "--set", "model.vocab_size=4096", "--set", "model.seq_len=2048",
@@ -37,16 +36,8 @@ LAYOUTS = [("cp1", []), ("cp2, balanced", ["--cp", "2"]),
            ("tp2 + sp", ["--tp", "2", "--sp"])]
 
 
-def run(cmd, env=None):
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
-    return r.stdout
-
-
 def kept_bytes(plan):
-    """Activations kept per microbatch in flight on program 0, plan and
-    textbook (from `tessel inspect --memory`)."""
+    """Activations kept per microbatch in flight on program 0 (plan.json)."""
     return plan["programs"][sorted(plan["programs"])[0]]["memory"]["activation_slot_bytes"]
 
 
@@ -63,14 +54,9 @@ def measured(args, work):
         kept = kept_bytes(plan)
         ms = sent = float("nan")
         if not args.skip_run:
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_NUM_THREADS=str(threads))
-            metrics = out + ".jsonl"
             report = os.path.join(work, "comm.json")
-            run([TESSEL, "run", out, "--steps", str(args.steps), "--metrics", metrics,
-                 "--threads", str(threads), "--quiet", "--comm-report", report], env)
-            records = [json.loads(line) for line in open(metrics)]
-            ms = statistics.median(r["step_ms"] for r in records[2:])
+            ms = median_step_ms(out, args.steps, threads, out + ".jsonl",
+                                ["--comm-report", report])
             counted = json.load(open(os.path.join(work, "comm.rank0.json")))
             sent = sum(c["bytes_sent"] for c in counted["collectives"].values()) / counted["steps"]
         rows.append((name, ranks, threads, kept, sent, ms))

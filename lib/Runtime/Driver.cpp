@@ -20,7 +20,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tessel/Runtime/Sequence.h"
 #include "tessel/Runtime/Checkpoint.h"
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/Data.h"
@@ -29,6 +28,7 @@
 #include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Program.h"
 #include "tessel/Runtime/Safetensors.h"
+#include "tessel/Runtime/Sequence.h"
 #include "tessel/Runtime/Sharding.h"
 #include "tessel/Runtime/TensorBoard.h"
 #include "tessel/Runtime/Trace.h"
