@@ -41,6 +41,11 @@
 //          cut over a group of g dp ranks ("dp_shard": d becomes g in the
 //          terms above) and each piece is summed over the d/g groups
 //          ("dp_replica"): 2(d/g-1)/(d/g) * 4n/g once per step
+//   cp     per microbatch and transformer block, the keys and values
+//          gathered forward and again backward and their gradients
+//          reduce-scattered: 6(c-1)/c * b*s*kv_dim/t*e (c = cp); every
+//          gradient summed over dp x cp, and b*s in the other terms a
+//          rank's b*s/c tokens
 //   pp     per microbatch, each chunk boundary an activation forward and its
 //          gradient back, b*s*h*e (/t under sequence parallelism); a tied
 //          embedding table V/t x h sent to the last stage once per step and
@@ -49,6 +54,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "Textbook.h"
+
+#include "tessel/Support/MeshLayout.h"
 
 #include <cmath>
 #include <cstdio>
@@ -59,6 +66,8 @@
 
 using json = nlohmann::json;
 using namespace llvm;
+using tessel::AxisSet;
+using tessel::MeshAxis;
 
 namespace {
 
@@ -224,6 +233,15 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
   return kept;
 }
 
+// The axes whose condition holds, as a group of the comm report ("dp,cp").
+AxisSet axesWhere(std::initializer_list<std::pair<MeshAxis, bool>> axes) {
+  AxisSet set;
+  for (auto [axis, holds] : axes)
+    if (holds)
+      set |= axis;
+  return set;
+}
+
 // The ranks ZeRO shards over (parallel.zero_group, else all of dp), and the
 // group the shard collectives are reported under.
 double shardGroupOf(const json &plan, double d) {
@@ -303,18 +321,18 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // adds its piece of the sequence).
     bool overTp = sp && t > 1 && !splitOverTp;
     double restEp = overDpEp ? 1 : epSum;
-    std::string rest = std::string(overTp ? "tp," : "") +
-                       (c > 1 ? "cp," : "") + (restEp > 1 ? "ep," : "");
-    if (!rest.empty())
-      rest.pop_back();
+    AxisSet rest = axesWhere({{MeshAxis::TP, overTp},
+                              {MeshAxis::CP, c > 1},
+                              {MeshAxis::EP, restEp > 1}});
     double restGroup = restEp * (overTp ? t : 1) * c;
     if (!rest.empty() && zero) {
-      table.textbook[rest] += allReduce(asPieces ? n / G : n, restGroup, 4);
+      table.textbook[rest.str()] +=
+          allReduce(asPieces ? n / G : n, restGroup, 4);
       table.textbook[group] += dpBytes;
     } else if (zero && overDpEp) {
       table.textbook[group] += dpBytes;
     } else if (!rest.empty())
-      table.textbook[d > 1 ? "dp," + rest : rest] +=
+      table.textbook[(d > 1 ? rest | MeshAxis::DP : rest).str()] +=
           allReduce(n, d * restGroup, 4);
     else
       table.textbook[zero ? shard : "dp"] += dpBytes;
@@ -407,24 +425,23 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool tokensOverTp = sp && t > 1 && !expertTp;
     double tokens = b * s / (tokensOverTp ? t : 1);
     double tokenGroup = d * ep * (tokensOverTp ? t : 1) * c;
-    std::string tokenAxes = std::string(d > 1 ? "dp," : "") +
-                            (tokensOverTp ? "tp," : "") + (c > 1 ? "cp," : "") +
-                            (ep > 1 ? "ep," : "");
-    if (!tokenAxes.empty())
-      tokenAxes.pop_back();
+    AxisSet tokenAxes = axesWhere({{MeshAxis::DP, d > 1},
+                                   {MeshAxis::TP, tokensOverTp},
+                                   {MeshAxis::CP, c > 1},
+                                   {MeshAxis::EP, ep > 1}});
     double E = moe.experts, rows = tokens * moe.topK;
     for (int64_t block : blocks) {
       if (!moe.isMoeBlock(block))
         continue;
       if (!tokenAxes.empty()) {
         if (moe.auxLoss)
-          table.textbook[tokenAxes] += m * 2 * allReduce(E, tokenGroup, 4);
+          table.textbook[tokenAxes.str()] += m * 2 * allReduce(E, tokenGroup, 4);
         else
-          table.textbook[tokenAxes] += allReduce(E, tokenGroup, 4);
+          table.textbook[tokenAxes.str()] += allReduce(E, tokenGroup, 4);
         if (moe.capacity) {
           // Per row when the sequence is split (over tp or cp).
           double n = tokensOverTp || c > 1 ? b * E : E;
-          table.textbook[tokenAxes] +=
+          table.textbook[tokenAxes.str()] +=
               m * (tokenGroup - 1) * n * 4 + allReduce(E, tokenGroup, 4);
         }
       }
