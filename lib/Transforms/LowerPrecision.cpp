@@ -34,7 +34,8 @@ namespace rt = tessel::rtir;
 namespace {
 
 // Values that are one storage: views and their sources, values handed from
-// part to part, the update's inputs and its block arguments.
+// part to part (what a part yields and its results; the update's metrics
+// too), the update's inputs and its block arguments.
 class StorageClasses {
 public:
   Value find(Value v) {
@@ -77,7 +78,7 @@ void LowerPrecisionPass::runOnOperation() {
             buffers.push_back(arg);
     if (auto view = dyn_cast<rt::ViewOp>(op))
       classes.unite(view.getResult(), view.getSource());
-    if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(op)) {
+    if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp, pipe::UpdateOp>(op)) {
       auto yield = cast<pipe::YieldOp>(op->getRegion(0).front().getTerminator());
       for (auto [result, value] :
            llvm::zip(op->getResults(), yield.getValues()))
