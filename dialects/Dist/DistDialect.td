@@ -68,13 +68,16 @@ def Dist_MeshAttr : AttrDef<Dist_Dialect, "Mesh"> {
   let mnemonic = "mesh";
   let summary = "The device mesh of a program: the size of each named axis";
   let description = [{
-    Sizes of the axes larger than one, outermost first in rank order (pp,
-    dp, ep, cp, tp; see tessel/Support/MeshLayout.h); the others are 1. A
-    module's mesh is its `dist.mesh` attribute; without one the program
-    runs on one rank.
+    Sizes of the axes larger than one, outermost first in the default rank
+    order (pp, dp, ep, cp, tp; see tessel/Support/MeshLayout.h); the others
+    are 1. `zero_group` splits dp for hybrid sharding; `order` numbers the
+    ranks in another order (parallel.order, innermost first). A module's
+    mesh is its `dist.mesh` attribute; without one the program runs on one
+    rank.
 
     ```mlir
     module attributes {dist.mesh = #dist.mesh<pp = 2, dp = 2, tp = 4>} {}
+    module attributes {dist.mesh = #dist.mesh<dp = 4, tp = 2, order = "dp-tp-cp-ep-pp">} {}
     ```
   }];
   let parameters = (ins "::tessel::MeshShape":$shape);

@@ -90,10 +90,24 @@ static ParseResult parseMeshSizes(AsmParser &parser, tessel::MeshShape &shape) {
         return failure();
       continue;
     }
+    if (name == "order") {
+      std::string order;
+      if (parser.parseEqual())
+        return failure();
+      SMLoc at = parser.getCurrentLocation();
+      if (parser.parseString(&order))
+        return failure();
+      if (!shape.setOrder(order))
+        return parser.emitError(at, "order \"")
+               << order
+               << "\" must name dp, tp, cp, ep and pp once each, innermost "
+                  "first and pp last";
+      continue;
+    }
     std::optional<tessel::MeshAxis> axis = tessel::parseMeshAxis(name);
     if (!axis)
       return parser.emitError(loc, "unknown mesh axis '")
-             << name << "' (axes: dp, tp, pp, cp, ep; and zero_group)";
+             << name << "' (axes: dp, tp, pp, cp, ep; and zero_group, order)";
     int64_t size = 0;
     if (parser.parseEqual() || parser.parseInteger(size))
       return failure();
@@ -110,8 +124,13 @@ static void printMeshSizes(AsmPrinter &printer,
               << shape[axis];
       first = false;
     }
-  if (shape.hybrid())
+  if (shape.hybrid()) {
     printer << (first ? "" : ", ") << "zero_group = " << shape.dpShard;
+    first = false;
+  }
+  if (!shape.defaultOrder())
+    printer << (first ? "" : ", ") << "order = \"" << shape.orderName()
+            << "\"";
 }
 
 #include "dialects/Dist/DistDialect.cpp.inc"

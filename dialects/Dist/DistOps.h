@@ -22,7 +22,7 @@ inline llvm::hash_code hash_value(AxisSet axes) {
 inline llvm::hash_code hash_value(const MeshShape &shape) {
   return llvm::hash_combine(
       llvm::hash_combine_range(shape.size, shape.size + kNumMeshAxes),
-      shape.hybrid() ? shape.dpShard : 0);
+      shape.hybrid() ? shape.dpShard : 0, shape.orderName());
 }
 } // namespace tessel
 

@@ -115,6 +115,10 @@ public:
     mesh[MeshAxis::EP] = par.ep;
     mesh[MeshAxis::CP] = par.cp;
     mesh.dpShard = par.zeroGroup;
+    // Checked when the spec was read.
+    bool ordered = mesh.setOrder(par.order);
+    assert(ordered && "parallel.order is validated by loadSpec");
+    (void)ordered;
     dist::setMesh(*module, mesh);
     if (par.sequenceParallel && par.tp > 1)
       (*module)->setAttr("dist.sequence_parallel", b.getUnitAttr());

@@ -8,6 +8,7 @@
 
 #include "tessel/Frontend/Spec.h"
 #include "tessel/Pipeline/Schedule.h"
+#include "tessel/Support/MeshLayout.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -656,6 +657,27 @@ void readStageLayers(const json &stages, const std::string &where,
   }
 }
 
+// What is wrong with a parallel.order that MeshShape::setOrder refuses.
+std::string orderProblem(const std::string &order) {
+  std::string quoted = brief(json(order));
+  // A sound order but for where pp is: say why pp goes last.
+  llvm::SmallVector<llvm::StringRef> names;
+  llvm::StringRef(order).split(names, '-');
+  std::string ppLast;
+  for (llvm::StringRef name : names)
+    if (name != "pp")
+      ppLast += name.str() + "-";
+  if (llvm::is_contained(names, "pp") && names.back() != "pp" &&
+      MeshShape().setOrder(ppLast + "pp"))
+    return "pp must be last (outermost), got " + quoted +
+           ": each pipeline stage is one program, started on a contiguous "
+           "block of ranks";
+  return "must name dp, tp, cp, ep and pp once each, separated by '-', "
+         "innermost first and pp last (the default is \"tp-cp-ep-dp-pp\"), "
+         "got " +
+         quoted;
+}
+
 void readParallel(Section s, ParallelSpec &p, const Spec &spec,
                   const LayoutOverrides &layout, Problems &problems) {
   p.dp = s.integer("dp", 1, 1, kMaxAxis);
@@ -677,6 +699,11 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
   p.offload = s.choice("offload", "none", {"none", "optimizer"});
+  p.order = s.string("order", p.order);
+  if (layout.order)
+    p.order = *layout.order;
+  if (!MeshShape().setOrder(p.order))
+    problems.report(s.at("order"), orderProblem(p.order));
 
   // parallel.stage_layers: checked against the model below, once the
   // layout is known to be sound.
@@ -930,6 +957,7 @@ llvm::Expected<Spec> tessel::loadSpec(llvm::StringRef path,
   put("microbatches", layout.microbatches);
   put("virtual_stages", layout.virtualStages);
   put("schedule", layout.schedule);
+  put("order", layout.order);
   put("sequence_parallel", layout.sequenceParallel);
   if (layout.layers && resolved.contains("model") &&
       resolved["model"].is_object())
@@ -1048,6 +1076,8 @@ std::string LayoutOverrides::describe() const {
     add("sp");
   if (schedule)
     add("schedule=" + *schedule);
+  if (order)
+    add("order=" + *order);
   count("virtual_stages", virtualStages);
   count("layers", layers);
   return text.empty() ? "as in the spec" : text;

@@ -336,13 +336,15 @@ void commInit(int *argc, char ***argv, const MeshShape &meshShape) {
   s.coord = s.layout.coordsOf(s.rank);
 
   // The group of `axes` is the ranks that agree on every other coordinate:
-  // color them by those coordinates and order them by world rank, which is
-  // the layout's group order.
+  // color them by those coordinates and order them by the layout's group
+  // order (MeshLayout::groupRank, which parallel.order does not change).
   for (unsigned axes = 1; axes < kNumAxisSets; axes++) {
     if (effectiveAxes(axes) != axes)
       continue;
-    int color = (int)s.layout.groupColor(s.rank, AxisSet::fromBits(axes));
-    checkMpi(MPI_Comm_split(MPI_COMM_WORLD, color, s.rank, &s.comms[axes]),
+    AxisSet set = AxisSet::fromBits(axes);
+    int color = (int)s.layout.groupColor(s.rank, set);
+    int key = (int)s.layout.groupRank(s.rank, set);
+    checkMpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &s.comms[axes]),
              "MPI_Comm_split");
   }
 }

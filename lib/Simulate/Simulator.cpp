@@ -260,6 +260,9 @@ struct Cursor {
   std::map<unsigned, int64_t> ppSyncs; // axes bits -> collectives passed
   bool graph = false; // its kernels are nodes of a CUDA graph
   ProgramTimes times;
+  // The item whose collectives `times.groups` counted last (an op that
+  // waits for other stages is costed again when it runs).
+  size_t groupsCounted = SIZE_MAX;
 };
 
 int64_t constantOf(Value v, int64_t fallback) {
@@ -410,11 +413,22 @@ Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
     return out;
   SmallVector<rt::CollectiveRecord> records;
   comm.describeCommunication(layout.shape(), records);
+  bool count = c.groupsCounted != c.pc;
+  c.groupsCounted = c.pc;
   for (const rt::CollectiveRecord &r : records) {
-    out.seconds +=
-        collectiveSeconds(r.kind, r.bytesSent, group(c, r.axes), cluster);
+    const GroupPlacement &g = group(c, r.axes);
+    double seconds = collectiveSeconds(r.kind, r.bytesSent, g, cluster);
+    out.seconds += seconds;
     out.bytes += r.bytesSent;
     out.axes |= r.axes;
+    AxisSet axes = layout.shape().effective(r.axes);
+    if (!count || axes.empty())
+      continue;
+    GroupTimes &t = c.times.groups[axes.str()];
+    t.placement = g;
+    ++t.collectives;
+    t.bytes += r.bytesSent;
+    t.seconds += seconds;
   }
   return out;
 }
@@ -683,7 +697,16 @@ llvm::Expected<SimResult> tessel::sim::simulate(ModuleOp top,
 
 json tessel::sim::resultToJson(const SimResult &r) {
   json programs = json::array();
-  for (const ProgramTimes &p : r.programs)
+  for (const ProgramTimes &p : r.programs) {
+    json groups = json::array();
+    for (const auto &[axes, g] : p.groups)
+      groups.push_back({{"axes", axes},
+                        {"ranks", g.placement.size},
+                        {"nodes", g.placement.nodes},
+                        {"ranks_per_node", g.placement.perNode},
+                        {"collectives", g.collectives},
+                        {"bytes_per_rank", g.bytes},
+                        {"seconds", g.seconds}});
     programs.push_back({{"program", p.name},
                         {"pipeline_rank", p.pipelineRank},
                         {"compute_s", p.compute},
@@ -693,7 +716,9 @@ json tessel::sim::resultToJson(const SimResult &r) {
                         {"end_s", p.end},
                         {"flops_per_rank", p.flops},
                         {"comm_bytes_per_rank", p.commBytes},
-                        {"kernels", p.kernels}});
+                        {"kernels", p.kernels},
+                        {"groups", groups}});
+  }
   return {{"step_time_s", r.stepTime},
           {"devices", r.devices},
           {"tokens_per_step", r.tokensPerStep},

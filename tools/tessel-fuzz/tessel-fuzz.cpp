@@ -135,6 +135,8 @@ const std::vector<std::string> kStrings = {
     "cosine", "linear", "constant", "step", "adamw", "sgd", "bf16", "fp32",
     "int8", "llmc", "synthetic", "none", "selective", "full", "flash",
     "unfused", "balanced", "contiguous", "tp", "dp", "", "*", "[", "h.*",
+    "tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp", "pp-tp-cp-ep-dp", "tp-dp-pp",
+    "tp-cp-ep-dp-pp-", "tp--cp-ep-dp-pp",
     "a b", "x\\ny", "\\u0000", "\\ud800", "..", "/dev/null", "tokens.bin",
     "a-very-long-name-that-is-longer-than-sixty-four-characters-for-sure"};
 const std::vector<std::string> kKeys = {
@@ -146,7 +148,7 @@ const std::vector<std::string> kKeys = {
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
     "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
     "shard", "attention", "dropout", "attention_dropout",
-    "overlap_grad_reduce", "cp", "cp_layout", "hiden", ""};
+    "overlap_grad_reduce", "cp", "cp_layout", "order", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",
     "model.hidden", "model.heads", "model.kv_heads", "model.ffn_hidden",
@@ -158,7 +160,7 @@ const std::vector<std::string> kSetPaths = {
     "train.optimizer.name", "train.lr_schedule.decay",
     "train.lr_schedule.warmup_steps", "data.format", "data.path",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp",
-    "parallel.cp_layout",
+    "parallel.cp_layout", "parallel.order",
     "parallel.microbatches",
     "parallel.schedule", "parallel.virtual_stages",
     "parallel.sequence_parallel", "parallel.bucket_mb",

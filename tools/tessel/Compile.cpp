@@ -352,6 +352,7 @@ json planJson(const Spec &spec, ModuleOp module,
         layout.size(axis) > 1)
       mesh[meshAxisName(axis)] = layout.size(axis);
   plan["mesh"] = mesh;
+  plan["order"] = layout.shape().orderName();
   plan["sequence_parallel"] = par.sequenceParallel;
   if (par.expertTp > 1)
     plan["expert_tp"] = par.expertTp;
@@ -667,10 +668,11 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
       "its\n"
       "# --chdir). sbatch's OPTIONS override the lines below; --cpus-per-task "
       "sets\n"
-      "# each rank's threads. Ranks are ordered tp innermost, pp outermost: "
-      "keep a\n"
-      "# tp group on one node. SLURM_MPI_TYPE chooses srun's --mpi (default "
-      "pmix).\n"
+      "# each rank's threads. Ranks are ordered " +
+      layout.shape().orderName() +
+      " (innermost first): keep the\n"
+      "# inner groups on one node. SLURM_MPI_TYPE chooses srun's --mpi "
+      "(default pmix).\n"
       "#SBATCH --job-name=" + spec.name + "\n" +
       sbatchResources(layout.worldSize(), cuda) +
       "set -u\n"

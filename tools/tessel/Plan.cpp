@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -53,7 +54,8 @@ const char *kPlanUsage =
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
     "                    (keys: tp, pp, ep, cp, mbs, v, zero, recompute, sp, "
-    "etp)\n"
+    "etp,\n"
+    "                    order, e.g. order=dp-tp-cp-ep-pp)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
     "  --target T        cpu or cuda (default: cuda with --gpu or a GPU\n"
     "                    cluster file, cpu with a CPU one)\n"
@@ -74,8 +76,18 @@ struct Layout {
   std::string recompute = "none";
   bool sp = false;
   bool expertTp = false; // MoE: the routed experts split over tp
+  // Rank order, innermost first (parallel.order): which axes' groups
+  // share a node.
+  std::string order = "tp-cp-ep-dp-pp";
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
+  MeshShape shape() const {
+    MeshShape mesh;
+    mesh[MeshAxis::TP] = tp, mesh[MeshAxis::PP] = pp, mesh[MeshAxis::DP] = dp;
+    mesh[MeshAxis::EP] = ep, mesh[MeshAxis::CP] = cp;
+    mesh.setOrder(order);
+    return mesh;
+  }
   std::string str() const {
     std::string s = formatv("tp{0}{1} pp{2} dp{3}{4}{5}, {6} x {7}", tp,
                             sp ? "+sp" : "", pp, dp,
@@ -87,6 +99,8 @@ struct Layout {
     s += formatv(", zero {0}, recompute {1}", zero, recompute).str();
     if (expertTp)
       s += ", etp";
+    if (!shape().defaultOrder())
+      s += ", order " + order;
     return s;
   }
 };
@@ -137,6 +151,22 @@ double activationSlots(int64_t pp, int64_t microbatches, int64_t v) {
 
 // Closed-form estimates, only to choose what to compile: the compiled
 // memory plan and the simulated step decide.
+// Where the group over `axes` of the layout's first rank sits on the
+// cluster's nodes (remembered: the search asks for the same few often).
+sim::GroupPlacement placement(const Layout &l, AxisSet axes,
+                              const sim::Cluster &cluster) {
+  static std::map<std::string, sim::GroupPlacement> memo;
+  MeshShape shape = l.shape();
+  std::string key = shape.describe() + " " + shape.orderName() + " " +
+                    axes.str() + " " + std::to_string(cluster.gpusPerNode);
+  auto it = memo.find(key);
+  if (it == memo.end())
+    it = memo.emplace(key, sim::placeGroup(MeshLayout(shape), 0, axes,
+                                           cluster))
+             .first;
+  return it->second;
+}
+
 Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                   const sim::Cluster &cluster, bool cuda) {
   const ModelSpec &m = spec.model;
@@ -206,7 +236,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                l.microbatches / (d.memoryBandwidth * d.memoryEfficiency);
   double tpComm = 0;
   if (l.tp > 1) {
-    sim::GroupPlacement g{l.tp, 1, l.tp};
+    sim::GroupPlacement g = placement(l, MeshAxis::TP, cluster);
     double bytes = 2.0 * (l.tp - 1) / l.tp * rows * h * elem;
     double perLayer = (l.recompute == "full" ? 6 : 4) *
                       sim::collectiveSeconds("all_reduce", bytes, g, cluster);
@@ -217,33 +247,35 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   // (seven with full recompute).
   double cpComm = 0;
   if (l.cp > 1) {
-    MeshShape shapeCp;
-    shapeCp[MeshAxis::TP] = l.tp;
-    shapeCp[MeshAxis::CP] = l.cp;
-    sim::GroupPlacement g = sim::placeGroup(
-        MeshLayout(shapeCp), 0, AxisSet(MeshAxis::CP), cluster);
+    sim::GroupPlacement g = placement(l, MeshAxis::CP, cluster);
     double kvLocal = m.kvHeads % l.tp == 0 ? kv / l.tp : kv;
     double bytes = (l.cp - 1.0) / l.cp * l.mbs * s * kvLocal * elem;
     cpComm = (l.recompute == "full" ? 8 : 6) *
              sim::collectiveSeconds("all_gather", bytes, g, cluster) *
              layersHere * l.microbatches;
   }
-  double work = compute + tpComm + cpComm;
+  // Expert parallelism: each MoE layer's tokens go to their top_k experts
+  // and come back, forward and backward (and in the recomputed forward):
+  // four all-to-alls (six) per MoE layer and microbatch, each sending the
+  // (ep-1)/ep of a rank's routed rows that leave it.
+  double epComm = 0;
+  if (l.ep > 1 && moeLayers > 0) {
+    sim::GroupPlacement g = placement(l, MeshAxis::EP, cluster);
+    double routed = rows / (l.sp && !l.expertTp ? l.tp : 1);
+    double bytes = (l.ep - 1.0) / l.ep * routed * moe.topK * h * elem;
+    epComm = (l.recompute == "full" ? 6 : 4) *
+             sim::collectiveSeconds("all_to_all", bytes, g, cluster) *
+             std::ceil(moeLayers / l.pp) * l.microbatches;
+  }
+  double work = compute + tpComm + cpComm + epComm;
   double bubble = l.pp > 1 ? work * (l.pp - 1) / double(l.microbatches * l.v)
                            : 0;
   double dpComm = 0;
   // Gradients are summed over dp x cp (each cp rank's piece of the
   // sequences adds its share).
   if (l.dp * l.cp > 1) {
-    MeshShape shape3;
-    shape3[MeshAxis::DP] = l.dp;
-    shape3[MeshAxis::TP] = l.tp;
-    shape3[MeshAxis::PP] = l.pp;
-    shape3[MeshAxis::EP] = l.ep;
-    shape3[MeshAxis::CP] = l.cp;
-    MeshLayout layout(shape3);
-    sim::GroupPlacement g = sim::placeGroup(
-        layout, 0, AxisSet(MeshAxis::DP) | MeshAxis::CP, cluster);
+    sim::GroupPlacement g =
+        placement(l, AxisSet(MeshAxis::DP) | MeshAxis::CP, cluster);
     double sum = double(l.dp * l.cp);
     double bytes = 2.0 * (sum - 1) / sum * gpuParams * 4;
     dpComm = sim::collectiveSeconds("all_reduce", bytes, g, cluster);
@@ -298,6 +330,42 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   return e;
 }
 
+// The layout in the rank order (pp outermost) whose estimated step is
+// shortest on the cluster: the orders of its axes with more than one rank
+// are tried, each once; the default wins a tie.
+Layout withBestOrder(const Spec &spec, Layout l, int64_t batch,
+                     const sim::Cluster &cluster, bool cuda) {
+  MeshShape shape = l.shape();
+  std::vector<MeshAxis> inner = {MeshAxis::TP, MeshAxis::CP, MeshAxis::EP,
+                                 MeshAxis::DP};
+  std::sort(inner.begin(), inner.end());
+  std::set<std::string> tried;
+  Layout best = l;
+  best.order = MeshShape().orderName();
+  double bestStep = estimate(spec, best, batch, cluster, cuda).step;
+  do {
+    // Axes of one rank do not change the numbering: skip the orders
+    // that differ from one tried only in where those sit.
+    std::string active;
+    for (MeshAxis axis : inner)
+      if (shape[axis] > 1)
+        active += meshAxisName(axis);
+    if (!tried.insert(active).second)
+      continue;
+    Layout candidate = l;
+    candidate.order.clear();
+    for (MeshAxis axis : inner)
+      candidate.order += std::string(meshAxisName(axis)) + "-";
+    candidate.order += "pp";
+    double step = estimate(spec, candidate, batch, cluster, cuda).step;
+    if (step < bestStep * (1 - 1e-9)) {
+      best = candidate;
+      bestStep = step;
+    }
+  } while (std::next_permutation(inner.begin(), inner.end()));
+  return best;
+}
+
 std::vector<std::string> compileFlags(const Layout &l) {
   std::vector<std::string> f = {"--dp",
                                 std::to_string(l.dp),
@@ -324,6 +392,7 @@ std::vector<std::string> compileFlags(const Layout &l) {
     f.insert(f.end(), {"--cp", std::to_string(l.cp)});
   if (l.expertTp)
     f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
+  f.insert(f.end(), {"--order", l.order});
   return f;
 }
 
@@ -360,11 +429,13 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.cp = n;
     else if (key == "zero" && number && n <= 3)
       l.zero = n;
+    else if (key == "order" && MeshShape().setOrder(value.str()))
+      l.order = value.str();
     else
       return createStringError("--include '" + text + "': cannot read '" +
                                item.str() +
                                "' (keys: tp, pp, ep, cp, mbs, v, zero, "
-                               "recompute, sp, etp)");
+                               "recompute, sp, etp, order)");
   }
   if (!spGiven || l.tp == 1)
     l.sp = l.sp && l.tp > 1;
@@ -484,7 +555,11 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   std::vector<Candidate> &all = out->all;
   std::set<std::string> seen;
   const ModelSpec &m = spec->model;
-  auto add = [&](const Layout &l, bool included) {
+  // A searched layout takes the rank order its estimate likes best (the
+  // default on a tie); one given with --include keeps its own.
+  auto add = [&](Layout l, bool included) {
+    if (!included)
+      l = withBestOrder(*spec, l, batch, cluster, cuda);
     if (!seen.insert(l.str()).second) {
       for (Candidate &c : all)
         if (c.layout.str() == l.str())
@@ -1053,7 +1128,8 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                        {"schedule", l.schedule()},
                        {"zero", l.zero},     {"recompute", l.recompute},
                        {"sequence_parallel", l.sp},
-                       {"expert_tp", l.expertTp ? l.tp : 1}};
+                       {"expert_tp", l.expertTp ? l.tp : 1},
+                       {"order", l.order}};
       row["describe"] = l.str();
       row["memory_bytes"] = c->memory;
       row["fits"] = c->fits;
@@ -1125,6 +1201,8 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       p["expert_tp"] = l.tp;
     else
       p.erase("expert_tp");
+    if (!l.shape().defaultOrder() || p.contains("order"))
+      p["order"] = l.order;
     doc["train"]["recompute"] = l.recompute;
     doc["train"]["global_batch"] = o.batch;
     if (Error e = writeFileAtomically(values["--apply"], doc.dump(2) + "\n"))

@@ -261,6 +261,19 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
     outs() << formatv("  {0,-12} {1,12} {2,12} {3,14} {4,12}\n", p.name,
                       formatSeconds(p.compute), formatSeconds(p.optimizer),
                       formatSeconds(p.exposedComm), formatSeconds(p.bubble));
+  // Where the first program's groups sit (parallel.order places them) and
+  // what their collectives take, hidden or not.
+  if (!r.programs.empty() && !r.programs.front().groups.empty()) {
+    const sim::ProgramTimes &p = r.programs.front();
+    outs() << formatv("  {0,-14} {1,6} {2,6} {3,9} {4,12} {5,14}\n",
+                      "group (" + p.name + ")", "ranks", "nodes",
+                      "per node", "collectives", "time");
+    for (const auto &[axes, g] : p.groups)
+      outs() << formatv("  {0,-14} {1,6} {2,6} {3,9} {4,12} {5,14}\n", axes,
+                        g.placement.size, g.placement.nodes,
+                        g.placement.perNode, g.collectives,
+                        formatSeconds(g.seconds));
+  }
   if (options.trace)
     outs() << "  trace: " << values["--trace"] << "\n";
   return 0;

@@ -32,7 +32,8 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
                 const cl::opt<int> &pp, const cl::opt<int> &microbatches,
                 const cl::opt<int> &virtualStages,
                 const cl::opt<std::string> &schedule, const cl::opt<bool> &sp,
-                const cl::opt<int> &ep, const cl::opt<int> &cp) {
+                const cl::opt<int> &ep, const cl::opt<int> &cp,
+                const cl::opt<std::string> &order) {
   tessel::LayoutOverrides layout;
   auto count = [](const cl::opt<int> &flag) -> std::optional<int64_t> {
     if (!flag.getNumOccurrences())
@@ -50,6 +51,8 @@ layoutFromFlags(const cl::opt<int> &dp, const cl::opt<int> &tp,
     layout.schedule = schedule;
   if (sp.getNumOccurrences())
     layout.sequenceParallel = (bool)sp;
+  if (order.getNumOccurrences())
+    layout.order = order;
   return layout;
 }
 
@@ -130,6 +133,12 @@ static int compileCommand(int argc, char **argv) {
                   cl::desc("Context-parallel degree: the sequence split "
                            "over cp ranks (parallel.cp)"),
                   cl::init(0), cl::cat(category));
+  cl::opt<std::string> order(
+      "order",
+      cl::desc("Rank order, innermost axis first, e.g. tp-cp-ep-dp-pp (the "
+               "default): the inner axes' groups share a node "
+               "(parallel.order)"),
+      cl::cat(category));
   cl::opt<int> microbatches("microbatches",
                             cl::desc("Microbatches (parallel.microbatches)"),
                             cl::init(0), cl::cat(category));
@@ -253,7 +262,7 @@ static int compileCommand(int argc, char **argv) {
   options.overrides = specOverrides(sets, recompute, zero, zeroGroup, offload);
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
-                      ep, cp);
+                      ep, cp, order);
   if (Error err = tessel::compile(options)) {
     errs() << "tessel: error: " << toString(std::move(err)) << "\n";
     return 1;
@@ -277,6 +286,10 @@ static int checkCommandLine(int argc, char **argv) {
                   cl::cat(category));
   cl::opt<int> cp("cp", cl::desc("Context-parallel degree"), cl::init(0),
                   cl::cat(category));
+  cl::opt<std::string> order("order",
+                             cl::desc("Rank order, innermost axis first "
+                                      "(parallel.order)"),
+                             cl::cat(category));
   cl::opt<int> microbatches("microbatches", cl::desc("Microbatches"),
                             cl::init(0), cl::cat(category));
   cl::opt<bool> sp("sp", cl::desc("Sequence parallelism"), cl::cat(category));
@@ -353,7 +366,7 @@ static int checkCommandLine(int argc, char **argv) {
   options.tolerance = tolerance;
   options.layout =
       layoutFromFlags(dp, tp, pp, microbatches, virtualStages, schedule, sp,
-                      ep, cp);
+                      ep, cp, order);
   return tessel::checkCommand(options);
 }
 

@@ -92,3 +92,82 @@ TEST(MeshLayoutTest, WholeDpIsTheShardGroup) {
 }
 
 } // namespace
+
+TEST(MeshLayoutTest, OrderIsSpelledInnermostFirst) {
+  MeshShape s;
+  EXPECT_TRUE(s.defaultOrder());
+  EXPECT_EQ(s.orderName(), "tp-cp-ep-dp-pp");
+  EXPECT_TRUE(s.setOrder("dp-tp-cp-ep-pp"));
+  EXPECT_FALSE(s.defaultOrder());
+  EXPECT_EQ(s.orderName(), "dp-tp-cp-ep-pp");
+  EXPECT_EQ(s.order[0], MeshAxis::PP);
+  EXPECT_EQ(s.order[4], MeshAxis::DP);
+  // Refused, the order unchanged: pp not last, an axis twice or missing,
+  // an unknown name, empty names.
+  for (const char *bad :
+       {"pp-tp-cp-ep-dp", "tp-tp-cp-ep-pp", "tp-cp-ep-pp", "tp-cp-ep-dp-pp-",
+        "tp-cp-ep-dp-pp-tp", "tp-cp-xp-dp-pp", "", "-tp-cp-ep-dp-pp",
+        "tp--cp-ep-dp-pp"}) {
+    EXPECT_FALSE(s.setOrder(bad)) << bad;
+    EXPECT_EQ(s.orderName(), "dp-tp-cp-ep-pp") << bad;
+  }
+  MeshShape other;
+  EXPECT_NE(s, other);
+  other.setOrder("dp-tp-cp-ep-pp");
+  EXPECT_EQ(s, other);
+}
+
+// dp = 4, tp = 2, pp = 2 numbered dp innermost: a dp group is four
+// consecutive ranks and a tp group ranks four apart; pipeline stages stay
+// contiguous blocks, and group indices (the order of pieces in a group)
+// are the default order's, so that every order computes the same pieces.
+TEST(MeshLayoutTest, OrderPlacesTheInnerAxisOnConsecutiveRanks) {
+  MeshShape s = shape(4, 2, 2, 0);
+  MeshLayout byDefault(s);
+  s.setOrder("dp-tp-cp-ep-pp");
+  MeshLayout layout(s);
+  for (int64_t rank = 0; rank < 16; ++rank) {
+    MeshCoords c = layout.coordsOf(rank);
+    EXPECT_EQ(c[MeshAxis::DP], rank % 4);
+    EXPECT_EQ(c[MeshAxis::TP], rank / 4 % 2);
+    EXPECT_EQ(c[MeshAxis::PP], rank / 8);
+    EXPECT_EQ(layout.rankOf(c), rank);
+    EXPECT_EQ(layout.programOf(rank), rank / 8);
+    // The rank with the same coordinates in the default numbering.
+    int64_t same = byDefault.rankOf(c);
+    for (AxisSet axes : {AxisSet(MeshAxis::DP), AxisSet(MeshAxis::TP),
+                         AxisSet(MeshAxis::DP) | MeshAxis::TP,
+                         AxisSet(MeshAxis::PP)})
+      EXPECT_EQ(layout.groupRank(rank, axes), byDefault.groupRank(same, axes));
+  }
+  EXPECT_EQ(layout.firstRankOfProgram(1), 8);
+  auto dp = groups(layout, MeshAxis::DP);
+  ASSERT_EQ(dp.size(), 4u);
+  for (auto &[color, ranks] : dp)
+    EXPECT_EQ(ranks, (std::vector<int64_t>{ranks[0], ranks[0] + 1,
+                                           ranks[0] + 2, ranks[0] + 3}));
+  auto tp = groups(layout, MeshAxis::TP);
+  for (auto &[color, ranks] : tp)
+    EXPECT_EQ(ranks[1] - ranks[0], 4);
+  // Pipeline neighbours: the next stage's rank with the same coordinates.
+  EXPECT_EQ(layout.peer(5, MeshAxis::PP, 1), 13);
+  EXPECT_EQ(layout.peer(13, MeshAxis::PP, 1), std::nullopt);
+}
+
+// Hybrid sharding under another order: the shard groups are still the
+// consecutive dp coordinates, whatever ranks hold them.
+TEST(MeshLayoutTest, HybridGroupsUnderAnOrder) {
+  MeshShape s = shape(4, 2, 1, 2);
+  s.setOrder("dp-tp-cp-ep-pp");
+  MeshLayout layout(s);
+  auto shards = groups(layout, AxisSet::dpShard());
+  EXPECT_EQ(shards.size(), 4u);
+  for (auto &[color, ranks] : shards) {
+    ASSERT_EQ(ranks.size(), 2u);
+    MeshCoords a = layout.coordsOf(ranks[0]), b = layout.coordsOf(ranks[1]);
+    EXPECT_EQ(a[MeshAxis::TP], b[MeshAxis::TP]);
+    EXPECT_EQ(a[MeshAxis::DP] / 2, b[MeshAxis::DP] / 2);
+    EXPECT_EQ(a[MeshAxis::DP] % 2, 0);
+    EXPECT_EQ(ranks[1] - ranks[0], 1); // dp innermost: neighbours
+  }
+}

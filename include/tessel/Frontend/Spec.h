@@ -146,6 +146,10 @@ struct ParallelSpec {
   // memory, read and written by the update kernel across the bus
   // (ZeRO-Offload; CUDA target); "none" keeps everything on the device.
   std::string offload = "none";
+  // parallel.order: how ranks are numbered, innermost axis first, as
+  // Megatron-LM spells it. Consecutive ranks share a node, so the inner
+  // axes' collectives stay on its link. pp is always last (MeshLayout.h).
+  std::string order = "tp-cp-ep-dp-pp";
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,
   // the mesh axis splitting it ("" for none).
@@ -177,7 +181,7 @@ struct Spec {
 // with it, so that errors still name the spec field (parallel.tp, ...).
 struct LayoutOverrides {
   std::optional<int64_t> dp, tp, pp, microbatches, virtualStages, ep, cp;
-  std::optional<std::string> schedule;
+  std::optional<std::string> schedule, order;
   std::optional<bool> sequenceParallel;
   std::optional<int64_t> layers; // model.layers
 

@@ -7,8 +7,8 @@
 // the presets and where they come from are in docs/simulator.md; `tessel
 // calibrate` measures a CPU description on the machine it runs on.
 //
-// Ranks are placed on devices in rank order (MeshLayout.h: tp innermost,
-// pp outermost), so node n holds ranks [n * gpusPerNode, (n + 1) *
+// Ranks are placed on devices in rank order (MeshLayout.h: parallel.order,
+// by default tp innermost, pp outermost), so node n holds ranks [n * gpusPerNode, (n + 1) *
 // gpusPerNode).
 //
 //===----------------------------------------------------------------------===//

@@ -25,6 +25,7 @@
 #include "llvm/Support/Error.h"
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,15 @@ GroupPlacement placeGroup(const MeshLayout &layout, int64_t rank,
 double collectiveSeconds(const std::string &kind, double bytesSent,
                          const GroupPlacement &group, const Cluster &cluster);
 
+// The collectives one rank of a program runs over one group: where the
+// group sits and what its collectives took (their own time, hidden or not).
+struct GroupTimes {
+  GroupPlacement placement;
+  int64_t collectives = 0;
+  double bytes = 0;   // sent per rank (textbook volume)
+  double seconds = 0; // the collectives' time
+};
+
 struct ProgramTimes {
   std::string name;
   int64_t pipelineRank = 0;
@@ -66,6 +76,8 @@ struct ProgramTimes {
   double flops = 0;        // per rank
   double commBytes = 0;    // bytes a rank sends (textbook volume)
   int64_t kernels = 0;
+  // Per group of its collectives ("tp", "dp,cp", ...).
+  std::map<std::string, GroupTimes> groups;
 };
 
 struct SimResult {

@@ -7,11 +7,18 @@
 // slices) both ask it, so the two can never disagree.
 //
 // Axes are named: dp (data), tp (tensor), pp (pipeline), cp (context) and
-// ep (expert). Ranks are numbered with tp innermost, then cp, ep, dp, and pp
-// outermost, as Megatron-LM does, so that a tensor-parallel group is a run of
-// consecutive ranks (one node) and a pipeline stage is a contiguous block:
+// ep (expert). By default ranks are numbered with tp innermost, then cp, ep,
+// dp, and pp outermost, as Megatron-LM does, so that a tensor-parallel group
+// is a run of consecutive ranks (one node) and a pipeline stage is a
+// contiguous block:
 //
 //   rank = (((pp * DP + dp) * EP + ep) * CP + cp) * TP + tp
+//
+// parallel.order places the axes otherwise (MeshShape::order, spelled
+// innermost first as Megatron-LM's `order` is: "tp-cp-ep-dp-pp" is the
+// default). Consecutive ranks share a node, so the innermost axes' groups
+// stay inside one. pp is always outermost: each pipeline coordinate runs
+// one program, launched on a contiguous block of ranks.
 //
 // ZeRO's hybrid sharding (parallel.zero_group = G) splits dp in two: a
 // shard group of G consecutive dp coordinates (dp % G, inner) and the
@@ -39,7 +46,7 @@ inline constexpr int kNumMeshAxes = 5;
 // Every axis, in the order sizes are listed (dp, tp, pp, cp, ep).
 inline constexpr MeshAxis kMeshAxes[kNumMeshAxes] = {
     MeshAxis::DP, MeshAxis::TP, MeshAxis::PP, MeshAxis::CP, MeshAxis::EP};
-// Rank order, outermost first.
+// The default rank order, outermost first.
 inline constexpr MeshAxis kRankOrder[kNumMeshAxes] = {
     MeshAxis::PP, MeshAxis::DP, MeshAxis::EP, MeshAxis::CP, MeshAxis::TP};
 
@@ -147,6 +154,10 @@ struct MeshShape {
   // ZeRO's hybrid shard group along dp (parallel.zero_group): dp ranks
   // d and d' share a shard group when d / G == d' / G. 0: not split.
   int64_t dpShard = 0;
+  // Rank order, outermost first (parallel.order): a permutation of the
+  // axes with pp first.
+  MeshAxis order[kNumMeshAxes] = {kRankOrder[0], kRankOrder[1], kRankOrder[2],
+                                  kRankOrder[3], kRankOrder[4]};
 
   int64_t &operator[](MeshAxis axis) { return size[static_cast<int>(axis)]; }
   int64_t operator[](MeshAxis axis) const {
@@ -215,9 +226,50 @@ struct MeshShape {
   AxisSet effective(AxisSet axes) const {
     return canonical(axes) & activeAxes();
   }
+  // Whether the ranks are numbered in the default order.
+  bool defaultOrder() const {
+    for (int i = 0; i < kNumMeshAxes; ++i)
+      if (order[i] != kRankOrder[i])
+        return false;
+    return true;
+  }
+  // The order as parallel.order spells it, innermost first:
+  // "tp-cp-ep-dp-pp".
+  std::string orderName() const {
+    std::string text;
+    for (int i = kNumMeshAxes - 1; i >= 0; --i)
+      text += std::string(meshAxisName(order[i])) + (i ? "-" : "");
+    return text;
+  }
+  // Sets the order from its spelling; false (and the order unchanged)
+  // unless `name` lists every axis once with pp last.
+  bool setOrder(std::string_view name) {
+    MeshAxis parsed[kNumMeshAxes];
+    unsigned seen = 0;
+    for (int i = kNumMeshAxes - 1; i >= 0; --i) {
+      size_t dash = name.find('-');
+      if ((dash == std::string_view::npos) != (i == 0))
+        return false; // too few or too many names
+      std::optional<MeshAxis> axis = parseMeshAxis(name.substr(0, dash));
+      if (!axis || (seen & AxisSet(*axis).bits()))
+        return false;
+      seen |= AxisSet(*axis).bits();
+      parsed[i] = *axis;
+      if (i)
+        name.remove_prefix(dash + 1);
+    }
+    if (parsed[0] != MeshAxis::PP)
+      return false;
+    for (int k = 0; k < kNumMeshAxes; ++k)
+      order[k] = parsed[k];
+    return true;
+  }
   bool operator==(const MeshShape &o) const {
     for (MeshAxis axis : kMeshAxes)
       if ((*this)[axis] != o[axis])
+        return false;
+    for (int i = 0; i < kNumMeshAxes; ++i)
+      if (order[i] != o.order[i])
         return false;
     return (hybrid() ? dpShard : 0) == (o.hybrid() ? o.dpShard : 0);
   }
@@ -231,6 +283,8 @@ struct MeshShape {
                 "=" + std::to_string((*this)[axis]);
     if (hybrid())
       text += " zero_group=" + std::to_string(dpShard);
+    if (!defaultOrder())
+      text += (text.empty() ? "order=" : " order=") + orderName();
     return text.empty() ? "1 rank" : text;
   }
 };
@@ -264,7 +318,7 @@ public:
   MeshCoords coordsOf(int64_t rank) const {
     MeshCoords c;
     for (int i = kNumMeshAxes - 1; i >= 0; --i) {
-      MeshAxis axis = kRankOrder[i];
+      MeshAxis axis = shape_.order[i];
       c[axis] = rank % shape_[axis];
       rank /= shape_[axis];
     }
@@ -272,13 +326,16 @@ public:
   }
   int64_t rankOf(const MeshCoords &c) const {
     int64_t rank = 0;
-    for (MeshAxis axis : kRankOrder)
+    for (MeshAxis axis : shape_.order)
       rank = rank * shape_[axis] + c[axis];
     return rank;
   }
 
   // This rank's index in its group over `axes`: the group's ranks ordered
-  // by world rank (outer axes vary slowest).
+  // by their coordinates, dp slowest, then ep, cp and tp (the default rank
+  // order, whatever parallel.order numbers the ranks by). A tensor split
+  // over several axes holds its pieces in this order, so that pieces,
+  // gathers and data rows are the same at every order.
   int64_t groupRank(int64_t rank, AxisSet axes) const {
     return fold(rank, shape_.effective(axes), /*inGroup=*/true);
   }
@@ -323,8 +380,8 @@ public:
 
 private:
   // The mixed-radix number of `rank`'s coordinates along the axes of
-  // `axes` (inGroup) or along the others, outermost first; dp counts as
-  // its replica then its shard coordinate.
+  // `axes` (inGroup) or along the others, in the default rank order
+  // (outermost first); dp counts as its replica then its shard coordinate.
   int64_t fold(int64_t rank, AxisSet axes, bool inGroup) const {
     MeshCoords c = coordsOf(rank);
     int64_t number = 0;

@@ -546,6 +546,13 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
         b.getStringAttr("{}.mesh.dpShard = " + std::to_string(mesh.dpShard) +
                         ";"),
         ValueRange{var});
+  if (!mesh.defaultOrder())
+    for (int i = 0; i < kNumMeshAxes; ++i)
+      b.create<emitc::VerbatimOp>(
+          loc,
+          b.getStringAttr("{}.mesh.order[" + std::to_string(i) +
+                          "] = " + axisLiteral(mesh.order[i]) + ";"),
+          ValueRange{var});
   if (failed(target.addDeviceSetup(device, var, b)))
     return failure();
   if (gradientCheck) {
