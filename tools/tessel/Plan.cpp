@@ -55,7 +55,8 @@ const char *kPlanUsage =
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
     "                    (keys: tp, pp, ep, cp, mbs, v, zero, recompute, sp, "
     "etp,\n"
-    "                    order, e.g. order=dp-tp-cp-ep-pp)\n"
+    "                    order: order=dp-tp-cp-ep-pp, or order=auto for the\n"
+    "                    planner's choice; without it the default order)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
     "  --target T        cpu or cuda (default: cuda with --gpu or a GPU\n"
     "                    cluster file, cpu with a CPU one)\n"
@@ -77,7 +78,7 @@ struct Layout {
   bool sp = false;
   bool expertTp = false; // MoE: the routed experts split over tp
   // Rank order, innermost first (parallel.order): which axes' groups
-  // share a node.
+  // share a node. Empty (--include order=auto): the planner picks it.
   std::string order = "tp-cp-ep-dp-pp";
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
@@ -331,38 +332,36 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
 }
 
 // The layout in the rank order (pp outermost) whose estimated step is
-// shortest on the cluster: the orders of its axes with more than one rank
-// are tried, each once; the default wins a tie.
+// shortest on the cluster: every order of its axes with more than one rank
+// is tried (those of one rank, which number nothing, follow in the default
+// order); the default wins a tie.
 Layout withBestOrder(const Spec &spec, Layout l, int64_t batch,
                      const sim::Cluster &cluster, bool cuda) {
-  MeshShape shape = l.shape();
-  std::vector<MeshAxis> inner = {MeshAxis::TP, MeshAxis::CP, MeshAxis::EP,
-                                 MeshAxis::DP};
-  std::sort(inner.begin(), inner.end());
-  std::set<std::string> tried;
+  MeshShape shape = l.shape(), byDefault;
+  std::vector<MeshAxis> active, idle;
+  for (int i = kNumMeshAxes - 1; i > 0; --i) // innermost first, pp left out
+    (shape[byDefault.order[i]] > 1 ? active : idle)
+        .push_back(byDefault.order[i]);
+  l.order = byDefault.orderName();
   Layout best = l;
-  best.order = MeshShape().orderName();
   double bestStep = estimate(spec, best, batch, cluster, cuda).step;
+  std::vector<MeshAxis> tried = active;
+  std::sort(tried.begin(), tried.end());
   do {
-    // Axes of one rank do not change the numbering: skip the orders
-    // that differ from one tried only in where those sit.
-    std::string active;
-    for (MeshAxis axis : inner)
-      if (shape[axis] > 1)
-        active += meshAxisName(axis);
-    if (!tried.insert(active).second)
-      continue;
+    if (tried == active)
+      continue; // the default
     Layout candidate = l;
     candidate.order.clear();
-    for (MeshAxis axis : inner)
-      candidate.order += std::string(meshAxisName(axis)) + "-";
+    for (const std::vector<MeshAxis> *axes : {&tried, &idle})
+      for (MeshAxis axis : *axes)
+        candidate.order += std::string(meshAxisName(axis)) + "-";
     candidate.order += "pp";
     double step = estimate(spec, candidate, batch, cluster, cuda).step;
     if (step < bestStep * (1 - 1e-9)) {
       best = candidate;
       bestStep = step;
     }
-  } while (std::next_permutation(inner.begin(), inner.end()));
+  } while (std::next_permutation(tried.begin(), tried.end()));
   return best;
 }
 
@@ -429,6 +428,8 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.cp = n;
     else if (key == "zero" && number && n <= 3)
       l.zero = n;
+    else if (key == "order" && value == "auto")
+      l.order.clear(); // the planner's choice, as for a searched layout
     else if (key == "order" && MeshShape().setOrder(value.str()))
       l.order = value.str();
     else
@@ -556,9 +557,10 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   std::set<std::string> seen;
   const ModelSpec &m = spec->model;
   // A searched layout takes the rank order its estimate likes best (the
-  // default on a tie); one given with --include keeps its own.
+  // default on a tie); one given with --include keeps its own (the default
+  // unless it says order=NAME), or takes the best with order=auto.
   auto add = [&](Layout l, bool included) {
-    if (!included)
+    if (!included || l.order.empty())
       l = withBestOrder(*spec, l, batch, cluster, cuda);
     if (!seen.insert(l.str()).second) {
       for (Candidate &c : all)
