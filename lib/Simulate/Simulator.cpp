@@ -63,6 +63,22 @@ static double balancedRows(Value x, int64_t k, int64_t segments,
          sources;
 }
 
+// The share of a collective record's bytes that moves under balanced
+// routing, as the grouped GEMMs are costed. An expert-parallel exchange is
+// counted at the most a rank can send (plan.json's bound): all its
+// assignments leave it, and in the combine every other rank's come back
+// through it. Routed evenly, (g-1)/g of a rank's assignments leave and
+// each rank gets back what it sent: a g-th of the combine's bound.
+static double balancedShare(Operation *op, size_t record, int64_t g) {
+  if (g <= 1)
+    return 1;
+  if (isa<rt::MoeExchangeOp>(op) && record == 1) // after the counts
+    return double(g - 1) / double(g);
+  if (isa<rt::MoeCombineOp>(op))
+    return 1.0 / double(g);
+  return 1;
+}
+
 KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
                                    bool inGraph) {
   const Device &d = cluster.device;
@@ -415,9 +431,10 @@ Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
   comm.describeCommunication(layout.shape(), records);
   bool count = c.groupsCounted != c.pc;
   c.groupsCounted = c.pc;
-  for (const rt::CollectiveRecord &r : records) {
+  for (auto [index, r] : llvm::enumerate(records)) {
     const GroupPlacement &g = group(c, r.axes);
-    double seconds = collectiveSeconds(r.kind, r.bytesSent, g, cluster);
+    double seconds = collectiveSeconds(
+        r.kind, r.bytesSent * balancedShare(op, index, g.size), g, cluster);
     out.seconds += seconds;
     out.bytes += r.bytesSent;
     out.axes |= r.axes;
