@@ -43,22 +43,18 @@ public:
     inference = true;
     Location loc = NameLoc::get(b.getStringAttr(spec.name));
     const ParallelSpec &par = spec.parallel;
-    if (par.pp > 1 || par.dp > 1) {
+    if (par.pp > 1 || par.dp > 1 || par.ep > 1 || par.cp > 1) {
       emitError(loc) << "an inference program splits the model over tp "
-                        "only: parallel.pp and parallel.dp must be 1 (got pp "
-                     << par.pp << ", dp " << par.dp
-                     << "; --pp 1 --dp 1 sets them)";
+                        "only: parallel.pp, dp, ep and cp must be 1 (got pp "
+                     << par.pp << ", dp " << par.dp << ", ep " << par.ep
+                     << ", cp " << par.cp
+                     << "; --pp 1 --dp 1 --ep 1 --cp 1 sets them)";
       return nullptr;
     }
     if (par.tp > 1 && m.kvHeads % par.tp != 0) {
       emitError(loc) << "an inference program keeps each rank's KV heads: "
                         "parallel.tp = "
                      << par.tp << " must divide model.kv_heads = " << m.kvHeads;
-      return nullptr;
-    }
-    if (m.moe.enabled()) {
-      emitError(loc) << "model.moe: inference programs of mixture-of-experts "
-                        "models are not supported yet";
       return nullptr;
     }
     if (prefillChunk < 1 || prefillChunk > m.seqLen) {
@@ -448,23 +444,29 @@ private:
     Value logits = MatmulOp::create(b, at(p + ".gate"), h, router, false, true);
     Value probs = SoftmaxOp::create(b, loc, logits);
     auto top = MoeTopKOp::create(b, loc, probs, b.getI64IntegerAttr(e.topK));
-    // The assignments per expert: the load-balancing loss's f_e, and the
-    // metrics' expert_tokens (docs/metrics.md).
-    auto stats = MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
     std::string tag = "." + std::to_string(layer);
-    metrics.push_back({"expert_tokens" + tag, stats.getCounts()});
-    if (e.auxLossCoef > 0)
-      auxLosses.push_back(MoeAuxLossOp::create(
-          b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
-          b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
-          b.getF64FloatAttr(e.auxLossCoef)));
-    if (e.zLossCoef > 0)
-      zLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
-                                           b.getF64FloatAttr(e.zLossCoef)));
+    // An inference step routes every token to its top_k experts (no
+    // capacity: Hugging Face's Mixtral drops nothing), with no side losses
+    // or metrics.
+    int64_t capacity = inference ? 0 : e.capacity(tokens);
+    if (!inference) {
+      // The assignments per expert: the load-balancing loss's f_e, and the
+      // metrics' expert_tokens (docs/metrics.md).
+      auto stats = MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
+      metrics.push_back({"expert_tokens" + tag, stats.getCounts()});
+      if (e.auxLossCoef > 0)
+        auxLosses.push_back(MoeAuxLossOp::create(
+            b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
+            b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
+            b.getF64FloatAttr(e.auxLossCoef)));
+      if (e.zLossCoef > 0)
+        zLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
+                                             b.getF64FloatAttr(e.zLossCoef)));
+    }
     auto dispatch = MoeDispatchOp::create(
         b, loc, top.getExperts(), b.getI64IntegerAttr(E),
-        b.getI64IntegerAttr(e.capacity(tokens)), /*token_axes=*/nullptr);
-    if (e.capacity(tokens) > 0)
+        b.getI64IntegerAttr(capacity), /*token_axes=*/nullptr);
+    if (capacity > 0)
       metrics.push_back(
           {"expert_kept" + tag,
            MoeKeptCountsOp::create(b, loc, f32({E}), top.getExperts(),

@@ -4,10 +4,14 @@ the independent reference of `tessel generate`.
 
     generate_reference.py DIR --prompt-tokens 1,2,3 [--max-new-tokens N]
         [--eos ID] [--max-len T] [--logits FILE]
+    generate_reference.py --spec SPEC --weights FILE --prompt-tokens ...
 
 The model is built from DIR/config.json's fields (hf_reference.py's
 model_config) as torch_reference.py's GPT-2 or Llama and loaded from
-DIR/model.safetensors, as `tessel export --to hf` writes them. Each new
+DIR/model.safetensors, as `tessel export --to hf` writes them; or, for a
+mixture-of-experts model (which the export does not write), built from a
+Tessel spec and loaded from the weights `tessel run --save-final` writes,
+every token routed to its top_k experts with nothing dropped. Each new
 token is the argmax of the last position's logits after the WHOLE sequence
 so far is run forward again, so nothing is cached. Generation stops after N
 new tokens, after the token --eos names, or when the sequence fills the
@@ -45,6 +49,17 @@ def load_model(directory):
     return model.eval(), mcfg
 
 
+def load_spec_model(spec, weights):
+    """torch_reference's model of a Tessel spec with the weights of
+    `tessel run --save-final`, in eval mode; an MoE layer drops nothing."""
+    mcfg, _ = ref.load_spec(spec)
+    if mcfg["moe"] is not None:
+        mcfg["moe"]["capacity_factor"] = None
+    model = ref.build_model(mcfg)
+    ref.load_weights(model, weights)
+    return model.eval(), mcfg
+
+
 def generate(model, prompt, max_new_tokens, max_len, eos=None):
     """(new ids, each step's last-position logits, why it stopped)."""
     sequence = list(prompt)
@@ -66,7 +81,9 @@ def generate(model, prompt, max_new_tokens, max_len, eos=None):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", help="a Hugging Face model directory")
+    p.add_argument("dir", nargs="?", help="a Hugging Face model directory")
+    p.add_argument("--spec", help="a Tessel spec (instead of DIR)")
+    p.add_argument("--weights", help="with --spec: Tessel's weights file")
     p.add_argument("--prompt-tokens", required=True,
                    help="the prompt's ids, separated by commas")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -76,7 +93,14 @@ def main():
     p.add_argument("--logits", help="write each step's logits here")
     args = p.parse_args()
     prompt = [int(t) for t in args.prompt_tokens.split(",")]
-    model, mcfg = load_model(args.dir)
+    if args.spec:
+        if args.dir or not args.weights:
+            sys.exit("--spec takes --weights and no DIR")
+        model, mcfg = load_spec_model(args.spec, args.weights)
+    elif args.dir:
+        model, mcfg = load_model(args.dir)
+    else:
+        sys.exit("give a Hugging Face DIR, or --spec and --weights")
     max_len = args.max_len or mcfg["seq_len"]
     if not prompt or len(prompt) > max_len:
         sys.exit("the prompt has %d tokens; the context holds 1 to %d"
