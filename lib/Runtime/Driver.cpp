@@ -691,6 +691,34 @@ std::vector<std::string> candidateNames(const std::string &name) {
   return names;
 }
 
+// Hugging Face's Mixtral holds each expert's weights apart: a stacked
+// parameter P.experts.wK [experts, out, in] is P.experts.E.wK.weight there,
+// E = 0 .. experts - 1 (under any of the candidate names). The names when
+// `reader` has every one of them; empty otherwise.
+std::vector<std::string> perExpertNames(const SafetensorsReader &reader,
+                                        const std::string &name,
+                                        int64_t experts) {
+  const std::string marker = ".experts.";
+  size_t at = name.rfind(marker);
+  if (at == std::string::npos ||
+      name.find('.', at + marker.size()) != std::string::npos)
+    return {};
+  for (const std::string &base : candidateNames(name)) {
+    size_t cut = base.rfind(marker) + marker.size();
+    std::vector<std::string> names;
+    for (int64_t e = 0; e < experts; ++e) {
+      std::string n = base.substr(0, cut) + std::to_string(e) + "." +
+                      base.substr(cut) + ".weight";
+      if (!reader.contains(n))
+        break;
+      names.push_back(n);
+    }
+    if ((int64_t)names.size() == experts)
+      return names;
+  }
+  return {};
+}
+
 // The suffixes of AdamW's moments in a saved training state (NAME + suffix).
 const char *const kMomentSuffixes[] = {".exp_avg", ".exp_avg_sq"};
 
@@ -713,6 +741,31 @@ loadParams(const Program &program, const std::string &path,
         found = &n;
         break;
       }
+    std::vector<std::string> experts;
+    if (!found && p.rank == 3)
+      experts = perExpertNames(reader, p.name + store.suffix, p.shape[0]);
+    if (!experts.empty()) {
+      // One expert after another into the stacked tensor.
+      const std::vector<int64_t> want = shapeOf(p);
+      const std::vector<int64_t> one(want.begin() + 1, want.end());
+      std::vector<float> global(want[0] * want[1] * want[2]);
+      for (size_t e = 0; e < experts.size(); ++e) {
+        if (reader.info(experts[e]).shape != one)
+          fail("tensor " + inQuotes(experts[e]) + " in " + inQuotes(path) +
+               " has shape " + formatShape(reader.info(experts[e]).shape) +
+               ", but one expert of " + inQuotes(p.name) + " is " +
+               formatShape(one));
+        reader.read(experts[e], global.data() + e * one[0] * one[1]);
+        used[std::lower_bound(tensors.begin(), tensors.end(), experts[e]) -
+             tensors.begin()] = 1.0f;
+      }
+      ShardLayout layout = shardLayoutOf(p);
+      if (isSplit(layout))
+        copyShardOut(layout, global.data(), params + p.offset);
+      else
+        std::copy(global.begin(), global.end(), params + p.offset);
+      continue;
+    }
     if (!found) {
       std::string tried;
       for (size_t k = 1; k < names.size(); k++)

@@ -8,10 +8,12 @@ the independent reference of `tessel generate`.
 
 The model is built from DIR/config.json's fields (hf_reference.py's
 model_config) as torch_reference.py's GPT-2 or Llama and loaded from
-DIR/model.safetensors, as `tessel export --to hf` writes them; or, for a
-mixture-of-experts model (which the export does not write), built from a
-Tessel spec and loaded from the weights `tessel run --save-final` writes,
-every token routed to its top_k experts with nothing dropped. Each new
+DIR/model.safetensors, as `tessel export --to hf` writes them (a Mixtral's
+experts stacked as the reference holds them); or, for any model (a
+mixture-of-experts model with shared experts has no Hugging Face form),
+built from a Tessel spec and loaded from the weights `tessel run
+--save-final` writes, every token routed to its top_k experts with nothing
+dropped. Each new
 token is the argmax of the last position's logits after the WHOLE sequence
 so far is run forward again, so nothing is cached. Generation stops after N
 new tokens, after the token --eos names, or when the sequence fills the
@@ -34,17 +36,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
 import torch_reference as ref  # noqa: E402
-from hf_reference import model_config  # noqa: E402
+from hf_reference import hf_tensors, model_config  # noqa: E402
 
 
 def load_model(directory):
     """torch_reference's model of a Hugging Face directory, in eval mode."""
     mcfg = model_config(json.load(open(os.path.join(directory, "config.json"))))
     model = ref.build_model(mcfg)
-    weights = os.path.join(directory, "model.safetensors")
-    # GPT2LMHeadModel's names carry "transformer."; the reference's do not.
-    tensors = {k[len("transformer."):] if k.startswith("transformer.") else k: v
-               for k, v in safetensors_io.load_file(weights).items()}
+    weights, tensors = hf_tensors(directory, mcfg)
     ref.load_tensors(model, tensors, weights)
     return model.eval(), mcfg
 

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -35,18 +36,47 @@ def model_config(cfg):
                 "ffn_hidden": cfg.get("n_inner") or 4 * cfg["n_embd"],
                 "tie_embeddings": cfg.get("tie_word_embeddings", True),
                 "norm_eps": cfg["layer_norm_epsilon"], "rope_theta": 10000.0}
-    assert cfg["model_type"] == "llama", cfg["model_type"]
+    assert cfg["model_type"] in ("llama", "mixtral"), cfg["model_type"]
     assert cfg["hidden_act"] == "silu", cfg["hidden_act"]
     assert cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) \
         == cfg["hidden_size"] // cfg["num_attention_heads"]
-    return {"family": "llama", "vocab_size": cfg["vocab_size"],
-            "seq_len": cfg["max_position_embeddings"],
-            "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
-            "heads": cfg["num_attention_heads"],
-            "kv_heads": cfg["num_key_value_heads"],
-            "ffn_hidden": cfg["intermediate_size"],
-            "tie_embeddings": cfg.get("tie_word_embeddings", False),
-            "norm_eps": cfg["rms_norm_eps"], "rope_theta": cfg["rope_theta"]}
+    m = {"family": "llama", "vocab_size": cfg["vocab_size"],
+         "seq_len": cfg["max_position_embeddings"],
+         "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
+         "heads": cfg["num_attention_heads"],
+         "kv_heads": cfg["num_key_value_heads"],
+         "ffn_hidden": cfg["intermediate_size"],
+         "tie_embeddings": cfg.get("tie_word_embeddings", False),
+         "norm_eps": cfg["rms_norm_eps"], "rope_theta": cfg["rope_theta"],
+         "moe": None}
+    if cfg["model_type"] == "mixtral":
+        # Every layer routed to num_experts_per_tok of num_local_experts
+        # SwiGLU experts of width intermediate_size, nothing dropped.
+        m["moe"] = ref.load_moe({"experts": cfg["num_local_experts"],
+                                 "top_k": cfg["num_experts_per_tok"]},
+                                cfg["intermediate_size"])
+    return m
+
+
+def hf_tensors(directory, mcfg):
+    """(path, name -> array) of DIR/model.safetensors in torch_reference's
+    names: GPT2LMHeadModel's "transformer." prefix dropped, and Mixtral's
+    experts (experts.E.w1.weight, one per expert) stacked as the reference
+    holds them (experts.w1 [experts, out, in])."""
+    weights = os.path.join(directory, "model.safetensors")
+    tensors = {k[len("transformer."):] if k.startswith("transformer.") else k: v
+               for k, v in safetensors_io.load_file(weights).items()}
+    if mcfg.get("moe"):
+        stacked = {}
+        for name in list(tensors):
+            parts = name.split(".")
+            if "experts" in parts and parts[-1] == "weight":
+                at = parts.index("experts")
+                key = ".".join(parts[:at + 1] + [parts[at + 2]])
+                stacked.setdefault(key, {})[int(parts[at + 1])] = tensors.pop(name)
+        for key, experts in stacked.items():
+            tensors[key] = np.stack([experts[e] for e in range(len(experts))])
+    return weights, tensors
 
 
 def main():
@@ -65,10 +95,7 @@ def main():
         forward = lambda ids: model(ids).logits  # noqa: E731
     else:
         model = ref.build_model(mcfg)
-        weights = os.path.join(args.dir, "model.safetensors")
-        # GPT2LMHeadModel's names carry "transformer."; the reference's do not.
-        tensors = {k[len("transformer."):] if k.startswith("transformer.") else k: v
-                   for k, v in safetensors_io.load_file(weights).items()}
+        weights, tensors = hf_tensors(args.dir, mcfg)
         ref.load_tensors(model, tensors, weights)
         model.eval()
         forward = model

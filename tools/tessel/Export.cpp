@@ -71,6 +71,11 @@ struct Model {
   double normEps, ropeTheta;
   // Hugging Face's dropout fields (training only; 0 in older plans).
   double dropout = 0, attentionDropout = 0;
+  // A mixture-of-experts model (model.moe; 0 experts: dense), exported as
+  // Mixtral: every layer's MLP routed to `topK` of `experts` SwiGLU experts
+  // of width `expertFfn`.
+  int64_t experts = 0, topK = 0, expertFfn = 0;
+  double routerAuxLossCoef = 0;
 };
 
 // The model fields plan.json and checkpoints record (docs/spec.md).
@@ -85,9 +90,6 @@ Model modelOf(const json &j, const std::string &where) {
   if (m.family != "gpt" && m.family != "llama")
     throw std::runtime_error(where + ": model.family '" + m.family +
                              "' has no Hugging Face export");
-  if (j.contains("moe"))
-    throw std::runtime_error(where + ": a mixture-of-experts model (model.moe) "
-                                     "has no Hugging Face export yet");
   m.vocab = field("vocab_size").get<int64_t>();
   m.paddedVocab = j.value("padded_vocab_size", m.vocab);
   m.seqLen = field("seq_len").get<int64_t>();
@@ -102,7 +104,34 @@ Model modelOf(const json &j, const std::string &where) {
   m.dropout = j.value("dropout", 0.0);
   m.attentionDropout = j.value("attention_dropout", 0.0);
   m.ropeTheta = j.value("rope_theta", 10000.0);
+  if (j.contains("moe") && !j["moe"].is_null()) {
+    // Hugging Face's Mixtral routes as Tessel does (softmax over the
+    // experts, the top_k renormalised) in every layer, with nothing beside
+    // the routed experts.
+    const json &moe = j["moe"];
+    int64_t every = moe.value("every", int64_t(1)),
+            shared = moe.value("shared_experts", int64_t(0));
+    if (m.family != "llama" || every != 1 || shared != 0)
+      throw std::runtime_error(
+          where + ": a mixture-of-experts model exports to Hugging Face as "
+                  "Mixtral, whose every layer routes to SwiGLU experts alone: "
+                  "it needs model.family \"llama\", model.moe.every 1 and no "
+                  "model.moe.shared_experts (this one has family \"" +
+          m.family + "\", every " + std::to_string(every) +
+          ", shared_experts " + std::to_string(shared) + ")");
+    m.experts = moe.at("experts").get<int64_t>();
+    m.topK = moe.at("top_k").get<int64_t>();
+    m.expertFfn = moe.value("ffn_hidden", m.ffn);
+    m.routerAuxLossCoef = moe.value("aux_loss_coef", 0.0);
+  }
   return m;
+}
+
+// The stacked expert weights [experts, out, in] that Hugging Face's
+// Mixtral holds one per expert (`experts.E.w1.weight`, ...).
+bool stackedExperts(const Model &m, const std::string &name) {
+  return m.experts > 0 && name.find(".block_sparse_moe.experts.") !=
+                              std::string::npos;
 }
 
 // Every parameter's Tessel name and shape, in the model's order.
@@ -140,6 +169,15 @@ expectedTensors(const Model &m) {
       t.push_back({p + "self_attn.v_proj.weight", {kv, h}});
       t.push_back({p + "self_attn.o_proj.weight", {h, h}});
       t.push_back({p + "post_attention_layernorm.weight", {h}});
+      if (m.experts > 0) {
+        std::string moe = p + "block_sparse_moe.";
+        int64_t e = m.experts, fe = m.expertFfn;
+        t.push_back({moe + "gate.weight", {e, h}});
+        t.push_back({moe + "experts.w1", {e, fe, h}});
+        t.push_back({moe + "experts.w2", {e, h, fe}});
+        t.push_back({moe + "experts.w3", {e, fe, h}});
+        continue;
+      }
       t.push_back({p + "mlp.gate_proj.weight", {f, h}});
       t.push_back({p + "mlp.up_proj.weight", {f, h}});
       t.push_back({p + "mlp.down_proj.weight", {h, f}});
@@ -206,6 +244,20 @@ json configOf(const Model &m, std::optional<int64_t> eos) {
          {"attention_dropout", m.attentionDropout},
          {"initializer_range", 0.02},
          {"tie_word_embeddings", m.tied}};
+    if (m.experts > 0) {
+      // Mixtral: Llama's fields, its MLPs routed experts of
+      // intermediate_size each (and no biases to name).
+      c["architectures"] = {"MixtralForCausalLM"};
+      c["model_type"] = "mixtral";
+      c["intermediate_size"] = m.expertFfn;
+      c["num_local_experts"] = m.experts;
+      c["num_experts_per_tok"] = m.topK;
+      c["router_aux_loss_coef"] = m.routerAuxLossCoef;
+      c["output_router_logits"] = false;
+      c["sliding_window"] = nullptr;
+      c.erase("attention_bias");
+      c.erase("mlp_bias");
+    }
   }
   c["torch_dtype"] = "float32";
   setEndOfText(c, eos);
@@ -321,8 +373,21 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
         return fail(modelWhere + ": tensor " + inQuotes(name) + " is " +
                     shapeText(shapes[it->second]) + ", the model's is " +
                     shapeText(shape));
-      hfNames.push_back(hfName(m, name));
-      views.push_back({hfNames.back(), shape, data[it->second].data()});
+      if (stackedExperts(m, name)) {
+        // experts.w1 [E, out, in] -> experts.e.w1.weight [out, in].
+        size_t dot = name.rfind('.');
+        std::vector<int64_t> one(shape.begin() + 1, shape.end());
+        int64_t size = one[0] * one[1];
+        for (int64_t e = 0; e < shape[0]; ++e) {
+          hfNames.push_back(name.substr(0, dot) + "." + std::to_string(e) +
+                            name.substr(dot) + ".weight");
+          views.push_back(
+              {hfNames.back(), one, data[it->second].data() + e * size});
+        }
+      } else {
+        hfNames.push_back(hfName(m, name));
+        views.push_back({hfNames.back(), shape, data[it->second].data()});
+      }
       index.erase(it);
     }
     if (!index.empty())
@@ -391,7 +456,9 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     outs() << "exported the " << m.family << " model of " << modelWhere
            << " (" << views.size() << " tensors, " << elements
            << " parameters) to " << dir.string() << " for Hugging Face ("
-           << (m.family == "gpt" ? "GPT2LMHeadModel" : "LlamaForCausalLM")
+           << (m.family == "gpt"  ? "GPT2LMHeadModel"
+               : m.experts > 0     ? "MixtralForCausalLM"
+                                   : "LlamaForCausalLM")
            << (tokenizer ? ", with the GPT-2 tokenizer" : "") << ")\n";
   } catch (const std::exception &e) {
     return fail(e.what());
