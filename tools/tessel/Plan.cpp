@@ -54,7 +54,7 @@ const char *kPlanUsage =
     "  --include LAYOUT  also simulate this layout, e.g. "
     "'tp=8,pp=16,mbs=1,zero=0,recompute=full'\n"
     "                    (keys: tp, pp, ep, cp, mbs, v, zero, recompute, sp, "
-    "etp,\n"
+    "etp, zg,\n"
     "                    order: order=dp-tp-cp-ep-pp, or order=auto for the\n"
     "                    planner's choice; without it the default order)\n"
     "  --apply OUT.json  write SPEC with the best layout\n"
@@ -74,6 +74,9 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, ep = 1, mbs = 1, microbatches = 1, v = 1,
           zero = 0;
   int64_t cp = 1; // context parallelism: each sequence over cp ranks
+  // Hybrid sharding (parallel.zero_group): with zero, shard over groups of
+  // this many dp ranks and replicate across them; 0: over all of dp.
+  int64_t zeroGroup = 0;
   std::string recompute = "none";
   bool sp = false;
   bool expertTp = false; // MoE: the routed experts split over tp
@@ -86,6 +89,7 @@ struct Layout {
     MeshShape mesh;
     mesh[MeshAxis::TP] = tp, mesh[MeshAxis::PP] = pp, mesh[MeshAxis::DP] = dp;
     mesh[MeshAxis::EP] = ep, mesh[MeshAxis::CP] = cp;
+    mesh.dpShard = zero ? zeroGroup : 0;
     mesh.setOrder(order);
     return mesh;
   }
@@ -97,7 +101,10 @@ struct Layout {
                             microbatches);
     if (pp > 1)
       s += v > 1 ? formatv(", interleaved x{0}", v).str() : ", 1f1b";
-    s += formatv(", zero {0}, recompute {1}", zero, recompute).str();
+    s += formatv(", zero {0}", zero).str();
+    if (zero && zeroGroup)
+      s += formatv(" in groups of {0}", zeroGroup).str();
+    s += ", recompute " + recompute;
     if (expertTp)
       s += ", etp";
     if (!shape().defaultOrder())
@@ -198,8 +205,11 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double gpuParams = (stageLayers * layerParams + V * h) / l.tp + gpuExperts;
   // Under ZeRO the dense parameters' state is cut over dp x ep, the
   // experts' over dp: the share of a GPU's parameters a rank keeps.
-  double zeroShare = ((gpuParams - gpuExperts) / (l.dp * l.ep) +
-                      gpuExperts / l.dp) /
+  // Under hybrid sharding a shard group of zero_group dp ranks holds it.
+  bool hybrid = l.zero && l.zeroGroup > 0 && l.zeroGroup < l.dp;
+  double shardDp = hybrid ? l.zeroGroup : l.dp;
+  double zeroShare = ((gpuParams - gpuExperts) / (shardDp * l.ep) +
+                      gpuExperts / shardDp) /
                      gpuParams;
   double devices = double(l.tp) * l.pp * l.dp * l.ep * l.cp;
   double elem = cuda ? 2 : 4;
@@ -280,6 +290,20 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
     double sum = double(l.dp * l.cp);
     double bytes = 2.0 * (sum - 1) / sum * gpuParams * 4;
     dpComm = sim::collectiveSeconds("all_reduce", bytes, g, cluster);
+    if (hybrid) {
+      // A reduce-scatter and a gather inside the shard group (the volume of
+      // an all-reduce there), and the pieces all-reduced over the replicas.
+      g = placement(l, AxisSet::dpShard(), cluster);
+      sim::GroupPlacement r = placement(l, AxisSet::dpReplica(), cluster);
+      double groups = l.dp / shardDp;
+      dpComm = sim::collectiveSeconds(
+                   "all_reduce", 2.0 * (shardDp - 1) / shardDp * gpuParams * 4,
+                   g, cluster) +
+               sim::collectiveSeconds("all_reduce",
+                                      2.0 * (groups - 1) / groups *
+                                          gpuParams * 4 / shardDp,
+                                      r, cluster);
+    }
     // Without a pipeline the gradients' buckets reduce during backward.
     if (l.pp == 1)
       dpComm = std::max(0.0, dpComm - 0.6 * work);
@@ -289,14 +313,15 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
       bool cross = g.nodes > 1;
       double alpha =
           cross ? cluster.interNode.latency : cluster.intraNode.latency;
-      dpComm += 2 * (12 * stageLayers + 2) * (l.dp - 1) * alpha;
+      dpComm += 2 * (12 * stageLayers + 2) * (shardDp - 1) * alpha;
     }
     // ZeRO-3 gathers each stage's parameters for every microbatch's
-    // forward and backward (prefetched: half of it hidden).
+    // forward and backward (prefetched: half of it hidden), in its shard
+    // group.
     if (l.zero >= 3 && l.dp > 1)
       dpComm += 0.5 * 2 * l.microbatches *
                 sim::collectiveSeconds("all_gather",
-                                       (l.dp - 1.0) / l.dp * gpuParams *
+                                       (shardDp - 1.0) / shardDp * gpuParams *
                                            elem,
                                        g, cluster);
   }
@@ -391,6 +416,9 @@ std::vector<std::string> compileFlags(const Layout &l) {
     f.insert(f.end(), {"--cp", std::to_string(l.cp)});
   if (l.expertTp)
     f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
+  if (l.zero && l.zeroGroup)
+    f.insert(f.end(),
+             {"--set", "parallel.zero_group=" + std::to_string(l.zeroGroup)});
   f.insert(f.end(), {"--order", l.order});
   return f;
 }
@@ -428,6 +456,8 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       l.cp = n;
     else if (key == "zero" && number && n <= 3)
       l.zero = n;
+    else if (key == "zg" && number && n >= 2)
+      l.zeroGroup = n;
     else if (key == "order" && value == "auto")
       l.order.clear(); // the planner's choice, as for a searched layout
     else if (key == "order" && MeshShape().setOrder(value.str()))
@@ -436,7 +466,7 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
       return createStringError("--include '" + text + "': cannot read '" +
                                item.str() +
                                "' (keys: tp, pp, ep, cp, mbs, v, zero, "
-                               "recompute, sp, etp, order)");
+                               "recompute, sp, etp, zg, order)");
   }
   if (!spGiven || l.tp == 1)
     l.sp = l.sp && l.tp > 1;
@@ -453,6 +483,10 @@ Expected<Layout> parseLayout(const std::string &text, int64_t devices,
                                      "is not a multiple of dp x ep x mbs = {2}",
                                      text, batch, l.dp * l.ep * l.mbs));
   l.microbatches = batch / (l.dp * l.ep * l.mbs);
+  if (l.zeroGroup && (!l.zero || l.dp % l.zeroGroup))
+    return createStringError(formatv("--include '{0}': zg={1} needs zero >= 1 "
+                                     "and dividing dp = {2}",
+                                     text, l.zeroGroup, l.dp));
   return l;
 }
 
@@ -626,6 +660,15 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
               l.microbatches = micro, l.v = v, l.zero = zero;
               l.recompute = rc, l.sp = tp > 1, l.expertTp = etp;
               add(l, false);
+              // With ZeRO, also sharded within the dp ranks of a node
+              // (hybrid sharding) when dp spans nodes.
+              int64_t perNode =
+                  placement(l, AxisSet(MeshAxis::DP), cluster).perNode;
+              if (zero && cp == 1 && perNode > 1 && perNode < dp &&
+                  dp % perNode == 0) {
+                l.zeroGroup = perNode;
+                add(l, false);
+              }
             }
         }
       }
@@ -738,6 +781,7 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   std::set<std::string> simulatedShapes;
   auto shapeKey = [](Layout l) {
     l.zero = 0;
+    l.zeroGroup = 0;
     return l.str();
   };
   for (size_t k = 0; k < order.size() && fittingSimulated < req.candidates &&
@@ -1131,6 +1175,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                        {"zero", l.zero},     {"recompute", l.recompute},
                        {"sequence_parallel", l.sp},
                        {"expert_tp", l.expertTp ? l.tp : 1},
+                       {"zero_group", l.zero ? l.zeroGroup : 0},
                        {"order", l.order}};
       row["describe"] = l.str();
       row["memory_bytes"] = c->memory;
@@ -1205,6 +1250,10 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       p.erase("expert_tp");
     if (!l.shape().defaultOrder() || p.contains("order"))
       p["order"] = l.order;
+    if (l.zero && l.zeroGroup)
+      p["zero_group"] = l.zeroGroup;
+    else
+      p.erase("zero_group");
     doc["train"]["recompute"] = l.recompute;
     doc["train"]["global_batch"] = o.batch;
     if (Error e = writeFileAtomically(values["--apply"], doc.dump(2) + "\n"))
