@@ -543,6 +543,8 @@ int fuzzSpecs(const std::vector<std::pair<std::string, std::string>> &seeds,
           layout.cp = r.pick(kLayoutValues);
         if (r.chance(30))
           layout.schedule = r.pick(kSchedules);
+        if (r.chance(15))
+          layout.order = r.pick(kStrings);
         if (r.chance(30))
           layout.sequenceParallel = r.chance(50);
         if (r.chance(10))
@@ -567,6 +569,8 @@ int fuzzSpecs(const std::vector<std::pair<std::string, std::string>> &seeds,
       printFlag("layers", layout.layers);
       if (layout.schedule)
         currentCase += " --schedule=" + shellQuote(*layout.schedule);
+      if (layout.order)
+        currentCase += " --order=" + shellQuote(*layout.order);
       if (layout.sequenceParallel)
         currentCase += *layout.sequenceParallel ? " --sp" : " --sp=false";
       if (!writeInput(path, text))
