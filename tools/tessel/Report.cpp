@@ -748,6 +748,9 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
   if (plan->contains("mesh") && (*plan)["mesh"].is_object())
     for (auto &[axis, size] : (*plan)["mesh"].items())
       mesh += (mesh.empty() ? "" : " ") + axis + "=" + size.dump();
+  if (plan->contains("order") && (*plan)["order"].is_string() &&
+      (*plan)["order"] != "tp-cp-ep-dp-pp")
+    mesh += ", order " + (*plan)["order"].get<std::string>();
   row("layout", mesh + " (" + std::to_string(world) + " ranks)");
   row("steps", num(stepsRun, "%.0f"));
   row("tokens", num(tokens, "%.0f"));
