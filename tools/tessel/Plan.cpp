@@ -776,13 +776,17 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   };
   // A layout that differs from one already simulated only in its ZeRO
   // level is left out (the levels trade memory for communication, which
-  // the first that fits already shows), so that the candidates differ.
+  // the first that fits already shows), so that the candidates differ. A
+  // hybrid-sharded layout is a shape of its own, simulated beside them: it
+  // moves its bytes over other links, and the estimate of ZeRO's
+  // collectives is rough (it must not keep the plain layout from being
+  // simulated, nor take its place among the K).
   int fittingSimulated = 0;
   std::set<std::string> simulatedShapes;
   auto shapeKey = [](Layout l) {
+    bool hybrid = l.zero && l.zeroGroup;
     l.zero = 0;
-    l.zeroGroup = 0;
-    return l.str();
+    return l.str() + (hybrid ? ", hybrid" : "");
   };
   for (size_t k = 0; k < order.size() && fittingSimulated < req.candidates &&
                      compiledCount < 4 * req.candidates;
@@ -794,7 +798,10 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
       continue;
     evaluate(c, order[k]);
     if (c.fits && c.error.empty()) {
-      ++fittingSimulated;
+      // A hybrid-sharded layout is simulated beside the K, not instead
+      // of one of them.
+      if (!(c.layout.zero && c.layout.zeroGroup))
+        ++fittingSimulated;
       simulatedShapes.insert(shapeKey(c.layout));
     }
   }
