@@ -673,9 +673,8 @@ std::string orderProblem(const std::string &order) {
            ": each pipeline stage is one program, started on a contiguous "
            "block of ranks";
   return "must name dp, tp, cp, ep and pp once each, separated by '-', "
-         "innermost first and pp last (the default is \"tp-cp-ep-dp-pp\"), "
-         "got " +
-         quoted;
+         "innermost first and pp last (the default is \"" +
+         MeshShape().orderName() + "\"), got " + quoted;
 }
 
 void readParallel(Section s, ParallelSpec &p, const Spec &spec,

@@ -698,17 +698,12 @@ std::vector<std::string> candidateNames(const std::string &name) {
 std::vector<std::string> perExpertNames(const SafetensorsReader &reader,
                                         const std::string &name,
                                         int64_t experts) {
-  const std::string marker = ".experts.";
-  size_t at = name.rfind(marker);
-  if (at == std::string::npos ||
-      name.find('.', at + marker.size()) != std::string::npos)
+  if (perExpertName(name, 0).empty())
     return {};
   for (const std::string &base : candidateNames(name)) {
-    size_t cut = base.rfind(marker) + marker.size();
     std::vector<std::string> names;
     for (int64_t e = 0; e < experts; ++e) {
-      std::string n = base.substr(0, cut) + std::to_string(e) + "." +
-                      base.substr(cut) + ".weight";
+      std::string n = perExpertName(base, e);
       if (!reader.contains(n))
         break;
       names.push_back(n);

@@ -127,12 +127,6 @@ Model modelOf(const json &j, const std::string &where) {
   return m;
 }
 
-// The stacked expert weights [experts, out, in] that Hugging Face's
-// Mixtral holds one per expert (`experts.E.w1.weight`, ...).
-bool stackedExperts(const Model &m, const std::string &name) {
-  return m.experts > 0 && name.find(".block_sparse_moe.experts.") !=
-                              std::string::npos;
-}
 
 // Every parameter's Tessel name and shape, in the model's order.
 std::vector<std::pair<std::string, std::vector<int64_t>>>
@@ -356,9 +350,7 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       index[names[k].rfind("transformer.", 0) == 0 ? names[k].substr(12)
                                                     : names[k]] = k;
     std::vector<rt::SafetensorView> views;
-    std::vector<std::string> hfNames;
     auto expected = expectedTensors(m);
-    hfNames.reserve(expected.size());
     for (const auto &[name, shape] : expected) {
       auto it = index.find(name);
       if (it == index.end())
@@ -373,20 +365,14 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
         return fail(modelWhere + ": tensor " + inQuotes(name) + " is " +
                     shapeText(shapes[it->second]) + ", the model's is " +
                     shapeText(shape));
-      if (stackedExperts(m, name)) {
-        // experts.w1 [E, out, in] -> experts.e.w1.weight [out, in].
-        size_t dot = name.rfind('.');
+      if (m.experts > 0 && !rt::perExpertName(name, 0).empty()) {
+        // Stacked experts [E, out, in], one [out, in] tensor each.
         std::vector<int64_t> one(shape.begin() + 1, shape.end());
-        int64_t size = one[0] * one[1];
-        for (int64_t e = 0; e < shape[0]; ++e) {
-          hfNames.push_back(name.substr(0, dot) + "." + std::to_string(e) +
-                            name.substr(dot) + ".weight");
-          views.push_back(
-              {hfNames.back(), one, data[it->second].data() + e * size});
-        }
+        for (int64_t e = 0; e < shape[0]; ++e)
+          views.push_back({rt::perExpertName(name, e), one,
+                           data[it->second].data() + e * one[0] * one[1]});
       } else {
-        hfNames.push_back(hfName(m, name));
-        views.push_back({hfNames.back(), shape, data[it->second].data()});
+        views.push_back({hfName(m, name), shape, data[it->second].data()});
       }
       index.erase(it);
     }
@@ -412,6 +398,7 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       eos = 50256; // GPT-2's <|endoftext|>
     }
 
+    json config = configOf(m, eos);
     // Everything goes to a sibling directory first, renamed at the end.
     fs::path parent = dir.parent_path().empty() ? fs::path(".")
                                                 : dir.parent_path();
@@ -421,7 +408,7 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     fs::remove_all(staging, ec);
     fs::create_directory(staging);
     try {
-      writeText(staging / "config.json", configOf(m, eos).dump(2) + "\n");
+      writeText(staging / "config.json", config.dump(2) + "\n");
       json generation = {{"do_sample", false}, {"max_length", m.seqLen}};
       setEndOfText(generation, eos);
       writeText(staging / "generation_config.json",
@@ -456,9 +443,7 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     outs() << "exported the " << m.family << " model of " << modelWhere
            << " (" << views.size() << " tensors, " << elements
            << " parameters) to " << dir.string() << " for Hugging Face ("
-           << (m.family == "gpt"  ? "GPT2LMHeadModel"
-               : m.experts > 0     ? "MixtralForCausalLM"
-                                   : "LlamaForCausalLM")
+           << config["architectures"][0].get<std::string>()
            << (tokenizer ? ", with the GPT-2 tokenizer" : "") << ")\n";
   } catch (const std::exception &e) {
     return fail(e.what());

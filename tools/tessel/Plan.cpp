@@ -82,14 +82,16 @@ struct Layout {
   bool expertTp = false; // MoE: the routed experts split over tp
   // Rank order, innermost first (parallel.order): which axes' groups
   // share a node. Empty (--include order=auto): the planner picks it.
-  std::string order = "tp-cp-ep-dp-pp";
+  std::string order = MeshShape().orderName();
 
   std::string schedule() const { return v > 1 ? "interleaved" : "1f1b"; }
+  // ZeRO sharded over groups smaller than dp.
+  bool hybrid() const { return zero && zeroGroup > 0 && zeroGroup < dp; }
   MeshShape shape() const {
     MeshShape mesh;
     mesh[MeshAxis::TP] = tp, mesh[MeshAxis::PP] = pp, mesh[MeshAxis::DP] = dp;
     mesh[MeshAxis::EP] = ep, mesh[MeshAxis::CP] = cp;
-    mesh.dpShard = zero ? zeroGroup : 0;
+    mesh.dpShard = hybrid() ? zeroGroup : 0;
     mesh.setOrder(order);
     return mesh;
   }
@@ -102,7 +104,7 @@ struct Layout {
     if (pp > 1)
       s += v > 1 ? formatv(", interleaved x{0}", v).str() : ", 1f1b";
     s += formatv(", zero {0}", zero).str();
-    if (zero && zeroGroup)
+    if (hybrid())
       s += formatv(" in groups of {0}", zeroGroup).str();
     s += ", recompute " + recompute;
     if (expertTp)
@@ -165,8 +167,9 @@ sim::GroupPlacement placement(const Layout &l, AxisSet axes,
                               const sim::Cluster &cluster) {
   static std::map<std::string, sim::GroupPlacement> memo;
   MeshShape shape = l.shape();
-  std::string key = shape.describe() + " " + shape.orderName() + " " +
-                    axes.str() + " " + std::to_string(cluster.gpusPerNode);
+  // describe() names the sizes, the shard groups and the order.
+  std::string key = shape.describe() + " " + axes.str() + " " +
+                    std::to_string(cluster.gpusPerNode);
   auto it = memo.find(key);
   if (it == memo.end())
     it = memo.emplace(key, sim::placeGroup(MeshLayout(shape), 0, axes,
@@ -206,7 +209,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   // Under ZeRO the dense parameters' state is cut over dp x ep, the
   // experts' over dp: the share of a GPU's parameters a rank keeps.
   // Under hybrid sharding a shard group of zero_group dp ranks holds it.
-  bool hybrid = l.zero && l.zeroGroup > 0 && l.zeroGroup < l.dp;
+  bool hybrid = l.hybrid();
   double shardDp = hybrid ? l.zeroGroup : l.dp;
   double zeroShare = ((gpuParams - gpuExperts) / (shardDp * l.ep) +
                       gpuExperts / shardDp) /
@@ -416,7 +419,7 @@ std::vector<std::string> compileFlags(const Layout &l) {
     f.insert(f.end(), {"--cp", std::to_string(l.cp)});
   if (l.expertTp)
     f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
-  if (l.zero && l.zeroGroup)
+  if (l.hybrid())
     f.insert(f.end(),
              {"--set", "parallel.zero_group=" + std::to_string(l.zeroGroup)});
   f.insert(f.end(), {"--order", l.order});
@@ -662,10 +665,11 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
               add(l, false);
               // With ZeRO, also sharded within the dp ranks of a node
               // (hybrid sharding) when dp spans nodes.
+              if (!zero || cp > 1)
+                continue;
               int64_t perNode =
                   placement(l, AxisSet(MeshAxis::DP), cluster).perNode;
-              if (zero && cp == 1 && perNode > 1 && perNode < dp &&
-                  dp % perNode == 0) {
+              if (perNode > 1 && perNode < dp && dp % perNode == 0) {
                 l.zeroGroup = perNode;
                 add(l, false);
               }
@@ -784,7 +788,7 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
   int fittingSimulated = 0;
   std::set<std::string> simulatedShapes;
   auto shapeKey = [](Layout l) {
-    bool hybrid = l.zero && l.zeroGroup;
+    bool hybrid = l.hybrid();
     l.zero = 0;
     return l.str() + (hybrid ? ", hybrid" : "");
   };
@@ -800,7 +804,7 @@ Expected<std::unique_ptr<PlanOutcome>> searchLayouts(const PlanRequest &req) {
     if (c.fits && c.error.empty()) {
       // A hybrid-sharded layout is simulated beside the K, not instead
       // of one of them.
-      if (!(c.layout.zero && c.layout.zeroGroup))
+      if (!c.layout.hybrid())
         ++fittingSimulated;
       simulatedShapes.insert(shapeKey(c.layout));
     }
@@ -1182,7 +1186,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
                        {"zero", l.zero},     {"recompute", l.recompute},
                        {"sequence_parallel", l.sp},
                        {"expert_tp", l.expertTp ? l.tp : 1},
-                       {"zero_group", l.zero ? l.zeroGroup : 0},
+                       {"zero_group", l.hybrid() ? l.zeroGroup : 0},
                        {"order", l.order}};
       row["describe"] = l.str();
       row["memory_bytes"] = c->memory;
@@ -1257,7 +1261,7 @@ int tessel::planCommand(ArrayRef<std::string> args) {
       p.erase("expert_tp");
     if (!l.shape().defaultOrder() || p.contains("order"))
       p["order"] = l.order;
-    if (l.zero && l.zeroGroup)
+    if (l.hybrid())
       p["zero_group"] = l.zeroGroup;
     else
       p.erase("zero_group");

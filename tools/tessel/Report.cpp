@@ -26,6 +26,8 @@
 
 #include "Commands.h"
 
+#include "tessel/Support/MeshLayout.h"
+
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -749,7 +751,7 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
     for (auto &[axis, size] : (*plan)["mesh"].items())
       mesh += (mesh.empty() ? "" : " ") + axis + "=" + size.dump();
   if (plan->contains("order") && (*plan)["order"].is_string() &&
-      (*plan)["order"] != "tp-cp-ep-dp-pp")
+      (*plan)["order"] != tessel::MeshShape().orderName())
     mesh += ", order " + (*plan)["order"].get<std::string>();
   row("layout", mesh + " (" + std::to_string(world) + " ranks)");
   row("steps", num(stepsRun, "%.0f"));

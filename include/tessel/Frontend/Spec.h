@@ -10,6 +10,8 @@
 #ifndef TESSEL_FRONTEND_SPEC_H
 #define TESSEL_FRONTEND_SPEC_H
 
+#include "tessel/Support/MeshLayout.h"
+
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
 
@@ -149,7 +151,7 @@ struct ParallelSpec {
   // parallel.order: how ranks are numbered, innermost axis first, as
   // Megatron-LM spells it. Consecutive ranks share a node, so the inner
   // axes' collectives stay on its link. pp is always last (MeshLayout.h).
-  std::string order = "tp-cp-ep-dp-pp";
+  std::string order = MeshShape().orderName();
   // User overrides of the tensor-parallel plan, applied in order (the last
   // matching pattern wins): a glob over parameter names and, per dimension,
   // the mesh axis splitting it ("" for none).

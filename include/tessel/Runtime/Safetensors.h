@@ -68,6 +68,20 @@ private:
   std::map<std::string, std::string> meta;
 };
 
+// Hugging Face's Mixtral holds each expert's weights apart: expert `e` of a
+// stacked parameter "P.experts.wK" [experts, out, in] is
+// "P.experts.<e>.wK.weight" there; "" when `stacked` is not such a name.
+inline std::string perExpertName(const std::string &stacked, int64_t e) {
+  const std::string marker = ".experts.";
+  size_t at = stacked.rfind(marker);
+  if (at == std::string::npos ||
+      stacked.find('.', at + marker.size()) != std::string::npos)
+    return "";
+  size_t cut = at + marker.size();
+  return stacked.substr(0, cut) + std::to_string(e) + "." +
+         stacked.substr(cut) + ".weight";
+}
+
 // One tensor to write; `data` holds product(shape) floats.
 struct SafetensorView {
   std::string name;

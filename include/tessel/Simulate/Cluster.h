@@ -8,8 +8,8 @@
 // calibrate` measures a CPU description on the machine it runs on.
 //
 // Ranks are placed on devices in rank order (MeshLayout.h: parallel.order,
-// by default tp innermost, pp outermost), so node n holds ranks [n * gpusPerNode, (n + 1) *
-// gpusPerNode).
+// by default tp innermost, pp outermost), so node n holds ranks
+// [n * gpusPerNode, (n + 1) * gpusPerNode).
 //
 //===----------------------------------------------------------------------===//
 #ifndef TESSEL_SIMULATE_CLUSTER_H
