@@ -12,7 +12,10 @@ ranks' records, the manifest and `latest` written and synced), the
 background write (`ckpt_write_ms`, `ckpt_bytes` per rank), and the step time
 while a write is in flight against the median step without checkpoints.
 Then the load: a resume's check (CRC-32 of every file it reads) and read,
-against `dd`'s read. Prints markdown for docs/benchmarks.md.
+against `dd`'s read. And the memory: the largest rank's peak (resident
+growth past start-up, from --comm-report) without and with checkpoints.
+The layouts include ZeRO-1 and ZeRO-3 at dp2, whose ranks write their
+pieces as they hold them. Prints markdown for docs/benchmarks.md.
 """
 import argparse
 import json
@@ -36,6 +39,24 @@ def run(cmd):
     if r.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
     return r.stdout + r.stderr
+
+
+LAYOUTS = {"1rank": [], "dp2": ["--dp", "2"],
+           "dp2-zero1": ["--dp", "2", "--zero", "1"],
+           "dp2-zero3": ["--dp", "2", "--zero", "3"]}
+
+
+def peak_mb(report):
+    """The largest rank's resident growth past start-up (--comm-report)."""
+    base, ext = os.path.splitext(report)
+    peaks = []
+    for rank in range(64):
+        path = f"{base}.rank{rank}{ext}"
+        if not os.path.exists(path):
+            break
+        m = json.load(open(path))["memory"]
+        peaks.append(m["rss_peak_bytes"] - m["rss_before_bytes"])
+    return max(peaks) / 1e6
 
 
 def dd_bandwidth(work):
@@ -63,6 +84,8 @@ def main():
     p.add_argument("--work", default=None)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4)
+    p.add_argument("--layouts", default="1rank,dp2,dp2-zero1,dp2-zero3",
+                   help="comma-separated, of " + ", ".join(LAYOUTS))
     args = p.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="tessel-ckpt-bench-")
     os.makedirs(work, exist_ok=True)
@@ -71,21 +94,26 @@ def main():
           f"{dd_read:.0f} MB/s ({'cold' if cold else 'page cache'})\n")
     print("| layout | step, no checkpoints | step while writing | snapshot | commit | "
           "write per rank | write throughput per rank | load (check + read) | "
-          "load throughput |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, layout in [("1 rank", []), ("dp2", ["--dp", "2"])]:
-        d = os.path.join(work, name.replace(" ", ""))
+          "load throughput | peak memory, no checkpoints / with |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.layouts.split(","):
+        layout = LAYOUTS[name]
+        d = os.path.join(work, name)
         run([TESSEL, "compile", os.path.join(ROOT, "examples", "gpt2-124m.json"),
              *SHORT, *layout, "-o", d])
         plain = os.path.join(work, "plain.jsonl")
-        run([TESSEL, "run", d, "--steps", str(args.steps), "--metrics", plain, "--quiet"])
+        run([TESSEL, "run", d, "--steps", str(args.steps), "--metrics", plain, "--quiet",
+             "--comm-report", os.path.join(work, "plain.json")])
+        peak_plain = peak_mb(os.path.join(work, "plain.json"))
         base = statistics.median(r["step_ms"] for r in map(json.loads, open(plain))
                                  if r["step"] >= 2)
-        ckpt = os.path.join(work, "ckpt-" + name.replace(" ", ""))
+        ckpt = os.path.join(work, "ckpt-" + name)
         shutil.rmtree(ckpt, ignore_errors=True)
         metrics = os.path.join(work, "ckpt.jsonl")
         run([TESSEL, "run", d, "--steps", str(args.steps), "--ckpt-dir", ckpt,
-             "--ckpt-every", str(args.every), "--metrics", metrics, "--quiet"])
+             "--ckpt-every", str(args.every), "--metrics", metrics, "--quiet",
+             "--comm-report", os.path.join(work, "ckpt.json")])
+        peak_ckpt = peak_mb(os.path.join(work, "ckpt.json"))
         rows = [json.loads(l) for l in open(metrics)]
         # A checkpoint starts after every --every steps; the next step trains
         # while the write runs.
@@ -111,7 +139,8 @@ def main():
         load = float(re.search(r"checked and read in ([0-9.]+) s", out).group(1))
         print(f"| {name} | {base:.0f} ms | {during:.0f} ms | {stall:.0f} ms | {commit:.0f} ms | "
               f"{write_mb:.0f} MB in {write_ms:.0f} ms | {write_mb / write_ms * 1000:.0f} MB/s | "
-              f"{total_mb:.0f} MB in {load:.2f} s | {total_mb / load:.0f} MB/s |")
+              f"{total_mb:.0f} MB in {load:.2f} s | {total_mb / load:.0f} MB/s | "
+              f"{peak_plain:.0f} / {peak_ckpt:.0f} MB |")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -182,6 +182,65 @@ int64_t Box::numel() const {
   return n;
 }
 
+namespace {
+// flatRangeBoxes within the sub-tensor of dimensions d.. whose outer
+// indices are fixed in `at`: elements [lo, hi) of it, lo < hi.
+void flatBoxesFrom(const std::vector<int64_t> &shape, size_t d,
+                   std::vector<int64_t> &at, int64_t lo, int64_t hi,
+                   std::vector<Box> &out) {
+  int64_t stride = 1; // elements per index of dimension d
+  for (size_t k = d + 1; k < shape.size(); ++k)
+    stride *= shape[k];
+  auto slab = [&](int64_t first, int64_t count) {
+    Box box{at, shape};
+    for (size_t k = 0; k < d; ++k)
+      box.sizes[k] = 1;
+    box.offsets[d] = first;
+    box.sizes[d] = count;
+    out.push_back(std::move(box));
+  };
+  int64_t first = lo / stride, last = (hi - 1) / stride;
+  if (lo % stride == 0 && hi % stride == 0) {
+    slab(first, last - first + 1);
+    return;
+  }
+  if (first == last) {
+    at[d] = first;
+    flatBoxesFrom(shape, d + 1, at, lo - first * stride, hi - first * stride,
+                  out);
+    at[d] = 0;
+    return;
+  }
+  int64_t whole = first; // the first index whose elements are all in range
+  if (lo % stride) {
+    at[d] = first;
+    flatBoxesFrom(shape, d + 1, at, lo % stride, stride, out);
+    at[d] = 0;
+    whole = first + 1;
+  }
+  int64_t end = hi / stride; // indices [whole, end) are whole
+  if (whole < end)
+    slab(whole, end - whole);
+  if (hi % stride) {
+    at[d] = end;
+    flatBoxesFrom(shape, d + 1, at, 0, hi % stride, out);
+    at[d] = 0;
+  }
+}
+} // namespace
+
+std::vector<Box> flatRangeBoxes(const std::vector<int64_t> &shape, int64_t lo,
+                                int64_t hi) {
+  std::vector<Box> boxes;
+  if (lo >= hi)
+    return boxes;
+  if (shape.empty())
+    return {Box{{}, {}}};
+  std::vector<int64_t> at(shape.size(), 0);
+  flatBoxesFrom(shape, 0, at, lo, hi, boxes);
+  return boxes;
+}
+
 int64_t copyIntersection(const Box &from, const float *fromData, const Box &to,
                          float *toData) {
   size_t rank = from.offsets.size();

@@ -1140,50 +1140,176 @@ void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
   }
 }
 
+// Where store `store` holds parameter p: whole, laid out as its shard, or
+// this rank's part [lo, hi) of the shard (ZeRO's pieces).
+Owned ownedInStore(const ParamInfo &p, const StateStore &store) {
+  switch (store.layout) {
+  case StateStore::Layout::MomentPieces:
+    return ownedIn(p, Kind::Moments);
+  case StateStore::Layout::ValuePieces:
+    return ownedIn(p, Kind::Values);
+  case StateStore::Layout::ByOffset:
+    break;
+  }
+  return {0, p.numel, p.offset, true};
+}
+
+// A box of a checkpoint tensor as a store holds it: block `block` of a
+// whole shard (copyBlock), or, for a part of the shard, the box `local` of
+// the shard viewed as the tensor `localShape` (the shard's blocks stacked
+// along the shard dimension).
+struct StoredBox {
+  Box global;
+  int64_t block = -1; // -1: a part of the shard
+  Box local;
+};
+
+// The shard of `p` viewed as a tensor: the global shape with the shard
+// dimension (and the second cut's) as this rank holds them.
+std::vector<int64_t> localShapeOf(const ParamInfo &p,
+                                  const ShardLayout &layout) {
+  std::vector<int64_t> shape = shapeOf(p);
+  if (!isSplit(layout))
+    return shape;
+  shape[p.shardDim] = layout.blocks * layout.pieceRows();
+  if (layout.parts2 > 1)
+    shape[p.secondShardDim] = layout.dim2 / layout.parts2;
+  return shape;
+}
+
+// The boxes of the global tensor that store `o` of `p` holds: the shard's
+// blocks when it is whole, else the part [o.lo, o.hi) of the shard in as
+// few boxes as row-major order allows (flatRangeBoxes), each cut where the
+// shard's blocks meet.
+std::vector<StoredBox> storedBoxes(const ParamInfo &p,
+                                   const ShardLayout &layout, const Owned &o) {
+  std::vector<Box> blocks = shardBoxes(p, layout);
+  std::vector<StoredBox> boxes;
+  if (o.whole) {
+    for (size_t b = 0; b < blocks.size(); ++b)
+      boxes.push_back({blocks[b], (int64_t)b, {}});
+    return boxes;
+  }
+  int64_t rows = isSplit(layout) ? layout.pieceRows() : 0;
+  for (const Box &local :
+       flatRangeBoxes(localShapeOf(p, layout), o.lo, o.hi)) {
+    if (!isSplit(layout)) {
+      boxes.push_back({local, -1, local});
+      continue;
+    }
+    int d = p.shardDim;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      int64_t first = std::max(local.offsets[d], (int64_t)b * rows);
+      int64_t end = std::min(local.offsets[d] + local.sizes[d],
+                             (int64_t)(b + 1) * rows);
+      if (first >= end)
+        continue;
+      StoredBox box{blocks[b], -1, local};
+      box.local.offsets[d] = first;
+      box.local.sizes[d] = end - first;
+      // Block b lies at blocks[b] in the global tensor.
+      for (size_t k = 0; k < local.offsets.size(); ++k)
+        box.global.offsets[k] +=
+            (int)k == d ? first - (int64_t)b * rows : local.offsets[k];
+      box.global.sizes = box.local.sizes;
+      boxes.push_back(std::move(box));
+    }
+  }
+  return boxes;
+}
+
+// Copies a stored box between the store (`at`: where element o.lo of the
+// shard is) and `box` (row-major over its sizes), either way.
+void copyStored(const ShardLayout &layout, const std::vector<int64_t> &shape,
+                const StoredBox &stored, const Owned &o, float *at, float *box,
+                bool intoStore) {
+  if (stored.block >= 0) {
+    copyBlock(layout, stored.block, at, box, intoStore);
+    return;
+  }
+  const Box &local = stored.local;
+  size_t rank = shape.size();
+  if (rank == 0) {
+    intoStore ? (void)(*at = *box) : (void)(*box = *at);
+    return;
+  }
+  std::vector<int64_t> index(local.offsets);
+  int64_t row = local.sizes[rank - 1];
+  for (int64_t done = 0; done < local.numel(); done += row) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < rank; ++d)
+      flat = flat * shape[d] + index[d];
+    float *s = at + (flat - o.lo);
+    if (intoStore)
+      std::copy_n(box + done, row, s);
+    else
+      std::copy_n(s, row, box + done);
+    for (int d = (int)rank - 2; d >= 0; --d) {
+      if (++index[d] < local.offsets[d] + local.sizes[d])
+        break;
+      index[d] = local.offsets[d];
+    }
+  }
+}
+
 // This rank's share of a checkpoint: the boxes of its shards that it
 // writes. A box that several ranks hold (replicas over every axis but the
-// one that splits the tensor and pp) is written by one of them: each
-// tensor goes to the replica with the fewest bytes so far (the lowest
-// first), which every replica works out alike.
+// ones that split the tensor, ZeRO's shard group for a piece, and pp) is
+// written by one of them: each tensor goes to the replica with the fewest
+// bytes so far (the lowest first), which every replica works out alike.
+// ZeRO's pieces are written as they are, never gathered: a checkpoint of a
+// sharded optimizer costs each rank its own state and no communication.
 std::vector<CheckpointPiece>
 checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
                  std::vector<CheckpointPiece> recycled) {
   std::vector<CheckpointPiece> pieces;
   std::map<unsigned, std::vector<int64_t>> bytesOf; // per replica group
+  const MeshShape &shape = meshLayout().shape();
   for (size_t st = 0; st < stores.size(); st++)
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
       ShardLayout layout = shardLayoutOf(p);
+      Owned o = ownedInStore(p, stores[st]);
       unsigned replicaAxes = 0;
-      int64_t replicas = 1;
       for (MeshAxis axis : kMeshAxes)
         if (axis != MeshAxis::PP && !(isSplit(layout) && axis == p.shardAxis) &&
-            !(layout.parts2 > 1 && axis == p.secondShardAxis) &&
-            meshSize(axis) > 1) {
+            !(layout.parts2 > 1 && axis == p.secondShardAxis))
           replicaAxes |= AxisSet(axis).bits();
-          replicas *= meshSize(axis);
-        }
+      if (!o.whole) {
+        // The pieces differ over the shard group; under hybrid sharding
+        // they repeat over the groups (dp's replica half).
+        AxisSet group = AxisSet::fromBits(
+            p.stateAxes ? p.stateAxes : shape.shardAxes().bits());
+        for (MeshAxis axis : kMeshAxes)
+          if (group.contains(axis))
+            replicaAxes &= ~AxisSet(axis).bits();
+        if (group.bits() & kDpShardBit)
+          replicaAxes = (replicaAxes & ~AxisSet(MeshAxis::DP).bits()) |
+                        kDpReplicaBit;
+      }
+      replicaAxes = shape.effective(AxisSet::fromBits(replicaAxes)).bits();
+      int64_t replicas = shape.groupSize(AxisSet::fromBits(replicaAxes));
       if (replicas > 1) {
         std::vector<int64_t> &bytes = bytesOf[replicaAxes];
         bytes.resize(replicas, 0);
         int64_t writer =
             std::min_element(bytes.begin(), bytes.end()) - bytes.begin();
-        bytes[writer] += p.numel;
+        bytes[writer] += o.hi - o.lo;
         if (groupRank(replicaAxes) != writer)
           continue;
       }
-      std::vector<Box> boxes = shardBoxes(p, layout);
-      for (size_t b = 0; b < boxes.size(); b++) {
+      std::vector<int64_t> localShape = localShapeOf(p, layout);
+      for (const StoredBox &stored : storedBoxes(p, layout, o)) {
         CheckpointPiece piece;
         // The previous snapshot's memory, in the same order.
         if (pieces.size() < recycled.size())
           piece.data = std::move(recycled[pieces.size()].data);
         piece.tensor = p.name + stores[st].suffix;
         piece.shape = shapeOf(p);
-        piece.box = boxes[b];
+        piece.box = stored.global;
         piece.data.resize(piece.box.numel());
-        copyBlock(layout, (int64_t)b, stores[st].data + p.offset,
-                  piece.data.data(), /*intoShard=*/false);
+        copyStored(layout, localShape, stored, o, stores[st].data + o.at,
+                   piece.data.data(), /*intoStore=*/false);
         pieces.push_back(std::move(piece));
       }
     }
@@ -1211,8 +1337,11 @@ CheckpointManifest chooseCheckpoint(const Program &program,
           auto t = m.tensors.find(p.name + store.suffix);
           if (t == m.tensors.end())
             continue;
-          for (const Box &want : shardBoxes(p, shardLayoutOf(p)))
+          ShardLayout layout = shardLayoutOf(p);
+          for (const StoredBox &stored :
+               storedBoxes(p, layout, ownedInStore(p, store)))
             for (const CheckpointManifest::Source &s : t->second.boxes) {
+              const Box &want = stored.global;
               bool meets = s.box.offsets.size() == want.offsets.size();
               for (size_t d = 0; meets && d < want.offsets.size(); d++)
                 meets = s.box.offsets[d] < want.offsets[d] + want.sizes[d] &&
@@ -1311,13 +1440,15 @@ void loadCheckpoint(const Program &program, const CheckpointManifest &m,
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
       ShardLayout layout = shardLayoutOf(p);
-      std::vector<Box> boxes = shardBoxes(p, layout);
-      for (size_t b = 0; b < boxes.size(); b++) {
-        std::vector<float> box(boxes[b].numel());
-        readCheckpointBox(m, p.name + store.suffix, shapeOf(p), boxes[b],
+      Owned o = ownedInStore(p, store);
+      std::vector<int64_t> localShape = localShapeOf(p, layout);
+      std::vector<float> box;
+      for (const StoredBox &stored : storedBoxes(p, layout, o)) {
+        box.resize(stored.global.numel());
+        readCheckpointBox(m, p.name + store.suffix, shapeOf(p), stored.global,
                           box.data());
-        copyBlock(layout, (int64_t)b, store.data + p.offset, box.data(),
-                  /*intoShard=*/true);
+        copyStored(layout, localShape, stored, o, store.data + o.at,
+                   box.data(), /*intoStore=*/true);
       }
     }
 }
@@ -1799,35 +1930,66 @@ int train(const Program &sharedProgram, const Options &opts) {
   int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);
 
-  AlignedBuffer wholeParams =
-      allocateZeroed(shardedParams ? floatBytes : 0, "parameters (whole)");
-  float *paramData =
-      shardedParams ? (float *)wholeParams.get() : (float *)params.get();
-  // AdamW's moments beside the parameters, as a state file holds them.
-  // Sharded moments are saved and resumed through copies laid out like the
-  // parameters (only when a state is saved or resumed).
-  AlignedBuffer fullM = allocateZeroed(
-      shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
-  AlignedBuffer fullV = allocateZeroed(
-      shardedMoments && stateFiles ? floatBytes : 0, "AdamW moments (saved)");
-  float *savedM = shardedMoments ? (float *)fullM.get() : (float *)adamM.get();
-  float *savedV = shardedMoments ? (float *)fullV.get() : (float *)adamV.get();
-  std::vector<StateStore> state = {{paramData, ""},
+  // With the parameters sharded, whole ones exist only while they are
+  // initialised, loaded from a file or saved to one.
+  AlignedBuffer wholeParams;
+  float *paramData = shardedParams ? nullptr : (float *)params.get();
+  // AdamW's moments beside the parameters, as a single state file holds
+  // them (--save-state, --resume FILE): sharded moments go through copies
+  // laid out like the parameters, which exist only while such a file is
+  // written or read.
+  AlignedBuffer fullM, fullV;
+  float *savedM = shardedMoments ? nullptr : (float *)adamM.get();
+  float *savedV = shardedMoments ? nullptr : (float *)adamV.get();
+  auto wholeState = [&]() {
+    return std::vector<StateStore>{{paramData, ""},
                                    {savedM, kMomentSuffixes[0]},
                                    {savedV, kMomentSuffixes[1]}};
+  };
+  // The state as the step holds it, for checkpoints: ZeRO's pieces are
+  // written and read as they are, never gathered.
+  std::vector<StateStore> pieceState = {
+      {shardedParams ? (float *)params.get() : paramData, "",
+       shardedParams ? StateStore::Layout::ValuePieces
+                     : StateStore::Layout::ByOffset},
+      {(float *)adamM.get(), kMomentSuffixes[0],
+       shardedMoments ? StateStore::Layout::MomentPieces
+                      : StateStore::Layout::ByOffset},
+      {(float *)adamV.get(), kMomentSuffixes[1],
+       shardedMoments ? StateStore::Layout::MomentPieces
+                      : StateStore::Layout::ByOffset}};
+  auto allocateWhole = [&]() {
+    if (shardedParams) {
+      wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
+      paramData = (float *)wholeParams.get();
+    }
+  };
+  auto allocateWholeMoments = [&]() {
+    if (shardedMoments) {
+      fullM = allocateZeroed(floatBytes, "AdamW moments (whole)");
+      fullV = allocateZeroed(floatBytes, "AdamW moments (whole)");
+      savedM = (float *)fullM.get();
+      savedV = (float *)fullV.get();
+    }
+  };
+  auto freeWhole = [&]() {
+    if (shardedParams) {
+      wholeParams.reset();
+      paramData = nullptr;
+    }
+    if (shardedMoments) {
+      fullM.reset();
+      fullV.reset();
+      savedM = savedV = nullptr;
+    }
+  };
   // Whole parameters for a save, from the pieces.
   auto wholeForSave = [&]() {
     if (!shardedParams)
       return;
-    wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
-    paramData = (float *)wholeParams.get();
-    state[0].data = paramData;
+    allocateWhole();
     expandStore(program, Kind::Values, (const float *)params.get(),
                 paramData);
-  };
-  auto doneSaving = [&]() {
-    if (shardedParams)
-      wholeParams.reset();
   };
   // A device program's state, copied to the host to be saved (the store:
   // the pieces with the parameters sharded, expanded by wholeForSave).
@@ -1843,11 +2005,12 @@ int train(const Program &sharedProgram, const Options &opts) {
     fromDevice();
     wholeForSave();
     if (shardedMoments) {
+      allocateWholeMoments();
       expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
       expandStore(program, Kind::Moments, (const float *)adamV.get(), savedV);
     }
-    saveParams(program, opts.saveState, state, step);
-    doneSaving();
+    saveParams(program, opts.saveState, wholeState(), step);
+    freeWhole();
   };
   nlohmann::json plan = checkpoints || !opts.resume.empty()
                             ? ownPlan()
@@ -1860,11 +2023,6 @@ int train(const Program &sharedProgram, const Options &opts) {
   auto writeCheckpoint = [&](int64_t step, float loss) {
     UncountedCollectives notTraffic;
     fromDevice();
-    wholeForSave();
-    if (shardedMoments) {
-      expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
-      expandStore(program, Kind::Moments, (const float *)adamV.get(), savedV);
-    }
     CheckpointInfo info;
     info.step = step;
     info.consumedSamples = step * globalB;
@@ -1883,14 +2041,13 @@ int train(const Program &sharedProgram, const Options &opts) {
     info.train = planSection("train");
     info.data = planSection("data");
     std::vector<CheckpointPiece> pieces =
-        checkpointPieces(program, state, checkpoints->recycle());
-    doneSaving();
+        checkpointPieces(program, pieceState, checkpoints->recycle());
     checkpoints->begin(info, std::move(pieces));
   };
   int64_t firstStep = 0;
   if (!opts.resume.empty() && isDirectory(opts.resume)) {
     auto loadStart = std::chrono::steady_clock::now();
-    CheckpointManifest m = chooseCheckpoint(program, opts.resume, state);
+    CheckpointManifest m = chooseCheckpoint(program, opts.resume, pieceState);
     // Another model is refused by its settings first (the tensors would
     // differ too); other training settings are allowed, and named.
     if (!m.model.empty() && !planSection("model").empty()) {
@@ -1909,7 +2066,7 @@ int train(const Program &sharedProgram, const Options &opts) {
                "train.", nlohmann::json::parse(m.train), plan["train"]))
         std::fprintf(stderr, "warning: resuming with another setting: %s\n",
                      d.c_str());
-    loadCheckpoint(program, m, state);
+    loadCheckpoint(program, m, pieceState);
     double loadSeconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - loadStart)
                              .count();
@@ -1920,10 +2077,6 @@ int train(const Program &sharedProgram, const Options &opts) {
            std::to_string(globalB) +
            ": its batches would not continue the saved run's");
     firstStep = m.step;
-    if (shardedMoments) {
-      shardStore(program, Kind::Moments, savedM, (float *)adamM.get());
-      shardStore(program, Kind::Moments, savedV, (float *)adamV.get());
-    }
     if (firstStep >= opts.steps)
       fail(inQuotes(m.dir) + " is at step " + std::to_string(firstStep) +
            ", and --steps is " + std::to_string(opts.steps) +
@@ -1933,8 +2086,10 @@ int train(const Program &sharedProgram, const Options &opts) {
                   "checked and read in %.2f s)\n",
                   m.dir.c_str(), firstStep, m.layout.c_str(), loadSeconds);
   } else if (!opts.resume.empty()) {
+    allocateWhole();
+    allocateWholeMoments();
     std::map<std::string, std::string> metadata =
-        loadParams(program, opts.resume, state, /*strict=*/true);
+        loadParams(program, opts.resume, wholeState(), /*strict=*/true);
     auto step = metadata.find("steps");
     if (step == metadata.end())
       fail(inQuotes(opts.resume) + " is not a --save-state file (its "
@@ -1945,17 +2100,22 @@ int train(const Program &sharedProgram, const Options &opts) {
       shardStore(program, Kind::Moments, savedM, (float *)adamM.get());
       shardStore(program, Kind::Moments, savedV, (float *)adamV.get());
     }
+    if (shardedParams)
+      shardStore(program, Kind::Values, paramData, (float *)params.get());
+    freeWhole();
     if (firstStep >= opts.steps)
       fail(inQuotes(opts.resume) + " is at step " +
            std::to_string(firstStep) + ", and --steps is " +
            std::to_string(opts.steps) + ": nothing is left to train");
-  } else if (!opts.initFrom.empty())
-    loadParams(program, opts.initFrom, {{paramData, ""}}, opts.strict);
-  else
-    initParams(program, opts.seed, paramData);
-  if (shardedParams) {
-    shardStore(program, Kind::Values, paramData, (float *)params.get());
-    wholeParams.reset();
+  } else {
+    allocateWhole();
+    if (!opts.initFrom.empty())
+      loadParams(program, opts.initFrom, {{paramData, ""}}, opts.strict);
+    else
+      initParams(program, opts.seed, paramData);
+    if (shardedParams)
+      shardStore(program, Kind::Values, paramData, (float *)params.get());
+    freeWhole();
   }
 
   if (leader && !opts.quiet) {
@@ -2354,11 +2514,14 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (!opts.saveFinal.empty()) {
     wholeForSave();
     saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);
-    doneSaving();
+    freeWhole();
   }
   if (!opts.saveState.empty())
     writeState(lastStep);
   if (checkpoints && lastStep > firstStep) {
+    // The last snapshot reuses the memory of the one before, once that is
+    // written: one snapshot at a time.
+    checkpoints->poll(/*wait=*/true);
     writeCheckpoint(lastStep, lastLoss);
     checkpoints->poll(/*wait=*/true);
     if (leader && !opts.quiet)

@@ -65,11 +65,17 @@ using AlignedBuffer = std::unique_ptr<char, FreeDeleter>;
 // A zeroed, 64-byte aligned buffer of at least `bytes` bytes.
 AlignedBuffer allocateZeroed(int64_t bytes, const char *what);
 
-// One store laid out like the parameters, saved or loaded with its
-// tensors named NAME + suffix.
+// One store of the training state, saved or loaded with its tensors named
+// NAME + suffix. Laid out like the parameters (by ParamInfo::offset), or,
+// with ZeRO, as the step holds it: this rank's pieces of the moments
+// (stateOffset, statePiece) or of the parameters (valueOffset, valuePiece).
+// Checkpoints write and read the pieces as they are; single files
+// (loadParams, saveParams) take stores laid out by `offset` only.
 struct StateStore {
+  enum class Layout { ByOffset, MomentPieces, ValuePieces };
   float *data;
   std::string suffix;
+  Layout layout = Layout::ByOffset;
 };
 
 // Loads the stores from a .safetensors file (each rank its shards), trying

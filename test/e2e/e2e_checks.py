@@ -204,6 +204,29 @@ def memory(args):
             fail(f"rank {rank}: resident memory grew {peak} bytes, the plan says {planned}")
 
 
+def snapshot_memory(args):
+    """What checkpointing costs a rank's memory: its peak rises above the
+    same run's without checkpoints by at most one snapshot (the bytes of the
+    file it wrote) and --tolerance of its plan."""
+    plan = json.load(open(args.plan))
+    latest = open(os.path.join(args.ckpt, "latest")).read().strip()
+    files = json.load(open(os.path.join(args.ckpt, latest, "manifest.json")))["files"]
+    def peak(report, rank):
+        base, ext = os.path.splitext(report)
+        m = json.load(open(f"{base}.rank{rank}{ext}"))["memory"]
+        return m["rss_peak_bytes"] - m["rss_before_bytes"]
+    for rank in range(plan["world_size"]):
+        program = plan["ranks"][rank]["program"]
+        planned = plan["programs"][program]["memory"]["total_bytes"]
+        snapshot = files[f"rank-{rank:05d}.safetensors"]["bytes"]
+        more = peak(args.report, rank) - peak(args.without, rank)
+        print(f"rank {rank}: {more / 1e6:.1f} MB more with checkpoints, snapshot "
+              f"{snapshot / 1e6:.1f} MB ({snapshot / planned:.2f} of the plan)")
+        if more > snapshot + args.tolerance * planned:
+            fail(f"rank {rank}: checkpoints took {more} bytes more, its snapshot is "
+                 f"{snapshot} bytes")
+
+
 def textbook(args):
     """Every group of `tessel inspect --comm --textbook` moves the textbook
     bytes: ratio within the tolerance, no group the textbook lacks."""
@@ -879,6 +902,13 @@ def main():
     p.add_argument("report")
     p.add_argument("--tolerance", type=float, default=0.05)
     p.set_defaults(run=memory)
+    p = sub.add_parser("snapshot-memory")
+    p.add_argument("plan")
+    p.add_argument("report", help="--comm-report of the checkpointing run")
+    p.add_argument("without", help="--comm-report of the same run without checkpoints")
+    p.add_argument("ckpt", help="the checkpoint root the run wrote")
+    p.add_argument("--tolerance", type=float, default=0.02)
+    p.set_defaults(run=snapshot_memory)
     p = sub.add_parser("textbook")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.set_defaults(run=textbook)

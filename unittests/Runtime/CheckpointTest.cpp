@@ -58,6 +58,33 @@ TEST(Checkpoint, OneDimensionalAndScalarBoxes) {
   EXPECT_EQ(y, 2.5f);
 }
 
+// Every range [lo, hi) of a [4, 5, 6] tensor, as boxes: their row-major
+// data, one after another, are the range's elements in order, and there are
+// at most 2 * rank - 1 of them.
+TEST(Checkpoint, FlatRangesAreFewBoxesInOrder) {
+  const std::vector<int64_t> shape = {4, 5, 6};
+  Box whole{{0, 0, 0}, shape};
+  std::vector<float> all = fill(whole);
+  for (int64_t lo = 0; lo <= 120; lo++)
+    for (int64_t hi = lo; hi <= 120; hi++) {
+      std::vector<Box> boxes = flatRangeBoxes(shape, lo, hi);
+      std::vector<float> got;
+      for (const Box &b : boxes) {
+        ASSERT_GT(b.numel(), 0);
+        std::vector<float> data = fill(b);
+        got.insert(got.end(), data.begin(), data.end());
+      }
+      ASSERT_EQ(got, std::vector<float>(all.begin() + lo, all.begin() + hi))
+          << "range [" << lo << ", " << hi << ")";
+      ASSERT_LE(boxes.size(), 5u);
+    }
+  // Whole rows and slabs are one box each.
+  EXPECT_EQ(flatRangeBoxes(shape, 30, 90).size(), 1u);
+  EXPECT_EQ(flatRangeBoxes(shape, 6, 24).size(), 1u);
+  EXPECT_EQ(flatRangeBoxes({7}, 2, 5).size(), 1u);
+  EXPECT_EQ(flatRangeBoxes({7}, 2, 5)[0].offsets, std::vector<int64_t>{2});
+}
+
 TEST(Checkpoint, FileCrcIsZlibs) {
   std::string path = testing::TempDir() + "/tessel-crc-test.bin";
   std::string text = "123456789";

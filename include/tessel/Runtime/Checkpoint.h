@@ -44,6 +44,14 @@ struct Box {
 int64_t copyIntersection(const Box &from, const float *fromData, const Box &to,
                          float *toData);
 
+// Elements [lo, hi) of a tensor of `shape`, in row-major order, as boxes
+// whose row-major data, one after another, are those elements in order: at
+// most 2 * rank - 1 of them (a partial row, whole rows or slabs, a partial
+// row), none when lo >= hi. How a piece of a flattened run (ZeRO's shards)
+// is stored as boxes.
+std::vector<Box> flatRangeBoxes(const std::vector<int64_t> &shape, int64_t lo,
+                                int64_t hi);
+
 // One box of a tensor that this rank writes.
 struct CheckpointPiece {
   std::string tensor;
