@@ -271,9 +271,9 @@ std::vector<float> SafetensorsReader::read(const std::string &name) const {
 // Writing
 //===----------------------------------------------------------------------===//
 
-void writeSafetensors(const std::string &path,
-                      const std::vector<SafetensorView> &tensors,
-                      const std::map<std::string, std::string> &metadata) {
+std::string safetensorsPrefix(const std::string &path,
+                              const std::vector<SafetensorView> &tensors,
+                              const std::map<std::string, std::string> &metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   meta["format"] = "pt";
@@ -309,16 +309,21 @@ void writeSafetensors(const std::string &path,
   std::string text = header.dump();
   // Pad with spaces so the data region starts 8-byte aligned.
   text.append((8 - text.size() % 8) % 8, ' ');
-  unsigned char length[8];
+  std::string prefix(8, '\0');
   for (int i = 0; i < 8; i++)
-    length[i] = (unsigned char)((uint64_t)text.size() >> (8 * i));
+    prefix[i] = (char)(unsigned char)((uint64_t)text.size() >> (8 * i));
+  return prefix + text;
+}
 
+void writeSafetensors(const std::string &path,
+                      const std::vector<SafetensorView> &tensors,
+                      const std::map<std::string, std::string> &metadata) {
+  std::string prefix = safetensorsPrefix(path, tensors, metadata);
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
   if (!f)
     fail("cannot create " + inQuotes(tmp) + ": " + std::strerror(errno));
-  bool ok = std::fwrite(length, 1, 8, f) == 8 &&
-            std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
   for (const SafetensorView &t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape)

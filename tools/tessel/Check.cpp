@@ -264,7 +264,7 @@ int tessel::checkCommand(const CheckOptions &options) {
                   {"--eval-every", std::to_string(std::max<int64_t>(
                                        1, options.steps / 2)),
                    "--eval-batches", "2"});
-    if (int rc = runCommand(args)) {
+    if (runCommand(args) != 0) {
       errs() << "tessel: error: the run of " << dir << " failed\n";
       return 1;
     }

@@ -95,6 +95,13 @@ struct SafetensorView {
 void writeSafetensors(const std::string &path,
                       const std::vector<SafetensorView> &tensors,
                       const std::map<std::string, std::string> &metadata = {});
+// The bytes such a file begins with: the header's length (8 bytes, little
+// endian) and the JSON header, padded to a multiple of 8. The tensors'
+// data follow it, in order. Throws as writeSafetensors does on bad tensors
+// (naming `path`).
+std::string safetensorsPrefix(const std::string &path,
+                              const std::vector<SafetensorView> &tensors,
+                              const std::map<std::string, std::string> &metadata);
 
 // Half-precision decoding, exposed for tests.
 float halfToFloat(uint16_t bits);
