@@ -278,7 +278,8 @@ void printRunOptions(FILE *out, const Program *program) {
       "                         tokens_per_s, step_ms, data_wait_ms,\n"
       "                         mem_peak_bytes, ckpt_* with --ckpt-dir,\n"
       "                         val_loss and eval_ms after an evaluation\n"
-      "  --comm-report FILE     write each rank's collective counts as JSON\n"
+      "  --comm-report FILE     write each rank's collective counts and\n"
+      "                         resident memory as JSON (FILE.rankR.json)\n"
       "  --trace FILE           write each rank's Chrome trace "
       "(FILE.rankR.json)\n"
       "                         to FILE with .rank<R> before the extension\n"
@@ -616,6 +617,20 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
           false};
 }
 
+// Where store `store` holds parameter p: whole, laid out as its shard, or
+// this rank's part [lo, hi) of the shard (ZeRO's pieces).
+Owned ownedInStore(const ParamInfo &p, const StateStore &store) {
+  switch (store.layout) {
+  case StateStore::Layout::MomentPieces:
+    return ownedIn(p, Kind::Moments);
+  case StateStore::Layout::ValuePieces:
+    return ownedIn(p, Kind::Values);
+  case StateStore::Layout::ByOffset:
+    break;
+  }
+  return {0, p.numel, p.offset, true};
+}
+
 // A sharded store laid out by the parameters' `offset` (as init, load and
 // save see it): each rank places its parts and the sum over the shard group
 // (dp, or a hybrid group of it) fills the rest (whole parameters: the
@@ -646,16 +661,6 @@ void expandStore(const Program &program, Kind kind, const float *store,
     if (into != full)
       for (int64_t k = 0; k < program.paramElems; ++k)
         full[k] += into[k];
-  }
-}
-
-// The reverse: this rank's parts of a store laid out by `offset`.
-void shardStore(const Program &program, Kind kind, const float *full,
-                float *store) {
-  for (int i = 0; i < program.numParams; i++) {
-    const ParamInfo &p = program.params[i];
-    Owned o = ownedIn(p, kind);
-    std::copy_n(full + p.offset + o.lo, o.hi - o.lo, store + o.at);
   }
 }
 
@@ -725,10 +730,24 @@ loadParams(const Program &program, const std::string &path,
   SafetensorsReader reader(path);
   std::vector<std::string> tensors = reader.names();
   std::vector<float> used(tensors.size(), 0.0f);
+  // A parameter kept as pieces (ZeRO) is read whole, one at a time, and its
+  // part kept.
+  std::vector<float> shard;
   for (const StateStore &store : stores)
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    float *params = store.data;
+    Owned o = ownedInStore(p, store);
+    // Where the shard goes: its place in the store, or whole aside.
+    bool aside = !o.whole;
+    if (aside)
+      shard.resize(p.numel);
+    float *dest = aside ? shard.data() : store.data + o.at;
+    // The shard is at dest: keep this rank's part.
+    auto keep = [&]() {
+      if (aside)
+        std::copy(shard.begin() + o.lo, shard.begin() + o.hi,
+                  store.data + o.at);
+    };
     std::vector<std::string> names = candidateNames(p.name + store.suffix);
     const std::string *found = nullptr;
     for (const std::string &n : names)
@@ -756,9 +775,10 @@ loadParams(const Program &program, const std::string &path,
       }
       ShardLayout layout = shardLayoutOf(p);
       if (isSplit(layout))
-        copyShardOut(layout, global.data(), params + p.offset);
+        copyShardOut(layout, global.data(), dest);
       else
-        std::copy(global.begin(), global.end(), params + p.offset);
+        std::copy(global.begin(), global.end(), dest);
+      keep();
       continue;
     }
     if (!found) {
@@ -795,17 +815,20 @@ loadParams(const Program &program, const std::string &path,
         initRange(p.name, p.init, p.initMean, p.initStd, config.seed, real,
                   (int64_t)global.size() - real, global.data() + real);
       if (isSplit(layout))
-        copyShardOut(layout, global.data(), params + p.offset);
+        copyShardOut(layout, global.data(), dest);
       else
-        std::copy(global.begin(), global.end(), params + p.offset);
+        std::copy(global.begin(), global.end(), dest);
+      keep();
       continue;
     }
     if (!isSplit(layout)) {
-      reader.read(*found, params + p.offset);
+      reader.read(*found, dest);
+      keep();
       continue;
     }
     std::vector<float> global = reader.read(*found);
-    copyShardOut(layout, global.data(), params + p.offset);
+    copyShardOut(layout, global.data(), dest);
+    keep();
   }
   // What no rank read (each holds its stage's parameters).
   {
@@ -841,13 +864,21 @@ namespace {
 // Generates exactly this rank's elements of every parameter: counter-based
 // initialisation makes each element a function of its global index, so the
 // shards together equal the one-rank initialisation bit for bit.
-void initParams(const Program &program, uint64_t seed, float *params) {
+// With the parameters kept as pieces (ZeRO-3), only this rank's part of
+// each shard is generated, in place.
+void initParams(const Program &program, uint64_t seed,
+                const StateStore &store) {
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
+    Owned o = ownedInStore(p, store);
     forEachShardRun(shardLayoutOf(p), [&](int64_t globalOffset,
                                           int64_t shardOffset, int64_t count) {
-      initRange(p.name, p.init, p.initMean, p.initStd, seed, globalOffset,
-                count, params + p.offset + shardOffset);
+      int64_t begin = std::max(shardOffset, o.lo);
+      int64_t end = std::min(shardOffset + count, o.hi);
+      if (begin < end)
+        initRange(p.name, p.init, p.initMean, p.initStd, seed,
+                  globalOffset + (begin - shardOffset), end - begin,
+                  store.data + o.at + (begin - o.lo));
     });
   }
 }
@@ -1138,20 +1169,6 @@ void copyBlock(const ShardLayout &layout, int64_t b, float *shard, float *box,
     else
       std::copy_n(at, run, box + o * run);
   }
-}
-
-// Where store `store` holds parameter p: whole, laid out as its shard, or
-// this rank's part [lo, hi) of the shard (ZeRO's pieces).
-Owned ownedInStore(const ParamInfo &p, const StateStore &store) {
-  switch (store.layout) {
-  case StateStore::Layout::MomentPieces:
-    return ownedIn(p, Kind::Moments);
-  case StateStore::Layout::ValuePieces:
-    return ownedIn(p, Kind::Values);
-  case StateStore::Layout::ByOffset:
-    break;
-  }
-  return {0, p.numel, p.offset, true};
 }
 
 // A box of a checkpoint tensor as a store holds it: block `block` of a
@@ -1532,11 +1549,12 @@ int64_t statusBytes(const char *field) {
 }
 
 // Writes the collective counts of this rank and its resident memory before
-// the plan's stores were allocated, right after, and at its peak,
+// the plan's stores were allocated, right after, its peak once the state
+// was initialised or loaded (before the first step), and its peak,
 // atomically.
 void writeCommReport(const std::string &path, int64_t steps,
                      const CollectiveCounter *counters, int64_t rssBefore,
-                     int64_t rssAllocated) {
+                     int64_t rssAllocated, int64_t peakStarted) {
   std::string json = "{\"rank\": " + std::to_string(commRank()) +
                      ", \"steps\": " + std::to_string(steps) +
                      ", \"collectives\": {";
@@ -1551,6 +1569,7 @@ void writeCommReport(const std::string &path, int64_t steps,
   json += "}, \"memory\": {\"rss_before_bytes\": " +
           std::to_string(rssBefore) +
           ", \"rss_allocated_bytes\": " + std::to_string(rssAllocated) +
+          ", \"rss_started_peak_bytes\": " + std::to_string(peakStarted) +
           ", \"rss_peak_bytes\": " + std::to_string(statusBytes("VmHWM")) +
           "}}\n";
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -1930,14 +1949,14 @@ int train(const Program &sharedProgram, const Options &opts) {
   int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);
 
-  // With the parameters sharded, whole ones exist only while they are
-  // initialised, loaded from a file or saved to one.
+  // With the parameters sharded (ZeRO-3), whole ones exist only while they
+  // are saved to a single file (--save-state, --save-final): initialising,
+  // loading and checkpoints read and write the pieces.
   AlignedBuffer wholeParams;
   float *paramData = shardedParams ? nullptr : (float *)params.get();
   // AdamW's moments beside the parameters, as a single state file holds
-  // them (--save-state, --resume FILE): sharded moments go through copies
-  // laid out like the parameters, which exist only while such a file is
-  // written or read.
+  // them (--save-state): sharded moments go through copies laid out like
+  // the parameters, which exist only while such a file is written.
   AlignedBuffer fullM, fullV;
   float *savedM = shardedMoments ? nullptr : (float *)adamM.get();
   float *savedV = shardedMoments ? nullptr : (float *)adamV.get();
@@ -1946,8 +1965,8 @@ int train(const Program &sharedProgram, const Options &opts) {
                                    {savedM, kMomentSuffixes[0]},
                                    {savedV, kMomentSuffixes[1]}};
   };
-  // The state as the step holds it, for checkpoints: ZeRO's pieces are
-  // written and read as they are, never gathered.
+  // The state as the step holds it: ZeRO's pieces are initialised, read
+  // (--init-from, --resume) and checkpointed as they are, never gathered.
   std::vector<StateStore> pieceState = {
       {shardedParams ? (float *)params.get() : paramData, "",
        shardedParams ? StateStore::Layout::ValuePieces
@@ -1958,12 +1977,6 @@ int train(const Program &sharedProgram, const Options &opts) {
       {(float *)adamV.get(), kMomentSuffixes[1],
        shardedMoments ? StateStore::Layout::MomentPieces
                       : StateStore::Layout::ByOffset}};
-  auto allocateWhole = [&]() {
-    if (shardedParams) {
-      wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
-      paramData = (float *)wholeParams.get();
-    }
-  };
   auto allocateWholeMoments = [&]() {
     if (shardedMoments) {
       fullM = allocateZeroed(floatBytes, "AdamW moments (whole)");
@@ -1987,7 +2000,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   auto wholeForSave = [&]() {
     if (!shardedParams)
       return;
-    allocateWhole();
+    wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
+    paramData = (float *)wholeParams.get();
     expandStore(program, Kind::Values, (const float *)params.get(),
                 paramData);
   };
@@ -2086,37 +2100,29 @@ int train(const Program &sharedProgram, const Options &opts) {
                   "checked and read in %.2f s)\n",
                   m.dir.c_str(), firstStep, m.layout.c_str(), loadSeconds);
   } else if (!opts.resume.empty()) {
-    allocateWhole();
-    allocateWholeMoments();
+    // Into the stores as the step holds them: ZeRO's pieces are cut from
+    // each tensor as it is read.
     std::map<std::string, std::string> metadata =
-        loadParams(program, opts.resume, wholeState(), /*strict=*/true);
+        loadParams(program, opts.resume, pieceState, /*strict=*/true);
     auto step = metadata.find("steps");
     if (step == metadata.end())
       fail(inQuotes(opts.resume) + " is not a --save-state file (its "
            "metadata has no step)");
     firstStep = parseInteger("the step of " + inQuotes(opts.resume),
                              step->second, 0);
-    if (shardedMoments) {
-      shardStore(program, Kind::Moments, savedM, (float *)adamM.get());
-      shardStore(program, Kind::Moments, savedV, (float *)adamV.get());
-    }
-    if (shardedParams)
-      shardStore(program, Kind::Values, paramData, (float *)params.get());
-    freeWhole();
     if (firstStep >= opts.steps)
       fail(inQuotes(opts.resume) + " is at step " +
            std::to_string(firstStep) + ", and --steps is " +
            std::to_string(opts.steps) + ": nothing is left to train");
+  } else if (!opts.initFrom.empty()) {
+    loadParams(program, opts.initFrom, {pieceState[0]}, opts.strict);
   } else {
-    allocateWhole();
-    if (!opts.initFrom.empty())
-      loadParams(program, opts.initFrom, {{paramData, ""}}, opts.strict);
-    else
-      initParams(program, opts.seed, paramData);
-    if (shardedParams)
-      shardStore(program, Kind::Values, paramData, (float *)params.get());
-    freeWhole();
+    // Counter-based: each rank generates the elements it holds, pieces
+    // included, and nothing else.
+    initParams(program, opts.seed, pieceState[0]);
   }
+  // The peak so far: the stores and what initialising or loading needed.
+  int64_t peakStarted = statusBytes("VmHWM");
 
   if (leader && !opts.quiet) {
     const char *name = program.name ? program.name : "program";
@@ -2529,7 +2535,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   }
   if (!commReport.empty())
     writeCommReport(commReport, lastStep - firstStep, counters, rssBefore,
-                    rssAllocated);
+                    rssAllocated, peakStarted);
   if (!trace.empty())
     traceWrite(trace, commRank());
   if (device)
