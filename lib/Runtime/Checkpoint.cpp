@@ -712,12 +712,17 @@ void readCheckpointBox(const CheckpointManifest &m, const std::string &name,
               want.offsets[d] < s.box.offsets[d] + s.box.sizes[d];
     if (!meets)
       continue;
-    SafetensorsReader reader((fs::path(m.dir) / s.file).string());
+    std::unique_ptr<SafetensorsReader> &opened = (*m.opened)[s.file];
+    if (!opened)
+      opened = std::make_unique<SafetensorsReader>(
+          (fs::path(m.dir) / s.file).string());
+    const SafetensorsReader &reader = *opened;
     if (!reader.contains(s.key) || reader.info(s.key).shape != s.box.sizes)
       throw std::runtime_error(inQuotes(s.file) + " in " + inQuotes(m.dir) +
                                " lacks the box " + inQuotes(s.key) +
                                " the manifest lists");
     std::vector<float> data = reader.read(s.key);
+    reader.release(s.key);
     covered += copyIntersection(s.box, data.data(), want, out);
   }
   if (covered != want.numel())

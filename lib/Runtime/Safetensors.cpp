@@ -221,6 +221,17 @@ SafetensorsReader::~SafetensorsReader() {
     ::munmap(mapping, mappingBytes);
 }
 
+void SafetensorsReader::release(const std::string &name) const {
+  const SafetensorInfo &t = info(name);
+  const size_t page = (size_t)::sysconf(_SC_PAGESIZE);
+  size_t begin = (size_t)(data - (const unsigned char *)mapping) + t.begin;
+  size_t end = begin + (size_t)(t.end - t.begin);
+  begin = begin / page * page;
+  end = std::min(mappingBytes, (end + page - 1) / page * page);
+  if (end > begin)
+    ::madvise((char *)mapping + begin, end - begin, MADV_DONTNEED);
+}
+
 std::vector<std::string> SafetensorsReader::names() const {
   std::vector<std::string> out;
   for (const auto &entry : tensors)

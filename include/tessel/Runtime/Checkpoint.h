@@ -24,9 +24,12 @@
 #ifndef TESSEL_RUNTIME_CHECKPOINT_H
 #define TESSEL_RUNTIME_CHECKPOINT_H
 
+#include "tessel/Runtime/Safetensors.h"
+
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,6 +159,12 @@ struct CheckpointManifest {
   };
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::pair<int64_t, uint32_t>> files; // bytes, crc
+  // The files readCheckpointBox opened, kept open (mapped) while the
+  // manifest lives, so that each file's header is read once however many
+  // boxes are read from it (shared by copies of the manifest).
+  std::shared_ptr<std::map<std::string, std::unique_ptr<SafetensorsReader>>>
+      opened = std::make_shared<
+          std::map<std::string, std::unique_ptr<SafetensorsReader>>>();
 };
 
 // The step of a directory named step-N (N decimal digits), or -1.

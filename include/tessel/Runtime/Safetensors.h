@@ -58,6 +58,10 @@ public:
   // other than F32, F16, BF16 or F64.
   void read(const std::string &name, float *out) const;
   std::vector<float> read(const std::string &name) const;
+  // Drops the pages of tensor `name` from this process's resident memory
+  // (they are read again from the file if needed): reading many tensors of
+  // a large file one after another then holds only the one being read.
+  void release(const std::string &name) const;
 
 private:
   std::string filePath;
