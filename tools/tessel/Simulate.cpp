@@ -39,6 +39,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <unistd.h>
@@ -64,7 +65,16 @@ const char *kSimulateUsage =
     "  --nodes N            nodes (default: as many as the plan's ranks need;\n"
     "                       with --cluster, the file's node this many times)\n"
     "  --json               print the result as JSON\n"
-    "  --trace FILE         write the replay as a Chrome trace (Perfetto)\n";
+    "  --trace FILE         write the replay as a Chrome trace (Perfetto)\n"
+    "  Checkpoints (docs/simulator.md), with --ckpt-every or --mtbf:\n"
+    "  --ckpt-every N       a checkpoint every N steps: the snapshot each\n"
+    "                       rank copies to the host, the bytes each node\n"
+    "                       writes and the time it takes\n"
+    "  --storage-gbs X      the file system's write bandwidth per node, GB/s\n"
+    "                       (default 2)\n"
+    "  --mtbf HOURS         the job's mean time between failures: the best\n"
+    "                       interval (Young and Daly) and the goodput\n"
+    "  --restart-minutes M  the time a restart takes (default 10)\n";
 
 const char *kCalibrateUsage =
     "usage: tessel calibrate -o FILE [--ranks N] [--threads T] [--quick]\n"
@@ -91,6 +101,104 @@ int usage(const char *text, const Twine &message) {
 
 bool parseCount(const std::string &text, int64_t &out) {
   return !StringRef(text).getAsInteger(10, out) && out >= 1;
+}
+
+bool parsePositive(const std::string &text, double &out) {
+  return !StringRef(text).getAsDouble(out) && out > 0 && std::isfinite(out);
+}
+
+// What checkpointing a simulated run costs (docs/simulator.md).
+struct CheckpointCost {
+  double heldBytes = 0;    // the largest rank's state, copied to the host
+  double writtenBytes = 0; // the most a node writes per checkpoint
+  double snapshot = 0;     // s the training stops for (that copy)
+  double write = 0;        // s the busiest node's background write takes
+  int64_t every = 0;       // steps between checkpoints (0: not given)
+  double mtbf = 0, restart = 0; // s
+  int64_t bestEvery = 0;   // Young and Daly's interval, in steps
+  // The fractions of the time with a failure every `mtbf`, at `every`
+  // (else at bestEvery): saving, steps trained again, restarts, and what is
+  // left (goodput).
+  double savingShare = 0, lostShare = 0, restartShare = 0, goodput = 0;
+};
+
+// From the plan's memory figures: each rank copies the fp32 state it holds
+// (its values, or at zero 3 its pieces, and AdamW's moments) to the host
+// at the cluster's host bandwidth (a CPU rank: a copy in memory); each
+// tensor's values and moments are written once, shared evenly among the
+// ranks of its program; a node writes its ranks' shares at `storage`.
+CheckpointCost checkpointCost(const json &plan, const sim::Cluster &cluster,
+                              const sim::SimResult &result, double storage,
+                              int64_t every, double mtbf, double restart) {
+  CheckpointCost c;
+  c.every = every;
+  c.mtbf = mtbf;
+  c.restart = restart;
+  std::map<std::string, double> held, written;
+  for (auto &[name, program] : plan["programs"].items()) {
+    const json &m = program["memory"];
+    double values = m.contains("param_piece_bytes")
+                        ? m.value("param_piece_bytes", 0.0) +
+                              m.value("param_whole_bytes", 0.0)
+                        : m.value("params_bytes", 0.0);
+    held[name] = values + m.value("optimizer_bytes", 0.0);
+  }
+  // Each tensor once (a tied embedding is listed by two stages), whole:
+  // its local shape times the ranks that split it.
+  const json &mesh = plan["mesh"];
+  std::set<std::string> seen;
+  for (const json &t : plan["parameters"]) {
+    if (!seen.insert(t.value("name", "")).second)
+      continue;
+    double elements = 1;
+    for (const json &d : t["local_shape"])
+      elements *= d.get<double>();
+    if (t.contains("shard") && t["shard"].is_object()) {
+      const json &shard = t["shard"];
+      elements *= mesh.value(shard.value("axis", ""), 1.0);
+      if (shard.contains("second") && shard["second"].is_object())
+        elements *= mesh.value(shard["second"].value("axis", ""), 1.0);
+    }
+    written[t.value("program", "")] += 3 * 4 * elements;
+  }
+  std::map<std::string, int64_t> ranksOf;
+  for (const json &r : plan["ranks"])
+    ranksOf[r.value("program", "")]++;
+  std::vector<double> perNode(cluster.devices() > 0 ? cluster.nodes : 1, 0.0);
+  for (const json &r : plan["ranks"]) {
+    std::string program = r.value("program", "");
+    int64_t node = std::min<int64_t>(cluster.nodeOf(r.value("rank", 0)),
+                                     (int64_t)perNode.size() - 1);
+    perNode[node] += written[program] / std::max<int64_t>(1, ranksOf[program]);
+    c.heldBytes = std::max(c.heldBytes, held[program]);
+  }
+  c.writtenBytes = *std::max_element(perNode.begin(), perNode.end());
+  double copyRate = cluster.device.hostBandwidth > 0
+                        ? cluster.device.hostBandwidth
+                        : cluster.device.memoryBandwidth / 2;
+  c.snapshot = copyRate > 0 ? c.heldBytes / copyRate : 0;
+  c.write = c.writtenBytes / storage;
+  if (mtbf > 0) {
+    // Young (1974), Daly (2006): the interval that balances the time spent
+    // saving against the work lost, sqrt(2 x cost x MTBF); the cost is the
+    // training's stop (the write runs beside the steps), and an interval
+    // is at least as long as a write.
+    double best = std::sqrt(2 * c.snapshot * mtbf);
+    best = std::max(best, c.write);
+    c.bestEvery = std::max<int64_t>(
+        1, (int64_t)std::llround(best / result.stepTime));
+    int64_t at = every > 0 ? every : c.bestEvery;
+    double interval = at * result.stepTime;
+    // First order, per unit of wall time: a snapshot per interval; per
+    // failure a restart and the steps since the last committed checkpoint
+    // trained again (half an interval, and the write that commits it).
+    c.savingShare = c.snapshot / (interval + c.snapshot);
+    c.lostShare = (interval / 2 + std::min(c.write, interval)) / mtbf;
+    c.restartShare = restart / mtbf;
+    c.goodput = std::max(0.0, 1 - c.savingShare - c.lostShare -
+                                  c.restartShare);
+  }
+  return c;
 }
 
 
@@ -205,7 +313,9 @@ tessel::simulateCompiled(const std::string &dir, const sim::Cluster &cluster,
 int tessel::simulateCommand(ArrayRef<std::string> args) {
   Arguments parsed;
   std::string argumentError = parseArguments(
-      args, {"--cluster", "--gpu", "--gpus-per-node", "--nodes", "--trace"},
+      args,
+      {"--cluster", "--gpu", "--gpus-per-node", "--nodes", "--trace",
+       "--ckpt-every", "--storage-gbs", "--mtbf", "--restart-minutes"},
       {"--json", "--help", "-h"}, parsed);
   if (!argumentError.empty())
     return usage(kSimulateUsage, "simulate: " + argumentError);
@@ -227,6 +337,27 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
     return fail(dir + " is an inference plan: simulate replays a training "
                       "step");
 
+  int64_t ckptEvery = 0;
+  double storage = 2, mtbfHours = 0, restartMinutes = 10;
+  if (values.count("--ckpt-every") &&
+      !parseCount(values["--ckpt-every"], ckptEvery))
+    return usage(kSimulateUsage, "simulate: --ckpt-every expects a count "
+                                 ">= 1, got '" + values["--ckpt-every"] + "'");
+  for (auto [flag, out] : {std::pair<const char *, double *>{"--storage-gbs",
+                                                             &storage},
+                           {"--mtbf", &mtbfHours},
+                           {"--restart-minutes", &restartMinutes}})
+    if (values.count(flag) && !parsePositive(values[flag], *out))
+      return usage(kSimulateUsage, "simulate: " + std::string(flag) +
+                                       " expects a number > 0, got '" +
+                                       values[flag] + "'");
+  bool checkpoints = values.count("--ckpt-every") || values.count("--mtbf");
+  if (!checkpoints && (values.count("--storage-gbs") ||
+                       values.count("--restart-minutes")))
+    return usage(kSimulateUsage, "simulate: --storage-gbs and "
+                                 "--restart-minutes go with --ckpt-every or "
+                                 "--mtbf");
+
   int64_t world = plan->value("world_size", int64_t(1));
   Expected<sim::Cluster> cluster = clusterFromFlags(values, world);
   if (!cluster)
@@ -241,9 +372,32 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
     if (Error e = writeFileAtomically(values["--trace"], result->trace.dump(1)))
       return fail(toString(std::move(e)));
 
+  CheckpointCost ckpt;
+  if (checkpoints)
+    ckpt = checkpointCost(*plan, *cluster, *result, storage * 1e9, ckptEvery,
+                          mtbfHours * 3600, restartMinutes * 60);
   if (parsed.switches.count("--json")) {
     json out = sim::resultToJson(*result);
     out["cluster"] = cluster->name;
+    if (checkpoints) {
+      json c = {{"held_bytes", ckpt.heldBytes},
+                {"node_written_bytes", ckpt.writtenBytes},
+                {"snapshot_s", ckpt.snapshot},
+                {"write_s", ckpt.write},
+                {"storage_bytes_per_s", storage * 1e9}};
+      if (ckptEvery > 0)
+        c["every"] = ckptEvery;
+      if (ckpt.mtbf > 0) {
+        c["mtbf_s"] = ckpt.mtbf;
+        c["restart_s"] = ckpt.restart;
+        c["best_every"] = ckpt.bestEvery;
+        c["saving_share"] = ckpt.savingShare;
+        c["lost_share"] = ckpt.lostShare;
+        c["restart_share"] = ckpt.restartShare;
+        c["goodput"] = ckpt.goodput;
+      }
+      out["checkpoint"] = c;
+    }
     outs() << out.dump(2) << "\n";
     return 0;
   }
@@ -273,6 +427,40 @@ int tessel::simulateCommand(ArrayRef<std::string> args) {
                         g.placement.size, g.placement.nodes,
                         g.placement.perNode, g.collectives,
                         formatSeconds(g.seconds));
+  }
+  if (checkpoints) {
+    outs() << formatv("  checkpoint: each rank copies its state to the host "
+                      "({0}, {1} at most), each node writes {2} at most in "
+                      "{3} at {4:f1} GB/s\n",
+                      formatSeconds(ckpt.snapshot),
+                      formatBytes(ckpt.heldBytes),
+                      formatBytes(ckpt.writtenBytes),
+                      formatSeconds(ckpt.write), storage);
+    if (ckptEvery > 0) {
+      double interval = ckptEvery * r.stepTime;
+      outs() << formatv("  every {0} steps ({1}): the snapshots take {2:f2}% "
+                        "of the time; {3}\n",
+                        ckptEvery, formatSeconds(interval),
+                        100 * ckpt.snapshot / (interval + ckpt.snapshot),
+                        ckpt.write <= interval
+                            ? std::string("each write ends before the next "
+                                          "checkpoint")
+                            : formatv("each write outlasts the interval: "
+                                      "checkpoints wait {0} for it",
+                                      formatSeconds(ckpt.write - interval))
+                                  .str());
+    }
+    if (ckpt.mtbf > 0)
+      outs() << formatv("  a failure every {0:f1} h, {1:f1} min a restart: "
+                        "best every {2} steps (Young/Daly); {3} goodput "
+                        "{4:f1}% (saving {5:f2}%, steps trained again "
+                        "{6:f2}%, restarts {7:f2}%)\n",
+                        ckpt.mtbf / 3600, ckpt.restart / 60, ckpt.bestEvery,
+                        ckptEvery > 0 ? formatv("every {0} steps:", ckptEvery)
+                                            .str()
+                                      : std::string("there:"),
+                        100 * ckpt.goodput, 100 * ckpt.savingShare,
+                        100 * ckpt.lostShare, 100 * ckpt.restartShare);
   }
   if (options.trace)
     outs() << "  trace: " << values["--trace"] << "\n";
