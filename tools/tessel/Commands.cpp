@@ -20,6 +20,8 @@
 #include "llvm/Support/Program.h"
 
 #include "llvm/Support/raw_ostream.h"
+#include <fstream>
+#include <numeric>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -372,14 +374,38 @@ Expected<std::string> shrinkDataParallel(StringRef dir, StringRef original) {
                 "as it is\n";
       return std::string();
     }
-    int64_t factor = 2;
-    while (dp % factor)
-      ++factor;
     SmallString<256> spec(dir);
     sys::path::append(spec, "spec", name + ".json");
     if (!sys::fs::exists(spec))
       return createStringError(spec + " is missing (compile again with this "
                                       "tessel)");
+    // Under hybrid sharding (parallel.zero_group) the smallest prime factor
+    // of dp whose quotient the shard group still divides; failing that, the
+    // smallest, with the shard group cut to what divides the rest.
+    int64_t group = 0;
+    {
+      std::ifstream in(spec.str().str());
+      json saved = json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (saved.is_object() && saved.contains("parallel") &&
+          saved["parallel"].is_object())
+        group = saved["parallel"].value("zero_group", (int64_t)0);
+    }
+    int64_t factor = 0;
+    for (int64_t f = 2; f <= dp && !factor; ++f) {
+      bool prime = dp % f == 0;
+      for (int64_t d = 2; prime && d * d <= f; ++d)
+        prime = f % d != 0;
+      if (prime && (group <= 0 || (dp / f) % group == 0))
+        factor = f;
+    }
+    std::vector<std::string> groupFlags;
+    if (!factor) {
+      factor = 2;
+      while (dp % factor)
+        ++factor;
+      groupFlags = {"--zero-group",
+                    std::to_string(std::gcd(group, dp / factor))};
+    }
     std::string out = (original.rtrim('/') + ".elastic-dp" +
                        Twine(dp / factor)).str();
     SmallString<256> self;
@@ -391,10 +417,15 @@ Expected<std::string> shrinkDataParallel(StringRef dir, StringRef original) {
         "--dp", std::to_string(dp / factor),
         "--microbatches", std::to_string(microbatches * factor),
         "--target", target, "-o", out};
+    argv.insert(argv.end() - 2, groupFlags.begin(), groupFlags.end());
     errs() << "tessel: elastic: dp " << dp << " -> " << dp / factor
            << ", microbatches " << microbatches << " -> "
-           << microbatches * factor << " (the same global batch); compiling "
-           << out << "\n";
+           << microbatches * factor << " (the same global batch)"
+           << (groupFlags.empty()
+                   ? std::string()
+                   : ", zero_group " + std::to_string(group) + " -> " +
+                         groupFlags[1])
+           << "; compiling " << out << "\n";
     std::vector<StringRef> refs(argv.begin(), argv.end());
     std::string message;
     int rc = sys::ExecuteAndWait(argv[0], refs, std::nullopt, {}, 0, 0,
