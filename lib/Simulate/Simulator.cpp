@@ -79,6 +79,26 @@ static double balancedShare(Operation *op, size_t record, int64_t g) {
   return 1;
 }
 
+// The mesh of the outermost module around `op` that has one (a program's
+// own module may not).
+static MeshShape meshAround(Operation *op) {
+  for (Operation *p = op; p; p = p->getParentOp())
+    if (auto module = dyn_cast<ModuleOp>(p))
+      if (module->hasAttr(dist::DistDialect::kMeshAttrName))
+        return dist::meshOf(module);
+  return {};
+}
+
+// Whether the programs keep AdamW's state in host memory
+// (parallel.offload = "optimizer", the module's recipe says).
+static bool optimizerOffloaded(Operation *op) {
+  for (Operation *p = op->getParentOp(); p; p = p->getParentOp())
+    if (auto recipe = p->getAttrOfType<DictionaryAttr>("graph.recipe"))
+      if (auto offload = recipe.getAs<StringAttr>("offload"))
+        return offload.getValue() == "optimizer";
+  return false;
+}
+
 KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
                                    bool inGraph) {
   const Device &d = cluster.device;
@@ -168,6 +188,25 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     auto it = d.kernelBytesPerSecond.find(call.getFunction().str());
     if (it != d.kernelBytesPerSecond.end())
       memoryTime = cost.bytes / it->second;
+  }
+  // With the optimizer offloaded, AdamW reads and writes the moments (and
+  // at zero 3 the parameter pieces) in host memory across the host link:
+  // 16 bytes per fp32 element it updates, 24 with the pieces. A sharded
+  // update touches the part of its n elements inside this rank's piece: a
+  // g-th of them over a group of g, so that the updates of a run add up to
+  // its piece (their moment buffers are the whole run's piece).
+  if (d.hostBandwidth > 0 && isa<rt::AdamWOp, rt::AdamWShardOp>(op) &&
+      optimizerOffloaded(op)) {
+    double host = 0;
+    if (auto a = dyn_cast<rt::AdamWOp>(op))
+      host = 16.0 * static_cast<double>(a.getN());
+    if (auto a = dyn_cast<rt::AdamWShardOp>(op)) {
+      int64_t g = std::max<int64_t>(1, meshAround(op).groupSize(a.getAxes()));
+      host = (a.getPieceParams() ? 24.0 : 16.0) *
+             std::min<double>(static_cast<double>(a.getN()) / g,
+                              static_cast<double>(a.getPiece()));
+    }
+    memoryTime = std::max(memoryTime, host / d.hostBandwidth);
   }
   cost.seconds = memoryTime + overhead;
   return cost;
