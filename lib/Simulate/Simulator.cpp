@@ -486,6 +486,20 @@ Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
     t.bytes += r.bytesSent;
     t.seconds += seconds;
   }
+  // ZeRO-3 with the optimizer offloaded: a gather first copies this rank's
+  // fp32 piece of the run (a g-th of it) from host memory into its slot.
+  double host = cluster.device.hostBandwidth;
+  if (host > 0 && isa<rt::AllGatherShardsOp, rt::AllGatherShardsStartOp>(op) &&
+      optimizerOffloaded(op)) {
+    auto [n, axes] =
+        isa<rt::AllGatherShardsOp>(op)
+            ? std::pair(cast<rt::AllGatherShardsOp>(op).getN(),
+                        cast<rt::AllGatherShardsOp>(op).getAxes())
+            : std::pair(cast<rt::AllGatherShardsStartOp>(op).getN(),
+                        cast<rt::AllGatherShardsStartOp>(op).getAxes());
+    int64_t g = std::max<int64_t>(1, layout.shape().groupSize(axes));
+    out.seconds += 4.0 * static_cast<double>(n) / g / host;
+  }
   return out;
 }
 
