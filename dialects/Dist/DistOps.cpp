@@ -267,12 +267,10 @@ tessel::AxisSet Sharding::leadingAxes(size_t count) const {
 }
 
 tessel::MeshShape tessel::dist::meshOf(Operation *op) {
-  auto module =
-      isa<ModuleOp>(op) ? cast<ModuleOp>(op) : op->getParentOfType<ModuleOp>();
-  if (!module)
-    return {};
-  if (auto mesh = module->getAttrOfType<MeshAttr>(DistDialect::kMeshAttrName))
-    return mesh.getShape();
+  for (Operation *p = op; p; p = p->getParentOp())
+    if (isa<ModuleOp>(p))
+      if (auto mesh = p->getAttrOfType<MeshAttr>(DistDialect::kMeshAttrName))
+        return mesh.getShape();
   return {};
 }
 

@@ -72,8 +72,8 @@ struct Sharding {
   bool operator!=(const Sharding &o) const { return !(*this == o); }
 };
 
-// The mesh of the module around `op` (its dist.mesh attribute); one rank
-// when there is none.
+// The mesh of the innermost module around `op` that has a dist.mesh
+// attribute (a rank program's own module may not); one rank when none has.
 MeshShape meshOf(mlir::Operation *op);
 void setMesh(mlir::ModuleOp module, const MeshShape &shape);
 

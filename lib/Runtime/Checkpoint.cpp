@@ -343,7 +343,6 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
       pieceCrc.assign(pieces.size(), 0);
       reused.assign(pieces.size(), nullptr);
       std::vector<SafetensorView> views;
-      std::vector<uint32_t> viewCrc;
       for (size_t k = 0; k < pieces.size(); ++k) {
         const CheckpointPiece &p = pieces[k];
         std::string key = boxKey(p.tensor, p.box);
@@ -353,10 +352,8 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
         auto it = stored.find(key);
         if (it != stored.end() && it->second.boxCrc == pieceCrc[k])
           reused[k] = &it->second;
-        else {
+        else
           views.push_back({key, p.box.sizes, p.data.data()});
-          viewCrc.push_back(pieceCrc[k]);
-        }
       }
       if (!views.empty()) {
         char name[32];
@@ -364,22 +361,19 @@ void CheckpointWriter::begin(const CheckpointInfo &next,
         std::string path = (fs::path(dir) / name).string();
         std::map<std::string, std::string> metadata = {
             {"step", std::to_string(info.step)}};
-        writeSafetensors(path, views, metadata);
-        // The file's CRC-32 from its parts' (the boxes' are at hand), not
-        // by reading the file back.
-        std::string prefix = safetensorsPrefix(path, views, metadata);
+        std::string prefix = writeSafetensors(path, views, metadata);
+        // The file's CRC-32 from its parts' (the written boxes' are at
+        // hand, in the file's order), not by reading the file back.
         uLong crc = crc32(crc32(0L, Z_NULL, 0), (const Bytef *)prefix.data(),
                           (uInt)prefix.size());
-        int64_t bytes = (int64_t)prefix.size();
-        for (size_t k = 0; k < views.size(); ++k) {
-          int64_t n = 1;
-          for (int64_t d : views[k].shape)
-            n *= d;
-          crc = crc32_combine64(crc, viewCrc[k], (z_off64_t)(n * sizeof(float)));
-          bytes += n * (int64_t)sizeof(float);
-        }
+        fileBytes = (int64_t)prefix.size();
+        for (size_t k = 0; k < pieces.size(); ++k)
+          if (!reused[k]) {
+            int64_t bytes = (int64_t)(pieces[k].data.size() * sizeof(float));
+            crc = crc32_combine64(crc, pieceCrc[k], (z_off64_t)bytes);
+            fileBytes += bytes;
+          }
         fileCrc = (uint32_t)crc;
-        fileBytes = bytes;
         fileName = name;
       }
     } catch (const std::exception &e) {

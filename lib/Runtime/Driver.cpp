@@ -593,20 +593,23 @@ void validateProgram(const Program &program) {
 namespace {
 
 // With the optimizer (ZeRO-1/2) or the parameters too (ZeRO-3) sharded
-// over dp, a store holds per parameter either this rank's part of its run's
-// piece or the whole parameter; `Kind` says which store.
-enum class Kind { Moments, Values };
+// over dp, a store of pieces (StateStore::Layout) holds per parameter
+// either this rank's part of its run's piece or the whole parameter.
+using Layout = StateStore::Layout;
 
-// The elements of parameter p this rank holds in the store of `kind`, [lo,
-// hi) of the parameter, and where the first is in the store (see
-// ParamInfo::stateOffset and valueOffset).
+// The elements of parameter p this rank holds in a store laid out as
+// `layout`, [lo, hi) of the parameter's shard, and where the first is in
+// the store (see ParamInfo::offset, stateOffset and valueOffset).
 struct Owned {
   int64_t lo, hi, at;
   bool whole; // the parameter is whole in the store, alike on every dp rank
 };
-Owned ownedIn(const ParamInfo &p, Kind kind) {
-  int64_t base = kind == Kind::Moments ? p.stateOffset : p.valueOffset;
-  int64_t piece = kind == Kind::Moments ? p.statePiece : p.valuePiece;
+Owned ownedIn(const ParamInfo &p, Layout layout) {
+  if (layout == Layout::ByOffset)
+    return {0, p.numel, p.offset, true};
+  bool moments = layout == Layout::MomentPieces;
+  int64_t base = moments ? p.stateOffset : p.valueOffset;
+  int64_t piece = moments ? p.statePiece : p.valuePiece;
   if (piece == 0)
     return {0, p.numel, base, true};
   int64_t k = groupRank(p.stateAxes ? p.stateAxes
@@ -617,31 +620,17 @@ Owned ownedIn(const ParamInfo &p, Kind kind) {
           false};
 }
 
-// Where store `store` holds parameter p: whole, laid out as its shard, or
-// this rank's part [lo, hi) of the shard (ZeRO's pieces).
-Owned ownedInStore(const ParamInfo &p, const StateStore &store) {
-  switch (store.layout) {
-  case StateStore::Layout::MomentPieces:
-    return ownedIn(p, Kind::Moments);
-  case StateStore::Layout::ValuePieces:
-    return ownedIn(p, Kind::Values);
-  case StateStore::Layout::ByOffset:
-    break;
-  }
-  return {0, p.numel, p.offset, true};
-}
-
-// A sharded store laid out by the parameters' `offset` (as init, load and
-// save see it): each rank places its parts and the sum over the shard group
+// A store of pieces laid out as `layout` expanded into one laid out by the
+// parameters' `offset` (as a single file is written): each rank places its parts and the sum over the shard group
 // (dp, or a hybrid group of it) fills the rest (whole parameters: the
 // group's rank 0's count). Parameters whose pieces are cut over another
 // group (dp x ep) are summed over theirs.
-void expandStore(const Program &program, Kind kind, const float *store,
+void expandStore(const Program &program, Layout layout, const float *store,
                  float *full) {
   unsigned shard = meshLayout().shape().shardAxes().bits();
   std::set<unsigned> groups = {shard};
   for (int i = 0; i < program.numParams; i++)
-    if (program.params[i].stateAxes && !ownedIn(program.params[i], kind).whole)
+    if (program.params[i].stateAxes && !ownedIn(program.params[i], layout).whole)
       groups.insert(program.params[i].stateAxes);
   std::fill_n(full, program.paramElems, 0.0f);
   std::vector<float> part(groups.size() > 1 ? program.paramElems : 0);
@@ -652,7 +641,7 @@ void expandStore(const Program &program, Kind kind, const float *store,
     bool leader = groupRank(group) == 0;
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
-      Owned o = ownedIn(p, kind);
+      Owned o = ownedIn(p, layout);
       unsigned axes = o.whole || !p.stateAxes ? shard : p.stateAxes;
       if (axes == group && (!o.whole || leader))
         std::copy_n(store + o.at, o.hi - o.lo, into + p.offset + o.lo);
@@ -736,7 +725,7 @@ loadParams(const Program &program, const std::string &path,
   for (const StateStore &store : stores)
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    Owned o = ownedInStore(p, store);
+    Owned o = ownedIn(p, store.layout);
     // Where the shard goes: its place in the store, or whole aside.
     bool aside = !o.whole;
     if (aside)
@@ -870,7 +859,7 @@ void initParams(const Program &program, uint64_t seed,
                 const StateStore &store) {
   for (int i = 0; i < program.numParams; i++) {
     const ParamInfo &p = program.params[i];
-    Owned o = ownedInStore(p, store);
+    Owned o = ownedIn(p, store.layout);
     forEachShardRun(shardLayoutOf(p), [&](int64_t globalOffset,
                                           int64_t shardOffset, int64_t count) {
       int64_t begin = std::max(shardOffset, o.lo);
@@ -1286,7 +1275,7 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
       ShardLayout layout = shardLayoutOf(p);
-      Owned o = ownedInStore(p, stores[st]);
+      Owned o = ownedIn(p, stores[st].layout);
       unsigned replicaAxes = 0;
       for (MeshAxis axis : kMeshAxes)
         if (axis != MeshAxis::PP && !(isSplit(layout) && axis == p.shardAxis) &&
@@ -1356,7 +1345,7 @@ CheckpointManifest chooseCheckpoint(const Program &program,
             continue;
           ShardLayout layout = shardLayoutOf(p);
           for (const StoredBox &stored :
-               storedBoxes(p, layout, ownedInStore(p, store)))
+               storedBoxes(p, layout, ownedIn(p, store.layout)))
             for (const CheckpointManifest::Source &s : t->second.boxes) {
               const Box &want = stored.global;
               bool meets = s.box.offsets.size() == want.offsets.size();
@@ -1457,7 +1446,7 @@ void loadCheckpoint(const Program &program, const CheckpointManifest &m,
     for (int i = 0; i < program.numParams; i++) {
       const ParamInfo &p = program.params[i];
       ShardLayout layout = shardLayoutOf(p);
-      Owned o = ownedInStore(p, store);
+      Owned o = ownedIn(p, store.layout);
       std::vector<int64_t> localShape = localShapeOf(p, layout);
       std::vector<float> box;
       for (const StoredBox &stored : storedBoxes(p, layout, o)) {
@@ -1967,24 +1956,13 @@ int train(const Program &sharedProgram, const Options &opts) {
   };
   // The state as the step holds it: ZeRO's pieces are initialised, read
   // (--init-from, --resume) and checkpointed as they are, never gathered.
+  Layout momentLayout =
+      shardedMoments ? Layout::MomentPieces : Layout::ByOffset;
   std::vector<StateStore> pieceState = {
-      {shardedParams ? (float *)params.get() : paramData, "",
-       shardedParams ? StateStore::Layout::ValuePieces
-                     : StateStore::Layout::ByOffset},
-      {(float *)adamM.get(), kMomentSuffixes[0],
-       shardedMoments ? StateStore::Layout::MomentPieces
-                      : StateStore::Layout::ByOffset},
-      {(float *)adamV.get(), kMomentSuffixes[1],
-       shardedMoments ? StateStore::Layout::MomentPieces
-                      : StateStore::Layout::ByOffset}};
-  auto allocateWholeMoments = [&]() {
-    if (shardedMoments) {
-      fullM = allocateZeroed(floatBytes, "AdamW moments (whole)");
-      fullV = allocateZeroed(floatBytes, "AdamW moments (whole)");
-      savedM = (float *)fullM.get();
-      savedV = (float *)fullV.get();
-    }
-  };
+      {(float *)params.get(), "",
+       shardedParams ? Layout::ValuePieces : Layout::ByOffset},
+      {(float *)adamM.get(), kMomentSuffixes[0], momentLayout},
+      {(float *)adamV.get(), kMomentSuffixes[1], momentLayout}};
   auto freeWhole = [&]() {
     if (shardedParams) {
       wholeParams.reset();
@@ -2002,7 +1980,7 @@ int train(const Program &sharedProgram, const Options &opts) {
       return;
     wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
     paramData = (float *)wholeParams.get();
-    expandStore(program, Kind::Values, (const float *)params.get(),
+    expandStore(program, Layout::ValuePieces, (const float *)params.get(),
                 paramData);
   };
   // A device program's state, copied to the host to be saved (the store:
@@ -2019,9 +1997,12 @@ int train(const Program &sharedProgram, const Options &opts) {
     fromDevice();
     wholeForSave();
     if (shardedMoments) {
-      allocateWholeMoments();
-      expandStore(program, Kind::Moments, (const float *)adamM.get(), savedM);
-      expandStore(program, Kind::Moments, (const float *)adamV.get(), savedV);
+      fullM = allocateZeroed(floatBytes, "AdamW moments (whole)");
+      fullV = allocateZeroed(floatBytes, "AdamW moments (whole)");
+      savedM = (float *)fullM.get();
+      savedV = (float *)fullV.get();
+      expandStore(program, Layout::MomentPieces, (const float *)adamM.get(), savedM);
+      expandStore(program, Layout::MomentPieces, (const float *)adamV.get(), savedV);
     }
     saveParams(program, opts.saveState, wholeState(), step);
     freeWhole();

@@ -282,6 +282,8 @@ std::vector<float> SafetensorsReader::read(const std::string &name) const {
 // Writing
 //===----------------------------------------------------------------------===//
 
+namespace {
+// The header's length and the header, padded (writeSafetensors).
 std::string safetensorsPrefix(const std::string &path,
                               const std::vector<SafetensorView> &tensors,
                               const std::map<std::string, std::string> &metadata) {
@@ -325,10 +327,11 @@ std::string safetensorsPrefix(const std::string &path,
     prefix[i] = (char)(unsigned char)((uint64_t)text.size() >> (8 * i));
   return prefix + text;
 }
+} // namespace
 
-void writeSafetensors(const std::string &path,
-                      const std::vector<SafetensorView> &tensors,
-                      const std::map<std::string, std::string> &metadata) {
+std::string writeSafetensors(
+    const std::string &path, const std::vector<SafetensorView> &tensors,
+    const std::map<std::string, std::string> &metadata) {
   std::string prefix = safetensorsPrefix(path, tensors, metadata);
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
@@ -365,6 +368,7 @@ void writeSafetensors(const std::string &path,
     ::fsync(fd);
     ::close(fd);
   }
+  return prefix;
 }
 
 } // namespace tessel::rt

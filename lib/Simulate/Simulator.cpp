@@ -79,16 +79,6 @@ static double balancedShare(Operation *op, size_t record, int64_t g) {
   return 1;
 }
 
-// The mesh of the outermost module around `op` that has one (a program's
-// own module may not).
-static MeshShape meshAround(Operation *op) {
-  for (Operation *p = op; p; p = p->getParentOp())
-    if (auto module = dyn_cast<ModuleOp>(p))
-      if (module->hasAttr(dist::DistDialect::kMeshAttrName))
-        return dist::meshOf(module);
-  return {};
-}
-
 // Whether the programs keep AdamW's state in host memory
 // (parallel.offload = "optimizer", the module's recipe says).
 static bool optimizerOffloaded(Operation *op) {
@@ -201,7 +191,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     if (auto a = dyn_cast<rt::AdamWOp>(op))
       host = 16.0 * static_cast<double>(a.getN());
     if (auto a = dyn_cast<rt::AdamWShardOp>(op)) {
-      int64_t g = std::max<int64_t>(1, meshAround(op).groupSize(a.getAxes()));
+      int64_t g = std::max<int64_t>(1, dist::meshOf(op).groupSize(a.getAxes()));
       host = (a.getPieceParams() ? 24.0 : 16.0) *
              std::min<double>(static_cast<double>(a.getN()) / g,
                               static_cast<double>(a.getPiece()));

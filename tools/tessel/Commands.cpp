@@ -20,9 +20,8 @@
 #include "llvm/Support/Program.h"
 
 #include "llvm/Support/raw_ostream.h"
-#include <fstream>
-#include <numeric>
 #include <chrono>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <csignal>
@@ -383,9 +382,9 @@ Expected<std::string> shrinkDataParallel(StringRef dir, StringRef original) {
     // of dp whose quotient the shard group still divides; failing that, the
     // smallest, with the shard group cut to what divides the rest.
     int64_t group = 0;
-    {
-      std::ifstream in(spec.str().str());
-      json saved = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (auto text = MemoryBuffer::getFile(spec)) {
+      json saved = json::parse((*text)->getBuffer().begin(),
+                               (*text)->getBuffer().end(), nullptr, false);
       if (saved.is_object() && saved.contains("parallel") &&
           saved["parallel"].is_object())
         group = saved["parallel"].value("zero_group", (int64_t)0);

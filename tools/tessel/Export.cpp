@@ -127,7 +127,6 @@ Model modelOf(const json &j, const std::string &where) {
   return m;
 }
 
-
 // Every parameter's Tessel name and shape, in the model's order.
 std::vector<std::pair<std::string, std::vector<int64_t>>>
 expectedTensors(const Model &m) {

@@ -96,16 +96,12 @@ struct SafetensorView {
 // Writes `tensors` as F32, in the given order, with metadata
 // {"format": "pt"} plus `metadata`. Names must be unique and must not be
 // "__metadata__".
-void writeSafetensors(const std::string &path,
-                      const std::vector<SafetensorView> &tensors,
-                      const std::map<std::string, std::string> &metadata = {});
-// The bytes such a file begins with: the header's length (8 bytes, little
-// endian) and the JSON header, padded to a multiple of 8. The tensors'
-// data follow it, in order. Throws as writeSafetensors does on bad tensors
-// (naming `path`).
-std::string safetensorsPrefix(const std::string &path,
-                              const std::vector<SafetensorView> &tensors,
-                              const std::map<std::string, std::string> &metadata);
+// Returns the bytes the file begins with (the header's length, 8 bytes
+// little endian, and the JSON header padded to a multiple of 8); the
+// tensors' data follow them, in order.
+std::string writeSafetensors(
+    const std::string &path, const std::vector<SafetensorView> &tensors,
+    const std::map<std::string, std::string> &metadata = {});
 
 // Half-precision decoding, exposed for tests.
 float halfToFloat(uint16_t bits);
