@@ -23,8 +23,13 @@ MODEL = ["--set", "model.layers=4", "--set", "model.hidden=256", "--set", "model
          "--set", "model.kv_heads=8", "--set", "model.ffn_hidden=1024",
          "--set", "model.vocab_size=4096", "--set", "model.seq_len=128",
          "--set", "train.global_batch=8"]
+# The tensor-parallel layouts twice: with their collectives overlapping
+# the GEMMs (the default) and all blocking (parallel.overlap_tp_comm=false).
+BLOCKING = ["--set", "parallel.overlap_tp_comm=false"]
 LAYOUTS = [("dp1", []), ("dp2", ["--dp", "2"]), ("tp2", ["--tp", "2"]),
-           ("tp2 + sp", ["--tp", "2", "--sp"])]
+           ("tp2, blocking", ["--tp", "2"] + BLOCKING),
+           ("tp2 + sp", ["--tp", "2", "--sp"]),
+           ("tp2 + sp, blocking", ["--tp", "2", "--sp"] + BLOCKING)]
 
 
 def run(cmd, env=None):

@@ -139,6 +139,40 @@ LogicalResult ScheduleOp::verify() {
   return success();
 }
 
+// A started gather or reduce-scatter along a dimension: the piece is
+// outer x length x inner elements of the tensor's outer x (g length) x
+// inner, and `blocks` (the ranks' pieces side by side) is there exactly
+// when the dimension is not the outermost.
+template <typename Op> static LogicalResult verifyStartedAlong(Op op) {
+  Value piece = isa<AllGatherStartOp>(op.getOperation()) ? op.getInput()
+                                                         : op.getOutput();
+  Value whole = isa<AllGatherStartOp>(op.getOperation()) ? op.getOutput()
+                                                          : op.getInput();
+  int64_t n = op.getOuter() * op.getLength() * op.getInner();
+  if (op.getOuter() < 1 || op.getLength() < 1 || op.getInner() < 1 ||
+      elementsOf(piece) != n || elementsOf(whole) % n != 0)
+    return op.emitOpError("outer x length x inner = ")
+           << n << " does not describe a piece of " << elementsOf(piece)
+           << " elements of a " << elementsOf(whole) << "-element tensor";
+  if (elementTypeOf(piece) != elementTypeOf(whole))
+    return op.emitOpError("gathers between element types");
+  if ((op.getOuter() > 1) != (op.getBlocks() != nullptr))
+    return op.emitOpError(op.getOuter() > 1
+                              ? "needs `blocks` (the gathered dimension is "
+                                "not the outermost)"
+                              : "takes `blocks` only when outer > 1");
+  if (op.getBlocks() && (elementsOf(op.getBlocks()) != elementsOf(whole) ||
+                         elementTypeOf(op.getBlocks()) != elementTypeOf(whole)))
+    return op.emitOpError("`blocks` must hold the whole tensor's elements, "
+                          "of its element type");
+  return success();
+}
+
+LogicalResult AllGatherStartOp::verify() { return verifyStartedAlong(*this); }
+LogicalResult ReduceScatterStartOp::verify() {
+  return verifyStartedAlong(*this);
+}
+
 LogicalResult ViewOp::verify() {
   auto from = cast<MemRefType>(getSource().getType());
   auto to = cast<MemRefType>(getResult().getType());
@@ -189,6 +223,22 @@ void AllGatherOp::describeCommunication(
 }
 
 void ReduceScatterOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getOutput()), bytes = elementBytesOf(getInput());
+  int64_t g = mesh.groupSize(getAxes());
+  records.push_back(record("reduce_scatter", getAxes(), mesh, g * n, bytes,
+                           rt::reduceScatterBytesSent(n, g, bytes)));
+}
+
+void AllGatherStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getInput()), bytes = elementBytesOf(getInput());
+  records.push_back(
+      record("all_gather", getAxes(), mesh, n, bytes,
+             rt::allGatherBytesSent(n, mesh.groupSize(getAxes()), bytes)));
+}
+
+void ReduceScatterStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = elementsOf(getOutput()), bytes = elementBytesOf(getInput());
   int64_t g = mesh.groupSize(getAxes());

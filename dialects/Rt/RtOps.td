@@ -632,6 +632,43 @@ def Rt_ReduceScatterOp : Rt_CommOp<"reduce_scatter"> {
   let assemblyFormat = "`(` $input `,` $output `)` attr-dict `:` type($input) `,` type($output)";
 }
 
+def Rt_AllGatherStartOp : Rt_CommOp<"all_gather_start"> {
+  let summary = "Starts rt.all_gather (allGatherAlongStart)";
+  let description = [{
+    The started form that `tessel-overlap-collectives` makes of an
+    `rt.all_gather` whose wait it can move past a GEMM. `output` may be
+    read, and `input` written, only after `rt.wait` on the request. When the
+    gathered dimension is not the outermost (`outer` > 1), `blocks`, g x n
+    elements of the piece's n, receives the ranks' pieces side by side and
+    the wait lays them out in `output`: a buffer of the memory plan, held
+    while the gather is in flight, not a runtime's shared staging.
+  }];
+  let arguments = (ins Rt_Buffer:$input, Rt_Buffer:$output,
+                   Optional<Rt_Buffer>:$blocks, I64Attr:$outer,
+                   I64Attr:$length, I64Attr:$inner, Dist_AxesAttr:$axes,
+                   OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $input `,` $output (`,` $blocks^)? `)` attr-dict `:` type($input) `,` type($output) (`,` type($blocks)^)?";
+  let hasVerifier = 1;
+}
+
+def Rt_ReduceScatterStartOp : Rt_CommOp<"reduce_scatter_start"> {
+  let summary = "Starts rt.reduce_scatter (reduceScatterAlongStart)";
+  let description = [{
+    The started form of `rt.reduce_scatter`: `input` may be written, and
+    `output` read, only after `rt.wait` on the request. With `outer` > 1 the
+    start packs `input` into `blocks` (g x n elements of the piece's n),
+    which the reduction reads while it is in flight.
+  }];
+  let arguments = (ins Rt_Buffer:$input, Rt_Buffer:$output,
+                   Optional<Rt_Buffer>:$blocks, I64Attr:$outer,
+                   I64Attr:$length, I64Attr:$inner, Dist_AxesAttr:$axes,
+                   OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $input `,` $output (`,` $blocks^)? `)` attr-dict `:` type($input) `,` type($output) (`,` type($blocks)^)?";
+  let hasVerifier = 1;
+}
+
 def Rt_SendOp : Rt_CommOp<"send"> {
   let summary = "Sends a buffer to the pipeline rank at an offset (sendTo)";
   let description = [{

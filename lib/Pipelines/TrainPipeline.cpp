@@ -42,6 +42,13 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     pm.addPass(createFuseKernels());
   if (options.target == "cuda" && options.precision == "bf16")
     pm.addPass(createLowerPrecision());
+  if (options.overlapTpComm) {
+    // At ZeRO 2 and 3 a weight gradient written later holds its staged run
+    // longer: move no GEMM there, only the collectives.
+    OverlapCollectivesOptions overlap;
+    overlap.moveGemms = options.zero < 2;
+    pm.addPass(createOverlapCollectives(overlap));
+  }
   pm.addPass(createPlanMemory());
   if (options.zero > 0) {
     ShardOptimizerOptions sharding;

@@ -25,6 +25,7 @@
 
 #include "tessel/Runtime/Comm.h"
 #include "tessel/Runtime/CommVolume.h"
+#include "tessel/Runtime/Kernels.h"
 #include "tessel/Runtime/Pieces.h"
 #include "tessel/Runtime/Trace.h"
 
@@ -85,6 +86,11 @@ struct CommState {
     unsigned replicas = 0;
     int64_t pieceElems = 0;
     const char *waited = nullptr;
+    // A gather along an inner dimension: the ranks' pieces in `blocks`,
+    // laid out in `gathered` (g pieces of outer x len x inner) at the wait.
+    const float *blocks = nullptr;
+    float *gathered = nullptr;
+    int64_t groups = 0, outer = 0, len = 0, inner = 0;
   };
   std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
@@ -565,6 +571,7 @@ size_t freeRequestSlot() {
   s.pieceCopies[slot].to = nullptr;
   s.pieceCopies[slot].traced = nullptr;
   s.pieceCopies[slot].replicas = 0;
+  s.pieceCopies[slot].gathered = nullptr;
   return slot;
 }
 
@@ -763,6 +770,99 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
   return (CommRequest)slot;
 }
 
+// The start of a collective along a dimension: checks the shape (and the
+// blocks an inner dimension needs), counts it as its blocking form would
+// be counted and takes a request slot. A group of one copies `in` to `out`
+// and leaves the request done.
+struct AlongStart {
+  int n = 0; // the piece's elements, in MPI's int
+  int64_t g = 1;
+  int64_t bytes = 0;
+  size_t slot = 0;
+};
+static AlongStart startAlong(const float *in, float *out, const void *blocks,
+                             int64_t outer, int64_t len, int64_t inner,
+                             unsigned axes, CollectiveKind kind,
+                             const char *what) {
+  checkAxes(axes, what);
+  if (outer < 0 || len < 0 || inner < 0)
+    throw std::runtime_error(std::string(what) + " of a negative shape");
+  int64_t n = outer * len * inner;
+  if (n > INT32_MAX)
+    throw std::runtime_error(std::string(what) + " of " + std::to_string(n) +
+                             " elements is out of MPI's int range");
+  if (outer > 1 && !blocks)
+    throw std::runtime_error(std::string(what) +
+                             " along an inner dimension needs its blocks");
+  AlongStart start;
+  start.n = (int)n;
+  start.g = groupSize(axes);
+  bool gather = kind == CollectiveKind::AllGather;
+  start.bytes = gather ? allGatherBytesSent(n, start.g)
+                       : reduceScatterBytesSent(n, start.g);
+  count(kind, gather ? n : start.g * n, start.bytes);
+  CommState &s = state();
+  start.slot = freeRequestSlot();
+  s.requests[start.slot] = MPI_REQUEST_NULL;
+  if (start.g == 1 && out != in && n > 0)
+    std::memmove(out, in, (size_t)n * sizeof(float));
+  return start;
+}
+
+CommRequest allGatherAlongStart(const float *in, float *out, void *blocks,
+                                int64_t outer, int64_t len, int64_t inner,
+                                unsigned axes) {
+  AlongStart start = startAlong(in, out, blocks, outer, len, inner, axes,
+                                CollectiveKind::AllGather,
+                                "allGatherAlongStart");
+  CommState &s = state();
+  if (start.g == 1)
+    return (CommRequest)start.slot;
+  CommState::PieceCopy &copy = s.pieceCopies[start.slot];
+  traceFlight(copy, "all_gather_start", "gather wait", start.bytes, axes);
+  float *into = out;
+  if (outer > 1) {
+    into = static_cast<float *>(blocks);
+    copy.blocks = into;
+    copy.gathered = out;
+    copy.groups = start.g;
+    copy.outer = outer;
+    copy.len = len;
+    copy.inner = inner;
+  }
+  checkMpi(MPI_Iallgather(in, start.n, MPI_FLOAT, into, start.n, MPI_FLOAT,
+                          s.comms[effectiveAxes(axes)],
+                          &s.requests[start.slot]),
+           "MPI_Iallgather");
+  return (CommRequest)start.slot;
+}
+
+CommRequest reduceScatterAlongStart(const float *in, float *out, void *blocks,
+                                    int64_t outer, int64_t len, int64_t inner,
+                                    unsigned axes) {
+  AlongStart start = startAlong(in, out, blocks, outer, len, inner, axes,
+                                CollectiveKind::ReduceScatter,
+                                "reduceScatterAlongStart");
+  CommState &s = state();
+  if (start.g == 1)
+    return (CommRequest)start.slot;
+  traceFlight(s.pieceCopies[start.slot], "reduce_scatter_start", "reduce wait",
+              start.bytes, axes);
+  const float *from = in;
+  if (outer > 1) {
+    float *packed = static_cast<float *>(blocks);
+    for (int64_t r = 0; r < start.g; ++r)
+      sliceAxis(in, packed + r * start.n, outer, start.g * len, inner, r * len,
+                len);
+    from = packed;
+  }
+  checkMpi(MPI_Ireduce_scatter_block(from, out, start.n, MPI_FLOAT, MPI_SUM,
+                                     s.comms[effectiveAxes(axes)],
+                                     &s.requests[start.slot]),
+           "MPI_Ireduce_scatter_block");
+  return (CommRequest)start.slot;
+}
+
 void commWait(CommRequest request) {
   CommState &s = state();
   if (request < 0 || (size_t)request >= s.requests.size() ||
@@ -779,6 +879,13 @@ void commWait(CommRequest request) {
     traceRecordCollective(copy.traced, copy.tracedSince, copy.tracedBytes,
                           AxisSet::fromBits(copy.tracedAxes).str());
     copy.traced = nullptr;
+  }
+  if (copy.gathered) {
+    int64_t n = copy.outer * copy.len * copy.inner;
+    for (int64_t r = 0; r < copy.groups; ++r)
+      insertAxis(copy.blocks + r * n, copy.gathered, copy.outer,
+                 copy.groups * copy.len, copy.inner, r * copy.len, copy.len);
+    copy.gathered = nullptr;
   }
   if (copy.to) {
     if (copy.to != copy.from)

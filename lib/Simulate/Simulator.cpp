@@ -297,7 +297,8 @@ struct Cursor {
   std::vector<PartCall> calls;
   size_t pc = 0;
   double t = 0;
-  double commFree = 0;                 // the stream of started collectives
+  double commFree = 0;   // the lane of started data-parallel collectives
+  double streamFree = 0; // the communication stream (every other collective)
   std::map<int64_t, double> p2pFree;   // per receiver
   std::map<int64_t, double> slotDone;  // request table slot -> completion
   llvm::DenseMap<Value, double> requestDone;
@@ -319,7 +320,18 @@ int64_t constantOf(Value v, int64_t fallback) {
 
 bool isStart(Operation *op) {
   return isa<rt::AllReduceStartOp, rt::ReduceScatterShardsStartOp,
-             rt::ReduceScatterPieceStartOp, rt::AllGatherShardsStartOp>(op);
+             rt::ReduceScatterPieceStartOp, rt::AllGatherShardsStartOp,
+             rt::AllGatherStartOp, rt::ReduceScatterStartOp>(op);
+}
+// Whether a started collective runs on the data-parallel lane (the CUDA
+// runtime's background stream and communicators) rather than on the
+// communication stream that every blocking collective uses.
+bool onDataParallelLane(Operation *op) {
+  auto axes = op->getAttrOfType<dist::AxesAttr>("axes");
+  if (!axes)
+    return true;
+  return axes.getValue().bits() &
+         (AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit);
 }
 bool isCollectiveOnly(Operation *op) {
   return isa<rt::AllReduceOp, rt::AllGatherOp, rt::ReduceScatterOp,
@@ -592,9 +604,10 @@ bool Simulation::step(size_t index) {
   }
   if (isStart(op)) {
     Comm comm = communication(c, op);
-    double start = std::max(c.t, c.commFree);
+    double &lane = onDataParallelLane(op) ? c.commFree : c.streamFree;
+    double start = std::max(c.t, lane);
     double done = start + comm.seconds;
-    c.commFree = done;
+    lane = done;
     c.times.commBytes += comm.bytes;
     for (Value r : op->getResults())
       c.requestDone[r] = done;
@@ -647,11 +660,15 @@ bool Simulation::step(size_t index) {
     ++c.times.kernels;
   }
   if (communicates) {
+    // Behind what a started collective still has on the stream.
+    double begin = comm.seconds > 0 ? std::max(c.t, c.streamFree) : c.t;
     if (comm.seconds > 0)
       span(c, 0, op->getName().stripDialect().str(), c.t,
-           c.t + comm.seconds, {{"bytes", comm.bytes}});
-    c.t += comm.seconds;
-    c.times.exposedComm += comm.seconds;
+           begin + comm.seconds, {{"bytes", comm.bytes}});
+    c.times.exposedComm += begin + comm.seconds - c.t;
+    c.t = begin + comm.seconds;
+    if (comm.seconds > 0)
+      c.streamFree = c.t;
     c.times.commBytes += comm.bytes;
   }
   advance();

@@ -284,6 +284,15 @@ static int64_t chunkOfPart(Operation *part) {
   return -1;
 }
 
+// Whether every wait for the collective `start` began is in its block (a
+// tensor-parallel collective in flight under a GEMM, not a gradient bucket
+// waited for by the update).
+static bool waitedInPart(Operation *start) {
+  return llvm::all_of(start->getResult(0).getUsers(), [&](Operation *user) {
+    return isa<rt::WaitOp>(user) && user->getBlock() == start->getBlock();
+  });
+}
+
 // Arena offsets by liveness: a buffer lives from its rt.alloc to the last op
 // that reads it or any of its aliases.
 //
@@ -321,6 +330,18 @@ void Planner::placeArena() {
     // yielded (the accumulation), not by the update.
     if (accumulates && isa<pipe::UpdateOp>(op))
       return;
+    // A collective started and waited for in one part holds its buffers
+    // until the wait.
+    if (auto wait = dyn_cast<rt::WaitOp>(op)) {
+      Operation *start = wait.getRequest().getDefiningOp();
+      if (start && start->getBlock() == op->getBlock())
+        for (Value operand : start->getOperands())
+          if (isa<MemRefType>(operand.getType())) {
+            int64_t &last = lastUse[rootOf(operand)];
+            last = std::max(last, position[op]);
+          }
+      return;
+    }
     for (OpOperand &use : op->getOpOperands()) {
       Value operand = use.get();
       if (!isa<MemRefType>(operand.getType()) ||
@@ -333,9 +354,10 @@ void Planner::placeArena() {
       touch(root, part);
       auto [it, inserted] = firstPart.try_emplace(root, part);
       // A collective still running when its part ends keeps its buffer too.
-      if ((!inserted && it->second != part) || isa<rt::AllReduceStartOp>(op))
+      bool outlives = isa<rt::AllReduceStartOp>(op) && !waitedInPart(op);
+      if ((!inserted && it->second != part) || outlives)
         crosses.insert(root);
-      if (isa<rt::AllReduceStartOp>(op))
+      if (outlives)
         started.insert(root);
     }
   });
@@ -505,14 +527,20 @@ void Planner::placeStates() {
   }
 }
 
-// Collectives started in one part and waited for in another keep their
-// requests in the program's request table: one slot per started buffer.
+// Started collectives keep their requests in the program's request table,
+// one slot per started buffer: those waited for in their own part, and
+// those started in one part and waited for in another.
 void Planner::placeRequests() {
   DenseMap<Value, std::pair<int64_t, int64_t>> slots; // request -> first, count
-  func.walk([&](rt::AllReduceStartOp start) {
-    int64_t count = start.getBuffers().size();
-    start.setSlotAttr(IntegerAttr::get(IntegerType::get(ctx, 64), requests));
-    slots[start.getRequest()] = {requests, count};
+  auto slotType = IntegerType::get(ctx, 64);
+  func.walk([&](Operation *op) {
+    int64_t count = 1;
+    if (auto start = dyn_cast<rt::AllReduceStartOp>(op))
+      count = start.getBuffers().size();
+    else if (!isa<rt::AllGatherStartOp, rt::ReduceScatterStartOp>(op))
+      return;
+    op->setAttr("slot", IntegerAttr::get(slotType, requests));
+    slots[op->getResult(0)] = {requests, count};
     requests += count;
   });
   SmallVector<rt::WaitOp> waits;

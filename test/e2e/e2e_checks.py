@@ -583,6 +583,10 @@ IN_FLIGHT = {
     "gather": ("allGatherShardsStart(", "all_gather_shards", "gather wait"),
     "reduce": ("reduceScatterPieceStart(", "reduce_scatter_piece",
                "reduce wait"),
+    # tensor parallelism's collectives in flight under a GEMM
+    "tp-gather": ("allGatherAlongStart(", "all_gather_start", "gather wait"),
+    "tp-reduce": ("reduceScatterAlongStart(", "reduce_scatter_start",
+                  "reduce wait"),
 }
 
 
@@ -600,10 +604,17 @@ def prefetch(args):
     started = len(pieces)
     if not started:
         fail(f"{args.program} starts no {args.kind}")
-    # A kernel call between the start and the next commWait.
+    # A kernel call between the start and the next commWait (for the
+    # tensor-parallel kinds, the wait for its own request slot).
+    def before_wait(p):
+        rest = p.split("\n", 1)[1]
+        slot = re.match(r"\s*gRequests\[(\d+)\] = ", rest)
+        if args.kind.startswith("tp-") and slot:
+            return rest.split(f"= gRequests[{slot.group(1)}];")[0]
+        return rest.split("commWait(")[0]
     overlapped = sum(
-        bool(re.search(r"^\s*(?!CommRequest|gRequests)\w+\(",
-                       p.split("\n", 1)[1].split("commWait(")[0], re.M))
+        bool(re.search(r"^\s*(?!CommRequest|gRequests|commWait)\w+\(",
+                       before_wait(p), re.M))
         for p in pieces)
     events = [e for e in json.load(open(args.trace))["traceEvents"]
               if e["ph"] == "X"]
@@ -630,6 +641,9 @@ def prefetch(args):
             fail(f"a {args.kind} waited for as soon as it started: {f}")
     if args.kind == "gather":
         print(f"{len(flights)} gathers prefetched over {steps} steps")
+    elif args.kind.startswith("tp-"):
+        print(f"{len(flights)} {args.kind}s in flight over {steps} steps, "
+              f"{overlapped} of {started} a step with compute before the wait")
     else:
         print(f"{len(flights)} reductions in flight over {steps} steps, "
               f"{overlapped} of {started} a step with compute before the wait")

@@ -857,6 +857,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     pipeline.fuseKernels = *options.fuseKernels ? "true" : "false";
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.overlapGradReduce = spec.parallel.overlapGradReduce;
+  pipeline.overlapTpComm = spec.parallel.overlapTpComm;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
   if (spec.parallel.offload != "none" && options.target != "cuda")

@@ -166,6 +166,48 @@ void checkReduceScatter(unsigned axes) {
   checkCounters(("reduceScatterSum over " + axesName(axes)).c_str());
 }
 
+// The started collectives along a middle dimension (a tensor-parallel
+// collective in flight under a GEMM) give, bit for bit, what the blocking
+// ones give: with the gathered dimension inner (outer 2, through the
+// caller's blocks) and outermost, both in flight at once and waited for in
+// the other order; each counted as its blocking form.
+void checkAlongStarted(unsigned axes) {
+  int64_t g = groupSize(axes);
+  for (int64_t outer : {2, 1}) {
+    const int64_t len = 3, inner = 2, n = outer * len * inner;
+    std::vector<float> piece(n), whole(g * n);
+    for (int64_t i = 0; i < n; i++)
+      piece[i] = valueOf(commRank(), i);
+    for (int64_t j = 0; j < g * n; j++)
+      whole[j] = 1.0f / (float)(3 + j) + valueOf(commRank(), j);
+    std::vector<float> wantGathered(g * n), wantScattered(n);
+    allGatherAlong(piece.data(), wantGathered.data(), outer, len, inner, axes);
+    expectCall(CollectiveKind::AllGather, n, (g - 1) * n * 4);
+    reduceScatterAlong(whole.data(), wantScattered.data(), outer, len, inner,
+                       axes);
+    expectCall(CollectiveKind::ReduceScatter, g * n, (g - 1) * n * 4);
+    std::vector<float> gathered(g * n, -1.0f), scattered(n, -1.0f);
+    std::vector<float> gatherBlocks(g * n), scatterBlocks(g * n);
+    void *blocksA = outer > 1 ? gatherBlocks.data() : nullptr;
+    void *blocksB = outer > 1 ? scatterBlocks.data() : nullptr;
+    CommRequest a = allGatherAlongStart(piece.data(), gathered.data(), blocksA,
+                                        outer, len, inner, axes);
+    expectCall(CollectiveKind::AllGather, n, (g - 1) * n * 4);
+    CommRequest b = reduceScatterAlongStart(whole.data(), scattered.data(),
+                                            blocksB, outer, len, inner, axes);
+    expectCall(CollectiveKind::ReduceScatter, g * n, (g - 1) * n * 4);
+    commWait(b);
+    commWait(a);
+    std::string what = " over " + axesName(axes) + " (outer " +
+                       std::to_string(outer) + ")";
+    check(gathered == wantGathered,
+          "allGatherAlongStart" + what + " differs from allGatherAlong");
+    check(scattered == wantScattered,
+          "reduceScatterAlongStart" + what + " differs from reduceScatterAlong");
+    checkCounters(("the started collectives along a dimension" + what).c_str());
+  }
+}
+
 // Sums values with rounding error over the whole world and checks that
 // every rank holds the same bits.
 void checkBitwiseIdentical() {
@@ -229,6 +271,7 @@ int main(int argc, char **argv) {
       checkAllReduce(axes, true);
       checkAllGather(axes);
       checkReduceScatter(axes);
+      checkAlongStarted(axes);
     }
     checkBitwiseIdentical();
     for (CollectiveKind kind :

@@ -136,6 +136,10 @@ struct ParallelSpec {
   // during backward (true) or reduce them all after it (false, as Megatron-LM
   // did before its overlapped data parallelism).
   bool overlapGradReduce = true;
+  // parallel.overlap_tp_comm: start the tensor-parallel collectives of a
+  // part early and wait for them late, under the GEMMs around them
+  // (tessel-overlap-collectives); false keeps each blocking where it is.
+  bool overlapTpComm = true;
   // parallel.zero: 0 replicates the optimizer over dp; 1 shards AdamW's
   // moments over dp (gradients reduce-scattered, parameters all-gathered);
   // 2 keeps the gradients as pieces too; 3 the parameters as well (CPU).

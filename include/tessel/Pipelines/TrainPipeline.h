@@ -48,6 +48,12 @@ struct TrainPipelineOptions
       llvm::cl::desc("Start gradient buckets during backward (false: reduce "
                      "them after it)"),
       llvm::cl::init(true)};
+  Option<bool> overlapTpComm{
+      *this, "overlap-tp-comm",
+      llvm::cl::desc("Start tensor-parallel collectives early and wait for "
+                     "them late, under the GEMMs around them "
+                     "(tessel-overlap-collectives)"),
+      llvm::cl::init(true)};
   Option<int64_t> zero{
       *this, "zero",
       llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer), 1 "

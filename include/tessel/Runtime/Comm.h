@@ -134,6 +134,21 @@ using CommRequest = int;
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
 
+// The started forms of allGatherAlong and reduceScatterAlong (a tensor-
+// parallel collective in flight under a GEMM): `in` may be written, and
+// `out` read, only after commWait. With outer > 1, `blocks` (g x n floats,
+// n = outer x len x inner, a buffer of the memory plan) holds the ranks'
+// pieces side by side while the collective is in flight: the gather lays
+// them out in `out` at commWait, the reduce-scatter packs `in` into it at
+// its start. Counted as their blocking forms; with tracing on, the time in
+// flight is recorded on the collectives track.
+CommRequest allGatherAlongStart(const float *in, float *out, void *blocks,
+                                int64_t outer, int64_t len, int64_t inner,
+                                unsigned axes);
+CommRequest reduceScatterAlongStart(const float *in, float *out, void *blocks,
+                                    int64_t outer, int64_t len, int64_t inner,
+                                    unsigned axes);
+
 // The optimizer sharded over a group (ZeRO-1): an n-element buffer is cut
 // into g pieces of c = ceil(n / g) elements (the last ones shorter or
 // empty); piece k belongs to group rank k.

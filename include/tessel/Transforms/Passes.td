@@ -186,6 +186,40 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
+  let summary = "Overlaps tensor-parallel collectives with the GEMMs around them";
+  let description = [{
+    On the bufferized rank programs, before the memory plan: Megatron-LM's
+    overlap of the tensor- and sequence-parallel collectives in a layer's
+    backward. Each blocking `rt.all_gather`, `rt.reduce_scatter` or
+    `rt.all_reduce` over axes without `dp` inside a forward or backward part
+    becomes its started form and an `rt.wait`: the start rises past the ops
+    before it that neither write what it reads nor touch what it writes
+    (the re-gather of a sequence-parallel input moves above the GEMM of the
+    input gradient), and the wait sinks past the ops after it likewise (the
+    reduce-scatter of the input gradient runs under the weight gradient's
+    GEMM). Each moves past at most one GEMM (or attention kernel), and never
+    past another collective or a message, so every rank of a group starts
+    its collectives in the same order. A collective that would overlap no
+    GEMM stays blocking. The start takes the buffers it writes with it
+    (their `rt.alloc`s move up), and a gather or reduce-scatter along an
+    inner dimension gets a buffer of its own for the ranks' pieces, so the
+    memory plan holds exactly what is in flight. The arithmetic is that of
+    the blocking program; only when the data moves changes.
+
+    With `move-gemms`, a collective that would overlap nothing (its input
+    computed right before it and read right after) takes the nearest GEMM
+    above it that does not depend on it (a weight gradient's) under it.
+    The pipeline turns that off at ZeRO 2 and 3, where a weight gradient
+    written later keeps its run staged longer (a bucket's more memory).
+  }];
+  let options = [
+    Option<"moveGemms", "move-gemms", "bool", "true",
+           "Move an independent GEMM under a collective with nothing to overlap">,
+  ];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
   let summary = "Derives each rank program's forward-only step (validation loss)";
   let description = [{

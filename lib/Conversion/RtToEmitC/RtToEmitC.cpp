@@ -357,34 +357,53 @@ struct StartPattern : RtPattern<Op> {
   }
 };
 
-// A collective of a run and a piece started into its request slot and
-// waited for by rt.wait_requests: ZeRO-3's prefetched gather (buffer, from,
-// shadow or nullptr) and ZeRO-2's reduction in flight (buffer, out).
-template <typename Op> struct PieceStartPattern : RtPattern<Op> {
-  PieceStartPattern(const TypeConverter &converter, MLIRContext *ctx,
-                    const TargetInfo &target, StringRef function)
+// A collective started into its request slot and waited for by
+// rt.wait_requests: ZeRO-3's prefetched gather (buffer, from, shadow or
+// nullptr, n, axes), ZeRO-2's reduction in flight (buffer, out, n, axes)
+// and a tensor-parallel gather or reduce-scatter along a dimension (input,
+// output, blocks or nullptr, outer, length, inner, axes).
+template <typename Op> struct SlotStartPattern : RtPattern<Op> {
+  SlotStartPattern(const TypeConverter &converter, MLIRContext *ctx,
+                   const TargetInfo &target, StringRef function)
       : RtPattern<Op>(converter, ctx, target), function(function) {}
   std::string function;
+  static constexpr bool kAlong =
+      std::is_same_v<Op, rt::AllGatherStartOp> ||
+      std::is_same_v<Op, rt::ReduceScatterStartOp>;
   LogicalResult
   matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     if (!op.getSlot())
-      return op.emitOpError("has no request slot (run tessel-shard-optimizer)");
+      return op.emitOpError(kAlong
+                                ? "has no request slot (run tessel-plan-memory)"
+                                : "has no request slot (run "
+                                  "tessel-shard-optimizer)");
     if (!op.getRequest().use_empty())
       return op.emitOpError("is still waited on by rt.wait");
     ValueRange operands = adaptor.getOperands();
     CallBuilder call(rewriter, op.getLoc());
     call.operand(operands[0]).operand(operands[1]);
-    // The gather's bf16 copy of the run (a bf16 program's), or none.
-    if constexpr (std::is_same_v<Op, rt::AllGatherShardsStartOp>) {
-      if (op.getShadow())
-        call.operand(operands[2]);
+    // The gather's bf16 copy of the run (a bf16 program's), or the blocks
+    // of a collective along an inner dimension; or none.
+    if constexpr (std::is_same_v<Op, rt::AllGatherShardsStartOp> || kAlong) {
+      Value third;
+      if constexpr (kAlong)
+        third = adaptor.getBlocks();
+      else
+        third = adaptor.getShadow();
+      if (third)
+        call.operand(third);
       else
         call.text("nullptr");
     }
+    if constexpr (kAlong)
+      call.integer(op.getOuter())
+          .integer(op.getLength())
+          .integer(op.getInner());
+    else
+      call.integer(op.getN());
     Value started =
-        call.integer(op.getN())
-            .text(axesLiteral(op.getAxes()))
+        call.text(axesLiteral(op.getAxes()))
             .build(function, opaque(rewriter.getContext(), "CommRequest"))
             .getResult(0);
     rewriter.create<emitc::AssignOp>(
@@ -555,9 +574,9 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                FinishPattern<rt::FinishStepOp>, FinishPattern<rt::FinishEvalOp>,
                RecordMetricPattern,
                AllReducePattern, WaitRequestsPattern>(converter, ctx, target);
-  patterns.add<PieceStartPattern<rt::AllGatherShardsStartOp>>(
+  patterns.add<SlotStartPattern<rt::AllGatherShardsStartOp>>(
       converter, ctx, target, "allGatherShardsStart");
-  patterns.add<PieceStartPattern<rt::ReduceScatterPieceStartOp>>(
+  patterns.add<SlotStartPattern<rt::ReduceScatterPieceStartOp>>(
       converter, ctx, target, "reduceScatterPieceStart");
   patterns.add<StartPattern<rt::AllReduceStartOp>>(converter, ctx, target,
                                                    "allReduceSumStart");
@@ -567,6 +586,10 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                                                   "lr");
   patterns.add<ScalarPattern<rt::UpdateCountOp>>(converter, ctx, target,
                                                  "updates");
+  patterns.add<SlotStartPattern<rt::AllGatherStartOp>>(
+      converter, ctx, target, "allGatherAlongStart");
+  patterns.add<SlotStartPattern<rt::ReduceScatterStartOp>>(
+      converter, ctx, target, "reduceScatterAlongStart");
   patterns.add<AlongPattern<rt::AllGatherOp>>(converter, ctx, target,
                                               "allGatherAlong");
   patterns.add<AlongPattern<rt::ReduceScatterOp>>(converter, ctx, target,

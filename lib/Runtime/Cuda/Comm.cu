@@ -1196,6 +1196,83 @@ void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
   });
 }
 
+// The started forms run on the communication stream as the blocking ones
+// do (the group's collectives stay in program order there) and leave the
+// compute stream's wait to commWait. Their blocks are the caller's (a
+// buffer of the memory plan), not the shared staging: a blocking
+// collective may use that while these are in flight.
+namespace {
+
+// The checks and the count of a started collective along a dimension, as
+// its blocking form counts it; its communicator, or null for a group of
+// one (whose `out` is then `in`, copied on the compute stream).
+template <typename T>
+ncclComm_t startAlong(const T *in, T *out, const void *blocks, int64_t outer,
+                      int64_t len, int64_t inner, unsigned axes,
+                      CollectiveKind kind, const char *what) {
+  checkAxes(axes, what);
+  if (outer < 0 || len < 0 || inner < 0)
+    throw std::runtime_error(std::string(what) + " of a negative shape");
+  if (outer > 1 && !blocks)
+    throw std::runtime_error(std::string(what) +
+                             " along an inner dimension needs its blocks");
+  int64_t g = rt::groupSize(axes), n = outer * len * inner;
+  if (kind == CollectiveKind::AllGather)
+    count(kind, n, rt::allGatherBytesSent(n, g, sizeof(T)));
+  else
+    count(kind, g * n, rt::reduceScatterBytesSent(n, g, sizeof(T)));
+  ncclComm_t comm = commFor(axes, rt::collectiveName(kind));
+  if (!comm)
+    copyOnCompute(out, in, n);
+  return comm;
+}
+
+} // namespace
+
+template <typename T>
+CommRequest allGatherAlongStart(const T *in, T *out, void *blocks,
+                                int64_t outer, int64_t len, int64_t inner,
+                                unsigned axes) {
+  ncclComm_t comm =
+      startAlong(in, out, blocks, outer, len, inner, axes,
+                 CollectiveKind::AllGather, "allGatherAlongStart");
+  int64_t g = rt::groupSize(axes), n = outer * len * inner;
+  const char *name = rt::collectiveName(CollectiveKind::AllGather);
+  return startedCollective(name, axes, n, comm && n > 0, [&] {
+    T *into = outer == 1 ? out : static_cast<T *>(blocks);
+    checkNccl(ncclAllGather(in, into, (size_t)n, ncclType<T>(), comm,
+                            collectiveStream()),
+              name, axes, n);
+    // Laid out on the same stream, inside the request.
+    if (outer > 1)
+      detail::blocksToTensor(into, out, g, outer, len, inner,
+                             collectiveStream());
+  });
+}
+
+template <typename T>
+CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
+                                    int64_t outer, int64_t len, int64_t inner,
+                                    unsigned axes) {
+  ncclComm_t comm =
+      startAlong(in, out, blocks, outer, len, inner, axes,
+                 CollectiveKind::ReduceScatter, "reduceScatterAlongStart");
+  int64_t g = rt::groupSize(axes), n = outer * len * inner;
+  const char *name = rt::collectiveName(CollectiveKind::ReduceScatter);
+  const T *from = in;
+  if (comm && n > 0 && outer > 1) {
+    // Packed on the compute stream, which the reduction then follows.
+    T *packed = static_cast<T *>(blocks);
+    detail::tensorToBlocks(in, packed, g, outer, len, inner, computeStream());
+    from = packed;
+  }
+  return startedCollective(name, axes, g * n, comm && n > 0, [&] {
+    checkNccl(ncclReduceScatter(from, out, (size_t)n, ncclType<T>(), ncclSum,
+                                comm, collectiveStream()),
+              name, axes, g * n);
+  });
+}
+
 template <typename T>
 void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
   checkAxes(axes, "allToAll");
@@ -1817,6 +1894,10 @@ void waitSends() {
   template void allToAll<T>(const T *, T *, int64_t, unsigned);                \
   template void broadcast<T>(T *, int64_t, int, unsigned);                     \
   template CommRequest allReduceSumStart<T>(T *, int64_t, unsigned);           \
+  template CommRequest allGatherAlongStart<T>(const T *, T *, void *, int64_t, \
+                                              int64_t, int64_t, unsigned);     \
+  template CommRequest reduceScatterAlongStart<T>(                             \
+      const T *, T *, void *, int64_t, int64_t, int64_t, unsigned);            \
   template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);         \
   template void recvFrom<T>(T *, int64_t, MeshAxis, int);                      \
   template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \

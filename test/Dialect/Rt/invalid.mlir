@@ -43,3 +43,29 @@ func.func @buffer_type() {
   %b = rt.buffer <arena> 0 : memref<8xf16>
   return
 }
+
+// -----
+
+// A started gather along an inner dimension needs the blocks the ranks'
+// pieces arrive in.
+func.func @gather_without_blocks(%x: memref<2x4x8xf32>, %y: memref<2x8x8xf32>) {
+  // expected-error@+1 {{needs `blocks` (the gathered dimension is not the outermost)}}
+  %r = rt.all_gather_start(%x, %y) {axes = #dist.axes<tp>, outer = 2 : i64, length = 4 : i64, inner = 8 : i64} : memref<2x4x8xf32>, memref<2x8x8xf32>
+  return
+}
+
+// -----
+
+func.func @scatter_wrong_piece(%x: memref<2x8x8xf32>, %y: memref<2x4x8xf32>, %b: memref<128xf32>) {
+  // expected-error@+1 {{outer x length x inner = 48 does not describe a piece of 64 elements of a 128-element tensor}}
+  %r = rt.reduce_scatter_start(%x, %y, %b) {axes = #dist.axes<tp>, outer = 2 : i64, length = 3 : i64, inner = 8 : i64} : memref<2x8x8xf32>, memref<2x4x8xf32>, memref<128xf32>
+  return
+}
+
+// -----
+
+func.func @blocks_too_small(%x: memref<2x4x8xf32>, %y: memref<2x8x8xf32>, %b: memref<64xf32>) {
+  // expected-error@+1 {{`blocks` must hold the whole tensor's elements, of its element type}}
+  %r = rt.all_gather_start(%x, %y, %b) {axes = #dist.axes<tp>, outer = 2 : i64, length = 4 : i64, inner = 8 : i64} : memref<2x4x8xf32>, memref<2x8x8xf32>, memref<64xf32>
+  return
+}

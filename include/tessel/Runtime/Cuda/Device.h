@@ -78,6 +78,17 @@ using CommRequest = int;
 template <typename T>
 CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
+// The started forms of allGatherAlong and reduceScatterAlong (a tensor-
+// parallel collective in flight under a GEMM), as tessel::rt's: `blocks`
+// (g x n elements of T) holds the ranks' pieces when outer > 1.
+template <typename T>
+CommRequest allGatherAlongStart(const T *in, T *out, void *blocks,
+                                int64_t outer, int64_t len, int64_t inner,
+                                unsigned axes);
+template <typename T>
+CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
+                                    int64_t outer, int64_t len, int64_t inner,
+                                    unsigned axes);
 
 // The optimizer sharded over a group (ZeRO-1), as in tessel/Runtime/Comm.h:
 // an n-element buffer cut into pieces of ceil(n / g) elements, piece k
