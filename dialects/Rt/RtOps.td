@@ -585,21 +585,26 @@ def Rt_ReduceScatterPieceStartOp : Rt_CommOp<"reduce_scatter_piece_start"> {
   let assemblyFormat = "`(` $buffer `,` $out `)` attr-dict `:` type($buffer) `,` type($out)";
 }
 
-def Rt_AllGatherShardsStartOp : Rt_CommOp<"all_gather_shards_start"> {
+def Rt_AllGatherShardsStartOp : Rt_CommOp<"all_gather_shards_start",
+                                           [AttrSizedOperandSegments]> {
   let summary = "Starts rt.all_gather_shards of a run from this rank's piece (allGatherShardsStart)";
   let description = [{
     ZeRO-3's prefetch: the gather of the next run a part reads is started
-    before the compute that precedes its first read. `buffer` may be read,
-    and `from` written, only after request slot `slot` has been waited for
-    (`rt.wait_requests`). With a `shadow` (a bf16 program's copy of the
-    gathered run, where its matmuls read it), the copy is refreshed from the
-    gathered values before the request completes.
+    before the compute that precedes its first read, this rank's piece
+    copied `from` its own storage. ZeRO-1 and 2: the gather of a run's
+    updated pieces, in place (no `from`), started as soon as the update has
+    written this rank's piece, so that it runs while the other runs are
+    updated. `buffer` may be read, and `from` written, only after request
+    slot `slot` has been waited for (`rt.wait_requests`). With a `shadow`
+    (a bf16 program's copy of the gathered run, where its matmuls read it),
+    the copy is refreshed from the gathered values before the request
+    completes.
   }];
-  let arguments = (ins Rt_Buffer:$buffer, Rt_Buffer:$from,
+  let arguments = (ins Rt_Buffer:$buffer, Optional<Rt_Buffer>:$from,
                    Optional<Rt_Buffer>:$shadow, I64Attr:$n,
                    Dist_AxesAttr:$axes, OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
-  let assemblyFormat = "`(` $buffer `,` $from (`,` $shadow^)? `)` attr-dict `:` type($buffer) `,` type($from) (`,` type($shadow)^)?";
+  let assemblyFormat = "`(` $buffer `:` type($buffer) (`from` $from^ `:` type($from))? (`shadow` $shadow^ `:` type($shadow))? `)` attr-dict";
 }
 
 def Rt_WaitOp : Rt_Op<"wait"> {

@@ -751,8 +751,9 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
   CommState &s = state();
   size_t slot = freeRequestSlot();
   s.requests[slot] = MPI_REQUEST_NULL;
-  std::memmove(buffer + k * c, from,
-               (size_t)pieceCount(n, g, k) * sizeof(float));
+  if (from)
+    std::memmove(buffer + k * c, from,
+                 (size_t)pieceCount(n, g, k) * sizeof(float));
   CommState::PieceCopy &copy = s.pieceCopies[slot];
   traceFlight(copy, "all_gather_shards", "gather wait", bytes, axes);
   if (g == 1)

@@ -491,8 +491,11 @@ Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
   // ZeRO-3 with the optimizer offloaded: a gather first copies this rank's
   // fp32 piece of the run (a g-th of it) from host memory into its slot.
   double host = cluster.device.hostBandwidth;
-  if (host > 0 && isa<rt::AllGatherShardsOp, rt::AllGatherShardsStartOp>(op) &&
-      optimizerOffloaded(op)) {
+  bool fromPiece = isa<rt::AllGatherShardsOp>(op)
+                       ? bool(cast<rt::AllGatherShardsOp>(op).getFrom())
+                       : isa<rt::AllGatherShardsStartOp>(op) &&
+                             bool(cast<rt::AllGatherShardsStartOp>(op).getFrom());
+  if (host > 0 && fromPiece && optimizerOffloaded(op)) {
     auto [n, axes] =
         isa<rt::AllGatherShardsOp>(op)
             ? std::pair(cast<rt::AllGatherShardsOp>(op).getN(),

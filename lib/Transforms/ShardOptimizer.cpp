@@ -404,6 +404,8 @@ LogicalResult Sharder::shardUpdates() {
   Operation *last = updates.front();
   Value shadow;
   int64_t whole = stateElems; // moments of parameters outside every run
+  // The last update of each run's parameters: its gather starts there.
+  DenseMap<const Run *, Operation *> lastOfRun;
   for (rt::AdamWOp op : updates) {
     if (op->getBlock() != block)
       return op.emitError("tessel-shard-optimizer: the updates are not in "
@@ -454,15 +456,27 @@ LogicalResult Sharder::shardUpdates() {
                                                 (int64_t)r->group.bits()});
     if (last == op.getOperation())
       last = sharded;
+    Operation *&runLast = lastOfRun[r];
+    if (!runLast || runLast->isBeforeInBlock(sharded))
+      runLast = sharded;
     op.erase();
   }
-  // Every rank's pieces of the updated parameters, to every rank.
+  // Every rank's pieces of the updated parameters, to every rank: each
+  // run's gather starts right after the update of its last piece, so that
+  // it runs while the later runs are updated, and the update waits for
+  // them all at its end (one request slot each).
   OpBuilder b(ctx);
-  b.setInsertionPointAfter(last);
   Location loc = last->getLoc();
+  int64_t first = 0;
+  if (auto slots = func->getAttrOfType<IntegerAttr>("rt.request_slots"))
+    first = slots.getInt();
+  int64_t request = first;
+  Operation *lastStart = last;
   for (const Run &r : runs) {
     if (r.sharded)
       continue; // gathered where the parts read it
+    Operation *after = lastOfRun.lookup(&r);
+    b.setInsertionPointAfter(after ? after : last);
     Value params = view(b, loc, MemRefType::get({r.length}, b.getF32Type()),
                         rt::Space::Params, r.start);
     Value copy;
@@ -471,8 +485,17 @@ LogicalResult Sharder::shardUpdates() {
                   MemRefType::get({r.length}, cast<MemRefType>(shadow.getType())
                                                   .getElementType()),
                   rt::Space::Shadow, r.start);
-    rt::AllGatherShardsOp::create(b, loc, params, Value(), copy,
-                                  b.getI64IntegerAttr(r.length), groupOf(r));
+    auto start = rt::AllGatherShardsStartOp::create(
+        b, loc, rt::RequestType::get(ctx), params, Value(), copy,
+        b.getI64IntegerAttr(r.length), groupOf(r),
+        b.getI64IntegerAttr(request++));
+    if (lastStart->isBeforeInBlock(start))
+      lastStart = start;
+  }
+  if (request > first) {
+    b.setInsertionPointAfter(lastStart);
+    rt::WaitRequestsOp::create(b, loc, first, request - first);
+    func->setAttr("rt.request_slots", b.getI64IntegerAttr(request));
   }
   func->setAttr("rt.optimizer_elems", b.getI64IntegerAttr(whole));
   return success();

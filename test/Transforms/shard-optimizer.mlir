@@ -9,7 +9,9 @@
 
 // ZeRO-1: each bucket's all-reduce is a reduce-scatter started in the
 // backward pass; the norm adds the pieces' squares over dp; AdamW updates
-// the pieces; the parameter runs are gathered after the update.
+// the pieces; each parameter run's gather starts right after the update of
+// its last piece (w's and b's run under wte's update), and the update waits
+// for both at its end.
 // ONE: rt.optimizer_elems = 324
 // ONE: rt.param "w" {{.*}}optimizer_shard = array<i64: 0, 0, 68>
 // ONE: rt.param "b" {{.*}}optimizer_shard = array<i64: 0, 128, 68>
@@ -22,31 +24,36 @@
 // ONE: rt.all_reduce({{.*}}) {axes = #dist.axes<dp>} : memref<1xf64>
 // ONE-NEXT: rt.sqrt_sum
 // ONE: rt.adamw_shard({{.*}}n = 128 : i64, piece = 68 : i64, piece_grads = false, piece_params = false, run_offset = 0 : i64
-// ONE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, operandSegmentSizes = array<i32: 1, 0, 0>} : memref<136xf32>
-// ONE: rt.all_gather_shards({{.*}}) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 0, 0>} : memref<512xf32>
+// ONE: rt.adamw_shard({{.*}}n = 8 : i64, piece = 68 : i64
+// ONE-NEXT: rt.buffer <params> 0 : memref<136xf32>
+// ONE-NEXT: rt.all_gather_shards_start({{.*}} : memref<136xf32>) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64}
+// ONE: rt.adamw_shard({{.*}}n = 512 : i64
+// ONE-NEXT: rt.buffer <params> 136 : memref<512xf32>
+// ONE-NEXT: rt.all_gather_shards_start({{.*}} : memref<512xf32>) {axes = #dist.axes<dp>, n = 512 : i64, slot = 3 : i64}
+// ONE-NEXT: rt.wait_requests {count = 2 : i64, first = 2 : i64}
 
 // ZeRO-2: the gradient store holds the pieces (324) and staging; the
 // backward part starts reduce-scattering each run into its piece (w's and
 // b's at 0, wte's at 68) right after its last write and waits for it (in
-// request slot 2) right after the next run's last write, before starting
-// that one's, or at the part's end; the update reads the pieces. The first
-// run holds its slot until its wait, so the second takes another: staging
-// is 136 + 512.
+// request slot 4, after the update's gathers' 2 and 3) right after the
+// next run's last write, before starting that one's, or at the part's end;
+// the update reads the pieces. The first run holds its slot until its
+// wait, so the second takes another: staging is 136 + 512.
 // TWO: rt.grad_piece_elems = 324
 // TWO-SAME: rt.grad_staging_elems = 648
-// TWO-SAME: rt.request_slots = 3
+// TWO-SAME: rt.request_slots = 5
 // TWO: pipe.backward_pass
 // TWO: %[[STAGED:.*]] = rt.buffer <grads> 324 : memref<136xf32>
 // TWO-NEXT: %[[PIECE:.*]] = rt.buffer <grads> 0 : memref<68xf32>
-// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED]], %[[PIECE]]) {axes = #dist.axes<dp>, n = 136 : i64, slot = 2 : i64}
+// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED]], %[[PIECE]]) {axes = #dist.axes<dp>, n = 136 : i64, slot = 4 : i64}
 // TWO-NOT: rt.wait_requests
 // TWO: rt.embedding_backward
 // TWO: rt.add_broadcast({{.*}}) {n = 512
-// TWO-NEXT: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// TWO-NEXT: rt.wait_requests {count = 1 : i64, first = 4 : i64}
 // TWO-NEXT: %[[STAGED2:.*]] = rt.buffer <grads> 460 : memref<512xf32>
 // TWO-NEXT: %[[PIECE2:.*]] = rt.buffer <grads> 68 : memref<256xf32>
-// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED2]], %[[PIECE2]]) {axes = #dist.axes<dp>, n = 512 : i64, slot = 2 : i64}
-// TWO: rt.wait_requests {count = 1 : i64, first = 2 : i64}
+// TWO-NEXT: rt.reduce_scatter_piece_start(%[[STAGED2]], %[[PIECE2]]) {axes = #dist.axes<dp>, n = 512 : i64, slot = 4 : i64}
+// TWO: rt.wait_requests {count = 1 : i64, first = 4 : i64}
 // TWO-NEXT: pipe.yield
 // TWO: pipe.update
 // TWO: rt.sum_squares_shard({{.*}}piece_grads = true
@@ -72,7 +79,7 @@
 // THREE-NEXT: rt.all_gather_shards(%[[WTE]], %[[WTEPIECE]]) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 0>} : memref<512xf32>, memref<256xf32>
 // THREE-NEXT: rt.buffer <params> 512 : memref<136xf32>
 // THREE-NEXT: rt.buffer <param_pieces> 0 : memref<68xf32>
-// THREE-NEXT: rt.all_gather_shards_start({{.*}}) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64} : memref<136xf32>, memref<68xf32>
+// THREE-NEXT: rt.all_gather_shards_start({{.*}} : memref<136xf32> from {{.*}} : memref<68xf32>) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64}
 // THREE: rt.wait_requests {count = 1 : i64, first = 3 : i64}
 // THREE-NEXT: rt.matmul({{.*}}memref<16x8xf32>
 // THREE: pipe.backward_pass
@@ -94,7 +101,7 @@
 // COPY: %[[WTE:.*]] = rt.buffer <shadow> 0 : memref<512xbf16>
 // COPY-NEXT: rt.all_gather_shards({{.*}}, %[[WTE]]) {axes = #dist.axes<dp>, n = 512 : i64, operandSegmentSizes = array<i32: 1, 1, 1>}
 // COPY: %[[W:.*]] = rt.buffer <shadow> 512 : memref<136xbf16>
-// COPY-NEXT: rt.all_gather_shards_start({{.*}}, %[[W]]) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64} : memref<136xf32>, memref<68xf32>, memref<136xbf16>
+// COPY-NEXT: rt.all_gather_shards_start({{.*}} : memref<136xf32> from {{.*}} : memref<68xf32> shadow %[[W]] : memref<136xbf16>) {axes = #dist.axes<dp>, n = 136 : i64, slot = 3 : i64}
 // COPY: %[[READ:.*]] = rt.buffer <shadow> 512 : memref<16x8xbf16>
 // COPY-NEXT: rt.wait_requests {count = 1 : i64, first = 3 : i64}
 // COPY-NEXT: rt.matmul({{.*}}, %[[READ]], {{.*}}) {{.*}} : memref<2x6x16xbf16>, memref<16x8xbf16>

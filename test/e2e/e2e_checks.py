@@ -583,6 +583,9 @@ IN_FLIGHT = {
     "gather": ("allGatherShardsStart(", "all_gather_shards", "gather wait"),
     "reduce": ("reduceScatterPieceStart(", "reduce_scatter_piece",
                "reduce wait"),
+    # ZeRO-1 and 2: each run's gather in flight under the later runs' update
+    "update-gather": ("allGatherShardsStart(", "all_gather_shards",
+                      "gather wait"),
     # tensor parallelism's collectives in flight under a GEMM
     "tp-gather": ("allGatherAlongStart(", "all_gather_start", "gather wait"),
     "tp-reduce": ("reduceScatterAlongStart(", "reduce_scatter_start",
@@ -605,11 +608,12 @@ def prefetch(args):
     if not started:
         fail(f"{args.program} starts no {args.kind}")
     # A kernel call between the start and the next commWait (for the
-    # tensor-parallel kinds, the wait for its own request slot).
+    # tensor-parallel kinds and the update's gathers, the wait for its own
+    # request slot).
     def before_wait(p):
         rest = p.split("\n", 1)[1]
         slot = re.match(r"\s*gRequests\[(\d+)\] = ", rest)
-        if args.kind.startswith("tp-") and slot:
+        if args.kind != "gather" and args.kind != "reduce" and slot:
             return rest.split(f"= gRequests[{slot.group(1)}];")[0]
         return rest.split("commWait(")[0]
     overlapped = sum(
@@ -641,7 +645,7 @@ def prefetch(args):
             fail(f"a {args.kind} waited for as soon as it started: {f}")
     if args.kind == "gather":
         print(f"{len(flights)} gathers prefetched over {steps} steps")
-    elif args.kind.startswith("tp-"):
+    elif args.kind != "reduce":
         print(f"{len(flights)} {args.kind}s in flight over {steps} steps, "
               f"{overlapped} of {started} a step with compute before the wait")
     else:

@@ -172,8 +172,9 @@ CommRequest reduceScatterPieceStart(const float *buffer, float *out, int64_t n,
 // elements and (g-1) * c * 4 bytes.
 void allGatherShards(float *buffer, const float *from, void *shadow, int64_t n,
                      unsigned axes);
-// The started form (ZeRO-3's prefetch): this rank's piece is copied from
-// `from` at once; the buffer may be read (and `from` written) only after
+// The started form (ZeRO-3's prefetch; ZeRO-1 and 2's gather of a run's
+// updated pieces, without `from`): with `from` this rank's piece is copied
+// from there at once; the buffer may be read (and `from` written) only after
 // commWait. `shadow` must be null on the CPU. Counted like allGatherShards;
 // with tracing on, the time in flight is recorded on the trace's
 // collectives track.

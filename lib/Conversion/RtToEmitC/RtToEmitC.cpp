@@ -380,21 +380,26 @@ template <typename Op> struct SlotStartPattern : RtPattern<Op> {
                                   "tessel-shard-optimizer)");
     if (!op.getRequest().use_empty())
       return op.emitOpError("is still waited on by rt.wait");
-    ValueRange operands = adaptor.getOperands();
     CallBuilder call(rewriter, op.getLoc());
-    call.operand(operands[0]).operand(operands[1]);
-    // The gather's bf16 copy of the run (a bf16 program's), or the blocks
-    // of a collective along an inner dimension; or none.
-    if constexpr (std::is_same_v<Op, rt::AllGatherShardsStartOp> || kAlong) {
-      Value third;
-      if constexpr (kAlong)
-        third = adaptor.getBlocks();
-      else
-        third = adaptor.getShadow();
-      if (third)
-        call.operand(third);
+    auto optional = [&](Value v) {
+      if (v)
+        call.operand(v);
       else
         call.text("nullptr");
+    };
+    // The gather's piece to copy in (ZeRO-3) and its bf16 copy of the run
+    // (a bf16 program's), or the blocks of a collective along an inner
+    // dimension; each or nullptr.
+    if constexpr (std::is_same_v<Op, rt::AllGatherShardsStartOp>) {
+      call.operand(adaptor.getBuffer());
+      optional(adaptor.getFrom());
+      optional(adaptor.getShadow());
+    } else if constexpr (kAlong) {
+      call.operand(adaptor.getInput()).operand(adaptor.getOutput());
+      optional(adaptor.getBlocks());
+    } else {
+      ValueRange operands = adaptor.getOperands();
+      call.operand(operands[0]).operand(operands[1]);
     }
     if constexpr (kAlong)
       call.integer(op.getOuter())

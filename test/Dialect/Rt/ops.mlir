@@ -91,7 +91,7 @@ func.func @kernels(%x: memref<8x64xf32>, %w: memref<64x64xf32>, %b: memref<64xf3
 // and scatters, and pipeline transfers keyed by tag and microbatch (with
 // the receiver's order once known).
 // CHECK-LABEL: func.func @communication
-// CHECK-SAME: (%[[X:[^:]*]]: memref<8x64xf32>, %[[B:[^:]*]]: memref<64xf32>, %[[FULL:[^:]*]]: memref<16x64xf32>, %[[MB:[^:]*]]: i64)
+// CHECK-SAME: (%[[X:[^:]*]]: memref<8x64xf32>, %[[B:[^:]*]]: memref<64xf32>, %[[FULL:[^:]*]]: memref<16x64xf32>, %[[MB:[^:]*]]: i64, %[[X3:[^:]*]]: memref<2x4x8xf32>, %[[FULL3:[^:]*]]: memref<2x8x8xf32>, %[[BLOCKS:[^:]*]]: memref<128xf32>, %[[PIECE:[^:]*]]: memref<32xf32>, %[[COPY:[^:]*]]: memref<64xbf16>)
 // CHECK: rt.all_reduce(%[[X]], %[[B]]) {axes = #dist.axes<dp>} : memref<8x64xf32>, memref<64xf32>
 // CHECK: %[[R:.*]] = rt.all_reduce_start(%[[B]]) {axes = #dist.axes<dp, tp>} : memref<64xf32>
 // CHECK: rt.wait %[[R]]
@@ -99,12 +99,18 @@ func.func @kernels(%x: memref<8x64xf32>, %w: memref<64x64xf32>, %b: memref<64xf3
 // CHECK: rt.wait_requests {count = 2 : i64, first = 3 : i64}
 // CHECK: rt.all_gather(%[[X]], %[[FULL]]) {axes = #dist.axes<tp>, inner = 64 : i64, length = 8 : i64, outer = 1 : i64} : memref<8x64xf32>, memref<16x64xf32>
 // CHECK: rt.reduce_scatter(%[[FULL]], %[[X]]) {axes = #dist.axes<tp>, inner = 64 : i64, length = 8 : i64, outer = 1 : i64} : memref<16x64xf32>, memref<8x64xf32>
+// CHECK: %[[G:.*]] = rt.all_gather_start(%[[X]], %[[FULL]]) {axes = #dist.axes<tp>, inner = 64 : i64, length = 8 : i64, outer = 1 : i64} : memref<8x64xf32>, memref<16x64xf32>
+// CHECK: %[[S:.*]] = rt.reduce_scatter_start(%[[FULL3]], %[[X3]], %[[BLOCKS]]) {axes = #dist.axes<tp>, inner = 8 : i64, length = 4 : i64, outer = 2 : i64, slot = 1 : i64} : memref<2x8x8xf32>, memref<2x4x8xf32>, memref<128xf32>
+// CHECK: rt.wait %[[G]]
+// CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
+// CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32> from %[[PIECE]] : memref<32xf32> shadow %[[COPY]] : memref<64xbf16>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
+// CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32> shadow %[[COPY]] : memref<64xbf16>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
 // CHECK: rt.send(%[[X]]) microbatch %[[MB]] {offset = 1 : i64, tag = 2 : i64} : memref<8x64xf32>
 // CHECK: rt.send(%[[X]]) microbatch %[[MB]] {offset = 1 : i64, order = array<i64: 0, 2>, tag = 2 : i64} : memref<8x64xf32>
 // CHECK: rt.recv(%[[X]]) microbatch %[[MB]] {offset = -1 : i64, tag = 2 : i64} : memref<8x64xf32>
 // CHECK: rt.flush_sends
 // CHECK: rt.wait_sends
-func.func @communication(%x: memref<8x64xf32>, %b: memref<64xf32>, %full: memref<16x64xf32>, %mb: i64) {
+func.func @communication(%x: memref<8x64xf32>, %b: memref<64xf32>, %full: memref<16x64xf32>, %mb: i64, %x3: memref<2x4x8xf32>, %full3: memref<2x8x8xf32>, %blocks: memref<128xf32>, %piece: memref<32xf32>, %copy: memref<64xbf16>) {
   rt.all_reduce(%x, %b) {axes = #dist.axes<dp>} : memref<8x64xf32>, memref<64xf32>
   %r = rt.all_reduce_start(%b) {axes = #dist.axes<tp, dp>} : memref<64xf32>
   rt.wait %r
@@ -112,6 +118,12 @@ func.func @communication(%x: memref<8x64xf32>, %b: memref<64xf32>, %full: memref
   rt.wait_requests {first = 3 : i64, count = 2 : i64}
   rt.all_gather(%x, %full) {outer = 1 : i64, length = 8 : i64, inner = 64 : i64, axes = #dist.axes<tp>} : memref<8x64xf32>, memref<16x64xf32>
   rt.reduce_scatter(%full, %x) {outer = 1 : i64, length = 8 : i64, inner = 64 : i64, axes = #dist.axes<tp>} : memref<16x64xf32>, memref<8x64xf32>
+  %g = rt.all_gather_start(%x, %full) {outer = 1 : i64, length = 8 : i64, inner = 64 : i64, axes = #dist.axes<tp>} : memref<8x64xf32>, memref<16x64xf32>
+  %s = rt.reduce_scatter_start(%full3, %x3, %blocks) {outer = 2 : i64, length = 4 : i64, inner = 8 : i64, axes = #dist.axes<tp>, slot = 1 : i64} : memref<2x8x8xf32>, memref<2x4x8xf32>, memref<128xf32>
+  rt.wait %g
+  %a = rt.all_gather_shards_start(%b : memref<64xf32>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}
+  %p = rt.all_gather_shards_start(%b : memref<64xf32> from %piece : memref<32xf32> shadow %copy : memref<64xbf16>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}
+  %c = rt.all_gather_shards_start(%b : memref<64xf32> shadow %copy : memref<64xbf16>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}
   rt.send(%x) microbatch %mb {offset = 1 : i64, tag = 2 : i64} : memref<8x64xf32>
   rt.send(%x) microbatch %mb {offset = 1 : i64, tag = 2 : i64, order = array<i64: 0, 2>} : memref<8x64xf32>
   rt.recv(%x) microbatch %mb {offset = -1 : i64, tag = 2 : i64} : memref<8x64xf32>
