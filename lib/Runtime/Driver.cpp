@@ -1324,9 +1324,13 @@ checkpointPieces(const Program &program, const std::vector<StateStore> &stores,
 
 } // namespace
 
-// The newest committed checkpoint under `path` whose files (those this
-// rank reads) pass their size and checksum checks on every rank; an older
-// one when not, saying why.
+// The newest committed checkpoint under `path` whose files pass their size
+// and checksum checks; an older one when not, saying why. Each file is read
+// for its checksum by one rank (file k of the manifest's sorted list by
+// rank k mod the world size), not by every rank that loads from it: with
+// replicas (dp without ZeRO) every rank loads every file, and the files
+// would otherwise be read once per rank before they are loaded. Each rank
+// still checks that the manifest lists the files it will read.
 CheckpointManifest chooseCheckpoint(const Program &program,
                                     const std::string &path,
                                     const std::vector<StateStore> &stores) {
@@ -1357,8 +1361,15 @@ CheckpointManifest chooseCheckpoint(const Program &program,
             }
         }
       for (const std::string &file : files)
-        if (!(problem = verifyCheckpointFile(m, file)).empty())
+        if (!m.files.count(file)) {
+          problem = "the manifest does not list " + inQuotes(file);
           break;
+        }
+      int64_t k = 0, world = commWorldSize(), me = commRank();
+      for (auto it = m.files.begin(); problem.empty() && it != m.files.end();
+           ++it, ++k)
+        if (k % world == me)
+          problem = verifyCheckpointFile(m, it->first);
     } catch (const std::exception &e) {
       problem = e.what();
     }
