@@ -54,6 +54,22 @@ int64_t tessel::rtir::elementBytesOf(Value buffer) {
   return elementTypeOf(buffer).getIntOrFloatBitWidth() / 8;
 }
 
+Value tessel::rtir::rootBuffer(Value v) {
+  while (auto view = v.getDefiningOp<ViewOp>())
+    v = view.getSource();
+  return v;
+}
+
+bool tessel::rtir::onlyReadsOperand(Operation *op, unsigned index) {
+  if (isa<MatmulOp, MatmulBiasGradOp>(op))
+    return index < 2;
+  if (isa<MatmulBiasOp, MatmulGeluGradOp, MatmulAddOp>(op))
+    return index < 3;
+  if (isa<ReduceSumLeadingOp, SliceAxisOp>(op))
+    return index < 1;
+  return false;
+}
+
 int64_t tessel::rtir::arenaSlotsBytes(Operation *program, int64_t variant) {
   auto intAttr = [&](StringRef name) -> int64_t {
     auto a = program->getAttrOfType<IntegerAttr>(name);
@@ -214,36 +230,41 @@ void AllReduceStartOp::describeCommunication(
                                  elementBytesOf(b))));
 }
 
+// A gather or reduce-scatter along a dimension, blocking or started: the
+// piece's n elements gathered, or g x n reduced into it.
+static CollectiveRecord gatherAlong(Value input, AxisSet axes,
+                                    const MeshShape &mesh) {
+  int64_t n = elementsOf(input), bytes = elementBytesOf(input);
+  return record("all_gather", axes, mesh, n, bytes,
+                rt::allGatherBytesSent(n, mesh.groupSize(axes), bytes));
+}
+static CollectiveRecord reduceScatterAlong(Value input, Value output,
+                                           AxisSet axes,
+                                           const MeshShape &mesh) {
+  int64_t n = elementsOf(output), bytes = elementBytesOf(input);
+  int64_t g = mesh.groupSize(axes);
+  return record("reduce_scatter", axes, mesh, g * n, bytes,
+                rt::reduceScatterBytesSent(n, g, bytes));
+}
+
 void AllGatherOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = elementsOf(getInput()), bytes = elementBytesOf(getInput());
-  records.push_back(
-      record("all_gather", getAxes(), mesh, n, bytes,
-             rt::allGatherBytesSent(n, mesh.groupSize(getAxes()), bytes)));
+  records.push_back(gatherAlong(getInput(), getAxes(), mesh));
 }
 
 void ReduceScatterOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = elementsOf(getOutput()), bytes = elementBytesOf(getInput());
-  int64_t g = mesh.groupSize(getAxes());
-  records.push_back(record("reduce_scatter", getAxes(), mesh, g * n, bytes,
-                           rt::reduceScatterBytesSent(n, g, bytes)));
+  records.push_back(reduceScatterAlong(getInput(), getOutput(), getAxes(), mesh));
 }
 
 void AllGatherStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = elementsOf(getInput()), bytes = elementBytesOf(getInput());
-  records.push_back(
-      record("all_gather", getAxes(), mesh, n, bytes,
-             rt::allGatherBytesSent(n, mesh.groupSize(getAxes()), bytes)));
+  records.push_back(gatherAlong(getInput(), getAxes(), mesh));
 }
 
 void ReduceScatterStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = elementsOf(getOutput()), bytes = elementBytesOf(getInput());
-  int64_t g = mesh.groupSize(getAxes());
-  records.push_back(record("reduce_scatter", getAxes(), mesh, g * n, bytes,
-                           rt::reduceScatterBytesSent(n, g, bytes)));
+  records.push_back(reduceScatterAlong(getInput(), getOutput(), getAxes(), mesh));
 }
 
 // A run cut into ceil(n / g)-element pieces (tessel/Runtime/Pieces.h)

@@ -40,6 +40,13 @@ int64_t elementsOf(mlir::Value buffer);
 mlir::Type elementTypeOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);
 
+// The buffer `v` views (through rt.view), or `v` when it is not a view.
+mlir::Value rootBuffer(mlir::Value v);
+// Whether operand `index` of `op` is one the kernel only reads. Only the
+// matmul family, rt.reduce_sum_leading and rt.slice_axis are known; any
+// other access counts as a write.
+bool onlyReadsOperand(mlir::Operation *op, unsigned index);
+
 // The bytes of a rank program's activation slots: rt.arena_bytes per
 // microbatch in flight (rt.arena_slots), or with an arena per chunk
 // (rt.chunk_arena_offsets) the chunks' places (rt.chunk_arena_total); for

@@ -488,22 +488,21 @@ Simulation::Comm Simulation::communication(Cursor &c, Operation *op) {
     t.bytes += r.bytesSent;
     t.seconds += seconds;
   }
-  // ZeRO-3 with the optimizer offloaded: a gather first copies this rank's
-  // fp32 piece of the run (a g-th of it) from host memory into its slot.
+  // ZeRO-3 with the optimizer offloaded: a gather with a piece to copy in
+  // first copies this rank's fp32 piece of the run (a g-th of it) from host
+  // memory into its slot.
   double host = cluster.device.hostBandwidth;
-  bool fromPiece = isa<rt::AllGatherShardsOp>(op)
-                       ? bool(cast<rt::AllGatherShardsOp>(op).getFrom())
-                       : isa<rt::AllGatherShardsStartOp>(op) &&
-                             bool(cast<rt::AllGatherShardsStartOp>(op).getFrom());
-  if (host > 0 && fromPiece && optimizerOffloaded(op)) {
-    auto [n, axes] =
-        isa<rt::AllGatherShardsOp>(op)
-            ? std::pair(cast<rt::AllGatherShardsOp>(op).getN(),
-                        cast<rt::AllGatherShardsOp>(op).getAxes())
-            : std::pair(cast<rt::AllGatherShardsStartOp>(op).getN(),
-                        cast<rt::AllGatherShardsStartOp>(op).getAxes());
-    int64_t g = std::max<int64_t>(1, layout.shape().groupSize(axes));
-    out.seconds += 4.0 * static_cast<double>(n) / g / host;
+  auto pieceFromHost = [&](auto gather) {
+    if (!gather.getFrom())
+      return 0.0;
+    int64_t g = std::max<int64_t>(1, layout.shape().groupSize(gather.getAxes()));
+    return 4.0 * static_cast<double>(gather.getN()) / g / host;
+  };
+  if (host > 0 && optimizerOffloaded(op)) {
+    if (auto gather = dyn_cast<rt::AllGatherShardsOp>(op))
+      out.seconds += pieceFromHost(gather);
+    else if (auto gather = dyn_cast<rt::AllGatherShardsStartOp>(op))
+      out.seconds += pieceFromHost(gather);
   }
   return out;
 }

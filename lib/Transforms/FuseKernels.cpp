@@ -52,13 +52,6 @@ Operation *previousKernel(Operation *op) {
   return nullptr;
 }
 
-// The buffer a value views.
-Value rootOf(Value v) {
-  while (auto view = v.getDefiningOp<rt::ViewOp>())
-    v = view.getSource();
-  return v;
-}
-
 // The ops that read or write `buffer` (through views).
 SmallVector<Operation *> accessesOf(Value buffer) {
   SmallVector<Operation *> ops;
@@ -77,27 +70,14 @@ SmallVector<Operation *> accessesOf(Value buffer) {
 
 // Whether `buffer` is a working buffer of the step that only `ops` touch.
 bool onlyAccessedBy(Value buffer, ArrayRef<Operation *> ops) {
-  if (!rootOf(buffer).getDefiningOp<rt::AllocOp>())
+  if (!rt::rootBuffer(buffer).getDefiningOp<rt::AllocOp>())
     return false;
-  return llvm::all_of(accessesOf(rootOf(buffer)), [&](Operation *op) {
+  return llvm::all_of(accessesOf(rt::rootBuffer(buffer)), [&](Operation *op) {
     return llvm::is_contained(ops, op);
   });
 }
 
-bool sameBuffer(Value a, Value b) { return rootOf(a) == rootOf(b); }
-
-// Whether operand `index` of `op` is one the kernel only reads. Only the
-// matmul family and the ops met between a backward's products are known;
-// any other access counts as a write.
-bool readsOperand(Operation *op, unsigned index) {
-  if (isa<rt::MatmulOp, rt::MatmulBiasGradOp>(op))
-    return index < 2;
-  if (isa<rt::MatmulBiasOp, rt::MatmulGeluGradOp, rt::MatmulAddOp>(op))
-    return index < 3;
-  if (isa<rt::ReduceSumLeadingOp, rt::SliceAxisOp>(op))
-    return index < 1;
-  return false;
-}
+bool sameBuffer(Value a, Value b) { return rt::rootBuffer(a) == rt::rootBuffer(b); }
 
 // Whether every op strictly between `from` and `to` (one block, `from`
 // first) leaves `reads` unwritten and never touches `writes`.
@@ -115,7 +95,7 @@ bool clearBetween(Operation *from, Operation *to, ArrayRef<Value> reads,
         if (sameBuffer(v, w))
           return false;
       for (Value r : reads)
-        if (sameBuffer(v, r) && !readsOperand(op, use.getOperandNumber()))
+        if (sameBuffer(v, r) && !rt::onlyReadsOperand(op, use.getOperandNumber()))
           return false;
     }
   }
@@ -148,7 +128,7 @@ rt::MatmulOp rowsProductWriting(Operation *op, Value buffer) {
 // A parameter, or a run of one cut into a working buffer that only the cut
 // writes (the q, k or v piece of a fused projection's bias).
 bool isParameterVector(Value bias) {
-  Value root = rootOf(bias);
+  Value root = rt::rootBuffer(bias);
   if (root.getDefiningOp<rt::ParamOp>())
     return true;
   if (!root.getDefiningOp<rt::AllocOp>())
@@ -159,7 +139,7 @@ bool isParameterVector(Value bias) {
       cuts.push_back(cut);
   return cuts.size() == 1 && sameBuffer(cuts[0].getOut(), bias) &&
          cuts[0].getOuter() == 1 &&
-         rootOf(cuts[0].getX()).getDefiningOp<rt::ParamOp>();
+         rt::rootBuffer(cuts[0].getX()).getDefiningOp<rt::ParamOp>();
 }
 
 // matmul(a, b) -> c; add(c, bias) -> out [; gelu(out) -> g]: one cuBLASLt
@@ -283,7 +263,7 @@ struct SwigluFusion : OpRewritePattern<rt::MulBroadcastOp> {
       Value s = siluIsLhs ? mul.getA() : mul.getB();
       Value up = siluIsLhs ? mul.getB() : mul.getA();
       rt::SiluForwardOp silu;
-      for (Operation *op : accessesOf(rootOf(s)))
+      for (Operation *op : accessesOf(rt::rootBuffer(s)))
         if (auto candidate = dyn_cast<rt::SiluForwardOp>(op);
             candidate && sameBuffer(candidate.getOut(), s))
           silu = candidate;

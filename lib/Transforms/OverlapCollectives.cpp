@@ -46,28 +46,12 @@ namespace rt = tessel::rtir;
 
 namespace {
 
-Value rootOf(Value v) {
-  while (auto view = v.getDefiningOp<rt::ViewOp>())
-    v = view.getSource();
-  return v;
-}
-
 // The kernels worth hiding a transfer under.
 bool isHeavy(Operation *op) {
   return isa<rt::MatmulOp, rt::MatmulBiasOp, rt::MatmulBiasGradOp,
              rt::MatmulGeluGradOp, rt::MatmulAddOp, rt::GroupedMatmulOp,
              rt::GroupedMatmulWeightGradOp, rt::AttentionForwardOp,
              rt::AttentionBackwardOp>(op);
-}
-
-// Whether operand `index` of `op` is one the kernel only reads (the matmul
-// family's A and B; any other access counts as a write).
-bool onlyReads(Operation *op, unsigned index) {
-  if (isa<rt::MatmulOp, rt::MatmulBiasGradOp>(op))
-    return index < 2;
-  if (isa<rt::MatmulBiasOp, rt::MatmulGeluGradOp, rt::MatmulAddOp>(op))
-    return index < 3;
-  return false;
 }
 
 // An op a collective may move past when the buffers allow: computation of
@@ -103,19 +87,19 @@ bool conflicts(Operation *op, const Collective &c) {
       return true;
     return llvm::any_of(other->getOperands(), [&](Value v) {
       return isa<MemRefType>(v.getType()) &&
-             (llvm::is_contained(c.reads, rootOf(v)) ||
-              llvm::is_contained(c.writes, rootOf(v)));
+             (llvm::is_contained(c.reads, rt::rootBuffer(v)) ||
+              llvm::is_contained(c.writes, rt::rootBuffer(v)));
     });
   }
   for (OpOperand &use : op->getOpOperands()) {
     Value v = use.get();
     if (!isa<MemRefType>(v.getType()))
       continue;
-    Value root = rootOf(v);
+    Value root = rt::rootBuffer(v);
     if (llvm::is_contained(c.writes, root))
       return true;
     if (llvm::is_contained(c.reads, root) &&
-        !onlyReads(op, use.getOperandNumber()))
+        !rt::onlyReadsOperand(op, use.getOperandNumber()))
       return true;
   }
   return false;
@@ -183,8 +167,8 @@ SmallVector<Value> writesOf(Operation *op) {
   SmallVector<Value> out;
   for (OpOperand &use : op->getOpOperands())
     if (isa<MemRefType>(use.get().getType()) &&
-        !onlyReads(op, use.getOperandNumber()))
-      out.push_back(rootOf(use.get()));
+        !rt::onlyReadsOperand(op, use.getOperandNumber()))
+      out.push_back(rt::rootBuffer(use.get()));
   return out;
 }
 
@@ -207,7 +191,7 @@ Operation *independentGemmAbove(const Collective &c) {
     SmallVector<Value> reads, writes = writesOf(prev);
     for (Value v : prev->getOperands())
       if (isa<MemRefType>(v.getType()))
-        reads.push_back(rootOf(v));
+        reads.push_back(rt::rootBuffer(v));
     Collective gemm{prev, reads, writes};
     for (Operation *between = prev->getNextNode(); between != c.op;
          between = between->getNextNode())
@@ -221,14 +205,14 @@ Operation *independentGemmAbove(const Collective &c) {
 Collective describe(Operation *op) {
   Collective c{op, {}, {}};
   if (auto ag = dyn_cast<rt::AllGatherOp>(op)) {
-    c.reads.push_back(rootOf(ag.getInput()));
-    c.writes.push_back(rootOf(ag.getOutput()));
+    c.reads.push_back(rt::rootBuffer(ag.getInput()));
+    c.writes.push_back(rt::rootBuffer(ag.getOutput()));
   } else if (auto rs = dyn_cast<rt::ReduceScatterOp>(op)) {
-    c.reads.push_back(rootOf(rs.getInput()));
-    c.writes.push_back(rootOf(rs.getOutput()));
+    c.reads.push_back(rt::rootBuffer(rs.getInput()));
+    c.writes.push_back(rt::rootBuffer(rs.getOutput()));
   } else {
     for (Value b : cast<rt::AllReduceOp>(op).getBuffers())
-      c.writes.push_back(rootOf(b));
+      c.writes.push_back(rt::rootBuffer(b));
   }
   return c;
 }

@@ -592,6 +592,10 @@ IN_FLIGHT = {
                   "reduce wait"),
 }
 
+# Kinds whose compute is counted up to the wait for the start's own request
+# slot (the others' up to the next wait of any).
+OWN_WAIT = {"update-gather", "tp-gather", "tp-reduce"}
+
 
 def prefetch(args):
     """Collectives in flight while a rank computes, in its trace: ZeRO-3's
@@ -613,7 +617,7 @@ def prefetch(args):
     def before_wait(p):
         rest = p.split("\n", 1)[1]
         slot = re.match(r"\s*gRequests\[(\d+)\] = ", rest)
-        if args.kind != "gather" and args.kind != "reduce" and slot:
+        if args.kind in OWN_WAIT and slot:
             return rest.split(f"= gRequests[{slot.group(1)}];")[0]
         return rest.split("commWait(")[0]
     overlapped = sum(
@@ -645,7 +649,7 @@ def prefetch(args):
             fail(f"a {args.kind} waited for as soon as it started: {f}")
     if args.kind == "gather":
         print(f"{len(flights)} gathers prefetched over {steps} steps")
-    elif args.kind != "reduce":
+    elif args.kind in OWN_WAIT:
         print(f"{len(flights)} {args.kind}s in flight over {steps} steps, "
               f"{overlapped} of {started} a step with compute before the wait")
     else:
