@@ -55,9 +55,14 @@ int64_t tessel::rtir::elementBytesOf(Value buffer) {
 }
 
 Value tessel::rtir::rootBuffer(Value v) {
-  while (auto view = v.getDefiningOp<ViewOp>())
-    v = view.getSource();
-  return v;
+  while (true) {
+    if (auto view = v.getDefiningOp<ViewOp>())
+      v = view.getSource();
+    else if (auto block = v.getDefiningOp<GroupBlockOp>())
+      v = block.getSource();
+    else
+      return v;
+  }
 }
 
 bool tessel::rtir::onlyReadsOperand(Operation *op, unsigned index) {
@@ -189,6 +194,29 @@ LogicalResult ReduceScatterStartOp::verify() {
   return verifyStartedAlong(*this);
 }
 
+LogicalResult GroupBlockOp::verify() {
+  auto from = cast<MemRefType>(getSource().getType());
+  auto to = cast<MemRefType>(getResult().getType());
+  if (getBlocks() < 1 || getShift() < 0 || getShift() >= getBlocks())
+    return emitOpError("shift ")
+           << getShift() << " is not a block of " << getBlocks();
+  if (from.getElementType() != to.getElementType() ||
+      from.getNumElements() != to.getNumElements() * getBlocks())
+    return emitOpError("cuts ")
+           << from << " into " << getBlocks() << " blocks of " << to
+           << ": the element type and count must agree";
+  return success();
+}
+
+LogicalResult ShiftStartOp::verify() {
+  if (getInput().getType() != getOutput().getType())
+    return emitOpError("sends ")
+           << getInput().getType() << " but receives " << getOutput().getType();
+  if (getShift() < 1)
+    return emitOpError("shift must be at least 1, got ") << getShift();
+  return success();
+}
+
 LogicalResult ViewOp::verify() {
   auto from = cast<MemRefType>(getSource().getType());
   auto to = cast<MemRefType>(getResult().getType());
@@ -265,6 +293,14 @@ void AllGatherStartOp::describeCommunication(
 void ReduceScatterStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   records.push_back(reduceScatterAlong(getInput(), getOutput(), getAxes(), mesh));
+}
+
+// One step of a gather piece by piece: the piece sent, point to point, to
+// one rank of the group (as the runtime counts a pipeline message).
+void ShiftStartOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t n = elementsOf(getInput()), bytes = elementBytesOf(getInput());
+  records.push_back(record("send_recv", getAxes(), mesh, n, bytes, n * bytes));
 }
 
 // A run cut into ceil(n / g)-element pieces (tessel/Runtime/Pieces.h)

@@ -40,7 +40,8 @@ int64_t elementsOf(mlir::Value buffer);
 mlir::Type elementTypeOf(mlir::Value buffer);
 int64_t elementBytesOf(mlir::Value buffer);
 
-// The buffer `v` views (through rt.view), or `v` when it is not a view.
+// The buffer `v` views (through rt.view and rt.group_block), or `v` when it
+// is not a view.
 mlir::Value rootBuffer(mlir::Value v);
 // Whether operand `index` of `op` is one the kernel only reads. Only the
 // matmul family, rt.reduce_sum_leading and rt.slice_axis are known; any

@@ -121,6 +121,27 @@ def Rt_ViewOp : Rt_Op<"view", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Rt_GroupBlockOp : Rt_Op<"group_block", [Pure]> {
+  let summary = "One of a buffer's equal blocks, chosen by the rank's place in a group";
+  let description = [{
+    The buffer cut into `blocks` equal, contiguous blocks (a tensor
+    gathered over a group of `blocks` ranks along its outermost dimension:
+    block r is group rank r's piece), and of them block
+    `(groupRank(axes) - shift) mod blocks`: this rank's own piece for shift
+    0, the piece of the rank `shift` places before it otherwise. Known only
+    when the program runs; see `rt.shift_start`.
+
+    ```mlir
+    %b = rt.group_block %x[1] {axes = #dist.axes<tp>, blocks = 2 : i64} : memref<1x64x64xf32> to memref<1x32x64xf32>
+    ```
+  }];
+  let arguments = (ins Rt_Buffer:$source, Dist_AxesAttr:$axes, I64Attr:$blocks,
+                   I64Attr:$shift);
+  let results = (outs Rt_Buffer:$result);
+  let assemblyFormat = "$source `[` $shift `]` attr-dict `:` type($source) `to` type($result)";
+  let hasVerifier = 1;
+}
+
 def Rt_StateOfOp : Rt_Op<"state_of"> {
   let summary = "A store laid out like the parameters: a parameter's slot in it";
   let description = [{
@@ -671,6 +692,28 @@ def Rt_ReduceScatterStartOp : Rt_CommOp<"reduce_scatter_start"> {
                    OptionalAttr<I64Attr>:$slot);
   let results = (outs Rt_RequestType:$request);
   let assemblyFormat = "`(` $input `,` $output (`,` $blocks^)? `)` attr-dict `:` type($input) `,` type($output) (`,` type($blocks)^)?";
+  let hasVerifier = 1;
+}
+
+def Rt_ShiftStartOp : Rt_CommOp<"shift_start"> {
+  let summary = "Starts sending a buffer `shift` ranks on in a group and receiving one from `shift` ranks back (shiftStart)";
+  let description = [{
+    One step of a gather done piece by piece (`tessel-overlap-collectives`'
+    collective matmul): `input` goes to group rank `(r + shift) mod g`, and
+    `output` receives group rank `(r - shift) mod g`'s, where r is this
+    rank's place in the group over `axes` and g its size. `input` may be
+    written, and `output` read, only after `rt.wait` on the request.
+
+    ```mlir
+    %b = rt.group_block %X[1] {axes = #dist.axes<tp>, blocks = 2 : i64} : memref<1x64x64xf32> to memref<1x32x64xf32>
+    %r = rt.shift_start(%x, %b) {axes = #dist.axes<tp>, shift = 1 : i64} : memref<1x32x64xf32>, memref<1x32x64xf32>
+    rt.wait %r
+    ```
+  }];
+  let arguments = (ins Rt_Buffer:$input, Rt_Buffer:$output, I64Attr:$shift,
+                   Dist_AxesAttr:$axes, OptionalAttr<I64Attr>:$slot);
+  let results = (outs Rt_RequestType:$request);
+  let assemblyFormat = "`(` $input `,` $output `)` attr-dict `:` type($input) `,` type($output)";
   let hasVerifier = 1;
 }
 

@@ -696,6 +696,9 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   p.overlapGradReduce = s.boolean("overlap_grad_reduce", true);
   p.overlapTpComm = s.boolean("overlap_tp_comm", true);
+  p.collectiveMatmul = s.boolean("collective_matmul", true);
+  p.collectiveMatmulMinRows =
+      s.integer("collective_matmul_min_rows", 512, 1, kMaxBatch);
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
   p.offload = s.choice("offload", "none", {"none", "optimizer"});

@@ -47,6 +47,8 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     // longer: move no GEMM there, only the collectives.
     OverlapCollectivesOptions overlap;
     overlap.moveGemms = options.zero < 2;
+    overlap.collectiveMatmul = options.collectiveMatmul;
+    overlap.collectiveMatmulMinRows = options.collectiveMatmulMinRows;
     pm.addPass(createOverlapCollectives(overlap));
   }
   pm.addPass(createPlanMemory());

@@ -91,6 +91,8 @@ struct CommState {
     const float *blocks = nullptr;
     float *gathered = nullptr;
     int64_t groups = 0, outer = 0, len = 0, inner = 0;
+    // A shift's send (its receive is the slot's request).
+    MPI_Request send = MPI_REQUEST_NULL;
   };
   std::vector<PieceCopy> pieceCopies; // indexed by CommRequest
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
@@ -572,6 +574,7 @@ size_t freeRequestSlot() {
   s.pieceCopies[slot].traced = nullptr;
   s.pieceCopies[slot].replicas = 0;
   s.pieceCopies[slot].gathered = nullptr;
+  s.pieceCopies[slot].send = MPI_REQUEST_NULL;
   return slot;
 }
 
@@ -864,6 +867,36 @@ CommRequest reduceScatterAlongStart(const float *in, float *out, void *blocks,
   return (CommRequest)start.slot;
 }
 
+CommRequest shiftStart(const float *in, float *out, int64_t n, int64_t shift,
+                       unsigned axes) {
+  checkAxes(axes, "shiftStart");
+  int64_t g = groupSize(axes);
+  if (n < 0 || n > INT32_MAX)
+    throw std::runtime_error("shiftStart of " + std::to_string(n) +
+                             " elements (MPI counts are int)");
+  if (shift < 1 || shift >= std::max<int64_t>(g, 2))
+    throw std::runtime_error("shiftStart by " + std::to_string(shift) +
+                             " in a group of " + std::to_string(g));
+  count(CollectiveKind::SendRecv, n, n * 4);
+  CommState &s = state();
+  size_t slot = freeRequestSlot();
+  s.requests[slot] = MPI_REQUEST_NULL;
+  if (g == 1)
+    return (CommRequest)slot;
+  CommState::PieceCopy &copy = s.pieceCopies[slot];
+  traceFlight(copy, "shift_start", "shift wait", n * 4, axes);
+  int64_t me = groupRank(axes);
+  int to = (int)((me + shift) % g), from = (int)((me - shift + g) % g);
+  MPI_Comm comm = s.comms[effectiveAxes(axes)];
+  // Tagged by the shift: two shifts between the same ranks do not mix.
+  checkMpi(MPI_Irecv(out, (int)n, MPI_FLOAT, from, (int)shift, comm,
+                     &s.requests[slot]),
+           "MPI_Irecv");
+  checkMpi(MPI_Isend(in, (int)n, MPI_FLOAT, to, (int)shift, comm, &copy.send),
+           "MPI_Isend");
+  return (CommRequest)slot;
+}
+
 void commWait(CommRequest request) {
   CommState &s = state();
   if (request < 0 || (size_t)request >= s.requests.size() ||
@@ -875,6 +908,10 @@ void commWait(CommRequest request) {
     TraceSpan span(copy.traced ? copy.waited : nullptr);
     Waiting waiting("the collective started as request %d", (int)request);
     waitAll(&s.requests[request], 1, "MPI_Wait");
+  }
+  if (copy.send != MPI_REQUEST_NULL) {
+    Waiting waiting("the send started as request %d", (int)request);
+    waitAll(&copy.send, 1, "MPI_Wait");
   }
   if (copy.traced) {
     traceRecordCollective(copy.traced, copy.tracedSince, copy.tracedBytes,

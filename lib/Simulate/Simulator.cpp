@@ -321,7 +321,8 @@ int64_t constantOf(Value v, int64_t fallback) {
 bool isStart(Operation *op) {
   return isa<rt::AllReduceStartOp, rt::ReduceScatterShardsStartOp,
              rt::ReduceScatterPieceStartOp, rt::AllGatherShardsStartOp,
-             rt::AllGatherStartOp, rt::ReduceScatterStartOp>(op);
+             rt::AllGatherStartOp, rt::ReduceScatterStartOp, rt::ShiftStartOp>(
+      op);
 }
 // Whether a started collective runs on the data-parallel lane (the CUDA
 // runtime's background stream and communicators) rather than on the

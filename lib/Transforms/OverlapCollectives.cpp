@@ -24,6 +24,26 @@
 // its buffers longer than that takes. A collective that would overlap no
 // GEMM stays as it is.
 //
+// A gather whose result only GEMMs need row by row (the column-parallel
+// GEMMs after a sequence-parallel gather, forward, and the input
+// gradient's GEMM after the gather of the output gradient, backward) has
+// nothing independent to overlap. With `collective-matmul` it is done piece
+// by piece instead, as Wang et al.'s collective matmul (and Megatron-LM's
+// userbuffers, TorchTitan's async tensor parallelism) do: the rank's own
+// piece goes through the GEMMs at once while the others travel, g - 1
+// point-to-point steps on the group (step s brings the piece of the rank s
+// places back), and each arrived piece's rows go through the GEMMs while
+// the next travels:
+//
+//   start shift 1 .. g-1 (x)  ; Y[r] = x W
+//   wait 1 ; Y[r-1] = X[r-1] W ; wait 2 ; Y[r-2] = X[r-2] W ; ...
+//
+// The GEMMs' rows are cut into the same blocks (rt.group_block: which block
+// is known only when the program runs), so each element is computed as
+// before: only when the data moves changes. A GEMM of a piece's rows is
+// less efficient than the whole one (fewer tiles for the GPU's cores), so
+// only pieces of at least `collective-matmul-min-rows` rows are cut.
+//
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Transforms/Passes.h"
@@ -276,6 +296,179 @@ void start(const Collective &c, Operation *startBefore, Operation *waitAfter,
   op->erase();
 }
 
+// The operands of `op` cut into row blocks when `op` is a GEMM whose A is
+// `whole` (one batch, not transposed) with `rows` rows; none otherwise.
+std::optional<SmallVector<unsigned>> rowOperands(Operation *op, Value whole,
+                                                 int64_t rows) {
+  SmallVector<unsigned> cut;
+  int64_t m = 0, k = 0;
+  if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
+    if (mm.getBatch() != 1 || mm.getTransA())
+      return std::nullopt;
+    cut = {0, 2};
+    m = mm.getM(), k = mm.getK();
+  } else if (auto mm = dyn_cast<rt::MatmulBiasOp>(op)) {
+    cut = {0, 3};
+    if (mm.getGelu())
+      cut.push_back(4);
+    m = mm.getM(), k = mm.getK();
+  } else if (auto mm = dyn_cast<rt::MatmulGeluGradOp>(op)) {
+    cut = {0, 2, 3};
+    m = mm.getM(), k = mm.getK();
+  } else if (auto mm = dyn_cast<rt::MatmulAddOp>(op)) {
+    cut = {0, 2, 3};
+    m = mm.getM(), k = mm.getK();
+  } else {
+    return std::nullopt;
+  }
+  if (op->getOperand(0) != whole || m != rows || rt::elementsOf(whole) != m * k)
+    return std::nullopt;
+  for (unsigned i = 1; i < op->getNumOperands(); ++i)
+    if (rt::rootBuffer(op->getOperand(i)) == rt::rootBuffer(whole))
+      return std::nullopt;
+  for (unsigned i : cut)
+    if (rt::elementsOf(op->getOperand(i)) % m != 0)
+      return std::nullopt;
+  return cut;
+}
+
+// What `op` reads and writes (roots), as a Collective for conflicts().
+Collective accessesOf(Operation *op) {
+  Collective c{op, {}, writesOf(op)};
+  for (Value v : op->getOperands())
+    if (isa<MemRefType>(v.getType()))
+      c.reads.push_back(rt::rootBuffer(v));
+  return c;
+}
+
+struct RowGemm {
+  Operation *op;
+  SmallVector<unsigned> rowOperands;
+};
+
+// The GEMMs after `ag`, up to the next op that cannot move, that read its
+// result row by row and can move up to it (with the allocations and views
+// they name, `carried`), in order.
+SmallVector<RowGemm> rowGemmsAfter(rt::AllGatherOp ag, int64_t rows,
+                                   SmallVectorImpl<Operation *> &carried) {
+  SmallVector<RowGemm> gemms;
+  Value whole = ag.getOutput();
+  SmallVector<Operation *> between;
+  for (Operation *next = ag->getNextNode(); next; next = next->getNextNode()) {
+    if (!movable(next))
+      break;
+    std::optional<SmallVector<unsigned>> cut = rowOperands(next, whole, rows);
+    if (!cut) {
+      // Nothing may write the gathered buffer before the GEMMs read it.
+      if (llvm::is_contained(writesOf(next), rt::rootBuffer(whole)))
+        break;
+      between.push_back(next);
+      continue;
+    }
+    Collective gemm = accessesOf(next);
+    SmallVector<Operation *> needs;
+    // Each moved GEMM runs block by block beside the others: none may read
+    // what another writes, nor write what another touches.
+    bool ok = llvm::none_of(gemms, [&](const RowGemm &prev) {
+      return conflicts(prev.op, gemm) || conflicts(next, accessesOf(prev.op));
+    });
+    for (Operation *op : between) {
+      if (!ok)
+        break;
+      bool defines = llvm::any_of(next->getOperands(), [&](Value v) {
+        return v.getDefiningOp() == op;
+      });
+      if (!defines) {
+        ok = !conflicts(op, gemm);
+        continue;
+      }
+      // Storage named on the way (a buffer, a view of one, a parameter's
+      // bf16 shadow) moves up with the GEMM, when what it names is above it
+      // already.
+      if (isa<rt::AllocOp, rt::ViewOp, rt::StateOfOp>(op) &&
+          llvm::none_of(op->getOperands(), [&](Value v) {
+            return llvm::is_contained(between, v.getDefiningOp());
+          }))
+        needs.push_back(op);
+      else
+        ok = false;
+    }
+    if (!ok) {
+      between.push_back(next);
+      continue;
+    }
+    for (Operation *op : needs)
+      if (!llvm::is_contained(carried, op))
+        carried.push_back(op);
+    gemms.push_back({next, *cut});
+  }
+  return gemms;
+}
+
+// `ag` done piece by piece under the GEMMs that read its result row by row
+// (see the file comment); false when there are none.
+bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows) {
+  int64_t g = mesh.groupSize(ag.getAxes());
+  Value whole = ag.getOutput(), piece = ag.getInput();
+  if (g < 2 || ag.getOuter() != 1 || ag.getLength() < minRows ||
+      !whole.getDefiningOp<rt::AllocOp>() ||
+      rt::elementsOf(whole) != g * rt::elementsOf(piece))
+    return false;
+  int64_t rows = g * ag.getLength();
+  SmallVector<Operation *> carried;
+  SmallVector<RowGemm> gemms = rowGemmsAfter(ag, rows, carried);
+  if (gemms.empty())
+    return false;
+  // Storage the GEMMs name moves above the gather, in its order.
+  llvm::sort(carried,
+             [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+  for (Operation *op : carried)
+    op->moveBefore(ag);
+  OpBuilder b(ag);
+  Location loc = ag.getLoc();
+  auto blockOf = [&](Value v, int64_t shift) -> Value {
+    auto type = cast<MemRefType>(v.getType());
+    Type blockType = v == whole ? piece.getType()
+                                : MemRefType::get({type.getNumElements() / g},
+                                                  type.getElementType());
+    return rt::GroupBlockOp::create(b, loc, blockType, v, ag.getAxesAttr(),
+                                    b.getI64IntegerAttr(g),
+                                    b.getI64IntegerAttr(shift));
+  };
+  bool readElsewhere = llvm::any_of(whole.getUsers(), [&](Operation *user) {
+    return user != ag.getOperation() &&
+           llvm::none_of(gemms,
+                         [&](const RowGemm &gemm) { return gemm.op == user; });
+  });
+  // Others read the gathered tensor whole: this rank's piece goes in too.
+  if (readElsewhere)
+    rt::CopyOp::create(b, loc, piece, blockOf(whole, 0),
+                       b.getI64IntegerAttr(rt::elementsOf(piece)));
+  SmallVector<Value> requests;
+  Type request = rt::RequestType::get(ag.getContext());
+  for (int64_t shift = 1; shift < g; ++shift)
+    requests.push_back(rt::ShiftStartOp::create(
+        b, loc, request, piece, blockOf(whole, shift),
+        b.getI64IntegerAttr(shift), ag.getAxesAttr(), IntegerAttr()));
+  for (int64_t shift = 0; shift < g; ++shift) {
+    if (shift > 0)
+      rt::WaitOp::create(b, loc, requests[shift - 1]);
+    for (const RowGemm &gemm : gemms) {
+      SmallVector<Value> operands(gemm.op->getOperands());
+      for (unsigned i : gemm.rowOperands)
+        operands[i] =
+            i == 0 && shift == 0 ? piece : blockOf(operands[i], shift);
+      Operation *chunk = b.clone(*gemm.op);
+      chunk->setOperands(operands);
+      chunk->setAttr("m", b.getI64IntegerAttr(ag.getLength()));
+    }
+  }
+  for (const RowGemm &gemm : gemms)
+    gemm.op->erase();
+  ag->erase();
+  return true;
+}
+
 struct OverlapCollectivesPass
     : public tessel::impl::OverlapCollectivesBase<OverlapCollectivesPass> {
   using OverlapCollectivesBase::OverlapCollectivesBase;
@@ -289,6 +482,14 @@ struct OverlapCollectivesPass
     for (Operation *part : parts) {
       MeshShape mesh = dist::meshOf(part);
       Block &body = part->getRegion(0).front();
+      if (collectiveMatmul) {
+        SmallVector<rt::AllGatherOp> gathers;
+        for (Operation &op : body)
+          if (auto ag = dyn_cast<rt::AllGatherOp>(&op); ag && candidate(ag))
+            gathers.push_back(ag);
+        for (rt::AllGatherOp ag : gathers)
+          chunkGather(ag, mesh, collectiveMatmulMinRows);
+      }
       SmallVector<Operation *> collectives;
       for (Operation &op : body)
         if (candidate(&op) &&

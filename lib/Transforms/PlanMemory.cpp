@@ -486,7 +486,7 @@ void Planner::materialize() {
       Value v = use.get();
       if (!isa<MemRefType>(v.getType()))
         continue;
-      if (auto view = v.getDefiningOp<rt::ViewOp>())
+      if (isa_and_nonnull<rt::ViewOp, rt::GroupBlockOp>(v.getDefiningOp()))
         continue; // a view of a value of its own part
       Value root = rootOf(v);
       auto it = placeOf.find(root);
@@ -537,7 +537,8 @@ void Planner::placeRequests() {
     int64_t count = 1;
     if (auto start = dyn_cast<rt::AllReduceStartOp>(op))
       count = start.getBuffers().size();
-    else if (!isa<rt::AllGatherStartOp, rt::ReduceScatterStartOp>(op))
+    else if (!isa<rt::AllGatherStartOp, rt::ReduceScatterStartOp,
+                  rt::ShiftStartOp>(op))
       return;
     op->setAttr("slot", IntegerAttr::get(slotType, requests));
     slots[op->getResult(0)] = {requests, count};
@@ -667,6 +668,8 @@ LogicalResult Planner::run() {
   func.walk([&](Operation *op) {
     if (auto view = dyn_cast<rt::ViewOp>(op))
       aliasOf[view.getResult()] = view.getSource();
+    if (auto block = dyn_cast<rt::GroupBlockOp>(op))
+      aliasOf[block.getResult()] = block.getSource();
     if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp>(op)) {
       auto yield = cast<pipe::YieldOp>(op->getRegion(0).front().getTerminator());
       for (auto [result, value] :

@@ -590,11 +590,13 @@ IN_FLIGHT = {
     "tp-gather": ("allGatherAlongStart(", "all_gather_start", "gather wait"),
     "tp-reduce": ("reduceScatterAlongStart(", "reduce_scatter_start",
                   "reduce wait"),
+    # a gather done piece by piece under the GEMMs (collective matmul)
+    "tp-shift": ("shiftStart(", "shift_start", "shift wait"),
 }
 
 # Kinds whose compute is counted up to the wait for the start's own request
 # slot (the others' up to the next wait of any).
-OWN_WAIT = {"update-gather", "tp-gather", "tp-reduce"}
+OWN_WAIT = {"update-gather", "tp-gather", "tp-reduce", "tp-shift"}
 
 
 def prefetch(args):

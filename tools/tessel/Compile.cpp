@@ -858,6 +858,8 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.overlapGradReduce = spec.parallel.overlapGradReduce;
   pipeline.overlapTpComm = spec.parallel.overlapTpComm;
+  pipeline.collectiveMatmul = spec.parallel.collectiveMatmul;
+  pipeline.collectiveMatmulMinRows = spec.parallel.collectiveMatmulMinRows;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
   if (spec.parallel.offload != "none" && options.target != "cuda")

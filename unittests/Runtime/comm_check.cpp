@@ -4,7 +4,8 @@
 //
 // Builds a mesh of dp = DP, tp = TP and checks on every rank: coordinates in
 // the documented rank order, all-reduce over tp, dp and dp|tp (blocking and
-// non-blocking), all-gather and reduce-scatter blocks, that all ranks of a
+// non-blocking), all-gather and reduce-scatter blocks (also gathered piece
+// by piece, point to point), that all ranks of a
 // group get bitwise identical all-reduce results, and the collective
 // counters. Values are small integers so every sum is exact. Prints one
 // line per mismatch and exits non-zero on any.
@@ -208,6 +209,36 @@ void checkAlongStarted(unsigned axes) {
   }
 }
 
+// A gather done piece by piece (a collective matmul's steps): every shift
+// in flight at once and waited for in reverse, each piece landing in the
+// block groupBlock names, this rank's copied in, gives, bit for bit, what
+// allGatherAlong gives; each step counted as a message of one piece.
+void checkShifted(unsigned axes) {
+  int64_t g = groupSize(axes);
+  if (g < 2)
+    return;
+  const int64_t n = 6;
+  std::vector<float> piece(n), want(g * n), whole(g * n, -1.0f);
+  for (int64_t i = 0; i < n; i++)
+    piece[i] = valueOf(commRank(), i);
+  allGatherAlong(piece.data(), want.data(), 1, 3, 2, axes);
+  expectCall(CollectiveKind::AllGather, n, (g - 1) * n * 4);
+  std::memcpy(groupBlock(whole.data(), g * n, g, 0, axes), piece.data(),
+              n * sizeof(float));
+  std::vector<CommRequest> steps;
+  for (int64_t shift = 1; shift < g; shift++) {
+    steps.push_back(shiftStart(piece.data(),
+                               groupBlock(whole.data(), g * n, g, shift, axes),
+                               n, shift, axes));
+    expectCall(CollectiveKind::SendRecv, n, n * 4);
+  }
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+    commWait(*it);
+  check(whole == want, "the shifted pieces over " + axesName(axes) +
+                           " differ from allGatherAlong");
+  checkCounters(("the shifts over " + axesName(axes)).c_str());
+}
+
 // Sums values with rounding error over the whole world and checks that
 // every rank holds the same bits.
 void checkBitwiseIdentical() {
@@ -272,11 +303,11 @@ int main(int argc, char **argv) {
       checkAllGather(axes);
       checkReduceScatter(axes);
       checkAlongStarted(axes);
+      checkShifted(axes);
     }
     checkBitwiseIdentical();
     for (CollectiveKind kind :
-         {CollectiveKind::AllToAll, CollectiveKind::Broadcast,
-          CollectiveKind::SendRecv})
+         {CollectiveKind::AllToAll, CollectiveKind::Broadcast})
       check(collectiveCounter(kind).calls == 0,
             std::string(collectiveName(kind)) + " was never called");
   } catch (const std::exception &e) {

@@ -140,6 +140,13 @@ struct ParallelSpec {
   // part early and wait for them late, under the GEMMs around them
   // (tessel-overlap-collectives); false keeps each blocking where it is.
   bool overlapTpComm = true;
+  // parallel.collective_matmul: with overlap_tp_comm, a sequence-parallel
+  // gather of one sequence is done piece by piece under the GEMMs that read
+  // its rows (tessel-overlap-collectives' collective-matmul).
+  bool collectiveMatmul = true;
+  // parallel.collective_matmul_min_rows: the least rows (sequence positions)
+  // per piece for which it is done.
+  int64_t collectiveMatmulMinRows = 512;
   // parallel.zero: 0 replicates the optimizer over dp; 1 shards AdamW's
   // moments over dp (gradients reduce-scattered, parameters all-gathered);
   // 2 keeps the gradients as pieces too; 3 the parameters as well (CPU).

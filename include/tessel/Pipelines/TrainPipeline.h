@@ -54,6 +54,15 @@ struct TrainPipelineOptions
                      "them late, under the GEMMs around them "
                      "(tessel-overlap-collectives)"),
       llvm::cl::init(true)};
+  Option<bool> collectiveMatmul{
+      *this, "collective-matmul",
+      llvm::cl::desc("Gather a sequence-parallel input piece by piece under "
+                     "the GEMMs that read it (with overlap-tp-comm)"),
+      llvm::cl::init(true)};
+  Option<int64_t> collectiveMatmulMinRows{
+      *this, "collective-matmul-min-rows",
+      llvm::cl::desc("The least rows per piece for a collective matmul"),
+      llvm::cl::init(512)};
   Option<int64_t> zero{
       *this, "zero",
       llvm::cl::desc("ZeRO level over dp: 0 (replicated optimizer), 1 "

@@ -149,6 +149,24 @@ CommRequest reduceScatterAlongStart(const float *in, float *out, void *blocks,
                                     int64_t outer, int64_t len, int64_t inner,
                                     unsigned axes);
 
+// One step of a gather done piece by piece (a collective matmul): sends
+// `in` (n floats) to the group rank `shift` places after this one and
+// receives `out` from the one `shift` places before. `in` may be written,
+// and `out` read, only after commWait. Counted as a message of n elements.
+CommRequest shiftStart(const float *in, float *out, int64_t n, int64_t shift,
+                       unsigned axes);
+
+// Block (groupRank(axes) - shift) mod blocks of an n-element buffer cut
+// into `blocks` equal blocks: in a tensor gathered over the group along its
+// outermost dimension, the piece of the rank `shift` places before this
+// one.
+template <typename T>
+T *groupBlock(T *base, int64_t n, int64_t blocks, int64_t shift,
+              unsigned axes) {
+  int64_t r = groupRank(axes) % blocks;
+  return base + ((r - shift) % blocks + blocks) % blocks * (n / blocks);
+}
+
 // The optimizer sharded over a group (ZeRO-1): an n-element buffer is cut
 // into g pieces of c = ceil(n / g) elements (the last ones shorter or
 // empty); piece k belongs to group rank k.

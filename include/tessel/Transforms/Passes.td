@@ -212,10 +212,28 @@ def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
     above it that does not depend on it (a weight gradient's) under it.
     The pipeline turns that off at ZeRO 2 and 3, where a weight gradient
     written later keeps its run staged longer (a bucket's more memory).
+
+    With `collective-matmul`, a gather along the outermost dimension (a
+    microbatch of one sequence) whose result GEMMs read row by row (as
+    their A, one batch, not transposed) is done piece by piece under them
+    first: g - 1 `rt.shift_start`s on the group, this rank's rows through
+    the GEMMs while they travel, then each arrived piece's rows
+    (`rt.group_block`) after its `rt.wait`. Every GEMM after the gather
+    that reads its result so, up to the next collective, moves up to it
+    when nothing in between conflicts; other readers of the gathered tensor
+    see it whole after the last piece. Only pieces of at least
+    `collective-matmul-min-rows` rows are worth it: a GEMM of fewer rows
+    runs its tiles on too few of a GPU's cores for the transfer it hides
+    (docs/parallelism.md has the simulator's figures).
   }];
   let options = [
     Option<"moveGemms", "move-gemms", "bool", "true",
            "Move an independent GEMM under a collective with nothing to overlap">,
+    Option<"collectiveMatmul", "collective-matmul", "bool", "true",
+           "Gather piece by piece under the GEMMs that read the result row by row">,
+    Option<"collectiveMatmulMinRows", "collective-matmul-min-rows", "int64_t",
+           "512",
+           "The least rows per piece for which a gather is done piece by piece">,
   ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

@@ -229,6 +229,31 @@ struct ViewPattern : RtPattern<rt::ViewOp> {
   }
 };
 
+// The block is found when the program runs, from the rank's place in the
+// group: groupBlock(source, n, blocks, shift, axes), an expression like the
+// planned buffer's address it offsets (no variable of the storage type is
+// declared, which C++ spells differently from the target's).
+struct GroupBlockPattern : RtPattern<rt::GroupBlockOp> {
+  using RtPattern::RtPattern;
+  LogicalResult
+  matchAndRewrite(rt::GroupBlockOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    auto source = adaptor.getSource().getDefiningOp<emitc::LiteralOp>();
+    if (!source)
+      return op.emitOpError("cuts a buffer that is not planned (run "
+                            "tessel-plan-memory)");
+    std::string text =
+        ("groupBlock(" + source.getValue() + ", " +
+         Twine(rt::elementsOf(op.getSource())) + ", " + Twine(op.getBlocks()) +
+         ", " + Twine(op.getShift()) + ", " + axesLiteral(op.getAxes()) + ")")
+            .str();
+    rewriter.replaceOp(
+        op, literal(rewriter, op.getLoc(),
+                    getTypeConverter()->convertType(op.getType()), text));
+    return success();
+  }
+};
+
 struct BatchPattern : RtPattern<rt::BatchOp> {
   using RtPattern::RtPattern;
   LogicalResult
@@ -359,9 +384,10 @@ struct StartPattern : RtPattern<Op> {
 
 // A collective started into its request slot and waited for by
 // rt.wait_requests: ZeRO-3's prefetched gather (buffer, from, shadow or
-// nullptr, n, axes), ZeRO-2's reduction in flight (buffer, out, n, axes)
-// and a tensor-parallel gather or reduce-scatter along a dimension (input,
-// output, blocks or nullptr, outer, length, inner, axes).
+// nullptr, n, axes), ZeRO-2's reduction in flight (buffer, out, n, axes),
+// a tensor-parallel gather or reduce-scatter along a dimension (input,
+// output, blocks or nullptr, outer, length, inner, axes) and one step of a
+// gather piece by piece (input, output, n, shift, axes).
 template <typename Op> struct SlotStartPattern : RtPattern<Op> {
   SlotStartPattern(const TypeConverter &converter, MLIRContext *ctx,
                    const TargetInfo &target, StringRef function)
@@ -374,7 +400,7 @@ template <typename Op> struct SlotStartPattern : RtPattern<Op> {
   matchAndRewrite(Op op, typename Op::Adaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     if (!op.getSlot())
-      return op.emitOpError(kAlong
+      return op.emitOpError(kAlong || std::is_same_v<Op, rt::ShiftStartOp>
                                 ? "has no request slot (run tessel-plan-memory)"
                                 : "has no request slot (run "
                                   "tessel-shard-optimizer)");
@@ -405,6 +431,8 @@ template <typename Op> struct SlotStartPattern : RtPattern<Op> {
       call.integer(op.getOuter())
           .integer(op.getLength())
           .integer(op.getInner());
+    else if constexpr (std::is_same_v<Op, rt::ShiftStartOp>)
+      call.integer(rt::elementsOf(op.getInput())).integer(op.getShift());
     else
       call.integer(op.getN());
     Value started =
@@ -575,9 +603,9 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
                                        RewritePatternSet &patterns,
                                        const TargetInfo &target) {
   MLIRContext *ctx = patterns.getContext();
-  patterns.add<KernelCallPattern, BufferPattern, ViewPattern, BatchPattern,
-               FinishPattern<rt::FinishStepOp>, FinishPattern<rt::FinishEvalOp>,
-               RecordMetricPattern,
+  patterns.add<KernelCallPattern, BufferPattern, ViewPattern, GroupBlockPattern,
+               BatchPattern, FinishPattern<rt::FinishStepOp>,
+               FinishPattern<rt::FinishEvalOp>, RecordMetricPattern,
                AllReducePattern, WaitRequestsPattern>(converter, ctx, target);
   patterns.add<SlotStartPattern<rt::AllGatherShardsStartOp>>(
       converter, ctx, target, "allGatherShardsStart");
@@ -595,6 +623,8 @@ void tessel::populateRtToEmitCPatterns(const TypeConverter &converter,
       converter, ctx, target, "allGatherAlongStart");
   patterns.add<SlotStartPattern<rt::ReduceScatterStartOp>>(
       converter, ctx, target, "reduceScatterAlongStart");
+  patterns.add<SlotStartPattern<rt::ShiftStartOp>>(converter, ctx, target,
+                                                   "shiftStart");
   patterns.add<AlongPattern<rt::AllGatherOp>>(converter, ctx, target,
                                               "allGatherAlong");
   patterns.add<AlongPattern<rt::ReduceScatterOp>>(converter, ctx, target,

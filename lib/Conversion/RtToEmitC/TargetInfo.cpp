@@ -72,6 +72,7 @@ public:
   std::vector<std::string> preludeLines() const override {
     return {"using namespace tessel::cuda;",
             "using tessel::MeshAxis;",
+            "using tessel::rt::groupBlock;",
             "using tessel::rt::groupRank;",
             "using tessel::rt::InitKind;",
             "using tessel::rt::LrDecay;",

@@ -1274,6 +1274,34 @@ CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
 }
 
 template <typename T>
+CommRequest shiftStart(const T *in, T *out, int64_t n, int64_t shift,
+                       unsigned axes) {
+  checkAxes(axes, "shiftStart");
+  checkCount(n, "shiftStart");
+  int64_t g = rt::groupSize(axes);
+  if (shift < 1 || shift >= std::max<int64_t>(g, 2))
+    throw std::runtime_error("shiftStart by " + std::to_string(shift) +
+                             " in a group of " + std::to_string(g));
+  count(CollectiveKind::SendRecv, n, n * (int64_t)sizeof(T));
+  const char *name = rt::collectiveName(CollectiveKind::SendRecv);
+  ncclComm_t comm = commFor(axes, name);
+  int64_t me = rt::groupRank(axes);
+  int to = (int)((me + shift) % g), from = (int)((me - shift + g) % g);
+  // On the communication stream, in program order with the group's other
+  // collectives: the steps of a gather arrive one after another.
+  return startedCollective(name, axes, n, comm && n > 0, [&] {
+    checkNccl(ncclGroupStart(), name, axes, n);
+    checkNccl(
+        ncclSend(in, (size_t)n, ncclType<T>(), to, comm, collectiveStream()),
+        name, axes, n);
+    checkNccl(
+        ncclRecv(out, (size_t)n, ncclType<T>(), from, comm, collectiveStream()),
+        name, axes, n);
+    checkNccl(ncclGroupEnd(), name, axes, n);
+  });
+}
+
+template <typename T>
 void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
   checkAxes(axes, "allToAll");
   checkCount(n, "allToAll");
@@ -1898,6 +1926,8 @@ void waitSends() {
                                               int64_t, int64_t, unsigned);     \
   template CommRequest reduceScatterAlongStart<T>(                             \
       const T *, T *, void *, int64_t, int64_t, int64_t, unsigned);            \
+  template CommRequest shiftStart<T>(const T *, T *, int64_t, int64_t,         \
+                                     unsigned);                                \
   template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);         \
   template void recvFrom<T>(T *, int64_t, MeshAxis, int);                      \
   template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \

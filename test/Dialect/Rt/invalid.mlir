@@ -69,3 +69,35 @@ func.func @blocks_too_small(%x: memref<2x4x8xf32>, %y: memref<2x8x8xf32>, %b: me
   %r = rt.all_gather_start(%x, %y, %b) {axes = #dist.axes<tp>, outer = 2 : i64, length = 4 : i64, inner = 8 : i64} : memref<2x4x8xf32>, memref<2x8x8xf32>, memref<64xf32>
   return
 }
+
+// -----
+
+func.func @block_count(%x: memref<16x64xf32>) {
+  // expected-error@+1 {{cuts 'memref<16x64xf32>' into 4 blocks of 'memref<8x64xf32>': the element type and count must agree}}
+  %b = rt.group_block %x[1] {axes = #dist.axes<tp>, blocks = 4 : i64} : memref<16x64xf32> to memref<8x64xf32>
+  return
+}
+
+// -----
+
+func.func @block_shift(%x: memref<16x64xf32>) {
+  // expected-error@+1 {{shift 2 is not a block of 2}}
+  %b = rt.group_block %x[2] {axes = #dist.axes<tp>, blocks = 2 : i64} : memref<16x64xf32> to memref<8x64xf32>
+  return
+}
+
+// -----
+
+func.func @shift_types(%x: memref<8x64xf32>, %y: memref<512xf32>) {
+  // expected-error@+1 {{sends 'memref<8x64xf32>' but receives 'memref<512xf32>'}}
+  %r = rt.shift_start(%x, %y) {axes = #dist.axes<tp>, shift = 1 : i64} : memref<8x64xf32>, memref<512xf32>
+  return
+}
+
+// -----
+
+func.func @shift_zero(%x: memref<8x64xf32>) {
+  // expected-error@+1 {{shift must be at least 1, got 0}}
+  %r = rt.shift_start(%x, %x) {axes = #dist.axes<tp>, shift = 0 : i64} : memref<8x64xf32>, memref<8x64xf32>
+  return
+}

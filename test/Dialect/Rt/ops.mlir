@@ -102,6 +102,10 @@ func.func @kernels(%x: memref<8x64xf32>, %w: memref<64x64xf32>, %b: memref<64xf3
 // CHECK: %[[G:.*]] = rt.all_gather_start(%[[X]], %[[FULL]]) {axes = #dist.axes<tp>, inner = 64 : i64, length = 8 : i64, outer = 1 : i64} : memref<8x64xf32>, memref<16x64xf32>
 // CHECK: %[[S:.*]] = rt.reduce_scatter_start(%[[FULL3]], %[[X3]], %[[BLOCKS]]) {axes = #dist.axes<tp>, inner = 8 : i64, length = 4 : i64, outer = 2 : i64, slot = 1 : i64} : memref<2x8x8xf32>, memref<2x4x8xf32>, memref<128xf32>
 // CHECK: rt.wait %[[G]]
+// CHECK: %[[BLK:.*]] = rt.group_block %[[FULL]][1] {axes = #dist.axes<tp>, blocks = 2 : i64} : memref<16x64xf32> to memref<8x64xf32>
+// CHECK: %[[SH:.*]] = rt.shift_start(%[[X]], %[[BLK]]) {axes = #dist.axes<tp>, shift = 1 : i64} : memref<8x64xf32>, memref<8x64xf32>
+// CHECK: rt.wait %[[SH]]
+// CHECK: rt.shift_start(%[[X]], %[[BLK]]) {axes = #dist.axes<tp>, shift = 1 : i64, slot = 4 : i64}
 // CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
 // CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32> from %[[PIECE]] : memref<32xf32> shadow %[[COPY]] : memref<64xbf16>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
 // CHECK: rt.all_gather_shards_start(%[[B]] : memref<64xf32> shadow %[[COPY]] : memref<64xbf16>) {axes = #dist.axes<dp>, n = 64 : i64, slot = 0 : i64}
@@ -121,6 +125,10 @@ func.func @communication(%x: memref<8x64xf32>, %b: memref<64xf32>, %full: memref
   %g = rt.all_gather_start(%x, %full) {outer = 1 : i64, length = 8 : i64, inner = 64 : i64, axes = #dist.axes<tp>} : memref<8x64xf32>, memref<16x64xf32>
   %s = rt.reduce_scatter_start(%full3, %x3, %blocks) {outer = 2 : i64, length = 4 : i64, inner = 8 : i64, axes = #dist.axes<tp>, slot = 1 : i64} : memref<2x8x8xf32>, memref<2x4x8xf32>, memref<128xf32>
   rt.wait %g
+  %blk = rt.group_block %full[1] {axes = #dist.axes<tp>, blocks = 2 : i64} : memref<16x64xf32> to memref<8x64xf32>
+  %sh = rt.shift_start(%x, %blk) {axes = #dist.axes<tp>, shift = 1 : i64} : memref<8x64xf32>, memref<8x64xf32>
+  rt.wait %sh
+  %sh2 = rt.shift_start(%x, %blk) {axes = #dist.axes<tp>, shift = 1 : i64, slot = 4 : i64} : memref<8x64xf32>, memref<8x64xf32>
   %a = rt.all_gather_shards_start(%b : memref<64xf32>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}
   %p = rt.all_gather_shards_start(%b : memref<64xf32> from %piece : memref<32xf32> shadow %copy : memref<64xbf16>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}
   %c = rt.all_gather_shards_start(%b : memref<64xf32> shadow %copy : memref<64xbf16>) {n = 64 : i64, axes = #dist.axes<dp>, slot = 0 : i64}

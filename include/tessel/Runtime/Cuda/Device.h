@@ -89,6 +89,12 @@ template <typename T>
 CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
                                     int64_t outer, int64_t len, int64_t inner,
                                     unsigned axes);
+// One step of a gather piece by piece, as tessel::rt's: `in` to the group
+// rank `shift` places on, `out` from the one `shift` places back, both in
+// one NCCL group on the communication stream.
+template <typename T>
+CommRequest shiftStart(const T *in, T *out, int64_t n, int64_t shift,
+                       unsigned axes);
 
 // The optimizer sharded over a group (ZeRO-1), as in tessel/Runtime/Comm.h:
 // an n-element buffer cut into pieces of ceil(n / g) elements, piece k
