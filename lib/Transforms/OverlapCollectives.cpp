@@ -40,7 +40,16 @@
 //
 // The GEMMs' rows are cut into the same blocks (rt.group_block: which block
 // is known only when the program runs), so each element is computed as
-// before: only when the data moves changes. A GEMM of a piece's rows is
+// before: only when the data moves changes.
+//
+// A reduce-scatter of the partial sums a row-parallel GEMM writes (the
+// attention's output projection and the MLP's second GEMM, forward) goes
+// the same way in reverse: the rows of the block each other rank keeps are
+// computed first and sent at once, this rank's own block last, and one
+// column sum adds the g partial sums of its block, in rank order:
+//
+//   Y[r+1] = A[r+1] W ; start shift 1 (Y[r+1]) ; Y[r+2] = ... ; P[r] = A[r] W
+//   wait 1 .. g-1 ; y = P[0] + P[1] + ... + P[g-1] A GEMM of a piece's rows is
 // less efficient than the whole one (fewer tiles for the GPU's cores), so
 // only pieces of at least `collective-matmul-min-rows` rows are cut.
 //
@@ -296,40 +305,51 @@ void start(const Collective &c, Operation *startBefore, Operation *waitAfter,
   op->erase();
 }
 
-// The operands of `op` cut into row blocks when `op` is a GEMM whose A is
-// `whole` (one batch, not transposed) with `rows` rows; none otherwise.
-std::optional<SmallVector<unsigned>> rowOperands(Operation *op, Value whole,
-                                                 int64_t rows) {
-  SmallVector<unsigned> cut;
+// A GEMM whose rows are independent (one batch, A not transposed): its m
+// rows, its A's columns, the operands cut into row blocks with it (A, the
+// output and any other operand with a row per output row) and the output's
+// index.
+struct RowShape {
   int64_t m = 0, k = 0;
+  SmallVector<unsigned> cut;
+  unsigned out = 0;
+};
+std::optional<RowShape> rowShape(Operation *op) {
+  RowShape r;
   if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
     if (mm.getBatch() != 1 || mm.getTransA())
       return std::nullopt;
-    cut = {0, 2};
-    m = mm.getM(), k = mm.getK();
+    r = {mm.getM(), mm.getK(), {0, 2}, 2};
   } else if (auto mm = dyn_cast<rt::MatmulBiasOp>(op)) {
-    cut = {0, 3};
+    r = {mm.getM(), mm.getK(), {0, 3}, 3};
     if (mm.getGelu())
-      cut.push_back(4);
-    m = mm.getM(), k = mm.getK();
+      r.cut.push_back(4);
   } else if (auto mm = dyn_cast<rt::MatmulGeluGradOp>(op)) {
-    cut = {0, 2, 3};
-    m = mm.getM(), k = mm.getK();
+    r = {mm.getM(), mm.getK(), {0, 2, 3}, 3};
   } else if (auto mm = dyn_cast<rt::MatmulAddOp>(op)) {
-    cut = {0, 2, 3};
-    m = mm.getM(), k = mm.getK();
+    r = {mm.getM(), mm.getK(), {0, 2, 3}, 3};
   } else {
     return std::nullopt;
   }
-  if (op->getOperand(0) != whole || m != rows || rt::elementsOf(whole) != m * k)
+  for (unsigned i : r.cut)
+    if (r.m <= 0 || rt::elementsOf(op->getOperand(i)) % r.m != 0)
+      return std::nullopt;
+  return r;
+}
+
+// The operands of `op` cut into row blocks when `op` is such a GEMM whose A
+// is `whole` with `rows` rows (and no other operand views it); none
+// otherwise.
+std::optional<SmallVector<unsigned>> rowOperands(Operation *op, Value whole,
+                                                 int64_t rows) {
+  std::optional<RowShape> r = rowShape(op);
+  if (!r || op->getOperand(0) != whole || r->m != rows ||
+      rt::elementsOf(whole) != r->m * r->k)
     return std::nullopt;
   for (unsigned i = 1; i < op->getNumOperands(); ++i)
     if (rt::rootBuffer(op->getOperand(i)) == rt::rootBuffer(whole))
       return std::nullopt;
-  for (unsigned i : cut)
-    if (rt::elementsOf(op->getOperand(i)) % m != 0)
-      return std::nullopt;
-  return cut;
+  return r->cut;
 }
 
 // What `op` reads and writes (roots), as a Collective for conflicts().
@@ -405,14 +425,39 @@ SmallVector<RowGemm> rowGemmsAfter(rt::AllGatherOp ag, int64_t rows,
   return gemms;
 }
 
+// Whether the started form of `op` would run under a GEMM where it stands
+// (or, with `moveGemms`, under one moved to it): then it is left to that,
+// which costs no GEMM any efficiency.
+bool overlapsAsIs(Operation *op, bool moveGemms) {
+  Collective c = describe(op);
+  SmallVector<Operation *> carried;
+  bool before = false, after = false;
+  startPlace(c, carried, before);
+  waitPlace(c, after);
+  return before || after || (moveGemms && independentGemmAbove(c));
+}
+
+// Whether a gather or reduce-scatter between `piece` and `whole` may go
+// piece by piece: over a group of several, along the outermost dimension
+// (a piece is then a run of rows), in pieces of at least `minRows` rows, on
+// a buffer of its own, and not already under a GEMM as it stands.
+template <typename Op>
+bool cuttable(Op op, Value whole, Value piece, const MeshShape &mesh,
+              int64_t minRows, bool moveGemms) {
+  int64_t g = mesh.groupSize(op.getAxes());
+  return g > 1 && op.getOuter() == 1 && op.getLength() >= minRows &&
+         whole.getDefiningOp<rt::AllocOp>() &&
+         rt::elementsOf(whole) == g * rt::elementsOf(piece) &&
+         !overlapsAsIs(op, moveGemms);
+}
+
 // `ag` done piece by piece under the GEMMs that read its result row by row
 // (see the file comment); false when there are none.
-bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows) {
+bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows,
+                 bool moveGemms) {
   int64_t g = mesh.groupSize(ag.getAxes());
   Value whole = ag.getOutput(), piece = ag.getInput();
-  if (g < 2 || ag.getOuter() != 1 || ag.getLength() < minRows ||
-      !whole.getDefiningOp<rt::AllocOp>() ||
-      rt::elementsOf(whole) != g * rt::elementsOf(piece))
+  if (!cuttable(ag, whole, piece, mesh, minRows, moveGemms))
     return false;
   int64_t rows = g * ag.getLength();
   SmallVector<Operation *> carried;
@@ -469,6 +514,93 @@ bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows) {
   return true;
 }
 
+// `rs` done piece by piece under the GEMM that writes its input row by
+// row: the rows of the block each other rank keeps are computed first and
+// sent to it at once (step s sends the block of the rank s places on and
+// receives this rank's block from the rank s places back), this rank's own
+// block last; the received partial sums land in a buffer of g pieces, one
+// per source rank, which one column sum adds in rank order into the piece.
+// False when no such GEMM writes the input just before.
+bool chunkReduceScatter(rt::ReduceScatterOp rs, const MeshShape &mesh,
+                        int64_t minRows, bool moveGemms) {
+  int64_t g = mesh.groupSize(rs.getAxes());
+  Value whole = rs.getInput(), piece = rs.getOutput();
+  if (!cuttable(rs, whole, piece, mesh, minRows, moveGemms))
+    return false;
+  // The last op before that writes the summed tensor, past ops that touch
+  // neither it nor what that op reads and writes.
+  Operation *gemm = nullptr;
+  SmallVector<Operation *> between;
+  for (Operation *prev = rs->getPrevNode(); prev; prev = prev->getPrevNode()) {
+    if (!movable(prev))
+      return false;
+    if (llvm::is_contained(writesOf(prev), whole)) {
+      gemm = prev;
+      break;
+    }
+    between.push_back(prev);
+  }
+  int64_t rows = g * rs.getLength();
+  std::optional<RowShape> shape = gemm ? rowShape(gemm) : std::nullopt;
+  if (!shape || shape->m != rows || gemm->getOperand(shape->out) != whole)
+    return false;
+  // The summed tensor is the GEMM's alone: written by it, read by `rs`.
+  if (llvm::any_of(whole.getUsers(), [&](Operation *user) {
+        return user != gemm && user != rs.getOperation();
+      }))
+    return false;
+  for (unsigned i = 0; i < gemm->getNumOperands(); ++i)
+    if (i != shape->out &&
+        rt::rootBuffer(gemm->getOperand(i)) == rt::rootBuffer(whole))
+      return false;
+  // The GEMM moves down to the reduction: nothing in between may write
+  // what it reads or touch what it writes.
+  Collective moved = accessesOf(gemm);
+  for (Operation *op : between)
+    if (conflicts(op, moved))
+      return false;
+  OpBuilder b(rs);
+  Location loc = rs.getLoc();
+  auto blockOf = [&](Value v, int64_t shift) -> Value {
+    auto type = cast<MemRefType>(v.getType());
+    return rt::GroupBlockOp::create(
+        b, loc,
+        MemRefType::get({type.getNumElements() / g}, type.getElementType()), v,
+        rs.getAxesAttr(), b.getI64IntegerAttr(g), b.getI64IntegerAttr(shift));
+  };
+  int64_t n = rt::elementsOf(piece);
+  Value parts = rt::AllocOp::create(
+      b, loc, MemRefType::get({g * n}, rt::elementTypeOf(piece)));
+  // The GEMM's rows of the block `shift` places back, into `out`.
+  auto rowsOf = [&](int64_t shift, Value out) {
+    SmallVector<Value> operands(gemm->getOperands());
+    for (unsigned i : shape->cut)
+      operands[i] = i == shape->out ? out : blockOf(operands[i], shift);
+    Operation *chunk = b.clone(*gemm);
+    chunk->setOperands(operands);
+    chunk->setAttr("m", b.getI64IntegerAttr(rs.getLength()));
+  };
+  SmallVector<Value> requests;
+  Type request = rt::RequestType::get(rs.getContext());
+  for (int64_t shift = 1; shift < g; ++shift) {
+    // The block of the rank `shift` places on is `g - shift` places back.
+    Value block = blockOf(whole, g - shift);
+    rowsOf(g - shift, block);
+    requests.push_back(rt::ShiftStartOp::create(
+        b, loc, request, block, blockOf(parts, shift),
+        b.getI64IntegerAttr(shift), rs.getAxesAttr(), IntegerAttr()));
+  }
+  rowsOf(0, blockOf(parts, 0));
+  for (Value r : requests)
+    rt::WaitOp::create(b, loc, r);
+  // parts[j] holds rank j's partial sums of this rank's block.
+  rt::ReduceSumLeadingOp::create(b, loc, parts, piece, b.getI64IntegerAttr(g),
+                                 b.getI64IntegerAttr(n));
+  gemm->erase();
+  rs->erase();
+  return true;
+}
+
 struct OverlapCollectivesPass
     : public tessel::impl::OverlapCollectivesBase<OverlapCollectivesPass> {
   using OverlapCollectivesBase::OverlapCollectivesBase;
@@ -483,12 +615,23 @@ struct OverlapCollectivesPass
       MeshShape mesh = dist::meshOf(part);
       Block &body = part->getRegion(0).front();
       if (collectiveMatmul) {
-        SmallVector<rt::AllGatherOp> gathers;
-        for (Operation &op : body)
-          if (auto ag = dyn_cast<rt::AllGatherOp>(&op); ag && candidate(ag))
-            gathers.push_back(ag);
-        for (rt::AllGatherOp ag : gathers)
-          chunkGather(ag, mesh, collectiveMatmulMinRows);
+        // The gathers first, then the reduce-scatters, each in program order.
+        auto each = [&](auto cut) {
+          using Op =
+              typename llvm::function_traits<decltype(cut)>::template arg_t<0>;
+          SmallVector<Op> ops;
+          for (Operation &op : body)
+            if (auto c = dyn_cast<Op>(&op); c && candidate(c))
+              ops.push_back(c);
+          for (Op op : ops)
+            cut(op);
+        };
+        each([&](rt::AllGatherOp ag) {
+          chunkGather(ag, mesh, collectiveMatmulMinRows, moveGemms);
+        });
+        each([&](rt::ReduceScatterOp rs) {
+          chunkReduceScatter(rs, mesh, collectiveMatmulMinRows, moveGemms);
+        });
       }
       SmallVector<Operation *> collectives;
       for (Operation &op : body)

@@ -221,7 +221,13 @@ def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
     (`rt.group_block`) after its `rt.wait`. Every GEMM after the gather
     that reads its result so, up to the next collective, moves up to it
     when nothing in between conflicts; other readers of the gathered tensor
-    see it whole after the last piece. Only pieces of at least
+    see it whole after the last piece. Likewise a reduce-scatter of the
+    partial sums one such GEMM writes (read by nothing else): the rows of
+    each other rank's block are computed and sent to it first
+    (`rt.shift_start`), this rank's own block last, and the g partial sums
+    of its block, one per source rank in a buffer of the plan, are added in
+    rank order (`rt.reduce_sum_leading`). A collective whose started form
+    would already run under a GEMM where it stands is left to that. Only pieces of at least
     `collective-matmul-min-rows` rows are worth it: a GEMM of fewer rows
     runs its tiles on too few of a GPU's cores for the transfer it hides
     (docs/parallelism.md has the simulator's figures).
