@@ -72,6 +72,8 @@ bool tessel::rtir::onlyReadsOperand(Operation *op, unsigned index) {
     return index < 3;
   if (isa<ReduceSumLeadingOp, SliceAxisOp>(op))
     return index < 1;
+  if (isa<AddBroadcastOp, MulBroadcastOp>(op))
+    return index < 2;
   return false;
 }
 
@@ -192,6 +194,15 @@ template <typename Op> static LogicalResult verifyStartedAlong(Op op) {
 LogicalResult AllGatherStartOp::verify() { return verifyStartedAlong(*this); }
 LogicalResult ReduceScatterStartOp::verify() {
   return verifyStartedAlong(*this);
+}
+
+LogicalResult StateOfOp::verify() {
+  int64_t offset = getOffset().value_or(0);
+  if (offset < 0 || offset + elementsOf(getBuffer()) > elementsOf(getParam()))
+    return emitOpError("elements [")
+           << offset << ", " << offset + elementsOf(getBuffer())
+           << ") lie outside the parameter's " << elementsOf(getParam());
+  return success();
 }
 
 LogicalResult GroupBlockOp::verify() {

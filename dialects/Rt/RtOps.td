@@ -147,15 +147,21 @@ def Rt_StateOfOp : Rt_Op<"state_of"> {
   let description = [{
     The parameter's gradient, AdamW moments or bf16 shadow live at the
     parameter's own offset in stores of their own; `tessel-plan-buffers`
-    resolves this to that place.
+    resolves this to that place. With `offset`, the buffer starts that many
+    elements into the parameter's slot (a piece of it: the q, k and v
+    slices of a fused weight that `tessel-hoist-parameter-slices` keeps in
+    the weight's bf16 shadow slot).
 
     ```mlir
     %m = rt.state_of %w <adam_m> : memref<64x64xf32> -> memref<64x64xf32>
+    %k = rt.state_of %qkv <shadow> {offset = 2048 : i64} : memref<64x96xf32> -> memref<64x32xbf16>
     ```
   }];
-  let arguments = (ins Rt_Buffer:$param, Rt_SpaceAttr:$space);
+  let arguments = (ins Rt_Buffer:$param, Rt_SpaceAttr:$space,
+                   OptionalAttr<I64Attr>:$offset);
   let results = (outs Rt_Buffer:$buffer);
   let assemblyFormat = "$param $space attr-dict `:` type($param) `->` type($buffer)";
+  let hasVerifier = 1;
 }
 
 def Rt_MicrobatchOp : Rt_Op<"microbatch", [Pure]> {

@@ -42,6 +42,9 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     pm.addPass(createFuseKernels());
   if (options.target == "cuda" && options.precision == "bf16")
     pm.addPass(createLowerPrecision());
+  // ZeRO-3 gathers the parameters inside the parts: their slices stay there.
+  if (options.zero < 3)
+    pm.addPass(createHoistParameterSlices());
   if (options.overlapTpComm) {
     // At ZeRO 2 and 3 a weight gradient written later holds its staged run
     // longer: move no GEMM there, only the collectives.

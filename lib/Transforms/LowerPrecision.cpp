@@ -223,7 +223,7 @@ void LowerPrecisionPass::runOnOperation() {
     auto paramType = cast<MemRefType>(param.getType());
     Value shadow = rt::StateOfOp::create(
         b, loc, lowered(paramType), param.getResult(),
-        rt::SpaceAttr::get(ctx, rt::Space::Shadow));
+        rt::SpaceAttr::get(ctx, rt::Space::Shadow), IntegerAttr());
     auto type = cast<MemRefType>(v.getType());
     if (type.getShape() != paramType.getShape())
       shadow = rt::ViewOp::create(b, loc, lowered(type), shadow);

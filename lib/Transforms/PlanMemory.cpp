@@ -521,7 +521,8 @@ void Planner::placeStates() {
     OpBuilder b(state);
     Value placed =
         view(b, state.getLoc(), state.getType(),
-             {state.getSpace(), paramOffset.lookup(rootOf(state.getParam()))});
+             {state.getSpace(), paramOffset.lookup(rootOf(state.getParam())) +
+                                    state.getOffset().value_or(0)});
     state.getResult().replaceAllUsesWith(placed);
     state.erase();
   }

@@ -186,6 +186,21 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def HoistParameterSlices : Pass<"tessel-hoist-parameter-slices", "mlir::ModuleOp"> {
+  let summary = "Slices a parameter once per step, not once per microbatch";
+  let description = [{
+    On the bufferized rank programs, before the memory plan: an
+    `rt.slice_axis` inside a forward or backward part whose source is a
+    parameter of the step (GPT-2's fused q|k|v weight and bias, sliced for
+    the q, k and v GEMMs) and whose result the part's kernels only read
+    moves, with its buffer, before the step's first part, where the memory
+    plan holds the buffer for the whole step; the same slice in a later part
+    reads that buffer instead. Not for parameters a part gathers itself
+    (ZeRO-3), whose slices stay where the gathered run is.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
   let summary = "Overlaps tensor-parallel collectives with the GEMMs around them";
   let description = [{

@@ -581,7 +581,8 @@ PATTERN(AdamWOp) {
   Location loc = op.getLoc();
   Value param = a.getParam();
   auto stateOf = [&](rt::Space space) {
-    return rt::StateOfOp::create(b, loc, param.getType(), param, space)
+    return rt::StateOfOp::create(b, loc, param.getType(), param, space,
+                                 IntegerAttr())
         .getResult();
   };
   Value m = stateOf(rt::Space::AdamM), v = stateOf(rt::Space::AdamV);
