@@ -102,7 +102,6 @@ struct HoistParameterSlicesPass
       }
       if (!first || !parts)
         return;
-      // The slices moved so far, by what they read and how.
       // Parameters whose bf16 shadow something reads already (not only
       // AdamW, which refreshes it): their slot is theirs.
       DenseSet<Operation *> shadowRead;
@@ -113,6 +112,7 @@ struct HoistParameterSlicesPass
             }))
           shadowRead.insert(state.getParam().getDefiningOp());
       });
+      // The slices moved so far, by what they read and how.
       DenseMap<std::pair<Operation *, Attribute>, rt::SliceAxisOp> hoisted;
       // Elements of each parameter's bf16 shadow slot given to its slices.
       DenseMap<Operation *, int64_t> shadowUsed;

@@ -49,9 +49,12 @@
 // column sum adds the g partial sums of its block, in rank order:
 //
 //   Y[r+1] = A[r+1] W ; start shift 1 (Y[r+1]) ; Y[r+2] = ... ; P[r] = A[r] W
-//   wait 1 .. g-1 ; y = P[0] + P[1] + ... + P[g-1] A GEMM of a piece's rows is
-// less efficient than the whole one (fewer tiles for the GPU's cores), so
-// only pieces of at least `collective-matmul-min-rows` rows are cut.
+//   wait 1 .. g-1 ; y = P[0] + P[1] + ... + P[g-1]
+//
+// A GEMM of a piece's rows is less efficient than the whole one (fewer
+// tiles for the GPU's cores), so only pieces of at least
+// `collective-matmul-min-rows` rows are cut, and a collective the plain
+// overlap already runs under a GEMM is left to it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -201,6 +204,15 @@ SmallVector<Value> writesOf(Operation *op) {
   return out;
 }
 
+// What `op` reads and writes (roots), as a Collective for conflicts().
+Collective accessesOf(Operation *op) {
+  Collective c{op, {}, writesOf(op)};
+  for (Value v : op->getOperands())
+    if (isa<MemRefType>(v.getType()))
+      c.reads.push_back(rt::rootBuffer(v));
+  return c;
+}
+
 // When nothing can overlap `c` where it stands (its input is computed
 // right before it and read right after), the GEMM nearest above it that it
 // does not depend on: moved to just after the start, it runs while the
@@ -217,11 +229,7 @@ Operation *independentGemmAbove(const Collective &c) {
       continue;
     if (conflicts(prev, c))
       return nullptr;
-    SmallVector<Value> reads, writes = writesOf(prev);
-    for (Value v : prev->getOperands())
-      if (isa<MemRefType>(v.getType()))
-        reads.push_back(rt::rootBuffer(v));
-    Collective gemm{prev, reads, writes};
+    Collective gemm = accessesOf(prev);
     for (Operation *between = prev->getNextNode(); between != c.op;
          between = between->getNextNode())
       if (conflicts(between, gemm))
@@ -331,9 +339,10 @@ std::optional<RowShape> rowShape(Operation *op) {
   } else {
     return std::nullopt;
   }
-  for (unsigned i : r.cut)
-    if (r.m <= 0 || rt::elementsOf(op->getOperand(i)) % r.m != 0)
-      return std::nullopt;
+  if (r.m <= 0 || llvm::any_of(r.cut, [&](unsigned i) {
+        return rt::elementsOf(op->getOperand(i)) % r.m != 0;
+      }))
+    return std::nullopt;
   return r;
 }
 
@@ -350,15 +359,6 @@ std::optional<SmallVector<unsigned>> rowOperands(Operation *op, Value whole,
     if (rt::rootBuffer(op->getOperand(i)) == rt::rootBuffer(whole))
       return std::nullopt;
   return r->cut;
-}
-
-// What `op` reads and writes (roots), as a Collective for conflicts().
-Collective accessesOf(Operation *op) {
-  Collective c{op, {}, writesOf(op)};
-  for (Value v : op->getOperands())
-    if (isa<MemRefType>(v.getType()))
-      c.reads.push_back(rt::rootBuffer(v));
-  return c;
 }
 
 struct RowGemm {
@@ -425,6 +425,24 @@ SmallVector<RowGemm> rowGemmsAfter(rt::AllGatherOp ag, int64_t rows,
   return gemms;
 }
 
+// Block `shift` of `v` cut into the `g` blocks of the group over `axes`
+// (rt.group_block), typed `type` or, by default, flat.
+Value groupBlock(OpBuilder &b, Location loc, Value v, dist::AxesAttr axes,
+                 int64_t g, int64_t shift, Type type = {}) {
+  if (!type)
+    type = MemRefType::get({rt::elementsOf(v) / g}, rt::elementTypeOf(v));
+  return rt::GroupBlockOp::create(b, loc, type, v, axes, b.getI64IntegerAttr(g),
+                                  b.getI64IntegerAttr(shift));
+}
+
+// `gemm` again on `operands`, for `rows` of its rows.
+void cloneRows(OpBuilder &b, Operation *gemm, ValueRange operands,
+               int64_t rows) {
+  Operation *chunk = b.clone(*gemm);
+  chunk->setOperands(operands);
+  chunk->setAttr("m", b.getI64IntegerAttr(rows));
+}
+
 // Whether the started form of `op` would run under a GEMM where it stands
 // (or, with `moveGemms`, under one moved to it): then it is left to that,
 // which costs no GEMM any efficiency.
@@ -471,14 +489,9 @@ bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows,
     op->moveBefore(ag);
   OpBuilder b(ag);
   Location loc = ag.getLoc();
-  auto blockOf = [&](Value v, int64_t shift) -> Value {
-    auto type = cast<MemRefType>(v.getType());
-    Type blockType = v == whole ? piece.getType()
-                                : MemRefType::get({type.getNumElements() / g},
-                                                  type.getElementType());
-    return rt::GroupBlockOp::create(b, loc, blockType, v, ag.getAxesAttr(),
-                                    b.getI64IntegerAttr(g),
-                                    b.getI64IntegerAttr(shift));
+  auto blockOf = [&](Value v, int64_t shift) {
+    return groupBlock(b, loc, v, ag.getAxesAttr(), g, shift,
+                      v == whole ? piece.getType() : Type());
   };
   bool readElsewhere = llvm::any_of(whole.getUsers(), [&](Operation *user) {
     return user != ag.getOperation() &&
@@ -503,9 +516,7 @@ bool chunkGather(rt::AllGatherOp ag, const MeshShape &mesh, int64_t minRows,
       for (unsigned i : gemm.rowOperands)
         operands[i] =
             i == 0 && shift == 0 ? piece : blockOf(operands[i], shift);
-      Operation *chunk = b.clone(*gemm.op);
-      chunk->setOperands(operands);
-      chunk->setAttr("m", b.getI64IntegerAttr(ag.getLength()));
+      cloneRows(b, gemm.op, operands, ag.getLength());
     }
   }
   for (const RowGemm &gemm : gemms)
@@ -561,12 +572,8 @@ bool chunkReduceScatter(rt::ReduceScatterOp rs, const MeshShape &mesh,
       return false;
   OpBuilder b(rs);
   Location loc = rs.getLoc();
-  auto blockOf = [&](Value v, int64_t shift) -> Value {
-    auto type = cast<MemRefType>(v.getType());
-    return rt::GroupBlockOp::create(
-        b, loc,
-        MemRefType::get({type.getNumElements() / g}, type.getElementType()), v,
-        rs.getAxesAttr(), b.getI64IntegerAttr(g), b.getI64IntegerAttr(shift));
+  auto blockOf = [&](Value v, int64_t shift) {
+    return groupBlock(b, loc, v, rs.getAxesAttr(), g, shift);
   };
   int64_t n = rt::elementsOf(piece);
   Value parts = rt::AllocOp::create(
@@ -576,9 +583,7 @@ bool chunkReduceScatter(rt::ReduceScatterOp rs, const MeshShape &mesh,
     SmallVector<Value> operands(gemm->getOperands());
     for (unsigned i : shape->cut)
       operands[i] = i == shape->out ? out : blockOf(operands[i], shift);
-    Operation *chunk = b.clone(*gemm);
-    chunk->setOperands(operands);
-    chunk->setAttr("m", b.getI64IntegerAttr(rs.getLength()));
+    cloneRows(b, gemm, operands, rs.getLength());
   };
   SmallVector<Value> requests;
   Type request = rt::RequestType::get(rs.getContext());
