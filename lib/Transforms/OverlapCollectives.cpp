@@ -21,8 +21,11 @@
 // collective or message (the ranks of a group then start their collectives
 // in one order), at an op with regions and at the part's end, and each
 // passes at most one GEMM: the point is to hide the transfer, not to hold
-// its buffers longer than that takes. A collective that would overlap no
-// GEMM stays as it is.
+// its buffers longer than that takes. Where nothing can overlap a
+// collective where it stands, a weight gradient's GEMM from above (off the
+// input gradient's chain that the collective is on) comes under it, with
+// the ops consuming its result (independentGemmAbove). A collective that
+// would overlap no GEMM stays as it is.
 //
 // A gather whose result only GEMMs need row by row (the column-parallel
 // GEMMs after a sequence-parallel gather, forward, and the input
@@ -214,29 +217,83 @@ Collective accessesOf(Operation *op) {
 }
 
 // When nothing can overlap `c` where it stands (its input is computed
-// right before it and read right after), the GEMM nearest above it that it
-// does not depend on: moved to just after the start, it runs while the
-// collective is in flight (the weight gradient's GEMM under the reduction
-// of the input gradient that the q, k and v products summed). Every op in
-// between must neither touch what the GEMM writes nor write what it reads.
-Operation *independentGemmAbove(const Collective &c) {
+// right before it and read right after), a GEMM above it that it does not
+// depend on (a weight gradient's), with what consumes that GEMM's result
+// before `c` (the gradient's insertion into a fused weight's, its
+// accumulation): moved, in their order, to just after the start, the GEMM
+// runs while the collective is in flight. The ops they pass must neither
+// write what they read nor touch what they write; every op that touches
+// what they write goes with them, and must be light (a second GEMM there
+// would be the chain `c` is on). Walking up from `c`, a GEMM inside the
+// window of a collective already started (between its start and its
+// wait) is what that collective overlaps and stays; the search passes
+// such windows and stops at anything else that cannot move, and after a
+// few GEMMs, so that the buffers are not held much longer.
+SmallVector<Operation *> independentGemmAbove(const Collective &c) {
+  constexpr int kMaxTried = 4;
+  // The starts whose waits lie between the walk and `c`.
+  SmallPtrSet<Operation *, 4> open;
+  int tried = 0;
   for (Operation *prev = c.op->getPrevNode(); prev;
        prev = prev->getPrevNode()) {
-    // A GEMM above a wait may be what that collective overlaps: it stays.
-    if (!movable(prev) || isa<rt::WaitOp>(prev))
-      return nullptr;
-    if (!isHeavy(prev))
+    if (auto wait = dyn_cast<rt::WaitOp>(prev)) {
+      if (Operation *started = wait.getRequest().getDefiningOp())
+        open.insert(started);
       continue;
+    }
+    if (open.erase(prev))
+      continue; // a start whose wait was passed
+    if (!movable(prev))
+      return {};
+    if (!isHeavy(prev) || !open.empty())
+      continue;
+    if (++tried > kMaxTried)
+      return {};
     if (conflicts(prev, c))
-      return nullptr;
-    Collective gemm = accessesOf(prev);
-    for (Operation *between = prev->getNextNode(); between != c.op;
-         between = between->getNextNode())
-      if (conflicts(between, gemm))
-        return nullptr;
-    return prev;
+      continue;
+    // The GEMM and what follows it to `c` touching what they write.
+    SmallVector<Operation *> cone = {prev};
+    Collective moved = accessesOf(prev);
+    SmallPtrSet<Operation *, 16> inCone = {prev};
+    bool ok = true;
+    for (Operation *between = prev->getNextNode(); ok && between != c.op;
+         between = between->getNextNode()) {
+      bool touches =
+          !isa<rt::WaitOp>(between) &&
+          llvm::any_of(between->getOperands(), [&](Value v) {
+            return isa<MemRefType>(v.getType()) &&
+                   llvm::is_contained(moved.writes, rt::rootBuffer(v));
+          });
+      if (!touches) {
+        // It stays: it must not write what the moved ops read nor touch
+        // what they write (a wait: its collective must not).
+        ok = !conflicts(between, moved);
+        continue;
+      }
+      if (!movable(between) || isHeavy(between)) {
+        ok = false;
+        break;
+      }
+      cone.push_back(between);
+      inCone.insert(between);
+      Collective more = accessesOf(between);
+      moved.reads.append(more.reads);
+      moved.writes.append(more.writes);
+    }
+    // What the moved ops define is read by none that stays before `c`, and
+    // none of them disturbs `c` in flight.
+    for (Operation *op : cone) {
+      if (conflicts(op, c))
+        ok = false;
+      for (Operation *user : op->getUsers())
+        if (!inCone.count(user) && user->getBlock() == c.op->getBlock() &&
+            user->isBeforeInBlock(c.op))
+          ok = false;
+    }
+    if (ok)
+      return cone;
   }
-  return nullptr;
+  return {};
 }
 
 Collective describe(Operation *op) {
@@ -452,7 +509,7 @@ bool overlapsAsIs(Operation *op, bool moveGemms) {
   bool before = false, after = false;
   startPlace(c, carried, before);
   waitPlace(c, after);
-  return before || after || (moveGemms && independentGemmAbove(c));
+  return before || after || (moveGemms && !independentGemmAbove(c).empty());
 }
 
 // Whether a gather or reduce-scatter between `piece` and `whole` may go
@@ -654,12 +711,18 @@ struct OverlapCollectivesPass
         Operation *startBefore = startPlace(c, carried, heavyBefore);
         Operation *waitAfter = waitPlace(c, heavyAfter);
         if (!heavyBefore && !heavyAfter) {
-          Operation *gemm = moveGemms ? independentGemmAbove(c) : nullptr;
-          if (!gemm)
+          SmallVector<Operation *> cone;
+          if (moveGemms)
+            cone = independentGemmAbove(c);
+          if (cone.empty())
             continue;
-          // The GEMM follows the start, and the wait the GEMM (the one
-          // GEMM it may pass).
-          gemm->moveAfter(op);
+          // The GEMM and its consumers follow the start, and the wait
+          // them (the GEMM is the one it may pass).
+          Operation *after = op;
+          for (Operation *moved : cone) {
+            moved->moveAfter(after);
+            after = moved;
+          }
           startBefore = op;
           waitAfter = waitPlace(c, heavyAfter);
         }

@@ -45,6 +45,21 @@
 // CHECK-NEXT: rt.wait %[[AR]]
 // CHECK-NEXT: rt.gelu_forward(%[[SUM]],
 
+// A weight gradient's GEMM above the input gradient's, its result copied
+// on (as a fused weight's gradient is assembled) before the reduction: the
+// GEMM passes the input gradient's GEMM, which the reduction reads, and
+// goes under the reduction with the copy that reads its result.
+// CHECK: %[[WV:.*]] = rt.alloc : memref<8x4xf32>
+// CHECK-NEXT: %[[DV:.*]] = rt.alloc : memref<2x8x8xf32>
+// CHECK-NEXT: rt.matmul(%{{.*}}, %{{.*}}, %[[DV]]) {{.*}}trans_b = true
+// CHECK-NEXT: %[[WVC:.*]] = rt.alloc : memref<8x4xf32>
+// CHECK-NEXT: %[[AR2:.*]] = rt.all_reduce_start(%[[DV]]) {axes = #dist.axes<tp>}
+// CHECK-NEXT: rt.matmul(%{{.*}}, %{{.*}}, %[[WV]]) {{.*}}trans_a = true
+// CHECK-NEXT: rt.copy(%[[WV]], %[[WVC]])
+// CHECK-NEXT: rt.alloc
+// CHECK-NEXT: rt.wait %[[AR2]]
+// CHECK-NEXT: rt.gelu_forward(%[[DV]],
+
 // Data-parallel reductions are left to the gradient buckets, and a gather
 // that another collective precedes and a GEMM reads at once stays blocking.
 // CHECK: rt.all_reduce(%{{.*}}) {axes = #dist.axes<dp>}
@@ -90,7 +105,7 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
     rt.fill(%l) {n = 1 : i64, value = 0.5 : f64} : memref<f32>
     pipe.yield %x, %dy, %l : memref<2x4x8xf32>, memref<2x8x4xf32>, memref<f32>
   }
-  %g:4 = pipe.backward_pass chunk 0 -> memref<8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>, memref<8xf32> {
+  %g:6 = pipe.backward_pass chunk 0 -> memref<8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>, memref<8xf32>, memref<8x4xf32>, memref<2x8x8xf32> {
     // Sequence parallel.
     %dX = rt.alloc : memref<2x8x8xf32>
     rt.matmul(%f#1, %w, %dX) {batch = 2 : i64, m = 8 : i64, n = 8 : i64, k = 4 : i64, trans_a = false, trans_b = true, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 64 : i64} : memref<2x8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>
@@ -116,6 +131,16 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
     rt.all_reduce(%sum) {axes = #dist.axes<tp>} : memref<2x8x8xf32>
     %z = rt.alloc : memref<2x8x8xf32>
     rt.gelu_forward(%sum, %z) {n = 128 : i64} : memref<2x8x8xf32>, memref<2x8x8xf32>
+    // A weight gradient assembled before the reduction.
+    %wv = rt.alloc : memref<8x4xf32>
+    rt.matmul(%y, %f#1, %wv) {batch = 1 : i64, m = 8 : i64, n = 4 : i64, k = 8 : i64, trans_a = true, trans_b = false, stride_a = 64 : i64, stride_b = 64 : i64, stride_c = 32 : i64} : memref<2x4x8xf32>, memref<2x8x4xf32>, memref<8x4xf32>
+    %dv = rt.alloc : memref<2x8x8xf32>
+    rt.matmul(%f#1, %w, %dv) {batch = 2 : i64, m = 8 : i64, n = 8 : i64, k = 4 : i64, trans_a = false, trans_b = true, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 64 : i64} : memref<2x8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>
+    %wvc = rt.alloc : memref<8x4xf32>
+    rt.copy(%wv, %wvc) {n = 32 : i64} : memref<8x4xf32>, memref<8x4xf32>
+    rt.all_reduce(%dv) {axes = #dist.axes<tp>} : memref<2x8x8xf32>
+    %z2 = rt.alloc : memref<2x8x8xf32>
+    rt.gelu_forward(%dv, %z2) {n = 128 : i64} : memref<2x8x8xf32>, memref<2x8x8xf32>
     // A data-parallel reduction; after it, nothing to overlap.
     %gb = rt.alloc : memref<8xf32>
     rt.fill(%gb) {n = 8 : i64, value = 0.0 : f64} : memref<8xf32>
@@ -124,7 +149,7 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
     rt.all_gather(%y, %Z) {axes = #dist.axes<tp>, outer = 2 : i64, length = 4 : i64, inner = 8 : i64} : memref<2x4x8xf32>, memref<2x8x8xf32>
     %wz = rt.alloc : memref<8x4xf32>
     rt.matmul(%Z, %f#1, %wz) {batch = 1 : i64, m = 8 : i64, n = 4 : i64, k = 16 : i64, trans_a = true, trans_b = false, stride_a = 128 : i64, stride_b = 64 : i64, stride_c = 32 : i64} : memref<2x8x8xf32>, memref<2x8x4xf32>, memref<8x4xf32>
-    pipe.yield %dW, %wq, %z, %gb : memref<8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>, memref<8xf32>
+    pipe.yield %dW, %wq, %z, %gb, %wvc, %z2 : memref<8x4xf32>, memref<8x4xf32>, memref<2x8x8xf32>, memref<8xf32>, memref<8x4xf32>, memref<2x8x8xf32>
   }
   %u:2 = pipe.update(%g#0, %f#2 : memref<8x4xf32>, memref<f32>) -> memref<f32>, memref<f32> {
   ^bb0(%dw: memref<8x4xf32>, %loss: memref<f32>):

@@ -223,8 +223,12 @@ def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
     the blocking program; only when the data moves changes.
 
     With `move-gemms`, a collective that would overlap nothing (its input
-    computed right before it and read right after) takes the nearest GEMM
-    above it that does not depend on it (a weight gradient's) under it.
+    computed right before it and read right after) takes a GEMM above it
+    that does not depend on it (a weight gradient's) under it, with the ops
+    that consume the GEMM's result before the collective (a fused weight's
+    gradient assembled, its accumulation), in their order: the nearest
+    such GEMM not inside another started collective's window, among at
+    most four above it.
     The pipeline turns that off at ZeRO 2 and 3, where a weight gradient
     written later keeps its run staged longer (a bucket's more memory).
 
