@@ -61,6 +61,10 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     pm.addPass(createShardOptimizer(sharding));
   }
   pm.addPass(createJoinUpdates());
+  // With microbatches the gradients are final only in the last backward;
+  // ZeRO 2 and 3 reduce theirs in every backward already.
+  if (options.overlapGradReduce && options.zero < 2)
+    pm.addPass(createOverlapGradientSyncs());
   pm.addPass(createConvertPipeToRt());
   if (!options.gradientCheck)
     pm.addPass(createEvalStep());
@@ -84,6 +88,7 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"tessel-plan-memory", "06-planned.mlir"},
       {"tessel-shard-optimizer", "06-planned.mlir"},
       {"tessel-join-updates", "06-planned.mlir"},
+      {"tessel-overlap-gradient-syncs", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
       {"tessel-eval-step", "07-programs.mlir"},
       {"tessel-share-programs", "08-shared.mlir"},

@@ -618,10 +618,13 @@ CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes) {
   CommState &s = state();
   size_t slot = freeRequestSlot();
   s.requests[slot] = MPI_REQUEST_NULL;
-  if (g > 1)
+  if (g > 1) {
     checkMpi(MPI_Iallreduce(MPI_IN_PLACE, buffer, (int)n, MPI_FLOAT, MPI_SUM,
                             s.comms[effectiveAxes(axes)], &s.requests[slot]),
              "MPI_Iallreduce");
+    traceFlight(s.pieceCopies[slot], "all_reduce_start", "all-reduce wait",
+                n * (int64_t)sizeof(float), axes);
+  }
   return (CommRequest)slot;
 }
 
@@ -660,6 +663,8 @@ CommRequest reduceScatterShardsStart(float *buffer, int64_t n, unsigned axes) {
                                s.comms[effectiveAxes(axes)],
                                &s.requests[slot]),
            "MPI_Ireduce_scatter");
+  traceFlight(copy, "reduce_scatter_shards_start", "shards wait",
+              n * (int64_t)sizeof(float), axes);
   return (CommRequest)slot;
 }
 

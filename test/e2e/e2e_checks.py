@@ -592,11 +592,17 @@ IN_FLIGHT = {
                   "reduce wait"),
     # a gather done piece by piece under the GEMMs (collective matmul)
     "tp-shift": ("shiftStart(", "shift_start", "shift wait"),
+    # the gradients' data-parallel reductions started in a backward part
+    # (all-reduced, or reduce-scattered into ZeRO-1's pieces)
+    "dp-reduce": ("allReduceSumStart(", "all_reduce_start", "all-reduce wait"),
+    "dp-shard": ("reduceScatterShardsStart(", "reduce_scatter_shards_start",
+                  "shards wait"),
 }
 
 # Kinds whose compute is counted up to the wait for the start's own request
 # slot (the others' up to the next wait of any).
-OWN_WAIT = {"update-gather", "tp-gather", "tp-reduce", "tp-shift"}
+OWN_WAIT = {"update-gather", "tp-gather", "tp-reduce", "tp-shift",
+            "dp-reduce", "dp-shard"}
 
 
 def prefetch(args):

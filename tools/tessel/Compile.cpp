@@ -158,11 +158,23 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   bool inference = !step;
   if (inference)
     step = program.lookupSymbol<func::FuncOp>("decode_step");
-  std::map<std::pair<Operation *, unsigned>, size_t> entryOf;
+  // An entry per collective of a part: the n-th collective of its kind,
+  // size and op in the part (a part's copy for its last microbatch,
+  // "<part>_last", is that part too: its own collectives are new entries).
+  std::map<std::string, size_t> entryOf;
+  std::string part = "train_step";
+  std::map<std::string, int64_t> seenInCall;
   std::function<void(Operation *)> visit = [&](Operation *op) {
     if (auto call = dyn_cast<func::CallOp>(op)) {
-      if (auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee()))
+      if (auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee())) {
+        part = callee.getSymName().str();
+        if (StringRef(part).ends_with("_last"))
+          part.resize(part.size() - 5);
+        seenInCall.clear();
         callee.walk([&](Operation *inner) { visit(inner); });
+        part = "train_step";
+        seenInCall.clear();
+      }
       return;
     }
     if (auto p = dyn_cast<rtir::ParamOp>(op)) {
@@ -195,8 +207,13 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     // One entry per collective of the program, counted each time the step
     // runs it: a part that runs per microbatch lists its collectives once.
     for (auto [k, r] : llvm::enumerate(records)) {
-      auto [it, inserted] =
-          entryOf.try_emplace({op, (unsigned)k}, out.calls.size());
+      std::string key = what + "|" + std::to_string(k) + "|" + r.kind + "|" +
+                        r.axes.str() + "|" + std::to_string(r.elements);
+      // (The step's own ops run once each: one entry per op.)
+      key = part == "train_step"
+                ? key + "|" + std::to_string((uintptr_t)op)
+                : part + "|" + key + "|" + std::to_string(seenInCall[key]++);
+      auto [it, inserted] = entryOf.try_emplace(key, out.calls.size());
       if (!inserted) {
         ++out.calls[it->second].count;
         continue;

@@ -409,6 +409,26 @@ def JoinUpdates : Pass<"tessel-join-updates", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def OverlapGradientSyncs : Pass<"tessel-overlap-gradient-syncs", "mlir::ModuleOp"> {
+  let summary = "Start the data-parallel gradient reductions in the last microbatch's backward";
+  let description = [{
+    On the planned rank programs of a step with microbatches (or a
+    pipeline), whose update reduces the gradients over data parallelism
+    (`rt.all_reduce`, or ZeRO-1's `rt.reduce_scatter_shards`, of a run of
+    the gradient store, in place) after the last backward part: each such
+    reduction that is the update's first op to touch its run, of a run that
+    one backward part alone writes, is started in a copy of that part
+    (`pipe.last_microbatch`; convert-pipe-to-rt calls it for the chunk's
+    last backward step instead of the part) right after the part's last op
+    that touches the run, in a new request slot, and the update waits for
+    that slot where the reduction was. The other microbatches' backward
+    parts are unchanged: their writes are partial sums. The same
+    collectives on the same buffers, in the same order on every rank of a
+    group; only when the data moves changes.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
   let summary = "Shards AdamW's state over data parallel (ZeRO-1)";
   let description = [{

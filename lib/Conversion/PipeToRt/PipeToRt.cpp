@@ -41,7 +41,8 @@ std::string partName(Operation *part) {
   if (auto f = dyn_cast<pipe::ForwardPassOp>(part))
     return "forward" + std::to_string(f.getChunk());
   if (auto b = dyn_cast<pipe::BackwardPassOp>(part))
-    return "backward" + std::to_string(b.getChunk());
+    return "backward" + std::to_string(b.getChunk()) +
+           (b->hasAttr("pipe.last_microbatch") ? "_last" : "");
   return "update";
 }
 
@@ -70,7 +71,6 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     MeshLayout layout = pipe::pipelineLayout(schedule.getRanks(),
                                              schedule.getVirtualStages());
     Location loc = step.getLoc();
-    MLIRContext *ctx = b.getContext();
 
     // The program: a module of its own.
     b.setInsertionPoint(step);
@@ -194,6 +194,13 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
                                       constant(first, sb.getI1Type())});
     };
     std::set<std::pair<bool, int64_t>> done;
+    // A chunk's backward part for its last microbatch only
+    // (pipe.last_microbatch, tessel-overlap-gradient-syncs): that
+    // microbatch, the chunk's last backward step on this rank.
+    std::map<int64_t, int64_t> lastBackward; // chunk -> microbatch
+    for (Operation &s : steps.getBody().front())
+      if (auto bwd = dyn_cast<pipe::BackwardOp>(s))
+        lastBackward[layout.stageChunk(bwd.getStage())] = bwd.getMicrobatch();
     for (Operation &s : steps.getBody().front()) {
       auto fwd = dyn_cast<pipe::ForwardOp>(s);
       auto bwd = dyn_cast<pipe::BackwardOp>(s);
@@ -202,7 +209,7 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       int64_t stage = fwd ? fwd.getStage() : bwd.getStage();
       int64_t mb = fwd ? fwd.getMicrobatch() : bwd.getMicrobatch();
       int64_t chunk = layout.stageChunk(stage);
-      Operation *part = nullptr;
+      Operation *part = nullptr, *lastPart = nullptr;
       for (Operation *p : parts) {
         if (fwd)
           if (auto f = dyn_cast<pipe::ForwardPassOp>(p);
@@ -211,8 +218,10 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
         if (bwd)
           if (auto bp = dyn_cast<pipe::BackwardPassOp>(p);
               bp && (int64_t)bp.getChunk() == chunk)
-            part = p;
+            (bp->hasAttr("pipe.last_microbatch") ? lastPart : part) = p;
       }
+      if (lastPart && lastBackward[chunk] == mb)
+        part = lastPart;
       if (!part)
         continue; // a chunk with no ops on this rank
       bool first = done.insert({bool(bwd), chunk}).second;
