@@ -948,6 +948,20 @@ largestProgram(const std::vector<ProgramOut> &programs) {
   return largest;
 }
 
+// The bytes program `name` sends over data parallelism (dp, or its shard
+// groups and replicas) in a step.
+int64_t dataParallelBytes(const std::vector<ProgramOut> &programs,
+                          const std::string &name) {
+  unsigned dp = AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit;
+  int64_t bytes = 0;
+  for (const ProgramOut &program : programs)
+    if (program.name == name)
+      for (const CollectiveCall &c : program.calls)
+        if (c.axes.bits() & dp)
+          bytes += c.count * c.bytesSent;
+  return bytes;
+}
+
 // Refuses a plan whose rank holds more than --memory-limit, saying by how
 // much, what the rank holds, and whether full recomputation (compiled here
 // to find out) would make it fit.
@@ -1021,6 +1035,15 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
                ") holds " + gigabytes(otherTotal) +
                (otherTotal <= options.memoryLimit ? ", which fits"
                                                   : ", which does not fit");
+    // What fitting would cost in traffic, when it is much more than now
+    // (ZeRO 2 and 3 reduce or gather in every microbatch).
+    int64_t now = dataParallelBytes(programs, otherName);
+    int64_t then = dataParallelBytes(otherPrograms, otherName);
+    if (otherTotal <= options.memoryLimit && now > 0 && then >= 2 * now)
+      message += llvm::formatv(", but sends {0:f1} times this layout's "
+                               "data-parallel bytes a step",
+                               double(then) / double(now))
+                     .str();
   }
   return llvm::createStringError(
       message + "; more pipeline or tensor parallelism spreads the model "
