@@ -331,8 +331,7 @@ bool onDataParallelLane(Operation *op) {
   auto axes = op->getAttrOfType<dist::AxesAttr>("axes");
   if (!axes)
     return true;
-  return axes.getValue().bits() &
-         (AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit);
+  return axes.getValue().intersects(AxisSet::dataParallel());
 }
 bool isCollectiveOnly(Operation *op) {
   return isa<rt::AllReduceOp, rt::AllGatherOp, rt::ReduceScatterOp,

@@ -320,9 +320,8 @@ bool candidate(Operation *op) {
   auto axes = op->getAttrOfType<dist::AxesAttr>("axes");
   if (!axes)
     return false;
-  unsigned bits = axes.getValue().bits();
-  return !(bits & (AxisSet(MeshAxis::DP).bits() | AxisSet(MeshAxis::PP).bits() |
-                   kDpShardBit | kDpReplicaBit));
+  return !axes.getValue().intersects(AxisSet::dataParallel() |
+                                     AxisSet(MeshAxis::PP));
 }
 
 // The started form of `c.op`, created before `startBefore`, and its wait

@@ -23,7 +23,6 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
-#include "mlir/IR/IRMapping.h"
 
 #include <map>
 
@@ -74,21 +73,21 @@ bool touchesIn(Operation *top, Range r) {
 // all-reduce of one gradient, or ZeRO-1's reduce-scatter into its pieces.
 std::optional<Range> syncOf(Operation *op) {
   Value buffer;
-  unsigned bits = 0;
+  AxisSet axes;
   if (auto ar = dyn_cast<rt::AllReduceOp>(op)) {
     if (ar.getBuffers().size() != 1)
       return std::nullopt;
     buffer = ar.getBuffers()[0];
-    bits = ar.getAxes().bits();
+    axes = ar.getAxes();
   } else if (auto rs = dyn_cast<rt::ReduceScatterShardsOp>(op)) {
     if (rs.getOut())
       return std::nullopt;
     buffer = rs.getBuffer();
-    bits = rs.getAxes().bits();
+    axes = rs.getAxes();
   } else {
     return std::nullopt;
   }
-  if (!(bits & (AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit)))
+  if (!axes.intersects(AxisSet::dataParallel()))
     return std::nullopt;
   if (!buffer.getDefiningOp<rt::BufferOp>())
     return std::nullopt;

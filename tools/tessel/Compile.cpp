@@ -158,22 +158,24 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
   bool inference = !step;
   if (inference)
     step = program.lookupSymbol<func::FuncOp>("decode_step");
-  // An entry per collective of a part: the n-th collective of its kind,
-  // size and op in the part (a part's copy for its last microbatch,
-  // "<part>_last", is that part too: its own collectives are new entries).
-  std::map<std::string, size_t> entryOf;
-  std::string part = "train_step";
-  std::map<std::string, int64_t> seenInCall;
+  // An entry per collective: the n-th of its op, kind, axes and size in
+  // one call of its part, the part named by its kind and chunk (a
+  // backward part's copy for its last microbatch is that part too: only
+  // the collectives it adds are new entries), or in the step itself.
+  using Entry = std::tuple<std::string, std::string, int64_t>;
+  std::map<Entry, size_t> entryOf;
+  std::string part; // empty: the step's own ops
+  std::map<std::string, int64_t> seen, seenInStep;
   std::function<void(Operation *)> visit = [&](Operation *op) {
     if (auto call = dyn_cast<func::CallOp>(op)) {
       if (auto callee = program.lookupSymbol<func::FuncOp>(call.getCallee())) {
-        part = callee.getSymName().str();
-        if (StringRef(part).ends_with("_last"))
-          part.resize(part.size() - 5);
-        seenInCall.clear();
+        auto kind = callee->getAttrOfType<StringAttr>("rt.part");
+        auto chunk = callee->getAttrOfType<IntegerAttr>("rt.part_chunk");
+        part = (kind ? kind.getValue() : callee.getSymName()).str() +
+               (chunk ? std::to_string(chunk.getInt()) : "");
+        seen.clear();
         callee.walk([&](Operation *inner) { visit(inner); });
-        part = "train_step";
-        seenInCall.clear();
+        part.clear();
       }
       return;
     }
@@ -209,11 +211,9 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     for (auto [k, r] : llvm::enumerate(records)) {
       std::string key = what + "|" + std::to_string(k) + "|" + r.kind + "|" +
                         r.axes.str() + "|" + std::to_string(r.elements);
-      // (The step's own ops run once each: one entry per op.)
-      key = part == "train_step"
-                ? key + "|" + std::to_string((uintptr_t)op)
-                : part + "|" + key + "|" + std::to_string(seenInCall[key]++);
-      auto [it, inserted] = entryOf.try_emplace(key, out.calls.size());
+      int64_t n = (part.empty() ? seenInStep : seen)[key]++;
+      auto [it, inserted] =
+          entryOf.try_emplace(Entry{part, key, n}, out.calls.size());
       if (!inserted) {
         ++out.calls[it->second].count;
         continue;
@@ -952,12 +952,11 @@ largestProgram(const std::vector<ProgramOut> &programs) {
 // groups and replicas) in a step.
 int64_t dataParallelBytes(const std::vector<ProgramOut> &programs,
                           const std::string &name) {
-  unsigned dp = AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit;
   int64_t bytes = 0;
   for (const ProgramOut &program : programs)
     if (program.name == name)
       for (const CollectiveCall &c : program.calls)
-        if (c.axes.bits() & dp)
+        if (c.axes.intersects(AxisSet::dataParallel()))
           bytes += c.count * c.bytesSent;
   return bytes;
 }

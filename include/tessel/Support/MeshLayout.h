@@ -99,6 +99,10 @@ public:
   // dp within a hybrid shard group, and dp across the groups.
   static constexpr AxisSet dpShard() { return fromBits(kDpShardBit); }
   static constexpr AxisSet dpReplica() { return fromBits(kDpReplicaBit); }
+  // dp and its sub-groups: what a collective over data parallelism names.
+  static constexpr AxisSet dataParallel() {
+    return fromBits(AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit);
+  }
 
   constexpr unsigned bits() const { return bits_; }
   constexpr bool empty() const { return bits_ == 0; }

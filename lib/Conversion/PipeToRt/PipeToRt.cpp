@@ -188,10 +188,13 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     }
     if (stepSends)
       rt::FlushSendsOp::create(sb, loc);
+    // How often the step calls each part (rt.part_calls).
+    DenseMap<Operation *, int64_t> calls;
     auto call = [&](func::FuncOp fn, int64_t mb, bool first) {
       func::CallOp::create(sb, loc, fn,
                            ValueRange{constant(mb, sb.getI64Type()),
                                       constant(first, sb.getI1Type())});
+      ++calls[fn];
     };
     std::set<std::pair<bool, int64_t>> done;
     // A chunk's backward part for its last microbatch only
@@ -234,6 +237,8 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       rt::WaitSendsOp::create(sb, loc);
     if (update)
       call(partFuncs[update.getOperation()], 0, true);
+    for (auto &[part, fn] : partFuncs)
+      fn->setAttr("rt.part_calls", b.getI64IntegerAttr(calls.lookup(fn)));
     func::ReturnOp::create(sb, loc);
     b.eraseOp(step);
     return success();

@@ -114,8 +114,6 @@ public:
     DeviceInfo info;
     std::set<unsigned> axes;
     MeshShape mesh = dist::meshOf(top);
-    auto m = program->getAttrOfType<IntegerAttr>("rt.microbatches");
-    int64_t microbatches = m ? m.getInt() : 1;
     program.walk([&](Operation *op) {
       for (Type t : op->getResultTypes())
         if (auto type = dyn_cast<MemRefType>(t))
@@ -151,19 +149,13 @@ public:
       if (auto r = dyn_cast<rt::ReduceScatterOp>(op))
         staged(r.getOuter(), r.getOutput(), r.getInput(), r.getAxes());
       // Each send is copied to a buffer that lives until the step waits for
-      // its sends: a forward or backward part's sends once per microbatch
-      // (a part with a copy for its last microbatch, "<part>_last", once
-      // less; the copy once), the update's and the step's own once.
+      // its sends: a part's sends each time the step calls the part
+      // (rt.part_calls), the step's own once.
       if (auto send = dyn_cast<rt::SendOp>(op)) {
         auto fn = send->getParentOfType<func::FuncOp>();
-        auto part = fn ? fn->getAttrOfType<StringAttr>("rt.part") : nullptr;
-        int64_t times =
-            part && part.getValue() != "update" ? microbatches : 1;
-        if (part && fn.getSymName().ends_with("_last"))
-          times = 1;
-        else if (part &&
-                 program.lookupSymbol((fn.getSymName() + "_last").str()))
-          times = microbatches - 1;
+        auto calls =
+            fn ? fn->getAttrOfType<IntegerAttr>("rt.part_calls") : nullptr;
+        int64_t times = calls ? calls.getInt() : 1;
         int64_t bytes = rt::elementsOf(send->getOperand(0)) *
                         rt::elementBytesOf(send->getOperand(0));
         info.sendBytes += times * ((bytes + 255) / 256 * 256);

@@ -20,13 +20,13 @@
 // CHECK-NEXT: call @backward0(%[[ZERO]], %[[TRUE]]) : (i64, i1) -> ()
 // CHECK-NEXT: call @update(%[[ZERO]], %[[TRUE]]) : (i64, i1) -> ()
 // CHECK-NEXT: return
-// CHECK: func.func private @forward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "forward", rt.part_chunk = 0 : i64}
+// CHECK: func.func private @forward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "forward", rt.part_calls = 1 : i64, rt.part_chunk = 0 : i64}
 // CHECK: rt.fill
 // CHECK-NEXT: return
-// CHECK: func.func private @backward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "backward", rt.part_chunk = 0 : i64}
+// CHECK: func.func private @backward0(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "backward", rt.part_calls = 1 : i64, rt.part_chunk = 0 : i64}
 // CHECK: rt.all_reduce_start
 // CHECK-NEXT: return
-// CHECK: func.func private @update(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "update"}
+// CHECK: func.func private @update(%{{.*}}: i64, %{{.*}}: i1) attributes {rt.part = "update", rt.part_calls = 1 : i64}
 // CHECK-NEXT: rt.wait_requests {count = 1 : i64, first = 0 : i64}
 // CHECK-NEXT: %[[N:.*]] = rt.buffer <arena> 64 : memref<f32>
 // CHECK: %[[L:.*]] = rt.buffer <arena> 0 : memref<f32>
