@@ -467,6 +467,7 @@ void CheckpointWriter::commit() {
       json manifest = {{"format", "tessel-checkpoint"},
                        {"version", 1},
                        {"step", info.step},
+                       {"updates", info.updates},
                        {"consumed_samples", info.consumedSamples},
                        {"loss", info.loss},
                        {"program", info.program},
@@ -597,6 +598,11 @@ CheckpointManifest readManifest(const std::string &dir) {
       throw bad("'version' " + j.at("version").dump() +
                 " is not one this build reads (1)");
     m.step = j.at("step").get<int64_t>();
+    // Written since steps can be skipped; before, every step updated.
+    m.updates = j.value("updates", m.step);
+    if (m.updates < 0 || m.updates > m.step)
+      throw bad("'updates' " + std::to_string(m.updates) +
+                " is not between 0 and the step " + std::to_string(m.step));
     m.consumedSamples = j.at("consumed_samples").get<int64_t>();
     m.loss = j.at("loss").get<double>();
     m.layout = j.at("layout").get<std::string>();

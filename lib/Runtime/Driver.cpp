@@ -88,6 +88,9 @@ struct Options {
   std::string saveState;
   std::string resume;
   int64_t stopAfter = 0; // 0: run to --steps
+  // Steps in a row whose gradient is not finite that are skipped (no
+  // update) before the run stops; 0: stop at the first.
+  int64_t skipNonfinite = 0;
   int64_t checkpointEvery = 0; // with --save-state: also every N steps
   // Sharded checkpoints (Checkpoint.h): where, how often, which to keep.
   std::string ckptDir;
@@ -116,15 +119,35 @@ struct Options {
 };
 
 // The options of a rank program that take a value.
-const char *const kValueFlags[] = {
-    "--steps",       "--data",         "--init-from",   "--save-final",
-    "--metrics",     "--seed",         "--threads",     "--comm-report",
-    "--trace",       "--timeout",      "--save-state",  "--resume",
-    "--stop-after",  "--checkpoint-every", "--ckpt-dir", "--ckpt-every",
-    "--ckpt-keep",   "--prefetch",     "--record-samples", "--data-delay-ms",
-    "--log-every",   "--peak-tflops",  "--valid-data",  "--eval-every",
-    "--price-per-gpu-hour", "--progress", "--tensorboard",
-    "--eval-batches"};
+const char *const kValueFlags[] = {"--steps",
+                                   "--data",
+                                   "--init-from",
+                                   "--save-final",
+                                   "--metrics",
+                                   "--seed",
+                                   "--threads",
+                                   "--comm-report",
+                                   "--trace",
+                                   "--timeout",
+                                   "--save-state",
+                                   "--resume",
+                                   "--stop-after",
+                                   "--checkpoint-every",
+                                   "--ckpt-dir",
+                                   "--ckpt-every",
+                                   "--ckpt-keep",
+                                   "--prefetch",
+                                   "--record-samples",
+                                   "--data-delay-ms",
+                                   "--log-every",
+                                   "--peak-tflops",
+                                   "--valid-data",
+                                   "--eval-every",
+                                   "--price-per-gpu-hour",
+                                   "--progress",
+                                   "--tensorboard",
+                                   "--eval-batches",
+                                   "--skip-nonfinite"};
 const char *const kSwitchFlags[] = {"--help", "-h", "--quiet", "--strict"};
 
 // "1:02:03" (hours:minutes:seconds), "0:42" under an hour.
@@ -271,6 +294,11 @@ void printRunOptions(FILE *out, const Program *program) {
       "  --ckpt-keep K[:M]      keep the last K checkpoints and every one at\n"
       "                         a multiple of M steps (default: keep all)\n"
       "  --stop-after N         stop after step N of the --steps schedule\n"
+      "  --skip-nonfinite N     skip a step whose gradient is not finite (a\n"
+      "                         nan or inf global norm: no update, as if\n"
+      "                         its batch had not been trained on), at most\n"
+      "                         N in a row (default 0: stop at the first,\n"
+      "                         the parameters those of the last update)\n"
       "  --checkpoint-every N   with --save-state, also write the state\n"
       "                         every N steps (replacing the last one)\n"
       "  --metrics FILE         write one JSON object per step (step is\n"
@@ -287,7 +315,8 @@ void printRunOptions(FILE *out, const Program *program) {
       "%s)\n"
       "  --threads N            OpenMP and OpenBLAS threads (default: as set\n"
       "                         by the environment)\n"
-      "  --timeout SECONDS      end the job when a rank waits longer than this\n"
+      "  --timeout SECONDS      end the job when a rank waits longer than "
+      "this\n"
       "                         for another (a stopped, hung or dead rank;\n"
       "                         default $TESSEL_TIMEOUT, else 600)\n"
       "  --log-every N          a progress line every N steps (default 1)\n"
@@ -434,6 +463,8 @@ Options parseArgs(int argc, char **argv, const Program &program) {
       opts.timeout = parseSeconds(flag, value);
     } else if (flag == "--stop-after") {
       opts.stopAfter = parsePositive(flag, value);
+    } else if (flag == "--skip-nonfinite") {
+      opts.skipNonfinite = parseInteger(flag, value, 0);
     } else if (flag == "--checkpoint-every") {
       opts.checkpointEvery = parsePositive(flag, value);
     } else if (flag == "--data-delay-ms") {
@@ -1011,7 +1042,8 @@ std::vector<StageTensor> recvStageTensors(int source) {
 nlohmann::json ownPlan();
 
 void saveParams(const Program &program, const std::string &path,
-                const std::vector<StateStore> &stores, int64_t steps) {
+                const std::vector<StateStore> &stores, int64_t steps,
+                int64_t updates) {
   bool writer = commRank() == 0;
   bool stageLeader = isStageLeader();
   std::vector<std::vector<float>> gathered(program.numParams * stores.size());
@@ -1072,6 +1104,9 @@ void saveParams(const Program &program, const std::string &path,
   std::map<std::string, std::string> metadata = {
       {"program", program.name ? program.name : ""},
       {"steps", std::to_string(steps)}};
+  // A state's updates, where steps were skipped (--skip-nonfinite).
+  if (updates >= 0 && updates != steps)
+    metadata["updates"] = std::to_string(updates);
   // The model's fields, as plan.json records them: what `tessel export`
   // writes a Hugging Face config from.
   nlohmann::json plan = ownPlan();
@@ -2004,6 +2039,9 @@ int train(const Program &sharedProgram, const Options &opts) {
     device->copyMoments(program, (float *)adamM.get(), (float *)adamV.get(),
                         /*toDevice=*/false);
   };
+  // The updates applied so far: the steps trained less those skipped
+  // (--skip-nonfinite); set from a resumed state below.
+  int64_t updates = 0;
   auto writeState = [&](int64_t step) {
     fromDevice();
     wholeForSave();
@@ -2015,7 +2053,7 @@ int train(const Program &sharedProgram, const Options &opts) {
       expandStore(program, Layout::MomentPieces, (const float *)adamM.get(), savedM);
       expandStore(program, Layout::MomentPieces, (const float *)adamV.get(), savedV);
     }
-    saveParams(program, opts.saveState, wholeState(), step);
+    saveParams(program, opts.saveState, wholeState(), step, updates);
     freeWhole();
   };
   nlohmann::json plan = checkpoints || !opts.resume.empty()
@@ -2031,6 +2069,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     fromDevice();
     CheckpointInfo info;
     info.step = step;
+    info.updates = updates;
     info.consumedSamples = step * globalB;
     info.loss = loss;
     info.program = program.name ? program.name : "";
@@ -2083,6 +2122,7 @@ int train(const Program &sharedProgram, const Options &opts) {
            std::to_string(globalB) +
            ": its batches would not continue the saved run's");
     firstStep = m.step;
+    updates = m.updates;
     if (firstStep >= opts.steps)
       fail(inQuotes(m.dir) + " is at step " + std::to_string(firstStep) +
            ", and --steps is " + std::to_string(opts.steps) +
@@ -2102,6 +2142,14 @@ int train(const Program &sharedProgram, const Options &opts) {
            "metadata has no step)");
     firstStep = parseInteger("the step of " + inQuotes(opts.resume),
                              step->second, 0);
+    auto applied = metadata.find("updates");
+    updates = applied == metadata.end()
+                  ? firstStep
+                  : parseInteger("the updates of " + inQuotes(opts.resume),
+                                 applied->second, 0);
+    if (updates > firstStep)
+      fail(inQuotes(opts.resume) + " records " + std::to_string(updates) +
+           " updates in " + std::to_string(firstStep) + " steps");
     if (firstStep >= opts.steps)
       fail(inQuotes(opts.resume) + " is at step " +
            std::to_string(firstStep) + ", and --steps is " +
@@ -2208,6 +2256,8 @@ int train(const Program &sharedProgram, const Options &opts) {
   };
   auto runStart = std::chrono::steady_clock::now();
   float lastLoss = 0.0f, lowestLoss = INFINITY;
+  // Steps skipped for a gradient that was not finite: in a row, in all.
+  int64_t skippedInRow = 0, skippedSteps = 0;
   int64_t lowestStep = -1;
   // The steps this run trains: from a resumed state's, to --stop-after.
   int64_t lastStep =
@@ -2313,8 +2363,11 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (device)
       device->loadBatch(ctx, tokens.data(), targets.data(), B * Tc);
     ctx.step = step;
+    ctx.updates = updates;
     commSetStep(step);
-    ctx.lr = learningRate(config, step, opts.steps);
+    // The schedule counts updates: a skipped step does not advance it (as
+    // Megatron-LM's scheduler does not step on a skipped iteration).
+    ctx.lr = learningRate(config, updates, opts.steps);
     ctx.loss = NAN;
     ctx.gradNorm = NAN;
     ctx.metrics.clear();
@@ -2330,12 +2383,57 @@ int train(const Program &sharedProgram, const Options &opts) {
     double ms = std::chrono::duration<double, std::milli>(stop - start).count();
     double tokensPerSecond =
         ms > 0 ? (double)(globalB * T) / (ms / 1000.0) : 0.0;
+    // The global norm is every rank's, so every rank skips (or stops at)
+    // the same step; AdamW applied nothing (adamwStep).
+    bool skipped = !std::isfinite(ctx.gradNorm);
+    if (skipped) {
+      ++skippedInRow;
+      ++skippedSteps;
+      std::string what = "the gradient norm is " +
+                         std::string(std::isnan(ctx.gradNorm) ? "nan" : "inf") +
+                         " at step " + std::to_string(step + 1) + " of " +
+                         std::to_string(opts.steps) + " (loss " +
+                         (std::isfinite(ctx.loss) ? jsonNumber(ctx.loss, "%.4f")
+                          : std::isnan(ctx.loss)  ? "nan"
+                                                  : "inf") +
+                         ")";
+      if (skippedInRow > opts.skipNonfinite) {
+        // Every rank stops here (the norm is global): a checkpoint being
+        // written, of a step before, is committed first, so that the run
+        // resumes from the last good step.
+        if (checkpoints)
+          checkpoints->poll(/*wait=*/true);
+        throw AgreedError(
+            what +
+            ": the update was not applied, so the parameters and "
+            "AdamW's state are those of the last update (after step " +
+            std::to_string(step + 1 - skippedInRow) + ")" +
+            (opts.skipNonfinite > 0
+                 ? "; " + std::to_string(skippedInRow) +
+                       " such steps in a row, and --skip-nonfinite is " +
+                       std::to_string(opts.skipNonfinite)
+                 : "; --skip-nonfinite N skips such steps") +
+            (checkpoints ? "; the last checkpoint: " +
+                               (checkpoints->lastCommitted().empty()
+                                    ? std::string("none")
+                                    : checkpoints->lastCommitted())
+                         : std::string()));
+      }
+      if (leader)
+        std::fprintf(stderr,
+                     "warning: %s: step skipped (%" PRId64 " skipped in all)\n",
+                     what.c_str(), skippedSteps);
+    } else {
+      skippedInRow = 0;
+      ++updates;
+    }
     // The step all-reduces the loss, so every rank stops at the same step.
-    if (!std::isfinite(ctx.loss))
+    if (!skipped && !std::isfinite(ctx.loss))
       fail("loss is " + std::string(std::isnan(ctx.loss) ? "nan" : "inf") +
            " at step " + std::to_string(step + 1) + " of " +
            std::to_string(opts.steps));
-    lastLoss = ctx.loss;
+    if (!skipped)
+      lastLoss = ctx.loss;
     StepMetricsView stepMetrics = viewMetrics(ctx.metrics);
     // The validation loss, every --eval-every steps and after the last.
     std::string evalFields;
@@ -2380,13 +2478,13 @@ int train(const Program &sharedProgram, const Options &opts) {
           checkpointFields += ", \"ckpt_wait_ms\": " + since(wait);
         }
         auto snapshot = std::chrono::steady_clock::now();
-        writeCheckpoint(step + 1, ctx.loss);
+        writeCheckpoint(step + 1, lastLoss);
         checkpointFields += ", \"ckpt_snapshot_ms\": " + since(snapshot);
       }
       checkpointFields += ", \"ckpt_stall_ms\": " + since(begin);
     }
 
-    if (ctx.loss < lowestLoss) {
+    if (!skipped && ctx.loss < lowestLoss) {
       lowestLoss = ctx.loss;
       lowestStep = step;
     }
@@ -2438,17 +2536,17 @@ int train(const Program &sharedProgram, const Options &opts) {
           ", \"loss\": " + jsonNumber(ctx.loss, "%.9g") +
           ", \"lr\": " + jsonNumber(ctx.lr, "%.9g") +
           ", \"grad_norm\": " + jsonNumber(ctx.gradNorm, "%.9g") +
+          (skipped ? ", \"skipped\": true" : std::string()) +
           ", \"tokens_per_s\": " + jsonNumber(tokensPerSecond, "%.1f") +
           ", \"step_ms\": " + jsonNumber(ms, "%.3f") +
           ", \"data_wait_ms\": " + jsonNumber(dataWaitMs, "%.3f") +
           ", \"elapsed_s\": " + jsonNumber(elapsed, "%.3f") +
-          (config.flopsPerToken > 0
-               ? ", \"model_tflops_per_rank\": " +
-                     jsonNumber(modelTflops, "%.6g")
-               : std::string()) +
+          (config.flopsPerToken > 0 ? ", \"model_tflops_per_rank\": " +
+                                          jsonNumber(modelTflops, "%.6g")
+                                    : std::string()) +
           (opts.peakTflops > 0 && config.flopsPerToken > 0
-               ? ", \"mfu\": " + jsonNumber(modelTflops / opts.peakTflops,
-                                             "%.6g")
+               ? ", \"mfu\": " +
+                     jsonNumber(modelTflops / opts.peakTflops, "%.6g")
                : std::string()) +
           ", \"eta_s\": " + jsonNumber(eta, "%.3f") +
           // CPU: what rank 0 has held at most since before the plan's
@@ -2511,7 +2609,7 @@ int train(const Program &sharedProgram, const Options &opts) {
                                              : paramData);
   if (!opts.saveFinal.empty()) {
     wholeForSave();
-    saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep);
+    saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep, -1);
     freeWhole();
   }
   if (!opts.saveState.empty())

@@ -81,6 +81,11 @@ void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
                float maxNorm) {
   if (shadow)
     throw std::runtime_error("adamwStep: CPU programs keep no parameter copy");
+  // A gradient that is not finite (an overflow, a bad sample) makes the
+  // global norm nan or inf on every rank alike: no rank applies the step,
+  // and the parameters and moments stay those of the last update.
+  if (!std::isfinite(norm[0]))
+    return;
   adamwUpdate(p, g, m, v, n, lr, beta1, beta2, eps, weightDecay, step,
               clipCoefficient(norm[0], maxNorm));
 }

@@ -643,9 +643,14 @@ def total_grad_norm(params):
     return torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0)
 
 
-def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
+def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None, skip_nonfinite=False):
     """Runs `steps` steps; returns dict(losses, lr, grad_norm[, step_ms, tokens_per_s]),
     for an MoE model also lm_losses, aux_losses, z_losses and dropped.
+
+    With skip_nonfinite, a step whose gradient norm is not finite is skipped as
+    PyTorch's GradScaler skips one: optimizer.step() is not called (AdamW's step
+    count stays) and the learning-rate schedule does not advance (it follows the
+    updates applied, as Megatron-LM's scheduler does).
 
     An MoE model's step runs tcfg["microbatches"] consecutive slices of the batch:
     each one's loss is its cross-entropy (mean over its tokens) plus its MoE
@@ -666,6 +671,7 @@ def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
     if moes:
         out.update({"lm_losses": [], "aux_losses": [], "z_losses": [], "dropped": []})
     times = []
+    updates = 0
     model.train()
     for s in range(steps):
         t0 = time.perf_counter()
@@ -695,10 +701,14 @@ def train(model, tokens, mcfg, tcfg, steps, bench=False, log=None):
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         else:
             norm = total_grad_norm(params)
-        lr = lr_at(s, steps, tcfg)
+        lr = lr_at(updates if skip_nonfinite else s, steps, tcfg)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        optimizer.step()
+        if skip_nonfinite and not torch.isfinite(norm):
+            pass  # skipped: no update
+        else:
+            optimizer.step()
+            updates += 1
         times.append(time.perf_counter() - t0)
         out["losses"].append(float(loss.item()))
         out["lr"].append(float(lr))
@@ -742,6 +752,8 @@ def main(argv=None):
     ap.add_argument("--bench", action="store_true",
                     help="time steps (skipping the first 2) and print step_ms/tokens_per_s")
     ap.add_argument("--quiet", action="store_true", help="no per-step log on stderr")
+    ap.add_argument("--skip-nonfinite", action="store_true",
+                    help="skip a step whose gradient norm is not finite (no update)")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -762,7 +774,8 @@ def main(argv=None):
     tokens = load_tokens(args.data)
     steps = tcfg["steps"] if args.steps is None else args.steps
     log = None if (args.quiet or args.bench) else (lambda s: print(s, file=sys.stderr))
-    res = train(model, tokens, mcfg, tcfg, int(steps), bench=args.bench, log=log)
+    res = train(model, tokens, mcfg, tcfg, int(steps), bench=args.bench, log=log,
+                skip_nonfinite=args.skip_nonfinite)
     if args.out:
         with open(args.out, "w") as f:
             keys = ("losses", "lr", "grad_norm", "lm_losses", "aux_losses", "z_losses",

@@ -40,6 +40,7 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include <cstring>
@@ -932,8 +933,17 @@ llvm::Expected<int> cudaArchOf(const CompileOptions &options) {
   return static_cast<int>(number);
 }
 
+// A size in the unit that shows it: "37.4 GB", "812.5 MB", "3.1 kB",
+// "412 bytes" (a tiny model's plan does not read as 0.0 GB).
 std::string gigabytes(double bytes) {
-  return llvm::formatv("{0:f1} GB", bytes / 1e9).str();
+  double size = std::fabs(bytes);
+  if (size >= 1e9)
+    return llvm::formatv("{0:f1} GB", bytes / 1e9).str();
+  if (size >= 1e6)
+    return llvm::formatv("{0:f1} MB", bytes / 1e6).str();
+  if (size >= 1e3)
+    return llvm::formatv("{0:f1} kB", bytes / 1e3).str();
+  return llvm::formatv("{0} bytes", static_cast<int64_t>(bytes)).str();
 }
 
 // The program that holds the most per rank, and how much.
@@ -1205,7 +1215,10 @@ llvm::Expected<int64_t> tessel::parseBytes(llvm::StringRef text) {
         {"MiB", double(1ull << 20)},
         {"TB", 1e12},
         {"GB", 1e9},
+        {"KiB", double(1ull << 10)},
         {"MB", 1e6},
+        {"kB", 1e3},
+        {"KB", 1e3},
         {"B", 1}})
     if (number.consume_back(suffix)) {
       scale = factor;
@@ -1214,9 +1227,9 @@ llvm::Expected<int64_t> tessel::parseBytes(llvm::StringRef text) {
   double value = 0;
   if (number.trim().getAsDouble(value) || !(value > 0) ||
       value * scale > 9e18)
-    return llvm::createStringError(
-        "--memory-limit expects a size such as 80GB, 80GiB or 512MB, got '" +
-        text.str() + "'");
+    return llvm::createStringError("--memory-limit expects a size such as "
+                                   "80GB, 80GiB, 512MB or 64kB, got '" +
+                                   text.str() + "'");
   return static_cast<int64_t>(value * scale);
 }
 

@@ -165,6 +165,31 @@ TEST(CudaOptimizer, AdamwFirstStep) {
   expectClose(p.download(), std::vector<float>(n, want), 1e-5, 0, "p");
 }
 
+// A global norm that is not finite skips the step on the device as on the
+// CPU (tessel::rt::adamwStep): parameters, moments and copy untouched.
+TEST(CudaOptimizer, AdamwSkipsNonfiniteNorm) {
+  const int64_t n = 1000;
+  const std::vector<float> p0(n, 2.0f), m0(n, 0.5f), v0(n, 0.25f);
+  for (float bad : {NAN, INFINITY}) {
+    for (float maxNorm : {1.0f, 0.0f}) {
+      SCOPED_TRACE("norm=" + std::to_string(bad) +
+                   " maxNorm=" + std::to_string(maxNorm));
+      DeviceArray<float> p(p0), m(m0), v(v0), g(std::vector<float>(n, 1.0f)),
+          norm(std::vector<float>{bad});
+      DeviceArray<bf16> shadow(n);
+      sync();
+      adamwUpdate(p.get(), shadow.get(), g.get(), m.get(), v.get(), n, 1e-2f,
+                  0.9f, 0.999f, 1e-8f, 0.1f, 1, norm.get(), maxNorm);
+      sync();
+      expectClose(p.download(), p0, 0, 0, "p");
+      expectClose(m.download(), m0, 0, 0, "m");
+      expectClose(v.download(), v0, 0, 0, "v");
+      expectClose(shadow.download(), std::vector<float>(n, 0.0f), 0, 0,
+                  "shadow");
+    }
+  }
+}
+
 TEST(CudaOptimizer, ScalarAccumulate) {
   DeviceArray<float> a(std::vector<float>{1.5f}), b(std::vector<float>{2.25f});
   DeviceArray<float> acc(std::vector<float>{100.0f});

@@ -77,6 +77,35 @@ TEST(RuntimeOptimizer, AdamWGradScaleAndNoDecay) {
   EXPECT_FLOAT_EQ(p[0], 0.95f);
 }
 
+// A global norm that is not finite (a gradient that overflowed, a bad
+// sample) skips the step, clipping on or off, plain or sharded: nothing
+// moves. A finite one updates.
+TEST(RuntimeOptimizer, AdamWSkipsNonfiniteNorm) {
+  for (float bad : {NAN, INFINITY, -INFINITY})
+    for (float maxNorm : {1.0f, 0.0f}) {
+      std::vector<float> p = {1.0f, -2.0f}, m = {0.1f, 0.2f}, v = {0.3f, 0.4f};
+      std::vector<float> g = {NAN, 1.0f};
+      const std::vector<float> p0 = p, m0 = m, v0 = v;
+      float norm = bad;
+      adamwStep(p.data(), nullptr, g.data(), m.data(), v.data(), &norm, 1e-2f,
+                3, 2, 0.9f, 0.95f, 1e-8f, 0.1f, maxNorm);
+      EXPECT_EQ(p, p0);
+      EXPECT_EQ(m, m0);
+      EXPECT_EQ(v, v0);
+      adamwStepShard(p.data(), nullptr, g.data(), m.data(), v.data(), &norm,
+                     1e-2f, 3, 2, 0, 2, 0, false, false, 0.9f, 0.95f, 1e-8f,
+                     0.1f, maxNorm);
+      EXPECT_EQ(p, p0);
+      EXPECT_EQ(m, m0);
+      EXPECT_EQ(v, v0);
+    }
+  std::vector<float> p = {1.0f}, g = {0.5f}, m = {0.0f}, v = {0.0f};
+  float norm = 0.5f;
+  adamwStep(p.data(), nullptr, g.data(), m.data(), v.data(), &norm, 1e-2f, 1, 1,
+            0.9f, 0.95f, 1e-8f, 0.0f, 1.0f);
+  EXPECT_NE(p[0], 1.0f);
+}
+
 TEST(RuntimeOptimizer, ScheduleWarmup) {
   TrainConfig c = scheduleConfig(LrDecay::Cosine);
   EXPECT_FLOAT_EQ(learningRate(c, 0, 110), 1e-4f);

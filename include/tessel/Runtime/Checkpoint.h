@@ -66,6 +66,7 @@ struct CheckpointPiece {
 // What a checkpoint records besides the tensors.
 struct CheckpointInfo {
   int64_t step = 0;             // steps trained
+  int64_t updates = 0;          // of which applied (--skip-nonfinite)
   int64_t consumedSamples = 0;  // sequences read (step * global batch)
   double loss = 0;              // the loss of the last step
   std::string program, layout;  // program name, mesh ("dp2 x tp2")
@@ -145,6 +146,7 @@ private:
 struct CheckpointManifest {
   std::string dir; // the step directory
   int64_t step = 0, consumedSamples = 0;
+  int64_t updates = 0; // the updates applied in `step` steps
   double loss = 0;
   std::string layout;
   std::string model, train; // JSON text, "" when the manifest has none

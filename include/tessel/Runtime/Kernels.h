@@ -408,8 +408,9 @@ void addSumOfSquares(const T *x, double *sum, int64_t n);
 template <typename T>
 void normFromSums(const double *sums, T *out, int64_t parts);
 // One AdamW step (adamwUpdate) with the gradient clipped by the global norm
-// norm[0] to maxNorm (clipCoefficient). `shadow` must be null: CPU programs
-// have no low-precision copy of the parameters.
+// norm[0] to maxNorm (clipCoefficient); nothing at all when norm[0] is nan
+// or inf (the step is skipped). `shadow` must be null: CPU programs have no
+// low-precision copy of the parameters.
 void adamwStep(float *p, void *shadow, const float *g, float *m, float *v,
                const float *norm, float lr, int64_t step, int64_t n,
                float beta1, float beta2, float eps, float weightDecay,

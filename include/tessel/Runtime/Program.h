@@ -120,6 +120,10 @@ struct StepContext {
   const int32_t *targets; // [batch, seqLen]
   char *activations;
   int64_t step; // 0-based index of this step
+  // The updates applied before this step: `step` less the steps skipped
+  // for a gradient that was not finite (--skip-nonfinite). AdamW's bias
+  // correction counts updates + 1.
+  int64_t updates;
   float lr;     // learning rate for this step (set by the runtime)
   // Written by the step:
   float loss;

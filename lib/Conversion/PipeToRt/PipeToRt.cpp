@@ -144,6 +144,17 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       auto yield = cast<pipe::YieldOp>(body->getTerminator());
       OpBuilder end(yield);
       if (update && part == update.getOperation()) {
+        // A send of the update (a tied weight's gradient to the first
+        // stage) goes out at once: the stages' collectives after it (the
+        // norm's sums over pp) wait for the rank that receives it, and a
+        // runtime that queues sends to keep their order (CUDA's) would
+        // otherwise hold it until the step's end.
+        SmallVector<rt::SendOp> updateSends;
+        fn.walk([&](rt::SendOp send) { updateSends.push_back(send); });
+        for (rt::SendOp send : updateSends) {
+          OpBuilder after(send->getBlock(), ++Block::iterator(send));
+          rt::FlushSendsOp::create(after, send.getLoc());
+        }
         rt::FinishStepOp::create(end, loc, yield.getValues()[0],
                                  yield.getValues()[1]);
         // Then the metrics, by the names the step gives them.
@@ -230,13 +241,15 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
       bool first = done.insert({bool(bwd), chunk}).second;
       call(partFuncs[part], mb, first);
     }
-    // The update may overwrite what was sent: every send has completed.
+    // Every send of the step, the update's included, has completed at its
+    // end (both runtimes send from copies, so the update may overwrite what
+    // was sent). The send orders count on through the update's sends.
+    if (update)
+      call(partFuncs[update.getOperation()], 0, true);
     bool sends = false;
     program.walk([&](rt::SendOp) { sends = true; });
     if (sends)
       rt::WaitSendsOp::create(sb, loc);
-    if (update)
-      call(partFuncs[update.getOperation()], 0, true);
     for (auto &[part, fn] : partFuncs)
       fn->setAttr("rt.part_calls", b.getI64IntegerAttr(calls.lookup(fn)));
     func::ReturnOp::create(sb, loc);

@@ -260,7 +260,7 @@ LogicalResult convertFunction(func::FuncOp func, ModuleOp program,
   if (lr)
     line("const float lr = ctx.lr;");
   if (updates)
-    line("const int64_t updates = ctx.step + 1;");
+    line("const int64_t updates = ctx.updates + 1;");
 
   if (hasMicrobatch) {
     Value mb = literal(b, loc, b.getI64Type(), "mb");

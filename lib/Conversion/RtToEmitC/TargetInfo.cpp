@@ -121,8 +121,11 @@ public:
       if (auto comm = dyn_cast<rt::CommunicationOpInterface>(op)) {
         SmallVector<rt::CollectiveRecord> records;
         comm.describeCommunication(mesh, records);
+        // Pipeline messages go over the channels below; a collective
+        // matmul's steps (rt.shift_start, also send_recv) need their
+        // group's communicator.
         for (const rt::CollectiveRecord &r : records)
-          if (r.kind != "send_recv")
+          if (r.kind != "send_recv" || !isa<rt::SendOp, rt::RecvOp>(op))
             axes.insert(r.axes.bits());
       }
       if (usesScratch(op))

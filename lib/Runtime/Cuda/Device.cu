@@ -577,11 +577,11 @@ void waitForStep(rt::StepContext &ctx, bool loss, bool norm) {
 
 // AdamW's scalars for the step about to launch, in the pinned slots the
 // graph's first node copies to the device. The generated step passes
-// AdamW ctx.lr and the update count ctx.step + 1.
+// AdamW ctx.lr and the update count ctx.updates + 1.
 void refillSlots(const rt::StepContext &ctx) {
   DeviceState::StepGraph &g = state().graph;
   for (size_t i = 0; i < g.slots.size(); i++)
-    g.hostSlots[i] = detail::adamScalars(g.slots[i], ctx.lr, ctx.step + 1);
+    g.hostSlots[i] = detail::adamScalars(g.slots[i], ctx.lr, ctx.updates + 1);
 }
 
 // The running step to the device, on the compute stream (its first

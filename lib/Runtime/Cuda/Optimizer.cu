@@ -81,6 +81,10 @@ __global__ void adamwKernel(float *p, bf16 *shadow, const float *g, float *m,
                             const AdamScalars *slot, const float *norm) {
   // A captured step reads the scalars its launch was given (updateSlot).
   const AdamScalars k = slot ? *slot : byValue;
+  // A global norm that is not finite: the step is skipped on every rank
+  // (tessel::rt::adamwStep), parameters, copy and moments untouched.
+  if (!isfinite(norm[0]))
+    return;
   // torch.nn.utils.clip_grad_norm_'s coefficient, as
   // tessel::rt::clipCoefficient computes it (in double).
   float gradScale = 1.0f;

@@ -91,8 +91,8 @@ module attributes {dist.mesh = #dist.mesh<dp = 2>} {
 // CHECK-NEXT: call @forward0(%[[ONE]], %[[FALSE]])
 // CHECK-NEXT: call @backward0(%[[ZERO]], %[[TRUE]])
 // CHECK-NEXT: call @backward0(%[[ONE]], %[[FALSE]])
-// CHECK-NEXT: rt.wait_sends
 // CHECK-NEXT: call @update(%[[ZERO]], %[[TRUE]])
+// CHECK-NEXT: rt.wait_sends
 // CHECK-NEXT: return
 // CHECK: func.func private @forward0(%[[MB:.*]]: i64, %{{.*}}: i1)
 // CHECK-NOT: rt.microbatch
@@ -116,8 +116,8 @@ module attributes {dist.mesh = #dist.mesh<dp = 2>} {
 // CHECK-NEXT: call @backward0(%[[ZERO]], %[[TRUE]])
 // CHECK-NEXT: call @forward0(%[[ONE:.*]], %[[FALSE:.*]]) :
 // CHECK-NEXT: call @backward0(%[[ONE]], %[[FALSE]])
-// CHECK-NEXT: rt.wait_sends
 // CHECK-NEXT: call @update(%[[ZERO]], %[[TRUE]])
+// CHECK-NEXT: rt.wait_sends
 // The loss, yielded by the forward pass, is accumulated there, on the
 // function's first-run argument.
 // CHECK: func.func private @forward0(%[[MB:.*]]: i64, %[[FIRST:.*]]: i1)
@@ -254,8 +254,8 @@ module {
 // CHUNKS-NEXT: call @backward1(%[[ONE]], %[[FALSE]])
 // CHUNKS-NEXT: call @backward0(%[[ZERO]], %[[TRUE]])
 // CHUNKS-NEXT: call @backward0(%[[ONE]], %[[FALSE]])
-// CHUNKS-NEXT: rt.wait_sends
 // CHUNKS-NEXT: call @update(%[[ZERO]], %[[TRUE]])
+// CHUNKS-NEXT: rt.wait_sends
 // CHUNKS: func.func private @forward0
 // CHUNKS-NOT: rt.flush_sends
 // CHUNKS: func.func private @forward1

@@ -59,7 +59,7 @@
 // CHECK: verbatim "float *ACC = ctx.accumulators;"
 // CHECK-NEXT: verbatim "double *NS = ctx.normSums;"
 // CHECK-NEXT: verbatim "const float lr = ctx.lr;"
-// CHECK-NEXT: verbatim "const int64_t updates = ctx.step + 1;"
+// CHECK-NEXT: verbatim "const int64_t updates = ctx.updates + 1;"
 // CHECK: %[[NS:.*]] = literal "(NS + 0)" : !emitc.ptr<f64>
 // CHECK: call_opaque "allReduceSum"(%[[NS]]) {args = [0 : index, 1, #emitc.opaque<"6u">]}
 // CHECK: call_opaque "adamwStep"(%{{.*}}) {args = [0 : index, #emitc.opaque<"nullptr">, 1 : index, 2 : index, 3 : index, 4 : index, 5 : index, 6 : index, 64,
