@@ -383,15 +383,19 @@ bool dataParallel(unsigned axes) {
 }
 
 // While one lives, collectives over `axes`, a data-parallel set, pick the
-// background communicators and stream (a started collective, from its
-// checks to its enqueueing); other sets, and a job without communicators,
-// stay on the communication stream.
+// background communicators and stream (a collective, from its checks to
+// its enqueueing); other sets, and a job without communicators, stay on the
+// communication stream. Every collective of a data-parallel group, started
+// or blocking, runs there: one communicator and one stream per group, in
+// program order, so that no two of the group's NCCL kernels need to run at
+// once (NCCL does not promise that they can).
 struct BackgroundLane {
-  explicit BackgroundLane(unsigned axes) {
+  explicit BackgroundLane(unsigned axes) : previous(state().onBackground) {
     CommState &s = state();
     s.onBackground = s.backgroundStream && dataParallel(effectiveAxes(axes));
   }
-  ~BackgroundLane() { state().onBackground = false; }
+  ~BackgroundLane() { state().onBackground = previous; }
+  bool previous;
   BackgroundLane(const BackgroundLane &) = delete;
   BackgroundLane &operator=(const BackgroundLane &) = delete;
 };
@@ -1115,6 +1119,7 @@ namespace {
 template <typename T>
 void allReduce(T *buffer, int64_t n, unsigned axes, ncclRedOp_t op,
                const char *what) {
+  BackgroundLane lane(axes);
   checkAxes(axes, what);
   checkCount(n, what);
   count(CollectiveKind::AllReduce, n,
@@ -1143,6 +1148,7 @@ void allReduceMax(float *buffer, int64_t n, unsigned axes) {
 template <typename T>
 void allGatherAlong(const T *in, T *out, int64_t outer, int64_t len,
                     int64_t inner, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "allGatherAlong");
   if (outer < 0 || len < 0 || inner < 0)
     throw std::runtime_error("allGatherAlong of a negative shape");
@@ -1169,6 +1175,7 @@ void allGatherAlong(const T *in, T *out, int64_t outer, int64_t len,
 template <typename T>
 void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
                         int64_t inner, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "reduceScatterAlong");
   if (outer < 0 || len < 0 || inner < 0)
     throw std::runtime_error("reduceScatterAlong of a negative shape");
@@ -1196,8 +1203,9 @@ void reduceScatterAlong(const T *in, T *out, int64_t outer, int64_t len,
   });
 }
 
-// The started forms run on the communication stream as the blocking ones
-// do (the group's collectives stay in program order there) and leave the
+// The started forms run on the stream of the blocking ones (the
+// communication stream, or a data-parallel group's background lane: the
+// group's collectives stay in program order there) and leave the
 // compute stream's wait to commWait. Their blocks are the caller's (a
 // buffer of the memory plan), not the shared staging: a blocking
 // collective may use that while these are in flight.
@@ -1233,6 +1241,7 @@ template <typename T>
 CommRequest allGatherAlongStart(const T *in, T *out, void *blocks,
                                 int64_t outer, int64_t len, int64_t inner,
                                 unsigned axes) {
+  BackgroundLane lane(axes);
   ncclComm_t comm =
       startAlong(in, out, blocks, outer, len, inner, axes,
                  CollectiveKind::AllGather, "allGatherAlongStart");
@@ -1254,6 +1263,7 @@ template <typename T>
 CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
                                     int64_t outer, int64_t len, int64_t inner,
                                     unsigned axes) {
+  BackgroundLane lane(axes);
   ncclComm_t comm =
       startAlong(in, out, blocks, outer, len, inner, axes,
                  CollectiveKind::ReduceScatter, "reduceScatterAlongStart");
@@ -1276,6 +1286,7 @@ CommRequest reduceScatterAlongStart(const T *in, T *out, void *blocks,
 template <typename T>
 CommRequest shiftStart(const T *in, T *out, int64_t n, int64_t shift,
                        unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "shiftStart");
   checkCount(n, "shiftStart");
   int64_t g = rt::groupSize(axes);
@@ -1303,6 +1314,7 @@ CommRequest shiftStart(const T *in, T *out, int64_t n, int64_t shift,
 
 template <typename T>
 void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "allToAll");
   checkCount(n, "allToAll");
   int64_t g = rt::groupSize(axes);
@@ -1339,6 +1351,7 @@ void allToAll(const T *in, T *out, int64_t n, unsigned axes) {
 
 template <typename T>
 void broadcast(T *buffer, int64_t n, int root, unsigned axes) {
+  BackgroundLane lane(axes);
   checkAxes(axes, "broadcast");
   checkCount(n, "broadcast");
   int64_t g = rt::groupSize(axes);
