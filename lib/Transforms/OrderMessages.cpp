@@ -5,12 +5,16 @@
 // step calls its parts in schedule order), each send learns its place in
 // the receiver's sequence per microbatch (`order`), so the CUDA runtime can
 // issue a channel's sends in that order. The ranks are then run as the
-// runtime will run them, to show the protocol cannot deadlock.
+// CUDA runtime runs them on the device, op by op, to show the protocol
+// cannot deadlock: a send goes out at the first flush after it (when its
+// turn has come), a receive waits for its message, and a collective over
+// the pipeline waits for every stage to reach it.
 //
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Transforms/Passes.h"
 
+#include "dialects/Dist/DistOps.h"
 #include "dialects/Rt/RtOps.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -41,6 +45,29 @@ struct StepMessages {
   std::string what; // for messages: "backward of microbatch 2"
 };
 
+// What a rank's device does, in program order, as far as other pipeline
+// ranks are concerned.
+struct Event {
+  enum Kind { Recv, Send, Flush, WaitSends, Collective } kind;
+  Channel channel = {0, 0};
+  Message message = {0, 0};
+  const std::string *what = nullptr; // the part, for messages
+};
+
+// A blocking collective whose group spans pipeline ranks: every stage must
+// reach it (in the same order on every stage) before any passes it.
+bool spansPipeline(Operation *op, const MeshShape &mesh) {
+  auto comm = dyn_cast<rt::CommunicationOpInterface>(op);
+  if (!comm || isa<rt::SendOp, rt::RecvOp>(op) ||
+      llvm::any_of(op->getResultTypes(), llvm::IsaPred<rt::RequestType>))
+    return false;
+  SmallVector<rt::CollectiveRecord> records;
+  comm.describeCommunication(mesh, records);
+  return llvm::any_of(records, [](const rt::CollectiveRecord &r) {
+    return r.axes.contains(MeshAxis::PP);
+  });
+}
+
 struct OrderMessagesPass
     : tessel::impl::OrderMessagesBase<OrderMessagesPass> {
   void runOnOperation() override {
@@ -55,6 +82,8 @@ struct OrderMessagesPass
   LogicalResult order(ModuleOp top, StringRef stepName, bool eval) {
     std::map<Channel, std::vector<Message>> sent, received;
     std::map<int64_t, std::vector<StepMessages>> steps; // by rank
+    std::map<int64_t, std::vector<Event>> events;       // by rank
+    MeshShape mesh = dist::meshOf(top);
     for (auto program : top.getOps<ModuleOp>()) {
       auto rankAttr = program->getAttrOfType<IntegerAttr>("pipe.rank");
       auto step = program.lookupSymbol<func::FuncOp>(stepName);
@@ -81,10 +110,17 @@ struct OrderMessagesPass
       start.what = "start of the step";
       for (Operation &op : step.getBody().getOps())
         record(&op, 0, start);
-      for (auto call : step.getBody().getOps<func::CallOp>()) {
-        auto part = program.lookupSymbol<func::FuncOp>(call.getCallee());
-        if (!part || call.getNumOperands() != 2)
+      // The device's events: the step's ops and, at each call, the part's.
+      // (std::deque-like stability: `mine` is reserved below.)
+      std::vector<std::pair<Operation *, std::pair<int64_t, size_t>>> order;
+      for (Operation &op : step.getBody().getOps()) {
+        auto call = dyn_cast<func::CallOp>(op);
+        auto part = call ? program.lookupSymbol<func::FuncOp>(call.getCallee())
+                         : func::FuncOp();
+        if (!part || call.getNumOperands() != 2) {
+          order.push_back({&op, {0, 0}});
           continue;
+        }
         IntegerAttr mbAttr;
         if (!matchPattern(call.getOperand(0), m_Constant(&mbAttr))) {
           return call.emitOpError("runs a part for a microbatch not known "
@@ -96,7 +132,27 @@ struct OrderMessagesPass
         auto kind = part->getAttrOfType<StringAttr>("rt.part");
         messages.what = (kind ? kind.getValue().str() : "part") +
                         " of microbatch " + std::to_string(mb);
-        part.walk([&](Operation *op) { record(op, mb, messages); });
+        part.walk([&](Operation *op) {
+          record(op, mb, messages);
+          order.push_back({op, {mb, mine.size() - 1}});
+        });
+      }
+      std::vector<Event> &device = events[rank];
+      for (auto [op, where] : order) {
+        const std::string *what = &mine[where.second].what;
+        if (isa<rt::RecvOp, rt::SendOp>(op)) {
+          auto [from, to, tag] = rt::messageOf(op);
+          device.push_back({isa<rt::RecvOp>(op) ? Event::Recv : Event::Send,
+                            {from, to},
+                            {tag, where.first},
+                            what});
+        } else if (isa<rt::FlushSendsOp>(op)) {
+          device.push_back({Event::Flush, {0, 0}, {0, 0}, what});
+        } else if (isa<rt::WaitSendsOp>(op)) {
+          device.push_back({Event::WaitSends, {0, 0}, {0, 0}, what});
+        } else if (spansPipeline(op, mesh)) {
+          device.push_back({Event::Collective, {0, 0}, {0, 0}, what});
+        }
       }
     }
     for (auto &entry : received)
@@ -136,45 +192,89 @@ struct OrderMessagesPass
       return orders[{c, m.first}][m.second];
     };
 
-    // Runs the ranks as the CUDA runtime will: a part starts once every
-    // message it receives has been issued; its sends are queued and each
-    // channel issues its queued messages in order while the next one is
-    // there. Every rank finishing shows the protocol cannot deadlock.
-    std::map<Channel, int64_t> issued;
+    // Runs the ranks' devices as the CUDA runtime drives them: a send is
+    // queued; a flush issues, per channel, the queued sends whose turn has
+    // come (the runtime's count of the channel's issued sends; waiting for
+    // the step's sends resets it, and any send still queued then is never
+    // issued); a receive waits until its message has been issued; a
+    // collective over the pipeline waits until every stage has reached it.
+    // Every rank finishing shows the protocol cannot deadlock.
+    std::map<Channel, int64_t> issued, turn;
     std::map<Channel, std::set<int64_t>> queued;
     std::map<int64_t, size_t> next;
+    // Per rank, the collectives over the pipeline it has reached (the one
+    // it waits in included) and passed.
+    std::map<int64_t, int64_t> reached, passed;
+    auto flush = [&](int64_t rank) {
+      for (auto &[channel, q] : queued)
+        if (channel.first == rank)
+          while (q.count(turn[channel])) {
+            q.erase(turn[channel]++);
+            ++issued[channel];
+          }
+    };
     for (bool progress = true; progress;) {
       progress = false;
-      for (auto &[rank, calls] : steps) {
-        while (next[rank] < calls.size()) {
-          const StepMessages &call = calls[next[rank]];
-          if (!llvm::all_of(call.receives, [&](auto &r) {
-                return orderOf(r.first, r.second) < issued[r.first];
-              }))
+      for (auto &[rank, device] : events) {
+        while (next[rank] < device.size()) {
+          const Event &e = device[next[rank]];
+          if (e.kind == Event::Recv &&
+              orderOf(e.channel, e.message) >= issued[e.channel])
             break;
-          for (auto &[channel, m, send] : call.sends) {
-            std::set<int64_t> &q = queued[channel];
-            q.insert(orderOf(channel, m));
-            while (q.count(issued[channel]))
-              q.erase(issued[channel]++);
+          if (e.kind == Event::Collective) {
+            if (reached[rank] == passed[rank])
+              ++reached[rank];
+            int64_t k = reached[rank];
+            if (llvm::any_of(events, [&](auto &other) {
+                  return reached[other.first] < k;
+                }))
+              break;
+            ++passed[rank];
+          }
+          if (e.kind == Event::Send)
+            queued[e.channel].insert(orderOf(e.channel, e.message));
+          if (e.kind == Event::Flush || e.kind == Event::WaitSends)
+            flush(rank);
+          if (e.kind == Event::WaitSends) {
+            for (auto &[channel, q] : queued)
+              if (channel.first == rank && !q.empty())
+                return top.emitError(eval ? "evaluation: pipeline rank "
+                                          : "pipeline rank ")
+                       << rank << " never issues its send of order "
+                       << *q.begin() << " to rank " << channel.second
+                       << " (its turn on the channel is " << turn[channel]
+                       << " when the step waits for its sends)";
+            for (auto &[channel, t] : turn)
+              if (channel.first == rank)
+                t = 0;
           }
           ++next[rank];
           progress = true;
         }
       }
     }
-    for (auto &[rank, calls] : steps) {
-      if (next[rank] == calls.size())
+    for (auto &[rank, device] : events) {
+      if (next[rank] == device.size())
         continue;
-      const StepMessages &call = calls[next[rank]];
-      for (auto &[channel, m] : call.receives)
-        if (orderOf(channel, m) >= issued[channel]) {
-          return top.emitError(eval ? "evaluation: pipeline rank "
-                                    : "pipeline rank ")
-                 << rank << " would wait forever: its " << call.what
-                 << " receives message " << m.first << " from rank "
-                 << channel.first << ", which is never sent in turn";
-        }
+      const Event &e = device[next[rank]];
+      if (e.kind == Event::Recv)
+        return top.emitError(eval ? "evaluation: pipeline rank "
+                                  : "pipeline rank ")
+               << rank << " would wait forever: its " << *e.what
+               << " receives message " << e.message.first << " from rank "
+               << e.channel.first << ", which is never sent in turn";
+    }
+    for (auto &[rank, device] : events) {
+      if (next[rank] == device.size())
+        continue;
+      // Every rank left waits in a collective over the pipeline that
+      // another never reaches.
+      const Event &e = device[next[rank]];
+      return top.emitError(eval ? "evaluation: pipeline rank "
+                                : "pipeline rank ")
+             << rank << " would wait forever: its " << *e.what
+             << " waits in a collective over the pipeline that another "
+                "stage never reaches";
     }
 
     Builder b(&getContext());

@@ -301,10 +301,15 @@ def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
     posted, not by tag. On the rank programs after convert-pipe-to-rt, each
     `rt.send` gets `order`: per microbatch, its place in the sequence its
     receiver takes messages on that channel in `@train_step`, and
-    `eval_order` its place in `@eval_step` (tessel-eval-step). The ranks
-    are then run as the CUDA runtime runs them (a part starts once its messages have been
-    issued; each channel issues queued sends in order); a rank that would
-    wait forever is an error naming the part and the message.
+    `eval_order` its place in `@eval_step` (tessel-eval-step). The ranks'
+    devices are then run op by op as the CUDA runtime drives them: a send
+    is queued and goes out at the first `rt.flush_sends` (or
+    `rt.wait_sends`) at which its turn on the channel has come, a receive
+    waits for its message, a blocking collective over `pp` waits until
+    every stage has reached it, and `rt.wait_sends` resets the channels'
+    turns (a send still queued then is never issued). A rank that would
+    wait forever is an error naming the part and the message, or the
+    collective; so is a send never issued.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
