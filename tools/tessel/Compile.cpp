@@ -13,6 +13,7 @@
 #include "dialects/Pipe/PipeOps.h"
 #include "dialects/Graph/GraphOps.h"
 #include "dialects/Rt/RtOps.h"
+#include "tessel/Conversion/RtToEmitC/TargetInfo.h"
 #include "tessel/Emission/BuildProgram.h"
 #include "tessel/Frontend/ModelBuilder.h"
 #include "tessel/Frontend/Nesting.h"
@@ -147,7 +148,8 @@ struct ProgramOut {
 // What a rank program on rt (after convert-pipe-to-rt) holds: its
 // parameters, its memory plan, and every collective of one step in the
 // order the step runs them (each part's calls once per time it runs).
-ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
+ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
+                              const TargetInfo *device) {
   ProgramOut out;
   out.name = program.getSymName() ? program.getSymName()->str() : "program0";
   auto attr = [&](StringRef name) -> int64_t {
@@ -332,17 +334,27 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program) {
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }
+  // A device's buffers sized at start for the step's communication: each
+  // pipeline send's copy, held until the step waits for its sends, and the
+  // largest gather or reduce-scatter along an inner dimension's staging.
+  if (device) {
+    TargetInfo::DeviceInfo info = device->deviceInfo(program, top);
+    m["send_buffer_bytes"] = info.sendBytes;
+    m["staging_bytes"] = info.stagingBytes;
+    total += info.sendBytes + info.stagingBytes;
+  }
   m["total_bytes"] = total;
   out.memory = m;
   return out;
 }
 
 // Every rank program of `top` (after convert-pipe-to-rt), described.
-std::vector<ProgramOut> describeRtPrograms(ModuleOp top) {
+std::vector<ProgramOut> describeRtPrograms(ModuleOp top,
+                                           const TargetInfo *device) {
   std::vector<ProgramOut> programs;
   for (auto program : top.getOps<ModuleOp>())
     if (program->hasAttr("rt.arena_bytes"))
-      programs.push_back(describeRtProgram(top, program));
+      programs.push_back(describeRtProgram(top, program, device));
   return programs;
 }
 
@@ -989,8 +1001,9 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
         {"grads_bytes", "gradients"},
         {"optimizer_bytes", "optimizer state"},
         {"param_shadow_bytes", "bf16 parameters"},
-        {"activation_bytes", "activations"}})
-    if (memory->contains(key))
+        {"activation_bytes", "activations"},
+        {"send_buffer_bytes", "pipeline send buffers"}})
+    if (memory->contains(key) && (*memory)[key].get<double>() > 0)
       parts += std::string(parts.empty() ? "" : ", ") + what + " " +
                gigabytes((*memory)[key].get<double>());
   std::string message =
@@ -1019,6 +1032,9 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
   if (options.target == "cuda" && spec.parallel.offload == "none")
     settings.push_back(
         {"--offload optimizer", {"parallel.offload=\"optimizer\""}});
+  std::unique_ptr<TargetInfo> device =
+      options.target == "cuda" ? makeTargetInfo(options.target)
+                               : nullptr;
   for (const auto &[flags, overrides] : settings) {
     CompileOptions other = options;
     other.overrides.insert(other.overrides.end(), overrides.begin(),
@@ -1031,7 +1047,7 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
     std::vector<ProgramOut> otherPrograms;
     auto observe = [&](StringRef pass) {
       if (pass == "convert-pipe-to-rt")
-        otherPrograms = describeRtPrograms(*module);
+        otherPrograms = describeRtPrograms(*module, device.get());
     };
     auto noStage = [](const char *) { return llvm::Error::success(); };
     if (llvm::Error err = lower(other, context, diagnostics, otherSpec, module,
@@ -1088,11 +1104,13 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
     return writeFile(path, text);
   };
   bool cuda = options.target == "cuda";
+  std::unique_ptr<TargetInfo> device =
+      cuda ? makeTargetInfo(options.target) : nullptr;
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
     if (pass == "convert-pipe-to-rt" || pass == "tessel-inference-program")
-      programs = describeRtPrograms(*module);
+      programs = describeRtPrograms(*module, device.get());
   };
   if (llvm::Error err =
           lower(options, context, diagnostics, spec, module, stage, observe))
