@@ -556,6 +556,14 @@ struct PointToPointPattern : RtPattern<Op> {
                                        train + ")");
       }
     } else {
+      // MPI promises tags below 32768; the runtime keeps 32000 and up for
+      // its own messages (a save's).
+      int64_t last = (op.getTag() + 1) * microbatches - 1;
+      if (last >= 32000)
+        return op.emitOpError("needs MPI tags up to ")
+               << last << " (tag " << op.getTag() << " of " << microbatches
+               << " microbatches); pipeline messages must stay below 32000: "
+                  "fewer microbatches (parallel.microbatches)";
       call.text(Twine(op.getTag() * microbatches) + " + " + mb);
     }
     call.build(callee);
