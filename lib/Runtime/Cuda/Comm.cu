@@ -243,6 +243,9 @@ struct CommState {
   // (DeviceProgram::stagingBytes); grown only if a call needs more, which a
   // program that planned it does not.
   void *staging = nullptr;
+  // Stagings outgrown (kept until commStop: a captured step graph may
+  // still point into one).
+  std::vector<void *> retiredStaging;
   size_t stagingBytes = 0;
 
   // Started collectives: one completion event per request slot, owned by
@@ -543,7 +546,7 @@ void *staging(size_t bytes) {
     detail::notWhileCapturing("growing the collective staging");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (s.staging)
-      check(cudaFree(s.staging), "cudaFree");
+      s.retiredStaging.push_back(s.staging);
     s.staging = nullptr;
     s.stagingBytes = 0;
     check(cudaMalloc(&s.staging, bytes), "cudaMalloc (collective staging)");
@@ -572,17 +575,28 @@ void *staging(size_t bytes) {
   std::fflush(stdout);
   std::fprintf(stderr, "rank %d: error: %s\n", rt::commRank(), message.c_str());
   std::fflush(stderr);
-  for (unsigned axes = 0; axes < kNumAxisSets; axes++) {
-    if (s.comms[axes])
-      ncclCommAbort(s.comms[axes]);
-    if (s.background[axes])
-      ncclCommAbort(s.background[axes]);
-  }
-  for (P2PChannel &channel : s.channels)
-    if (channel.comm)
-      ncclCommAbort(channel.comm);
-  if (s.world)
-    ncclCommAbort(s.world);
+  // Aborting a communicator that a captured step graph still uses can wait
+  // for that graph (NCCL keeps the communicator until the graph is gone),
+  // and the main thread, stuck in the graph, never destroys it: the aborts
+  // run on a thread of their own, and the process ends after them or after
+  // ten seconds, whichever comes first.
+  static std::atomic<bool> aborted{false};
+  std::thread([&s] {
+    for (unsigned axes = 0; axes < kNumAxisSets; axes++) {
+      if (s.comms[axes])
+        ncclCommAbort(s.comms[axes]);
+      if (s.background[axes])
+        ncclCommAbort(s.background[axes]);
+    }
+    for (P2PChannel &channel : s.channels)
+      if (channel.comm)
+        ncclCommAbort(channel.comm);
+    if (s.world)
+      ncclCommAbort(s.world);
+    aborted = true;
+  }).detach();
+  for (int k = 0; k < 1000 && !aborted; k++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::fflush(stderr);
   ::_exit(1);
 }
@@ -1053,6 +1067,9 @@ void commStop() {
   if (s.staging)
     cudaFree(s.staging);
   s.staging = nullptr;
+  for (void *old : s.retiredStaging)
+    cudaFree(old);
+  s.retiredStaging.clear();
   s.stagingBytes = 0;
   for (SendBuffer &buffer : s.sendBuffers)
     cudaFree(buffer.data);

@@ -512,6 +512,13 @@ void stopDevice() {
   if (s.comm)
     check(cudaStreamSynchronize(s.comm), "cudaStreamSynchronize");
   s.started = false;
+  // The step's graph first: NCCL holds each communicator a captured graph
+  // uses until the graph is destroyed, and destroying the communicator
+  // before it waits for that forever.
+  DeviceState::StepGraph &g = s.graph;
+  if (g.exec)
+    cudaGraphExecDestroy(g.exec);
+  g.exec = nullptr;
   detail::commStop();
   detail::gemmShutdown();
   DeviceBuffers &b = s.buffers;
@@ -535,9 +542,6 @@ void stopDevice() {
     cudaEventDestroy(s.staged);
   s.staged = nullptr;
   b = DeviceBuffers();
-  DeviceState::StepGraph &g = s.graph;
-  if (g.exec)
-    cudaGraphExecDestroy(g.exec);
   if (g.hostSlots)
     cudaFreeHost(g.hostSlots);
   if (g.deviceSlots)
