@@ -110,15 +110,16 @@ struct OrderMessagesPass
       start.what = "start of the step";
       for (Operation &op : step.getBody().getOps())
         record(&op, 0, start);
-      // The device's events: the step's ops and, at each call, the part's.
-      // (std::deque-like stability: `mine` is reserved below.)
-      std::vector<std::pair<Operation *, std::pair<int64_t, size_t>>> order;
+      // The device's events: the step's ops and, at each call, the part's,
+      // each with its microbatch and the index of its entry in `mine` (read
+      // once `mine` has all its entries).
+      std::vector<std::pair<Operation *, std::pair<int64_t, size_t>>> visits;
       for (Operation &op : step.getBody().getOps()) {
         auto call = dyn_cast<func::CallOp>(op);
         auto part = call ? program.lookupSymbol<func::FuncOp>(call.getCallee())
                          : func::FuncOp();
         if (!part || call.getNumOperands() != 2) {
-          order.push_back({&op, {0, 0}});
+          visits.push_back({&op, {0, 0}});
           continue;
         }
         IntegerAttr mbAttr;
@@ -134,11 +135,11 @@ struct OrderMessagesPass
                         " of microbatch " + std::to_string(mb);
         part.walk([&](Operation *op) {
           record(op, mb, messages);
-          order.push_back({op, {mb, mine.size() - 1}});
+          visits.push_back({op, {mb, mine.size() - 1}});
         });
       }
       std::vector<Event> &device = events[rank];
-      for (auto [op, where] : order) {
+      for (auto [op, where] : visits) {
         const std::string *what = &mine[where.second].what;
         if (isa<rt::RecvOp, rt::SendOp>(op)) {
           auto [from, to, tag] = rt::messageOf(op);

@@ -947,7 +947,7 @@ llvm::Expected<int> cudaArchOf(const CompileOptions &options) {
 
 // A size in the unit that shows it: "37.4 GB", "812.5 MB", "3.1 kB",
 // "412 bytes" (a tiny model's plan does not read as 0.0 GB).
-std::string gigabytes(double bytes) {
+std::string sizeText(double bytes) {
   double size = std::fabs(bytes);
   if (size >= 1e9)
     return llvm::formatv("{0:f1} GB", bytes / 1e9).str();
@@ -1005,12 +1005,11 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
         {"send_buffer_bytes", "pipeline send buffers"}})
     if (memory->contains(key) && (*memory)[key].get<double>() > 0)
       parts += std::string(parts.empty() ? "" : ", ") + what + " " +
-               gigabytes((*memory)[key].get<double>());
+               sizeText((*memory)[key].get<double>());
   std::string message =
-      options.memoryLimitFrom + " (" + gigabytes(options.memoryLimit) +
-      " per rank): " + name +
-      " holds " + gigabytes(total) + " per rank, " +
-      gigabytes(total - options.memoryLimit) + " over (" + parts + ")";
+      options.memoryLimitFrom + " (" + sizeText(options.memoryLimit) +
+      " per rank): " + name + " holds " + sizeText(total) + " per rank, " +
+      sizeText(total - options.memoryLimit) + " over (" + parts + ")";
   // The settings that shed memory without changing the layout: each higher
   // ZeRO level, full recompute, the highest level with full recompute, and
   // (CUDA) offloading the optimizer state.
@@ -1057,7 +1056,7 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
     }
     auto [otherName, otherTotal] = largestProgram(otherPrograms);
     message += "; with " + flags + " the largest rank (" + otherName +
-               ") holds " + gigabytes(otherTotal) +
+               ") holds " + sizeText(otherTotal) +
                (otherTotal <= options.memoryLimit ? ", which fits"
                                                   : ", which does not fit");
     // What fitting would cost in traffic, when it is much more than now

@@ -382,7 +382,7 @@ cudaStream_t collectiveStream() {
 
 // An axis set whose started collectives get a background communicator.
 bool dataParallel(unsigned axes) {
-  return axes & (AxisSet(MeshAxis::DP).bits() | kDpShardBit | kDpReplicaBit);
+  return AxisSet::fromBits(axes).intersects(AxisSet::dataParallel());
 }
 
 // While one lives, collectives over `axes`, a data-parallel set, pick the
