@@ -730,10 +730,15 @@ def Rt_SendOp : Rt_CommOp<"send"> {
     runtime keys each message by both (CPU: an MPI tag; CUDA: its place in
     the receiver's order, `order`, which tessel-order-messages fills in;
     `eval_order` is its place when the forward-only `@eval_step` runs).
+    `ring`: its copy takes the next slot of the program's send ring
+    (`rt.send_ring_slots` slots of `rt.send_slot_bytes`), waiting until the
+    message that slot held has been received; without it the copy has a
+    buffer of its own until the step waits for its sends.
   }];
   let arguments = (ins Rt_Buffer:$buffer, I64:$microbatch, I64Attr:$offset,
                    I64Attr:$tag, OptionalAttr<DenseI64ArrayAttr>:$order,
-                   OptionalAttr<DenseI64ArrayAttr>:$eval_order);
+                   OptionalAttr<DenseI64ArrayAttr>:$eval_order,
+                   UnitAttr:$ring);
   let assemblyFormat = "`(` $buffer `)` `microbatch` $microbatch attr-dict `:` type($buffer)";
 }
 

@@ -68,8 +68,9 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   pm.addPass(createConvertPipeToRt());
   if (!options.gradientCheck)
     pm.addPass(createEvalStep());
-  if (options.target == "cuda")
-    pm.addPass(createOrderMessages());
+  OrderMessagesOptions messages;
+  messages.target = options.target;
+  pm.addPass(createOrderMessages(messages));
   pm.addPass(createSharePrograms());
   ConvertRtToEmitCOptions emission;
   emission.target = options.target;
@@ -91,6 +92,7 @@ const std::vector<tessel::PipelineStage> &tessel::trainPipelineStages() {
       {"tessel-overlap-gradient-syncs", "06-planned.mlir"},
       {"convert-pipe-to-rt", "07-programs.mlir"},
       {"tessel-eval-step", "07-programs.mlir"},
+      {"tessel-order-messages", "07-programs.mlir"},
       {"tessel-share-programs", "08-shared.mlir"},
       {"convert-rt-to-emitc", "09-emitc.mlir"},
   };

@@ -98,6 +98,11 @@ struct CommState {
   std::vector<MPI_Request> sends; // started by sendTo, ended by waitSends
   // What each pending send transmits (the caller may reuse its buffer).
   std::vector<std::vector<float>> sendCopies;
+  // The send ring (sendTo with ringSlots): each slot's copy and its send,
+  // and the ring sends made since waitSends.
+  std::vector<std::vector<float>> ringCopies;
+  std::vector<MPI_Request> ringSends;
+  int64_t ringNext = 0;
 };
 
 CommState &state() {
@@ -974,14 +979,41 @@ static int peerRank(int64_t n, MeshAxis axis, int offset, int tag,
   return (int)*peerRank;
 }
 
-void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset,
-            int tag) {
+void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag,
+            int64_t ringSlots) {
   TraceSpan span("send", tag);
   int peer = peerRank(n, axis, offset, tag, "sendTo");
   count(CollectiveKind::SendRecv, n, n * 4);
   // The caller's buffer lives in a statically planned arena that later ops
-  // reuse right away: send from a copy that lives until waitSends().
+  // reuse right away: send from a copy, in the ring's next slot once the
+  // message that slot held has been received, or one that lives until
+  // waitSends().
   CommState &s = state();
+  if (ringSlots > 0) {
+    if ((int64_t)s.ringCopies.size() != ringSlots) {
+      if (s.ringNext != 0)
+        throw std::runtime_error("sendTo: a send ring of " +
+                                 std::to_string(ringSlots) + " slots while " +
+                                 std::to_string(s.ringCopies.size()) +
+                                 " are in use");
+      s.ringCopies.resize(ringSlots);
+      s.ringSends.resize(ringSlots, MPI_REQUEST_NULL);
+    }
+    int64_t slot = s.ringNext++ % ringSlots;
+    MPI_Request &pending = s.ringSends[slot];
+    if (pending != MPI_REQUEST_NULL) {
+      Waiting waiting("pipeline send slot %lld to be free (its message "
+                      "received), before sending to rank %d (%s %+d, tag %d)",
+                      (long long)slot, peer, meshAxisName(axis), offset, tag);
+      waitAll(&pending, 1, "MPI_Wait (send slot)");
+    }
+    std::vector<float> &copy = s.ringCopies[slot];
+    copy.assign(buffer, buffer + n);
+    checkMpi(MPI_Isend(copy.data(), (int)n, MPI_FLOAT, peer, tag,
+                       MPI_COMM_WORLD, &pending),
+             "MPI_Isend");
+    return;
+  }
   s.sendCopies.emplace_back(buffer, buffer + n);
   MPI_Request request = MPI_REQUEST_NULL;
   checkMpi(MPI_Isend(s.sendCopies.back().data(), (int)n, MPI_FLOAT, peer, tag,
@@ -1012,7 +1044,14 @@ void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag) {
 
 void waitSends() {
   TraceSpan span("wait");
-  std::vector<MPI_Request> &sends = state().sends;
+  CommState &s = state();
+  std::vector<MPI_Request> &sends = s.sends;
+  for (MPI_Request &ring : s.ringSends)
+    if (ring != MPI_REQUEST_NULL) {
+      sends.push_back(ring);
+      ring = MPI_REQUEST_NULL;
+    }
+  s.ringNext = 0;
   if (sends.empty())
     return;
   std::vector<MPI_Request> pending;

@@ -303,6 +303,11 @@ struct Cursor {
   std::map<int64_t, double> slotDone;  // request table slot -> completion
   llvm::DenseMap<Value, double> requestDone;
   double sendsDone = 0;
+  // The send ring (rt.send_ring_slots): the messages of the ring sends
+  // since the step last waited for its sends, in order; a ring send waits
+  // until the one `ringSlots` before it has been received.
+  int64_t ringSlots = 0;
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> ringHeld;
   std::map<unsigned, int64_t> ppSyncs; // axes bits -> collectives passed
   bool graph = false; // its kernels are nodes of a CUDA graph
   ProgramTimes times;
@@ -378,8 +383,10 @@ private:
   std::vector<Cursor> cursors;
   llvm::DenseMap<Operation *, KernelCost> costs;
   std::map<std::pair<int64_t, unsigned>, GroupPlacement> groups;
-  // (sender, receiver, tag, microbatch) -> arrival.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, double> messages;
+  // (sender, receiver, tag, microbatch) -> arrival, and when the receiver
+  // took it (its send completed).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, double> messages,
+      received;
   // (axes bits, index) -> each program's arrival.
   std::map<std::pair<unsigned, int64_t>, std::map<size_t, double>> syncs;
   json events = json::array();
@@ -407,6 +414,8 @@ llvm::Error Simulation::load() {
     if (auto r = program->getAttrOfType<IntegerAttr>("pipe.rank"))
       c.pipelineRank = r.getInt();
     c.rank = layout.firstRankOfProgram(c.pipelineRank);
+    if (auto slots = program->getAttrOfType<IntegerAttr>("rt.send_ring_slots"))
+      c.ringSlots = slots.getInt();
     c.times.name = c.name;
     c.times.pipelineRank = c.pipelineRank;
     auto stepFn = program.lookupSymbol<func::FuncOp>("train_step");
@@ -540,6 +549,20 @@ bool Simulation::step(size_t index) {
 
   if (auto send = dyn_cast<rt::SendOp>(op)) {
     auto [from, to, tag] = rt::messageOf(op);
+    // A ring send copies into the slot once its last message was taken.
+    if (send.getRing() && c.ringSlots > 0) {
+      if ((int64_t)c.ringHeld.size() >= c.ringSlots) {
+        auto it = received.find(c.ringHeld[c.ringHeld.size() - c.ringSlots]);
+        if (it == received.end())
+          return false;
+        if (it->second > c.t) {
+          span(c, 0, "send slot", c.t, it->second);
+          c.times.bubble += it->second - c.t;
+          c.t = it->second;
+        }
+      }
+      c.ringHeld.push_back({from, to, tag, mbOf(send.getMicrobatch())});
+    }
     double bytes = rt::elementsOf(send.getBuffer()) *
                    double(rt::elementBytesOf(send.getBuffer()));
     GroupPlacement link;
@@ -567,10 +590,12 @@ bool Simulation::step(size_t index) {
       c.times.bubble += it->second - c.t;
       c.t = it->second;
     }
+    received[it->first] = c.t;
     advance();
     return true;
   }
   if (isa<rt::WaitSendsOp>(op)) {
+    c.ringHeld.clear();
     if (c.sendsDone > c.t) {
       span(c, 0, "wait sends", c.t, c.sendsDone);
       c.times.exposedComm += c.sendsDone - c.t;

@@ -6,11 +6,15 @@
 // activation in its forward and the table only in its backward, so on the
 // channel 0 -> 1 the receiver's order is act 0, table 0, act 1, table 1.
 
-// CHECK-LABEL: module @stage0
-// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = 1 : i64, order = array<i64: 1, 3>, tag = 2 : i64}
-// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = 1 : i64, order = array<i64: 0, 2>, tag = 0 : i64}
-// CHECK-LABEL: module @stage1
-// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = -1 : i64, order = array<i64: 0, 1>, tag = 1 : i64}
+// Both ranks' sends go to the send ring. Stage 0 needs two slots: with
+// one, its activation would take the table's slot while the table still
+// waits for its turn (order 1 after the activation's 0).
+
+// CHECK-LABEL: module @stage0 attributes {pipe.rank = 0 : i64, rt.send_ring_slots = 2 : i64, rt.send_slot_bytes = 64 : i64}
+// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = 1 : i64, order = array<i64: 1, 3>, ring, tag = 2 : i64}
+// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = 1 : i64, order = array<i64: 0, 2>, ring, tag = 0 : i64}
+// CHECK-LABEL: module @stage1 attributes {pipe.rank = 1 : i64, rt.send_ring_slots = 2 : i64, rt.send_slot_bytes = 32 : i64}
+// CHECK: rt.send(%{{.*}}) microbatch %{{.*}} {offset = -1 : i64, order = array<i64: 0, 1>, ring, tag = 1 : i64}
 module attributes {dist.mesh = #dist.mesh<pp = 2>} {
   module @stage0 attributes {pipe.rank = 0 : i64} {
     func.func @train_step() {

@@ -334,14 +334,22 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }
-  // A device's buffers sized at start for the step's communication: each
-  // pipeline send's copy, held until the step waits for its sends, and the
-  // largest gather or reduce-scatter along an inner dimension's staging.
+  // A device's buffers sized at start for the step's communication: the
+  // send ring's slots that the forward and backward sends' copies take in
+  // turn, a buffer for each other pipeline send (held until the step waits
+  // for its sends), and the largest gather or reduce-scatter along an inner
+  // dimension's staging.
   if (device) {
     TargetInfo::DeviceInfo info = device->deviceInfo(program, top);
-    m["send_buffer_bytes"] = info.sendBytes;
+    int64_t sendBytes =
+        info.sendBytes + info.sendRingSlots * info.sendSlotBytes;
+    m["send_buffer_bytes"] = sendBytes;
+    if (info.sendRingSlots > 0) {
+      m["send_ring_slots"] = info.sendRingSlots;
+      m["send_slot_bytes"] = info.sendSlotBytes;
+    }
     m["staging_bytes"] = info.stagingBytes;
-    total += info.sendBytes + info.stagingBytes;
+    total += sendBytes + info.stagingBytes;
   }
   m["total_bytes"] = total;
   out.memory = m;
@@ -1045,7 +1053,7 @@ llvm::Error checkMemoryLimit(const CompileOptions &options, const Spec &spec,
     OwningOpRef<ModuleOp> module;
     std::vector<ProgramOut> otherPrograms;
     auto observe = [&](StringRef pass) {
-      if (pass == "convert-pipe-to-rt")
+      if (pass == "tessel-order-messages")
         otherPrograms = describeRtPrograms(*module, device.get());
     };
     auto noStage = [](const char *) { return llvm::Error::success(); };
@@ -1108,7 +1116,7 @@ llvm::Error compileInto(const CompileOptions &options, llvm::StringRef out) {
   std::vector<ProgramOut> programs;
   // The plan is read from the rank programs on rt, before they become C++.
   auto observe = [&](StringRef pass) {
-    if (pass == "convert-pipe-to-rt" || pass == "tessel-inference-program")
+    if (pass == "tessel-order-messages" || pass == "tessel-inference-program")
       programs = describeRtPrograms(*module, device.get());
   };
   if (llvm::Error err =

@@ -201,9 +201,14 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
 
 // Point-to-point along one mesh axis, with the rank whose coordinate on
 // `axis` is this rank's + offset and every other coordinate equal. sendTo is
-// non-blocking (MPI_Isend): the buffer must stay untouched until
-// waitSends(). recvFrom blocks until the data has arrived. Tags must match.
-void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
+// non-blocking (MPI_Isend) and sends from a copy, so the caller may reuse
+// `buffer` at once: with `ringSlots` > 0 the copy takes the next of that
+// many slots in turn (waiting first until the message the slot held has
+// been received; the compiler chooses a count that cannot deadlock),
+// otherwise a buffer of its own until waitSends(). recvFrom blocks until the
+// data has arrived. Tags must match.
+void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag,
+            int64_t ringSlots = 0);
 void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
 // Completes every send started since the last call.
 void waitSends();

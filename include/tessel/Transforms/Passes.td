@@ -310,7 +310,22 @@ def OrderMessages : Pass<"tessel-order-messages", "mlir::ModuleOp"> {
     turns (a send still queued then is never issued). A rank that would
     wait forever is an error naming the part and the message, or the
     collective; so is a send never issued.
+
+    It then plans the send ring, on both targets: the copies of the
+    forward and backward parts' sends (`ring` on each) take
+    `rt.send_ring_slots` slots of `rt.send_slot_bytes` (the rank's largest
+    such send) in turn, and a send whose slot still holds a message waits
+    until that message has been received. The slot count is the smallest
+    with which the replay, with those waits, still finishes both steps on
+    every rank; so the send buffers no longer grow with the microbatches.
+    On the CPU target (MPI matches messages by tag, and a send goes out at
+    once) orders are not set and the replay issues each send when it is
+    made; a program it cannot replay keeps a buffer per send.
   }];
+  let options = [
+    Option<"target", "target", "std::string", "\"cuda\"",
+           "The runtime the messages are planned for (cuda, cpu)">,
+  ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 

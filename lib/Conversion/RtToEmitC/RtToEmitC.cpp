@@ -566,6 +566,17 @@ struct PointToPointPattern : RtPattern<Op> {
                   "fewer microbatches (parallel.microbatches)";
       call.text(Twine(op.getTag() * microbatches) + " + " + mb);
     }
+    // A ring send names the ring's slot count (tessel-order-messages).
+    if constexpr (std::is_same_v<Op, rt::SendOp>) {
+      if (op.getRing()) {
+        auto slots =
+            module->template getAttrOfType<IntegerAttr>("rt.send_ring_slots");
+        if (!slots || slots.getInt() < 1)
+          return op.emitOpError("is a ring send but its program has no "
+                                "rt.send_ring_slots");
+        call.integer(slots.getInt());
+      }
+    }
     call.build(callee);
     rewriter.eraseOp(op);
     return success();

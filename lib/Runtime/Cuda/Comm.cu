@@ -48,15 +48,17 @@
 // split in increasing (offset, parity) order; a key that no pair of
 // coordinates of the mesh can use is left out on every rank alike.
 //
-// sendTo copies the data into a send buffer on the compute stream and
-// queues the send; `order` is the message's index among everything this
-// rank sends to that peer in a training step, counted in the order the
-// peer receives them. flushSends (after every pipeline step) issues, per
-// peer, the queued sends whose turn has come, so the sender's issue order
-// is the receiver's even when a message is consumed after messages
-// produced later (the compiler computes the orders from the schedules);
-// waitSends (once per step) checks that every message went out and starts
-// counting again.
+// sendTo copies the data into a send buffer on the compute stream (the
+// send ring's next slot for a forward or backward part's send, once the
+// compute stream has waited for the send that slot held to complete; a
+// buffer of its own until waitSends otherwise) and queues the send; `order` is
+// the message's index among everything this rank sends to that peer in a
+// training step, counted in the order the peer receives them. flushSends (after
+// every pipeline step) issues, per peer, the queued sends whose turn has come,
+// so the sender's issue order is the receiver's even when a message is consumed
+// after messages produced later (the compiler computes the orders from the
+// schedules); waitSends (once per step) checks that every message went out and
+// starts counting again.
 //
 // Ordering. Collectives run on the communication stream. Each one first
 // makes that stream wait for the compute stream (an event), so it sees
@@ -195,6 +197,17 @@ struct QueuedSend {
   int peer;
   int offset;
   int channel; // index into CommState::channels
+  int ringSlot; // its slot of the send ring, or -1
+};
+
+// A slot of the send ring (sendTo with ringSlots): the buffer, and the
+// event recorded on its channel's stream once the send it holds is issued.
+struct RingSlot {
+  void *data = nullptr;
+  size_t bytes = 0;
+  cudaEvent_t sent = nullptr;
+  bool held = false;   // a send since waitSends copied into it
+  bool issued = false; // and that send has been issued (`sent` recorded)
 };
 
 // A point-to-point channel, the messages sent with `offset` from the
@@ -274,6 +287,16 @@ struct CommState {
   // after waitSends; a send that does not fit falls back to sendBuffers.
   char *sendArena = nullptr;
   size_t sendArenaBytes = 0, sendArenaUsed = 0;
+  // The send ring: DeviceProgram::sendRingSlots slots in one allocation of
+  // sendRingSlots x sendSlotBytes made at start (a slot outgrown, or a ring
+  // the program did not plan, gets a buffer of its own, outside a captured
+  // step), and the ring sends since waitSends. Inside a beginP2P group the
+  // slots whose sends were issued get their events at endP2P.
+  std::vector<RingSlot> ring;
+  char *ringArena = nullptr;
+  std::vector<void *> ringBuffers; // allocated for outgrown slots
+  int64_t ringNext = 0;
+  std::vector<std::pair<int, int>> groupRingSlots; // (slot, channel)
 
   // Watchdog; `mutex` guards everything below.
   std::mutex mutex;
@@ -864,6 +887,49 @@ void *nextSendBuffer(size_t bytes) {
   return s.sendBuffers[s.nextSendBuffer++].data;
 }
 
+// The ring's next slot, for a send of `bytes`, and its index. The compute
+// stream first waits until the send the slot held (issued, as the compiler
+// made sure) has completed, that is, been received.
+std::pair<void *, int> nextRingSlot(int64_t slots, size_t bytes) {
+  CommState &s = state();
+  if ((int64_t)s.ring.size() != slots) {
+    if (s.ringNext != 0)
+      throw std::runtime_error("sendTo: a send ring of " +
+                               std::to_string(slots) + " slots while " +
+                               std::to_string(s.ring.size()) + " are in use");
+    detail::notWhileCapturing("setting up the send ring");
+    for (RingSlot &slot : s.ring)
+      if (slot.sent)
+        cudaEventDestroy(slot.sent);
+    s.ring.assign(slots, RingSlot());
+    for (RingSlot &slot : s.ring)
+      slot.sent = newEvent();
+  }
+  int index = (int)(s.ringNext++ % slots);
+  RingSlot &slot = s.ring[index];
+  if (slot.held) {
+    if (!slot.issued)
+      throw std::runtime_error(
+          "rank " + std::to_string(rt::commRank()) + ": pipeline send slot " +
+          std::to_string(index) + " of " + std::to_string(slots) +
+          " is needed again before the send it holds was issued: the "
+          "program's send ring does not fit its schedule");
+    check(cudaStreamWaitEvent(computeStream(), slot.sent, 0),
+          "cudaStreamWaitEvent");
+  }
+  if (slot.bytes < bytes) {
+    detail::notWhileCapturing("allocating a send slot");
+    void *data = nullptr;
+    check(cudaMalloc(&data, bytes), "cudaMalloc (send slot)");
+    s.ringBuffers.push_back(data);
+    slot.data = data;
+    slot.bytes = bytes;
+  }
+  slot.held = true;
+  slot.issued = false;
+  return {slot.data, index};
+}
+
 } // namespace
 
 //===--- Start and stop (called by Device.cu)
@@ -892,6 +958,17 @@ void commStart(const DeviceProgram &program, int device) {
     check(cudaMalloc(&s.sendArena, (size_t)program.sendBytes),
           "cudaMalloc (pipeline send buffers)");
     s.sendArenaBytes = (size_t)program.sendBytes;
+  }
+  if (program.sendRingSlots > 0 && program.sendSlotBytes > 0) {
+    size_t slotBytes = (size_t)program.sendSlotBytes;
+    check(cudaMalloc(&s.ringArena, slotBytes * program.sendRingSlots),
+          "cudaMalloc (pipeline send ring)");
+    s.ring.assign(program.sendRingSlots, RingSlot());
+    for (size_t k = 0; k < s.ring.size(); k++) {
+      s.ring[k].data = s.ringArena + k * slotBytes;
+      s.ring[k].bytes = slotBytes;
+      s.ring[k].sent = newEvent();
+    }
   }
 
   // A one-rank mesh never starts MPI and needs no communicator.
@@ -1064,21 +1141,33 @@ void commStop() {
     ncclCommDestroy(s.world);
     s.world = nullptr;
   }
-  if (s.staging)
-    cudaFree(s.staging);
-  s.staging = nullptr;
-  for (void *old : s.retiredStaging)
-    cudaFree(old);
-  s.retiredStaging.clear();
+  // Device buffers: freed (cudaFree ignores null) and forgotten.
+  auto release = [](auto *&data) {
+    cudaFree(data);
+    data = nullptr;
+  };
+  auto releaseAll = [&](std::vector<void *> &buffers) {
+    for (void *&data : buffers)
+      release(data);
+    buffers.clear();
+  };
+  release(s.staging);
+  releaseAll(s.retiredStaging);
   s.stagingBytes = 0;
   for (SendBuffer &buffer : s.sendBuffers)
-    cudaFree(buffer.data);
+    release(buffer.data);
   s.sendBuffers.clear();
   s.nextSendBuffer = 0;
-  if (s.sendArena)
-    cudaFree(s.sendArena);
-  s.sendArena = nullptr;
+  release(s.sendArena);
   s.sendArenaBytes = s.sendArenaUsed = 0;
+  for (RingSlot &slot : s.ring)
+    if (slot.sent)
+      cudaEventDestroy(slot.sent);
+  s.ring.clear();
+  release(s.ringArena);
+  releaseAll(s.ringBuffers);
+  s.ringNext = 0;
+  s.groupRingSlots.clear();
   s.queuedSends.clear();
   s.inGroup = false;
   for (std::deque<InFlight> &inFlight : s.inFlight)
@@ -1839,6 +1928,17 @@ void flushSends() {
               "send", axes, (int64_t)send.count);
     p2pEnqueued(send.channel, /*isRecv=*/false, send.offset,
                 (int64_t)send.count);
+    // A ring slot is free again once this send has completed: an event
+    // after it on its channel (inside a group, after the group's end).
+    if (send.ringSlot >= 0) {
+      if (s.inGroup) {
+        s.groupRingSlots.push_back({send.ringSlot, send.channel});
+      } else {
+        RingSlot &slot = s.ring[send.ringSlot];
+        check(cudaEventRecord(slot.sent, channel.stream), "cudaEventRecord");
+        slot.issued = true;
+      }
+    }
   }
 }
 
@@ -1880,20 +1980,36 @@ void endP2P() {
                        nullptr, Clock::time_point()},
                       /*computeWaits=*/channel.groupHasRecv);
   }
+  for (auto [index, channel] : s.groupRingSlots) {
+    RingSlot &slot = s.ring[index];
+    check(cudaEventRecord(slot.sent, s.channels[channel].stream),
+          "cudaEventRecord");
+    slot.issued = true;
+  }
+  s.groupRingSlots.clear();
 }
 
 template <typename T>
 void sendTo(const T *buffer, int64_t n, MeshAxis axis, int offset,
-            int64_t order) {
+            int64_t order, int64_t ringSlots) {
   int peer = p2pPeer(n, axis, offset, "sendTo");
   count(CollectiveKind::SendRecv, n, n * (int64_t)sizeof(T));
   int channel = channelFor(offset, /*isRecv=*/false, "sendTo");
   // The caller's buffer lives in an arena that later kernels reuse right
-  // away (as on the CPU): send from a copy that lives until waitSends().
-  T *copy = (T *)nextSendBuffer((size_t)n * sizeof(T));
+  // away (as on the CPU): send from a copy, in the ring's next slot or in a
+  // buffer that lives until waitSends().
+  T *copy = nullptr;
+  int slot = -1;
+  if (ringSlots > 0) {
+    auto [data, index] = nextRingSlot(ringSlots, (size_t)n * sizeof(T));
+    copy = (T *)data;
+    slot = index;
+  } else {
+    copy = (T *)nextSendBuffer((size_t)n * sizeof(T));
+  }
   copyOnCompute(copy, buffer, n);
   state().queuedSends.push_back(
-      {order, copy, (size_t)n, ncclType<T>(), peer, offset, channel});
+      {order, copy, (size_t)n, ncclType<T>(), peer, offset, channel, slot});
 }
 
 template <typename T>
@@ -1926,6 +2042,10 @@ void waitSends() {
   s.nextOrder.clear();
   s.nextSendBuffer = 0;
   s.sendArenaUsed = 0;
+  // The compute stream waits for every send below: the ring starts over.
+  s.ringNext = 0;
+  for (RingSlot &slot : s.ring)
+    slot.held = slot.issued = false;
   for (P2PChannel &channel : s.channels) {
     if (!channel.sendsPending)
       continue;
@@ -1958,7 +2078,8 @@ void waitSends() {
       const T *, T *, void *, int64_t, int64_t, int64_t, unsigned);            \
   template CommRequest shiftStart<T>(const T *, T *, int64_t, int64_t,         \
                                      unsigned);                                \
-  template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t);         \
+  template void sendTo<T>(const T *, int64_t, MeshAxis, int, int64_t,          \
+                          int64_t);                                            \
   template void recvFrom<T>(T *, int64_t, MeshAxis, int);                      \
   template void detail::blocksToTensor<T>(const T *, T *, int64_t, int64_t,    \
                                           int64_t, int64_t, cudaStream_t);     \

@@ -63,9 +63,12 @@ public:
     std::vector<int64_t> p2pOffsets;
     // Device buffers sized at start rather than inside a step: the largest
     // all_gather / reduce_scatter staging along a dimension, and the bytes
-    // of every pipeline send between two waits for the sends.
+    // of every pipeline send outside the send ring between two waits for
+    // the sends; the ring's slots and their size (256-byte multiples).
     int64_t stagingBytes = 0;
     int64_t sendBytes = 0;
+    int64_t sendRingSlots = 0;
+    int64_t sendSlotBytes = 0;
     // parallel.offload = "optimizer": AdamW's moments in pinned host memory.
     bool offloadOptimizer = false;
     // Empty when the training step can be captured as a CUDA graph, else

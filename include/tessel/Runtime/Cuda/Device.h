@@ -145,7 +145,12 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
 // far, and the compute stream waits for the data before its next kernel.
 // waitSends flushes what is still queued, then makes the compute stream
 // wait until every send issued since the last call has completed; the send
-// buffers are reused only after it (it is called once per step).
+// buffers are reused only after it (it is called once per step). With
+// `ringSlots` > 0 the copy instead takes the next of that many slots of the
+// send ring in turn: the compute stream first waits until the send that
+// slot held has completed (been received). That send must have been issued
+// by then; the compiler chooses the count so that it is and no wait can
+// deadlock (tessel-order-messages).
 //
 // Operations between beginP2P() and endP2P() form one NCCL group, which may
 // span several channels: the receives issued in it and the sends flushSends
@@ -156,7 +161,7 @@ void beginP2P();
 void endP2P();
 template <typename T>
 void sendTo(const T *buffer, int64_t n, rt::MeshAxis axis, int offset,
-            int64_t order);
+            int64_t order, int64_t ringSlots = 0);
 void flushSends();
 template <typename T>
 void recvFrom(T *buffer, int64_t n, rt::MeshAxis axis, int offset);
@@ -180,10 +185,15 @@ struct DeviceProgram {
   int cudaArch = 90;        // the arch the program was built for
   // Allocated at start so that no step allocates or synchronises the
   // device: the largest staging of an all-gather or reduce-scatter along a
-  // dimension, and room for the copies of every pipeline send one step
-  // makes (each rounded up to 256 bytes). 0: grown on first use.
+  // dimension, and room for the copies of every pipeline send outside the
+  // send ring one step makes (each rounded up to 256 bytes). 0: grown on
+  // first use.
   int64_t stagingBytes = 0;
   int64_t sendBytes = 0;
+  // The send ring that the forward and backward parts' sends take in turn:
+  // its slots and their size, allocated at start.
+  int64_t sendRingSlots = 0;
+  int64_t sendSlotBytes = 0;
   // Axis sets (masks) that collectives of this program run over.
   const unsigned *commAxes = nullptr;
   int numCommAxes = 0;
