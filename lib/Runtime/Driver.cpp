@@ -954,17 +954,18 @@ int64_t readInt(const std::vector<char> &in, size_t &pos) {
   return value;
 }
 
-// A global tensor of another pipeline stage, received by rank 0.
-struct StageTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
+int64_t numelOf(const std::vector<int64_t> &shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape)
+    numel *= d;
+  return numel;
+}
 
-// A stage leader other than rank 0 sends its stage's global tensors: the
-// size of a header (count, then per tensor a length-prefixed name, rank and
-// shape), the header, then each tensor's floats.
-void sendStageTensors(const std::vector<SafetensorView> &views) {
+// A stage leader other than rank 0 tells rank 0 the names and shapes of
+// its stage's global tensors: the size of a header, then the header
+// (count, then per tensor a length-prefixed name, rank and shape). Their
+// floats follow one tensor at a time, as the stage gathers them.
+void sendStageHeader(const std::vector<SafetensorView> &views) {
   std::vector<char> header;
   appendInt(header, (int64_t)views.size());
   for (const SafetensorView &v : views) {
@@ -982,63 +983,54 @@ void sendStageTensors(const std::vector<SafetensorView> &views) {
       MPI_Send(header.data(), (int)size, MPI_CHAR, 0, kSaveHeaderTag,
                MPI_COMM_WORLD) != MPI_SUCCESS)
     fail("sending the final weights to rank 0 failed");
-  for (const SafetensorView &v : views) {
-    int64_t numel = 1;
-    for (int64_t d : v.shape)
-      numel *= d;
-    sendFloats(v.data, numel, 0);
-  }
 }
 
-std::vector<StageTensor> recvStageTensors(int source) {
+// The tensors (names and shapes, no data) a stage leader announces.
+std::vector<SafetensorView> recvStageHeader(int source) {
+  std::string failed = "receiving the final weights of rank " +
+                       std::to_string(source) + " failed";
+  std::string invalid = "the final weights received from rank " +
+                        std::to_string(source) + " have an invalid header";
   int64_t size = 0;
   if (MPI_Recv(&size, 1, MPI_INT64_T, source, kSaveSizeTag, MPI_COMM_WORLD,
                MPI_STATUS_IGNORE) != MPI_SUCCESS ||
       size < 0 || size > INT_MAX)
-    fail("receiving the final weights of rank " + std::to_string(source) +
-         " failed");
+    fail(failed);
   std::vector<char> header(size);
   if (MPI_Recv(header.data(), (int)size, MPI_CHAR, source, kSaveHeaderTag,
                MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-    fail("receiving the final weights of rank " + std::to_string(source) +
-         " failed");
+    fail(failed);
   size_t pos = 0;
   int64_t count = readInt(header, pos);
   if (count < 0 || count > size)
-    fail("the final weights received from rank " + std::to_string(source) +
-         " have an invalid header");
-  std::vector<StageTensor> tensors(count);
-  for (StageTensor &t : tensors) {
+    fail(invalid);
+  std::vector<SafetensorView> tensors(count);
+  for (SafetensorView &t : tensors) {
     int64_t length = readInt(header, pos);
     if (length < 0 || pos + length > header.size())
-      fail("the final weights received from rank " + std::to_string(source) +
-           " have an invalid header");
+      fail(invalid);
     t.name.assign(header.data() + pos, length);
     pos += length;
     int64_t rank = readInt(header, pos);
     if (rank < 0 || rank > 8)
-      fail("the final weights received from rank " + std::to_string(source) +
-           " have an invalid header");
+      fail(invalid);
     for (int64_t d = 0; d < rank; d++)
       t.shape.push_back(readInt(header, pos));
-  }
-  for (StageTensor &t : tensors) {
-    int64_t numel = 1;
-    for (int64_t d : t.shape)
-      numel *= d;
-    t.data.resize(numel);
-    recvFloats(t.data.data(), numel, source);
+    t.data = nullptr;
   }
   return tensors;
 }
 
-// Saves the global parameters from rank 0. Every rank takes part: a split
-// parameter is all-gathered over its shard axis (group order is coordinate
-// order along that axis) and the stage leader (every coordinate but pp 0)
-// puts the pieces back in checkpoint layout. Replicated parameters are
-// written from the leader's copy. With pipeline stages, each leader other
-// than rank 0 then sends its stage's tensors to rank 0, which writes one
-// file with every stage's parameters in stage order.
+// Saves the global parameters from rank 0, one tensor at a time: no rank
+// holds more than its own stores and one global tensor. Every rank takes
+// part: a split parameter is all-gathered over its shard axis (group order
+// is coordinate order along that axis) and the stage leader (every
+// coordinate but pp 0) puts the pieces back in checkpoint layout.
+// Replicated parameters are written from the leader's copy. Rank 0 writes
+// one file with every stage's parameters in stage order: the other stage
+// leaders first send it their tensors' names and shapes, so that the file's
+// header is written before any data, then each tensor as they gather it,
+// which rank 0 writes once it has written the stages before.
 nlohmann::json ownPlan();
 
 void saveParams(const Program &program, const std::string &path,
@@ -1046,109 +1038,155 @@ void saveParams(const Program &program, const std::string &path,
                 int64_t updates) {
   bool writer = commRank() == 0;
   bool stageLeader = isStageLeader();
-  std::vector<std::vector<float>> gathered(program.numParams * stores.size());
-  std::vector<SafetensorView> views;
+  // This stage's tensors, in the file's order.
+  std::vector<SafetensorView> mine;
   for (size_t st = 0; st < stores.size(); st++)
-  for (int i = 0; i < program.numParams; i++) {
-    const ParamInfo &p = program.params[i];
-    const float *data = stores[st].data + p.offset;
-    ShardLayout layout = shardLayoutOf(p);
-    std::vector<float> firstPiece;
-    if (layout.parts2 > 1) {
-      // Cut twice: the first cut's piece from the second's over its axis,
-      // then as below.
-      std::vector<float> pieces(layout.parts2 * p.numel);
-      allGather(data, pieces.data(), p.numel,
-                AxisSet(p.secondShardAxis).bits());
-      std::vector<int64_t> shape = shapeOf(p);
-      shape[p.shardDim] = layout.pieceRows();
-      firstPiece.resize(p.numel * layout.parts2);
-      for (int64_t k = 0; k < layout.parts2; k++)
-        copyShardIn(cutAgain(makeShardLayout(shape.data(), p.rank,
-                                             p.shardDim, 1, 1, 0),
-                             shape.data(), p.rank, p.shardDim,
-                             p.secondShardDim, layout.parts2, k),
-                    pieces.data() + k * p.numel, firstPiece.data());
-      data = firstPiece.data();
-      layout.parts2 = 1;
-    }
-    int64_t numel = layout.numel();
-    if (isSplit(layout)) {
-      std::vector<float> pieces(layout.parts * numel);
-      allGather(data, pieces.data(), numel, AxisSet(p.shardAxis).bits());
-      if (stageLeader) {
-        std::vector<float> &global = gathered[st * program.numParams + i];
-        global.resize(layout.globalNumel());
-        for (int64_t k = 0; k < layout.parts; k++) {
-          ShardLayout piece = layout;
-          piece.index = k;
-          copyShardIn(piece, pieces.data() + k * numel, global.data());
-        }
-        data = global.data();
+    for (int i = 0; i < program.numParams; i++)
+      mine.push_back({program.params[i].name + stores[st].suffix,
+                      shapeOf(program.params[i]), nullptr});
+  std::vector<std::vector<SafetensorView>> stages;
+  if (stageLeader && !writer)
+    sendStageHeader(mine);
+  std::vector<SafetensorView> all;
+  std::map<std::string, std::string> metadata;
+  if (writer) {
+    stages.push_back(mine);
+    for (int64_t stage = 1; stage < meshSize(MeshAxis::PP); stage++)
+      stages.push_back(recvStageHeader(stageLeaderRank(stage)));
+    for (const std::vector<SafetensorView> &tensors : stages)
+      all.insert(all.end(), tensors.begin(), tensors.end());
+    metadata = {{"program", program.name ? program.name : ""},
+                {"steps", std::to_string(steps)}};
+    // A state's updates, where steps were skipped (--skip-nonfinite).
+    if (updates >= 0 && updates != steps)
+      metadata["updates"] = std::to_string(updates);
+    // The model's fields, as plan.json records them: what `tessel export`
+    // writes a Hugging Face config from.
+    nlohmann::json plan = ownPlan();
+    if (plan.is_object() && plan.contains("model"))
+      metadata["model"] = plan["model"].dump();
+  }
+
+  // One pass over the tensors, written to `target`: rank 0's error, if
+  // any (the other ranks' is always empty). After an error rank 0 still
+  // takes every tensor, so that no rank waits for it.
+  auto pass = [&](const std::string &target) {
+    std::unique_ptr<SafetensorsWriter> file;
+    std::string error;
+    auto attempt = [&](auto &&write) {
+      if (!error.empty())
+        return;
+      try {
+        write();
+      } catch (const std::runtime_error &e) {
+        error = e.what();
+        file.reset();
       }
+    };
+    if (writer)
+      attempt([&] {
+        file = std::make_unique<SafetensorsWriter>(target, all, metadata);
+      });
+    auto emit = [&](const float *data, int64_t numel) {
+      if (writer)
+        attempt([&] { file->write(data); });
+      else if (stageLeader)
+        sendFloats(data, numel, 0);
+    };
+    for (size_t st = 0; st < stores.size(); st++)
+      for (int i = 0; i < program.numParams; i++) {
+        const ParamInfo &p = program.params[i];
+        const float *data = stores[st].data + p.offset;
+        ShardLayout layout = shardLayoutOf(p);
+        std::vector<float> firstPiece;
+        if (layout.parts2 > 1) {
+          // Cut twice: the first cut's piece from the second's over its
+          // axis, then as below.
+          std::vector<float> pieces(layout.parts2 * p.numel);
+          allGather(data, pieces.data(), p.numel,
+                    AxisSet(p.secondShardAxis).bits());
+          std::vector<int64_t> shape = shapeOf(p);
+          shape[p.shardDim] = layout.pieceRows();
+          firstPiece.resize(p.numel * layout.parts2);
+          for (int64_t k = 0; k < layout.parts2; k++)
+            copyShardIn(cutAgain(makeShardLayout(shape.data(), p.rank,
+                                                 p.shardDim, 1, 1, 0),
+                                 shape.data(), p.rank, p.shardDim,
+                                 p.secondShardDim, layout.parts2, k),
+                        pieces.data() + k * p.numel, firstPiece.data());
+          data = firstPiece.data();
+          layout.parts2 = 1;
+        }
+        int64_t numel = layout.numel();
+        std::vector<float> global;
+        if (isSplit(layout)) {
+          std::vector<float> pieces(layout.parts * numel);
+          allGather(data, pieces.data(), numel, AxisSet(p.shardAxis).bits());
+          if (stageLeader) {
+            global.resize(layout.globalNumel());
+            for (int64_t k = 0; k < layout.parts; k++) {
+              ShardLayout piece = layout;
+              piece.index = k;
+              copyShardIn(piece, pieces.data() + k * numel, global.data());
+            }
+            data = global.data();
+          }
+        }
+        if (stageLeader)
+          emit(data, numelOf(shapeOf(p)));
+      }
+    if (writer) {
+      std::vector<float> buffer;
+      for (size_t stage = 1; stage < stages.size(); stage++)
+        for (const SafetensorView &t : stages[stage]) {
+          buffer.resize(numelOf(t.shape));
+          recvFloats(buffer.data(), (int64_t)buffer.size(),
+                     stageLeaderRank(stage));
+          attempt([&] { file->write(buffer.data()); });
+        }
+      attempt([&] { file->commit(); });
     }
-    views.push_back({p.name + stores[st].suffix, shapeOf(p), data});
+    return error;
+  };
+
+  // The trained weights are not lost when the file cannot be written (its
+  // directory removed, the disk full): the ranks save them again, next to
+  // it, then in $TMPDIR, and the error says where.
+  std::vector<std::string> targets = {path};
+  if (writer) {
+    std::string base = path;
+    while (base.size() > 1 && base.back() == '/')
+      base.pop_back();
+    const std::string extension = ".safetensors";
+    if (base.size() > extension.size() &&
+        base.compare(base.size() - extension.size(), extension.size(),
+                     extension) == 0)
+      base.resize(base.size() - extension.size());
+    std::string suffix =
+        ".rescued-" + std::to_string(::getpid()) + ".safetensors";
+    const char *tmpdir = std::getenv("TMPDIR");
+    targets.push_back(base + suffix);
+    targets.push_back(std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/" +
+                      base.substr(base.find_last_of('/') + 1) + suffix);
   }
-  if (!stageLeader)
-    return;
-  if (!writer) {
-    sendStageTensors(views);
-    return;
-  }
-  std::vector<std::vector<StageTensor>> stages;
-  for (int64_t stage = 1; stage < meshSize(MeshAxis::PP); stage++)
-    stages.push_back(recvStageTensors(stageLeaderRank(stage)));
-  for (const std::vector<StageTensor> &tensors : stages)
-    for (const StageTensor &t : tensors)
-      views.push_back({t.name, t.shape, t.data.data()});
-  std::map<std::string, std::string> metadata = {
-      {"program", program.name ? program.name : ""},
-      {"steps", std::to_string(steps)}};
-  // A state's updates, where steps were skipped (--skip-nonfinite).
-  if (updates >= 0 && updates != steps)
-    metadata["updates"] = std::to_string(updates);
-  // The model's fields, as plan.json records them: what `tessel export`
-  // writes a Hugging Face config from.
-  nlohmann::json plan = ownPlan();
-  if (plan.is_object() && plan.contains("model"))
-    metadata["model"] = plan["model"].dump();
-  // The trained weights are not lost when the file cannot be written at the
-  // end (its directory removed, the disk full): they go next to it, or to
-  // $TMPDIR, and the error says where.
   std::string failure;
-  try {
-    writeSafetensors(path, views, metadata);
-    return;
-  } catch (const std::runtime_error &e) {
-    failure = e.what();
-  }
-  std::string base = path;
-  while (base.size() > 1 && base.back() == '/')
-    base.pop_back();
-  const std::string extension = ".safetensors";
-  if (base.size() > extension.size() &&
-      base.compare(base.size() - extension.size(), extension.size(),
-                   extension) == 0)
-    base.resize(base.size() - extension.size());
-  std::string suffix = ".rescued-" + std::to_string(::getpid()) +
-                       ".safetensors";
-  const char *tmpdir = std::getenv("TMPDIR");
-  std::string elsewhere =
-      std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/" +
-      base.substr(base.find_last_of('/') + 1) + suffix;
-  for (const std::string &fallback : {base + suffix, elsewhere}) {
-    bool saved = false;
-    try {
-      writeSafetensors(fallback, views, metadata);
-      saved = true;
-    } catch (const std::runtime_error &e) {
-      failure += "; " + std::string(e.what());
+  for (int attempt = 0; attempt < 3; attempt++) {
+    std::string error = pass(writer ? targets[attempt] : path);
+    // Every rank learns whether rank 0 wrote the file.
+    int written = error.empty() ? 1 : 0;
+    if (commWorldSize() > 1 &&
+        MPI_Bcast(&written, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+      fail("saving the final weights failed");
+    if (written) {
+      if (writer && attempt > 0)
+        fail(failure + "; the final weights are saved in " +
+             inQuotes(targets[attempt]) + " instead");
+      return;
     }
-    if (saved)
-      fail(failure + "; the final weights are saved in " + inQuotes(fallback) +
-           " instead");
+    failure += (failure.empty() ? "" : "; ") + error;
   }
-  fail(failure + "; the final weights could not be saved");
+  if (writer)
+    fail(failure + "; the final weights could not be saved");
 }
 
 // The boxes of the global tensor that this rank's shard of `p` holds, one

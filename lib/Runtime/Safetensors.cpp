@@ -309,9 +309,6 @@ std::string safetensorsPrefix(const std::string &path,
              " has negative shape " + formatShape(t.shape));
       numel *= (uint64_t)d;
     }
-    if (numel > 0 && !t.data)
-      fail("cannot write " + inQuotes(path) + ": tensor " + inQuotes(t.name) +
-           " has no data");
     nlohmann::ordered_json entry;
     entry["dtype"] = "F32";
     entry["shape"] = t.shape;
@@ -329,27 +326,57 @@ std::string safetensorsPrefix(const std::string &path,
 }
 } // namespace
 
-std::string writeSafetensors(
+SafetensorsWriter::SafetensorsWriter(
     const std::string &path, const std::vector<SafetensorView> &tensors,
-    const std::map<std::string, std::string> &metadata) {
-  std::string prefix = safetensorsPrefix(path, tensors, metadata);
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE *f = std::fopen(tmp.c_str(), "wb");
-  if (!f)
-    fail("cannot create " + inQuotes(tmp) + ": " + std::strerror(errno));
-  bool ok = std::fwrite(prefix.data(), 1, prefix.size(), f) == prefix.size();
+    const std::map<std::string, std::string> &metadata)
+    : path(path), tmp(path + ".tmp." + std::to_string(::getpid())),
+      prefix(safetensorsPrefix(path, tensors, metadata)) {
   for (const SafetensorView &t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape)
       numel *= (size_t)d;
-    if (ok && numel > 0)
-      ok = std::fwrite(t.data, sizeof(float), numel, f) == numel;
+    names.push_back(t.name);
+    sizes.push_back(numel);
   }
+  file = std::fopen(tmp.c_str(), "wb");
+  if (!file)
+    fail("cannot create " + inQuotes(tmp) + ": " + std::strerror(errno));
+  if (std::fwrite(prefix.data(), 1, prefix.size(), file) != prefix.size())
+    fail("cannot write " + inQuotes(path) + ": " + std::strerror(errno));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (file) {
+    std::fclose(file);
+    std::remove(tmp.c_str());
+  }
+}
+
+void SafetensorsWriter::write(const float *data) {
+  if (!file || next >= sizes.size())
+    fail("cannot write " + inQuotes(path) +
+         ": more tensors than its header "
+         "lists");
+  size_t numel = sizes[next];
+  const std::string &name = names[next++];
+  if (numel > 0 && !data)
+    fail("cannot write " + inQuotes(path) + ": tensor " + inQuotes(name) +
+         " has no data");
+  if (numel > 0 && std::fwrite(data, sizeof(float), numel, file) != numel)
+    fail("cannot write " + inQuotes(path) + ": " + std::strerror(errno));
+}
+
+std::string SafetensorsWriter::commit() {
+  if (!file || next != sizes.size())
+    fail("cannot write " + inQuotes(path) + ": " +
+         std::to_string(sizes.size() - next) + " of its tensors missing");
   // On the disk before it takes the name: a crash after the rename leaves
   // the whole file or the previous one, never a torn one.
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  errno = 0;
+  bool ok = std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   int err = errno;
-  ok = (std::fclose(f) == 0) && ok;
+  ok = (std::fclose(file) == 0) && ok;
+  file = nullptr;
   if (!ok) {
     err = err ? err : errno;
     std::remove(tmp.c_str());
@@ -369,6 +396,16 @@ std::string writeSafetensors(
     ::close(fd);
   }
   return prefix;
+}
+
+std::string
+writeSafetensors(const std::string &path,
+                 const std::vector<SafetensorView> &tensors,
+                 const std::map<std::string, std::string> &metadata) {
+  SafetensorsWriter writer(path, tensors, metadata);
+  for (const SafetensorView &t : tensors)
+    writer.write(t.data);
+  return writer.commit();
 }
 
 } // namespace tessel::rt

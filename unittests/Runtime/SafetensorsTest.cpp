@@ -11,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 using namespace tessel::rt;
 
 namespace {
@@ -109,6 +111,65 @@ TEST(RuntimeSafetensors, WriteRejectsDuplicatesAndLeavesNoFile) {
   EXPECT_THROW(
       writeSafetensors(tempPath("nodir/x.safetensors"), {{"a", {1}, &x}}),
       std::runtime_error);
+}
+
+// The streaming writer writes, tensor by tensor, the bytes writeSafetensors
+// writes at once; the file appears only at commit, and a writer given up
+// (or given too few or too many tensors) leaves no file and no temporary.
+TEST(RuntimeSafetensors, StreamingWriterMatchesAndCommitsAtomically) {
+  std::string whole = tempPath("whole.safetensors");
+  std::string streamed = tempPath("streamed.safetensors");
+  std::remove(streamed.c_str());
+  std::vector<float> a = {1.5f, -2.25f, 3.0f, 0.1f, 1e-30f, -0.0f};
+  float b = 42.0f;
+  std::vector<SafetensorView> views = {{"h.0.w", {2, 3}, a.data()},
+                                       {"bias", {}, &b},
+                                       {"empty", {0, 4}, nullptr}};
+  std::string prefix = writeSafetensors(whole, views, {{"steps", "3"}});
+  std::vector<SafetensorView> names = views;
+  for (SafetensorView &v : names)
+    v.data = nullptr;
+  {
+    SafetensorsWriter writer(streamed, names, {{"steps", "3"}});
+    writer.write(a.data());
+    writer.write(&b);
+    EXPECT_FALSE(std::ifstream(streamed).good());
+    writer.write(nullptr);
+    EXPECT_EQ(writer.commit(), prefix);
+  }
+  EXPECT_EQ(readAll(streamed), readAll(whole));
+
+  std::string given = tempPath("given-up.safetensors");
+  std::remove(given.c_str());
+  {
+    SafetensorsWriter writer(given, names);
+    writer.write(a.data());
+    EXPECT_NE(
+        errorOf([&] { writer.commit(); }).find("2 of its tensors missing"),
+        std::string::npos);
+  }
+  {
+    SafetensorsWriter writer(given, names);
+    writer.write(a.data());
+  }
+  EXPECT_FALSE(std::ifstream(given).good());
+  EXPECT_NE(errorOf([&] {
+              SafetensorsWriter writer(given, names);
+              writer.write(a.data());
+              writer.write(nullptr);
+            }).find("tensor 'bias' has no data"),
+            std::string::npos);
+  {
+    SafetensorsWriter writer(given, {names[0]});
+    writer.write(a.data());
+    EXPECT_NE(errorOf([&] {
+                writer.write(a.data());
+              }).find("more tensors than its header lists"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(std::ifstream(given).good());
+  EXPECT_FALSE(
+      std::ifstream(given + ".tmp." + std::to_string(::getpid())).good());
 }
 
 TEST(RuntimeSafetensors, HalfDecoding) {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -102,6 +103,34 @@ struct SafetensorView {
 std::string writeSafetensors(
     const std::string &path, const std::vector<SafetensorView> &tensors,
     const std::map<std::string, std::string> &metadata = {});
+
+// Writes a .safetensors file (F32) tensor by tensor, so that no more than
+// one tensor need be in memory: the header, from every tensor's name and
+// shape (`data` unused), when constructed; then each tensor's floats, in
+// the same order, one write() per tensor; commit() then puts the file
+// under its name, synced, as writeSafetensors does. Until then the data
+// go to a temporary file next to `path`, which a writer destroyed
+// uncommitted removes. Errors throw std::runtime_error naming the file.
+class SafetensorsWriter {
+public:
+  SafetensorsWriter(const std::string &path,
+                    const std::vector<SafetensorView> &tensors,
+                    const std::map<std::string, std::string> &metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter &) = delete;
+  SafetensorsWriter &operator=(const SafetensorsWriter &) = delete;
+  // The next tensor's product(shape) floats.
+  void write(const float *data);
+  // Returns the bytes the file begins with (see writeSafetensors).
+  std::string commit();
+
+private:
+  std::string path, tmp, prefix;
+  std::vector<std::string> names;
+  std::vector<size_t> sizes; // each tensor's floats
+  size_t next = 0;
+  FILE *file = nullptr;
+};
 
 // Half-precision decoding, exposed for tests.
 float halfToFloat(uint16_t bits);
