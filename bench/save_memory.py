@@ -20,7 +20,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESSEL = os.path.join(ROOT, "build", "bin", "tessel")
-LAYOUTS = [["--pp", "2"], ["--pp", "4"], ["--pp", "2", "--tp", "2"]]
+LAYOUTS = [["--pp", "2"], ["--pp", "4"], ["--pp", "2", "--tp", "2"], ["--dp", "2", "--zero", "3"]]
 
 
 def world_rank(pid):

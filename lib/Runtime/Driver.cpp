@@ -651,37 +651,26 @@ Owned ownedIn(const ParamInfo &p, Layout layout) {
           false};
 }
 
-// A store of pieces laid out as `layout` expanded into one laid out by the
-// parameters' `offset` (as a single file is written): each rank places its parts and the sum over the shard group
-// (dp, or a hybrid group of it) fills the rest (whole parameters: the
-// group's rank 0's count). Parameters whose pieces are cut over another
-// group (dp x ep) are summed over theirs.
-void expandStore(const Program &program, Layout layout, const float *store,
-                 float *full) {
-  unsigned shard = meshLayout().shape().shardAxes().bits();
-  std::set<unsigned> groups = {shard};
-  for (int i = 0; i < program.numParams; i++)
-    if (program.params[i].stateAxes && !ownedIn(program.params[i], layout).whole)
-      groups.insert(program.params[i].stateAxes);
-  std::fill_n(full, program.paramElems, 0.0f);
-  std::vector<float> part(groups.size() > 1 ? program.paramElems : 0);
+// Parameter i of a store laid out as `layout`, as the parameters' layout
+// holds it (its numel floats): in place, or (the store holds this rank's
+// pieces) put together in `scratch` from every rank's over its group: the
+// owner of each element contributes it to a sum (a parameter whole on
+// every rank, its group's first rank).
+const float *paramOf(const Program &program, Layout layout, const float *store,
+                     int i, std::vector<float> &scratch) {
+  const ParamInfo &p = program.params[i];
+  if (layout == Layout::ByOffset)
+    return store + p.offset;
+  Owned o = ownedIn(p, layout);
+  unsigned axes = o.whole || !p.stateAxes
+                      ? meshLayout().shape().shardAxes().bits()
+                      : p.stateAxes;
+  scratch.assign(p.numel, 0.0f);
+  if (!o.whole || groupRank(axes) == 0)
+    std::copy_n(store + o.at, o.hi - o.lo, scratch.data() + o.lo);
   UncountedCollectives notTraffic;
-  for (unsigned group : groups) {
-    float *into = groups.size() > 1 ? part.data() : full;
-    std::fill_n(into, program.paramElems, 0.0f);
-    bool leader = groupRank(group) == 0;
-    for (int i = 0; i < program.numParams; i++) {
-      const ParamInfo &p = program.params[i];
-      Owned o = ownedIn(p, layout);
-      unsigned axes = o.whole || !p.stateAxes ? shard : p.stateAxes;
-      if (axes == group && (!o.whole || leader))
-        std::copy_n(store + o.at, o.hi - o.lo, into + p.offset + o.lo);
-    }
-    allReduceSum(into, program.paramElems, group);
-    if (into != full)
-      for (int64_t k = 0; k < program.paramElems; ++k)
-        full[k] += into[k];
-  }
+  allReduceSum(scratch.data(), p.numel, axes);
+  return scratch.data();
 }
 
 } // namespace
@@ -1023,8 +1012,9 @@ std::vector<SafetensorView> recvStageHeader(int source) {
 
 // Saves the global parameters from rank 0, one tensor at a time: no rank
 // holds more than its own stores and one global tensor. Every rank takes
-// part: a split parameter is all-gathered over its shard axis (group order
-// is coordinate order along that axis) and the stage leader (every
+// part: a store of ZeRO's pieces gives each parameter put together over
+// its group (paramOf), a split parameter is all-gathered over its shard axis
+// (group order is coordinate order along that axis) and the stage leader (every
 // coordinate but pp 0) puts the pieces back in checkpoint layout.
 // Replicated parameters are written from the leader's copy. Rank 0 writes
 // one file with every stage's parameters in stage order: the other stage
@@ -1096,7 +1086,9 @@ void saveParams(const Program &program, const std::string &path,
     for (size_t st = 0; st < stores.size(); st++)
       for (int i = 0; i < program.numParams; i++) {
         const ParamInfo &p = program.params[i];
-        const float *data = stores[st].data + p.offset;
+        std::vector<float> expanded;
+        const float *data =
+            paramOf(program, stores[st].layout, stores[st].data, i, expanded);
         ShardLayout layout = shardLayoutOf(p);
         std::vector<float> firstPiece;
         if (layout.parts2 > 1) {
@@ -2022,24 +2014,13 @@ int train(const Program &sharedProgram, const Options &opts) {
   int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);
 
-  // With the parameters sharded (ZeRO-3), whole ones exist only while they
-  // are saved to a single file (--save-state, --save-final): initialising,
-  // loading and checkpoints read and write the pieces.
-  AlignedBuffer wholeParams;
+  // With the parameters sharded (ZeRO-3) no whole copy exists: initialising,
+  // loading, checkpoints and single-file saves read and write the pieces.
   float *paramData = shardedParams ? nullptr : (float *)params.get();
-  // AdamW's moments beside the parameters, as a single state file holds
-  // them (--save-state): sharded moments go through copies laid out like
-  // the parameters, which exist only while such a file is written.
-  AlignedBuffer fullM, fullV;
-  float *savedM = shardedMoments ? nullptr : (float *)adamM.get();
-  float *savedV = shardedMoments ? nullptr : (float *)adamV.get();
-  auto wholeState = [&]() {
-    return std::vector<StateStore>{{paramData, ""},
-                                   {savedM, kMomentSuffixes[0]},
-                                   {savedV, kMomentSuffixes[1]}};
-  };
   // The state as the step holds it: ZeRO's pieces are initialised, read
-  // (--init-from, --resume) and checkpointed as they are, never gathered.
+  // (--init-from, --resume) and checkpointed as they are, never gathered;
+  // a single file (--save-state, --save-final) gets each tensor put
+  // together from them in turn.
   Layout momentLayout =
       shardedMoments ? Layout::MomentPieces : Layout::ByOffset;
   std::vector<StateStore> pieceState = {
@@ -2047,28 +2028,8 @@ int train(const Program &sharedProgram, const Options &opts) {
        shardedParams ? Layout::ValuePieces : Layout::ByOffset},
       {(float *)adamM.get(), kMomentSuffixes[0], momentLayout},
       {(float *)adamV.get(), kMomentSuffixes[1], momentLayout}};
-  auto freeWhole = [&]() {
-    if (shardedParams) {
-      wholeParams.reset();
-      paramData = nullptr;
-    }
-    if (shardedMoments) {
-      fullM.reset();
-      fullV.reset();
-      savedM = savedV = nullptr;
-    }
-  };
-  // Whole parameters for a save, from the pieces.
-  auto wholeForSave = [&]() {
-    if (!shardedParams)
-      return;
-    wholeParams = allocateZeroed(floatBytes, "parameters (whole)");
-    paramData = (float *)wholeParams.get();
-    expandStore(program, Layout::ValuePieces, (const float *)params.get(),
-                paramData);
-  };
   // A device program's state, copied to the host to be saved (the store:
-  // the pieces with the parameters sharded, expanded by wholeForSave).
+  // the pieces with the parameters sharded).
   auto fromDevice = [&]() {
     if (!device)
       return;
@@ -2082,17 +2043,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   int64_t updates = 0;
   auto writeState = [&](int64_t step) {
     fromDevice();
-    wholeForSave();
-    if (shardedMoments) {
-      fullM = allocateZeroed(floatBytes, "AdamW moments (whole)");
-      fullV = allocateZeroed(floatBytes, "AdamW moments (whole)");
-      savedM = (float *)fullM.get();
-      savedV = (float *)fullV.get();
-      expandStore(program, Layout::MomentPieces, (const float *)adamM.get(), savedM);
-      expandStore(program, Layout::MomentPieces, (const float *)adamV.get(), savedV);
-    }
-    saveParams(program, opts.saveState, wholeState(), step, updates);
-    freeWhole();
+    saveParams(program, opts.saveState, pieceState, step, updates);
   };
   nlohmann::json plan = checkpoints || !opts.resume.empty()
                             ? ownPlan()
@@ -2646,9 +2597,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     device->download(program, shardedParams ? (float *)params.get()
                                              : paramData);
   if (!opts.saveFinal.empty()) {
-    wholeForSave();
-    saveParams(program, opts.saveFinal, {{paramData, ""}}, lastStep, -1);
-    freeWhole();
+    saveParams(program, opts.saveFinal, {pieceState[0]}, lastStep, -1);
   }
   if (!opts.saveState.empty())
     writeState(lastStep);

@@ -69,9 +69,9 @@ AlignedBuffer allocateZeroed(int64_t bytes, const char *what);
 // NAME + suffix. Laid out like the parameters (by ParamInfo::offset), or,
 // with ZeRO, as the step holds it: this rank's pieces of the moments
 // (stateOffset, statePiece) or of the parameters (valueOffset, valuePiece).
-// Checkpoints write and read the pieces as they are, and loadParams cuts
-// them from each tensor it reads; saveParams takes stores laid out by
-// `offset` only.
+// Checkpoints write and read the pieces as they are, loadParams cuts them
+// from each tensor it reads, and saveParams puts each tensor together
+// from them as it writes it.
 struct StateStore {
   enum class Layout { ByOffset, MomentPieces, ValuePieces };
   float *data;
