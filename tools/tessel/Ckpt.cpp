@@ -564,13 +564,19 @@ int exportCheckpoint(ArrayRef<std::string> args) {
 
   tessel::CheckpointParameters c =
       tessel::readCheckpointParameters(parsed.positionals[0]);
+  // One tensor in memory at a time: the header from the names and shapes,
+  // then each tensor as it is put together.
   std::vector<rt::SafetensorView> views;
+  for (size_t k = 0; k < c.names.size(); ++k)
+    views.push_back({c.names[k], c.shapes[k], nullptr});
+  rt::SafetensorsWriter writer(path, views, {{"step", std::to_string(c.step)}});
   int64_t elements = 0;
   for (size_t k = 0; k < c.names.size(); ++k) {
-    views.push_back({c.names[k], c.shapes[k], c.data[k].data()});
-    elements += (int64_t)c.data[k].size();
+    std::vector<float> data = c.read(k);
+    writer.write(data.data());
+    elements += (int64_t)data.size();
   }
-  rt::writeSafetensors(path, views, {{"step", std::to_string(c.step)}});
+  writer.commit();
   outs() << "exported " << c.names.size() << " parameters (" << elements
          << " elements) of " << c.dir << " (step " << c.step << ") to " << path
          << "\n";
@@ -592,11 +598,13 @@ tessel::readCheckpointParameters(const std::string &path) {
       continue;
     c.names.push_back(entry.first);
     c.shapes.push_back(entry.second.shape);
-    c.data.push_back(readWholeTensor(m, entry.first));
   }
   if (c.names.empty())
     throw std::runtime_error("the checkpoint " + inQuotes(m.dir) +
                              " holds no parameters (only optimizer moments)");
+  c.read = [m, names = c.names](size_t k) {
+    return readWholeTensor(m, names.at(k));
+  };
   return c;
 }
 

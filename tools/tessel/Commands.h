@@ -6,9 +6,10 @@
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
-#include <nlohmann/json_fwd.hpp>
 #include "llvm/Support/Error.h"
+#include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,15 +73,17 @@ int dataCommand(llvm::ArrayRef<std::string> args);
 // (Ckpt.cpp).
 int ckptCommand(llvm::ArrayRef<std::string> args);
 // The parameters of a committed checkpoint (a --ckpt-dir root: its newest;
-// or one step directory), whole, without the optimizer's moments, and the
-// model fields its manifest records (JSON; empty if none). Throws naming
-// the checkpoint and what is wrong; a damaged file is never read.
+// or one step directory), without the optimizer's moments, and the model
+// fields its manifest records (JSON; empty if none): their names and
+// shapes, and `read(k)` puts parameter k together whole from its boxes,
+// one at a time, so that an export holds one tensor in memory. Throws
+// naming the checkpoint and what is wrong; a damaged file is never read.
 struct CheckpointParameters {
   std::string dir, model;
   int64_t step = 0;
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::vector<float>> data;
+  std::function<std::vector<float>(size_t)> read;
 };
 CheckpointParameters readCheckpointParameters(const std::string &path);
 // `tessel export SOURCE --to hf DIR`: a Hugging Face model directory

@@ -23,9 +23,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <unistd.h>
 
 using namespace llvm;
@@ -301,27 +304,28 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     return fail(inQuotes(dir.string()) + " exists; --force replaces it");
 
   try {
-    // The tensors and the model they are of.
+    // The tensors and the model they are of; `load(k)` reads tensor k,
+    // so that the export holds one tensor in memory at a time.
     std::vector<std::string> names;
     std::vector<std::vector<int64_t>> shapes;
-    std::vector<std::vector<float>> data;
+    std::function<std::vector<float>(size_t)> load;
     std::string modelJson, modelWhere;
     if (fs::is_directory(source, ec)) {
       CheckpointParameters c = readCheckpointParameters(source);
       names = std::move(c.names);
       shapes = std::move(c.shapes);
-      data = std::move(c.data);
+      load = std::move(c.read);
       modelJson = c.model;
       modelWhere = "the checkpoint " + inQuotes(c.dir);
     } else {
-      rt::SafetensorsReader reader(source);
-      for (const std::string &name : reader.names()) {
+      auto reader = std::make_shared<rt::SafetensorsReader>(source);
+      for (const std::string &name : reader->names()) {
         names.push_back(name);
-        shapes.push_back(reader.info(name).shape);
-        data.push_back(reader.read(name));
+        shapes.push_back(reader->info(name).shape);
       }
-      auto model = reader.metadata().find("model");
-      if (model != reader.metadata().end())
+      load = [reader, names](size_t k) { return reader->read(names.at(k)); };
+      auto model = reader->metadata().find("model");
+      if (model != reader->metadata().end())
         modelJson = model->second;
       modelWhere = inQuotes(source);
     }
@@ -348,7 +352,10 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
     for (size_t k = 0; k < names.size(); ++k)
       index[names[k].rfind("transformer.", 0) == 0 ? names[k].substr(12)
                                                     : names[k]] = k;
+    // What the file holds, in order, and where each comes from: the
+    // source tensor and the element it starts at.
     std::vector<rt::SafetensorView> views;
+    std::vector<std::pair<size_t, int64_t>> from;
     auto expected = expectedTensors(m);
     for (const auto &[name, shape] : expected) {
       auto it = index.find(name);
@@ -367,11 +374,13 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       if (m.experts > 0 && !rt::perExpertName(name, 0).empty()) {
         // Stacked experts [E, out, in], one [out, in] tensor each.
         std::vector<int64_t> one(shape.begin() + 1, shape.end());
-        for (int64_t e = 0; e < shape[0]; ++e)
-          views.push_back({rt::perExpertName(name, e), one,
-                           data[it->second].data() + e * one[0] * one[1]});
+        for (int64_t e = 0; e < shape[0]; ++e) {
+          views.push_back({rt::perExpertName(name, e), one, nullptr});
+          from.push_back({it->second, e * one[0] * one[1]});
+        }
       } else {
-        views.push_back({hfName(m, name), shape, data[it->second].data()});
+        views.push_back({hfName(m, name), shape, nullptr});
+        from.push_back({it->second, 0});
       }
       index.erase(it);
     }
@@ -412,8 +421,18 @@ int tessel::exportCommand(ArrayRef<std::string> args) {
       setEndOfText(generation, eos);
       writeText(staging / "generation_config.json",
                 generation.dump(2) + "\n");
-      rt::writeSafetensors((staging / "model.safetensors").string(), views,
-                           {{"format", "pt"}});
+      rt::SafetensorsWriter writer((staging / "model.safetensors").string(),
+                                   views, {{"format", "pt"}});
+      size_t loaded = SIZE_MAX;
+      std::vector<float> tensor;
+      for (auto [k, offset] : from) {
+        if (k != loaded) {
+          tensor = load(k);
+          loaded = k;
+        }
+        writer.write(tensor.data() + offset);
+      }
+      writer.commit();
       if (tokenizer) {
         fs::copy_file(values["--vocab-json"], staging / "vocab.json");
         fs::copy_file(values["--merges"], staging / "merges.txt");
