@@ -96,6 +96,61 @@ int64_t tessel::rtir::arenaSlotsBytes(Operation *program, int64_t variant) {
   return bytes * std::max<int64_t>(1, intAttr("rt.arena_slots"));
 }
 
+tessel::rtir::SendBuffers tessel::rtir::sendBuffersOf(ModuleOp program,
+                                                      int64_t align) {
+  auto rounded = [&](int64_t bytes) {
+    return align > 1 ? (bytes + align - 1) / align * align : bytes;
+  };
+  SendBuffers out;
+  if (auto slots = program->getAttrOfType<IntegerAttr>("rt.send_ring_slots"))
+    out.ringSlots = slots.getInt();
+  if (auto bytes = program->getAttrOfType<IntegerAttr>("rt.send_slot_bytes"))
+    out.slotBytes = rounded(bytes.getInt());
+  auto sendsOf = [&](Operation *scope) {
+    int64_t total = 0;
+    scope->walk([&](SendOp send) {
+      if (!send.getRing())
+        total += rounded(elementsOf(send.getBuffer()) *
+                         elementBytesOf(send.getBuffer()));
+    });
+    return total;
+  };
+  auto partSends = [&](StringRef callee) -> int64_t {
+    auto part = program.lookupSymbol<func::FuncOp>(callee);
+    return part ? sendsOf(part) : 0;
+  };
+  for (StringRef name : {"train_step", "eval_step"}) {
+    auto step = program.lookupSymbol<func::FuncOp>(name);
+    if (!step)
+      continue;
+    int64_t bytes = 0;
+    for (Operation &op : step.getBody().getOps()) {
+      if (auto call = dyn_cast<func::CallOp>(op)) {
+        bytes += partSends(call.getCallee());
+      } else if (auto schedule = dyn_cast<ScheduleOp>(op)) {
+        int64_t most = 0;
+        auto parts = schedule.getParts();
+        for (Attribute t : schedule.getTables()) {
+          auto table = dyn_cast<DenseI64ArrayAttr>(t);
+          if (!table)
+            continue;
+          int64_t sum = 0;
+          for (int64_t k = 0; k + 2 < (int64_t)table.size(); k += 3)
+            if (table[k] >= 0 && table[k] < (int64_t)parts.size())
+              sum += partSends(
+                  cast<FlatSymbolRefAttr>(parts[table[k]]).getValue());
+          most = std::max(most, sum);
+        }
+        bytes += most;
+      } else {
+        bytes += sendsOf(&op);
+      }
+    }
+    out.otherBytes = std::max(out.otherBytes, bytes);
+  }
+  return out;
+}
+
 std::tuple<int64_t, int64_t, int64_t>
 tessel::rtir::messageOf(Operation *sendOrRecv) {
   int64_t rank = 0;

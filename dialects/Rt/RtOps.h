@@ -55,6 +55,22 @@ bool onlyReadsOperand(mlir::Operation *op, unsigned index);
 // its own).
 int64_t arenaSlotsBytes(mlir::Operation *program, int64_t variant = -1);
 
+// The buffers a rank program's pipeline sends are copied into (both
+// runtimes copy, as the arena a send reads is reused at once): the slots
+// of the send ring that the forward and backward sends take in turn
+// (rt.send_ring_slots of rt.send_slot_bytes, tessel-order-messages), and a
+// buffer for each other send until the step waits for its sends: per step
+// function, its own sends once and a part's each time it runs the part (a
+// call, or an entry of an rt.schedule table: the largest table), the
+// larger of the training and evaluation steps, which never run at once.
+// Each buffer is rounded up to `align` bytes.
+struct SendBuffers {
+  int64_t ringSlots = 0, slotBytes = 0;
+  int64_t otherBytes = 0;
+  int64_t total() const { return ringSlots * slotBytes + otherBytes; }
+};
+SendBuffers sendBuffersOf(mlir::ModuleOp program, int64_t align);
+
 // The pipeline message an rt.send or rt.recv takes part in: (sender,
 // receiver, tag), tags being numbered per channel. The ranks are those of
 // the enclosing program (`pipe.rank`, 0 without one).

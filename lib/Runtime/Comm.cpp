@@ -103,6 +103,10 @@ struct CommState {
   std::vector<std::vector<float>> ringCopies;
   std::vector<MPI_Request> ringSends;
   int64_t ringNext = 0;
+  // The other sends' copies, taken in turn from an arena reserved at start
+  // (commReserveSends) and reused after waitSends; its used bytes.
+  std::vector<float> sendArena;
+  size_t sendArenaUsed = 0;
 };
 
 CommState &state() {
@@ -1014,11 +1018,20 @@ void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag,
              "MPI_Isend");
     return;
   }
-  s.sendCopies.emplace_back(buffer, buffer + n);
+  size_t rounded = ((size_t)n * sizeof(float) + 63) / 64 * 64;
+  float *copy = nullptr;
+  if (s.sendArenaUsed + rounded <= s.sendArena.size() * sizeof(float)) {
+    copy = s.sendArena.data() + s.sendArenaUsed / sizeof(float);
+    s.sendArenaUsed += rounded;
+    std::copy_n(buffer, n, copy);
+  } else {
+    s.sendCopies.emplace_back(buffer, buffer + n);
+    copy = s.sendCopies.back().data();
+  }
   MPI_Request request = MPI_REQUEST_NULL;
-  checkMpi(MPI_Isend(s.sendCopies.back().data(), (int)n, MPI_FLOAT, peer, tag,
-                     MPI_COMM_WORLD, &request),
-           "MPI_Isend");
+  checkMpi(
+      MPI_Isend(copy, (int)n, MPI_FLOAT, peer, tag, MPI_COMM_WORLD, &request),
+      "MPI_Isend");
   s.sends.push_back(request);
 }
 
@@ -1052,6 +1065,7 @@ void waitSends() {
       ring = MPI_REQUEST_NULL;
     }
   s.ringNext = 0;
+  s.sendArenaUsed = 0;
   if (sends.empty())
     return;
   std::vector<MPI_Request> pending;
@@ -1060,6 +1074,21 @@ void waitSends() {
                   (int)pending.size());
   waitAll(pending.data(), (int)pending.size(), "MPI_Waitall");
   state().sendCopies.clear();
+}
+
+void commReserveSends(int64_t otherBytes, int64_t ringSlots,
+                      int64_t slotBytes) {
+  CommState &s = state();
+  // Zero-filled, so resident from the start like the other stores.
+  s.sendArena.assign((size_t)std::max<int64_t>(otherBytes, 0) / sizeof(float),
+                     0.0f);
+  s.sendArenaUsed = 0;
+  s.ringCopies.assign(
+      (size_t)std::max<int64_t>(ringSlots, 0),
+      std::vector<float>(
+          (size_t)std::max<int64_t>(slotBytes, 0) / sizeof(float), 0.0f));
+  s.ringSends.assign(s.ringCopies.size(), MPI_REQUEST_NULL);
+  s.ringNext = 0;
 }
 
 const CollectiveCounter &collectiveCounter(CollectiveKind kind) {

@@ -2010,6 +2010,10 @@ int train(const Program &sharedProgram, const Options &opts) {
   AlignedBuffer normSums = allocateZeroed(
       device ? 0 : (size_t)program.normSums * sizeof(double),
       "gradient norm partial sums");
+  // The pipeline sends' copies (a device's are its own).
+  if (!device)
+    commReserveSends(program.sendBytes, program.sendRingSlots,
+                     program.sendSlotBytes);
   // With the stores allocated (and zeroed, so resident).
   int64_t rssAllocated = statusBytes("VmRSS");
   std::vector<int32_t> tokens(B * T), targets(B * T);

@@ -334,22 +334,26 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }
-  // A device's buffers sized at start for the step's communication: the
-  // send ring's slots that the forward and backward sends' copies take in
-  // turn, a buffer for each other pipeline send (held until the step waits
-  // for its sends), and the largest gather or reduce-scatter along an inner
-  // dimension's staging.
+  // The buffers sized at start for the step's communication: the send
+  // ring's slots that the forward and backward sends' copies take in turn,
+  // a buffer for each other pipeline send (held until the step waits for
+  // its sends), and on a device the largest gather or reduce-scatter along
+  // an inner dimension's staging.
+  // On the CPU, the send buffers the runtime allocates at start
+  // (commReserveSends).
+  rtir::SendBuffers sends = rtir::sendBuffersOf(program, device ? 256 : 64);
+  if (sends.total() > 0 || device) {
+    m["send_buffer_bytes"] = sends.total();
+    if (sends.ringSlots > 0) {
+      m["send_ring_slots"] = sends.ringSlots;
+      m["send_slot_bytes"] = sends.slotBytes;
+    }
+    total += sends.total();
+  }
   if (device) {
     TargetInfo::DeviceInfo info = device->deviceInfo(program, top);
-    int64_t sendBytes =
-        info.sendBytes + info.sendRingSlots * info.sendSlotBytes;
-    m["send_buffer_bytes"] = sendBytes;
-    if (info.sendRingSlots > 0) {
-      m["send_ring_slots"] = info.sendRingSlots;
-      m["send_slot_bytes"] = info.sendSlotBytes;
-    }
     m["staging_bytes"] = info.stagingBytes;
-    total += sendBytes + info.stagingBytes;
+    total += info.stagingBytes;
   }
   m["total_bytes"] = total;
   out.memory = m;

@@ -212,6 +212,12 @@ void sendTo(const float *buffer, int64_t n, MeshAxis axis, int offset, int tag,
 void recvFrom(float *buffer, int64_t n, MeshAxis axis, int offset, int tag);
 // Completes every send started since the last call.
 void waitSends();
+// Allocates (and touches) the send buffers the compiler planned
+// (Program::sendBytes, sendRingSlots, sendSlotBytes), so that the steps do
+// not: sends outside the ring take `otherBytes` in turn (64-byte aligned)
+// and start over after waitSends; a send that does not fit gets a buffer
+// of its own.
+void commReserveSends(int64_t otherBytes, int64_t ringSlots, int64_t slotBytes);
 // Issues the sends queued so far. MPI sends are issued when called, so this
 // does nothing on the CPU (the CUDA runtime orders its queue here).
 inline void flushSends() {}

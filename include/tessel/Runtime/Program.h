@@ -261,6 +261,14 @@ struct Program {
   // the program has none (prompts go through `step` token by token).
   void (*prefill)(StepContext &);
   int64_t prefillChunk;
+  // The CPU runtime's pipeline send buffers, allocated at start
+  // (commReserveSends): room for the sends outside the send ring between
+  // two waits for the sends (each rounded up to 64 bytes), and the ring's
+  // slots and their size (tessel-order-messages). A CUDA program's are
+  // the device's (DeviceProgram).
+  int64_t sendBytes;
+  int64_t sendRingSlots;
+  int64_t sendSlotBytes;
 };
 
 // Learning rate for 0-based `step` of a run of `totalSteps`: linear warmup

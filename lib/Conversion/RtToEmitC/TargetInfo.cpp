@@ -152,63 +152,11 @@ public:
       if (auto r = dyn_cast<rt::ReduceScatterOp>(op))
         staged(r.getOuter(), r.getOutput(), r.getInput(), r.getAxes());
     });
-    // A send outside the ring is copied to a buffer that lives until the
-    // step waits for its sends: per step, its own sends once and a part's
-    // each time the step runs the part (a call, or an entry of an
-    // rt.schedule table: the largest table). The training and evaluation
-    // steps never run at once: the larger of the two.
-    auto sendsOf = [](Operation *scope) {
-      int64_t total = 0;
-      scope->walk([&](rt::SendOp send) {
-        if (send.getRing())
-          return;
-        int64_t bytes = rt::elementsOf(send.getBuffer()) *
-                        rt::elementBytesOf(send.getBuffer());
-        total += (bytes + 255) / 256 * 256;
-      });
-      return total;
-    };
-    auto partSends = [&](StringRef callee) -> int64_t {
-      auto part = program.lookupSymbol<func::FuncOp>(callee);
-      return part ? sendsOf(part) : 0;
-    };
-    for (StringRef name : {"train_step", "eval_step"}) {
-      auto step = program.lookupSymbol<func::FuncOp>(name);
-      if (!step)
-        continue;
-      int64_t bytes = 0;
-      for (Operation &op : step.getBody().getOps()) {
-        if (auto call = dyn_cast<func::CallOp>(op)) {
-          bytes += partSends(call.getCallee());
-        } else if (auto schedule = dyn_cast<rt::ScheduleOp>(op)) {
-          int64_t most = 0;
-          for (Attribute t : schedule.getTables()) {
-            auto table = dyn_cast<DenseI64ArrayAttr>(t);
-            if (!table)
-              continue;
-            int64_t sum = 0;
-            for (size_t k = 0; k + 2 < (size_t)table.size(); k += 3) {
-              auto parts = schedule.getParts();
-              if (table[k] >= 0 && table[k] < (int64_t)parts.size())
-                sum += partSends(
-                    cast<FlatSymbolRefAttr>(parts[table[k]]).getValue());
-            }
-            most = std::max(most, sum);
-          }
-          bytes += most;
-        } else {
-          bytes += sendsOf(&op);
-        }
-      }
-      info.sendBytes = std::max(info.sendBytes, bytes);
-    }
-    // The ring's slots (tessel-order-messages).
-    auto attr = [&](StringRef name) {
-      auto a = program->getAttrOfType<IntegerAttr>(name);
-      return a ? a.getInt() : 0;
-    };
-    info.sendRingSlots = attr("rt.send_ring_slots");
-    info.sendSlotBytes = (attr("rt.send_slot_bytes") + 255) / 256 * 256;
+    // The pipeline sends' copies, in 256-byte aligned buffers.
+    rt::SendBuffers sends = rt::sendBuffersOf(program, 256);
+    info.sendBytes = sends.otherBytes;
+    info.sendRingSlots = sends.ringSlots;
+    info.sendSlotBytes = sends.slotBytes;
     axes.erase(0);
     info.commAxes.assign(axes.begin(), axes.end());
     std::set<int64_t> offsets;

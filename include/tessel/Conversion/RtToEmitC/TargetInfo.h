@@ -69,6 +69,11 @@ public:
     int64_t sendBytes = 0;
     int64_t sendRingSlots = 0;
     int64_t sendSlotBytes = 0;
+    // The CPU runtime's send buffers (Program::sendBytes, sendRingSlots,
+    // sendSlotBytes: 64-byte aligned), for every target.
+    int64_t hostSendBytes = 0;
+    int64_t hostSendRingSlots = 0;
+    int64_t hostSendSlotBytes = 0;
     // parallel.offload = "optimizer": AdamW's moments in pinned host memory.
     bool offloadOptimizer = false;
     // Empty when the training step can be captured as a CUDA graph, else
