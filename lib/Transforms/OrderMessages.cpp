@@ -10,6 +10,13 @@
 // turn has come), a receive waits for its message, and a collective over
 // the pipeline waits for every stage to reach it.
 //
+// The same replay then sizes the send ring, on both targets: the forward
+// and backward sends' copies take its slots in turn, a send waiting until
+// the message its slot held has been received, and the ring gets the
+// fewest slots with which every rank still finishes (on the CPU target,
+// whose MPI messages are matched by tag, a send goes out when it is made
+// and no order is set).
+//
 //===----------------------------------------------------------------------===//
 
 #include "tessel/Transforms/Passes.h"
