@@ -424,34 +424,31 @@ struct OrderMessagesPass
         }
       }
     }
-    for (auto &[rank, device] : events) {
-      if (next[rank] == device.size())
-        continue;
-      const Event &e = device[next[rank]];
-      if (e.kind == Event::Recv)
-        return prefix + std::to_string(rank) + " would wait forever: its " +
-               *e.what + " receives message " +
-               std::to_string(e.message.first) + " from rank " +
-               std::to_string(e.channel.first) +
-               ", which is never sent in turn";
-    }
-    for (auto &[rank, device] : events) {
-      if (next[rank] == device.size())
-        continue;
-      const Event &e = device[next[rank]];
-      if (e.kind == Event::Send)
-        return prefix + std::to_string(rank) + " would wait forever: its " +
-               *e.what +
-               " waits for a send slot whose message is never "
-               "received";
-      // Every rank left waits in a collective over the pipeline that
-      // another never reaches.
-      return prefix + std::to_string(rank) + " would wait forever: its " +
-             *e.what +
-             " waits in a collective over the pipeline that another stage "
-             "never reaches";
-    }
-    return "";
+    // A rank left waiting: one that waits for a message first (the cause,
+    // where there is one), else one waiting for a send slot or in a
+    // collective over the pipeline that another never reaches.
+    const Event *stuck = nullptr;
+    int64_t stuckRank = 0;
+    for (auto &[rank, device] : events)
+      if (next[rank] < device.size() &&
+          (!stuck || (stuck->kind != Event::Recv &&
+                      device[next[rank]].kind == Event::Recv))) {
+        stuck = &device[next[rank]];
+        stuckRank = rank;
+      }
+    if (!stuck)
+      return "";
+    std::string waits = prefix + std::to_string(stuckRank) +
+                        " would wait forever: its " + *stuck->what;
+    if (stuck->kind == Event::Recv)
+      return waits + " receives message " +
+             std::to_string(stuck->message.first) + " from rank " +
+             std::to_string(stuck->channel.first) +
+             ", which is never sent in turn";
+    if (stuck->kind == Event::Send)
+      return waits + " waits for a send slot whose message is never received";
+    return waits + " waits in a collective over the pipeline that another "
+                   "stage never reaches";
   }
 };
 

@@ -533,11 +533,6 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   setInt(var, "gradElems", intAttr(program, "rt.grad_elems"));
   setInt(var, "paramStoreElems", intAttr(program, "rt.param_store_elems"));
   setInt(var, "paramPieceElems", intAttr(program, "rt.param_piece_elems"));
-  if (device.hostSendBytes > 0 || device.hostSendRingSlots > 0) {
-    setInt(var, "sendBytes", device.hostSendBytes);
-    setInt(var, "sendRingSlots", device.hostSendRingSlots);
-    setInt(var, "sendSlotBytes", device.hostSendSlotBytes);
-  }
   for (MeshAxis axis : kMeshAxes)
     if (mesh[axis] > 1)
       b.create<emitc::VerbatimOp>(
@@ -793,15 +788,8 @@ struct ConvertRtToEmitCPass
     // What each device needs to know, read before any program is converted
     // (the pipeline offsets are those of the whole job).
     std::vector<TargetInfo::DeviceInfo> devices;
-    for (ModuleOp program : programs) {
+    for (ModuleOp program : programs)
       devices.push_back(info->deviceInfo(program, top));
-      if (target == "cpu") {
-        rt::SendBuffers sends = rt::sendBuffersOf(program, 64);
-        devices.back().hostSendBytes = sends.otherBytes;
-        devices.back().hostSendRingSlots = sends.ringSlots;
-        devices.back().hostSendSlotBytes = sends.slotBytes;
-      }
-    }
     for (auto [program, device] : llvm::zip(programs, devices))
       if (failed(convertProgramToEmitC(program, top, *info, device,
                                        gradientCheck)))

@@ -59,6 +59,29 @@ public:
   std::string recordMetricFunction() const override { return "recordMetric"; }
   bool keysByOrder() const override { return false; }
   std::string runMain() const override { return "runMain"; }
+
+  // The pipeline sends' copies, in 64-byte aligned buffers the runtime
+  // allocates at start (commReserveSends).
+  DeviceInfo deviceInfo(ModuleOp program, ModuleOp) const override {
+    DeviceInfo info;
+    info.sends = rt::sendBuffersOf(program, 64);
+    return info;
+  }
+  LogicalResult addDeviceSetup(const DeviceInfo &info, Value var,
+                               OpBuilder &b) const override {
+    if (info.sends.total() == 0)
+      return success();
+    for (auto [member, value] :
+         {std::pair<const char *, int64_t>{"sendBytes", info.sends.otherBytes},
+          {"sendRingSlots", info.sends.ringSlots},
+          {"sendSlotBytes", info.sends.slotBytes}})
+      b.create<emitc::VerbatimOp>(var.getLoc(),
+                                  b.getStringAttr("{}." + std::string(member) +
+                                                  " = " +
+                                                  std::to_string(value) + ";"),
+                                  ValueRange{var});
+    return success();
+  }
 };
 
 class CudaTargetInfo : public TargetInfo {
@@ -153,10 +176,7 @@ public:
         staged(r.getOuter(), r.getOutput(), r.getInput(), r.getAxes());
     });
     // The pipeline sends' copies, in 256-byte aligned buffers.
-    rt::SendBuffers sends = rt::sendBuffersOf(program, 256);
-    info.sendBytes = sends.otherBytes;
-    info.sendRingSlots = sends.ringSlots;
-    info.sendSlotBytes = sends.slotBytes;
+    info.sends = rt::sendBuffersOf(program, 256);
     axes.erase(0);
     info.commAxes.assign(axes.begin(), axes.end());
     std::set<int64_t> offsets;
@@ -188,13 +208,13 @@ public:
     lines.push_back("device.cudaArch = " + std::to_string(arch) + ";");
     lines.push_back("device.stagingBytes = " +
                     std::to_string(info.stagingBytes) + ";");
-    lines.push_back("device.sendBytes = " + std::to_string(info.sendBytes) +
-                    ";");
-    if (info.sendRingSlots > 0) {
-      lines.push_back(
-          "device.sendRingSlots = " + std::to_string(info.sendRingSlots) + ";");
-      lines.push_back(
-          "device.sendSlotBytes = " + std::to_string(info.sendSlotBytes) + ";");
+    lines.push_back(
+        "device.sendBytes = " + std::to_string(info.sends.otherBytes) + ";");
+    if (info.sends.ringSlots > 0) {
+      lines.push_back("device.sendRingSlots = " +
+                      std::to_string(info.sends.ringSlots) + ";");
+      lines.push_back("device.sendSlotBytes = " +
+                      std::to_string(info.sends.slotBytes) + ";");
     }
     if (info.offloadOptimizer)
       lines.push_back("device.offloadOptimizer = true;");

@@ -136,14 +136,14 @@
 // CPP-NEXT: [[P]].gradElems = 0;
 // CPP-NEXT: [[P]].paramStoreElems = 0;
 // CPP-NEXT: [[P]].paramPieceElems = 0;
+// CPP-NEXT: [[P]].mesh[MeshAxis::DP] = 2;
+// CPP-NEXT: [[P]].mesh[MeshAxis::TP] = 2;
+// CPP-NEXT: [[P]].mesh[MeshAxis::PP] = 2;
 // The pipeline send's copy (512 bytes, outside a send ring, which
 // tessel-order-messages plans) is allocated at start.
 // CPP-NEXT: [[P]].sendBytes = 512;
 // CPP-NEXT: [[P]].sendRingSlots = 0;
 // CPP-NEXT: [[P]].sendSlotBytes = 0;
-// CPP-NEXT: [[P]].mesh[MeshAxis::DP] = 2;
-// CPP-NEXT: [[P]].mesh[MeshAxis::TP] = 2;
-// CPP-NEXT: [[P]].mesh[MeshAxis::PP] = 2;
 // CPP: runMain(
 
 // CUDA programs key a send by its place in the receiver's order, which

@@ -12,6 +12,8 @@
 #ifndef TESSEL_CONVERSION_RTTOEMITC_TARGETINFO_H
 #define TESSEL_CONVERSION_RTTOEMITC_TARGETINFO_H
 
+#include "dialects/Rt/RtOps.h"
+
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringRef.h"
@@ -61,19 +63,12 @@ public:
     std::vector<std::string> scratch; // byte-count expressions
     std::vector<unsigned> commAxes;   // AxisSet bits
     std::vector<int64_t> p2pOffsets;
-    // Device buffers sized at start rather than inside a step: the largest
-    // all_gather / reduce_scatter staging along a dimension, and the bytes
-    // of every pipeline send outside the send ring between two waits for
-    // the sends; the ring's slots and their size (256-byte multiples).
+    // Buffers sized at start rather than inside a step: the largest
+    // all_gather / reduce_scatter staging along a dimension (a device's),
+    // and the pipeline sends' copies as the target's runtime aligns them
+    // (rtir::sendBuffersOf: 256 bytes on a device, 64 on the CPU).
     int64_t stagingBytes = 0;
-    int64_t sendBytes = 0;
-    int64_t sendRingSlots = 0;
-    int64_t sendSlotBytes = 0;
-    // The CPU runtime's send buffers (Program::sendBytes, sendRingSlots,
-    // sendSlotBytes: 64-byte aligned), for every target.
-    int64_t hostSendBytes = 0;
-    int64_t hostSendRingSlots = 0;
-    int64_t hostSendSlotBytes = 0;
+    tessel::rtir::SendBuffers sends;
     // parallel.offload = "optimizer": AdamW's moments in pinned host memory.
     bool offloadOptimizer = false;
     // Empty when the training step can be captured as a CUDA graph, else
@@ -85,7 +80,8 @@ public:
     return {};
   }
   // What main() adds to the Program `programVar` (an lvalue) before it runs
-  // it: the device description of a CUDA program.
+  // it: the device description of a CUDA program, the send buffers of a
+  // CPU one.
   virtual mlir::LogicalResult addDeviceSetup(const DeviceInfo &info,
                                              mlir::Value programVar,
                                              mlir::OpBuilder &b) const {
