@@ -163,15 +163,15 @@ std::string clockTime(double seconds) {
   return text;
 }
 
-// "512 MB", "1.25 GB".
+// "512 MB", "1.25 GB": decimal units, as the plan's figures are printed.
 std::string megabytes(int64_t bytes) {
   char text[32];
-  if (bytes >= (int64_t)10 << 30)
-    std::snprintf(text, sizeof(text), "%.1f GB", bytes / 1073741824.0);
-  else if (bytes >= (int64_t)1 << 30)
-    std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1073741824.0);
+  if (bytes >= (int64_t)10000000000)
+    std::snprintf(text, sizeof(text), "%.1f GB", bytes / 1e9);
+  else if (bytes >= (int64_t)1000000000)
+    std::snprintf(text, sizeof(text), "%.2f GB", bytes / 1e9);
   else
-    std::snprintf(text, sizeof(text), "%.0f MB", bytes / 1048576.0);
+    std::snprintf(text, sizeof(text), "%.0f MB", bytes / 1e6);
   return text;
 }
 

@@ -1407,10 +1407,11 @@ void tessel::summarizePlan(StringRef dir, bool emitOnly) {
     most = std::max(most, bytes);
     all += bytes;
   }
+  // Decimal units, as --memory-limit, --gpu and `tessel inspect` count.
   auto gb = [](double bytes) {
-    if (bytes < 1073741824.0)
-      return formatv("{0:f1} MB", bytes / 1048576.0).str();
-    return formatv("{0:f2} GB", bytes / 1073741824.0).str();
+    if (bytes < 1e9)
+      return formatv("{0:f1} MB", bytes / 1e6).str();
+    return formatv("{0:f2} GB", bytes / 1e9).str();
   };
   outs() << "  " << plan["ranks"].size() << " ranks, " << binaries.size()
          << (binaries.size() == 1 ? " binary" : " binaries")
