@@ -701,6 +701,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
       s.integer("collective_matmul_min_rows", 512, 1, kMaxBatch);
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
+  p.masterPieces = s.boolean("master_pieces", true);
   p.offload = s.choice("offload", "none", {"none", "optimizer"});
   p.order = s.string("order", p.order);
   if (layout.order)

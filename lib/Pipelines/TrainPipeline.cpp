@@ -58,6 +58,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   if (options.zero > 0) {
     ShardOptimizerOptions sharding;
     sharding.zero = options.zero;
+    sharding.masterPieces = options.masterPieces;
     pm.addPass(createShardOptimizer(sharding));
   }
   pm.addPass(createJoinUpdates());

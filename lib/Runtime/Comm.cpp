@@ -377,6 +377,8 @@ void commStartWatchdog(double seconds) {
 
 void commSetStep(int64_t step) { watchdog().step.store(step); }
 
+bool collectivesCounted() { return state().uncounted == 0; }
+
 UncountedCollectives::UncountedCollectives() { ++state().uncounted; }
 UncountedCollectives::~UncountedCollectives() { --state().uncounted; }
 

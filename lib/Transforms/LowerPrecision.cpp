@@ -266,6 +266,21 @@ void LowerPrecisionPass::runOnOperation() {
         v.setType(lowered(type));
     }
   }
+
+  // A parameter gathered into a bf16 buffer (a key or value projection
+  // whose heads are fewer than the tp ranks, gathered over tp before its
+  // matmul) is gathered from its bf16 copy: pieces of one tensor share its
+  // type.
+  module.walk([&](rt::AllGatherOp gather) {
+    if (!paramOf(gather.getInput()) ||
+        !cast<MemRefType>(gather.getOutput().getType())
+             .getElementType()
+             .isBF16())
+      return;
+    OpBuilder b(gather);
+    gather.getInputMutable().assign(
+        shadowOf(b, gather.getLoc(), gather.getInput()));
+  });
 }
 
 } // namespace

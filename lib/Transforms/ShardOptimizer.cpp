@@ -72,6 +72,13 @@ struct Run {
   // store) and gathered whole where a part reads them.
   bool sharded = false;
   int64_t value = 0;
+  // ZeRO-1 and 2 in a bf16 program: the fp32 master weights kept as a
+  // piece only (at `value` in the parameter pieces), as Megatron-LM's
+  // distributed optimizer keeps them, when nothing but AdamW reads them in
+  // fp32; the parts read the run's bf16 copy, kept whole at `copy` in the
+  // copy's own region and gathered in bf16 after each update.
+  bool master = false;
+  int64_t copy = 0;
   // The ranks the pieces are cut over: dp (or a hybrid shard group of it),
   // and with expert parallelism dp x ep for a gradient summed over ep too
   // (a dense parameter's: ep is more data parallelism for it, as in
@@ -108,9 +115,9 @@ void usersOf(Value v, SmallVectorImpl<Operation *> &out) {
 class Sharder {
 public:
   Sharder(func::FuncOp func, const MeshShape &mesh, int64_t zero,
-          int64_t microbatches)
-      : func(func), ctx(func.getContext()), dp(mesh.shardGroupSize()),
-        ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]),
+          int64_t microbatches, bool masterPieces)
+      : masterPieces(masterPieces), func(func), ctx(func.getContext()),
+        dp(mesh.shardGroupSize()), ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]),
         shardAxes(mesh.shardAxes()),
         replicaAxes(mesh.hybrid() ? AxisSet::dpReplica() : AxisSet()),
         zero(zero), microbatches(microbatches) {}
@@ -139,6 +146,8 @@ private:
   }
   void chooseStaged();
   void chooseSharded();
+  void chooseMasters();
+  LogicalResult placeMasters();
   LogicalResult stageGradients();
   LogicalResult gatherParams();
   // A view of a run's whole gradient or parameter in a part.
@@ -199,6 +208,7 @@ private:
     }
   };
   Packing packWhole(function_ref<bool(const Run &)> keep, int64_t base);
+  Packing placeValues(function_ref<bool(const Run &)> asPieces);
   // The placed views of one store (`space`): of runs `staged` selects, by
   // part (unread ones erased); the others moved into `whole`.
   LogicalResult
@@ -219,6 +229,7 @@ private:
     return dist::AxesAttr::get(ctx, r.group);
   }
   LogicalResult collectRuns();
+  bool masterPieces;
   void shardSyncs();
   LogicalResult shardUpdates();
   void shardNorm();
@@ -243,6 +254,9 @@ private:
   int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
   // ZeRO-3: sizes of the parameter store's regions.
   int64_t valuePieceElems = 0, valueWholeElems = 0, gatherElems = 0;
+  // ZeRO-1/2, bf16: the bf16 copies of the runs whose master weights are
+  // pieces, after the copy of the parameters kept whole.
+  int64_t masterCopyElems = 0;
 };
 
 // The gradient collectives over dp, and the runs they reduce.
@@ -438,17 +452,17 @@ LogicalResult Sharder::shardUpdates() {
     Value v = view(b, loc, pieceType, rt::Space::AdamV, r->state);
     bool pieces = zero >= 2 && r->staged;
     Value grad = pieces ? pieceView(b, loc, *r) : op.getGrad();
-    Value value = r->sharded ? valuePieceView(b, loc, *r) : op.getParam();
+    bool pieceParams = r->sharded || r->master;
+    Value value = pieceParams ? valuePieceView(b, loc, *r) : op.getParam();
     // A piece's bf16 copy is never read: the gathers refresh the copies
     // of the runs they gather.
-    Value copy = r->sharded ? Value() : op.getShadow();
+    Value copy = pieceParams ? Value() : op.getShadow();
     auto sharded = rt::AdamWShardOp::create(
         b, loc, value, copy, grad, m, v, op.getNorm(), op.getLr(),
         op.getCount(), op.getNAttr(), b.getI64IntegerAttr(inRun),
         b.getI64IntegerAttr(r->piece), groupOf(*r), b.getBoolAttr(pieces),
-        b.getBoolAttr(r->sharded),
-        op.getBeta1Attr(), op.getBeta2Attr(), op.getEpsAttr(),
-        op.getWeightDecayAttr(), op.getMaxGradNormAttr());
+        b.getBoolAttr(pieceParams), op.getBeta1Attr(), op.getBeta2Attr(),
+        op.getEpsAttr(), op.getWeightDecayAttr(), op.getMaxGradNormAttr());
     if (param && r->group == shardAxes)
       param.setOptimizerShard(ArrayRef<int64_t>{r->state, inRun, r->piece});
     else if (param)
@@ -477,6 +491,20 @@ LogicalResult Sharder::shardUpdates() {
       continue; // gathered where the parts read it
     Operation *after = lastOfRun.lookup(&r);
     b.setInsertionPointAfter(after ? after : last);
+    if (r.master) {
+      // The run's bf16 copy, gathered in bf16 from every rank's piece of
+      // the master weights (this rank's rounded in first); placeMasters
+      // moves the view to the copy's place.
+      Type type = MemRefType::get({r.length}, b.getBF16Type());
+      auto start = rt::AllGatherShardsStartOp::create(
+          b, loc, rt::RequestType::get(ctx),
+          view(b, loc, type, rt::Space::Shadow, r.start),
+          valuePieceView(b, loc, r), Value(), b.getI64IntegerAttr(r.length),
+          groupOf(r), b.getI64IntegerAttr(request++));
+      if (lastStart->isBeforeInBlock(start))
+        lastStart = start;
+      continue;
+    }
     Value params = view(b, loc, MemRefType::get({r.length}, b.getF32Type()),
                         rt::Space::Params, r.start);
     Value copy;
@@ -585,12 +613,16 @@ LogicalResult Sharder::run() {
     chooseStaged();
   if (zero >= 3)
     chooseSharded();
+  else
+    chooseMasters();
   shardSyncs();
   shardNorm();
-  if (failed(shardUpdates()))
+  if (failed(shardUpdates()) || failed(placeMasters()))
     return failure();
-  if (zero < 2)
+  if (zero < 2) {
+    func.walk([&](rt::BufferOp v) { v->removeAttr("shard.piece"); });
     return success();
+  }
   // Pieces of gradients summed over tp as well: over tp, once, now.
   Block *update = nullptr;
   func.walk([&](pipe::UpdateOp u) { update = &u.getBody().front(); });
@@ -848,28 +880,135 @@ void Sharder::chooseSharded() {
   }
 }
 
-// ZeRO-3: the parameter store holds [pieces | parameters kept whole |
-// gather staging]. Each part gathers a sharded run whole into a staging
-// slot right before its first read of it.
-LogicalResult Sharder::gatherParams() {
-  int64_t wholeBase = valuePieceElems;
+// The parameter store as [pieces | parameters kept whole]: the runs
+// `asPieces` selects as pieces (their places chosen already), the rest
+// packed after them. Each rt.param records where its values are
+// (`value_shard`: [offset, piece], piece 0 for whole).
+Sharder::Packing
+Sharder::placeValues(function_ref<bool(const Run &)> asPieces) {
   Packing whole =
-      packWhole([](const Run &r) { return !r.sharded; }, wholeBase);
+      packWhole([&](const Run &r) { return !asPieces(r); }, valuePieceElems);
   valueWholeElems = whole.size;
-  // Where the runtime finds each parameter: [offset, piece], piece 0 for
-  // whole.
   func.walk([&](rt::ParamOp p) {
     if (!p.getOffset())
       return;
     int64_t offset = *p.getOffset(), n = elementsOf(p.getBuffer());
     Run *r = runOf(offset, n);
-    if (r && r->sharded)
-      p->setAttr("value_shard", DenseI64ArrayAttr::get(
-                                     ctx, {r->value, r->piece}));
+    if (r && asPieces(*r))
+      p->setAttr("value_shard",
+                 DenseI64ArrayAttr::get(ctx, {r->value, r->piece}));
     else
       p->setAttr("value_shard",
                  DenseI64ArrayAttr::get(ctx, {*whole.offsetOf(offset), 0}));
   });
+  return whole;
+}
+
+// ZeRO-1/2 in a bf16 program: a run keeps its fp32 master weights as
+// pieces only when nothing reads them in fp32 but their update (the parts
+// read the bf16 copy: matmuls' weights); norms' weights, biases and
+// embedding tables, which the kernels read in fp32, keep their run whole.
+void Sharder::chooseMasters() {
+  if (!masterPieces)
+    return;
+  bool copies = false;
+  func.walk(
+      [&](rt::BufferOp v) { copies |= v.getSpace() == rt::Space::Shadow; });
+  if (!copies)
+    return;
+  DenseSet<Run *> readInFp32;
+  func.walk([&](rt::BufferOp v) {
+    std::optional<std::pair<int64_t, int64_t>> range =
+        placeIn(rt::Space::Params, v);
+    if (!range || v.use_empty())
+      return;
+    SmallVector<Operation *> users;
+    usersOf(v.getBuffer(), users);
+    if (v->getParentOfType<pipe::UpdateOp>() &&
+        llvm::all_of(users, [](Operation *u) { return isa<rt::AdamWOp>(u); }))
+      return;
+    // Every run the view touches.
+    for (Run &r : runs)
+      if (r.start < range->first + range->second &&
+          range->first < r.start + r.length)
+        readInFp32.insert(&r);
+  });
+  for (Run &r : runs) {
+    r.master = !readInFp32.count(&r);
+    if (r.master) {
+      r.value = valuePieceElems;
+      valuePieceElems += r.piece;
+      r.copy = masterCopyElems;
+      masterCopyElems += r.length;
+    }
+  }
+}
+
+// The parameter store becomes [pieces | parameters kept whole] (the
+// pieces a store of their own, as under ZeRO-3), and the bf16 copy [copy
+// of those kept whole, at the same places | the runs' copies].
+LogicalResult Sharder::placeMasters() {
+  if (masterCopyElems == 0)
+    return success();
+  int64_t wholeBase = valuePieceElems;
+  Packing whole = placeValues([](const Run &r) { return r.master; });
+  SmallVector<rt::BufferOp> dead;
+  WalkResult placed = func.walk([&](rt::BufferOp v) {
+    bool copy = v.getSpace() == rt::Space::Shadow;
+    if (!copy && v.getSpace() != rt::Space::Params)
+      return WalkResult::advance();
+    int64_t offset = v.getOffset(), n = elementsOf(v.getBuffer());
+    Run *r = runOf(offset, n);
+    if (r && r->master) {
+      if (v.use_empty()) {
+        dead.push_back(v); // what AdamW updated before it took the piece
+        return WalkResult::advance();
+      }
+      if (copy) {
+        v.setOffset(valueWholeElems + r->copy + (offset - r->start));
+        return WalkResult::advance();
+      }
+      v.emitError("tessel-shard-optimizer: the fp32 master weights of a "
+                  "run kept as pieces are read whole");
+      return WalkResult::interrupt();
+    }
+    if (std::optional<int64_t> at = whole.offsetOf(offset)) {
+      v.setOffset(*at - wholeBase);
+      return WalkResult::advance();
+    }
+    v.emitError("tessel-shard-optimizer: a parameter view at ")
+        << offset << " (+" << n << ") lies across runs";
+    return WalkResult::interrupt();
+  });
+  if (placed.wasInterrupted())
+    return failure();
+  for (rt::BufferOp v : dead)
+    v.erase();
+  // Where the runtime fills each run's copy at start (from the pieces the
+  // parameters were loaded into): [piece offset, copy offset, elements,
+  // group axes] per run.
+  OpBuilder b(ctx);
+  SmallVector<Attribute> copies;
+  for (const Run &r : runs)
+    if (r.master)
+      copies.push_back(
+          DenseI64ArrayAttr::get(ctx, {r.value, valueWholeElems + r.copy,
+                                       r.length, (int64_t)r.group.bits()}));
+  func->setAttr("rt.master_copies", b.getArrayAttr(copies));
+  func->setAttr("rt.param_store_elems",
+                b.getI64IntegerAttr(valuePieceElems + valueWholeElems));
+  func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
+  func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(0));
+  func->setAttr("rt.master_copy_elems", b.getI64IntegerAttr(masterCopyElems));
+  return success();
+}
+
+// ZeRO-3: the parameter store holds [pieces | parameters kept whole |
+// gather staging]. Each part gathers a sharded run whole into a staging
+// slot right before its first read of it.
+LogicalResult Sharder::gatherParams() {
+  int64_t wholeBase = valuePieceElems;
+  Packing whole = placeValues([](const Run &r) { return r.sharded; });
 
   // A bf16 program reads parameters in the parts through their copy too:
   // its views take the same places (the copy's store is shifted below).
@@ -1069,7 +1208,7 @@ struct ShardOptimizerPass
     int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
     for (auto func : module.getOps<func::FuncOp>())
       if (func->hasAttr("pipe.rank") &&
-          failed(Sharder(func, mesh, zero, microbatches).run()))
+          failed(Sharder(func, mesh, zero, microbatches, masterPieces).run()))
         return signalPassFailure();
   }
 };

@@ -2,6 +2,7 @@
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=2 | FileCheck %s --check-prefix=TWO --implicit-check-not=rt.reduce_scatter_shards_start
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=THREE
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=COPY
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=100 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=1 | FileCheck %s --check-prefix=MASTER
 
 // Two gradient buckets at dp 2: w and b side by side (136 elements, pieces
 // of 68) and wte (512, pieces of 256). The moments hold the pieces, w's and
@@ -109,3 +110,33 @@
 // COPY: pipe.update
 // COPY-NOT: <shadow>
 // COPY: pipe.yield
+
+// ZeRO-1 in a bf16 program, buckets of 100 bytes: w, which only matmuls read (through its bf16
+// copy), is a bucket of its own and keeps its fp32 master weights as a
+// piece only (64 of its 128 elements); b (the bias add) and wte (the
+// embedding lookup) are read in fp32 and stay whole. The parameter store
+// is [w's piece | b | wte], the piece a store of its own; the copy mirrors
+// b and wte (0 and 8) and holds w's copy after them (520). AdamW updates
+// w's piece, writing no copy; w's copy is gathered in bf16 from the pieces,
+// this rank's rounded in first. The runtime fills it the same way at start
+// (rt.master_copies: piece at 0, copy at 520, 128 elements, over dp).
+// MASTER: rt.master_copies = [array<i64: 0, 520, 128, 1>], rt.master_copy_elems = 128
+// MASTER-SAME: rt.param_gather_elems = 0 : i64, rt.param_piece_elems = 64 : i64, rt.param_store_elems = 584
+// MASTER: rt.param "w" {{.*}}value_shard = array<i64: 0, 64>
+// MASTER: rt.param "b" {{.*}}value_shard = array<i64: 64, 0>
+// MASTER: rt.param "wte" {{.*}}value_shard = array<i64: 72, 0>
+// MASTER: pipe.forward_pass
+// MASTER: rt.buffer <params> 8 : memref<32x16xf32>
+// MASTER: rt.buffer <shadow> 520 : memref<16x8xbf16>
+// MASTER: rt.buffer <params> 0 : memref<8xf32>
+// MASTER: pipe.update
+// MASTER: %[[PIECE:.*]] = rt.buffer <param_pieces> 0 : memref<64xf32>
+// MASTER-NEXT: rt.adamw_shard(%[[PIECE]], %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}, %{{[0-9]+}}) {{.*}}n = 128 : i64, piece = 64 : i64, piece_grads = false, piece_params = true
+// MASTER-NEXT: %[[FROM:.*]] = rt.buffer <param_pieces> 0 : memref<64xf32>
+// MASTER-NEXT: %[[GATHERED:.*]] = rt.buffer <shadow> 520 : memref<128xbf16>
+// MASTER-NEXT: rt.all_gather_shards_start(%[[GATHERED]] : memref<128xbf16> from %[[FROM]] : memref<64xf32>) {axes = #dist.axes<dp>, n = 128 : i64, slot = 3 : i64}
+// MASTER: rt.adamw_shard({{.*}}n = 8 : i64, piece = 4 : i64, piece_grads = false, piece_params = false
+// MASTER-NEXT: rt.buffer <params> 0 : memref<8xf32>
+// MASTER-NEXT: rt.buffer <shadow> 0 : memref<8xbf16>
+// MASTER-NEXT: rt.all_gather_shards_start({{.*}} : memref<8xf32> shadow {{.*}} : memref<8xbf16>)
+// MASTER: rt.wait_requests {count = 3 : i64, first = 3 : i64}

@@ -198,6 +198,11 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
         entry["shard"]["second"] = {
             {"dim", second[0]},
             {"axis", meshAxisName(static_cast<MeshAxis>(second[1]))}};
+      // ZeRO-1/2 in bf16: its fp32 master weights kept as dp pieces only.
+      if (auto value = p->getAttrOfType<DenseI64ArrayAttr>("value_shard");
+          value && value.size() == 2 && value[1] > 0 &&
+          program->hasAttr("rt.master_copies"))
+        entry["master_pieces"] = true;
       out.parameters.push_back(entry);
       return;
     }
@@ -324,13 +329,16 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
                   arena + attr("rt.accumulator_elems") * 4 +
                   attr("rt.norm_sums") * 8 + attr("rt.received_bytes");
   // bf16 programs multiply with a bf16 copy of the parameters (with the
-  // parameters sharded: of those kept whole and the gathered runs).
+  // parameters sharded: of those kept whole and the gathered runs; with
+  // the master weights of runs kept as pieces under ZeRO-1/2, also of
+  // those runs, whole).
   bool shadow = false;
   program.walk([&](rtir::BufferOp b) {
     shadow |= b.getSpace() == rtir::Space::Shadow;
   });
   if (shadow) {
-    int64_t copied = paramStore - attr("rt.param_piece_elems");
+    int64_t copied = paramStore - attr("rt.param_piece_elems") +
+                     attr("rt.master_copy_elems");
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }
@@ -404,6 +412,11 @@ json planJson(const Spec &spec, ModuleOp module,
     plan["zero_group"] = par.zeroGroup;
   if (par.offload != "none")
     plan["offload"] = par.offload;
+  // Whether ZeRO-1/2 keep the master weights of matmuls' weights as pieces
+  // (a bf16 program's).
+  if ((par.zero == 1 || par.zero == 2) && options.target == "cuda" &&
+      spec.train.precision == "bf16")
+    plan["master_pieces"] = par.masterPieces;
   if (par.pp > 1) {
     plan["schedule"] = par.schedule;
     plan["virtual_stages"] = par.virtualStages;
@@ -904,6 +917,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
   pipeline.collectiveMatmulMinRows = spec.parallel.collectiveMatmulMinRows;
   pipeline.recompute = spec.train.recompute;
   pipeline.zero = spec.parallel.zero;
+  pipeline.masterPieces = spec.parallel.masterPieces;
   if (spec.parallel.offload != "none" && options.target != "cuda")
     return diagnostics.error(
         options.input + ": parallel.offload: parallel.offload = \"" +

@@ -334,11 +334,14 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   e.step = work + bubble + dpComm + optimizer;
 
   // fp32 parameters (pieces from ZeRO-3, plus two gathered layers'
-  // worth), gradients (pieces from ZeRO-2), AdamW's moments (pieces from
-  // ZeRO-1), the bf16 copy.
+  // worth; in bf16 the master weights of the matrices as pieces from
+  // ZeRO-1, parallel.master_pieces), gradients (pieces from ZeRO-2),
+  // AdamW's moments (pieces from ZeRO-1), the bf16 copy.
   double layerShare = gpuParams / std::max(1.0, stageLayers);
+  bool masterPieces = cuda && spec.train.precision == "bf16" &&
+                      spec.parallel.masterPieces && l.zero >= 1;
   double state =
-      gpuParams * ((l.zero >= 3 ? 4.0 * zeroShare : 4) +
+      gpuParams * ((l.zero >= 3 || masterPieces ? 4.0 * zeroShare : 4) +
                    (l.zero >= 2 ? 4.0 * zeroShare : 4) +
                    (l.zero >= 1 ? 8.0 * zeroShare : 8) + (cuda ? 2 : 0)) +
       (l.zero >= 3 ? 2 * layerShare * (4 + 4) : 0);

@@ -233,6 +233,48 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
   return kept;
 }
 
+// ZeRO-1/2 in a bf16 program keep the fp32 master weights of what only
+// matmuls read as pieces (as Megatron-LM's distributed optimizer keeps
+// all of them) and gather its bf16 copy after the update: every matrix but
+// the embedding tables (the lookup reads them in fp32), GPT-2's q|k|v
+// weight (cut into its q, k and v slices from the master weights) and the
+// routed experts' weights (the grouped GEMMs read them in fp32). Norms'
+// weights and biases, read in fp32, stay whole. That is the rule; a run
+// is cut into pieces as a whole, so without pipeline stages (gradient
+// buckets) a matrix sharing its bucket's run with one of those stays
+// whole too: the plan says which were cut (`master_pieces`).
+bool masterRule(const json &plan, const json &param, const Sizes &z) {
+  int64_t zero = plan.value("zero", 0);
+  if (!z.bf16 || z.d <= 1 || (zero != 1 && zero != 2) ||
+      !plan.value("master_pieces", false) || param["local_shape"].size() < 2)
+    return false;
+  std::string name = param["name"].get<std::string>();
+  auto endsWith = [&](const std::string &tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return name != "wte.weight" && name != "wpe.weight" &&
+         name != "model.embed_tokens.weight" &&
+         !endsWith("attn.c_attn.weight") &&
+         name.find(".experts.") == std::string::npos;
+}
+
+bool masterAsPieces(const json &plan, const json &param, const Sizes &z) {
+  return masterRule(plan, param, z) &&
+         (z.p > 1 || param.value("master_pieces", false));
+}
+
+// The elements of the parameters of `program` whose master weights
+// masterAsPieces keeps as pieces.
+double masterPieceElements(const json &plan, const std::string &program,
+                           const Sizes &z) {
+  double n = 0;
+  for (const json &param : plan["parameters"])
+    if (param["program"] == program && masterAsPieces(plan, param, z))
+      n += elementsOf(param);
+  return n;
+}
+
 // The axes whose condition holds, as a group of the comm report ("dp,cp").
 AxisSet axesWhere(std::initializer_list<std::pair<MeshAxis, bool>> axes) {
   AxisSet set;
@@ -310,8 +352,12 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool overDpEp = zero && epSum > 1 && g == d;
     double G = overDpEp ? g * epSum : g;
     std::string group = overDpEp ? "dp,ep" : shard;
+    // A reduce-scatter and a gather each move half an all-reduce's bytes;
+    // the gather of a bf16 copy (masterAsPieces) a quarter.
+    double gather = masterAsPieces(plan, param, *sizes) ? 0.25 : 0.5;
     double dpBytes = asPieces && zero3 ? 1.5 * m * allReduce(n, G, 4)
-                     : asPieces        ? (m + 1) / 2 * allReduce(n, G, 4)
+                     : asPieces        ? (m / 2 + gather) * allReduce(n, G, 4)
+                     : zero            ? (0.5 + gather) * allReduce(n, G, 4)
                                        : allReduce(n, G, 4);
     if (zero && replicas > 1)
       table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
@@ -515,9 +561,29 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   auto asPieces = [&](double elements) {
     return (elements - experts) / dzEp + experts / dz;
   };
+  // ZeRO-1/2 in bf16: the master weights of the matrices only matmuls
+  // read as pieces, the rest whole (no gathered runs).
+  bool masters =
+      plan.value("zero", 0) < 3 && memory.contains("param_piece_bytes");
+  double M = masters ? masterPieceElements(plan, program, *sizes) : 0;
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
+  } else if (masters) {
+    rows.push_back({"master weights, pieces (fp32, " + part + ")",
+                    memory["param_piece_bytes"].get<double>(),
+                    4 * M / dzEp, // no routed expert among them
+                    memory.contains("offloaded_bytes")
+                        ? "offloaded with the moments: in pinned host "
+                          "memory, not in the total"
+                        : std::string(p > 1 ? "of the matrices only "
+                                              "matmuls read"
+                                            : "of the matrices only matmuls "
+                                              "read, in runs of their own") +
+                              (overEp.empty() ? "" : "; " + overEp)});
+    rows.push_back({"parameters kept whole (fp32)",
+                    memory["param_whole_bytes"].get<double>(), 4 * (P - M),
+                    "read in fp32: norms, biases, embedding tables"});
   } else {
     rows.push_back({"parameter pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
@@ -578,7 +644,11 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                            : "")});
   // With the parameters sharded the copy is of what the parts read: the
   // parameters kept whole and the gathered runs (the pieces have none).
-  if (bf16 && memory.contains("param_piece_bytes"))
+  if (bf16 && masters)
+    rows.push_back({"parameters (bf16 copy)",
+                    memory.value("param_shadow_bytes", 0.0), 2 * P,
+                    "of every parameter, whole"});
+  else if (bf16 && memory.contains("param_piece_bytes"))
     rows.push_back({"parameters (bf16 copy)",
                     memory.value("param_shadow_bytes", 0.0),
                     2 * keptWhole +

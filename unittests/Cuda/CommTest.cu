@@ -102,6 +102,35 @@ TEST(OneRankCommCount, CountsLikeTheCpuRuntime) {
   EXPECT_EQ(gather.bytesSent, gatherBefore.bytesSent);
 }
 
+// ZeRO-1/2 in bf16: a run's bf16 copy gathered from the fp32 master-weight
+// pieces. In a group of one the piece is the run: the copy is its bf16
+// rounding. Counted as a gather, except while collectives are not counted
+// (the copies filled at start).
+TEST(OneRankCommMasterCopy, RoundsThePieceIn) {
+  constexpr unsigned kDP = AxisSet(MeshAxis::DP).bits();
+  std::vector<float> master = randomVector(37, 5);
+  DeviceArray<float> pieces(master);
+  DeviceArray<bf16> copy(master.size());
+  rt::CollectiveCounter before =
+      rt::collectiveCounter(rt::CollectiveKind::AllGather);
+  commWait(allGatherShardsStart(copy.get(), pieces.get(), nullptr,
+                                (int64_t)master.size(), kDP));
+  EXPECT_EQ(copy.download(), stored<bf16>(master));
+  EXPECT_EQ(rt::collectiveCounter(rt::CollectiveKind::AllGather).calls,
+            before.calls + 1);
+  {
+    rt::UncountedCollectives notTraffic;
+    commWait(allGatherShardsStart(copy.get(), pieces.get(), nullptr,
+                                  (int64_t)master.size(), kDP));
+  }
+  EXPECT_EQ(rt::collectiveCounter(rt::CollectiveKind::AllGather).calls,
+            before.calls + 1);
+  DeviceArray<bf16> second(master.size());
+  EXPECT_THROW(allGatherShardsStart(copy.get(), pieces.get(), second.get(),
+                                    (int64_t)master.size(), kDP),
+               std::runtime_error);
+}
+
 TEST(OneRankCommP2P, PeerOutsideTheMeshIsAnError) {
   DeviceArray<float> x(4);
   try {

@@ -155,6 +155,10 @@ struct ParallelSpec {
   // ranks and replicate across the groups (hybrid sharding, as HSDP and
   // ZeRO++'s hpZ do); 0: over all of dp.
   int64_t zeroGroup = 0;
+  // parallel.master_pieces: with zero 1 or 2 on the CUDA target in bf16,
+  // keep the fp32 master weights of the parameters only matmuls read as
+  // dp pieces (Megatron-LM's distributed optimizer); false keeps them whole.
+  bool masterPieces = true;
   // parallel.offload: "optimizer" keeps AdamW's moments in pinned host
   // memory, read and written by the update kernel across the bus
   // (ZeRO-Offload; CUDA target); "none" keeps everything on the device.

@@ -69,6 +69,11 @@ struct TrainPipelineOptions
                      "(AdamW moments sharded), 2 (gradients too) or 3 "
                      "(parameters too)"),
       llvm::cl::init(0)};
+  Option<bool> masterPieces{
+      *this, "master-pieces",
+      llvm::cl::desc("With zero 1 or 2 in bf16, keep the fp32 master weights "
+                     "of what only matmuls read as dp pieces"),
+      llvm::cl::init(true)};
   Option<std::string> recompute{
       *this, "recompute",
       llvm::cl::desc("Activation recomputation: none, selective or full"),

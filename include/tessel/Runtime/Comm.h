@@ -72,6 +72,10 @@ public:
   UncountedCollectives &operator=(const UncountedCollectives &) = delete;
 };
 
+// False while an UncountedCollectives lives (for the CUDA runtime's
+// counting).
+bool collectivesCounted();
+
 int commRank();
 int commWorldSize();
 // The layout the communicators were built for.

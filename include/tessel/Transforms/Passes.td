@@ -530,9 +530,25 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     `dp_replica`, as well: by the in-place reduce-scatter itself (over
     `dp_shard, dp_replica`) for a run kept whole, and with the tp sum at the
     start of the update for a staged run.
+
+    With `zero` 1 or 2 in a bf16 program (`master-pieces`), a run whose
+    parameters nothing reads in fp32 but their update (the parts read their
+    bf16 copy: matmuls' weights) keeps its fp32 master weights as pieces
+    only, as Megatron-LM's distributed optimizer does: the parameter store
+    becomes [pieces | parameters kept whole] (`value_shard` as under
+    ZeRO-3, no gathered runs) and the copy [copy of those kept whole, at
+    their places | the runs' copies] (`rt.master_copy_elems` more); AdamW
+    updates the pieces and writes no copy, and each run's copy is gathered
+    in bf16 from the pieces after the update (`rt.all_gather_shards_start`
+    on the bf16 copy `from` the fp32 piece). `rt.master_copies` lists each
+    run's piece, copy, elements and group for the runtime, which fills the
+    copies the same way at start.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,
+    Option<"masterPieces", "master-pieces", "bool", "true",
+           "With zero 1 or 2 in a bf16 program, keep the fp32 master "
+           "weights of runs only their update reads in fp32 as pieces">,
   ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

@@ -77,14 +77,15 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
     auto program = ModuleOp::create(
         b, loc, programName(rank, schedule.getRanks()));
     program->setAttr("pipe.rank", rankAttr);
-    for (StringRef name : {"rt.param_elems", "rt.arena_bytes",
-                           "rt.accumulator_elems", "rt.norm_sums",
-                           "rt.request_slots", "rt.received_bytes",
-                           "rt.transient_bytes", "rt.optimizer_elems",
-                           "rt.grad_elems", "rt.grad_staging_elems",
-                           "rt.grad_piece_elems", "rt.grad_scratch_elems",
-                           "rt.grad_whole_elems", "rt.param_store_elems",
-                           "rt.param_piece_elems", "rt.param_gather_elems",
+    for (StringRef name : {"rt.param_elems",         "rt.arena_bytes",
+                           "rt.accumulator_elems",   "rt.norm_sums",
+                           "rt.request_slots",       "rt.received_bytes",
+                           "rt.transient_bytes",     "rt.optimizer_elems",
+                           "rt.grad_elems",          "rt.grad_staging_elems",
+                           "rt.grad_piece_elems",    "rt.grad_scratch_elems",
+                           "rt.grad_whole_elems",    "rt.param_store_elems",
+                           "rt.param_piece_elems",   "rt.param_gather_elems",
+                           "rt.master_copies",       "rt.master_copy_elems",
                            "rt.chunk_arena_offsets", "rt.chunk_arena_total",
                            "rt.chunks_in_flight"})
       if (Attribute attr = step->getAttr(name))

@@ -185,6 +185,12 @@ public:
     if (auto recipe = top->getAttrOfType<DictionaryAttr>("graph.recipe"))
       if (auto offload = recipe.getAs<StringAttr>("offload"))
         info.offloadOptimizer = offload.getValue() == "optimizer";
+    if (auto copies = program->getAttrOfType<ArrayAttr>("rt.master_copies"))
+      for (Attribute a : copies)
+        if (auto c = dyn_cast<DenseI64ArrayAttr>(a); c && c.size() == 4)
+          info.masterCopies.push_back({c[0], c[1], c[2], c[3]});
+    if (auto e = program->getAttrOfType<IntegerAttr>("rt.master_copy_elems"))
+      info.masterCopyElems = e.getInt();
     return info;
   }
 
@@ -218,6 +224,20 @@ public:
     }
     if (info.offloadOptimizer)
       lines.push_back("device.offloadOptimizer = true;");
+    if (!info.masterCopies.empty()) {
+      std::string rows;
+      for (const std::array<int64_t, 4> &c : info.masterCopies)
+        rows += (rows.empty() ? "{" : ", {") + std::to_string(c[0]) + ", " +
+                std::to_string(c[1]) + ", " + std::to_string(c[2]) + ", " +
+                std::to_string(c[3]) + "}";
+      lines.push_back("static const int64_t kMasterCopies[][4] = {" + rows +
+                      "};");
+      lines.push_back("device.masterCopies = kMasterCopies;");
+      lines.push_back("device.numMasterCopies = " +
+                      std::to_string(info.masterCopies.size()) + ";");
+      lines.push_back("device.masterCopyElems = " +
+                      std::to_string(info.masterCopyElems) + ";");
+    }
     // A fixed text of the compiler's, never a name from the spec.
     if (!info.hostReadsInStep.empty())
       lines.push_back("device.hostReadsInStep = \"" + info.hostReadsInStep +

@@ -389,6 +389,8 @@ void checkMpi(int result, const char *what) {
 // through the reference is well defined, and keeps one set of counters for
 // --comm-report whichever runtime communicates.
 void count(CollectiveKind kind, int64_t elements, int64_t bytesSent) {
+  if (!rt::collectivesCounted())
+    return;
   auto &counter =
       const_cast<rt::CollectiveCounter &>(rt::collectiveCounter(kind));
   counter.calls += 1;
@@ -1867,6 +1869,33 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
     // After the broadcasts on the same stream, inside the request.
     if (shadow)
       detail::toBf16On(collectiveStream(), buffer, shadow, n);
+  });
+}
+
+CommRequest allGatherShardsStart(bf16 *buffer, const float *from, bf16 *shadow,
+                                 int64_t n, unsigned axes) {
+  BackgroundLane lane(axes);
+  checkAxes(axes, "allGatherShards (bf16)");
+  checkCount(n, "allGatherShards (bf16)");
+  if (shadow)
+    throw std::runtime_error(
+        "allGatherShards of a bf16 copy takes no second copy");
+  int64_t g = rt::groupSize(axes), c = detail::pieceSize(n, g);
+  count(CollectiveKind::AllGather, c, rt::allGatherBytesSent(c, g, 2));
+  // Rounded in on the compute stream, which the gather follows (and whose
+  // later writes to `from`, the next update, come after it).
+  detail::PieceRange own = detail::inPiece(0, n, c, rt::groupRank(axes));
+  if (from && own.size() > 0)
+    detail::toBf16On(computeStream(), from, buffer + own.begin, own.size());
+  const char *name = rt::collectiveName(CollectiveKind::AllGather);
+  ncclComm_t comm = commFor(axes, name);
+  if (!comm || n <= 0)
+    return startedCollective(name, axes, n, false, [] {});
+  return startedCollective(name, axes, n, true, [&] {
+    perPiece(n, axes, name, [&](int64_t at, size_t elements, int root) {
+      return ncclBroadcast(buffer + at, buffer + at, elements, ncclBfloat16,
+                           root, comm, collectiveStream());
+    });
   });
 }
 

@@ -369,8 +369,11 @@ void startDevice(const rt::Program &program, const float *hostParams,
   check(cudaEventCreateWithFlags(&s.staged, cudaEventDisableTiming),
         "cudaEventCreate");
   DeviceBuffers &b = s.buffers;
+  // The copy of the parameter store, then (ZeRO-1/2) those of the runs
+  // whose master weights are pieces.
   if (device.bf16)
-    b.paramShadow = allocate<bf16>(s.paramElems, "the bf16 parameter copy");
+    b.paramShadow = allocate<bf16>(s.paramElems + device.masterCopyElems,
+                                   "the bf16 parameter copy");
   b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
   b.scalars = allocate<float>(16, "the step's scalars");
   b.normAcc = allocate<double>(std::max<int64_t>(16, program.normSums),
@@ -395,6 +398,23 @@ void startDevice(const rt::Program &program, const float *hostParams,
           "cudaMemcpyAsync (parameters)");
   if (b.paramShadow)
     detail::toBf16On(s.compute, s.params, b.paramShadow, s.paramElems);
+  // The copies of the runs kept as pieces, gathered from the pieces just
+  // loaded, as after each update (not the step's traffic).
+  if (device.numMasterCopies > 0) {
+    if (!b.paramShadow)
+      throw std::runtime_error(
+          "the program keeps master weights as pieces but no bf16 copy");
+    rt::UncountedCollectives notTraffic;
+    for (int i = 0; i < device.numMasterCopies; ++i) {
+      const int64_t *c = device.masterCopies[i];
+      if (c[0] < 0 || c[0] > s.pieceElems || c[1] < s.paramElems || c[2] < 0 ||
+          c[1] + c[2] > s.paramElems + device.masterCopyElems)
+        throw std::runtime_error("master-weight copy " + std::to_string(i) +
+                                 " lies outside the parameter stores");
+      commWait(allGatherShardsStart(b.paramShadow + c[1], s.paramPieces + c[0],
+                                    nullptr, c[2], (unsigned)c[3]));
+    }
+  }
   check(cudaStreamSynchronize(s.compute), "cudaStreamSynchronize");
 
   ctx.params = s.params;

@@ -18,6 +18,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringRef.h"
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,11 @@ public:
     // Empty when the training step can be captured as a CUDA graph, else
     // what in it reads device data on the host.
     std::string hostReadsInStep;
+    // ZeRO-1/2 in bf16: the runs whose master weights are pieces only
+    // ({piece offset, copy offset, elements, group axes}, from the
+    // program's rt.master_copies) and the elements their copies add.
+    std::vector<std::array<int64_t, 4>> masterCopies;
+    int64_t masterCopyElems = 0;
   };
   virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
                                 mlir::ModuleOp top) const {

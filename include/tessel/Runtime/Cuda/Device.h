@@ -120,6 +120,12 @@ void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
 // stream wait for it.
 CommRequest allGatherShardsStart(float *buffer, const float *from,
                                  bf16 *shadow, int64_t n, unsigned axes);
+// ZeRO-1/2 in a bf16 program, whose runs keep their fp32 master weights as
+// pieces only: the run's bf16 copy gathered in bf16 (half the bytes), this
+// rank's piece first rounded in from `from` (its fp32 piece) on the compute
+// stream. `shadow` must be null (the buffer is the copy).
+CommRequest allGatherShardsStart(bf16 *buffer, const float *from, bf16 *shadow,
+                                 int64_t n, unsigned axes);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue
@@ -212,6 +218,14 @@ struct DeviceProgram {
   // then launched per step); otherwise why not: what in the step waits
   // for device data on the host.
   const char *hostReadsInStep = nullptr;
+  // ZeRO-1/2 in bf16: the runs whose fp32 master weights are pieces only.
+  // Their bf16 copies lie after the copy of the parameter store, in
+  // masterCopyElems more elements of it; each entry is {offset of the
+  // run's piece in the parameter pieces, offset of its copy, elements, the
+  // group's axes}. start fills the copies from the pieces.
+  const int64_t (*masterCopies)[4] = nullptr;
+  int numMasterCopies = 0;
+  int64_t masterCopyElems = 0;
 };
 
 // The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
