@@ -409,8 +409,10 @@ void ReduceScatterPieceStartOp::describeCommunication(
 void AllGatherShardsOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t n = getN(), g = mesh.groupSize(getAxes());
-  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g), 4,
-                           rt::allGatherBytesSent(pieceSize(n, g), g, 4)));
+  int64_t bytes = elementBytesOf(getBuffer());
+  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g),
+                           bytes,
+                           rt::allGatherBytesSent(pieceSize(n, g), g, bytes)));
 }
 
 // A bf16 buffer (ZeRO-1/2's copy of a run whose master weights are

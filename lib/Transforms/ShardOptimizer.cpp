@@ -79,6 +79,9 @@ struct Run {
   // copy's own region and gathered in bf16 after each update.
   bool master = false;
   int64_t copy = 0;
+  // ZeRO-3 in a bf16 program: a sharded run nothing reads in fp32 but its
+  // update is gathered in bf16 into its slot of the copy only.
+  bool bf16Gather = false;
   // The ranks the pieces are cut over: dp (or a hybrid shard group of it),
   // and with expert parallelism dp x ep for a gradient summed over ep too
   // (a dense parameter's: ep is more data parallelism for it, as in
@@ -147,6 +150,10 @@ private:
   void chooseStaged();
   void chooseSharded();
   void chooseMasters();
+  // The runs some op besides their update reads in fp32 (none in an fp32
+  // program's sense: empty when there is no bf16 copy or master-pieces is
+  // off, with `any` false).
+  DenseSet<Run *> readInFp32(bool &any);
   LogicalResult placeMasters();
   LogicalResult stageGradients();
   LogicalResult gatherParams();
@@ -871,11 +878,14 @@ void Sharder::chooseSharded() {
     if (!inPart && !updated)
       readElsewhere.insert(r);
   });
+  bool copies;
+  DenseSet<Run *> fp32 = readInFp32(copies);
   for (Run &r : runs) {
     r.sharded = r.staged && !readElsewhere.count(&r);
     if (r.sharded) {
       r.value = valuePieceElems;
       valuePieceElems += r.piece;
+      r.bf16Gather = copies && !fp32.count(&r);
     }
   }
 }
@@ -894,10 +904,13 @@ Sharder::placeValues(function_ref<bool(const Run &)> asPieces) {
       return;
     int64_t offset = *p.getOffset(), n = elementsOf(p.getBuffer());
     Run *r = runOf(offset, n);
-    if (r && asPieces(*r))
+    if (r && asPieces(*r)) {
       p->setAttr("value_shard",
                  DenseI64ArrayAttr::get(ctx, {r->value, r->piece}));
-    else
+      // Its bf16 copy gathered in bf16 from the pieces.
+      if (r->master || r->bf16Gather)
+        p->setAttr("bf16_gather", UnitAttr::get(ctx));
+    } else
       p->setAttr("value_shard",
                  DenseI64ArrayAttr::get(ctx, {*whole.offsetOf(offset), 0}));
   });
@@ -908,15 +921,14 @@ Sharder::placeValues(function_ref<bool(const Run &)> asPieces) {
 // pieces only when nothing reads them in fp32 but their update (the parts
 // read the bf16 copy: matmuls' weights); norms' weights, biases and
 // embedding tables, which the kernels read in fp32, keep their run whole.
-void Sharder::chooseMasters() {
+DenseSet<Run *> Sharder::readInFp32(bool &any) {
+  DenseSet<Run *> read;
+  any = false;
   if (!masterPieces)
-    return;
-  bool copies = false;
-  func.walk(
-      [&](rt::BufferOp v) { copies |= v.getSpace() == rt::Space::Shadow; });
-  if (!copies)
-    return;
-  DenseSet<Run *> readInFp32;
+    return read;
+  func.walk([&](rt::BufferOp v) { any |= v.getSpace() == rt::Space::Shadow; });
+  if (!any)
+    return read;
   func.walk([&](rt::BufferOp v) {
     std::optional<std::pair<int64_t, int64_t>> range =
         placeIn(rt::Space::Params, v);
@@ -931,10 +943,18 @@ void Sharder::chooseMasters() {
     for (Run &r : runs)
       if (r.start < range->first + range->second &&
           range->first < r.start + r.length)
-        readInFp32.insert(&r);
+        read.insert(&r);
   });
+  return read;
+}
+
+void Sharder::chooseMasters() {
+  bool copies;
+  DenseSet<Run *> fp32 = readInFp32(copies);
+  if (!copies)
+    return;
   for (Run &r : runs) {
-    r.master = !readInFp32.count(&r);
+    r.master = !fp32.count(&r);
     if (r.master) {
       r.value = valuePieceElems;
       valuePieceElems += r.piece;
@@ -1044,6 +1064,12 @@ LogicalResult Sharder::gatherParams() {
     if (copies)
       copy = view(b, loc, MemRefType::get({g.run->length}, b.getBF16Type()),
                   rt::Space::Shadow, staging.slots[g.slot].offset);
+    // Only the copy's slot is read: gathered there, in bf16.
+    if (g.run->bf16Gather) {
+      gathered.getDefiningOp()->erase();
+      gathered = copy;
+      copy = Value();
+    }
     auto n = b.getI64IntegerAttr(g.run->length);
     if (!g.issue) {
       rt::AllGatherShardsOp::create(b, loc, gathered, from, copy, n,

@@ -198,11 +198,10 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
         entry["shard"]["second"] = {
             {"dim", second[0]},
             {"axis", meshAxisName(static_cast<MeshAxis>(second[1]))}};
-      // ZeRO-1/2 in bf16: its fp32 master weights kept as dp pieces only.
-      if (auto value = p->getAttrOfType<DenseI64ArrayAttr>("value_shard");
-          value && value.size() == 2 && value[1] > 0 &&
-          program->hasAttr("rt.master_copies"))
-        entry["master_pieces"] = true;
+      // In bf16, its bf16 copy gathered in bf16 from its fp32 master
+      // weights' dp pieces (ZeRO-1/2: kept as pieces only).
+      if (p->hasAttr("bf16_gather"))
+        entry["bf16_gather"] = true;
       out.parameters.push_back(entry);
       return;
     }
@@ -414,7 +413,7 @@ json planJson(const Spec &spec, ModuleOp module,
     plan["offload"] = par.offload;
   // Whether ZeRO-1/2 keep the master weights of matmuls' weights as pieces
   // (a bf16 program's).
-  if ((par.zero == 1 || par.zero == 2) && options.target == "cuda" &&
+  if (par.zero >= 1 && options.target == "cuda" &&
       spec.train.precision == "bf16")
     plan["master_pieces"] = par.masterPieces;
   if (par.pp > 1) {

@@ -242,11 +242,12 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
 // weights and biases, read in fp32, stay whole. That is the rule; a run
 // is cut into pieces as a whole, so without pipeline stages (gradient
 // buckets) a matrix sharing its bucket's run with one of those stays
-// whole too: the plan says which were cut (`master_pieces`).
+// whole too: the plan says which were cut (`bf16_gather`). ZeRO-3 keeps
+// every run as pieces and gathers the same matrices in bf16.
 bool masterRule(const json &plan, const json &param, const Sizes &z) {
   int64_t zero = plan.value("zero", 0);
-  if (!z.bf16 || z.d <= 1 || (zero != 1 && zero != 2) ||
-      !plan.value("master_pieces", false) || param["local_shape"].size() < 2)
+  if (!z.bf16 || z.d <= 1 || zero < 1 || !plan.value("master_pieces", false) ||
+      param["local_shape"].size() < 2)
     return false;
   std::string name = param["name"].get<std::string>();
   auto endsWith = [&](const std::string &tail) {
@@ -261,7 +262,7 @@ bool masterRule(const json &plan, const json &param, const Sizes &z) {
 
 bool masterAsPieces(const json &plan, const json &param, const Sizes &z) {
   return masterRule(plan, param, z) &&
-         (z.p > 1 || param.value("master_pieces", false));
+         (z.p > 1 || param.value("bf16_gather", false));
 }
 
 // The elements of the parameters of `program` whose master weights
@@ -355,10 +356,11 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // A reduce-scatter and a gather each move half an all-reduce's bytes;
     // the gather of a bf16 copy (masterAsPieces) a quarter.
     double gather = masterAsPieces(plan, param, *sizes) ? 0.25 : 0.5;
-    double dpBytes = asPieces && zero3 ? 1.5 * m * allReduce(n, G, 4)
-                     : asPieces        ? (m / 2 + gather) * allReduce(n, G, 4)
-                     : zero            ? (0.5 + gather) * allReduce(n, G, 4)
-                                       : allReduce(n, G, 4);
+    double dpBytes = asPieces && zero3
+                         ? (0.5 + 2 * gather) * m * allReduce(n, G, 4)
+                     : asPieces ? (m / 2 + gather) * allReduce(n, G, 4)
+                     : zero     ? (0.5 + gather) * allReduce(n, G, 4)
+                                : allReduce(n, G, 4);
     if (zero && replicas > 1)
       table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
     // The axes besides dp that sum the gradient: ep for a dense parameter

@@ -542,7 +542,10 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     in bf16 from the pieces after the update (`rt.all_gather_shards_start`
     on the bf16 copy `from` the fp32 piece). `rt.master_copies` lists each
     run's piece, copy, elements and group for the runtime, which fills the
-    copies the same way at start.
+    copies the same way at start. With `zero` 3 such a run is gathered in
+    bf16 the same way, from its piece into its slot of the copy, with no
+    fp32 gather. Each `rt.param` whose copy is gathered in bf16 is marked
+    `bf16_gather`.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,

@@ -1872,6 +1872,11 @@ CommRequest allGatherShardsStart(float *buffer, const float *from,
   });
 }
 
+void allGatherShards(bf16 *buffer, const float *from, bf16 *shadow, int64_t n,
+                     unsigned axes) {
+  commWait(allGatherShardsStart(buffer, from, shadow, n, axes));
+}
+
 CommRequest allGatherShardsStart(bf16 *buffer, const float *from, bf16 *shadow,
                                  int64_t n, unsigned axes) {
   BackgroundLane lane(axes);

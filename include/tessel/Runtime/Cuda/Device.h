@@ -120,12 +120,15 @@ void allGatherShards(float *buffer, const float *from, bf16 *shadow, int64_t n,
 // stream wait for it.
 CommRequest allGatherShardsStart(float *buffer, const float *from,
                                  bf16 *shadow, int64_t n, unsigned axes);
-// ZeRO-1/2 in a bf16 program, whose runs keep their fp32 master weights as
-// pieces only: the run's bf16 copy gathered in bf16 (half the bytes), this
-// rank's piece first rounded in from `from` (its fp32 piece) on the compute
-// stream. `shadow` must be null (the buffer is the copy).
+// A bf16 program's run whose fp32 master weights are pieces and which only
+// matmuls read (ZeRO-1/2 after the update, ZeRO-3 into a part's slot): its
+// bf16 copy gathered in bf16 (half the bytes), this rank's piece first
+// rounded in from `from` (its fp32 piece) on the compute stream. `shadow`
+// must be null (the buffer is the copy).
 CommRequest allGatherShardsStart(bf16 *buffer, const float *from, bf16 *shadow,
                                  int64_t n, unsigned axes);
+void allGatherShards(bf16 *buffer, const float *from, bf16 *shadow, int64_t n,
+                     unsigned axes);
 
 // Pipeline point-to-point along pp (peer = pp coordinate + offset; other
 // axes are an error). NCCL matches the messages between two ranks in issue
