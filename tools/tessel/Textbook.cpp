@@ -356,8 +356,17 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // A reduce-scatter and a gather each move half an all-reduce's bytes;
     // the gather of a bf16 copy (masterAsPieces) a quarter.
     double gather = masterAsPieces(plan, param, *sizes) ? 0.25 : 0.5;
+    // ZeRO-3 gathers a run for each forward and backward part that reads
+    // it: a table only the embedding lookup reads (its backward needs the
+    // tokens, not the table) in the forward alone, when it is a run of its
+    // own (with pipeline stages; without, it shares a gradient bucket).
+    bool lookupOnly =
+        p > 1 && (name == "wpe.weight" ||
+                  (!tied && (name == "wte.weight" ||
+                             name == "model.embed_tokens.weight")));
+    double gathers = lookupOnly ? 1 : 2;
     double dpBytes = asPieces && zero3
-                         ? (0.5 + 2 * gather) * m * allReduce(n, G, 4)
+                         ? (0.5 + gathers * gather) * m * allReduce(n, G, 4)
                      : asPieces ? (m / 2 + gather) * allReduce(n, G, 4)
                      : zero     ? (0.5 + gather) * allReduce(n, G, 4)
                                 : allReduce(n, G, 4);
