@@ -406,24 +406,24 @@ void ReduceScatterPieceStartOp::describeCommunication(
   shardsReduced(mesh, getAxes(), getN(), records);
 }
 
-void AllGatherShardsOp::describeCommunication(
-    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = getN(), g = mesh.groupSize(getAxes());
-  int64_t bytes = elementBytesOf(getBuffer());
-  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g),
-                           bytes,
+// The gather of a run's pieces: in fp32, or in bf16 for a bf16 buffer (the
+// copy of a run whose master weights are pieces and only matmuls read).
+static void shardsGathered(const MeshShape &mesh, AxisSet axes, int64_t n,
+                           Value buffer,
+                           SmallVectorImpl<CollectiveRecord> &records) {
+  int64_t g = mesh.groupSize(axes), bytes = elementBytesOf(buffer);
+  records.push_back(record("all_gather", axes, mesh, pieceSize(n, g), bytes,
                            rt::allGatherBytesSent(pieceSize(n, g), g, bytes)));
 }
 
-// A bf16 buffer (ZeRO-1/2's copy of a run whose master weights are
-// pieces) is gathered in bf16.
+void AllGatherShardsOp::describeCommunication(
+    const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  shardsGathered(mesh, getAxes(), getN(), getBuffer(), records);
+}
+
 void AllGatherShardsStartOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
-  int64_t n = getN(), g = mesh.groupSize(getAxes());
-  int64_t bytes = elementBytesOf(getBuffer());
-  records.push_back(record("all_gather", getAxes(), mesh, pieceSize(n, g),
-                           bytes,
-                           rt::allGatherBytesSent(pieceSize(n, g), g, bytes)));
+  shardsGathered(mesh, getAxes(), getN(), getBuffer(), records);
 }
 
 void SendOp::describeCommunication(const MeshShape &mesh,

@@ -119,11 +119,10 @@ class Sharder {
 public:
   Sharder(func::FuncOp func, const MeshShape &mesh, int64_t zero,
           int64_t microbatches, bool masterPieces)
-      : masterPieces(masterPieces), func(func), ctx(func.getContext()),
-        dp(mesh.shardGroupSize()), ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]),
-        shardAxes(mesh.shardAxes()),
+      : func(func), ctx(func.getContext()), dp(mesh.shardGroupSize()),
+        ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]), shardAxes(mesh.shardAxes()),
         replicaAxes(mesh.hybrid() ? AxisSet::dpReplica() : AxisSet()),
-        zero(zero), microbatches(microbatches) {}
+        zero(zero), microbatches(microbatches), masterPieces(masterPieces) {}
   LogicalResult run();
 
 private:
@@ -150,10 +149,8 @@ private:
   void chooseStaged();
   void chooseSharded();
   void chooseMasters();
-  // The runs some op besides their update reads in fp32 (none in an fp32
-  // program's sense: empty when there is no bf16 copy or master-pieces is
-  // off, with `any` false).
-  DenseSet<Run *> readInFp32(bool &any);
+  // The runs some op besides their update reads in fp32.
+  DenseSet<Run *> readInFp32();
   LogicalResult placeMasters();
   LogicalResult stageGradients();
   LogicalResult gatherParams();
@@ -236,7 +233,6 @@ private:
     return dist::AxesAttr::get(ctx, r.group);
   }
   LogicalResult collectRuns();
-  bool masterPieces;
   void shardSyncs();
   LogicalResult shardUpdates();
   void shardNorm();
@@ -253,6 +249,9 @@ private:
   // gradient is summed as well; empty otherwise.
   AxisSet replicaAxes;
   int64_t zero, microbatches;
+  // parallel.master_pieces; and whether the program has a bf16 copy of its
+  // parameters (a bf16 program's matmuls read it).
+  bool masterPieces, copies = false;
   SmallVector<Run> runs;
   SmallVector<Operation *> syncs;
   int64_t stateElems = 0;
@@ -612,6 +611,8 @@ void Sharder::shardNorm() {
 }
 
 LogicalResult Sharder::run() {
+  func.walk(
+      [&](rt::BufferOp v) { copies |= v.getSpace() == rt::Space::Shadow; });
   if (failed(collectRuns()))
     return failure();
   if (runs.empty())
@@ -878,14 +879,14 @@ void Sharder::chooseSharded() {
     if (!inPart && !updated)
       readElsewhere.insert(r);
   });
-  bool copies;
-  DenseSet<Run *> fp32 = readInFp32(copies);
+  bool inBf16 = copies && masterPieces;
+  DenseSet<Run *> fp32 = inBf16 ? readInFp32() : DenseSet<Run *>();
   for (Run &r : runs) {
     r.sharded = r.staged && !readElsewhere.count(&r);
     if (r.sharded) {
       r.value = valuePieceElems;
       valuePieceElems += r.piece;
-      r.bf16Gather = copies && !fp32.count(&r);
+      r.bf16Gather = inBf16 && !fp32.count(&r);
     }
   }
 }
@@ -921,14 +922,8 @@ Sharder::placeValues(function_ref<bool(const Run &)> asPieces) {
 // pieces only when nothing reads them in fp32 but their update (the parts
 // read the bf16 copy: matmuls' weights); norms' weights, biases and
 // embedding tables, which the kernels read in fp32, keep their run whole.
-DenseSet<Run *> Sharder::readInFp32(bool &any) {
+DenseSet<Run *> Sharder::readInFp32() {
   DenseSet<Run *> read;
-  any = false;
-  if (!masterPieces)
-    return read;
-  func.walk([&](rt::BufferOp v) { any |= v.getSpace() == rt::Space::Shadow; });
-  if (!any)
-    return read;
   func.walk([&](rt::BufferOp v) {
     std::optional<std::pair<int64_t, int64_t>> range =
         placeIn(rt::Space::Params, v);
@@ -949,10 +944,9 @@ DenseSet<Run *> Sharder::readInFp32(bool &any) {
 }
 
 void Sharder::chooseMasters() {
-  bool copies;
-  DenseSet<Run *> fp32 = readInFp32(copies);
-  if (!copies)
+  if (!copies || !masterPieces)
     return;
+  DenseSet<Run *> fp32 = readInFp32();
   for (Run &r : runs) {
     r.master = !fp32.count(&r);
     if (r.master) {
@@ -1032,10 +1026,6 @@ LogicalResult Sharder::gatherParams() {
 
   // A bf16 program reads parameters in the parts through their copy too:
   // its views take the same places (the copy's store is shifted below).
-  bool copies = false;
-  func.walk([&](rt::BufferOp v) {
-    copies |= v.getSpace() == rt::Space::Shadow;
-  });
   DenseMap<Block *, SmallVector<Use>> usesIn;
   SmallVector<Block *> blocks;
   auto sharded = [](const Run &r) { return r.sharded; };
@@ -1056,20 +1046,19 @@ LogicalResult Sharder::gatherParams() {
   for (const Staging::Span &g : staging.spans) {
     OpBuilder b(g.issue ? g.issue : g.first);
     Location loc = g.first->getLoc();
-    Value gathered =
-        view(b, loc, MemRefType::get({g.run->length}, b.getF32Type()),
-             rt::Space::Params, staging.slots[g.slot].offset);
+    // Into the fp32 slot, refreshing the copy's; a run only the copy's
+    // slot is read of, straight into that, in bf16.
+    Value gathered;
+    if (!g.run->bf16Gather)
+      gathered = view(b, loc, MemRefType::get({g.run->length}, b.getF32Type()),
+                      rt::Space::Params, staging.slots[g.slot].offset);
     Value from = valuePieceView(b, loc, *g.run);
     Value copy;
     if (copies)
       copy = view(b, loc, MemRefType::get({g.run->length}, b.getBF16Type()),
                   rt::Space::Shadow, staging.slots[g.slot].offset);
-    // Only the copy's slot is read: gathered there, in bf16.
-    if (g.run->bf16Gather) {
-      gathered.getDefiningOp()->erase();
-      gathered = copy;
-      copy = Value();
-    }
+    if (g.run->bf16Gather)
+      std::swap(gathered, copy);
     auto n = b.getI64IntegerAttr(g.run->length);
     if (!g.issue) {
       rt::AllGatherShardsOp::create(b, loc, gathered, from, copy, n,

@@ -411,8 +411,8 @@ json planJson(const Spec &spec, ModuleOp module,
     plan["zero_group"] = par.zeroGroup;
   if (par.offload != "none")
     plan["offload"] = par.offload;
-  // Whether ZeRO-1/2 keep the master weights of matmuls' weights as pieces
-  // (a bf16 program's).
+  // Whether a bf16 program gathers the matmuls' weights in bf16 from their
+  // master weights' pieces (ZeRO-1/2: keeping those as pieces only).
   if (par.zero >= 1 && options.target == "cuda" &&
       spec.train.precision == "bf16")
     plan["master_pieces"] = par.masterPieces;

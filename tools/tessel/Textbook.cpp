@@ -57,6 +57,8 @@
 
 #include "tessel/Support/MeshLayout.h"
 
+#include "llvm/ADT/StringRef.h"
+
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -244,34 +246,29 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
 // buckets) a matrix sharing its bucket's run with one of those stays
 // whole too: the plan says which were cut (`bf16_gather`). ZeRO-3 keeps
 // every run as pieces and gathers the same matrices in bf16.
-bool masterRule(const json &plan, const json &param, const Sizes &z) {
+bool bf16GatherRule(const json &plan, const json &param, const Sizes &z) {
   int64_t zero = plan.value("zero", 0);
   if (!z.bf16 || z.d <= 1 || zero < 1 || !plan.value("master_pieces", false) ||
       param["local_shape"].size() < 2)
     return false;
-  std::string name = param["name"].get<std::string>();
-  auto endsWith = [&](const std::string &tail) {
-    return name.size() >= tail.size() &&
-           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
+  llvm::StringRef name = param["name"].get_ref<const std::string &>();
   return name != "wte.weight" && name != "wpe.weight" &&
          name != "model.embed_tokens.weight" &&
-         !endsWith("attn.c_attn.weight") &&
-         name.find(".experts.") == std::string::npos;
+         !name.ends_with("attn.c_attn.weight") && !name.contains(".experts.");
 }
 
-bool masterAsPieces(const json &plan, const json &param, const Sizes &z) {
-  return masterRule(plan, param, z) &&
+bool gatheredInBf16(const json &plan, const json &param, const Sizes &z) {
+  return bf16GatherRule(plan, param, z) &&
          (z.p > 1 || param.value("bf16_gather", false));
 }
 
-// The elements of the parameters of `program` whose master weights
-// masterAsPieces keeps as pieces.
-double masterPieceElements(const json &plan, const std::string &program,
-                           const Sizes &z) {
+// The elements of the parameters of `program` gathered in bf16: at ZeRO-1
+// and 2, those whose master weights are pieces.
+double gatheredInBf16Elements(const json &plan, const std::string &program,
+                              const Sizes &z) {
   double n = 0;
   for (const json &param : plan["parameters"])
-    if (param["program"] == program && masterAsPieces(plan, param, z))
+    if (param["program"] == program && gatheredInBf16(plan, param, z))
       n += elementsOf(param);
   return n;
 }
@@ -354,8 +351,8 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     double G = overDpEp ? g * epSum : g;
     std::string group = overDpEp ? "dp,ep" : shard;
     // A reduce-scatter and a gather each move half an all-reduce's bytes;
-    // the gather of a bf16 copy (masterAsPieces) a quarter.
-    double gather = masterAsPieces(plan, param, *sizes) ? 0.25 : 0.5;
+    // the gather of a bf16 copy (gatheredInBf16) a quarter.
+    double gather = gatheredInBf16(plan, param, *sizes) ? 0.25 : 0.5;
     // ZeRO-3 gathers a run for each forward and backward part that reads
     // it: a table only the embedding lookup reads (its backward needs the
     // tokens, not the table) in the forward alone, when it is a run of its
@@ -576,7 +573,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // read as pieces, the rest whole (no gathered runs).
   bool masters =
       plan.value("zero", 0) < 3 && memory.contains("param_piece_bytes");
-  double M = masters ? masterPieceElements(plan, program, *sizes) : 0;
+  double M = masters ? gatheredInBf16Elements(plan, program, *sizes) : 0;
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
