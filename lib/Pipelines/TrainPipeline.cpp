@@ -28,6 +28,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   BucketGradientsOptions bucketing;
   bucketing.bucketBytes = static_cast<int64_t>(options.bucketMB * (1 << 20));
   bucketing.overlap = options.overlapGradReduce;
+  bucketing.lookupTablesAlone = options.zero >= 3;
   pm.addPass(createBucketGradients(bucketing));
   StageRegionsOptions stages;
   stages.recompute = options.recompute;

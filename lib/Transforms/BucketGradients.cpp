@@ -34,7 +34,25 @@ bool isGradientSync(dist::AllReduceOp ar) {
                       [](Operation *user) { return isa<AdamWOp>(user); });
 }
 
-void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
+// Whether the parameter a gradient sync's result updates is a table of
+// the input embedding that only the lookup (or, for positions, an add)
+// reads: an untied token table, GPT-2's position table. Their backward
+// needs the tokens (or nothing), not the table.
+bool updatesLookupOnly(dist::AllReduceOp ar) {
+  for (Operation *user : ar.getResult(0).getUsers())
+    if (auto adamw = dyn_cast<AdamWOp>(user)) {
+      Operation *param = adamw.getParam().getDefiningOp();
+      LayerAttr layer = param ? layerOf(param) : LayerAttr();
+      return layer && layer.getKind() == LayerKind::Embedding &&
+             llvm::all_of(adamw.getParam().getUsers(), [](Operation *u) {
+               return isa<EmbeddingOp, AddOp, AdamWOp>(u);
+             });
+    }
+  return false;
+}
+
+void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap,
+            bool lookupsAlone) {
   Block &body = func.getBody().front();
   DenseMap<Operation *, int64_t> position;
   for (Operation &op : body)
@@ -57,10 +75,16 @@ void bucket(func::FuncOp func, int64_t bucketBytes, bool overlap) {
 
   SmallVector<SmallVector<dist::AllReduceOp>> buckets;
   int64_t bytes = 0;
+  // ZeRO-3 gathers a run of parameters for each part that reads it: a
+  // lookup-only table in a bucket of its own is gathered for the forward
+  // alone.
+  bool lastAlone = false;
   for (dist::AllReduceOp ar : syncs) {
-    bool fits = !buckets.empty() &&
+    bool alone = lookupsAlone && updatesLookupOnly(ar);
+    bool fits = !buckets.empty() && !alone && !lastAlone &&
                 bytes + bytesOf(ar.getResult(0)) <= bucketBytes &&
                 buckets.back().front().getAxes() == ar.getAxes();
+    lastAlone = alone;
     if (!fits) {
       buckets.emplace_back();
       bytes = 0;
@@ -146,7 +170,8 @@ struct BucketGradientsPass
         func->hasAttr("pipe.rank"))
       return;
     bucket(func, bucketBytes,
-           overlap && pipe::layoutOf(module).getMicrobatches() == 1);
+           overlap && pipe::layoutOf(module).getMicrobatches() == 1,
+           lookupTablesAlone);
   }
 };
 

@@ -267,19 +267,22 @@ void LowerPrecisionPass::runOnOperation() {
     }
   }
 
-  // A parameter gathered into a bf16 buffer (a key or value projection
-  // whose heads are fewer than the tp ranks, gathered over tp before its
-  // matmul) is gathered from its bf16 copy: pieces of one tensor share its
-  // type.
-  module.walk([&](rt::AllGatherOp gather) {
-    if (!paramOf(gather.getInput()) ||
-        !cast<MemRefType>(gather.getOutput().getType())
-             .getElementType()
-             .isBF16())
+  // A parameter gathered or sliced into a bf16 buffer (a key or value
+  // projection whose heads are fewer than the tp ranks, gathered over tp
+  // before its matmul; GPT-2's q, k and v slices of its q|k|v weight) is
+  // read through its bf16 copy: pieces of one tensor share its type, and
+  // rounding commutes with taking pieces. So the fp32 master weights are
+  // read by their update alone (ZeRO keeps them as pieces).
+  module.walk([&](Operation *op) {
+    if (!isa<rt::AllGatherOp, rt::SliceAxisOp>(op))
       return;
-    OpBuilder b(gather);
-    gather.getInputMutable().assign(
-        shadowOf(b, gather.getLoc(), gather.getInput()));
+    OpOperand &input = op->getOpOperand(0);
+    if (!paramOf(input.get()) || !cast<MemRefType>(op->getOperand(1).getType())
+                                      .getElementType()
+                                      .isBF16())
+      return;
+    OpBuilder b(op);
+    input.set(shadowOf(b, op->getLoc(), input.get()));
   });
 }
 

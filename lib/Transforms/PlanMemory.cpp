@@ -363,14 +363,41 @@ void Planner::placeArena() {
   });
   // Allocations and deaths in program order.
   std::map<int64_t, SmallVector<Value>> dying;
-  SmallVector<Value> allocs;
+  SmallVector<Value> allocs, beforeParts;
+  Operation *partsStart = nullptr;
+  for (Operation &op : top)
+    if (isa<pipe::ForwardPassOp, pipe::BackwardPassOp, pipe::UpdateOp>(op)) {
+      partsStart = &op;
+      break;
+    }
+  // Whether only ops of the step's top before its first part touch
+  // `buffer` (through views).
+  auto usedBeforeParts = [&](Value buffer) {
+    SmallVector<Value> values{buffer};
+    while (!values.empty())
+      for (Operation *user : values.pop_back_val().getUsers()) {
+        if (user->getBlock() != &top || !partsStart ||
+            !user->isBeforeInBlock(partsStart))
+          return false;
+        if (auto view = dyn_cast<rt::ViewOp>(user))
+          values.push_back(view.getResult());
+      }
+    return true;
+  };
   func.walk([&](rt::AllocOp alloc) {
     Value buffer = alloc.getResult();
     if (placeOf.count(buffer))
       return;
     // Outside every part: held for the whole step (a parameter received
-    // from another rank), after the microbatches' arena slots. (A step
-    // without parts, an inference step, is all in the arena.)
+    // from another rank), after the microbatches' arena slots; but what
+    // the step uses before its first part only takes the parts' places,
+    // which nothing holds yet (see below). (A step without parts, an
+    // inference step, is all in the arena.)
+    if (alloc->getParentOp() == func.getOperation() && hasParts &&
+        usedBeforeParts(buffer)) {
+      beforeParts.push_back(buffer);
+      return;
+    }
     if (alloc->getParentOp() == func.getOperation() && hasParts) {
       placeOf[buffer] = {rt::Space::Received, receivedBytes};
       receivedBytes += llvm::alignTo(bytesOf(buffer), kAlignment);
@@ -427,6 +454,30 @@ void Planner::placeArena() {
   } else if (!byChunk) {
     place(false);
   }
+  // Buffers of the step's top used before its first part (a weight's
+  // slices cut from its bf16 copy on their way into its slot): no part
+  // has run yet and the last step's are done, so they take the places of
+  // a part's buffers (the transient space, or with one slot the arena),
+  // each freed after its last use.
+  if (beforeParts.empty())
+    return;
+  ArenaAllocator before;
+  rt::Space space = split ? rt::Space::Transient : rt::Space::Arena;
+  SmallVector<Value> live;
+  for (Value buffer : beforeParts) {
+    int64_t here = position[buffer.getDefiningOp()];
+    for (Value dead : llvm::make_early_inc_range(live))
+      if (lastUse.lookup(dead) < here)
+        before.release(placeOf[dead].offset, bytesOf(dead));
+    llvm::erase_if(live,
+                   [&](Value dead) { return lastUse.lookup(dead) < here; });
+    placeOf[buffer] = {space, before.allocate(bytesOf(buffer))};
+    live.push_back(buffer);
+  }
+  if (split)
+    transientBytes = std::max(transientBytes, before.size());
+  else
+    arenaBytes = std::max(arenaBytes, before.size());
 }
 
 // Each (chunk, microbatch) of the rank's schedule takes a place for what

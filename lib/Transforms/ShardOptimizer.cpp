@@ -165,6 +165,7 @@ private:
   struct Staging {
     struct Slot {
       int64_t size = 0, offset = 0;
+      int kind = 0; // runs of one kind share a slot
     };
     SmallVector<Slot> slots;
     struct Span {
@@ -177,12 +178,21 @@ private:
     };
     SmallVector<Span> spans;
     SmallVector<std::pair<Use, int64_t>> placed; // view, slot
-    // Gives the slots their offsets from `base`; returns the size.
-    int64_t place(int64_t base) {
+    // Gives the slots their offsets from `base`, kind by kind (kind 0
+    // first); returns the size. `sizes` gets each kind's.
+    int64_t place(int64_t base, SmallVectorImpl<int64_t> *sizes = nullptr) {
       int64_t size = 0;
-      for (Slot &slot : slots) {
-        slot.offset = base + size;
-        size += slot.size;
+      for (int kind = 0;
+           llvm::any_of(slots, [&](const Slot &s) { return s.kind >= kind; });
+           ++kind) {
+        int64_t before = size;
+        for (Slot &slot : slots)
+          if (slot.kind == kind) {
+            slot.offset = base + size;
+            size += slot.size;
+          }
+        if (sizes)
+          sizes->push_back(size - before);
       }
       for (auto &[use, slot] : placed)
         use.view.setOffset(slots[slot].offset +
@@ -195,9 +205,11 @@ private:
   // is in flight meanwhile), or until the next run's last touch
   // (Deferred: its reduction is in flight meanwhile).
   enum class Hold { Plain, Prefetch, Deferred };
+  // `kindOf` sorts the runs into kinds that take slots of their own.
   Staging stage(ArrayRef<Block *> blocks,
                 DenseMap<Block *, SmallVector<Use>> &usesIn,
-                Hold hold = Hold::Plain);
+                Hold hold = Hold::Plain,
+                function_ref<int(const Run &)> kindOf = nullptr);
   // Ranges kept whole (the runs `keep` selects and parameters outside every
   // run), packed from `base`, each keeping its layout.
   struct Packing {
@@ -260,6 +272,8 @@ private:
   int64_t pieceElems = 0, scratchElems = 0, wholeElems = 0, stagingElems = 0;
   // ZeRO-3: sizes of the parameter store's regions.
   int64_t valuePieceElems = 0, valueWholeElems = 0, gatherElems = 0;
+  // ZeRO-3: the slots of the runs gathered in bf16, in the copy alone.
+  int64_t copyOnlyElems = 0;
   // ZeRO-1/2, bf16: the bf16 copies of the runs whose master weights are
   // pieces, after the copy of the parameters kept whole.
   int64_t masterCopyElems = 0;
@@ -662,6 +676,7 @@ LogicalResult Sharder::run() {
                                       gatherElems));
     func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
     func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(gatherElems));
+    func->setAttr("rt.shadow_extra_elems", b.getI64IntegerAttr(copyOnlyElems));
   }
   return success();
 }
@@ -772,8 +787,9 @@ LogicalResult Sharder::sortViews(
 }
 
 Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
-                                 DenseMap<Block *, SmallVector<Use>> &usesIn,
-                                 Hold hold) {
+                                DenseMap<Block *, SmallVector<Use>> &usesIn,
+                                Hold hold,
+                                function_ref<int(const Run &)> kindOf) {
   bool prefetch = hold == Hold::Prefetch;
   Staging staging;
   for (Block *block : blocks) {
@@ -817,21 +833,24 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
       for (size_t i = 0; i + 1 < reduced.size(); ++i)
         waitAfter[reduced[i]] = span[reduced[i + 1]].second;
     }
-    // A run takes a slot whose last run's last touch came before its first.
-    SmallVector<int64_t> busyUntil;
+    // A run takes a slot of its kind whose last run's last touch came
+    // before its first (the slots of the earlier parts are free here).
+    SmallVector<int64_t> busyUntil(staging.slots.size(), -1);
     DenseMap<Run *, int64_t> slotOf;
     for (auto [i, run] : llvm::enumerate(order)) {
       Operation *issue =
           prefetch && i > 0 ? span[order[i - 1]].first : nullptr;
       int64_t lo = position[issue ? issue : span[run].first], slot = -1;
+      int kind = kindOf ? kindOf(*run) : 0;
       for (auto [k, until] : llvm::enumerate(busyUntil))
-        if (until < lo) {
+        if (until < lo && staging.slots[k].kind == kind) {
           slot = k;
           break;
         }
       if (slot < 0) {
         slot = busyUntil.size();
-        busyUntil.push_back(0);
+        busyUntil.push_back(-1);
+        staging.slots.push_back({0, 0, kind});
       }
       busyUntil[slot] = position[span[run].second];
       if (hold == Hold::Deferred)
@@ -839,8 +858,6 @@ Sharder::Staging Sharder::stage(ArrayRef<Block *> blocks,
                               ? position[waitAfter.lookup(run)]
                               : (int64_t)position.size();
       slotOf[run] = slot;
-      if ((int64_t)staging.slots.size() <= slot)
-        staging.slots.resize(slot + 1);
       staging.slots[slot].size =
           std::max(staging.slots[slot].size, run->length);
       staging.spans.push_back(
@@ -1013,7 +1030,7 @@ LogicalResult Sharder::placeMasters() {
                 b.getI64IntegerAttr(valuePieceElems + valueWholeElems));
   func->setAttr("rt.param_piece_elems", b.getI64IntegerAttr(valuePieceElems));
   func->setAttr("rt.param_gather_elems", b.getI64IntegerAttr(0));
-  func->setAttr("rt.master_copy_elems", b.getI64IntegerAttr(masterCopyElems));
+  func->setAttr("rt.shadow_extra_elems", b.getI64IntegerAttr(masterCopyElems));
   return success();
 }
 
@@ -1034,8 +1051,37 @@ LogicalResult Sharder::gatherParams() {
       (copies && failed(sortViews(rt::Space::Shadow, sharded, whole, usesIn,
                                   blocks, "parameter copy"))))
     return failure();
+  // A run gathered in bf16 may take a slot of the copy alone: such slots
+  // come after the fp32 ones, past the end of the parameter store, where
+  // the copy runs on (`rt.shadow_extra_elems`). Slots of their own hold
+  // less when those runs are large (with pipeline stages: the matrices),
+  // but more when runs of both kinds would take turns in one slot (a
+  // gradient bucket that holds a bias is read in fp32): the layout that
+  // holds fewer bytes (6 per element of an fp32 slot and its copy, 2 of
+  // a copy alone) is kept.
+  auto bytesOf = [](const Staging &staging) {
+    int64_t bytes = 0;
+    for (const Staging::Slot &slot : staging.slots)
+      bytes += slot.size * (slot.kind == 0 ? 6 : 2);
+    return bytes;
+  };
   Staging staging = stage(blocks, usesIn, Hold::Prefetch);
-  gatherElems = staging.place(wholeBase + valueWholeElems);
+  if (copies) {
+    Staging apart = stage(blocks, usesIn, Hold::Prefetch,
+                          [](const Run &r) { return r.bf16Gather ? 1 : 0; });
+    if (bytesOf(apart) < bytesOf(staging))
+      staging = std::move(apart);
+  }
+  SmallVector<int64_t> kinds;
+  int64_t slotElems = staging.place(wholeBase + valueWholeElems, &kinds);
+  gatherElems = kinds.empty() ? 0 : kinds.front();
+  copyOnlyElems = slotElems - gatherElems;
+  for (auto &[use, slot] : staging.placed)
+    if (use.view.getSpace() == rt::Space::Params &&
+        staging.slots[slot].kind == 1)
+      return use.view.emitError(
+          "tessel-shard-optimizer: a run gathered in bf16 is read in fp32");
+  // In a shared slot, a run gathered in bf16 leaves its fp32 place unused.
   // The first run of a part is gathered right before its first read; each
   // later one is started before the previous run's first read (after that
   // run's wait), so one gather is in flight at a time: one request slot.

@@ -53,6 +53,44 @@
 // PLAN: rt.buffer <received> 64 : memref<8x4xf32>
 // PLAN-NEXT: rt.matmul
 
+// A bf16 program cuts the slices from the weight's bf16 copy (what
+// tessel-lower-precision makes them read): each is cut into a buffer of its
+// own first, and once the weight's last slice is cut, copied into the
+// weight's shadow slot, which the parts' GEMMs read. The backward's slice
+// reads the forward's.
+// CHECK-LABEL: func.func @train_step_copy
+// CHECK: %[[C:.*]] = rt.param "qkvc"
+// CHECK-NEXT: %[[CW:.*]] = rt.state_of %[[C]] <shadow> : memref<8x12xf32> -> memref<8x12xbf16>
+// CHECK-NEXT: %[[CQ:.*]] = rt.alloc : memref<8x4xbf16>
+// CHECK-NEXT: rt.slice_axis(%[[CW]], %[[CQ]]) {{.*}}start = 0 : i64}
+// CHECK-NEXT: %[[CW2:.*]] = rt.state_of %[[C]] <shadow> : memref<8x12xf32> -> memref<8x12xbf16>
+// CHECK-NEXT: %[[CK:.*]] = rt.alloc : memref<8x4xbf16>
+// CHECK-NEXT: rt.slice_axis(%[[CW2]], %[[CK]]) {{.*}}start = 4 : i64}
+// CHECK-NEXT: %[[SQ:.*]] = rt.state_of %[[C]] <shadow> {offset = 0 : i64}
+// CHECK-NEXT: rt.copy(%[[CQ]], %[[SQ]]) {n = 32 : i64}
+// CHECK-NEXT: %[[SK:.*]] = rt.state_of %[[C]] <shadow> {offset = 32 : i64}
+// CHECK-NEXT: rt.copy(%[[CK]], %[[SK]]) {n = 32 : i64}
+// CHECK-NEXT: pipe.forward_pass
+// CHECK: %[[L0:.*]] = rt.state_of %[[C]] <shadow> {offset = 0 : i64}
+// CHECK-NEXT: rt.matmul(%{{.*}}, %[[L0]], %{{.*}})
+// CHECK: %[[L1:.*]] = rt.state_of %[[C]] <shadow> {offset = 32 : i64}
+// CHECK-NEXT: rt.matmul(%{{.*}}, %[[L1]], %{{.*}})
+// CHECK: pipe.backward_pass
+// CHECK-NOT: rt.slice_axis
+// CHECK: %[[L2:.*]] = rt.state_of %[[C]] <shadow> {offset = 0 : i64}
+// CHECK-NEXT: rt.matmul(%{{.*}}, %[[L2]], %{{.*}}) {{.*}}trans_b = true
+
+// Those buffers live before the first part only: the plan puts them where
+// the parts' buffers go (the arena, with one microbatch slot), not among
+// what is held for the step.
+// PLAN-LABEL: func.func @train_step_copy
+// PLAN-SAME: rt.received_bytes = 0 : i64
+// PLAN: %[[A0:.*]] = rt.buffer <arena> 0 : memref<8x4xbf16>
+// PLAN-NEXT: rt.slice_axis(%{{.*}}, %[[A0]]) {{.*}}start = 0 : i64}
+// PLAN: %[[A1:.*]] = rt.buffer <arena> 64 : memref<8x4xbf16>
+// PLAN-NEXT: rt.slice_axis(%{{.*}}, %[[A1]]) {{.*}}start = 4 : i64}
+// PLAN: rt.copy(%{{.*}}, %{{.*}}) {n = 32 : i64} : memref<8x4xbf16>, memref<8x4xbf16>
+
 module attributes {dist.mesh = #dist.mesh<>} {
 func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 : i64} {
   %w = rt.param "qkv" {decay = true, global_shape = array<i64: 8, 12>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, shard_dim = -1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<8x12xf32>
@@ -102,6 +140,43 @@ func.func @train_step() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 0 
     pipe.yield %dx : memref<2x8xf32>
   }
   %u:2 = pipe.update(%f#2 : memref<f32>) -> memref<f32>, memref<f32> {
+  ^bb0(%loss: memref<f32>):
+    %n = rt.alloc : memref<f32>
+    rt.fill(%n) {n = 1 : i64, value = 1.0 : f64} : memref<f32>
+    pipe.yield %loss, %n : memref<f32>, memref<f32>
+  }
+  return %u#0, %u#1 : memref<f32>, memref<f32>
+}
+
+func.func @train_step_copy() -> (memref<f32>, memref<f32>) attributes {pipe.rank = 1 : i64} {
+  %c = rt.param "qkvc" {decay = true, global_shape = array<i64: 8, 12>, init = "normal", mean = 0.0 : f64, std = 0.02 : f64, shard_dim = -1 : i64, shard_axis = #dist.axis<tp>, shard_blocks = 1 : i64} : memref<8x12xf32>
+  %f:1 = pipe.forward_pass chunk 0 -> memref<f32> {
+    %h = rt.alloc : memref<2x8xbf16>
+    rt.fill(%h) {n = 16 : i64, value = 1.0 : f64} : memref<2x8xbf16>
+    %cw = rt.state_of %c <shadow> : memref<8x12xf32> -> memref<8x12xbf16>
+    %q = rt.alloc : memref<8x4xbf16>
+    rt.slice_axis(%cw, %q) {outer = 8 : i64, extent = 12 : i64, inner = 1 : i64, start = 0 : i64, length = 4 : i64} : memref<8x12xbf16>, memref<8x4xbf16>
+    %cw2 = rt.state_of %c <shadow> : memref<8x12xf32> -> memref<8x12xbf16>
+    %k = rt.alloc : memref<8x4xbf16>
+    rt.slice_axis(%cw2, %k) {outer = 8 : i64, extent = 12 : i64, inner = 1 : i64, start = 4 : i64, length = 4 : i64} : memref<8x12xbf16>, memref<8x4xbf16>
+    %y = rt.alloc : memref<2x4xbf16>
+    rt.matmul(%h, %q, %y) {batch = 1 : i64, m = 2 : i64, n = 4 : i64, k = 8 : i64, trans_a = false, trans_b = false, stride_a = 16 : i64, stride_b = 0 : i64, stride_c = 8 : i64} : memref<2x8xbf16>, memref<8x4xbf16>, memref<2x4xbf16>
+    rt.matmul(%h, %k, %y) {batch = 1 : i64, m = 2 : i64, n = 4 : i64, k = 8 : i64, trans_a = false, trans_b = false, stride_a = 16 : i64, stride_b = 0 : i64, stride_c = 8 : i64} : memref<2x8xbf16>, memref<8x4xbf16>, memref<2x4xbf16>
+    %l = rt.alloc : memref<f32>
+    rt.fill(%l) {n = 1 : i64, value = 0.5 : f64} : memref<f32>
+    pipe.yield %l : memref<f32>
+  }
+  %g:1 = pipe.backward_pass chunk 0 -> memref<2x8xbf16> {
+    %dy = rt.alloc : memref<2x4xbf16>
+    rt.fill(%dy) {n = 8 : i64, value = 1.0 : f64} : memref<2x4xbf16>
+    %cw3 = rt.state_of %c <shadow> : memref<8x12xf32> -> memref<8x12xbf16>
+    %q2 = rt.alloc : memref<8x4xbf16>
+    rt.slice_axis(%cw3, %q2) {outer = 8 : i64, extent = 12 : i64, inner = 1 : i64, start = 0 : i64, length = 4 : i64} : memref<8x12xbf16>, memref<8x4xbf16>
+    %dx = rt.alloc : memref<2x8xbf16>
+    rt.matmul(%dy, %q2, %dx) {batch = 1 : i64, m = 2 : i64, n = 8 : i64, k = 4 : i64, trans_a = false, trans_b = true, stride_a = 8 : i64, stride_b = 0 : i64, stride_c = 16 : i64} : memref<2x4xbf16>, memref<8x4xbf16>, memref<2x8xbf16>
+    pipe.yield %dx : memref<2x8xbf16>
+  }
+  %u:2 = pipe.update(%f#0 : memref<f32>) -> memref<f32>, memref<f32> {
   ^bb0(%loss: memref<f32>):
     %n = rt.alloc : memref<f32>
     rt.fill(%n) {n = 1 : i64, value = 1.0 : f64} : memref<f32>

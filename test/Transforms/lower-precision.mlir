@@ -18,6 +18,16 @@ func.func @train_step() {
   // CHECK: %[[WS:.*]] = rt.state_of %[[W]] <shadow> : memref<8x16xf32> -> memref<8x16xbf16>
   // CHECK-NEXT: rt.matmul(%[[X]], %[[WS]], %[[Y]])
   rt.matmul(%x, %w, %y) {batch = 1 : i64, m = 4 : i64, n = 16 : i64, k = 8 : i64, trans_a = false, trans_b = false, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 64 : i64} : memref<4x8xf32>, memref<8x16xf32>, memref<4x16xf32>
+  // A slice of a parameter for a GEMM (GPT-2's q of its q|k|v weight) is
+  // cut from the bf16 copy: the fp32 master weights are read by their
+  // update alone.
+  // CHECK: %[[Q:.*]] = rt.alloc : memref<8x4xbf16>
+  // CHECK-NEXT: %[[WQ:.*]] = rt.state_of %[[W]] <shadow> : memref<8x16xf32> -> memref<8x16xbf16>
+  // CHECK-NEXT: rt.slice_axis(%[[WQ]], %[[Q]])
+  %q = rt.alloc : memref<8x4xf32>
+  rt.slice_axis(%w, %q) {outer = 8 : i64, extent = 16 : i64, inner = 1 : i64, start = 0 : i64, length = 4 : i64} : memref<8x16xf32>, memref<8x4xf32>
+  %yq = rt.alloc : memref<4x4xf32>
+  rt.matmul(%x, %q, %yq) {batch = 1 : i64, m = 4 : i64, n = 4 : i64, k = 8 : i64, trans_a = false, trans_b = false, stride_a = 32 : i64, stride_b = 0 : i64, stride_c = 16 : i64} : memref<4x8xf32>, memref<8x4xf32>, memref<4x4xf32>
   // The loss: one element, fp32.
   // CHECK: rt.alloc : memref<f32>
   %loss = rt.alloc : memref<f32>

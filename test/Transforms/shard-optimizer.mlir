@@ -3,6 +3,7 @@
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=THREE
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=600 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=COPY
 // RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=100 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=1 | FileCheck %s --check-prefix=MASTER
+// RUN: tessel-opt %S/Inputs/dp-forward.mlir --tessel-autodiff --tessel-propagate-sharding --tessel-partition --tessel-bucket-gradients=bucket-bytes=100 --tessel-stage-regions --tessel-schedule-pipeline --convert-graph-to-rt --tessel-lower-precision --tessel-plan-memory --tessel-shard-optimizer=zero=3 | FileCheck %s --check-prefix=APART
 
 // Two gradient buckets at dp 2: w and b side by side (136 elements, pieces
 // of 68) and wte (512, pieces of 256). The moments hold the pieces, w's and
@@ -120,8 +121,9 @@
 // w's piece, writing no copy; w's copy is gathered in bf16 from the pieces,
 // this rank's rounded in first. The runtime fills it the same way at start
 // (rt.master_copies: piece at 0, copy at 520, 128 elements, over dp).
-// MASTER: rt.master_copies = [array<i64: 0, 520, 128, 1>], rt.master_copy_elems = 128
+// MASTER: rt.master_copies = [array<i64: 0, 520, 128, 1>]
 // MASTER-SAME: rt.param_gather_elems = 0 : i64, rt.param_piece_elems = 64 : i64, rt.param_store_elems = 584
+// MASTER-SAME: rt.shadow_extra_elems = 128
 // MASTER: rt.param "w" {{.*}}value_shard = array<i64: 0, 64>
 // MASTER: rt.param "b" {{.*}}value_shard = array<i64: 64, 0>
 // MASTER: rt.param "wte" {{.*}}value_shard = array<i64: 72, 0>
@@ -140,3 +142,14 @@
 // MASTER-NEXT: rt.buffer <shadow> 0 : memref<8xbf16>
 // MASTER-NEXT: rt.all_gather_shards_start({{.*}} : memref<8xf32> shadow {{.*}} : memref<8xbf16>)
 // MASTER: rt.wait_requests {count = 3 : i64, first = 3 : i64}
+
+// ZeRO-3 in a bf16 program, buckets of 100 bytes: w is a run of its own,
+// which only matmuls read, so it is gathered in bf16 alone, into a slot of
+// the copy with no fp32 slot: past the end of the parameter store (pieces
+// 324 + the fp32 slots 520 of wte and b), in the copy's extra elements.
+// APART: rt.param_gather_elems = 520
+// APART-SAME: rt.param_store_elems = 844
+// APART-SAME: rt.shadow_extra_elems = 128
+// APART: %[[W:.*]] = rt.buffer <shadow> 520 : memref<128xbf16>
+// APART-NEXT: rt.all_gather_shards_start(%[[W]] : memref<128xbf16> from {{.*}} : memref<64xf32>)
+// APART: rt.buffer <shadow> 520 : memref<16x8xbf16>

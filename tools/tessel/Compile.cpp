@@ -269,6 +269,8 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
   if (attr("rt.param_store_elems") > 0) {
     m["param_piece_bytes"] = attr("rt.param_piece_elems") * 4;
     m["param_gather_bytes"] = attr("rt.param_gather_elems") * 4;
+    // In bf16, the slots of the runs gathered in bf16 (in the copy alone).
+    m["param_gather_bf16_bytes"] = attr("rt.shadow_extra_elems") * 2;
     m["param_whole_bytes"] = (attr("rt.param_store_elems") -
                               attr("rt.param_piece_elems") -
                               attr("rt.param_gather_elems")) *
@@ -337,7 +339,7 @@ ProgramOut describeRtProgram(ModuleOp top, ModuleOp program,
   });
   if (shadow) {
     int64_t copied = paramStore - attr("rt.param_piece_elems") +
-                     attr("rt.master_copy_elems");
+                     attr("rt.shadow_extra_elems");
     m["param_shadow_bytes"] = copied * 2;
     total += copied * 2;
   }

@@ -238,11 +238,11 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
 // ZeRO-1/2 in a bf16 program keep the fp32 master weights of what only
 // matmuls read as pieces (as Megatron-LM's distributed optimizer keeps
 // all of them) and gather its bf16 copy after the update: every matrix but
-// the embedding tables (the lookup reads them in fp32), GPT-2's q|k|v
-// weight (cut into its q, k and v slices from the master weights) and the
-// routed experts' weights (the grouped GEMMs read them in fp32). Norms'
-// weights and biases, read in fp32, stay whole. That is the rule; a run
-// is cut into pieces as a whole, so without pipeline stages (gradient
+// the embedding tables (the lookup reads them in fp32) and the routed
+// experts' weights (the grouped GEMMs read them in fp32); GPT-2's q|k|v
+// weight is one of them (its q, k and v slices are cut from the bf16
+// copy). Norms' weights and biases, read in fp32, stay whole. That is the rule;
+// a run is cut into pieces as a whole, so without pipeline stages (gradient
 // buckets) a matrix sharing its bucket's run with one of those stays
 // whole too: the plan says which were cut (`bf16_gather`). ZeRO-3 keeps
 // every run as pieces and gathers the same matrices in bf16.
@@ -253,8 +253,7 @@ bool bf16GatherRule(const json &plan, const json &param, const Sizes &z) {
     return false;
   llvm::StringRef name = param["name"].get_ref<const std::string &>();
   return name != "wte.weight" && name != "wpe.weight" &&
-         name != "model.embed_tokens.weight" &&
-         !name.ends_with("attn.c_attn.weight") && !name.contains(".experts.");
+         name != "model.embed_tokens.weight" && !name.contains(".experts.");
 }
 
 bool gatheredInBf16(const json &plan, const json &param, const Sizes &z) {
@@ -355,12 +354,10 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     double gather = gatheredInBf16(plan, param, *sizes) ? 0.25 : 0.5;
     // ZeRO-3 gathers a run for each forward and backward part that reads
     // it: a table only the embedding lookup reads (its backward needs the
-    // tokens, not the table) in the forward alone, when it is a run of its
-    // own (with pipeline stages; without, it shares a gradient bucket).
-    bool lookupOnly =
-        p > 1 && (name == "wpe.weight" ||
-                  (!tied && (name == "wte.weight" ||
-                             name == "model.embed_tokens.weight")));
+    // tokens, not the table), a run of its own, in the forward alone.
+    bool lookupOnly = name == "wpe.weight" ||
+                      (!tied && (name == "wte.weight" ||
+                                 name == "model.embed_tokens.weight"));
     double gathers = lookupOnly ? 1 : 2;
     double dpBytes = asPieces && zero3
                          ? (0.5 + gathers * gather) * m * allReduce(n, G, 4)
@@ -603,9 +600,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     rows.push_back({"parameters kept whole (fp32)",
                     memory["param_whole_bytes"].get<double>(), 4 * keptWhole,
                     ""});
-    rows.push_back({"gathered parameters",
+    rows.push_back({"gathered parameters (fp32)",
                     memory["param_gather_bytes"].get<double>(), 0,
-                    "runs a part reads, gathered: a bucket per slot"});
+                    "runs a part reads, gathered: a bucket per slot (in "
+                    "bf16, of the runs read in fp32 only)"});
   }
   bool zero2 = plan.value("zero", 0) >= 2 && d > 1 &&
                memory.contains("grad_piece_bytes");
@@ -657,11 +655,11 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                     memory.value("param_shadow_bytes", 0.0), 2 * P,
                     "of every parameter, whole"});
   else if (bf16 && memory.contains("param_piece_bytes"))
-    rows.push_back({"parameters (bf16 copy)",
-                    memory.value("param_shadow_bytes", 0.0),
-                    2 * keptWhole +
-                        memory["param_gather_bytes"].get<double>() / 2,
-                    "of the parameters kept whole and the gathered runs"});
+    rows.push_back(
+        {"parameters (bf16 copy)", memory.value("param_shadow_bytes", 0.0),
+         2 * keptWhole + memory["param_gather_bytes"].get<double>() / 2 +
+             memory.value("param_gather_bf16_bytes", 0.0),
+         "of the parameters kept whole and the gathered runs"});
   else if (bf16)
     rows.push_back({"parameters (bf16 copy)",
                     memory.value("param_shadow_bytes", 0.0), 2 * P, ""});

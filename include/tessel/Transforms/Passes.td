@@ -138,11 +138,19 @@ def BucketGradients : Pass<"tessel-bucket-gradients", "mlir::ModuleOp"> {
     With several microbatches (`pipe.layout`) gradients are synchronised
     once, after the last one, so the buckets are reduced right before the
     norm instead. With pipeline stages (a `pp` axis) each stage keeps one
-    collective per gradient. Runs on the step before it is cut into parts.
+    collective per gradient. With `lookup-tables-alone` (ZeRO-3, which
+    gathers a bucket's parameters for each part that reads them) the
+    gradient of a table only embedding lookups read (an untied token
+    table, GPT-2's position table) takes a bucket of its own, which is then
+    gathered for the forward alone. Runs on the step before it is cut into
+    parts.
   }];
   let options = [
     Option<"bucketBytes", "bucket-bytes", "int64_t", "25 << 20",
            "Largest bucket in bytes (one all-reduce call per bucket)">,
+    Option<"lookupTablesAlone", "lookup-tables-alone", "bool", "false",
+           "Give the gradient of a table only embedding lookups read a "
+           "bucket of its own (ZeRO-3)">,
     Option<"overlap", "overlap", "bool", "true",
            "Start each bucket during backward (false: reduce the buckets "
            "right before the norm, as microbatching needs)">,
@@ -195,8 +203,13 @@ def HoistParameterSlices : Pass<"tessel-hoist-parameter-slices", "mlir::ModuleOp
     the q, k and v GEMMs) and whose result the part's kernels only read
     moves, with its buffer, before the step's first part, where the memory
     plan holds the buffer for the whole step; the same slice in a later part
-    reads that buffer instead. Not for parameters a part gathers itself
-    (ZeRO-3), whose slices stay where the gathered run is.
+    reads that buffer instead. A bf16 slice (cut from the weight's bf16
+    copy, as `tessel-lower-precision` makes it read) lands in the weight's
+    own copy slot, which no GEMM reads: it is cut into a buffer used before
+    the first part only (the memory plan gives it a part's place) and
+    copied into the slot after the weight's last slice. So the fp32 master
+    weights stay read by their update alone. Not for parameters a part
+    gathers itself (ZeRO-3), whose slices stay where the gathered run is.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
@@ -394,7 +407,10 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     refers only to its own ops, and an all-reduce over buffers laid out side
     by side is one call over the run. A buffer outside every part (a
     parameter received from another rank for the step) is held in the
-    `received` space, after the arena's slots. When the rank's schedule
+    `received` space, after the arena's slots, unless only ops before the
+    first part touch it (a weight's slices on their way into its copy
+    slot): no part holds its places yet, so it takes those (the transient
+    region, or with one slot the arena), first fit. When the rank's schedule
     holds several microbatches at once, only buffers that cross from one
     part to another get the arena (one slot per microbatch in flight);
     those that live within one run of a part go to the `transient` region,
@@ -537,15 +553,17 @@ def ShardOptimizer : Pass<"tessel-shard-optimizer", "mlir::ModuleOp"> {
     only, as Megatron-LM's distributed optimizer does: the parameter store
     becomes [pieces | parameters kept whole] (`value_shard` as under
     ZeRO-3, no gathered runs) and the copy [copy of those kept whole, at
-    their places | the runs' copies] (`rt.master_copy_elems` more); AdamW
+    their places | the runs' copies] (`rt.shadow_extra_elems` more); AdamW
     updates the pieces and writes no copy, and each run's copy is gathered
     in bf16 from the pieces after the update (`rt.all_gather_shards_start`
     on the bf16 copy `from` the fp32 piece). `rt.master_copies` lists each
     run's piece, copy, elements and group for the runtime, which fills the
     copies the same way at start. With `zero` 3 such a run is gathered in
     bf16 the same way, from its piece into its slot of the copy, with no
-    fp32 gather. Each `rt.param` whose copy is gathered in bf16 is marked
-    `bf16_gather`.
+    fp32 gather: those runs take slots of their own, in the copy alone,
+    after the fp32 slots and past the end of the parameter store
+    (`rt.shadow_extra_elems`). Each `rt.param` whose copy is gathered in
+    bf16 is marked `bf16_gather`.
   }];
   let options = [
     Option<"zero", "zero", "int64_t", "1", "ZeRO level (1, 2 or 3)">,

@@ -85,7 +85,7 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
                            "rt.grad_piece_elems",    "rt.grad_scratch_elems",
                            "rt.grad_whole_elems",    "rt.param_store_elems",
                            "rt.param_piece_elems",   "rt.param_gather_elems",
-                           "rt.master_copies",       "rt.master_copy_elems",
+                           "rt.master_copies",       "rt.shadow_extra_elems",
                            "rt.chunk_arena_offsets", "rt.chunk_arena_total",
                            "rt.chunks_in_flight"})
       if (Attribute attr = step->getAttr(name))

@@ -189,8 +189,8 @@ public:
       for (Attribute a : copies)
         if (auto c = dyn_cast<DenseI64ArrayAttr>(a); c && c.size() == 4)
           info.masterCopies.push_back({c[0], c[1], c[2], c[3]});
-    if (auto e = program->getAttrOfType<IntegerAttr>("rt.master_copy_elems"))
-      info.masterCopyElems = e.getInt();
+    if (auto e = program->getAttrOfType<IntegerAttr>("rt.shadow_extra_elems"))
+      info.shadowExtraElems = e.getInt();
     return info;
   }
 
@@ -235,9 +235,10 @@ public:
       lines.push_back("device.masterCopies = kMasterCopies;");
       lines.push_back("device.numMasterCopies = " +
                       std::to_string(info.masterCopies.size()) + ";");
-      lines.push_back("device.masterCopyElems = " +
-                      std::to_string(info.masterCopyElems) + ";");
     }
+    if (info.shadowExtraElems > 0)
+      lines.push_back("device.shadowExtraElems = " +
+                      std::to_string(info.shadowExtraElems) + ";");
     // A fixed text of the compiler's, never a name from the spec.
     if (!info.hostReadsInStep.empty())
       lines.push_back("device.hostReadsInStep = \"" + info.hostReadsInStep +

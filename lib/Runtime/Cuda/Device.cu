@@ -372,7 +372,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
   // The copy of the parameter store, then (ZeRO-1/2) those of the runs
   // whose master weights are pieces.
   if (device.bf16)
-    b.paramShadow = allocate<bf16>(s.paramElems + device.masterCopyElems,
+    b.paramShadow = allocate<bf16>(s.paramElems + device.shadowExtraElems,
                                    "the bf16 parameter copy");
   b.scratch = allocate<char>(device.scratchBytes, "the kernel scratch");
   b.scalars = allocate<float>(16, "the step's scalars");
@@ -408,7 +408,7 @@ void startDevice(const rt::Program &program, const float *hostParams,
     for (int i = 0; i < device.numMasterCopies; ++i) {
       const int64_t *c = device.masterCopies[i];
       if (c[0] < 0 || c[0] > s.pieceElems || c[1] < s.paramElems || c[2] < 0 ||
-          c[1] + c[2] > s.paramElems + device.masterCopyElems)
+          c[1] + c[2] > s.paramElems + device.shadowExtraElems)
         throw std::runtime_error("master-weight copy " + std::to_string(i) +
                                  " lies outside the parameter stores");
       commWait(allGatherShardsStart(b.paramShadow + c[1], s.paramPieces + c[0],

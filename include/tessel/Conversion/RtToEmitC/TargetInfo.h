@@ -77,9 +77,11 @@ public:
     std::string hostReadsInStep;
     // ZeRO-1/2 in bf16: the runs whose master weights are pieces only
     // ({piece offset, copy offset, elements, group axes}, from the
-    // program's rt.master_copies) and the elements their copies add.
+    // program's rt.master_copies).
     std::vector<std::array<int64_t, 4>> masterCopies;
-    int64_t masterCopyElems = 0;
+    // The bf16 copy's elements past the parameter store's (those runs'
+    // copies; ZeRO-3's slots of the runs gathered in bf16).
+    int64_t shadowExtraElems = 0;
   };
   virtual DeviceInfo deviceInfo(mlir::ModuleOp program,
                                 mlir::ModuleOp top) const {

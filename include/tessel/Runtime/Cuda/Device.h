@@ -221,14 +221,16 @@ struct DeviceProgram {
   // then launched per step); otherwise why not: what in the step waits
   // for device data on the host.
   const char *hostReadsInStep = nullptr;
-  // ZeRO-1/2 in bf16: the runs whose fp32 master weights are pieces only.
-  // Their bf16 copies lie after the copy of the parameter store, in
-  // masterCopyElems more elements of it; each entry is {offset of the
-  // run's piece in the parameter pieces, offset of its copy, elements, the
-  // group's axes}. start fills the copies from the pieces.
+  // The bf16 copy runs shadowExtraElems elements past the copy of the
+  // parameter store: ZeRO-1/2's copies of the runs whose fp32 master
+  // weights are pieces only, or ZeRO-3's slots of the runs gathered in
+  // bf16 (which have no fp32 slot).
+  int64_t shadowExtraElems = 0;
+  // ZeRO-1/2 in bf16: those runs; each entry is {offset of the run's piece
+  // in the parameter pieces, offset of its copy, elements, the group's
+  // axes}. start fills the copies from the pieces.
   const int64_t (*masterCopies)[4] = nullptr;
   int numMasterCopies = 0;
-  int64_t masterCopyElems = 0;
 };
 
 // The tessel::rt::DeviceHooks a CUDA program hands runMain (see Program.h).
