@@ -192,8 +192,11 @@ void LowerPrecisionPass::runOnOperation() {
           keep(sum.getAddend());
           keep(sum.getOut());
         } else if (isa<rt::InsertAxisOp, rt::SliceAxisOp, rt::TransposeOp,
-                       rt::AllGatherOp, rt::ReduceScatterOp>(user)) {
-          // Pieces of one tensor share its type.
+                       rt::ZigzagOp, rt::AllGatherOp, rt::ReduceScatterOp>(
+                       user)) {
+          // Pieces of one tensor (or it reordered) share its type: GPT-2's
+          // position-table gradient under context parallelism is gathered
+          // and put back in sequence order into the fp32 gradient.
           keep(user->getOperand(0));
           keep(user->getOperand(1));
         } else if (auto recv = dyn_cast<rt::RecvOp>(user)) {
