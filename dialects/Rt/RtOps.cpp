@@ -439,8 +439,9 @@ void RecvOp::describeCommunication(const MeshShape &,
 }
 
 // The vocabulary-parallel loss combines row statistics over its group: two
-// all-reduces of `rows` values each way, the forward's second one of two
-// values per row (the sums of exponentials and the target logits).
+// all-reduces in the forward, of `rows` values and of two values per row
+// (the sums of exponentials and the target logits), and two of `rows`
+// values in the backward unless it reads the forward's (`stats`).
 void CrossEntropyVocabParallelForwardOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
   int64_t rows = getRows(), g = mesh.groupSize(getAxes());
@@ -452,6 +453,8 @@ void CrossEntropyVocabParallelForwardOp::describeCommunication(
 
 void CrossEntropyVocabParallelBackwardOp::describeCommunication(
     const MeshShape &mesh, SmallVectorImpl<CollectiveRecord> &records) {
+  if (getStats())
+    return;
   int64_t rows = getRows(), g = mesh.groupSize(getAxes());
   for (int k = 0; k < 2; ++k)
     records.push_back(record("all_reduce", getAxes(), mesh, rows, 4,

@@ -402,18 +402,24 @@ def Rt_CrossEntropyBackwardOp : Rt_KernelOp<"cross_entropy_backward",
     "crossEntropyBackward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
          Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$vocab, I64Attr:$valid)>;
+// With `stats` (2 x rows fp32: each row's maximum, then its sum of
+// exponentials, combined over the group) the forward keeps the row
+// statistics and the backward reads them instead of combining them again
+// (tessel-keep-loss-statistics).
 def Rt_CrossEntropyVocabParallelForwardOp : Rt_KernelOp<
     "cross_entropy_vocab_parallel_forward", "crossEntropyVocabParallelForward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$loss,
-         I64Attr:$rows, I64Attr:$local_vocab, Rt_GroupOffsetAttr:$vocab_start,
-         Dist_AxesAttr:$axes, I64Attr:$valid),
+         Optional<Rt_Buffer>:$stats, I64Attr:$rows, I64Attr:$local_vocab,
+         Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes,
+         I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 def Rt_CrossEntropyVocabParallelBackwardOp : Rt_KernelOp<
     "cross_entropy_vocab_parallel_backward",
     "crossEntropyVocabParallelBackward",
     (ins Rt_Buffer:$logits, Rt_Buffer:$targets, Rt_Buffer:$dloss,
-         Rt_Buffer:$dlogits, I64Attr:$rows, I64Attr:$local_vocab,
-         Rt_GroupOffsetAttr:$vocab_start, Dist_AxesAttr:$axes, I64Attr:$valid),
+         Rt_Buffer:$dlogits, Optional<Rt_Buffer>:$stats, I64Attr:$rows,
+         I64Attr:$local_vocab, Rt_GroupOffsetAttr:$vocab_start,
+         Dist_AxesAttr:$axes, I64Attr:$valid),
     [DeclareOpInterfaceMethods<CommunicationOpInterface>]>;
 
 // Mixture of experts (tessel/Runtime/Kernels.h; the CUDA runtime's in

@@ -43,6 +43,7 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     pm.addPass(createFuseKernels());
   if (options.target == "cuda" && options.precision == "bf16")
     pm.addPass(createLowerPrecision());
+  pm.addPass(createKeepLossStatistics());
   // ZeRO-3 gathers the parameters inside the parts: their slices stay there.
   if (options.zero < 3)
     pm.addPass(createHoistParameterSlices());

@@ -171,11 +171,12 @@ TYPED_TEST(CrossEntropy, VocabParallelWholeVocabularyIsTheFullLoss) {
     DeviceArray<TG> grad(n);
     DeviceArray<char> scratch(crossEntropyScratchBytes(s.rows));
     sync();
-    crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), s.rows,
-                                     s.V, 0, kOneRank, s.V, scratch.get());
+    crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), nullptr,
+                                     s.rows, s.V, 0, kOneRank, s.V,
+                                     scratch.get());
     crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
-                                      grad.get(), s.rows, s.V, 0, kOneRank,
-                                      s.V, scratch.get());
+                                      grad.get(), nullptr, s.rows, s.V, 0,
+                                      kOneRank, s.V, scratch.get());
     float wantLoss = 0;
     rt::crossEntropyForward(x.data(), t.data(), &wantLoss, s.rows, s.V, s.V);
     std::vector<float> wantGrad(n);
@@ -203,16 +204,26 @@ TYPED_TEST(CrossEntropy, VocabParallelSlice) {
   DeviceArray<TG> grad(rows * Vl);
   DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
   sync();
-  crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), rows, Vl,
-                                   vStart, kOneRank, V, scratch.get());
+  // The forward keeps the row statistics; a backward that reads them
+  // (no communication) writes exactly what one that combines them again
+  // does.
+  DeviceArray<float> stats(2 * rows);
+  DeviceArray<TG> kept(rows * Vl);
+  crossEntropyVocabParallelForward(dx.get(), dt.get(), loss.get(), stats.get(),
+                                   rows, Vl, vStart, kOneRank, V,
+                                   scratch.get());
   crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
-                                    grad.get(), rows, Vl, vStart, kOneRank, V,
-                                    scratch.get());
+                                    grad.get(), nullptr, rows, Vl, vStart,
+                                    kOneRank, V, scratch.get());
+  crossEntropyVocabParallelBackward(dx.get(), dt.get(), dDloss.get(),
+                                    kept.get(), stats.get(), rows, Vl, vStart,
+                                    kOneRank, V, scratch.get());
 
   const ShardReference want = shardReference(x, t, rows, Vl, vStart, Vl);
   expectClose(loss.download(), {want.loss}, 1e-5, 1e-5, "loss");
-  expectClose(grad.download(), want.grad, rtolFor<TG>(), gradAtol(rows),
-              "dlogits");
+  const std::vector<float> got = grad.download();
+  expectClose(got, want.grad, rtolFor<TG>(), gradAtol(rows), "dlogits");
+  expectBitwiseEqual(kept.download(), got, "dlogits from the kept statistics");
 }
 
 // A vocabulary padded to a multiple: rows of V = 1000 columns of which the
@@ -260,11 +271,12 @@ TYPED_TEST(CrossEntropy, PaddedVocabulary) {
   DeviceArray<TG> grads(rows * Vl);
   DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
   sync();
-  crossEntropyVocabParallelForward(dxs.get(), dt.get(), loss.get(), rows, Vl,
-                                   vStart, kOneRank, valid, scratch.get());
+  crossEntropyVocabParallelForward(dxs.get(), dt.get(), loss.get(), nullptr,
+                                   rows, Vl, vStart, kOneRank, valid,
+                                   scratch.get());
   crossEntropyVocabParallelBackward(dxs.get(), dt.get(), dDloss.get(),
-                                    grads.get(), rows, Vl, vStart, kOneRank,
-                                    valid, scratch.get());
+                                    grads.get(), nullptr, rows, Vl, vStart,
+                                    kOneRank, valid, scratch.get());
   const ShardReference shard =
       shardReference(xs, t, rows, Vl, vStart, valid - vStart);
   expectClose(loss.download(), {shard.loss}, 1e-5, 1e-5, "shard loss");

@@ -30,18 +30,22 @@ void embeddingBackwardRange(const int32_t *ids, const float *dout,
 // statistics are combined over `axes`. Every rank of the group gets the
 // same loss. Two all-reduces: the row maxima, then the sums of
 // exponentials and the target logits. Columns whose global index is `valid`
-// or more (a padded vocabulary's padding) take no part.
+// or more (a padded vocabulary's padding) take no part. With `stats`
+// (2 * rows), the row maxima and then the sums of exponentials are kept
+// there for the backward.
 void crossEntropyVocabParallelForward(const float *logits,
                                       const int32_t *targets, float *loss,
-                                      int64_t rows, int64_t Vl, int64_t vStart,
-                                      unsigned axes, int64_t valid);
+                                      float *stats, int64_t rows, int64_t Vl,
+                                      int64_t vStart, unsigned axes,
+                                      int64_t valid);
 // dlogits = dloss[0] * (softmax - onehot) / rows on this rank's columns (zero
-// in the padding). Two all-reduces: the row maxima and the sums of
-// exponentials.
+// in the padding). With the forward's `stats`, no communication; without,
+// two all-reduces: the row maxima and the sums of exponentials.
 void crossEntropyVocabParallelBackward(const float *logits,
                                        const int32_t *targets,
                                        const float *dloss, float *dlogits,
-                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       const float *stats, int64_t rows,
+                                       int64_t Vl, int64_t vStart,
                                        unsigned axes, int64_t valid);
 
 } // namespace tessel::rt

@@ -194,6 +194,22 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def KeepLossStatistics : Pass<"tessel-keep-loss-statistics", "mlir::ModuleOp"> {
+  let summary = "Keeps the vocabulary-parallel loss's row statistics for its backward";
+  let description = [{
+    On the bufferized rank programs: an `rt.cross_entropy_vocab_parallel_backward`
+    that reads logits a forward part hands on gets `stats`, a buffer of two
+    fp32 values per row (the row's maximum and sum of exponentials over the
+    vocabulary, combined over the group) that the part's
+    `rt.cross_entropy_vocab_parallel_forward` writes and the part hands on
+    as one more result. The backward then combines nothing again: the loss
+    moves the textbook's three all-reduces of a value per row per
+    microbatch, not five, for 8 bytes per row held from the forward to the
+    backward (as Megatron-LM's vocabulary-parallel cross-entropy saves them).
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect"];
+}
+
 def HoistParameterSlices : Pass<"tessel-hoist-parameter-slices", "mlir::ModuleOp"> {
   let summary = "Slices a parameter once per step, not once per microbatch";
   let description = [{

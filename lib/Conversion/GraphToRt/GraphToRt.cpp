@@ -415,8 +415,8 @@ PATTERN(CrossEntropyOp) {
   int64_t valid = validVocab(op.getValidVocab());
   if (dist::AxesAttr axes = op.getVocabAxesAttr())
     rt::CrossEntropyVocabParallelForwardOp::create(
-        b, op.getLoc(), a.getLogits(), a.getTargets(), loss, i(b, rows),
-        i(b, V), vocabStart(b, axes, V), axes, i(b, valid));
+        b, op.getLoc(), a.getLogits(), a.getTargets(), loss, Value(),
+        i(b, rows), i(b, V), vocabStart(b, axes, V), axes, i(b, valid));
   else
     rt::CrossEntropyForwardOp::create(b, op.getLoc(), a.getLogits(),
                                       a.getTargets(), loss, i(b, rows),
@@ -432,7 +432,8 @@ PATTERN(CrossEntropyGradOp) {
   if (dist::AxesAttr axes = op.getVocabAxesAttr())
     rt::CrossEntropyVocabParallelBackwardOp::create(
         b, op.getLoc(), a.getLogits(), a.getTargets(), a.getGrad(), dlogits,
-        i(b, rows), i(b, V), vocabStart(b, axes, V), axes, i(b, valid));
+        Value(), i(b, rows), i(b, V), vocabStart(b, axes, V), axes,
+        i(b, valid));
   else
     rt::CrossEntropyBackwardOp::create(
         b, op.getLoc(), a.getLogits(), a.getTargets(), a.getGrad(), dlogits,

@@ -172,9 +172,12 @@ struct KernelCallPattern
       } else if (!arg.value) {
         // An absent optional buffer: a null pointer of the type of the
         // buffer before it (templates deduce their types from it), except
-        // the untemplated bf16 shadows of AdamW and of the parameter gather.
+        // the untemplated bf16 shadows of AdamW and of the parameter gather
+        // and the loss's fp32 row statistics.
         if (previous &&
-            !isa<rt::AdamWOp, rt::AdamWShardOp, rt::AllGatherShardsOp>(op))
+            !isa<rt::AdamWOp, rt::AdamWShardOp, rt::AllGatherShardsOp,
+                 rt::CrossEntropyVocabParallelForwardOp,
+                 rt::CrossEntropyVocabParallelBackwardOp>(op))
           call.text("static_cast<" + target.storageType(previous) +
                     " *>(nullptr)");
         else

@@ -301,8 +301,8 @@ void crossEntropyBackward(const TL *logits, const int32_t *targets,
 
 template <typename TL>
 void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
-                                      float *loss, int64_t rows, int64_t Vl,
-                                      int64_t vStart, unsigned axes,
+                                      float *loss, float *stats, int64_t rows,
+                                      int64_t Vl, int64_t vStart, unsigned axes,
                                       int64_t valid, void *scratch) {
   if (rows <= 0) {
     launchMean(loss, 0);
@@ -315,21 +315,32 @@ void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
   meanKernel<<<1, kMeanThreads, 0, computeStream()>>>(
       VocabParallelRowLoss{maxima, sums, rows}, loss, rows);
   TESSEL_CUDA_CHECK(cudaGetLastError());
+  // The maxima and the sums of exponentials (the target logits after them
+  // are the loss's alone).
+  if (stats)
+    TESSEL_CUDA_CHECK(
+        cudaMemcpyAsync(stats, maxima, 2 * size_t(rows) * sizeof(float),
+                        cudaMemcpyDeviceToDevice, computeStream()));
 }
 
 template <typename TL, typename TO>
 void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        const float *dloss, TO *dlogits,
-                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       const float *stats, int64_t rows,
+                                       int64_t Vl, int64_t vStart,
                                        unsigned axes, int64_t valid,
                                        void *scratch) {
   if (rows <= 0)
     return;
-  float *maxima = static_cast<float *>(scratch);
-  float *sums = maxima + rows;
   const int64_t n = validColumns(Vl, vStart, valid);
-  shardStatistics<TL>(logits, nullptr, rows, Vl, n, vStart, axes, maxima,
-                      sums);
+  const float *maxima = stats, *sums = stats ? stats + rows : nullptr;
+  if (!stats) {
+    float *m = static_cast<float *>(scratch);
+    shardStatistics<TL>(logits, nullptr, rows, Vl, n, vStart, axes, m,
+                        m + rows);
+    maxima = m;
+    sums = m + rows;
+  }
   if (Vl <= 0)
     return;
   vocabParallelBackwardKernel<<<rowGrid(rows), kRowThreads, 0,
@@ -345,8 +356,8 @@ void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                            const float *, B *, int64_t,        \
                                            int64_t, int64_t);                  \
   template void crossEntropyVocabParallelBackward<A, B>(                       \
-      const A *, const int32_t *, const float *, B *, int64_t, int64_t,        \
-      int64_t, unsigned, int64_t, void *);
+      const A *, const int32_t *, const float *, B *, const float *, int64_t,  \
+      int64_t, int64_t, unsigned, int64_t, void *);
 TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
 #undef TESSEL_INSTANTIATE2
 
@@ -354,7 +365,7 @@ TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
   template void crossEntropyForward<A>(const A *, const int32_t *, float *,    \
                                        int64_t, int64_t, int64_t);             \
   template void crossEntropyVocabParallelForward<A>(                           \
-      const A *, const int32_t *, float *, int64_t, int64_t, int64_t,          \
+      const A *, const int32_t *, float *, float *, int64_t, int64_t, int64_t, \
       unsigned, int64_t, void *);
 TESSEL_CUDA_TYPES1(TESSEL_INSTANTIATE1)
 #undef TESSEL_INSTANTIATE1

@@ -85,8 +85,9 @@ int64_t validColumns(int64_t Vl, int64_t vStart, int64_t valid) {
 
 void crossEntropyVocabParallelForward(const float *logits,
                                       const int32_t *targets, float *loss,
-                                      int64_t rows, int64_t Vl, int64_t vStart,
-                                      unsigned axes, int64_t valid) {
+                                      float *stats, int64_t rows, int64_t Vl,
+                                      int64_t vStart, unsigned axes,
+                                      int64_t valid) {
   static std::vector<float> maxima, sums;
   rowStatistics(logits, rows, Vl, validColumns(Vl, vStart, valid), axes,
                 maxima, sums, targets, vStart);
@@ -94,16 +95,26 @@ void crossEntropyVocabParallelForward(const float *logits,
   for (int64_t r = 0; r < rows; ++r)
     total += std::log((double)sums[r]) + maxima[r] - sums[rows + r];
   loss[0] = (float)(total / rows);
+  if (stats) {
+    std::copy(maxima.begin(), maxima.begin() + rows, stats);
+    std::copy(sums.begin(), sums.begin() + rows, stats + rows);
+  }
 }
 
 void crossEntropyVocabParallelBackward(const float *logits,
                                        const int32_t *targets,
                                        const float *dloss, float *dlogits,
-                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       const float *stats, int64_t rows,
+                                       int64_t Vl, int64_t vStart,
                                        unsigned axes, int64_t valid) {
   static std::vector<float> maxima, sums;
   const int64_t n = validColumns(Vl, vStart, valid);
-  rowStatistics(logits, rows, Vl, n, axes, maxima, sums, nullptr, vStart);
+  if (stats) {
+    maxima.assign(stats, stats + rows);
+    sums.assign(stats + rows, stats + 2 * rows);
+  } else {
+    rowStatistics(logits, rows, Vl, n, axes, maxima, sums, nullptr, vStart);
+  }
   float scale = dloss[0] / rows;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {

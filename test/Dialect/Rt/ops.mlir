@@ -66,6 +66,7 @@ func.func @storage() {
 // CHECK: rt.slice_axis(%[[X]], %[[S]]) {extent = 64 : i64, inner = 1 : i64, length = 32 : i64, outer = 8 : i64, start = #rt.group_offset<<dp, tp>, 1, 2>}
 // CHECK: rt.slice_axis(%[[X]], %[[S]]) {{.*}}start = #rt.group_offset<<tp>, 32, 1>}
 // CHECK: rt.cross_entropy_vocab_parallel_forward(%[[X]], %[[IDS]], %[[NORM]]) {axes = #dist.axes<tp>, local_vocab = 64 : i64, rows = 8 : i64, valid = 120 : i64, vocab_start = #rt.group_offset<<tp>, 64, 1>}
+// CHECK-NEXT: rt.cross_entropy_vocab_parallel_forward(%[[X]], %[[IDS]], %[[NORM]], %{{.*}}) {{.*}} : memref<8x64xf32>, memref<8xi32>, memref<f32>, memref<64xf32>
 // CHECK: rt.transpose(%[[X]], %[[Y]]) {permutation = array<i64: 1, 0>, rank = 2 : i64, shape = array<i64: 8, 64>}
 // CHECK: rt.adamw(%[[W]], %[[SH]], %[[W]], %[[W]], %[[W]], %[[NORM]], %[[LR]], %[[N]]) {beta1 = 0.899999976 : f32, {{.*}}n = 4096 : i64{{.*}}} : memref<64x64xf32>, memref<64x64xbf16>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64
 // CHECK: rt.adamw(%[[W]], %[[W]], %[[W]], %[[W]], %[[NORM]], %[[LR]], %[[N]]) {{.*}} : memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64
@@ -80,6 +81,8 @@ func.func @kernels(%x: memref<8x64xf32>, %w: memref<64x64xf32>, %b: memref<64xf3
   rt.slice_axis(%x, %s) {outer = 8 : i64, extent = 64 : i64, inner = 1 : i64, start = #rt.group_offset<#dist.axes<tp, dp>, 1, 2>, length = 32 : i64} : memref<8x64xf32>, memref<8x32xf32>
   rt.slice_axis(%x, %s) {outer = 8 : i64, extent = 64 : i64, inner = 1 : i64, start = #rt.group_offset<<tp>, 32, 1>, length = 32 : i64} : memref<8x64xf32>, memref<8x32xf32>
   rt.cross_entropy_vocab_parallel_forward(%x, %ids, %norm) {rows = 8 : i64, local_vocab = 64 : i64, vocab_start = #rt.group_offset<#dist.axes<tp>, 64, 1>, axes = #dist.axes<tp>, valid = 120 : i64} : memref<8x64xf32>, memref<8xi32>, memref<f32>
+  // With the row statistics kept for the backward (2 x rows fp32).
+  rt.cross_entropy_vocab_parallel_forward(%x, %ids, %norm, %b) {rows = 8 : i64, local_vocab = 64 : i64, vocab_start = #rt.group_offset<#dist.axes<tp>, 64, 1>, axes = #dist.axes<tp>, valid = 120 : i64} : memref<8x64xf32>, memref<8xi32>, memref<f32>, memref<64xf32>
   rt.transpose(%x, %y) {shape = array<i64: 8, 64>, permutation = array<i64: 1, 0>, rank = 2 : i64} : memref<8x64xf32>, memref<8x64xf32>
   rt.adamw(%w, %sh, %w, %w, %w, %norm, %lr, %n) {n = 4096 : i64, beta1 = 0.9 : f32, beta2 = 0.95 : f32, eps = 1.0e-8 : f32, weight_decay = 0.1 : f32, max_grad_norm = 1.0 : f32} : memref<64x64xf32>, memref<64x64xbf16>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64
   rt.adamw(%w, %w, %w, %w, %norm, %lr, %n) {n = 4096 : i64, beta1 = 0.9 : f32, beta2 = 0.95 : f32, eps = 1.0e-8 : f32, weight_decay = 0.1 : f32, max_grad_norm = 1.0 : f32} : memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<64x64xf32>, memref<f32>, f32, i64

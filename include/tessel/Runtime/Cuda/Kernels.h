@@ -251,16 +251,20 @@ void crossEntropyBackward(const TL *logits, const int32_t *targets,
 // row statistics are combined over `axes` with NCCL all-reduces (max, then
 // sum of exponentials and target logit); columns whose global index is
 // `valid` or more (padding) take no part. `scratch` holds
-// crossEntropyScratchBytes(rows) bytes.
+// crossEntropyScratchBytes(rows) bytes. With `stats` (2 * rows floats) the
+// forward keeps the combined row maxima, then the sums of exponentials,
+// and the backward reads them instead of combining them again (no NCCL
+// call); null to combine them in the backward too.
 template <typename TL>
 void crossEntropyVocabParallelForward(const TL *logits, const int32_t *targets,
-                                      float *loss, int64_t rows, int64_t Vl,
-                                      int64_t vStart, unsigned axes,
+                                      float *loss, float *stats, int64_t rows,
+                                      int64_t Vl, int64_t vStart, unsigned axes,
                                       int64_t valid, void *scratch);
 template <typename TL, typename TO>
 void crossEntropyVocabParallelBackward(const TL *logits, const int32_t *targets,
                                        const float *dloss, TO *dlogits,
-                                       int64_t rows, int64_t Vl, int64_t vStart,
+                                       const float *stats, int64_t rows,
+                                       int64_t Vl, int64_t vStart,
                                        unsigned axes, int64_t valid,
                                        void *scratch);
 int64_t crossEntropyScratchBytes(int64_t rows);
