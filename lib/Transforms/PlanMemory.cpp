@@ -466,11 +466,12 @@ void Planner::placeArena() {
   SmallVector<Value> live;
   for (Value buffer : beforeParts) {
     int64_t here = position[buffer.getDefiningOp()];
-    for (Value dead : llvm::make_early_inc_range(live))
-      if (lastUse.lookup(dead) < here)
-        before.release(placeOf[dead].offset, bytesOf(dead));
-    llvm::erase_if(live,
-                   [&](Value dead) { return lastUse.lookup(dead) < here; });
+    llvm::erase_if(live, [&](Value dead) {
+      if (lastUse.lookup(dead) >= here)
+        return false;
+      before.release(placeOf[dead].offset, bytesOf(dead));
+      return true;
+    });
     placeOf[buffer] = {space, before.allocate(bytesOf(buffer))};
     live.push_back(buffer);
   }

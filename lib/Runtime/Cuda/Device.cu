@@ -370,7 +370,8 @@ void startDevice(const rt::Program &program, const float *hostParams,
         "cudaEventCreate");
   DeviceBuffers &b = s.buffers;
   // The copy of the parameter store, then (ZeRO-1/2) those of the runs
-  // whose master weights are pieces.
+  // whose master weights are pieces, or (ZeRO-3) the slots of the runs
+  // gathered in bf16.
   if (device.bf16)
     b.paramShadow = allocate<bf16>(s.paramElems + device.shadowExtraElems,
                                    "the bf16 parameter copy");

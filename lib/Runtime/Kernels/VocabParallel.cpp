@@ -107,14 +107,14 @@ void crossEntropyVocabParallelBackward(const float *logits,
                                        const float *stats, int64_t rows,
                                        int64_t Vl, int64_t vStart,
                                        unsigned axes, int64_t valid) {
-  static std::vector<float> maxima, sums;
+  // The forward's statistics, or combined here again.
+  static std::vector<float> combinedMax, combinedSum;
   const int64_t n = validColumns(Vl, vStart, valid);
-  if (stats) {
-    maxima.assign(stats, stats + rows);
-    sums.assign(stats + rows, stats + 2 * rows);
-  } else {
-    rowStatistics(logits, rows, Vl, n, axes, maxima, sums, nullptr, vStart);
-  }
+  if (!stats)
+    rowStatistics(logits, rows, Vl, n, axes, combinedMax, combinedSum, nullptr,
+                  vStart);
+  const float *maxima = stats ? stats : combinedMax.data();
+  const float *sums = stats ? stats + rows : combinedSum.data();
   float scale = dloss[0] / rows;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
