@@ -20,6 +20,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/MapVector.h"
 
 namespace tessel {
 #define GEN_PASS_DEF_EVALSTEP
@@ -169,6 +170,52 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
       }
     }
     rt::FinishEvalOp::create(b, finish.getLoc(), lossBuffer());
+    return restoreSlicedCopies(eval, b);
+  }
+
+  // A bf16 copy's slot that the step's slices were cut from and copied
+  // back into (tessel-hoist-parameter-slices) holds the pieces once they
+  // are in: a training step's update makes the copy whole again, an
+  // evaluation has none, so it puts the pieces back where they were cut
+  // from. It does so once the loss is handed over: the slices' buffers may
+  // share their places with the parts' (the loss's among them).
+  LogicalResult restoreSlicedCopies(func::FuncOp eval, OpBuilder &b) {
+    // The pieces of each slot, in the step's order (the slices' buffers of
+    // one slot are apart; those of different slots may share places).
+    llvm::MapVector<int64_t,
+                    SmallVector<std::pair<rt::CopyOp, rt::SliceAxisOp>>>
+        slots;
+    for (auto copy : eval.getBody().getOps<rt::CopyOp>()) {
+      std::optional<Region> into = regionOf(copy.getOut());
+      if (!into || into->space != rt::Space::Shadow)
+        continue;
+      rt::SliceAxisOp cut;
+      for (auto slice : eval.getBody().getOps<rt::SliceAxisOp>()) {
+        std::optional<Region> from = regionOf(slice.getX());
+        if (slice->isBeforeInBlock(copy) &&
+            regionOf(slice.getOut()) == regionOf(copy.getX()) && from &&
+            from->space == rt::Space::Shadow && from->begin <= into->begin &&
+            into->end <= from->end)
+          cut = slice;
+      }
+      if (!cut)
+        return copy.emitOpError("writes the bf16 copy of the parameters "
+                                "with no slice of it to put back after an "
+                                "evaluation");
+      slots[regionOf(cut.getX())->begin].push_back({copy, cut});
+    }
+    // A slot's pieces out of it first (they overlap where the slices take
+    // them back to), then each one back in its place.
+    for (auto &[begin, pieces] : slots) {
+      for (auto [copy, slice] : pieces)
+        rt::CopyOp::create(b, copy.getLoc(), copy.getOut(), copy.getX(),
+                           copy.getNAttr());
+      for (auto [copy, slice] : pieces)
+        rt::InsertAxisOp::create(b, slice.getLoc(), slice.getOut(),
+                                 slice.getX(), slice.getOuterAttr(),
+                                 slice.getExtentAttr(), slice.getInnerAttr(),
+                                 slice.getStartAttr(), slice.getLengthAttr());
+    }
     return success();
   }
 };

@@ -6,9 +6,9 @@
 // what the gradient norm reads, norm weight gradients, the attention's row
 // log-sum-exp, one-element values (losses, norms), and whatever shares
 // storage or a message with those.
-// Matmuls and sends read parameters through their bf16 shadow
-// (`rt.state_of <shadow>`), which AdamW refreshes after each update from the
-// fp32 master weights.
+// Matmuls (the MoE experts' grouped ones too) and sends read parameters
+// through their bf16 shadow (`rt.state_of <shadow>`), which AdamW refreshes
+// after each update from the fp32 master weights.
 //
 //===----------------------------------------------------------------------===//
 
@@ -239,6 +239,8 @@ void LowerPrecisionPass::runOnOperation() {
             rt::MatmulGeluGradOp, rt::MatmulAddOp>(op)) {
       readers.push_back(&op->getOpOperand(0));
       readers.push_back(&op->getOpOperand(1));
+    } else if (auto grouped = dyn_cast<rt::GroupedMatmulOp>(op)) {
+      readers.push_back(&grouped.getWMutable()); // an MoE block's experts
     } else if (isa<rt::SendOp>(op)) {
       readers.push_back(&op->getOpOperand(0));
     } else if (auto adamw = dyn_cast<rt::AdamWOp>(op)) {

@@ -23,6 +23,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/IRMapping.h"
 
+#include <functional>
 #include <map>
 #include <set>
 
@@ -96,6 +97,8 @@ private:
   Value handOn(Value v, const Part &from, const Part &to);
   Value receiveParam(Value v, int64_t rank);
   void placeNorm(GlobalNormOp norm);
+  void findScalarSums(func::ReturnOp ret);
+  Value partialSum(Value v, int64_t rank);
   void finishRank(int64_t rank, func::FuncOp func);
 
   ModuleOp module;
@@ -113,6 +116,11 @@ private:
   // Collectives whose results only the update reads: gradient
   // synchronisation, run once per step rather than per microbatch.
   llvm::SmallPtrSet<Operation *, 32> syncOps;
+  // Sums of scalars that only the step's results read (the loss: the
+  // language model's plus each MoE layer's load-balancing and z losses;
+  // the metrics that sum those): each rank's update sums the terms it
+  // computes and the sums over pp add the ranks' parts.
+  llvm::SmallPtrSet<Operation *, 8> scalarSums;
   std::map<Part, PartBuild> parts;
   // Parameters (outside every part) per rank: its own and those it
   // receives once per step.
@@ -408,6 +416,113 @@ Value StageCutter::receiveParam(Value v, int64_t rank) {
   return recv.getResult();
 }
 
+// The sums of scalars that only the loss and the metrics read (MoE layers'
+// side losses, added to the language model's loss on the last stage): with
+// them cut like other ops, each layer's terms would cross to the last rank
+// once per microbatch. Instead each rank's forward pass sums the terms it
+// computes and the update's sum over pp adds the ranks' parts, so nothing
+// crosses for them; the loss is still the forward passes' sum, as the
+// evaluation step (tessel-eval-step) expects.
+void StageCutter::findScalarSums(func::ReturnOp ret) {
+  Block &body = step.getBody().front();
+  for (Operation &op : llvm::reverse(body)) {
+    // Sums: adds, and reductions over an axis within the stage (a term
+    // that is a partial sum over tp under sequence parallelism).
+    bool sum = isa<AddOp>(op) ||
+               (isa<dist::AllReduceOp>(op) && op.getNumOperands() == 1);
+    if (!sum || op.getNumResults() != 1 ||
+        cast<RankedTensorType>(op.getResult(0).getType()).getRank() != 0 ||
+        op.use_empty() || phaseOf(&op) != Phase::Forward)
+      continue;
+    bool onlyResults = llvm::all_of(op.getUses(), [&](OpOperand &use) {
+      if (use.getOwner() == ret)
+        return use.getOperandNumber() != 1; // not the gradient norm
+      return scalarSums.contains(use.getOwner());
+    });
+    if (onlyResults)
+      scalarSums.insert(&op);
+  }
+  // A term must be computed by a forward pass (a sum with a term that is
+  // not stays whole and is a term of the sums that read it).
+  for (Operation &op : body) {
+    if (!scalarSums.contains(&op))
+      continue;
+    for (Value term : op.getOperands()) {
+      Operation *def = term.getDefiningOp();
+      if (!def || (!scalarSums.contains(def) &&
+                   (!stageOf.count(def) || phaseOf(def) != Phase::Forward)))
+        scalarSums.erase(&op);
+    }
+  }
+}
+
+// The terms of `v` (a sum in scalarSums) that `rank` computes, summed in
+// the order the sum adds them by the rank's forward pass of the last chunk
+// that computes one, and handed on to its update (summed over the
+// microbatches); a zero where the rank computes none. A null value when
+// `v` is not such a sum.
+Value StageCutter::partialSum(Value v, int64_t rank) {
+  Operation *def = v.getDefiningOp();
+  if (!def || !scalarSums.contains(def))
+    return Value();
+  Part update{rank, Phase::Update, 0};
+  if (auto known = home.find({v, rank}); known != home.end())
+    return lookup(v, update);
+  // The rank's terms, and the chunk of the last one.
+  std::optional<int64_t> chunk;
+  std::function<void(Value)> visit = [&](Value term) {
+    Operation *termDef = term.getDefiningOp();
+    if (scalarSums.contains(termDef)) {
+      for (Value operand : termDef->getOperands())
+        visit(operand);
+      return;
+    }
+    int64_t stage = stageOf.lookup(termDef);
+    if (layout.stageOwner(stage) == rank)
+      chunk = std::max(chunk.value_or(0), layout.stageChunk(stage));
+  };
+  visit(v);
+  if (!chunk) {
+    OpBuilder b = builderAtEnd(update);
+    auto zero =
+        FillOp::create(b, def->getLoc(), v.getType(), b.getF64FloatAttr(0.0));
+    setPhase(zero, Phase::Update);
+    return zero;
+  }
+  Part pass{rank, Phase::Forward, *chunk};
+  // A sum that is a term of several (the MoE losses' sum is a metric and a
+  // term of the loss) is summed once in the pass.
+  DenseMap<Value, Value> &inPass = clones[{rank, pass}];
+  std::function<Value(Value)> sum = [&](Value term) -> Value {
+    Operation *termDef = term.getDefiningOp();
+    if (!scalarSums.contains(termDef))
+      return layout.stageOwner(stageOf.lookup(termDef)) == rank
+                 ? lookup(term, pass)
+                 : Value();
+    if (Value known = inPass.lookup(term))
+      return known;
+    SmallVector<Value> parts;
+    for (Value operand : termDef->getOperands())
+      if (Value part = sum(operand))
+        parts.push_back(part);
+    // A sum of one term is that term; a reduction's is reduced.
+    if (parts.empty() || (parts.size() == 1 && isa<AddOp>(termDef)))
+      return parts.empty() ? Value() : parts.front();
+    OpBuilder b = builderAtEnd(pass);
+    IRMapping map;
+    map.map(termDef->getOperands(), parts);
+    Operation *clone = b.clone(*termDef, map);
+    clone->removeAttr(GraphDialect::kLayerAttrName); // not the head's any more
+    inPass[term] = clone->getResult(0);
+    home[{term, rank}] = {pass, clone->getResult(0)};
+    return clone->getResult(0);
+  };
+  Value part = sum(v);
+  inPass[v] = part;
+  home[{v, rank}] = {pass, part};
+  return lookup(v, update);
+}
+
 // The norm of all gradients, per rank: of the rank's own gradients, their
 // squares summed over pp as well.
 void StageCutter::placeNorm(GlobalNormOp norm) {
@@ -479,18 +594,20 @@ LogicalResult StageCutter::run() {
     params.emplace_back();
   }
 
-  func::ReturnOp ret;
+  func::ReturnOp ret = cast<func::ReturnOp>(body.getTerminator());
+  if (ranks > 1)
+    findScalarSums(ret);
   for (Operation &op : body) {
     if (isa<InputOp, FillOp>(op))
       continue; // cloned where used
-    if (auto r = dyn_cast<func::ReturnOp>(op)) {
-      ret = r;
+    if (isa<func::ReturnOp>(op))
       continue;
-    }
     if (auto n = dyn_cast<GlobalNormOp>(op)) {
       placeNorm(n);
       continue;
     }
+    if (scalarSums.contains(&op))
+      continue; // summed by each rank's update
     if (auto param = dyn_cast<ParamOp>(op)) {
       int64_t r = layout.stageOwner(stageOf.lookup(&op));
       OpBuilder pb = OpBuilder::atBlockEnd(&funcs[r].getBody().front());
@@ -531,7 +648,9 @@ LogicalResult StageCutter::run() {
     } else {
       int64_t last = layout.stageOwner(stages - 1);
       OpBuilder ub = builderAtEnd(update);
-      if (r == last) {
+      if (Value part = partialSum(stepLoss, r)) {
+        loss = part;
+      } else if (r == last) {
         loss = lookup(stepLoss, update);
       } else {
         auto zero = FillOp::create(ub, ret.getLoc(), scalar,
@@ -552,6 +671,10 @@ LogicalResult StageCutter::run() {
     SmallVector<Value> metrics;
     for (Value metric : ret.getOperands().drop_front(2)) {
       Operation *def = metric.getDefiningOp();
+      if (Value part = ranks > 1 ? partialSum(metric, r) : Value()) {
+        metrics.push_back(part);
+        continue;
+      }
       if (ranks == 1 || !def || !stageOf.count(def) ||
           layout.stageOwner(stageOf.lookup(def)) == r) {
         metrics.push_back(lookup(metric, update));
@@ -651,7 +774,10 @@ double matmulWork(MatmulOp m) {
 
 // The stage of each transformer block: the layout's `layer_stages`, else
 // contiguous runs balanced by the forward matmul work of each block (the
-// head's counted with the last block, which shares its stage).
+// head's counted with the last block, which shares its stage). An MoE
+// block's experts count with the rows they take on average: each of the
+// block's top-k assignments through one expert's matrices (a grouped
+// matmul's buffer is sized for the worst case, every row to one rank).
 FailureOr<SmallVector<int64_t>>
 layerStagesOf(ModuleOp module, func::FuncOp step, int64_t stages) {
   pipe::LayoutAttr layout = pipe::layoutOf(module);
@@ -659,17 +785,29 @@ layerStagesOf(ModuleOp module, func::FuncOp step, int64_t stages) {
     return SmallVector<int64_t>(layout.getLayerStages());
   std::vector<double> costs;
   double head = 0;
-  step.walk([&](MatmulOp m) {
-    LayerAttr layer = layerOf(m);
-    if (!layer || graph::phaseOf(m) != Phase::Forward)
-      return;
+  DenseMap<int64_t, double> assignments; // per MoE block
+  auto add = [&](LayerAttr layer, double work) {
     if (layer.getKind() == LayerKind::Head)
-      head += matmulWork(m);
+      head += work;
     if (layer.getKind() != LayerKind::Block)
       return;
     if ((int64_t)costs.size() <= layer.getIndex())
       costs.resize(layer.getIndex() + 1, 0.0);
-    costs[layer.getIndex()] += matmulWork(m);
+    costs[layer.getIndex()] += work;
+  };
+  step.walk([&](Operation *op) {
+    LayerAttr layer = layerOf(op);
+    if (!layer || graph::phaseOf(op) != Phase::Forward)
+      return;
+    if (auto m = dyn_cast<MatmulOp>(op))
+      add(layer, matmulWork(m));
+    if (auto topK = dyn_cast<MoeTopKOp>(op))
+      assignments[layer.getIndex()] +=
+          cast<RankedTensorType>(topK.getExperts().getType()).getNumElements();
+    if (auto g = dyn_cast<GroupedMatmulOp>(op)) {
+      auto w = cast<RankedTensorType>(g.getWeight().getType()).getShape();
+      add(layer, assignments.lookup(layer.getIndex()) * double(w[1]) * w[2]);
+    }
   });
   if (stages == 1)
     return SmallVector<int64_t>(costs.size(), 0);

@@ -105,3 +105,83 @@ module attributes {dist.mesh = #dist.mesh<dp = 2>} {
     }
   }
 }
+
+// -----
+
+// Slices cut from a weight's bf16 copy and copied back into its slot
+// (tessel-hoist-parameter-slices) leave the slot holding the pieces; a
+// training step's update makes the copy whole again, the evaluation puts
+// the pieces back itself, slot by slot, once the loss is handed over (the
+// pieces' buffers share places with the parts' and between the slots).
+
+// CHECK-LABEL: func.func @eval_step()
+// CHECK: rt.copy(%[[QA:.*]], %[[QS:.*]]) {n = 8 : i64}
+// CHECK: rt.copy(%[[KA:.*]], %[[KS:.*]]) {n = 8 : i64}
+// CHECK: rt.copy(%[[WA:.*]], %[[WS:.*]]) {n = 8 : i64}
+// CHECK: call @forward0
+// CHECK: rt.finish_eval
+// CHECK-NEXT: rt.copy(%[[QS]], %[[QA]]) {n = 8 : i64}
+// CHECK-NEXT: rt.copy(%[[KS]], %[[KA]]) {n = 8 : i64}
+// CHECK-NEXT: rt.insert_axis(%[[QA]], %{{.*}}) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 0 : i64}
+// CHECK-NEXT: rt.insert_axis(%[[KA]], %{{.*}}) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 2 : i64}
+// CHECK-NEXT: rt.copy(%[[WS]], %[[WA]]) {n = 8 : i64}
+// CHECK-NEXT: rt.insert_axis(%[[WA]], %{{.*}}) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 2 : i64}
+// CHECK-NEXT: return
+module attributes {dist.mesh = #dist.mesh<dp = 1>} {
+  module @program0 {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %t = arith.constant true
+      %slot = rt.buffer <shadow> 16 : memref<4x4xbf16>
+      %q = rt.buffer <arena> 0 : memref<4x2xbf16>
+      rt.slice_axis(%slot, %q) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 0 : i64} : memref<4x4xbf16>, memref<4x2xbf16>
+      %k = rt.buffer <arena> 16 : memref<4x2xbf16>
+      rt.slice_axis(%slot, %k) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 2 : i64} : memref<4x4xbf16>, memref<4x2xbf16>
+      %qs = rt.buffer <shadow> 16 : memref<4x2xbf16>
+      rt.copy(%q, %qs) {n = 8 : i64} : memref<4x2xbf16>, memref<4x2xbf16>
+      %ks = rt.buffer <shadow> 24 : memref<4x2xbf16>
+      rt.copy(%k, %ks) {n = 8 : i64} : memref<4x2xbf16>, memref<4x2xbf16>
+      %other = rt.buffer <shadow> 32 : memref<4x4xbf16>
+      %w = rt.buffer <arena> 0 : memref<4x2xbf16>
+      rt.slice_axis(%other, %w) {extent = 4 : i64, inner = 1 : i64, length = 2 : i64, outer = 4 : i64, start = 2 : i64} : memref<4x4xbf16>, memref<4x2xbf16>
+      %ws = rt.buffer <shadow> 32 : memref<4x2xbf16>
+      rt.copy(%w, %ws) {n = 8 : i64} : memref<4x2xbf16>, memref<4x2xbf16>
+      call @forward0(%c0, %t) : (i64, i1) -> ()
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @forward0(%mb: i64, %first: i1) attributes {rt.part = "forward"} {
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %loss = rt.buffer <transient> 0 : memref<f32>
+      %norm = rt.buffer <transient> 4 : memref<f32>
+      rt.finish_step(%loss, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}
+
+// -----
+
+// A copy into the bf16 copy that no slice of it explains cannot be undone.
+module attributes {dist.mesh = #dist.mesh<dp = 1>} {
+  module @program0 {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %t = arith.constant true
+      %a = rt.buffer <arena> 0 : memref<8xbf16>
+      %s = rt.buffer <shadow> 0 : memref<8xbf16>
+      // expected-error @+1 {{writes the bf16 copy of the parameters with no slice of it to put back after an evaluation}}
+      rt.copy(%a, %s) {n = 8 : i64} : memref<8xbf16>, memref<8xbf16>
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %loss = rt.buffer <transient> 0 : memref<f32>
+      %norm = rt.buffer <transient> 4 : memref<f32>
+      rt.finish_step(%loss, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}

@@ -238,12 +238,12 @@ double keptWholeUnderZero(const json &plan, const std::string &program,
 // ZeRO-1/2 in a bf16 program keep the fp32 master weights of what only
 // matmuls read as pieces (as Megatron-LM's distributed optimizer keeps
 // all of them) and gather its bf16 copy after the update: every matrix but
-// the embedding tables (the lookup reads them in fp32) and the routed
-// experts' weights (the grouped GEMMs read them in fp32); GPT-2's q|k|v
-// weight is one of them (its q, k and v slices are cut from the bf16
-// copy). Norms' weights and biases, read in fp32, stay whole. That is the rule;
-// a run is cut into pieces as a whole, so without pipeline stages (gradient
-// buckets) a matrix sharing its bucket's run with one of those stays
+// the embedding tables (the lookup reads them in fp32); the routed
+// experts' weights are among them (the grouped GEMMs read the bf16 copy),
+// and so is GPT-2's q|k|v weight (its q, k and v slices are cut from the
+// bf16 copy). Norms' weights and biases, read in fp32, stay whole. That is the
+// rule; a run is cut into pieces as a whole, so without pipeline stages
+// (gradient buckets) a matrix sharing its bucket's run with one of those stays
 // whole too: the plan says which were cut (`bf16_gather`). ZeRO-3 keeps
 // every run as pieces and gathers the same matrices in bf16.
 bool bf16GatherRule(const json &plan, const json &param, const Sizes &z) {
@@ -253,7 +253,7 @@ bool bf16GatherRule(const json &plan, const json &param, const Sizes &z) {
     return false;
   llvm::StringRef name = param["name"].get_ref<const std::string &>();
   return name != "wte.weight" && name != "wpe.weight" &&
-         name != "model.embed_tokens.weight" && !name.contains(".experts.");
+         name != "model.embed_tokens.weight";
 }
 
 bool gatheredInBf16(const json &plan, const json &param, const Sizes &z) {
@@ -262,12 +262,15 @@ bool gatheredInBf16(const json &plan, const json &param, const Sizes &z) {
 }
 
 // The elements of the parameters of `program` gathered in bf16: at ZeRO-1
-// and 2, those whose master weights are pieces.
+// and 2, those whose master weights are pieces; with `expertsOnly`, of the
+// routed experts split over ep among them.
 double gatheredInBf16Elements(const json &plan, const std::string &program,
-                              const Sizes &z) {
+                              const Sizes &z, bool expertsOnly = false) {
   double n = 0;
   for (const json &param : plan["parameters"])
-    if (param["program"] == program && gatheredInBf16(plan, param, z))
+    if (param["program"] == program && gatheredInBf16(plan, param, z) &&
+        (!expertsOnly || (param.contains("shard") &&
+                          param["shard"].value("axis", std::string()) == "ep")))
       n += elementsOf(param);
   return n;
 }
@@ -509,6 +512,15 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       table.textbook["pp"] += V / t * h * e;
     if (tied && last)
       table.textbook["pp"] += V / t * h * 4;
+    // The metrics, summed over pp so that every rank reports them all (as
+    // Megatron reduces its MoE trackers): the tokens routed to each expert
+    // of each MoE layer. The scalars (losses, norm) are not compared.
+    if (moe.enabled) {
+      double moeLayers = 0;
+      for (int64_t l = 0; l < model["layers"].get<int64_t>(); ++l)
+        moeLayers += moe.isMoeBlock(l);
+      table.textbook["pp"] += allReduce(moeLayers * moe.experts, p, 4);
+    }
   }
 
   for (const json &c : plan["programs"][program]["comm"]["per_step"]) {
@@ -571,13 +583,17 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   bool masters =
       plan.value("zero", 0) < 3 && memory.contains("param_piece_bytes");
   double M = masters ? gatheredInBf16Elements(plan, program, *sizes) : 0;
+  // The routed experts among them, cut over dp (the rest over dp x ep).
+  double expertsM = masters && dzEp > dz
+                        ? gatheredInBf16Elements(plan, program, *sizes, true)
+                        : 0;
   if (!memory.contains("param_piece_bytes")) {
     rows.push_back({"parameters (fp32)", memory["params_bytes"].get<double>(),
                     4 * P, ""});
   } else if (masters) {
     rows.push_back({"master weights, pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
-                    4 * M / dzEp, // no routed expert among them
+                    4 * ((M - expertsM) / dzEp + expertsM / dz),
                     memory.contains("offloaded_bytes")
                         ? "offloaded with the moments: in pinned host "
                           "memory, not in the total"

@@ -114,7 +114,14 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     the block's backward), so a microbatch in flight keeps only what crosses
     from one block to the next (Megatron's full recompute). Each
     rank's update takes the norm of its own gradients (summed over pp too)
-    and returns the loss summed over pp.
+    and returns the loss summed over pp. Sums of scalars that only the loss
+    and the metrics read (MoE blocks' load-balancing and z losses, added to
+    the language model's loss) are not cut: each rank's forward pass sums
+    the terms it computes (reduced over tp where they are partial sums) and
+    the sums over pp add the ranks' parts, so no such scalar crosses
+    between stages. Stages are balanced by each block's forward matmul
+    work, an MoE block's grouped matmuls counted at their average rows
+    (the block's top-k assignments).
   }];
   let options = [
     Option<"recompute", "recompute", "std::string", "\"none\"",
@@ -303,7 +310,14 @@ def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
     and `rt.finish_eval`. No backward part or update runs, so evaluating
     leaves parameters and optimizer state as they are, and the loss equals
     what the training step computes on the same batch and parameters. The
-    runtime runs it for `train.eval_every` (validation loss).
+    runtime runs it for `train.eval_every` (validation loss). Slices cut
+    from a weight's bf16 copy into the copy's own slot
+    (tessel-hoist-parameter-slices) leave the slot holding the pieces,
+    which a training step's update makes whole again; after
+    `rt.finish_eval` the evaluation puts them back itself (each slot's
+    pieces copied out, then inserted where the slices took them from), so
+    the next evaluation batch and the next training step read the weights
+    they would have read.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
@@ -384,9 +398,10 @@ def LowerPrecision : Pass<"tessel-lower-precision", "mlir::ModuleOp"> {
     in fp32 (what becomes a parameter gradient and every term summed into
     one, what the gradient norm reads, norm weight gradients, one-element
     values such as losses and norms, and whatever shares storage or a
-    pipeline message with those). Matmuls and sends read parameters
-    through their bf16 shadow (`rt.state_of <shadow>`), which `rt.adamw`
-    refreshes from the fp32 master weights. Runs before the memory plan,
+    pipeline message with those). Matmuls (the MoE experts' grouped ones
+    too) and sends read parameters through their bf16 shadow
+    (`rt.state_of <shadow>`), which `rt.adamw` refreshes from the fp32
+    master weights. Runs before the memory plan,
     which gives bf16 buffers 2-byte elements.
   }];
   let dependentDialects = ["::tessel::rtir::RtDialect",
