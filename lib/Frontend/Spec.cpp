@@ -598,6 +598,9 @@ void applyLayout(Section &s, ParallelSpec &p, const LayoutOverrides &layout,
   count("cp", layout.cp, p.cp, kMaxAxis);
   count("microbatches", layout.microbatches, p.microbatches, kMaxBatch);
   count("virtual_stages", layout.virtualStages, p.virtualStages, kMaxLayers);
+  // Without tp the experts are whole: a spec's expert_tp goes with its tp.
+  if (layout.tp && *layout.tp == 1)
+    p.expertTp = 1;
   if (layout.sequenceParallel)
     p.sequenceParallel = *layout.sequenceParallel;
   if (layout.schedule) {
@@ -701,6 +704,9 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
       s.integer("collective_matmul_min_rows", 512, 1, kMaxBatch);
   p.zero = s.integer("zero", 0, 0, 3);
   p.zeroGroup = s.integer("zero_group", 0, 0, kMaxAxis);
+  // Without dp nothing is sharded: a spec's shard group goes with its dp.
+  if (layout.dp && *layout.dp == 1)
+    p.zeroGroup = 0;
   p.masterPieces = s.boolean("master_pieces", true);
   p.offload = s.choice("offload", "none", {"none", "optimizer"});
   p.order = s.string("order", p.order);

@@ -102,30 +102,54 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
       return finish.emitOpError("hands on a loss that is not a placed buffer");
 
     // The loss's tail in the update: from rt.finish_step back, the
-    // all-reduces of the loss and, on a rank without it, the fill that
-    // makes its zero. Ops that only reach other buffers are skipped; any
-    // other op on the loss's buffer ends the tail there, where the forward
-    // parts' sum is the loss. The same code builds every rank's tail, so
-    // the ranks of a group take part in the same reductions.
+    // all-reduces of the loss, on a rank without it the fill that makes its
+    // zero, and the adds of the forward passes' sums that make it (a
+    // rank's MoE losses summed by each of its chunks). Ops that only reach
+    // other buffers are skipped; any other op on a buffer the loss is made
+    // of ends the tail there, where the forward parts' sum is the loss. The
+    // same code builds every rank's tail, so the ranks of a group take part
+    // in the same reductions.
     SmallVector<Operation *> tail;
-    for (Operation *op = finish->getPrevNode(); op; op = op->getPrevNode()) {
-      if (isa<rt::BufferOp, rt::ViewOp>(op) || !touches(op, *loss))
+    DenseMap<Operation *, SmallVector<unsigned>> reducedOf; // which buffers
+    SmallVector<Region> needed = {*loss};
+    auto isNeeded = [&](Value v) {
+      std::optional<Region> r = regionOf(v);
+      return r && llvm::is_contained(needed, *r);
+    };
+    for (Operation *op = finish->getPrevNode(); op && !needed.empty();
+         op = op->getPrevNode()) {
+      if (isa<rt::BufferOp, rt::ViewOp>(op) ||
+          llvm::none_of(needed,
+                        [&](const Region &r) { return touches(op, r); }))
         continue;
       if (auto reduce = dyn_cast<rt::AllReduceOp>(op)) {
-        bool whole = llvm::any_of(reduce.getBuffers(), [&](Value v) {
-          return regionOf(v) == loss;
-        });
-        if (!whole)
+        for (auto [i, v] : llvm::enumerate(reduce.getBuffers()))
+          if (isNeeded(v))
+            reducedOf[op].push_back(i);
+        if (!reducedOf.count(op))
           return reduce.emitOpError("reduces part of the loss's buffer with "
                                     "other values; the loss cannot be "
                                     "evaluated alone");
         tail.push_back(op);
         continue;
       }
-      if (auto fill = dyn_cast<rt::FillOp>(op);
-          fill && regionOf(fill->getOperand(0)) == loss) {
+      auto made = [&](Value out) {
+        llvm::erase(needed, *regionOf(out));
         tail.push_back(op);
-        break;
+      };
+      if (auto fill = dyn_cast<rt::FillOp>(op);
+          fill && isNeeded(fill.getOut())) {
+        made(fill.getOut());
+        continue;
+      }
+      if (auto add = dyn_cast<rt::AddBroadcastOp>(op);
+          add && isNeeded(add.getOut()) && add.getN() == add.getNb()) {
+        made(add.getOut());
+        for (Value in : {add.getA(), add.getB()})
+          if (std::optional<Region> r = regionOf(in);
+              r && r->space != rt::Space::Accumulators)
+            needed.push_back(*r);
+        continue;
       }
       break;
     }
@@ -147,12 +171,14 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
           call && partOf(call) != "forward")
         call.erase();
     }
-    // Then the loss's reductions, on a buffer of its own view.
+    // Then the loss's tail, each buffer of its own view.
     auto ret = cast<func::ReturnOp>(eval.getBody().front().getTerminator());
     b.setInsertionPoint(ret);
-    auto lossBuffer = [&]() {
-      auto def = finish.getLoss().getDefiningOp<rt::BufferOp>();
-      return rt::BufferOp::create(b, finish.getLoc(), def.getType(),
+    auto bufferLike = [&](Value v) -> FailureOr<Value> {
+      auto def = v.getDefiningOp<rt::BufferOp>();
+      if (!def)
+        return failure();
+      return rt::BufferOp::create(b, def.getLoc(), def.getType(),
                                   def.getSpaceAttr(), def.getOffsetAttr())
           .getBuffer();
     };
@@ -161,15 +187,26 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
                                 "buffer");
     for (Operation *op : tail) {
       if (auto reduce = dyn_cast<rt::AllReduceOp>(op)) {
-        rt::AllReduceOp::create(b, op->getLoc(), ValueRange{lossBuffer()},
-                                reduce.getAxesAttr());
-      } else {
-        IRMapping map;
-        map.map(op->getOperand(0), lossBuffer());
-        b.clone(*op, map);
+        SmallVector<Value> reduced;
+        for (unsigned i : reducedOf[op]) {
+          FailureOr<Value> copy = bufferLike(reduce.getBuffers()[i]);
+          if (failed(copy))
+            return reduce.emitOpError("reduces a view of the loss");
+          reduced.push_back(*copy);
+        }
+        rt::AllReduceOp::create(b, op->getLoc(), reduced, reduce.getAxesAttr());
+        continue;
       }
+      IRMapping map;
+      for (Value v : op->getOperands()) {
+        FailureOr<Value> copy = bufferLike(v);
+        if (failed(copy))
+          return op->emitOpError("makes the loss from a view");
+        map.map(v, *copy);
+      }
+      b.clone(*op, map);
     }
-    rt::FinishEvalOp::create(b, finish.getLoc(), lossBuffer());
+    rt::FinishEvalOp::create(b, finish.getLoc(), *bufferLike(finish.getLoss()));
     return restoreSlicedCopies(eval, b);
   }
 

@@ -425,51 +425,79 @@ Value StageCutter::receiveParam(Value v, int64_t rank) {
 // evaluation step (tessel-eval-step) expects.
 void StageCutter::findScalarSums(func::ReturnOp ret) {
   Block &body = step.getBody().front();
-  for (Operation &op : llvm::reverse(body)) {
-    // Sums: adds, and reductions over an axis within the stage (a term
-    // that is a partial sum over tp under sequence parallelism).
-    bool sum = isa<AddOp>(op) ||
-               (isa<dist::AllReduceOp>(op) && op.getNumOperands() == 1);
-    if (!sum || op.getNumResults() != 1 ||
-        cast<RankedTensorType>(op.getResult(0).getType()).getRank() != 0 ||
-        op.use_empty() || phaseOf(&op) != Phase::Forward)
-      continue;
-    bool onlyResults = llvm::all_of(op.getUses(), [&](OpOperand &use) {
-      if (use.getOwner() == ret)
-        return use.getOperandNumber() != 1; // not the gradient norm
-      return scalarSums.contains(use.getOwner());
-    });
-    if (onlyResults)
+  // Sums: adds in a forward pass, and reductions over axes within the
+  // stage (a term that is a partial sum over tp under sequence
+  // parallelism; a metric summed over dp once per step, in the update).
+  auto isSum = [&](Operation &op) {
+    if (op.getNumResults() != 1 || op.use_empty() ||
+        cast<RankedTensorType>(op.getResult(0).getType()).getRank() != 0)
+      return false;
+    if (isa<dist::AllReduceOp>(op))
+      return op.getNumOperands() == 1;
+    return isa<AddOp>(op) && phaseOf(&op) == Phase::Forward;
+  };
+  for (Operation &op : body)
+    if (isSum(op))
       scalarSums.insert(&op);
-  }
-  // A term must be computed by a forward pass (a sum with a term that is
-  // not stays whole and is a term of the sums that read it).
-  for (Operation &op : body) {
-    if (!scalarSums.contains(&op))
-      continue;
-    for (Value term : op.getOperands()) {
-      Operation *def = term.getDefiningOp();
-      if (!def || (!scalarSums.contains(def) &&
-                   (!stageOf.count(def) || phaseOf(def) != Phase::Forward)))
+  // Only what the step's results read, of terms computed by forward passes
+  // (or sums of those); the rest are cut like any op, and a sum that loses
+  // a reader or a term that way loses its place too.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Operation &op : body) {
+      if (!scalarSums.contains(&op))
+        continue;
+      bool forward = phaseOf(&op) == Phase::Forward;
+      bool valid = llvm::all_of(op.getUses(), [&](OpOperand &use) {
+        if (use.getOwner() == ret)
+          return use.getOperandNumber() != 1; // not the gradient norm
+        return scalarSums.contains(use.getOwner());
+      });
+      for (Value term : op.getOperands()) {
+        Operation *def = term.getDefiningOp();
+        if (!def)
+          valid = false;
+        else if (!scalarSums.contains(def))
+          valid &=
+              forward && stageOf.count(def) && phaseOf(def) == Phase::Forward;
+        else
+          valid &= forward ? phaseOf(def) == Phase::Forward : true;
+      }
+      if (!valid) {
         scalarSums.erase(&op);
+        changed = true;
+      }
     }
   }
 }
 
-// The terms of `v` (a sum in scalarSums) that `rank` computes, summed in
-// the order the sum adds them by the rank's forward pass of the last chunk
-// that computes one, and handed on to its update (summed over the
-// microbatches); a zero where the rank computes none. A null value when
-// `v` is not such a sum.
+// The terms of `v` (a sum in scalarSums) that `rank` computes: each
+// chunk's forward pass sums its own in the order the sum adds them, hands
+// that on to the update (summed over the microbatches), and the update adds
+// the chunks'; a zero where the rank computes none. (A chunk's sum stays in
+// its pass: a value handed from one chunk's forward pass to another's would
+// hold the first chunk's place in the memory plan.) A null value when `v`
+// is not such a sum.
 Value StageCutter::partialSum(Value v, int64_t rank) {
   Operation *def = v.getDefiningOp();
   if (!def || !scalarSums.contains(def))
     return Value();
   Part update{rank, Phase::Update, 0};
-  if (auto known = home.find({v, rank}); known != home.end())
-    return lookup(v, update);
-  // The rank's terms, and the chunk of the last one.
-  std::optional<int64_t> chunk;
+  if (Value known = clones[{rank, update}].lookup(v))
+    return known;
+  // A reduction the update makes once per step (a metric summed over dp)
+  // reduces the rank's part.
+  if (phaseOf(def) != Phase::Forward) {
+    IRMapping map;
+    map.map(def->getOperand(0), partialSum(def->getOperand(0), rank));
+    OpBuilder b = builderAtEnd(update);
+    Operation *clone = b.clone(*def, map);
+    clone->removeAttr(GraphDialect::kLayerAttrName);
+    clones[{rank, update}][v] = clone->getResult(0);
+    return clone->getResult(0);
+  }
+  // The chunks of the rank's terms.
+  std::set<int64_t> chunks;
   std::function<void(Value)> visit = [&](Value term) {
     Operation *termDef = term.getDefiningOp();
     if (scalarSums.contains(termDef)) {
@@ -479,48 +507,60 @@ Value StageCutter::partialSum(Value v, int64_t rank) {
     }
     int64_t stage = stageOf.lookup(termDef);
     if (layout.stageOwner(stage) == rank)
-      chunk = std::max(chunk.value_or(0), layout.stageChunk(stage));
+      chunks.insert(layout.stageChunk(stage));
   };
   visit(v);
-  if (!chunk) {
+  Value total;
+  for (int64_t chunk : chunks) {
+    Part pass{rank, Phase::Forward, chunk};
+    // A sum that is a term of several (the MoE losses' sum is a metric and
+    // a term of the loss) is summed once in the pass.
+    DenseMap<Value, Value> &inPass = clones[{rank, pass}];
+    std::function<Value(Value)> sum = [&](Value term) -> Value {
+      Operation *termDef = term.getDefiningOp();
+      if (!scalarSums.contains(termDef)) {
+        int64_t stage = stageOf.lookup(termDef);
+        return layout.stageOwner(stage) == rank &&
+                       layout.stageChunk(stage) == chunk
+                   ? lookup(term, pass)
+                   : Value();
+      }
+      if (Value known = inPass.lookup(term))
+        return known;
+      SmallVector<Value> parts;
+      for (Value operand : termDef->getOperands())
+        if (Value part = sum(operand))
+          parts.push_back(part);
+      // A sum of one term is that term; a reduction's is reduced.
+      if (parts.empty() || (parts.size() == 1 && isa<AddOp>(termDef)))
+        return parts.empty() ? Value() : parts.front();
+      OpBuilder b = builderAtEnd(pass);
+      IRMapping map;
+      map.map(termDef->getOperands(), parts);
+      Operation *clone = b.clone(*termDef, map);
+      clone->removeAttr(GraphDialect::kLayerAttrName); // not the head's
+      inPass[term] = clone->getResult(0);
+      return clone->getResult(0);
+    };
+    Value handed = handOn(sum(v), pass, update);
+    if (!total) {
+      total = handed;
+      continue;
+    }
+    OpBuilder b = builderAtEnd(update);
+    auto add = AddOp::create(b, def->getLoc(), total, handed);
+    setPhase(add, Phase::Update);
+    total = add.getResult();
+  }
+  if (!total) {
     OpBuilder b = builderAtEnd(update);
     auto zero =
         FillOp::create(b, def->getLoc(), v.getType(), b.getF64FloatAttr(0.0));
     setPhase(zero, Phase::Update);
-    return zero;
+    total = zero.getResult();
   }
-  Part pass{rank, Phase::Forward, *chunk};
-  // A sum that is a term of several (the MoE losses' sum is a metric and a
-  // term of the loss) is summed once in the pass.
-  DenseMap<Value, Value> &inPass = clones[{rank, pass}];
-  std::function<Value(Value)> sum = [&](Value term) -> Value {
-    Operation *termDef = term.getDefiningOp();
-    if (!scalarSums.contains(termDef))
-      return layout.stageOwner(stageOf.lookup(termDef)) == rank
-                 ? lookup(term, pass)
-                 : Value();
-    if (Value known = inPass.lookup(term))
-      return known;
-    SmallVector<Value> parts;
-    for (Value operand : termDef->getOperands())
-      if (Value part = sum(operand))
-        parts.push_back(part);
-    // A sum of one term is that term; a reduction's is reduced.
-    if (parts.empty() || (parts.size() == 1 && isa<AddOp>(termDef)))
-      return parts.empty() ? Value() : parts.front();
-    OpBuilder b = builderAtEnd(pass);
-    IRMapping map;
-    map.map(termDef->getOperands(), parts);
-    Operation *clone = b.clone(*termDef, map);
-    clone->removeAttr(GraphDialect::kLayerAttrName); // not the head's any more
-    inPass[term] = clone->getResult(0);
-    home[{term, rank}] = {pass, clone->getResult(0)};
-    return clone->getResult(0);
-  };
-  Value part = sum(v);
-  inPass[v] = part;
-  home[{v, rank}] = {pass, part};
-  return lookup(v, update);
+  clones[{rank, update}][v] = total;
+  return total;
 }
 
 // The norm of all gradients, per rank: of the rank's own gradients, their

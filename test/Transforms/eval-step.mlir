@@ -185,3 +185,57 @@ module attributes {dist.mesh = #dist.mesh<dp = 1>} {
     }
   }
 }
+
+// -----
+
+// A rank whose chunks each sum their own part of the loss (an MoE model's
+// load-balancing losses under interleaved stages) makes the loss in its
+// update by adding the forward passes' sums: the evaluation adds them the
+// same way, through the buffer between the adds, before the reductions.
+
+// CHECK-LABEL: func.func @eval_step()
+// CHECK: call @forward0
+// CHECK-NEXT: %[[A0:.*]] = rt.buffer <accumulators> 0 : memref<f32>
+// CHECK-NEXT: %[[A1:.*]] = rt.buffer <accumulators> 1 : memref<f32>
+// CHECK-NEXT: %[[T:.*]] = rt.buffer <transient> 8 : memref<f32>
+// CHECK-NEXT: rt.add_broadcast(%[[A0]], %[[A1]], %[[T]]) {n = 1 : i64, nb = 1 : i64}
+// CHECK-NEXT: %[[T2:.*]] = rt.buffer <transient> 8 : memref<f32>
+// CHECK-NEXT: %[[A2:.*]] = rt.buffer <accumulators> 2 : memref<f32>
+// CHECK-NEXT: %[[L:.*]] = rt.buffer <transient> 4 : memref<f32>
+// CHECK-NEXT: rt.add_broadcast(%[[T2]], %[[A2]], %[[L]]) {n = 1 : i64, nb = 1 : i64}
+// CHECK-NEXT: %[[R:.*]] = rt.buffer <transient> 4 : memref<f32>
+// CHECK-NEXT: rt.all_reduce(%[[R]]) {axes = #dist.axes<pp>} : memref<f32>
+// CHECK-NEXT: %[[F:.*]] = rt.buffer <transient> 4 : memref<f32>
+// CHECK-NEXT: rt.finish_eval(%[[F]]) : memref<f32>
+// CHECK-NEXT: return
+module attributes {dist.mesh = #dist.mesh<pp = 2>} {
+  module @stage0 attributes {pipe.rank = 0 : i64} {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %t = arith.constant true
+      call @forward0(%c0, %t) : (i64, i1) -> ()
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @forward0(%mb: i64, %first: i1) attributes {rt.part = "forward"} {
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %a0 = rt.buffer <accumulators> 0 : memref<f32>
+      %a1 = rt.buffer <accumulators> 1 : memref<f32>
+      %tmp = rt.buffer <transient> 8 : memref<f32>
+      rt.add_broadcast(%a0, %a1, %tmp) {n = 1 : i64, nb = 1 : i64} : memref<f32>, memref<f32>, memref<f32>
+      %norm = rt.buffer <transient> 0 : memref<f32>
+      rt.fill(%norm) {n = 1 : i64, value = 0.0 : f64} : memref<f32>
+      %tmp2 = rt.buffer <transient> 8 : memref<f32>
+      %a2 = rt.buffer <accumulators> 2 : memref<f32>
+      %loss = rt.buffer <transient> 4 : memref<f32>
+      rt.add_broadcast(%tmp2, %a2, %loss) {n = 1 : i64, nb = 1 : i64} : memref<f32>, memref<f32>, memref<f32>
+      %loss1 = rt.buffer <transient> 4 : memref<f32>
+      rt.all_reduce(%loss1) {axes = #dist.axes<pp>} : memref<f32>
+      %loss2 = rt.buffer <transient> 4 : memref<f32>
+      rt.finish_step(%loss2, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}

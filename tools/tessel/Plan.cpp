@@ -348,6 +348,21 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double perLayer = l.recompute == "full"
                         ? 2 * act
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
+  // An MoE block keeps its routed rows instead of a dense MLP's: each
+  // token's top_k assignments through an expert's input and hidden
+  // activations (SwiGLU's four, GELU's two), in buffers the static plan
+  // sizes for the worst case under ep (every row of the ep group routed to
+  // this rank's experts) or for the capacity.
+  if (moeLayers > 0 && l.recompute != "full") {
+    double routed = rows * moe.topK / (l.sp && !l.expertTp ? l.tp : 1);
+    double held = moe.capacityFactor > 0
+                      ? std::min(routed * l.ep, routed * moe.capacityFactor)
+                      : routed * l.ep;
+    double width = h + (mlpMatrices == 3 ? 4 : 2) * moe.ffnHidden /
+                           (l.expertTp ? l.tp : 1);
+    double mlp = rows * h * (l.sp ? 19.0 / l.tp : 2 + 17.0 / l.tp);
+    perLayer += moeLayers / L * (held * width * 2 - mlp);
+  }
   // Unfused attention keeps its probabilities (and their dropout), s per
   // token and head, unless recomputed.
   if (spec.train.attention == "unfused" && l.recompute == "none")
@@ -414,17 +429,14 @@ std::vector<std::string> compileFlags(const Layout &l) {
                                     std::string(l.sp ? "true" : "false"),
                                 "--set",
                                 "parallel.zero=" + std::to_string(l.zero)};
-  if (l.v > 1)
-    f.insert(f.end(), {"--virtual-stages", std::to_string(l.v)});
-  if (l.ep > 1)
-    f.insert(f.end(), {"--ep", std::to_string(l.ep)});
-  if (l.cp > 1)
-    f.insert(f.end(), {"--cp", std::to_string(l.cp)});
-  if (l.expertTp)
-    f.insert(f.end(), {"--set", "parallel.expert_tp=" + std::to_string(l.tp)});
-  if (l.hybrid())
-    f.insert(f.end(),
-             {"--set", "parallel.zero_group=" + std::to_string(l.zeroGroup)});
+  // Every axis and option of the layout, also where it is one (or off): a
+  // spec's own (an ep of 4) must not stay under a layout without it.
+  f.insert(
+      f.end(),
+      {"--virtual-stages", std::to_string(l.v), "--ep", std::to_string(l.ep),
+       "--cp", std::to_string(l.cp), "--set",
+       "parallel.expert_tp=" + std::to_string(l.expertTp ? l.tp : 1), "--set",
+       "parallel.zero_group=" + std::to_string(l.hybrid() ? l.zeroGroup : 0)});
   f.insert(f.end(), {"--order", l.order});
   return f;
 }
@@ -542,6 +554,8 @@ std::string whyFaster(const Candidate &a, const Candidate &b) {
                    formatSeconds(p.b));
     ++said;
   }
+  if (!said)
+    return out + "no part of the step differs by more than 0.1% (a near tie)";
   for (const Part &p : parts)
     if (p.a - p.b > 1e-3 * b.result.stepTime) {
       out += formatv(", for {0} more {1}", formatSeconds(p.a - p.b), p.what);

@@ -116,10 +116,10 @@ def StageRegions : Pass<"tessel-stage-regions", "mlir::ModuleOp"> {
     rank's update takes the norm of its own gradients (summed over pp too)
     and returns the loss summed over pp. Sums of scalars that only the loss
     and the metrics read (MoE blocks' load-balancing and z losses, added to
-    the language model's loss) are not cut: each rank's forward pass sums
-    the terms it computes (reduced over tp where they are partial sums) and
-    the sums over pp add the ranks' parts, so no such scalar crosses
-    between stages. Stages are balanced by each block's forward matmul
+    the language model's loss) are not cut: each chunk's forward pass sums
+    the terms it computes (reduced over tp where they are partial sums),
+    the update adds its chunks' sums and the sums over pp add the ranks'
+    parts, so no such scalar crosses between stages or chunks. Stages are balanced by each block's forward matmul
     work, an MoE block's grouped matmuls counted at their average rows
     (the block's top-k assignments).
   }];
@@ -306,8 +306,9 @@ def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
     step's forward parts in the step's order, with their messages and what
     the step exchanges once before its parts, then the reductions that make
     the step's loss (the `rt.all_reduce`s of the update's loss buffer over
-    dp and pp, and on a rank without the loss the fill that makes its zero)
-    and `rt.finish_eval`. No backward part or update runs, so evaluating
+    dp and pp, on a rank without the loss the fill that makes its zero, and
+    the adds of the forward passes' sums that make it where a rank's chunks
+    each sum a part) and `rt.finish_eval`. No backward part or update runs, so evaluating
     leaves parameters and optimizer state as they are, and the loss equals
     what the training step computes on the same batch and parameters. The
     runtime runs it for `train.eval_every` (validation loss). Slices cut
