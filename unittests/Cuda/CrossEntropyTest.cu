@@ -188,6 +188,25 @@ TYPED_TEST(CrossEntropy, VocabParallelWholeVocabularyIsTheFullLoss) {
   }
 }
 
+// The row statistics a vocabulary-parallel forward keeps, over the first
+// `n` of each row's `Vl` columns: the maxima, then the sums of exp(x - max)
+// (in double).
+std::vector<float> rowStatisticsOf(const std::vector<float> &x, int64_t rows,
+                                   int64_t Vl, int64_t n) {
+  std::vector<float> stats(2 * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = -INFINITY;
+    for (int64_t v = 0; v < n; ++v)
+      m = std::max(m, x[r * Vl + v]);
+    double sum = 0;
+    for (int64_t v = 0; v < n; ++v)
+      sum += std::exp(double(x[r * Vl + v]) - m);
+    stats[r] = m;
+    stats[rows + r] = float(sum);
+  }
+  return stats;
+}
+
 // A slice [vStart, vStart + Vl) of a vocabulary of V on a one-rank group:
 // the loss and gradient of the slice's own statistics, as VocabParallel.cpp
 // defines them, computed here in double.
@@ -224,6 +243,10 @@ TYPED_TEST(CrossEntropy, VocabParallelSlice) {
   const std::vector<float> got = grad.download();
   expectClose(got, want.grad, rtolFor<TG>(), gradAtol(rows), "dlogits");
   expectBitwiseEqual(kept.download(), got, "dlogits from the kept statistics");
+  // What is kept is VocabParallel.cpp's: the row maxima, then each row's
+  // sum of exp(x - max).
+  expectClose(stats.download(), rowStatisticsOf(x, rows, Vl, Vl), 1e-4, 0,
+              "row statistics");
 }
 
 // A vocabulary padded to a multiple: rows of V = 1000 columns of which the
@@ -271,17 +294,29 @@ TYPED_TEST(CrossEntropy, PaddedVocabulary) {
   DeviceArray<TG> grads(rows * Vl);
   DeviceArray<char> scratch(crossEntropyScratchBytes(rows));
   sync();
-  crossEntropyVocabParallelForward(dxs.get(), dt.get(), loss.get(), nullptr,
-                                   rows, Vl, vStart, kOneRank, valid,
-                                   scratch.get());
+  DeviceArray<float> stats(2 * rows);
+  DeviceArray<TG> kept(rows * Vl);
+  crossEntropyVocabParallelForward(dxs.get(), dt.get(), loss.get(),
+                                   stats.get(), rows, Vl, vStart, kOneRank,
+                                   valid, scratch.get());
   crossEntropyVocabParallelBackward(dxs.get(), dt.get(), dDloss.get(),
                                     grads.get(), nullptr, rows, Vl, vStart,
+                                    kOneRank, valid, scratch.get());
+  crossEntropyVocabParallelBackward(dxs.get(), dt.get(), dDloss.get(),
+                                    kept.get(), stats.get(), rows, Vl, vStart,
                                     kOneRank, valid, scratch.get());
   const ShardReference shard =
       shardReference(xs, t, rows, Vl, vStart, valid - vStart);
   expectClose(loss.download(), {shard.loss}, 1e-5, 1e-5, "shard loss");
-  expectClose(grads.download(), shard.grad, rtolFor<TG>(), gradAtol(rows),
+  const std::vector<float> gotShard = grads.download();
+  expectClose(gotShard, shard.grad, rtolFor<TG>(), gradAtol(rows),
               "shard dlogits");
+  // The kept statistics leave the padding out (its logits of 30 would be
+  // every row's maximum), and the backward from them is the same.
+  expectClose(stats.download(), rowStatisticsOf(xs, rows, Vl, valid - vStart),
+              1e-4, 0, "shard row statistics");
+  expectBitwiseEqual(kept.download(), gotShard,
+                     "shard dlogits from the kept statistics");
 }
 
 TEST(CrossEntropyLimits, OutOfRangeTargetGivesNaN) {
