@@ -142,6 +142,16 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
         made(fill.getOut());
         continue;
       }
+      // The loss copied from a sum of the forward passes (the loss and a
+      // metric of the same value, each in its own buffer).
+      if (auto copy = dyn_cast<rt::CopyOp>(op);
+          copy && isNeeded(copy.getOut())) {
+        made(copy.getOut());
+        if (std::optional<Region> r = regionOf(copy.getX());
+            r && r->space != rt::Space::Accumulators)
+          needed.push_back(*r);
+        continue;
+      }
       if (auto add = dyn_cast<rt::AddBroadcastOp>(op);
           add && isNeeded(add.getOut()) && add.getN() == add.getNb()) {
         made(add.getOut());
@@ -153,6 +163,14 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
       }
       break;
     }
+    // What the tail reads and does not make must be the forward passes'
+    // sums (the accumulators, or the loss's own buffer as they leave it);
+    // anything else would be read stale by the evaluation.
+    for (const Region &r : needed)
+      if (r.space != rt::Space::Accumulators && !(r == *loss))
+        return finish.emitOpError("makes its loss from a buffer that the "
+                                  "evaluation step cannot trace to the "
+                                  "forward passes");
     std::reverse(tail.begin(), tail.end());
 
     // The step without the backward parts and the update.

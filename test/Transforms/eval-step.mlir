@@ -239,3 +239,32 @@ module attributes {dist.mesh = #dist.mesh<pp = 2>} {
     }
   }
 }
+
+// -----
+
+// A loss made from a buffer the tail cannot trace to the forward passes'
+// sums (here scaled in the update) is refused rather than read stale.
+module attributes {dist.mesh = #dist.mesh<pp = 2>} {
+  module @stage0 attributes {pipe.rank = 0 : i64} {
+    func.func @train_step() {
+      %c0 = arith.constant 0 : i64
+      %t = arith.constant true
+      call @update(%c0, %t) : (i64, i1) -> ()
+      return
+    }
+    func.func private @update(%mb: i64, %first: i1) attributes {rt.part = "update"} {
+      %a0 = rt.buffer <accumulators> 0 : memref<f32>
+      %a1 = rt.buffer <accumulators> 1 : memref<f32>
+      %tmp = rt.buffer <transient> 8 : memref<f32>
+      rt.mul_broadcast(%a0, %a1, %tmp) {n = 1 : i64, nb = 1 : i64} : memref<f32>, memref<f32>, memref<f32>
+      %a2 = rt.buffer <accumulators> 2 : memref<f32>
+      %loss = rt.buffer <transient> 4 : memref<f32>
+      rt.add_broadcast(%tmp, %a2, %loss) {n = 1 : i64, nb = 1 : i64} : memref<f32>, memref<f32>, memref<f32>
+      %norm = rt.buffer <transient> 0 : memref<f32>
+      %loss2 = rt.buffer <transient> 4 : memref<f32>
+      // expected-error @+1 {{makes its loss from a buffer that the evaluation step cannot trace to the forward passes}}
+      rt.finish_step(%loss2, %norm) : memref<f32>, memref<f32>
+      return
+    }
+  }
+}

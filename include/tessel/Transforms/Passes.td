@@ -307,8 +307,9 @@ def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
     the step exchanges once before its parts, then the reductions that make
     the step's loss (the `rt.all_reduce`s of the update's loss buffer over
     dp and pp, on a rank without the loss the fill that makes its zero, and
-    the adds of the forward passes' sums that make it where a rank's chunks
-    each sum a part) and `rt.finish_eval`. No backward part or update runs, so evaluating
+    the adds and copies of the forward passes' sums that make it, as where
+    a rank's chunks each sum a part) and `rt.finish_eval`; a loss made from
+    a buffer it cannot trace to those sums is refused. No backward part or update runs, so evaluating
     leaves parameters and optimizer state as they are, and the loss equals
     what the training step computes on the same batch and parameters. The
     runtime runs it for `train.eval_every` (validation loss). Slices cut
