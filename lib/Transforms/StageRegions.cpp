@@ -118,8 +118,9 @@ private:
   llvm::SmallPtrSet<Operation *, 32> syncOps;
   // Sums of scalars that only the step's results read (the loss: the
   // language model's plus each MoE layer's load-balancing and z losses;
-  // the metrics that sum those): each rank's update sums the terms it
-  // computes and the sums over pp add the ranks' parts.
+  // the metrics that sum those): each chunk's forward pass sums the terms
+  // it computes, the update adds the chunks' and the sums over pp add the
+  // ranks' (partialSum).
   llvm::SmallPtrSet<Operation *, 8> scalarSums;
   std::map<Part, PartBuild> parts;
   // Parameters (outside every part) per rank: its own and those it
@@ -493,6 +494,7 @@ Value StageCutter::partialSum(Value v, int64_t rank) {
     OpBuilder b = builderAtEnd(update);
     Operation *clone = b.clone(*def, map);
     clone->removeAttr(GraphDialect::kLayerAttrName);
+    setPhase(clone, Phase::Update);
     clones[{rank, update}][v] = clone->getResult(0);
     return clone->getResult(0);
   }
