@@ -103,8 +103,9 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
 
     // The loss's tail in the update: from rt.finish_step back, the
     // all-reduces of the loss, on a rank without it the fill that makes its
-    // zero, and the adds of the forward passes' sums that make it (a
-    // rank's MoE losses summed by each of its chunks). Ops that only reach
+    // zero, and the adds and copies of the forward passes' sums that make it
+    // (a rank's MoE losses summed by each of its chunks; the loss and a
+    // metric of one value). Ops that only reach
     // other buffers are skipped; any other op on a buffer the loss is made
     // of ends the tail there, where the forward parts' sum is the loss. The
     // same code builds every rank's tail, so the ranks of a group take part
@@ -133,32 +134,31 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
         tail.push_back(op);
         continue;
       }
-      auto made = [&](Value out) {
+      // An op that makes a buffer of the loss's: the tail takes it, and
+      // what it reads outside the forward passes' sums is needed in turn.
+      auto made = [&](Value out, ArrayRef<Value> inputs) {
         llvm::erase(needed, *regionOf(out));
         tail.push_back(op);
+        for (Value in : inputs)
+          if (std::optional<Region> r = regionOf(in);
+              r && r->space != rt::Space::Accumulators)
+            needed.push_back(*r);
       };
       if (auto fill = dyn_cast<rt::FillOp>(op);
           fill && isNeeded(fill.getOut())) {
-        made(fill.getOut());
+        made(fill.getOut(), {});
         continue;
       }
       // The loss copied from a sum of the forward passes (the loss and a
       // metric of the same value, each in its own buffer).
       if (auto copy = dyn_cast<rt::CopyOp>(op);
           copy && isNeeded(copy.getOut())) {
-        made(copy.getOut());
-        if (std::optional<Region> r = regionOf(copy.getX());
-            r && r->space != rt::Space::Accumulators)
-          needed.push_back(*r);
+        made(copy.getOut(), {copy.getX()});
         continue;
       }
       if (auto add = dyn_cast<rt::AddBroadcastOp>(op);
           add && isNeeded(add.getOut()) && add.getN() == add.getNb()) {
-        made(add.getOut());
-        for (Value in : {add.getA(), add.getB()})
-          if (std::optional<Region> r = regionOf(in);
-              r && r->space != rt::Space::Accumulators)
-            needed.push_back(*r);
+        made(add.getOut(), {add.getA(), add.getB()});
         continue;
       }
       break;
