@@ -6,7 +6,8 @@
 //
 // ZeRO-1 (Megatron's distributed optimizer) on the planned rank programs.
 // (Under expert parallelism a dense parameter's run, summed over dp x ep,
-// is cut over dp x ep: "dp" below is the run's group.)
+// is cut over dp x ep, and under context parallelism every run over
+// dp x cp: "dp" below is the run's group.)
 // Every gradient collective over dp whose buffer is a run of the gradient
 // store becomes a reduce-scatter: the run's n elements are cut into
 // ceil(n / dp) pieces in dp order, and rank k keeps the sum of piece k in
@@ -85,7 +86,9 @@ struct Run {
   // The ranks the pieces are cut over: dp (or a hybrid shard group of it),
   // and with expert parallelism dp x ep for a gradient summed over ep too
   // (a dense parameter's: ep is more data parallelism for it, as in
-  // Megatron-LM's distributed optimizer), of `groupSize` ranks.
+  // Megatron-LM's distributed optimizer), with context parallelism x cp
+  // (every gradient is summed over cp, and Megatron-LM cuts its
+  // distributed optimizer over dp x cp alike), of `groupSize` ranks.
   AxisSet group;
   int64_t groupSize = 1;
 };
@@ -120,7 +123,8 @@ public:
   Sharder(func::FuncOp func, const MeshShape &mesh, int64_t zero,
           int64_t microbatches, bool masterPieces)
       : func(func), ctx(func.getContext()), dp(mesh.shardGroupSize()),
-        ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]), shardAxes(mesh.shardAxes()),
+        ep(mesh.hybrid() ? 1 : mesh[MeshAxis::EP]),
+        cp(mesh.hybrid() ? 1 : mesh[MeshAxis::CP]), shardAxes(mesh.shardAxes()),
         replicaAxes(mesh.hybrid() ? AxisSet::dpReplica() : AxisSet()),
         zero(zero), microbatches(microbatches), masterPieces(masterPieces) {}
   LogicalResult run();
@@ -256,6 +260,9 @@ private:
   // Expert parallelism a dense gradient's pieces are cut over besides dp
   // (1 without, or with hybrid sharding).
   int64_t ep;
+  // Context parallelism, which every gradient's pieces are cut over besides
+  // dp (1 without, or with hybrid sharding).
+  int64_t cp;
   AxisSet shardAxes;
   // Hybrid sharding: the groups' replicas, over which each piece of a
   // gradient is summed as well; empty otherwise.
@@ -294,12 +301,17 @@ LogicalResult Sharder::collectRuns() {
       return;
     bool any = false;
     bool overEp = ep > 1 && axes.contains(MeshAxis::EP);
+    bool overCp = cp > 1 && axes.contains(MeshAxis::CP);
     for (Value b : buffers)
       if (auto range = placeIn(rt::Space::Grads, b)) {
         any = true;
         Run r{range->first, range->second, 0, 0};
-        r.group = overEp ? shardAxes | AxisSet(MeshAxis::EP) : shardAxes;
-        r.groupSize = overEp ? dp * ep : dp;
+        r.group = shardAxes;
+        r.groupSize = dp;
+        if (overEp)
+          r.group |= AxisSet(MeshAxis::EP), r.groupSize *= ep;
+        if (overCp)
+          r.group |= AxisSet(MeshAxis::CP), r.groupSize *= cp;
         runs.push_back(r);
       }
     if (any)

@@ -811,7 +811,14 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
         return fail(dir + "/plan.json: " + toString(rows.takeError()));
       outs() << "program " << name << " (" << program["ranks"].get<int64_t>()
              << " ranks): bytes held per rank\n";
-      outs() << formatv("  {0,-32} {1,14} {2,14} {3,8}\n", "", "plan",
+      // The first column as wide as its widest label.
+      size_t width = 32;
+      for (const MemoryRow &row : *rows)
+        width = std::max(width, row.what.size());
+      auto label = [&](std::string text) {
+        return text.append(width - text.size(), ' ');
+      };
+      outs() << formatv("  {0} {1,14} {2,14} {3,8}\n", label(""), "plan",
                         "textbook", "ratio");
       for (const MemoryRow &row : *rows) {
         std::string ratio =
@@ -824,13 +831,13 @@ int tessel::inspectCommand(ArrayRef<std::string> args) {
           return x == std::floor(x) ? formatv("{0:f0}", x).str()
                                     : formatv("{0:f2}", x).str();
         };
-        outs() << formatv("  {0,-32} {1,14} {2,14} {3,8}", row.what,
+        outs() << formatv("  {0} {1,14} {2,14} {3,8}", label(row.what),
                           number(row.predicted), number(row.textbook), ratio);
         if (!row.note.empty())
           outs() << "  (" << row.note << ")";
         outs() << "\n";
       }
-      outs() << formatv("  {0,-32} {1,14:f0}\n", "total",
+      outs() << formatv("  {0} {1,14:f0}\n", label("total"),
                         program["memory"]["total_bytes"].get<double>());
     }
     return 0;

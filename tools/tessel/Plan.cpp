@@ -206,13 +206,14 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   double gpuExperts =
       stageLayers * layerExperts / l.ep / (l.expertTp ? l.tp : 1);
   double gpuParams = (stageLayers * layerParams + V * h) / l.tp + gpuExperts;
-  // Under ZeRO the dense parameters' state is cut over dp x ep, the
-  // experts' over dp: the share of a GPU's parameters a rank keeps.
+  // Under ZeRO the dense parameters' state is cut over dp x ep x cp, the
+  // experts' over dp x cp: the share of a GPU's parameters a rank keeps.
   // Under hybrid sharding a shard group of zero_group dp ranks holds it.
   bool hybrid = l.hybrid();
   double shardDp = hybrid ? l.zeroGroup : l.dp;
-  double zeroShare = ((gpuParams - gpuExperts) / (shardDp * l.ep) +
-                      gpuExperts / shardDp) /
+  double shardCp = hybrid ? 1 : l.cp;
+  double zeroShare = ((gpuParams - gpuExperts) / (shardDp * shardCp * l.ep) +
+                      gpuExperts / (shardDp * shardCp)) /
                      gpuParams;
   double devices = double(l.tp) * l.pp * l.dp * l.ep * l.cp;
   double elem = cuda ? 2 : 4;

@@ -346,12 +346,19 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool tiedFirst = tied && p > 1 && first &&
                      (name == "wte.weight" || name == "model.embed_tokens.weight");
     bool asPieces = zero2 && !tiedFirst;
-    // Under ZeRO a dense parameter's pieces are cut over dp x ep, as
-    // Megatron-LM's distributed optimizer cuts them over the whole
-    // data-parallel group (not with hybrid sharding).
+    // Under ZeRO a dense parameter's pieces are cut over dp x ep, and
+    // every parameter's over dp x cp, as Megatron-LM's distributed
+    // optimizer cuts them over the whole data-parallel group (not with
+    // hybrid sharding).
     bool overDpEp = zero && epSum > 1 && g == d;
-    double G = overDpEp ? g * epSum : g;
-    std::string group = overDpEp ? "dp,ep" : shard;
+    bool overDpCp = zero && c > 1 && g == d;
+    double G = g * (overDpEp ? epSum : 1) * (overDpCp ? c : 1);
+    std::string group = overDpEp || overDpCp
+                            ? axesWhere({{MeshAxis::DP, true},
+                                         {MeshAxis::EP, overDpEp},
+                                         {MeshAxis::CP, overDpCp}})
+                                  .str()
+                            : shard;
     // A reduce-scatter and a gather each move half an all-reduce's bytes;
     // the gather of a bf16 copy (gatheredInBf16) a quarter.
     double gather = gatheredInBf16(plan, param, *sizes) ? 0.25 : 0.5;
@@ -372,18 +379,20 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // The axes besides dp that sum the gradient: ep for a dense parameter
     // (but where its pieces are cut over dp x ep), tp for one replicated
     // over tp under sequence parallelism, cp for every one (each cp rank
-    // adds its piece of the sequence).
+    // adds its piece of the sequence; but where the pieces are cut over
+    // dp x cp).
     bool overTp = sp && t > 1 && !splitOverTp;
     double restEp = overDpEp ? 1 : epSum;
+    double restCp = overDpCp ? 1 : c;
     AxisSet rest = axesWhere({{MeshAxis::TP, overTp},
-                              {MeshAxis::CP, c > 1},
+                              {MeshAxis::CP, restCp > 1},
                               {MeshAxis::EP, restEp > 1}});
-    double restGroup = restEp * (overTp ? t : 1) * c;
+    double restGroup = restEp * (overTp ? t : 1) * restCp;
     if (!rest.empty() && zero) {
       table.textbook[rest.str()] +=
           allReduce(asPieces ? n / G : n, restGroup, 4);
       table.textbook[group] += dpBytes;
-    } else if (zero && overDpEp) {
+    } else if (zero && (overDpEp || overDpCp)) {
       table.textbook[group] += dpBytes;
     } else if (!rest.empty())
       table.textbook[(d > 1 ? rest | MeshAxis::DP : rest).str()] +=
@@ -394,10 +403,13 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
 
   // The norm's partial sums (fp64; two under tp: parameters split over tp
   // and those replicated) added over the shard group (the dense ones over
-  // dp x ep under expert parallelism, the experts' one over dp); one value
-  // counts as a scalar.
-  if (zero && t > 1 && ep > 1 && g == d)
-    table.textbook["dp,ep"] += allReduce(2, g * ep, 8); // the dense ones
+  // dp x ep under expert parallelism, the experts' one over dp; all over
+  // dp x cp under context parallelism); one value counts as a scalar.
+  if (zero && t > 1 && (ep > 1 || c > 1) && g == d)
+    table.textbook[axesWhere({{MeshAxis::DP, true},
+                              {MeshAxis::EP, ep > 1},
+                              {MeshAxis::CP, c > 1}})
+                       .str()] += allReduce(2, g * ep * c, 8); // the dense ones
   else if (zero && t > 1)
     table.textbook[shard] += allReduce(2, g, 8);
 
@@ -566,25 +578,31 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // ZeRO-3: the parameters as pieces, those kept whole (as the gradients
   // below) and the runs gathered for the parts.
   double keptWhole = keptWholeUnderZero(plan, program, *sizes);
-  // The pieces are 1/g of a run, g the shard group (dp unless hybrid); a
-  // dense run's 1/(g ep) under expert parallelism (not hybrid).
+  // The pieces are 1/g of a run, g the shard group (dp unless hybrid),
+  // times cp under context parallelism; a dense run's 1/(g ep) under
+  // expert parallelism (neither with hybrid sharding).
   const double dz = shardGroupOf(plan, d);
-  const double dzEp = dz == d ? dz * ep : dz;
-  const double experts = dzEp > dz ? held.expertElements : 0;
-  const std::string part = dz < d ? "1/zero_group" : "1/dp";
+  const double dzCp = dz == d ? dz * c : dz;
+  const double dzEp = dz == d ? dzCp * ep : dz;
+  const double experts = dzEp > dzCp ? held.expertElements : 0;
+  const std::string part = dz < d      ? "1/zero_group"
+                           : dzCp > dz ? "1/(dp x cp)"
+                                       : "1/dp";
   const std::string overEp =
-      dzEp > dz ? "a dense run's pieces over dp x ep" : "";
-  // A run's elements as pieces: experts' over dp, the rest over dp x ep.
+      dzEp > dzCp ? "a dense run's pieces over dp x ep" : "";
+  // A run's elements as pieces: experts' over dp (x cp), the rest over
+  // dp x ep (x cp).
   auto asPieces = [&](double elements) {
-    return (elements - experts) / dzEp + experts / dz;
+    return (elements - experts) / dzEp + experts / dzCp;
   };
   // ZeRO-1/2 in bf16: the master weights of the matrices only matmuls
   // read as pieces, the rest whole (no gathered runs).
   bool masters =
       plan.value("zero", 0) < 3 && memory.contains("param_piece_bytes");
   double M = masters ? gatheredInBf16Elements(plan, program, *sizes) : 0;
-  // The routed experts among them, cut over dp (the rest over dp x ep).
-  double expertsM = masters && dzEp > dz
+  // The routed experts among them, cut over dp x cp (the rest over
+  // dp x ep x cp).
+  double expertsM = masters && dzEp > dzCp
                         ? gatheredInBf16Elements(plan, program, *sizes, true)
                         : 0;
   if (!memory.contains("param_piece_bytes")) {
@@ -593,7 +611,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   } else if (masters) {
     rows.push_back({"master weights, pieces (fp32, " + part + ")",
                     memory["param_piece_bytes"].get<double>(),
-                    4 * ((M - expertsM) / dzEp + expertsM / dz),
+                    4 * ((M - expertsM) / dzEp + expertsM / dzCp),
                     memory.contains("offloaded_bytes")
                         ? "offloaded with the moments: in pinned host "
                           "memory, not in the total"
@@ -653,17 +671,22 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     for (const json &param : plan["parameters"])
       if (param["program"] == program && param["name"] == "wpe.weight")
         whole += elementsOf(param);
-  rows.push_back({zero ? "AdamW moments (fp32, " + part + ")"
-                       : "AdamW moments (fp32)",
-                  memory["optimizer_bytes"].get<double>(),
-                  zero ? 8 * asPieces(P - whole) + 8 * whole : 8 * P,
-                  std::string(zero ? "ceil(n/dp) of each gradient run" : "") +
-                      (zero && !overEp.empty() ? "; " + overEp : "") +
-                      (memory.contains("offloaded_bytes")
-                           ? std::string(zero ? "; " : "") +
-                                 "offloaded: in pinned host memory, not "
-                                 "in the total"
-                           : "")});
+  rows.push_back(
+      {zero ? "AdamW moments (fp32, " + part + ")" : "AdamW moments (fp32)",
+       memory["optimizer_bytes"].get<double>(),
+       zero ? 8 * asPieces(P - whole) + 8 * whole : 8 * P,
+       (zero ? "ceil(n/" +
+                   std::string(dz < d      ? "zero_group"
+                               : dzCp > dz ? "(dp x cp)"
+                                           : "dp") +
+                   ") of each gradient run"
+             : std::string()) +
+           (zero && !overEp.empty() ? "; " + overEp : "") +
+           (memory.contains("offloaded_bytes")
+                ? std::string(zero ? "; " : "") +
+                      "offloaded: in pinned host memory, not "
+                      "in the total"
+                : "")});
   // With the parameters sharded the copy is of what the parts read: the
   // parameters kept whole and the gathered runs (the pieces have none).
   if (bf16 && masters)
