@@ -452,9 +452,12 @@ def crash_resume(args):
                     "--metrics", straight, "--quiet"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bindir = os.path.join(os.path.abspath(args.dir), "bin") + "/"
+    # What each run says is kept beside its state, so that a failure can be
+    # read after the kills' random moments are gone.
+    killed_log = open(os.path.join(args.work, "killed.log"), "w")
     job = subprocess.Popen([args.tessel, "run", args.dir, "--steps", str(args.steps),
                             *saving, "--quiet"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           stdout=killed_log, stderr=subprocess.STDOUT,
                            start_new_session=True)
     while step_of(state) < args.after:
         if job.poll() is not None:
@@ -465,19 +468,31 @@ def crash_resume(args):
     for pid in ranks_left(bindir):
         os.kill(pid, signal.SIGKILL)
     job.wait()
+    # A signal is delivered after kill() returns: a rank may still commit a
+    # checkpoint it was writing until it is gone, so the state is read once
+    # no rank is left.
+    deadline = time.time() + 30
+    while ranks_left(bindir) and time.time() < deadline:
+        time.sleep(0.01)
     step = step_of(state)
     if step >= args.steps:
         sys.exit("FAIL: the run finished before it could be killed")
-    subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
-                    "--resume", state, "--metrics", resumed, "--quiet"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_log.close()
+    again = subprocess.run([args.tessel, "run", args.dir, "--steps", str(args.steps),
+                            "--resume", state, "--metrics", resumed, "--quiet"],
+                           capture_output=True, text=True)
+    if again.returncode:
+        sys.exit(f"FAIL: the resumed run ended with rc {again.returncode} (killed at "
+                 f"step {step}):\n{again.stdout}{again.stderr}\nthe killed run said:\n"
+                 + open(killed_log.name).read())
     a = [json.loads(l) for l in open(straight)]
     b = [json.loads(l) for l in open(resumed)]
     if [r["step"] for r in b] != list(range(step, args.steps)):
         sys.exit(f"FAIL: the resumed run ran steps {b[0]['step']}..{b[-1]['step']}, "
                  f"not {step}..{args.steps - 1}")
     if [r["loss"] for r in a[step:]] != [r["loss"] for r in b]:
-        sys.exit("FAIL: the resumed losses differ from the uninterrupted run's")
+        sys.exit(f"FAIL: the resumed losses (from step {step}) differ from the "
+                 f"uninterrupted run's:\n{again.stdout}{again.stderr}")
     print(f"killed with the state at a multiple of {args.every} steps; resumed there: "
           f"{args.steps - step} losses identical to the uninterrupted run's")
 

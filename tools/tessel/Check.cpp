@@ -322,5 +322,15 @@ int tessel::checkCommand(const CheckOptions &options) {
                      c->moved, c->assigned, routingTolerance);
   outs() << (ok ? "  OK" : "  FAILED")
          << format(" (tolerance %.1e)\n", tolerance);
+  // An assignment that moved on a near-tie sends that token's rows through
+  // another expert from then on: the experts' weights (and what follows)
+  // part by more than rounding, with no error in the layout to find.
+  if (!ok && c->moved > 0 && movedFraction <= routingTolerance)
+    outs() << format("  (%.0f expert assignment%s moved on near-ties of the "
+                     "router's probabilities, which summation order breaks "
+                     "differently; the differences above may follow from "
+                     "them alone: check again with another train.seed or "
+                     "fewer steps)\n",
+                     c->moved, c->moved == 1 ? "" : "s");
   return ok ? 0 : 1;
 }
