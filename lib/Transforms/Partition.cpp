@@ -29,6 +29,25 @@ using tessel::dist::Sharding;
 
 namespace {
 
+// Whether the pieces of a dimension split over `held`, each cut over
+// `more`, are the pieces of the dimension split over both. A dimension
+// split over several axes holds its pieces in the order of the group's
+// ranks (MeshLayout::groupRank: the default rank order, tp fastest), so
+// the axes of `more` must all be faster than those of `held`.
+bool cutsInside(AxisSet held, AxisSet more) {
+  constexpr unsigned meshBits = (1u << kNumMeshAxes) - 1;
+  if ((held.bits() | more.bits()) & ~meshBits)
+    return false; // a hybrid shard group's part of dp
+  int lastHeld = -1, firstMore = kNumMeshAxes;
+  for (int i = 0; i < kNumMeshAxes; ++i) {
+    if (held.contains(kRankOrder[i]))
+      lastHeld = i;
+    if (more.contains(kRankOrder[i]))
+      firstMore = std::min(firstMore, i);
+  }
+  return lastHeld < firstMore;
+}
+
 class Partitioner : public dist::PartitionContext {
 public:
   Partitioner(ModuleOp module)
@@ -220,12 +239,15 @@ LogicalResult Partitioner::lowerReshard(dist::ReshardOp reshard) {
     v = ag.getResult();
   }
   // Dimensions the target splits that nothing split before: every rank
-  // holds the whole dimension already and keeps its piece.
+  // holds the whole dimension already and keeps its piece. So does a
+  // dimension split further over axes that cut inside its pieces (a
+  // sequence piece of cp cut over tp under sequence parallelism).
   for (size_t d = 0; d < to.dims.size(); ++d) {
     AxisSet split = to.dims[d] - current.dims[d];
-    if (split.empty() || !current.dims[d].empty())
+    if (split.empty() ||
+        (!current.dims[d].empty() && !cutsInside(current.dims[d], split)))
       continue;
-    current.dims[d] = split;
+    current.dims[d] |= split;
     FailureOr<RankedTensorType> type =
         localType(reshard, cast<RankedTensorType>(reshard.getType()), current);
     if (failed(type))
