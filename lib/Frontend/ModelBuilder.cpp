@@ -449,20 +449,14 @@ private:
     // capacity: Hugging Face's Mixtral drops nothing), with no side losses
     // or metrics.
     int64_t capacity = inference ? 0 : e.capacity(tokens);
-    if (!inference) {
-      // The assignments per expert: the load-balancing loss's f_e, and the
-      // metrics' expert_tokens (docs/metrics.md).
-      auto stats = MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
-      metrics.push_back({"expert_tokens" + tag, stats.getCounts()});
-      if (e.auxLossCoef > 0)
-        auxLosses.push_back(MoeAuxLossOp::create(
-            b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
-            b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
-            b.getF64FloatAttr(e.auxLossCoef)));
-      if (e.zLossCoef > 0)
-        zLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
-                                             b.getF64FloatAttr(e.zLossCoef)));
-    }
+    // The assignments per expert: the load-balancing loss's f_e, and the
+    // metrics' expert_tokens (docs/metrics.md). They are counted here; the
+    // side losses read them after the experts, so that their sum over the
+    // token axes (over dp: across nodes, and latency-bound for E values)
+    // is in flight under the experts' GEMMs.
+    MoeLoadStatsOp stats;
+    if (!inference)
+      stats = MoeLoadStatsOp::create(b, loc, probs, top.getExperts());
     auto dispatch = MoeDispatchOp::create(
         b, loc, top.getExperts(), b.getI64IntegerAttr(E),
         b.getI64IntegerAttr(capacity), /*token_axes=*/nullptr);
@@ -521,6 +515,17 @@ private:
       Value shared = isLlama ? llamaMlp(h, p + ".shared_experts", width)
                            : gptMlp(h, p + ".shared_experts", width, projStd);
       y = AddOp::create(b, at(p + ".shared_experts"), y, shared);
+    }
+    if (!inference) {
+      metrics.push_back({"expert_tokens" + tag, stats.getCounts()});
+      if (e.auxLossCoef > 0)
+        auxLosses.push_back(MoeAuxLossOp::create(
+            b, at(p + ".aux_loss"), stats.getCounts(), stats.getProbSums(),
+            b.getI64IntegerAttr(tokens), b.getI64IntegerAttr(e.topK),
+            b.getF64FloatAttr(e.auxLossCoef)));
+      if (e.zLossCoef > 0)
+        zLosses.push_back(MoeZLossOp::create(b, at(p + ".z_loss"), logits,
+                                             b.getF64FloatAttr(e.zLossCoef)));
     }
     return y;
   }

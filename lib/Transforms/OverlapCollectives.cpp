@@ -313,15 +313,21 @@ Collective describe(Operation *op) {
 
 // The collectives this pass starts early: over axes without dp or pp (the
 // data-parallel gradients have their own buckets; a pp group joins stages
-// that run different programs).
+// that run different programs), and in a forward part the all-reduces
+// over dp too (no gradient is reduced there: an MoE router's statistics,
+// summed over the tokens of every data-parallel rank).
 bool candidate(Operation *op) {
   if (!isa<rt::AllGatherOp, rt::ReduceScatterOp, rt::AllReduceOp>(op))
     return false;
   auto axes = op->getAttrOfType<dist::AxesAttr>("axes");
   if (!axes)
     return false;
-  return !axes.getValue().intersects(AxisSet::dataParallel() |
-                                     AxisSet(MeshAxis::PP));
+  if (axes.getValue().contains(MeshAxis::PP))
+    return false;
+  if (!axes.getValue().intersects(AxisSet::dataParallel()))
+    return true;
+  return isa<rt::AllReduceOp>(op) &&
+         isa<pipe::ForwardPassOp>(op->getParentOp());
 }
 
 // The started form of `c.op`, created before `startBefore`, and its wait

@@ -243,8 +243,10 @@ def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
     On the bufferized rank programs, before the memory plan: Megatron-LM's
     overlap of the tensor- and sequence-parallel collectives in a layer's
     backward. Each blocking `rt.all_gather`, `rt.reduce_scatter` or
-    `rt.all_reduce` over axes without `dp` inside a forward or backward part
-    becomes its started form and an `rt.wait`: the start rises past the ops
+    `rt.all_reduce` over axes without `dp` or `pp` inside a forward or
+    backward part (an `rt.all_reduce` over `dp` too inside a forward part,
+    where no gradient is reduced: an MoE router's statistics) becomes its
+    started form and an `rt.wait`: the start rises past the ops
     before it that neither write what it reads nor touch what it writes
     (the re-gather of a sequence-parallel input moves above the GEMM of the
     input gradient), and the wait sinks past the ops after it likewise (the
