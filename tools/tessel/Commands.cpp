@@ -9,6 +9,7 @@
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Program.h"
 
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -16,8 +17,8 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
-#include "llvm/Support/SHA256.h"
 #include "llvm/Support/Program.h"
+#include "llvm/Support/SHA256.h"
 
 #include "llvm/Support/raw_ostream.h"
 #include <chrono>
@@ -231,11 +232,31 @@ void forwardSignal(int sig) {
 int tessel::runForwardingSignals(const std::vector<std::string> &argv,
                                  const std::vector<std::string> &env,
                                  function_ref<void(StringRef)> onOutput) {
+  // Under mpirun, Open MPI's session directory goes in a directory of this
+  // launch's own (removed after it): launches that start at the same moment
+  // (tests side by side, a sweep of layouts) otherwise race to create the
+  // same ompi.HOST.UID directory in the temporary directory, and one of
+  // them fails in orte_init ("File exists"). A user's own setting stays.
+  SmallString<128> session;
+  std::vector<std::string> environment = env;
+  auto setsSession = [&](const std::string &e) {
+    return StringRef(e).starts_with("OMPI_MCA_orte_tmpdir_base=");
+  };
+  if (!argv.empty() && sys::path::filename(argv[0]) == "mpirun" &&
+      llvm::none_of(env, setsSession) &&
+      !sys::fs::createUniqueDirectory("tessel-mpi", session))
+    environment.push_back("OMPI_MCA_orte_tmpdir_base=" + session.str().str());
+  else
+    session.clear();
+  auto removeSession = llvm::make_scope_exit([&] {
+    if (!session.empty())
+      sys::fs::remove_directories(session);
+  });
   std::vector<char *> args, envs;
   for (const std::string &a : argv)
     args.push_back(const_cast<char *>(a.c_str()));
   args.push_back(nullptr);
-  for (const std::string &e : env)
+  for (const std::string &e : environment)
     envs.push_back(const_cast<char *>(e.c_str()));
   envs.push_back(nullptr);
   const int stops[] = {SIGTERM, SIGINT, SIGHUP};
