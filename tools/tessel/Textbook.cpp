@@ -374,8 +374,6 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
                      : asPieces ? (m / 2 + gather) * allReduce(n, G, 4)
                      : zero     ? (0.5 + gather) * allReduce(n, G, 4)
                                 : allReduce(n, G, 4);
-    if (zero && replicas > 1)
-      table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
     // The axes besides dp that sum the gradient: ep for a dense parameter
     // (but where its pieces are cut over dp x ep), tp for one replicated
     // over tp under sequence parallelism, cp for every one (each cp rank
@@ -388,7 +386,17 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
                               {MeshAxis::CP, restCp > 1},
                               {MeshAxis::EP, restEp > 1}});
     double restGroup = restEp * (overTp ? t : 1) * restCp;
-    if (!rest.empty() && zero) {
+    // Hybrid sharding sums each piece over the replicas as well; a piece
+    // (ZeRO-2 and 3) that the other axes sum too is summed over both at
+    // once.
+    bool replicasWithRest = asPieces && replicas > 1 && !rest.empty();
+    if (zero && replicas > 1 && !replicasWithRest)
+      table.textbook["dp_replica"] += allReduce(n / g, replicas, 4);
+    if (replicasWithRest) {
+      table.textbook[(rest | AxisSet::dpReplica()).str()] +=
+          allReduce(n / G, restGroup * replicas, 4);
+      table.textbook[group] += dpBytes;
+    } else if (!rest.empty() && zero) {
       table.textbook[rest.str()] +=
           allReduce(asPieces ? n / G : n, restGroup, 4);
       table.textbook[group] += dpBytes;
@@ -445,13 +453,14 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
       // only for the shared experts. Routing the whole microbatch adds the
       // router's probabilities gathered (forward and backward, b s E fp32
       // values, under sequence parallelism) and the routing weights'
-      // gradient summed (b s k), a partial sum like the rows it comes from.
+      // gradient summed (b s k, in the activations' precision, as the
+      // weights are), a partial sum like the rows it comes from.
       if (moe.isMoeBlock(block) && expertTp) {
         double shared = moe.shared > 0 && !recomputes(plan, block) ? regather : 0;
         double rerun = recomputes(plan, block) ? again : again / 2;
         perMicrobatch += (8 + rerun + shared) * (t - 1) / t * bsh * e +
                          (sp ? 2 * (t - 1) / t * b * s * moe.experts * 4 : 0) +
-                         allReduce(b * s * moe.topK, t, 4);
+                         allReduce(b * s * moe.topK, t, e);
         continue;
       }
       perMicrobatch += (8 + again) * (t - 1) / t * bsh * e;
@@ -487,6 +496,10 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
   // sequence parallelism), and two combines, each sending back at most the
   // rows of the g - 1 other ranks: the worst case the static plan bounds
   // (balanced routing moves (g-1)/g of R rows in each of the four).
+  // Full recompute runs the block's forward again up to what its backward
+  // reads, the experts' outputs among them: one exchange and one combine
+  // more, and the assignments' sum (the load-balancing loss's gradient
+  // reads them; the probability sums it does not).
   if (moe.enabled) {
     bool tokensOverTp = sp && t > 1 && !expertTp;
     double tokens = b * s / (tokensOverTp ? t : 1);
@@ -499,21 +512,26 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     for (int64_t block : blocks) {
       if (!moe.isMoeBlock(block))
         continue;
+      bool again = recomputes(plan, block);
       if (!tokenAxes.empty()) {
         if (moe.auxLoss)
-          table.textbook[tokenAxes.str()] += m * 2 * allReduce(E, tokenGroup, 4);
+          table.textbook[tokenAxes.str()] +=
+              m * (again ? 3 : 2) * allReduce(E, tokenGroup, 4);
         else
           table.textbook[tokenAxes.str()] += allReduce(E, tokenGroup, 4);
         if (moe.capacity) {
-          // Per row when the sequence is split (over tp or cp).
+          // Per row when the sequence is split (over tp or cp); gathered
+          // again by a full recompute, whose dispatch keeps them.
           double n = tokensOverTp || c > 1 ? b * E : E;
           table.textbook[tokenAxes.str()] +=
-              m * (tokenGroup - 1) * n * 4 + allReduce(E, tokenGroup, 4);
+              m * (again ? 2 : 1) * (tokenGroup - 1) * n * 4 +
+              allReduce(E, tokenGroup, 4);
         }
       }
       if (ep > 1)
-        table.textbook["ep"] += m * (2 * (E / ep * (ep - 1) * 4 + rows * h * 4) +
-                                     2 * (ep - 1) * rows * h * 4);
+        table.textbook["ep"] +=
+            m * (again ? 3 : 2) *
+            ((E / ep * (ep - 1) * 4 + rows * h * 4) + (ep - 1) * rows * h * 4);
     }
   }
   if (p > 1) {
