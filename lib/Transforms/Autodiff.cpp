@@ -136,6 +136,15 @@ LogicalResult differentiate(func::FuncOp func, OptimizerSettings settings) {
                             b.getF64FloatAttr(0.0));
     paramGrads.push_back(grad);
   }
+  // A permutation that makes a parameter's gradient (GPT-2's position
+  // table under context parallelism's balanced layout: the rows back in
+  // sequence order) runs in the update, once per step, on the sum of the
+  // microbatches' rows, which it commutes with. The rows' sum over dp and
+  // gather over cp before it then run there once too, as for sequence
+  // parallelism, rather than in every microbatch's backward pass.
+  for (Value grad : paramGrads)
+    if (auto perm = grad.getDefiningOp<ZigzagOp>(); perm && grad.use_empty())
+      setPhase(perm, Phase::Update);
   // The update: the norm of all gradients, then one AdamW per parameter
   // (in the parameter's layer).
   placement.phase = Phase::Update;
