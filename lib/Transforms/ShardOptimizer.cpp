@@ -308,10 +308,14 @@ LogicalResult Sharder::collectRuns() {
         Run r{range->first, range->second, 0, 0};
         r.group = shardAxes;
         r.groupSize = dp;
-        if (overEp)
-          r.group |= AxisSet(MeshAxis::EP), r.groupSize *= ep;
-        if (overCp)
-          r.group |= AxisSet(MeshAxis::CP), r.groupSize *= cp;
+        if (overEp) {
+          r.group |= AxisSet(MeshAxis::EP);
+          r.groupSize *= ep;
+        }
+        if (overCp) {
+          r.group |= AxisSet(MeshAxis::CP);
+          r.groupSize *= cp;
+        }
         runs.push_back(r);
       }
     if (any)

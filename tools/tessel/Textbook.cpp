@@ -603,9 +603,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   const double dzCp = dz == d ? dz * c : dz;
   const double dzEp = dz == d ? dzCp * ep : dz;
   const double experts = dzEp > dzCp ? held.expertElements : 0;
-  const std::string part = dz < d      ? "1/zero_group"
-                           : dzCp > dz ? "1/(dp x cp)"
-                                       : "1/dp";
+  const std::string shardGroup = dz < d      ? "zero_group"
+                                 : dzCp > dz ? "(dp x cp)"
+                                             : "dp";
+  const std::string part = "1/" + shardGroup;
   const std::string overEp =
       dzEp > dzCp ? "a dense run's pieces over dp x ep" : "";
   // A run's elements as pieces: experts' over dp (x cp), the rest over
@@ -693,11 +694,7 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
       {zero ? "AdamW moments (fp32, " + part + ")" : "AdamW moments (fp32)",
        memory["optimizer_bytes"].get<double>(),
        zero ? 8 * asPieces(P - whole) + 8 * whole : 8 * P,
-       (zero ? "ceil(n/" +
-                   std::string(dz < d      ? "zero_group"
-                               : dzCp > dz ? "(dp x cp)"
-                                           : "dp") +
-                   ") of each gradient run"
+       (zero ? "ceil(n/" + shardGroup + ") of each gradient run"
              : std::string()) +
            (zero && !overEp.empty() ? "; " + overEp : "") +
            (memory.contains("offloaded_bytes")
