@@ -36,7 +36,10 @@
 //          part that reads them, forward and backward, per microbatch, and
 //          drops the gather after the update: 3m (d-1)/d * 4n, the ZeRO
 //          paper's 1.5x of the all-reduce (a run that a backward part does
-//          not read is not gathered there, so Tessel moves at most that)
+//          not read is not gathered there, so Tessel moves at most that:
+//          an embedding table only its lookup reads; under pipeline
+//          stages, where every gradient is a run, GPT's biases, unless full
+//          recompute reads them again)
 //          With hybrid sharding (parallel.zero_group = g) the pieces are
 //          cut over a group of g dp ranks ("dp_shard": d becomes g in the
 //          terms above) and each piece is summed over the d/g groups
@@ -368,7 +371,22 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     bool lookupOnly = name == "wpe.weight" ||
                       (!tied && (name == "wte.weight" ||
                                  name == "model.embed_tokens.weight"));
-    double gathers = lookupOnly ? 1 : 2;
+    // Under pipeline parallelism every gradient is a run of its own (one
+    // collective per gradient), so a parameter backward does not read is
+    // gathered for the forward alone: GPT's biases (a linear layer's bias
+    // gradient is its output gradient's column sum; a LayerNorm's backward
+    // reads its gain only). Full recompute reruns a block's forward in its
+    // backward, and reads them again, up to the block's last op (the MLP's
+    // output projection, whose output the backward does not read).
+    bool notReadBackward = false;
+    if (p > 1 && !llama && name.size() > 5 &&
+        name.compare(name.size() - 5, 5, ".bias") == 0) {
+      std::optional<int64_t> block = blockOf(name);
+      notReadBackward =
+          !block || !recomputes(plan, *block) ||
+          name == "h." + std::to_string(*block) + ".mlp.c_proj.bias";
+    }
+    double gathers = lookupOnly || notReadBackward ? 1 : 2;
     double dpBytes = asPieces && zero3
                          ? (0.5 + gathers * gather) * m * allReduce(n, G, 4)
                      : asPieces ? (m / 2 + gather) * allReduce(n, G, 4)
@@ -418,7 +436,18 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
                               {MeshAxis::EP, ep > 1},
                               {MeshAxis::CP, c > 1}})
                        .str()] += allReduce(2, g * ep * c, 8); // the dense ones
-  else if (zero && t > 1)
+  else if (zero && g < d) {
+    // Hybrid sharding adds every partial sum over the shard group at once:
+    // the dense ones (two under tp) and, under expert parallelism, the
+    // experts'.
+    bool experts = false;
+    for (const json &param : plan["parameters"])
+      experts |= param["program"] == program && param.contains("shard") &&
+                 param["shard"].value("axis", std::string()) == "ep";
+    double sums = (t > 1 ? 2 : 1) + (ep > 1 && experts ? 1 : 0);
+    if (sums > 1)
+      table.textbook[shard] += allReduce(sums, g, 8);
+  } else if (zero && t > 1)
     table.textbook[shard] += allReduce(2, g, 8);
 
   double bsh = b * s * h;
