@@ -353,12 +353,11 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   // token's top_k assignments through an expert's input and hidden
   // activations (SwiGLU's four, GELU's two), in buffers the static plan
   // sizes for the worst case under ep (every row of the ep group routed to
-  // this rank's experts) or for the capacity.
+  // this rank's experts), with a capacity as well (the plan does not size
+  // them by it).
   if (moeLayers > 0 && l.recompute != "full") {
     double routed = rows * moe.topK / (l.sp && !l.expertTp ? l.tp : 1);
-    double held = moe.capacityFactor > 0
-                      ? std::min(routed * l.ep, routed * moe.capacityFactor)
-                      : routed * l.ep;
+    double held = routed * l.ep;
     double width = h + (mlpMatrices == 3 ? 4 : 2) * moe.ffnHidden /
                            (l.expertTp ? l.tp : 1);
     double mlp = rows * h * (l.sp ? 19.0 / l.tp : 2 + 17.0 / l.tp);

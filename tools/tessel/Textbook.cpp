@@ -112,8 +112,8 @@ struct Sizes {
 struct Moe {
   bool enabled = false;
   int64_t every = 1;
-  double experts = 0, topK = 0, shared = 0;
-  bool capacity = false, auxLoss = false;
+  double experts = 0, topK = 0, shared = 0, ffn = 0;
+  bool capacity = false, auxLoss = false, zLoss = false;
   bool isMoeBlock(int64_t block) const {
     return enabled && block % every == 0;
   }
@@ -132,6 +132,8 @@ Moe moeOf(const json &plan) {
   moe.shared = m.value("shared_experts", 0.0);
   moe.capacity = m.contains("capacity_factor") && m["capacity_factor"].is_number();
   moe.auxLoss = m.value("aux_loss_coef", 0.0) > 0;
+  moe.zLoss = m.value("z_loss_coef", 0.0) > 0;
+  moe.ffn = m.value("ffn_hidden", model["ffn_hidden"].get<double>());
   return moe;
 }
 
@@ -770,12 +772,41 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                          (llama ? 4 : 2) * f / t) *
                         e +
                     attentionKept;
+  // An MoE block keeps, instead of the MLP's hidden activations: per token
+  // the router reads, its probabilities (fp32) and, for the z-loss, its
+  // logits; per token it routes, the top-k experts, their weights and the
+  // rows the dispatch puts them in, and the k rows the experts return (the
+  // routing weights' gradient reads them); per row the experts take, the
+  // row and its hidden activations (as the MLP's, split over tp under
+  // parallel.expert_tp); per microbatch the dispatch's offsets (sent and
+  // received) and the load-balancing loss's statistics; and the shared
+  // experts' activations as an MLP's. Under sequence parallelism a tp rank
+  // routes its own piece of the sequence, but with expert_tp (the router
+  // reads its piece, then every tp rank routes all the tokens). Under
+  // expert parallelism the experts take at most every row of the ep
+  // group's ranks, g x the rank's own k rows per token: the static plan
+  // holds that bound (balanced routing fills 1/g of it).
+  Moe moeKept = moeOf(plan);
+  bool expertTpKept =
+      moeKept.enabled && t > 1 && plan.value("expert_tp", 1) > 1;
+  double local = b * s / (sp ? t : 1);
+  double routed = expertTpKept ? b * s : local;
+  double k = moeKept.topK, E = moeKept.experts;
+  double moeBlock =
+      perBlock - b * s * (llama ? 4 : 2) * f / t * e +
+      local * (E * 4 + (moeKept.zLoss ? E * e : 0)) +
+      routed * (k * (4 + e + 4) + k * h * e) +
+      ep * k * routed *
+          (h * e + (llama ? 4 : 2) * moeKept.ffn / (expertTpKept ? t : 1) * e) +
+      2 * (E + 1) * 4 + (moeKept.auxLoss ? E * 4 : 0) +
+      b * s * (llama ? 4 : 2) * moeKept.shared * moeKept.ffn / t * e;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
   double keptPerMicrobatch = 0;
   for (int64_t block : blocks)
-    keptPerMicrobatch +=
-        recomputes(plan, block) ? b * s * h / (sp ? t : 1) * e : perBlock;
+    keptPerMicrobatch += recomputes(plan, block) ? b * s * h / (sp ? t : 1) * e
+                         : moeKept.isMoeBlock(block) ? moeBlock
+                                                     : perBlock;
   double slots = memory.value("activation_slots", 1.0);
   MemoryRow kept{"kept per microbatch in flight",
                  memory["activation_slot_bytes"].get<double>(),
@@ -789,6 +820,13 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
                  : first       ? "embedding"
                                : "head") +
                 ", which the formula leaves out";
+  bool moeHeld = false;
+  for (int64_t block : blocks)
+    moeHeld |= moeKept.isMoeBlock(block) && !recomputes(plan, block);
+  if (moeHeld && ep > 1)
+    kept.note += std::string(kept.note.empty() ? "" : "; ") +
+                 "MoE under ep: the experts' rows at their bound, ep x "
+                 "balanced routing's";
   rows.push_back(kept);
   // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m. The
   // interleaved schedule (Narayanan et al.) runs 2(p - r - 1) + (v - 1)p
