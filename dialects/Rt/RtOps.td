@@ -650,10 +650,18 @@ def Rt_WaitRequestsOp : Rt_Op<"wait_requests"> {
   let summary = "Waits for the collectives in slots [first, first + count) of the request table";
   let description = [{
     The planned form of `rt.wait`: a request handed from one part to another
-    lives in the program's request table.
+    lives in the program's request table. With `if %first` (a part's first
+    run in the step, its second argument) it waits on that run only: a
+    collective the step started before its parts
+    (tessel-defer-param-gathers), which the part's first run reads.
   }];
-  let arguments = (ins I64Attr:$first, I64Attr:$count);
-  let assemblyFormat = "attr-dict";
+  let arguments = (ins Optional<I1>:$when, I64Attr:$first, I64Attr:$count);
+  let assemblyFormat = "(`if` $when^)? attr-dict";
+  let builders = [
+    OpBuilder<(ins "int64_t":$first, "int64_t":$count), [{
+      build($_builder, $_state, mlir::Value(), first, count);
+    }]>
+  ];
 }
 
 def Rt_AllGatherOp : Rt_CommOp<"all_gather"> {

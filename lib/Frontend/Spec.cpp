@@ -698,6 +698,7 @@ void readParallel(Section s, ParallelSpec &p, const Spec &spec,
   applyLayout(s, p, layout, problems);
   p.bucketMB = s.number("bucket_mb", 25.0, 0.0);
   p.overlapGradReduce = s.boolean("overlap_grad_reduce", true);
+  p.overlapParamGather = s.boolean("overlap_param_gather", true);
   p.overlapTpComm = s.boolean("overlap_tp_comm", true);
   p.collectiveMatmul = s.boolean("collective_matmul", true);
   p.collectiveMatmulMinRows =

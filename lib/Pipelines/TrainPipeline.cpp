@@ -69,6 +69,9 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
   if (options.overlapGradReduce && options.zero < 2)
     pm.addPass(createOverlapGradientSyncs());
   pm.addPass(createConvertPipeToRt());
+  if (options.overlapParamGather && (options.zero == 1 || options.zero == 2) &&
+      !options.gradientCheck)
+    pm.addPass(createDeferParamGathers());
   if (!options.gradientCheck)
     pm.addPass(createEvalStep());
   OrderMessagesOptions messages;

@@ -52,9 +52,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -2034,7 +2035,12 @@ int train(const Program &sharedProgram, const Options &opts) {
       {(float *)adamV.get(), kMomentSuffixes[1], momentLayout}};
   // A device program's state, copied to the host to be saved (the store:
   // the pieces with the parameters sharded).
+  // Under ZeRO 1 and 2 a step gathers the last update's pieces at its start
+  // (tessel-defer-param-gathers): before the parameters are read between
+  // steps they are made whole (set once the step's context exists).
+  std::function<void()> syncParams = [] {};
   auto fromDevice = [&]() {
+    syncParams();
     if (!device)
       return;
     device->download(program, shardedParams ? (float *)params.get()
@@ -2202,6 +2208,11 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (leader && !opts.quiet)
       std::printf("device: %s\n", device->describe());
   }
+  if (program.syncParams)
+    syncParams = [&] {
+      UncountedCollectives notTraffic;
+      program.syncParams(ctx);
+    };
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
   if (leader && !opts.metrics.empty()) {
@@ -2597,6 +2608,7 @@ int train(const Program &sharedProgram, const Options &opts) {
       fail("cannot write the metrics file " + inQuotes(opts.metrics) + ": " +
            std::strerror(errno));
   }
+  syncParams();
   if (device)
     device->download(program, shardedParams ? (float *)params.get()
                                              : paramData);

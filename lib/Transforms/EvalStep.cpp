@@ -17,6 +17,7 @@
 #include "tessel/Transforms/Passes.h"
 
 #include "dialects/Rt/RtOps.h"
+#include "tessel/Transforms/BufferRegion.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/IRMapping.h"
@@ -33,40 +34,7 @@ namespace rt = tessel::rtir;
 
 namespace {
 
-// The part of a store a buffer covers, in the store's units (bytes in the
-// arena, the received and the transient spaces; elements elsewhere).
-struct Region {
-  rt::Space space;
-  int64_t begin, end;
-  bool operator==(const Region &o) const {
-    return space == o.space && begin == o.begin && end == o.end;
-  }
-  bool overlaps(const Region &o) const {
-    return space == o.space && begin < o.end && o.begin < end;
-  }
-};
-
-std::optional<Region> regionOf(Value v) {
-  while (auto view = v.getDefiningOp<rt::ViewOp>())
-    v = view.getSource();
-  auto buffer = v.getDefiningOp<rt::BufferOp>();
-  if (!buffer)
-    return std::nullopt;
-  int64_t size = rt::elementsOf(buffer.getBuffer());
-  rt::Space space = buffer.getSpace();
-  if (space == rt::Space::Arena || space == rt::Space::Received ||
-      space == rt::Space::Transient)
-    size *= rt::elementBytesOf(buffer.getBuffer());
-  int64_t offset = buffer.getOffset();
-  return Region{space, offset, offset + size};
-}
-
-bool touches(Operation *op, const Region &loss) {
-  for (Value v : op->getOperands())
-    if (auto r = regionOf(v); r && r->overlaps(loss))
-      return true;
-  return false;
-}
+using Region = BufferRegion;
 
 struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
   void runOnOperation() override {

@@ -629,7 +629,8 @@ IN_FLIGHT = {
     "gather": ("allGatherShardsStart(", "all_gather_shards", "gather wait"),
     "reduce": ("reduceScatterPieceStart(", "reduce_scatter_piece",
                "reduce wait"),
-    # ZeRO-1 and 2: each run's gather in flight under the later runs' update
+    # ZeRO-1 and 2: each run's gather of the last update's pieces, started
+    # at the step's start and in flight under its first forward parts
     "update-gather": ("allGatherShardsStart(", "all_gather_shards",
                       "gather wait"),
     # tensor parallelism's collectives in flight under a GEMM
@@ -661,10 +662,35 @@ def prefetch(args):
     (those the rank computes on meanwhile)."""
     call, flight, waited = IN_FLIGHT[args.kind]
     source = open(args.program).read()
-    pieces = source.split(call)[1:]
-    started = len(pieces)
-    if not started:
-        fail(f"{args.program} starts no {args.kind}")
+    functions = dict(re.findall(
+        r"^(?:static )?void (\w+)\(StepContext[^)]*\) \{\n(.*?)^\}", source,
+        re.S | re.M))
+    if args.kind == "update-gather":
+        # Started by the training step itself (the evaluation step starts
+        # its own), each waited for in a part on its first run or in the
+        # step: in flight under compute when a kernel comes before its wait
+        # in that part.
+        step = functions.get("trainStep", "")
+        slots = re.findall(r"allGatherShardsStart\(.*\n\s*gRequests\[(\d+)\] = ",
+                           step)
+        if not slots:
+            fail(f"{args.program}'s trainStep starts no {args.kind}")
+        started, overlapped = len(slots), 0
+        for slot in slots:
+            for name, body in functions.items():
+                load = re.search(rf"(\w+) = gRequests\[{slot}\];", body)
+                if name in ("trainStep", "evalStep", "syncParams") or not load:
+                    continue
+                before = body[:load.start()]
+                overlapped += bool(re.search(
+                    r"^\s*(?!CommRequest|gRequests|commWait|TraceSpan)\w+\(",
+                    before, re.M))
+                break
+    else:
+        pieces = source.split(call)[1:]
+        started = len(pieces)
+        if not started:
+            fail(f"{args.program} starts no {args.kind}")
     # A kernel call between the start and the next commWait (for the
     # tensor-parallel kinds and the update's gathers, the wait for its own
     # request slot).
@@ -674,10 +700,11 @@ def prefetch(args):
         if args.kind in OWN_WAIT and slot:
             return rest.split(f"= gRequests[{slot.group(1)}];")[0]
         return rest.split("commWait(")[0]
-    overlapped = sum(
-        bool(re.search(r"^\s*(?!CommRequest|gRequests|commWait)\w+\(",
-                       before_wait(p), re.M))
-        for p in pieces)
+    if args.kind != "update-gather":
+        overlapped = sum(
+            bool(re.search(r"^\s*(?!CommRequest|gRequests|commWait)\w+\(",
+                           before_wait(p), re.M))
+            for p in pieces)
     events = [e for e in json.load(open(args.trace))["traceEvents"]
               if e["ph"] == "X"]
     flights = sorted((e for e in events if e["tid"] == 1

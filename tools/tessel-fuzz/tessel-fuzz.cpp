@@ -148,7 +148,7 @@ const std::vector<std::string> kKeys = {
     "format", "path", "dp", "tp", "pp", "microbatches", "schedule",
     "virtual_stages", "sequence_parallel", "bucket_mb", "zero", "stage_layers",
     "shard", "attention", "dropout", "attention_dropout",
-    "overlap_grad_reduce", "overlap_tp_comm", "collective_matmul", "collective_matmul_min_rows", "cp", "cp_layout", "order", "hiden", ""};
+    "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "collective_matmul", "collective_matmul_min_rows", "cp", "cp_layout", "order", "hiden", ""};
 const std::vector<std::string> kSetPaths = {
     "model.family", "model.vocab_size", "model.seq_len", "model.layers",
     "model.hidden", "model.heads", "model.kv_heads", "model.ffn_hidden",
@@ -156,7 +156,7 @@ const std::vector<std::string> kSetPaths = {
     "train.global_batch", "train.steps", "train.seed", "train.grad_clip",
     "train.precision", "train.recompute", "train.attention",
     "model.dropout", "model.attention_dropout",
-    "parallel.overlap_grad_reduce", "parallel.overlap_tp_comm", "parallel.collective_matmul", "parallel.collective_matmul_min_rows", "train.optimizer.lr", "train.optimizer.betas",
+    "parallel.overlap_grad_reduce", "parallel.overlap_param_gather", "parallel.overlap_tp_comm", "parallel.collective_matmul", "parallel.collective_matmul_min_rows", "train.optimizer.lr", "train.optimizer.betas",
     "train.optimizer.name", "train.lr_schedule.decay",
     "train.lr_schedule.warmup_steps", "data.format", "data.path",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp",

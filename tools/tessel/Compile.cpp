@@ -913,6 +913,7 @@ llvm::Error lower(const CompileOptions &options, MLIRContext &context,
     pipeline.fuseKernels = *options.fuseKernels ? "true" : "false";
   pipeline.bucketMB = spec.parallel.bucketMB;
   pipeline.overlapGradReduce = spec.parallel.overlapGradReduce;
+  pipeline.overlapParamGather = spec.parallel.overlapParamGather;
   pipeline.overlapTpComm = spec.parallel.overlapTpComm;
   pipeline.collectiveMatmul = spec.parallel.collectiveMatmul;
   pipeline.collectiveMatmulMinRows = spec.parallel.collectiveMatmulMinRows;

@@ -136,6 +136,10 @@ struct ParallelSpec {
   // during backward (true) or reduce them all after it (false, as Megatron-LM
   // did before its overlapped data parallelism).
   bool overlapGradReduce = true;
+  // parallel.overlap_param_gather: under ZeRO 1 and 2, gather the updated
+  // parameters at the next step's start, under its forward
+  // (tessel-defer-param-gathers); false gathers them in the update.
+  bool overlapParamGather = true;
   // parallel.overlap_tp_comm: start the tensor-parallel collectives of a
   // part early and wait for them late, under the GEMMs around them
   // (tessel-overlap-collectives); false keeps each blocking where it is.

@@ -48,6 +48,12 @@ struct TrainPipelineOptions
       llvm::cl::desc("Start gradient buckets during backward (false: reduce "
                      "them after it)"),
       llvm::cl::init(true)};
+  Option<bool> overlapParamGather{
+      *this, "overlap-param-gather",
+      llvm::cl::desc("ZeRO 1 and 2: gather the updated parameters at the "
+                     "next step's start, under its forward "
+                     "(tessel-defer-param-gathers)"),
+      llvm::cl::init(true)};
   Option<bool> overlapTpComm{
       *this, "overlap-tp-comm",
       llvm::cl::desc("Start tensor-parallel collectives early and wait for "

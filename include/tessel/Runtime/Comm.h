@@ -137,6 +137,12 @@ void reduceScatterAlong(const float *in, float *out, int64_t outer, int64_t len,
 using CommRequest = int;
 CommRequest allReduceSumStart(float *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
+// commWait on a part's first run in the step only (`first`: the part's
+// second argument); its other runs find the collective done.
+inline void commWaitIf(bool first, CommRequest request) {
+  if (first)
+    commWait(request);
+}
 
 // The started forms of allGatherAlong and reduceScatterAlong (a tensor-
 // parallel collective in flight under a GEMM): `in` may be written, and

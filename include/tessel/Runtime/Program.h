@@ -215,6 +215,12 @@ struct Program {
   // current parameters, reduced as `step` reduces it, without gradients or
   // an update; it writes ctx.loss only. Null in gradient checks.
   void (*evalStep)(StepContext &);
+  // Makes the parameters whole after the last update
+  // (tessel-defer-param-gathers: a step gathers the updated pieces at its
+  // start, under its first forward parts); the runtime runs it before it
+  // reads the parameters (a checkpoint, a save, the end). Null when the
+  // update gathers them itself.
+  void (*syncParams)(StepContext &);
   // Mesh sizes; all 1 for a one-rank program. The runtime checks the launch
   // against it, and data parallel rank d reads rows [d * batch,
   // (d + 1) * batch) of each global batch.

@@ -301,6 +301,32 @@ def OverlapCollectives : Pass<"tessel-overlap-collectives", "mlir::ModuleOp"> {
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 
+def DeferParamGathers : Pass<"tessel-defer-param-gathers", "mlir::ModuleOp"> {
+  let summary = "Moves ZeRO-1/2's parameter gathers under the next step's forward";
+  let description = [{
+    On the rank programs after convert-pipe-to-rt. Under ZeRO-1 and 2 the
+    update gathers each run's updated pieces (`rt.all_gather_shards_start`)
+    and waits for every one before the step ends, so the last runs' gathers
+    are exposed. As Megatron-LM's distributed optimizer overlaps them with
+    the next forward, each gather moves to the start of the step (after its
+    declarations, with a request slot of its own after the program's) and is
+    waited for right before the first op that touches its run, piece or bf16
+    copy: in the part that reads it first, on that part's first run in the
+    step (`rt.wait_requests if %first`, when the part's first call passes
+    true and every other false), else before the op or call in the step; a
+    run nothing touches is waited for at the step's end. Every request is
+    started and waited for within one step. A program whose update touches a
+    run after gathering it keeps its gathers. `@sync_params` gathers the same
+    runs, blocking: the runtime runs it before it reads the parameters
+    between steps (a checkpoint, a save, the end of training); the
+    evaluation step (tessel-eval-step, after this pass) starts the gathers as
+    the step does. Runs for `parallel.overlap_param_gather` (default true)
+    at ZeRO 1 and 2.
+  }];
+  let dependentDialects = ["::tessel::rtir::RtDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
 def EvalStep : Pass<"tessel-eval-step", "mlir::ModuleOp"> {
   let summary = "Derives each rank program's forward-only step (validation loss)";
   let description = [{

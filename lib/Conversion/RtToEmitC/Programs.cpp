@@ -39,9 +39,10 @@ namespace {
 
 // The C++ name of a step function.
 std::string functionName(StringRef symbol) {
-  return symbol == "train_step"    ? "trainStep"
-         : symbol == "eval_step"   ? "evalStep"
-         : symbol == "decode_step" ? "decodeStep"
+  return symbol == "train_step"     ? "trainStep"
+         : symbol == "eval_step"    ? "evalStep"
+         : symbol == "sync_params"  ? "syncParams"
+         : symbol == "decode_step"  ? "decodeStep"
          : symbol == "prefill_step" ? "prefillStep"
                                     : symbol.str();
 }
@@ -513,6 +514,8 @@ LogicalResult buildMain(ModuleOp program, ModuleOp top, int64_t numParams,
   set(var, "step", inference ? "decodeStep" : "trainStep");
   if (program.lookupSymbol("evalStep"))
     set(var, "evalStep", "evalStep");
+  if (program.lookupSymbol("syncParams"))
+    set(var, "syncParams", "syncParams");
   if (inference) {
     set(var, "inference", "true");
     setInt(var, "chunk", intAttr(program, "rt.chunk", 1));

@@ -453,13 +453,17 @@ template <typename Op> struct SlotStartPattern : RtPattern<Op> {
 struct WaitRequestsPattern : RtPattern<rt::WaitRequestsOp> {
   using RtPattern::RtPattern;
   LogicalResult
-  matchAndRewrite(rt::WaitRequestsOp op, OpAdaptor,
+  matchAndRewrite(rt::WaitRequestsOp op, OpAdaptor adaptor,
                   ConversionPatternRewriter &rewriter) const override {
     for (int64_t k = 0; k < op.getCount(); ++k) {
       Value slot = requestSlot(rewriter, op.getLoc(), op.getFirst() + k);
       Value request = rewriter.create<emitc::LoadOp>(
           op.getLoc(), opaque(rewriter.getContext(), "CommRequest"), slot);
-      CallBuilder(rewriter, op.getLoc()).operand(request).build("commWait");
+      CallBuilder call(rewriter, op.getLoc());
+      if (Value when = adaptor.getWhen())
+        call.operand(when).operand(request).build("commWaitIf");
+      else
+        call.operand(request).build("commWait");
     }
     rewriter.eraseOp(op);
     return success();

@@ -78,6 +78,11 @@ using CommRequest = int;
 template <typename T>
 CommRequest allReduceSumStart(T *buffer, int64_t n, unsigned axes);
 void commWait(CommRequest request);
+// commWait on a part's first run in the step only, as tessel::rt's.
+inline void commWaitIf(bool first, CommRequest request) {
+  if (first)
+    commWait(request);
+}
 // The started forms of allGatherAlong and reduceScatterAlong (a tensor-
 // parallel collective in flight under a GEMM), as tessel::rt's: `blocks`
 // (g x n elements of T) holds the ranks' pieces when outer > 1.
