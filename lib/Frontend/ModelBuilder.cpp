@@ -468,10 +468,17 @@ private:
                .getResult()});
     Value rows = MoePermuteOp::create(b, loc, h, dispatch.getRowOf());
     // To the ranks that hold the experts (an all-to-all over ep; nothing
-    // without expert parallelism), and back after the experts.
+    // without expert parallelism), and back after the experts. A token
+    // sends at most one row to each expert, so a rank of ep holding E/ep
+    // experts receives at most min(k, E/ep) rows per token of its ep group:
+    // fewer than k when the experts are spread thinner than top_k.
+    Type sent = rows.getType(), received = sent;
+    int64_t ep = std::max<int64_t>(spec.parallel.ep, 1);
+    if (ep > 1 && E % ep == 0 && E / ep < e.topK)
+      received = f32({tokens * (E / ep), C});
     auto exchange = MoeExchangeOp::create(
         b, at(p + ".experts"),
-        TypeRange{rows.getType(), dispatch.getOffsets().getType()}, rows,
+        TypeRange{received, dispatch.getOffsets().getType()}, rows,
         dispatch.getOffsets(), /*ep_axes=*/nullptr);
     Value offsets = exchange.getRecvOffsets();
     rows = exchange.getRecvRows();
@@ -505,8 +512,8 @@ private:
           GeluOp::create(b, loc, grouped(rows, "c_fc", {E, C, F}, false, 2));
       out = grouped(f, "c_proj", {E, F, C}, false, 1, projStd);
     }
-    out = MoeCombineOp::create(b, at(p + ".experts"), out.getType(), out,
-                               offsets, dispatch.getOffsets(),
+    out = MoeCombineOp::create(b, at(p + ".experts"), sent, out, offsets,
+                               dispatch.getOffsets(),
                                /*ep_axes=*/nullptr);
     Value y = MoeUnpermuteOp::create(b, loc, out, dispatch.getRowOf(),
                                      top.getWeights());

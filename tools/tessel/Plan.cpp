@@ -352,12 +352,15 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
   // An MoE block keeps its routed rows instead of a dense MLP's: each
   // token's top_k assignments through an expert's input and hidden
   // activations (SwiGLU's four, GELU's two), in buffers the static plan
-  // sizes for the worst case under ep (every row of the ep group routed to
-  // this rank's experts), with a capacity as well (the plan does not size
-  // them by it).
+  // sizes for the worst case under ep (every token of the ep group routed
+  // to this rank's experts), with a capacity as well (the plan does not
+  // size them by it).
   if (moeLayers > 0 && l.recompute != "full") {
     double routed = rows * moe.topK / (l.sp && !l.expertTp ? l.tp : 1);
-    double held = routed * l.ep;
+    // A token sends each expert one row at most: min(k, E/ep) per token of
+    // the ep group.
+    double held =
+        routed * l.ep * std::min(1.0, double(moe.experts) / l.ep / moe.topK);
     double width = h + (mlpMatrices == 3 ? 4 : 2) * moe.ffnHidden /
                            (l.expertTp ? l.tp : 1);
     double mlp = rows * h * (l.sp ? 19.0 / l.tp : 2 + 17.0 / l.tp);

@@ -778,15 +778,19 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // rows the dispatch puts them in, and the k rows the experts return (the
   // routing weights' gradient reads them); per row the experts take, the
   // row and its hidden activations (as the MLP's, split over tp under
-  // parallel.expert_tp); per microbatch the dispatch's offsets (sent and
-  // received) and the load-balancing loss's statistics; and the shared
+  // parallel.expert_tp); per microbatch the dispatch's offsets (and
+  // under ep the received ones) and the load-balancing loss's statistics
+  // (each in a place of 64 bytes at least); and the shared
   // experts' activations as an MLP's. Under sequence parallelism a tp rank
   // routes its own piece of the sequence, but with expert_tp (the router
   // reads its piece, then every tp rank routes all the tokens). Under
-  // expert parallelism the experts take at most every row of the ep
-  // group's ranks, g x the rank's own k rows per token: the static plan
-  // holds that bound (balanced routing fills 1/g of it).
+  // expert parallelism the experts take at most one row per token of the
+  // ep group's ranks and expert: g x min(k, E/g) rows per token of the
+  // rank's own; the static plan holds that bound (balanced routing fills
+  // k/(g min(k, E/g)) of it).
   Moe moeKept = moeOf(plan);
+  // A buffer of a few values takes a place of 64 bytes in the plan.
+  auto placed = [](double bytes) { return std::ceil(bytes / 64) * 64; };
   bool expertTpKept =
       moeKept.enabled && t > 1 && plan.value("expert_tp", 1) > 1;
   double local = b * s / (sp ? t : 1);
@@ -796,9 +800,10 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
       perBlock - b * s * (llama ? 4 : 2) * f / t * e +
       local * (E * 4 + (moeKept.zLoss ? E * e : 0)) +
       routed * (k * (4 + e + 4) + k * h * e) +
-      ep * k * routed *
+      ep * std::min(k, E / ep) * routed *
           (h * e + (llama ? 4 : 2) * moeKept.ffn / (expertTpKept ? t : 1) * e) +
-      2 * (E + 1) * 4 + (moeKept.auxLoss ? E * 4 : 0) +
+      (ep > 1 ? 2 : 1) * placed((E + 1) * 4) +
+      (moeKept.auxLoss ? placed(E * 4) : 0) +
       b * s * (llama ? 4 : 2) * moeKept.shared * moeKept.ffn / t * e;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
@@ -825,8 +830,8 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
     moeHeld |= moeKept.isMoeBlock(block) && !recomputes(plan, block);
   if (moeHeld && ep > 1)
     kept.note += std::string(kept.note.empty() ? "" : "; ") +
-                 "MoE under ep: the experts' rows at their bound, ep x "
-                 "balanced routing's";
+                 "MoE under ep: the experts' rows at their bound, "
+                 "min(k, E/ep) per token of the ep group";
   rows.push_back(kept);
   // 1F1B holds p - r microbatches at rank r (at most m), GPipe all m. The
   // interleaved schedule (Narayanan et al.) runs 2(p - r - 1) + (v - 1)p
