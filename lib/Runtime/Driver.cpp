@@ -2033,12 +2033,12 @@ int train(const Program &sharedProgram, const Options &opts) {
        shardedParams ? Layout::ValuePieces : Layout::ByOffset},
       {(float *)adamM.get(), kMomentSuffixes[0], momentLayout},
       {(float *)adamV.get(), kMomentSuffixes[1], momentLayout}};
-  // A device program's state, copied to the host to be saved (the store:
-  // the pieces with the parameters sharded).
   // Under ZeRO 1 and 2 a step gathers the last update's pieces at its start
   // (tessel-defer-param-gathers): before the parameters are read between
   // steps they are made whole (set once the step's context exists).
   std::function<void()> syncParams = [] {};
+  // A device program's state, copied to the host to be saved (the store:
+  // the pieces with the parameters sharded).
   auto fromDevice = [&]() {
     syncParams();
     if (!device)
@@ -2208,10 +2208,16 @@ int train(const Program &sharedProgram, const Options &opts) {
     if (leader && !opts.quiet)
       std::printf("device: %s\n", device->describe());
   }
+  // Whole until a step has run since the last sync (a checkpoint and the
+  // final save after the last step gather once).
+  bool paramsWhole = true;
   if (program.syncParams)
     syncParams = [&] {
+      if (paramsWhole)
+        return;
       UncountedCollectives notTraffic;
       program.syncParams(ctx);
+      paramsWhole = true;
     };
 
   std::unique_ptr<FILE, int (*)(FILE *)> metrics(nullptr, &std::fclose);
@@ -2383,6 +2389,7 @@ int train(const Program &sharedProgram, const Options &opts) {
     else
       program.step(ctx);
     auto stop = std::chrono::steady_clock::now();
+    paramsWhole = false;
 
     double ms = std::chrono::duration<double, std::milli>(stop - start).count();
     double tokensPerSecond =

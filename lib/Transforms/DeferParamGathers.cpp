@@ -25,6 +25,9 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/Sequence.h"
+
+#include <numeric>
 
 namespace tessel {
 #define GEN_PASS_DEF_DEFERPARAMGATHERS
@@ -36,12 +39,6 @@ using namespace tessel;
 namespace rt = tessel::rtir;
 
 namespace {
-
-StringRef partOf(ModuleOp program, func::CallOp call) {
-  auto fn = program.lookupSymbol<func::FuncOp>(call.getCallee());
-  auto part = fn ? fn->getAttrOfType<StringAttr>("rt.part") : StringAttr();
-  return part ? part.getValue() : StringRef();
-}
 
 // A constant i1 operand's value, if it is one.
 std::optional<bool> constantFlag(Value v) {
@@ -77,6 +74,164 @@ struct Gather {
                         [&](const BufferRegion &r) { return touches(op, r); });
   }
 };
+
+// The update's waits for the gathers leave it: a wait's slot whose last
+// start is one of the gathers (a slot may serve another collective first).
+void dropWaits(Block &update, ArrayRef<Gather> gathers) {
+  DenseSet<Operation *> deferred;
+  for (const Gather &g : gathers)
+    deferred.insert(rt::AllGatherShardsStartOp(g.start).getOperation());
+  DenseMap<int64_t, bool> lastStartDeferred;
+  for (Operation &op : llvm::make_early_inc_range(update)) {
+    if (auto slot = op.getAttrOfType<IntegerAttr>("slot")) {
+      lastStartDeferred[slot.getInt()] = deferred.contains(&op);
+      continue;
+    }
+    auto wait = dyn_cast<rt::WaitRequestsOp>(op);
+    if (!wait)
+      continue;
+    int64_t first = wait.getFirst(), end = first + wait.getCount();
+    auto isDeferred = [&](int64_t s) { return lastStartDeferred.lookup(s); };
+    if (llvm::none_of(llvm::seq(first, end), isDeferred))
+      continue;
+    OpBuilder b(wait);
+    for (int64_t s = first; s < end;) {
+      if (isDeferred(s)) {
+        lastStartDeferred[s] = false;
+        ++s;
+        continue;
+      }
+      int64_t k = s;
+      while (k < end && !isDeferred(k))
+        ++k;
+      rt::WaitRequestsOp::create(b, wait.getLoc(), wait.getWhen(), s, k - s);
+      s = k;
+    }
+    wait.erase();
+  }
+}
+
+// Each gather moves before `first` (the step's first op that is not a
+// declaration), with a slot of its own from `base` on, after the clones of
+// the buffers it reads. Returns the last of those clones.
+Operation *moveToStep(Operation *first, int64_t base,
+                      MutableArrayRef<Gather> gathers) {
+  OpBuilder b(first);
+  SmallVector<IRMapping> maps(gathers.size());
+  for (auto [k, g] : llvm::enumerate(gathers))
+    cloneOperands(b, g.start, maps[k]);
+  Operation *lastBuffer = first->getPrevNode();
+  for (auto [k, g] : llvm::enumerate(gathers)) {
+    g.slot = base + (int64_t)k;
+    auto moved = cast<rt::AllGatherShardsStartOp>(b.clone(*g.start, maps[k]));
+    moved.setSlotAttr(b.getI64IntegerAttr(g.slot));
+    SmallVector<Value> operands(g.start->getOperands());
+    g.start.erase();
+    for (Value v : operands)
+      for (Operation *def = v.getDefiningOp(); def && def->use_empty();) {
+        Operation *next = def->getNumOperands()
+                              ? def->getOperand(0).getDefiningOp()
+                              : nullptr;
+        def->erase();
+        def = next;
+      }
+    g.start = moved;
+  }
+  return lastBuffer;
+}
+
+// Whether `call` may wait in its part on the part's first run: the part's
+// first call passes true and every other false.
+bool firstRunGates(ModuleOp program, Block &body, func::CallOp call,
+                   func::FuncOp callee) {
+  if (partOf(program, call) == "update" || call.getNumOperands() < 2 ||
+      callee.getNumArguments() < 2 ||
+      constantFlag(call.getOperand(1)) != std::optional<bool>(true))
+    return false;
+  return llvm::all_of(body.getOps<func::CallOp>(), [&](func::CallOp other) {
+    return other == call || other.getCallee() != call.getCallee() ||
+           constantFlag(other.getOperand(1)) == std::optional<bool>(false);
+  });
+}
+
+// Waits for each gather before the first op of the step that touches its
+// run, or in the part that does, on its first run; a run nothing touches at
+// the step's end. Returns, per gather, when the step needs it: the index of
+// the step's op (or call) it is waited for before, then of the part's op.
+std::vector<std::pair<int64_t, int64_t>>
+placeWaits(ModuleOp program, Block &body, ArrayRef<Gather> gathers) {
+  DenseSet<Operation *> moved;
+  for (const Gather &g : gathers)
+    moved.insert(rt::AllGatherShardsStartOp(g.start).getOperation());
+  DenseMap<Operation *, int64_t> indexOf;
+  for (Operation &op : body)
+    indexOf[&op] = indexOf.size();
+  std::vector<std::pair<int64_t, int64_t>> neededAt(gathers.size(),
+                                                    {INT64_MAX, INT64_MAX});
+  auto waitBefore = [&](Operation *op, Value when, int64_t slot) {
+    OpBuilder w(op);
+    rt::WaitRequestsOp::create(w, op->getLoc(), when, slot, 1);
+  };
+  std::vector<size_t> pending(gathers.size());
+  std::iota(pending.begin(), pending.end(), 0);
+  for (Operation &op : llvm::make_early_inc_range(body)) {
+    if (pending.empty())
+      break;
+    if (moved.contains(&op) || isa<rt::ParamOp, rt::BufferOp, rt::ViewOp,
+                                   arith::ConstantOp, rt::WaitRequestsOp>(op))
+      continue;
+    auto call = dyn_cast<func::CallOp>(op);
+    func::FuncOp callee =
+        call ? program.lookupSymbol<func::FuncOp>(call.getCallee())
+             : func::FuncOp();
+    std::vector<size_t> touched, left;
+    for (size_t k : pending)
+      (gathers[k].touchedBy(callee ? callee.getOperation() : &op) ? touched
+                                                                  : left)
+          .push_back(k);
+    if (touched.empty())
+      continue;
+    pending = std::move(left);
+    if (!callee || !firstRunGates(program, body, call, callee)) {
+      for (size_t k : touched) {
+        waitBefore(&op, Value(), gathers[k].slot);
+        neededAt[k] = {indexOf.lookup(&op), 0};
+      }
+      continue;
+    }
+    Block &part = callee.getBody().front();
+    for (size_t k : touched)
+      for (auto [i, inner] : llvm::enumerate(part))
+        if (gathers[k].touchedBy(&inner)) {
+          waitBefore(&inner, part.getArgument(1), gathers[k].slot);
+          neededAt[k] = {indexOf.lookup(&op), (int64_t)i};
+          break;
+        }
+  }
+  for (size_t k : pending)
+    waitBefore(body.getTerminator(), Value(), gathers[k].slot);
+  return neededAt;
+}
+
+// @sync_params: the same gathers, blocking, for the runtime.
+void addSyncParams(func::FuncOp step, ArrayRef<Gather> gathers) {
+  OpBuilder b(step);
+  b.setInsertionPointAfter(step);
+  auto sync = func::FuncOp::create(b, step.getLoc(), "sync_params",
+                                   b.getFunctionType({}, {}));
+  b.setInsertionPointToStart(sync.addEntryBlock());
+  for (const Gather &g : gathers) {
+    rt::AllGatherShardsStartOp start = g.start;
+    IRMapping map;
+    cloneOperands(b, start, map);
+    rt::AllGatherShardsOp::create(
+        b, start.getLoc(), map.lookupOrDefault(start.getBuffer()),
+        start.getFrom() ? map.lookupOrDefault(start.getFrom()) : Value(),
+        start.getShadow() ? map.lookupOrDefault(start.getShadow()) : Value(),
+        start.getNAttr(), start.getAxesAttr());
+  }
+  func::ReturnOp::create(b, step.getLoc());
+}
 
 struct DeferParamGathersPass
     : tessel::impl::DeferParamGathersBase<DeferParamGathersPass> {
@@ -127,52 +282,16 @@ struct DeferParamGathersPass
         if (!isa<rt::WaitRequestsOp, rt::BufferOp, rt::ViewOp>(op) &&
             g.touchedBy(op))
           return success();
+    dropWaits(updateBody, gathers);
 
-    // Their waits leave the update: a wait's slot whose last start is one
-    // of the gathers (a slot may serve another collective before).
-    DenseMap<int64_t, bool> lastStartDeferred;
-    DenseSet<Operation *> deferred;
-    for (Gather &g : gathers)
-      deferred.insert(g.start);
-    for (Operation &op : llvm::make_early_inc_range(updateBody)) {
-      if (auto slot = op.getAttrOfType<IntegerAttr>("slot")) {
-        lastStartDeferred[slot.getInt()] = deferred.contains(&op);
-        continue;
-      }
-      auto wait = dyn_cast<rt::WaitRequestsOp>(op);
-      if (!wait)
-        continue;
-      int64_t first = wait.getFirst(), end = first + wait.getCount();
-      auto isDeferred = [&](int64_t s) { return lastStartDeferred.lookup(s); };
-      bool any = false;
-      for (int64_t s = first; s < end; ++s)
-        any |= isDeferred(s);
-      if (!any)
-        continue;
-      OpBuilder b(wait);
-      for (int64_t s = first; s < end;) {
-        if (isDeferred(s)) {
-          lastStartDeferred[s] = false;
-          ++s;
-          continue;
-        }
-        int64_t k = s;
-        while (k < end && !isDeferred(k))
-          ++k;
-        rt::WaitRequestsOp::create(b, wait.getLoc(), wait.getWhen(), s, k - s);
-        s = k;
-      }
-      wait.erase();
-    }
-
-    // Each gets a slot of its own after the program's, and starts before
-    // the step's first op that is not a declaration.
+    // Slots of their own after the program's, at the step's start.
     int64_t base = 0;
     if (auto a = program->getAttrOfType<IntegerAttr>("rt.request_slots"))
       base = a.getInt();
-    OpBuilder b(program.getContext());
-    program->setAttr("rt.request_slots",
-                     b.getI64IntegerAttr(base + (int64_t)gathers.size()));
+    program->setAttr(
+        "rt.request_slots",
+        IntegerAttr::get(IntegerType::get(program.getContext(), 64),
+                         base + (int64_t)gathers.size()));
     Block &body = step.getBody().front();
     Operation *first = body.getTerminator();
     for (Operation &op : body)
@@ -180,127 +299,19 @@ struct DeferParamGathersPass
         first = &op;
         break;
       }
-    // The gathers' buffers first, then the gathers: they are put in the
-    // order the step needs them once their waits are placed.
-    SmallVector<IRMapping> maps(gathers.size());
-    b.setInsertionPoint(first);
-    for (auto [k, g] : llvm::enumerate(gathers))
-      cloneOperands(b, g.start, maps[k]);
-    // The gathers go after the last of them.
-    Operation *lastBuffer = first->getPrevNode();
-    for (auto [k, g] : llvm::enumerate(gathers)) {
-      g.slot = base + (int64_t)k;
-      auto moved = cast<rt::AllGatherShardsStartOp>(b.clone(*g.start, maps[k]));
-      moved.setSlotAttr(b.getI64IntegerAttr(g.slot));
-      SmallVector<Value> operands(g.start->getOperands());
-      g.start.erase();
-      for (Value v : operands)
-        for (Operation *def = v.getDefiningOp(); def && def->use_empty();) {
-          Operation *next = def->getNumOperands()
-                                ? def->getOperand(0).getDefiningOp()
-                                : nullptr;
-          def->erase();
-          def = next;
-        }
-      g.start = moved;
-    }
-
-    // The waits: before the first op of the step that touches a run, or in
-    // the part that does, on its first run.
-    std::vector<size_t> pending;
-    for (size_t k = 0; k < gathers.size(); ++k)
-      pending.push_back(k);
-    DenseSet<Operation *> moved;
-    for (Gather &g : gathers)
-      moved.insert(g.start);
-    // When the step needs each run: the index of the op of the step (or
-    // the call) it is waited for before, then of the op in the part.
-    DenseMap<Operation *, int64_t> indexOf;
-    for (Operation &op : body)
-      indexOf[&op] = indexOf.size();
-    std::vector<std::pair<int64_t, int64_t>> neededAt(gathers.size(),
-                                                      {INT64_MAX, INT64_MAX});
-    auto waitBefore = [&](Operation *op, Value when, int64_t slot) {
-      OpBuilder w(op);
-      rt::WaitRequestsOp::create(w, op->getLoc(), when, slot, 1);
-    };
-    for (Operation &op : llvm::make_early_inc_range(body)) {
-      if (pending.empty())
-        break;
-      if (moved.contains(&op) || isa<rt::ParamOp, rt::BufferOp, rt::ViewOp,
-                                     arith::ConstantOp, rt::WaitRequestsOp>(op))
-        continue;
-      auto call = dyn_cast<func::CallOp>(op);
-      func::FuncOp callee =
-          call ? program.lookupSymbol<func::FuncOp>(call.getCallee())
-               : func::FuncOp();
-      std::vector<size_t> touched, left;
-      for (size_t k : pending)
-        (gathers[k].touchedBy(callee ? callee.getOperation() : &op) ? touched
-                                                                    : left)
-            .push_back(k);
-      if (touched.empty())
-        continue;
-      pending = std::move(left);
-      // In the part, on its first run: the part's first call passes true
-      // and every other false (a part's first run in the step).
-      bool gated =
-          callee && partOf(program, call) != "update" &&
-          call.getNumOperands() >= 2 && callee.getNumArguments() >= 2 &&
-          constantFlag(call.getOperand(1)) == std::optional<bool>(true);
-      if (gated)
-        for (auto other : body.getOps<func::CallOp>())
-          if (other != call && other.getCallee() == call.getCallee() &&
-              constantFlag(other.getOperand(1)) != std::optional<bool>(false))
-            gated = false;
-      if (!gated) {
-        for (size_t k : touched) {
-          waitBefore(&op, Value(), gathers[k].slot);
-          neededAt[k] = {indexOf.lookup(&op), 0};
-        }
-        continue;
-      }
-      Block &part = callee.getBody().front();
-      Value flag = part.getArgument(1);
-      for (size_t k : touched)
-        for (auto [i, inner] : llvm::enumerate(part))
-          if (gathers[k].touchedBy(&inner)) {
-            waitBefore(&inner, flag, gathers[k].slot);
-            neededAt[k] = {indexOf.lookup(&op), (int64_t)i};
-            break;
-          }
-    }
-    // A run nothing in the step touches is waited for at its end.
-    for (size_t k : pending)
-      waitBefore(body.getTerminator(), Value(), gathers[k].slot);
+    Operation *lastBuffer = moveToStep(first, base, gathers);
+    std::vector<std::pair<int64_t, int64_t>> neededAt =
+        placeWaits(program, body, gathers);
     // One after the other on the wire: the first needed starts first.
     std::vector<size_t> order(gathers.size());
-    for (size_t k = 0; k < order.size(); ++k)
-      order[k] = k;
+    std::iota(order.begin(), order.end(), 0);
     llvm::stable_sort(
         order, [&](size_t a, size_t c) { return neededAt[a] < neededAt[c]; });
     for (size_t k : order) {
       gathers[k].start->moveAfter(lastBuffer);
       lastBuffer = gathers[k].start;
     }
-
-    // @sync_params: the same gathers, blocking, for the runtime.
-    b.setInsertionPointAfter(step);
-    auto sync = func::FuncOp::create(b, step.getLoc(), "sync_params",
-                                     b.getFunctionType({}, {}));
-    Block *entry = sync.addEntryBlock();
-    b.setInsertionPointToStart(entry);
-    for (Gather &g : gathers) {
-      IRMapping map;
-      cloneOperands(b, g.start, map);
-      rt::AllGatherShardsOp::create(
-          b, g.start.getLoc(), map.lookupOrDefault(g.start.getBuffer()),
-          g.start.getFrom() ? map.lookupOrDefault(g.start.getFrom()) : Value(),
-          g.start.getShadow() ? map.lookupOrDefault(g.start.getShadow())
-                              : Value(),
-          g.start.getNAttr(), g.start.getAxesAttr());
-    }
-    func::ReturnOp::create(b, step.getLoc());
+    addSyncParams(step, gathers);
     return success();
   }
 };

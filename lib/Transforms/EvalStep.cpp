@@ -49,14 +49,9 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
   }
 
   LogicalResult derive(ModuleOp program, func::FuncOp step) {
-    auto partOf = [&](func::CallOp call) -> StringRef {
-      auto fn = program.lookupSymbol<func::FuncOp>(call.getCallee());
-      auto part = fn ? fn->getAttrOfType<StringAttr>("rt.part") : StringAttr();
-      return part ? part.getValue() : StringRef();
-    };
     func::FuncOp update;
     for (auto call : step.getBody().getOps<func::CallOp>())
-      if (partOf(call) == "update")
+      if (partOf(program, call) == "update")
         update = program.lookupSymbol<func::FuncOp>(call.getCallee());
     if (!update)
       return step.emitOpError("calls no update part; there is no loss to "
@@ -154,7 +149,7 @@ struct EvalStepPass : tessel::impl::EvalStepBase<EvalStepPass> {
         continue;
       }
       if (auto call = dyn_cast<func::CallOp>(op);
-          call && partOf(call) != "forward")
+          call && partOf(program, call) != "forward")
         call.erase();
     }
     // Then the loss's tail, each buffer of its own view.

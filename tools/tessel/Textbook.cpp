@@ -381,8 +381,7 @@ Expected<tessel::CommTable> tessel::commTextbook(const json &plan,
     // backward, and reads them again, up to the block's last op (the MLP's
     // output projection, whose output the backward does not read).
     bool notReadBackward = false;
-    if (p > 1 && !llama && name.size() > 5 &&
-        name.compare(name.size() - 5, 5, ".bias") == 0) {
+    if (p > 1 && !llama && llvm::StringRef(name).ends_with(".bias")) {
       std::optional<int64_t> block = blockOf(name);
       notReadBackward =
           !block || !recomputes(plan, *block) ||

@@ -18,6 +18,15 @@ namespace tessel {
 #define GEN_PASS_REGISTRATION
 #include "tessel/Transforms/Passes.h.inc"
 
+// The part a rank program's call runs ("forward", "backward", "update":
+// the callee's rt.part, set by convert-pipe-to-rt); empty for another call.
+inline llvm::StringRef partOf(mlir::ModuleOp program, mlir::func::CallOp call) {
+  auto fn = program.lookupSymbol<mlir::func::FuncOp>(call.getCallee());
+  auto part =
+      fn ? fn->getAttrOfType<mlir::StringAttr>("rt.part") : mlir::StringAttr();
+  return part ? part.getValue() : llvm::StringRef();
+}
+
 // The steps sharding propagation and the partition work on: @train_step,
 // or an inference program's @decode_step and @prefill_step (those present).
 inline llvm::SmallVector<mlir::func::FuncOp>
