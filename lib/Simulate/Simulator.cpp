@@ -134,6 +134,28 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
                  rt::elementsOf(g.getDw()) * rt::elementBytesOf(g.getDw());
   }
+  // A sharded update or gradient norm (ZeRO) touches, of its n elements,
+  // those inside this rank's piece of the run: n / g of them over a group
+  // of g, so that the calls of a run add up to its piece. Its buffers span
+  // the whole tensor or the run's piece, which is not what it moves: it is
+  // counted as AdamW (or the norm) over those elements is.
+  auto shardElements = [&](int64_t n, auto axes) {
+    int64_t g = std::max<int64_t>(1, dist::meshOf(op).groupSize(axes));
+    return static_cast<double>(n) / static_cast<double>(g);
+  };
+  if (auto u = dyn_cast<rt::AdamWShardOp>(op)) {
+    double e = shardElements(u.getN(), u.getAxes());
+    double perElement =
+        rt::elementBytesOf(u.getParam()) + rt::elementBytesOf(u.getGrad()) +
+        rt::elementBytesOf(u.getM()) + rt::elementBytesOf(u.getV());
+    if (u.getShadow())
+      perElement += rt::elementBytesOf(u.getShadow());
+    cost.bytes = e * perElement + rt::elementBytesOf(u.getNorm());
+  } else if (auto s = dyn_cast<rt::SumSquaresShardOp>(op)) {
+    cost.bytes =
+        shardElements(s.getN(), s.getAxes()) * rt::elementBytesOf(s.getX()) +
+        rt::elementBytesOf(s.getAcc());
+  }
   double memoryRate = d.memoryBandwidth * d.memoryEfficiency;
   double memoryTime = memoryRate > 0 ? cost.bytes / memoryRate : 0;
   if (a) {
@@ -175,7 +197,11 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
   }
   // A memory-bound kernel: its measured rate when the description has one.
   if (auto call = dyn_cast<rt::KernelCallOpInterface>(op)) {
-    auto it = d.kernelBytesPerSecond.find(call.getFunction().str());
+    // The sharded update runs AdamW's kernel on its elements: its rate.
+    std::string name = call.getFunction().str();
+    if (name == "adamwStepShard" && !d.kernelBytesPerSecond.count(name))
+      name = "adamwStep";
+    auto it = d.kernelBytesPerSecond.find(name);
     if (it != d.kernelBytesPerSecond.end())
       memoryTime = cost.bytes / it->second;
   }

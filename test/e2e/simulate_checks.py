@@ -113,6 +113,16 @@ def less(args):
     print(f"{args.field}: {va:.4g} < {vb:.4g}")
 
 
+def ratio(args):
+    """A field of program 0 in B is `ratio` times its value in A, to a
+    relative `tol`."""
+    va = load(args.a)["programs"][0][args.field]
+    vb = load(args.b)["programs"][0][args.field]
+    if abs(vb / va - args.ratio) > args.tol * args.ratio:
+        fail(f"{args.field}: {vb} against {va}: ratio {vb / va}, not {args.ratio}")
+    print(f"{args.field}: {args.ratio} of it")
+
+
 def trace(args):
     """The trace is Chrome's format: each program's track holds one forward
     and one backward span per microbatch, one after the other."""
@@ -197,6 +207,13 @@ def main():
     p.add_argument("b")
     p.add_argument("--fraction", action="store_true")
     p.set_defaults(fn=less)
+    p = sub.add_parser("ratio")
+    p.add_argument("field")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("ratio", type=float)
+    p.add_argument("--tol", type=float, default=1e-3)
+    p.set_defaults(fn=ratio)
     p = sub.add_parser("trace")
     p.add_argument("trace")
     p.add_argument("--microbatches", type=int, required=True)

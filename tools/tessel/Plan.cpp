@@ -308,17 +308,20 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                                           gpuParams * 4 / shardDp,
                                       r, cluster);
     }
-    // Without a pipeline the gradients' buckets reduce during backward.
-    if (l.pp == 1)
-      dpComm = std::max(0.0, dpComm - 0.6 * work);
-    // ZeRO reduce-scatters and gathers each parameter's run on its own: a
-    // ring's latency per step of the group, for each (about 12 per layer).
+    // ZeRO reduce-scatters and gathers each run of parameters on its own
+    // (a GPT layer's are six, a Llama layer's nine): a ring's latency per
+    // step of the group, for each. They run in the background as the
+    // gradient buckets do.
     if (l.zero >= 1 && l.dp > 1) {
       bool cross = g.nodes > 1;
       double alpha =
           cross ? cluster.interNode.latency : cluster.intraNode.latency;
-      dpComm += 2 * (12 * stageLayers + 2) * (shardDp - 1) * alpha;
+      double runs = m.family == "llama" ? 9 : 6;
+      dpComm += 2 * (runs * stageLayers + 2) * (shardDp - 1) * alpha;
     }
+    // Without a pipeline the gradients' buckets reduce during backward.
+    if (l.pp == 1)
+      dpComm = std::max(0.0, dpComm - 0.6 * work);
     // ZeRO-3 gathers each stage's parameters for every microbatch's
     // forward and backward (prefetched: half of it hidden), in its shard
     // group.
