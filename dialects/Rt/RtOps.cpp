@@ -66,8 +66,11 @@ Value tessel::rtir::rootBuffer(Value v) {
 }
 
 bool tessel::rtir::onlyReadsOperand(Operation *op, unsigned index) {
-  if (isa<MatmulOp, MatmulBiasGradOp>(op))
+  if (isa<MatmulOp, MatmulBiasGradOp, MatmulAccumulateOp,
+          MatmulBiasGradAccumulateOp>(op))
     return index < 2;
+  if (isa<GroupedMatmulWeightGradAccumulateOp>(op))
+    return index != 2;
   if (isa<MatmulBiasOp, MatmulGeluGradOp, MatmulAddOp>(op))
     return index < 3;
   if (isa<ReduceSumLeadingOp, SliceAxisOp>(op))

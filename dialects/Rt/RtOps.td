@@ -293,6 +293,20 @@ def Rt_MatmulBiasGradOp : Rt_KernelOp<"matmul_bias_grad", "matmulBiasGrad",
 def Rt_MatmulGeluGradOp : Rt_KernelOp<"matmul_gelu_grad", "matmulGeluGrad",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$pre, Rt_Buffer:$dx,
          I64Attr:$m, I64Attr:$n, I64Attr:$k, BoolAttr:$trans_b)>;
+// A weight gradient summed over microbatches by its own GEMM (the GEMM's C
+// with beta = 1 after the part's first run, as Megatron-LM's gradient
+// accumulation fusion; tessel-plan-memory): c [m, n] = opA(a) opB(b) when
+// `first`, else c + opA(a) opB(b).
+def Rt_MatmulAccumulateOp : Rt_KernelOp<"matmul_accumulate", "matmulAccumulate",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, I1:$first, I64Attr:$m,
+         I64Attr:$n, I64Attr:$k, BoolAttr:$trans_a, BoolAttr:$trans_b)>;
+// The same for a weight gradient with its bias gradient
+// (rt.matmul_bias_grad): c [m, n] = a^T b, or c + a^T b after the first
+// run; db [n] = the column sums of b, written.
+def Rt_MatmulBiasGradAccumulateOp : Rt_KernelOp<"matmul_bias_grad_accumulate",
+    "matmulBiasGradAccumulate",
+    (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, Rt_Buffer:$db, I1:$first,
+         I64Attr:$m, I64Attr:$n, I64Attr:$k)>;
 // A product added to a sum (the GEMM's C with beta = 1): out [m, n] =
 // addend + a opB(b), a [m, k].
 def Rt_MatmulAddOp : Rt_KernelOp<"matmul_add", "matmulAdd",
@@ -488,6 +502,15 @@ def Rt_GroupedMatmulOp : Rt_KernelOp<"grouped_matmul", "groupedMatmulSegments",
     (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$out, Rt_Buffer:$offsets,
          I64Attr:$segments, I64Attr:$num_experts, I64Attr:$k, I64Attr:$n,
          BoolAttr:$trans_w)>;
+// The experts' weight gradients summed over microbatches by the grouped
+// GEMM (tessel-plan-memory): written on the part's first run, added to
+// after.
+def Rt_GroupedMatmulWeightGradAccumulateOp : Rt_KernelOp<
+    "grouped_matmul_weight_grad_accumulate",
+    "groupedMatmulWeightGradSegmentsAccumulate",
+    (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dw, Rt_Buffer:$offsets,
+         I1:$first, I64Attr:$segments, I64Attr:$num_experts, I64Attr:$k,
+         I64Attr:$n, BoolAttr:$trans_w)>;
 def Rt_GroupedMatmulWeightGradOp : Rt_KernelOp<"grouped_matmul_weight_grad",
     "groupedMatmulWeightGradSegments",
     (ins Rt_Buffer:$x, Rt_Buffer:$dout, Rt_Buffer:$dw, Rt_Buffer:$offsets,

@@ -56,7 +56,11 @@ void tessel::buildTrainPipeline(OpPassManager &pm,
     overlap.collectiveMatmulMinRows = options.collectiveMatmulMinRows;
     pm.addPass(createOverlapCollectives(overlap));
   }
-  pm.addPass(createPlanMemory());
+  // ZeRO 2 and 3 stage each gradient run for its reduce-scatter: a GEMM
+  // summing its product in the store would hold two runs' staging at once.
+  PlanMemoryOptions planning;
+  planning.fuseAccumulation = options.zero < 2;
+  pm.addPass(createPlanMemory(planning));
   if (options.zero > 0) {
     ShardOptimizerOptions sharding;
     sharding.zero = options.zero;

@@ -110,6 +110,15 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     m = mm.getM(), n = mm.getN(), k = mm.getK();
     a = mm.getA();
   };
+  // The experts' grouped GEMMs: the rows balanced routing brings, and the
+  // experts' weights (or their gradients) once.
+  auto grouped = [&](auto g, Value weights) {
+    k = g.getK(), n = g.getN();
+    m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
+    a = g.getX();
+    cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
+                 rt::elementsOf(weights) * rt::elementBytesOf(weights);
+  };
   if (auto mm = dyn_cast<rt::MatmulOp>(op)) {
     batch = mm.getBatch();
     product(mm);
@@ -121,18 +130,16 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     product(mg);
   } else if (auto ma = dyn_cast<rt::MatmulAddOp>(op)) {
     product(ma);
+  } else if (auto acc = dyn_cast<rt::MatmulAccumulateOp>(op)) {
+    product(acc);
+  } else if (auto acc = dyn_cast<rt::MatmulBiasGradAccumulateOp>(op)) {
+    product(acc);
   } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
-    k = g.getK(), n = g.getN();
-    m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
-    a = g.getX();
-    cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
-                 rt::elementsOf(g.getW()) * rt::elementBytesOf(g.getW());
+    grouped(g, g.getW());
+  } else if (auto g = dyn_cast<rt::GroupedMatmulWeightGradAccumulateOp>(op)) {
+    grouped(g, g.getDw());
   } else if (auto g = dyn_cast<rt::GroupedMatmulWeightGradOp>(op)) {
-    k = g.getK(), n = g.getN();
-    m = balancedRows(g.getX(), g.getK(), g.getSegments(), g.getNumExperts());
-    a = g.getX();
-    cost.bytes = (m * (k + n)) * rt::elementBytesOf(a) +
-                 rt::elementsOf(g.getDw()) * rt::elementBytesOf(g.getDw());
+    grouped(g, g.getDw());
   }
   // A sharded update or gradient norm (ZeRO) touches, of its n elements,
   // those inside this rank's piece of the run: n / g of them over a group
@@ -484,7 +491,8 @@ llvm::Error Simulation::load() {
     if (auto mm = dyn_cast<rt::MatmulOp>(op))
       bf16 |= rt::elementBytesOf(mm.getA()) == 2;
     if (isa<rt::MatmulBiasOp, rt::MatmulBiasGradOp, rt::MatmulGeluGradOp,
-            rt::MatmulAddOp>(op))
+            rt::MatmulAddOp, rt::MatmulAccumulateOp,
+            rt::MatmulBiasGradAccumulateOp>(op))
       bf16 |= rt::elementBytesOf(op->getOperand(0)) == 2;
   });
   return llvm::Error::success();

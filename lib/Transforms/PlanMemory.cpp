@@ -103,10 +103,10 @@ struct ChunkStep {
 class Planner {
 public:
   Planner(func::FuncOp func, int64_t microbatches, int64_t slots,
-          ArrayRef<ChunkStep> schedule = {})
+          ArrayRef<ChunkStep> schedule, bool fuseAccumulation)
       : func(func), ctx(func.getContext()), microbatches(microbatches),
-        accumulates(microbatches > 1), split(slots > 1), slots(slots),
-        schedule(schedule) {}
+        fuseAccumulation(fuseAccumulation), accumulates(microbatches > 1),
+        split(slots > 1), slots(slots), schedule(schedule) {}
 
   LogicalResult run();
 
@@ -130,6 +130,8 @@ private:
   func::FuncOp func;
   MLIRContext *ctx;
   int64_t microbatches;
+  // Weight gradients summed over microbatches by their GEMMs.
+  bool fuseAccumulation;
   bool accumulates;
   // With several microbatches in flight, only what crosses from one part to
   // another needs a slot per microbatch; what lives within one run of a
@@ -207,6 +209,38 @@ void Planner::placeGradients() {
   });
 }
 
+// The GEMM that writes all of `value` as its product (rt.matmul of one
+// product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad),
+// an allocation of its own that nothing
+// but that GEMM and the part's `yield` touches; null otherwise.
+static Operation *wholeProductOf(Value value, Operation *yield) {
+  if (!value.getDefiningOp<rt::AllocOp>())
+    return nullptr;
+  Operation *product = nullptr;
+  for (OpOperand &use : value.getUses()) {
+    Operation *user = use.getOwner();
+    if (user == yield)
+      continue;
+    if (product || use.getOperandNumber() != 2 ||
+        llvm::count(user->getOperands(), value) != 1)
+      return nullptr;
+    auto mm = dyn_cast<rt::MatmulOp>(user);
+    auto bg = dyn_cast<rt::MatmulBiasGradOp>(user);
+    auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(user);
+    if (mm && mm.getBatch() == 1 &&
+        mm.getM() * mm.getN() == rt::elementsOf(value))
+      product = mm;
+    else if (bg && bg.getM() * bg.getN() == rt::elementsOf(value))
+      product = bg;
+    else if (gw && gw.getNumExperts() * gw.getK() * gw.getN() ==
+                       rt::elementsOf(value))
+      product = gw;
+    else
+      return nullptr;
+  }
+  return product;
+}
+
 // Each input of the update is summed into its place right after the last
 // op of its part that reads or writes it, so that a weight gradient's
 // buffer is free again for the rest of the backward pass rather than held
@@ -241,6 +275,34 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
       b.setInsertionPointToStart(&body);
       first = rt::FirstRunOp::create(b, part->getLoc(), b.getI1Type());
     }
+    // Only the accumulation reads it now, unless a later part takes it too.
+    if (result.hasOneUse())
+      accumulatedOnly.insert({yield, result.getResultNumber()});
+    // A weight gradient that one GEMM writes whole, and that nothing else
+    // in the part touches, is summed by that GEMM in its place (beta = 1
+    // after the first run): no buffer of its own, no pass to add it.
+    if (Operation *product = wholeProductOf(value, yield);
+        product && fuseAccumulation && result.hasOneUse() &&
+        rt::elementTypeOf(value) == rt::elementTypeOf(arg)) {
+      placeOf[value] = placeOf.lookup(arg);
+      b.setInsertionPoint(product);
+      if (auto mm = dyn_cast<rt::MatmulOp>(product))
+        rt::MatmulAccumulateOp::create(b, mm.getLoc(), mm.getA(), mm.getB(),
+                                       value, first, mm.getMAttr(),
+                                       mm.getNAttr(), mm.getKAttr(),
+                                       mm.getTransAAttr(), mm.getTransBAttr());
+      else if (auto bg = dyn_cast<rt::MatmulBiasGradOp>(product))
+        rt::MatmulBiasGradAccumulateOp::create(
+            b, bg.getLoc(), bg.getA(), bg.getB(), value, bg.getDb(), first,
+            bg.getMAttr(), bg.getNAttr(), bg.getKAttr());
+      else if (auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(product))
+        rt::GroupedMatmulWeightGradAccumulateOp::create(
+            b, gw.getLoc(), gw.getX(), gw.getDout(), value, gw.getOffsets(),
+            first, gw.getSegmentsAttr(), gw.getNumExpertsAttr(), gw.getKAttr(),
+            gw.getNAttr(), gw.getTransWAttr());
+      product->erase();
+      continue;
+    }
     if (after)
       b.setInsertionPointAfter(after);
     else
@@ -249,9 +311,6 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
     Value place = view(b, loc, arg.getType(), placeOf.lookup(arg));
     rt::AccumulateOp::create(b, loc, value, place, first,
                              b.getI64IntegerAttr(rt::elementsOf(value)));
-    // Only the accumulation reads it now, unless a later part takes it too.
-    if (result.hasOneUse())
-      accumulatedOnly.insert({yield, result.getResultNumber()});
   }
 }
 
@@ -784,6 +843,7 @@ LogicalResult Planner::run() {
 }
 
 struct PlanMemoryPass : tessel::impl::PlanMemoryBase<PlanMemoryPass> {
+  using PlanMemoryBase::PlanMemoryBase;
   void runOnOperation() override {
     ModuleOp module = getOperation();
     int64_t microbatches = pipe::layoutOf(module).getMicrobatches();
@@ -816,7 +876,7 @@ struct PlanMemoryPass : tessel::impl::PlanMemoryBase<PlanMemoryPass> {
         continue;
       any = true;
       if (failed(Planner(func, microbatches, slots.lookup(rank.getInt()),
-                         steps.lookup(rank.getInt()))
+                         steps.lookup(rank.getInt()), fuseAccumulation)
                      .run()))
         return signalPassFailure();
     }

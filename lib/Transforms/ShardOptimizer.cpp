@@ -1183,17 +1183,27 @@ LogicalResult Sharder::stageGradients() {
     return failure();
 
   // A microbatch's writes accumulate nothing across microbatches: staging
-  // is another run's between them. Each write replaces.
+  // is another run's between them. Each write replaces. (A GEMM that sums
+  // its product in the store would write the staged run at once, while the
+  // run before it is still in flight: the memory plan leaves those GEMMs
+  // unfused at ZeRO 2 and 3.)
   if (microbatches > 1) {
     SmallVector<rt::AccumulateOp> accumulates;
     for (Block *block : blocks)
       for (Use u : usesIn[block]) {
         SmallVector<Operation *> users;
         usersOf(u.view.getBuffer(), users);
-        for (Operation *user : users)
+        for (Operation *user : users) {
           if (auto acc = dyn_cast<rt::AccumulateOp>(user))
             if (!llvm::is_contained(accumulates, acc))
               accumulates.push_back(acc);
+          if (isa<rt::MatmulAccumulateOp, rt::MatmulBiasGradAccumulateOp,
+                  rt::GroupedMatmulWeightGradAccumulateOp>(user))
+            return user->emitOpError(
+                       "sums a staged gradient run over microbatches; plan "
+                       "the memory with fuse-accumulation=false at ZeRO ")
+                   << zero;
+        }
       }
     for (rt::AccumulateOp acc : accumulates) {
       OpBuilder b(acc);

@@ -5,8 +5,9 @@
 // an empty contraction; matmulBias with and without GELU, on shapes that
 // take the fused epilogue (N a multiple of 8) and the unfused one; the
 // backward's fused products (matmulBiasGrad, matmulGeluGrad, matmulAdd)
-// against the CPU kernels they replace. Storage: fp32 throughout, bf16
-// operands into fp32, bf16 throughout.
+// and the weight gradients summed by their GEMMs (matmulAccumulate,
+// matmulBiasGradAccumulate) against the CPU kernels they replace. Storage: fp32
+// throughout, bf16 operands into fp32, bf16 throughout.
 //
 //===----------------------------------------------------------------------===//
 
@@ -318,6 +319,61 @@ TYPED_TEST(Gemm, AddIntoC) {
   for (bool transB : {false, true}) {
     checkMatmulAdd<TypeParam>(64, 96, 80, transB, seed += 3);
     checkMatmulAdd<TypeParam>(33, 17, 21, transB, seed += 3);
+  }
+}
+
+// The weight gradients summed over microbatches by their GEMMs: two runs,
+// the first writing the product (whatever C held), the second adding its
+// own, against the CPU kernels on the same rounded inputs. With the bias
+// gradient, db is each run's column sums, written.
+template <typename S>
+void checkAccumulate(int64_t M, int64_t N, int64_t K, bool withBias,
+                     uint32_t seed) {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+               " K=" + std::to_string(K) + " bias=" + std::to_string(withBias));
+  const std::vector<float> a1 = roundTo<TAB>(randomVector(K * M, seed));
+  const std::vector<float> b1 = roundTo<TAB>(randomVector(K * N, seed + 1));
+  const std::vector<float> a2 = roundTo<TAB>(randomVector(K * M, seed + 2));
+  const std::vector<float> b2 = roundTo<TAB>(randomVector(K * N, seed + 3));
+  const std::vector<float> stale = roundTo<TC>(randomVector(M * N, seed + 4));
+  DeviceArray<TAB> dA1(a1), dB1(b1), dA2(a2), dB2(b2);
+  DeviceArray<TC> c(stale);
+  DeviceArray<float> db(N);
+  sync();
+  std::vector<float> want = stale, wantDb(N);
+  for (int run = 0; run < 2; ++run) {
+    const bool first = run == 0;
+    const std::vector<float> &a = first ? a1 : a2, &b = first ? b1 : b2;
+    const TAB *dA = first ? dA1.get() : dA2.get();
+    const TAB *dB = first ? dB1.get() : dB2.get();
+    if (withBias) {
+      if constexpr (std::is_same_v<TC, float>) {
+        matmulBiasGradAccumulate(dA, dB, c.get(), db.get(), first, M, N, K);
+        rt::matmulBiasGradAccumulate(a.data(), b.data(), want.data(),
+                                     wantDb.data(), first, M, N, K);
+      }
+    } else {
+      matmulAccumulate(dA, dB, c.get(), first, M, N, K, true, false);
+      rt::matmulAccumulate(a.data(), b.data(), want.data(), first, M, N, K,
+                           true, false);
+    }
+  }
+  const bool bf16Out = std::is_same_v<TC, bf16>;
+  expectClose(c.download(), want, rtolFor<TC>(), bf16Out ? 2e-2 : 1e-4,
+              "summed product");
+  if (withBias && std::is_same_v<TC, float>)
+    expectClose(db.download(), wantDb, 1e-4, 1e-3, "bias gradient");
+}
+
+TYPED_TEST(Gemm, AccumulateIntoGradient) {
+  uint32_t seed = 160;
+  for (bool withBias : {false, true}) {
+    if (withBias && !std::is_same_v<typename TypeParam::C, float>)
+      continue; // the bias gradient is fp32, as its product's C is
+    checkAccumulate<TypeParam>(64, 48, 96, withBias, seed += 5);
+    checkAccumulate<TypeParam>(37, 50, 129, withBias, seed += 5);
   }
 }
 

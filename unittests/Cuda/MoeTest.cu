@@ -398,6 +398,22 @@ void checkGroupedWeightGrad(int64_t segments, int64_t E, int64_t K, int64_t N,
                           transW, /*accumulate=*/true);
   expectClose(dW.download(), want, rtolFor<TO>(), 1e-4,
               "groupedMatmulWeightGrad (accumulate)");
+
+  // Summed over microbatches: the first writes over what dW held, a later
+  // one adds to it, over every segment.
+  for (bool first : {true, false}) {
+    want = init;
+    tessel::rt::groupedMatmulWeightGradSegmentsAccumulate(
+        x.data(), dout.data(), want.data(), offsets.data(), first, segments, E,
+        K, N, transW);
+    dW.upload(init);
+    groupedMatmulWeightGradSegmentsAccumulate(dx.get(), dd.get(), dW.get(),
+                                              dOffsets.get(), first, segments,
+                                              E, K, N, transW);
+    expectClose(dW.download(), want, rtolFor<TO>(), 1e-4,
+                first ? "groupedMatmulWeightGradSegmentsAccumulate (first)"
+                      : "groupedMatmulWeightGradSegmentsAccumulate (after)");
+  }
 }
 
 TEST(CudaMoe, GroupedMatmulWeightGradMatchesCpu) {

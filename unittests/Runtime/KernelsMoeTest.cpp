@@ -283,6 +283,33 @@ TEST(KernelMoe, GroupedMatmul) {
   }
 }
 
+// The experts' weight gradient summed over microbatches by the grouped
+// kernel: over segments by source rank (two ranks' rows for each of the
+// experts), the first microbatch writing whatever dW held, the second
+// adding its own; the sum of the two microbatches' gradients.
+TEST(KernelMoe, GroupedWeightGradAccumulates) {
+  std::mt19937 gen(305);
+  const int64_t E = 2, K = 3, N = 4, segments = 4;
+  std::vector<int32_t> offsets = {0, 2, 5, 5, 7};
+  const int64_t M = offsets[segments];
+  for (bool transW : {false, true}) {
+    Vec dW = randVec(E * K * N, gen), want(E * K * N, 0.0);
+    for (int run = 0; run < 2; ++run) {
+      Vec x = randVec(M * K, gen), r = randVec(M * N, gen), one(E * K * N);
+      rt::groupedMatmulWeightGradSegmentsAccumulate(
+          x.data(), r.data(), dW.data(), offsets.data(), run == 0, segments, E,
+          K, N, transW);
+      rt::groupedMatmulWeightGradSegments(x.data(), r.data(), one.data(),
+                                          offsets.data(), segments, E, K, N,
+                                          transW);
+      for (int64_t i = 0; i < E * K * N; ++i)
+        want[i] += one[i];
+    }
+    for (int64_t i = 0; i < E * K * N; ++i)
+      EXPECT_NEAR(dW[i], want[i], 1e-13) << "transW " << transW;
+  }
+}
+
 TEST(KernelMoe, LoadBalancingAndZLoss) {
   std::mt19937 gen(305);
   const int64_t N = 13, E = 4, k = 2;

@@ -130,6 +130,34 @@ TEST(KernelMatmul, LargerAndDegenerate) {
   EXPECT_EQ(C, std::vector<float>(6, 0.f));
 }
 
+// The weight gradient summed over microbatches by its GEMM: the first run
+// writes the product over whatever the buffer held, each later one adds
+// its own; with the bias gradient, db is each run's column sums.
+TEST(KernelMatmul, AccumulateOverMicrobatches) {
+  std::mt19937 gen(4);
+  const int64_t M = 9, N = 7, K = 13;
+  for (bool withBias : {false, true}) {
+    std::vector<float> got = randVec(M * N, gen), want(M * N, 0.f);
+    std::vector<float> db(N), wantDb(N);
+    for (int run = 0; run < 3; ++run) {
+      auto A = randVec(K * M, gen), B = randVec(K * N, gen);
+      if (withBias)
+        rt::matmulBiasGradAccumulate(A.data(), B.data(), got.data(), db.data(),
+                                     run == 0, M, N, K);
+      else
+        rt::matmulAccumulate(A.data(), B.data(), got.data(), run == 0, M, N, K,
+                             true, false);
+      rt::ref::matmul(A.data(), B.data(), want.data(), 1, M, N, K, true, false,
+                      0, 0, 0, /*accumulate=*/true);
+      rt::ref::reduceSumLeading(B.data(), wantDb.data(), K, N);
+      if (withBias)
+        expectClose(db, wantDb, "bias gradient, run " + std::to_string(run));
+    }
+    expectClose(got, want,
+                withBias ? "matmulBiasGradAccumulate" : "matmulAccumulate");
+  }
+}
+
 // ------------------------------------------------------------ elementwise
 
 TEST(KernelElementwise, BroadcastAddMul) {

@@ -38,10 +38,23 @@ void matmulBias(const T *A, const T *B, const T *bias, T *out, T *gelu,
 template <typename T>
 void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
                     int64_t K);
+// The same, C summed over microbatches by the GEMM (C + A^T B after the
+// first); db written.
+template <typename T>
+void matmulBiasGradAccumulate(const T *A, const T *B, T *C, T *db, bool first,
+                              int64_t M, int64_t N, int64_t K);
 // dx = gelu'(pre) * (A opB(B)), A [M, K].
 template <typename T>
 void matmulGeluGrad(const T *A, const T *B, const T *pre, T *dx, int64_t M,
                     int64_t N, int64_t K, bool transB);
+// A weight gradient summed over microbatches by its GEMM: C = opA(A) opB(B)
+// on the first, C + opA(A) opB(B) after (the BLAS call's beta = 1).
+template <typename T>
+void matmulAccumulate(const T *A, const T *B, T *C, bool first, int64_t M,
+                      int64_t N, int64_t K, bool transA, bool transB) {
+  matmul(A, B, C, 1, M, N, K, transA, transB, 0, 0, 0,
+         /*accumulate=*/!first);
+}
 // out = addend + A opB(B), A [M, K].
 template <typename T>
 void matmulAdd(const T *A, const T *B, const T *addend, T *out, int64_t M,
@@ -314,6 +327,13 @@ void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
                                      const int32_t *offsets, int64_t segments,
                                      int64_t E, int64_t K, int64_t N,
                                      bool transW);
+// The same, added to dW except on the first microbatch.
+template <typename T>
+void groupedMatmulWeightGradSegmentsAccumulate(const T *x, const T *dout, T *dW,
+                                               const int32_t *offsets,
+                                               bool first, int64_t segments,
+                                               int64_t E, int64_t K, int64_t N,
+                                               bool transW);
 // Expert parallelism over `axes` (E experts, E / g per rank): sends each
 // expert's rows [offsets[e], offsets[e + 1]) of `rows` ([*, H]) to the rank
 // holding e, after the counts (an all-to-all); receives into `recv`

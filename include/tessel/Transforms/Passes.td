@@ -459,7 +459,14 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     update gets an accumulator (a gradient: its slot of the gradient store)
     and is summed into it (`rt.accumulate`, overwriting on the part's
     `rt.first_run`) right after the last op of its part that touches it,
-    so that its arena place is free for the rest of the part. Every other
+    so that its arena place is free for the rest of the part; a weight
+    gradient that one GEMM writes whole and nothing else in the part touches
+    is instead written there by that GEMM (`rt.matmul_accumulate`: the
+    product on the first run, added to the sum after, the GEMM's beta = 1,
+    as Megatron-LM's gradient accumulation fusion), with no buffer of its
+    own and no pass to add it (`fuse-accumulation`; the training pipeline
+    sets it below ZeRO 2, whose staged gradient runs take one microbatch's
+    product at a time). Every other
     buffer gets an
     offset in the activation arena of its microbatch: first fit, freed after
     the last read of the value or of any value sharing its storage (views,
@@ -486,6 +493,10 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     `rt.param_elems`, `rt.arena_bytes`, `rt.accumulator_elems`,
     `rt.norm_sums` and `rt.received_bytes`.
   }];
+  let options = [
+    Option<"fuseAccumulation", "fuse-accumulation", "bool", "true",
+           "Sum a weight gradient over microbatches in its GEMM">,
+  ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }
 

@@ -586,9 +586,11 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
 }
 
 
+// C = A^T B, or C + A^T B when accumulating, with db = the column sums of
+// B (the two bias-gradient entry points).
 template <typename TA, typename TB, typename TC>
-void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
-                    int64_t N, int64_t K) {
+void biasGradProduct(const TA *A, const TB *B, TC *C, float *db, int64_t M,
+                     int64_t N, int64_t K, bool accumulate) {
   if constexpr (!supportedTypes<TA, TB, TC>()) {
     unsupportedTypes<TA, TB, TC>("matmulBiasGrad");
   } else {
@@ -599,12 +601,26 @@ void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
     if (K > 0 && std::is_same_v<TC, float>) {
       GemmCall call = rowsCall(A, B, C, M, N, K, true, false,
                                CUBLASLT_EPILOGUE_BGRADA);
-      if (tryFused(call, A, B, C, C, 0.0f, db, sizeof(float), nullptr))
+      call.accumulate = accumulate;
+      if (tryFused(call, A, B, C, C, accumulate ? 1.0f : 0.0f, db,
+                   sizeof(float), nullptr))
         return;
     }
     reduceSumLeading(B, db, K, N);
-    matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, false);
+    matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, accumulate);
   }
+}
+
+template <typename TA, typename TB, typename TC>
+void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
+                    int64_t N, int64_t K) {
+  biasGradProduct(A, B, C, db, M, N, K, false);
+}
+
+template <typename TA, typename TB, typename TC>
+void matmulBiasGradAccumulate(const TA *A, const TB *B, TC *C, float *db,
+                              bool first, int64_t M, int64_t N, int64_t K) {
+  biasGradProduct(A, B, C, db, M, N, K, !first);
 }
 
 template <typename TA, typename TB, typename TC>
@@ -663,6 +679,8 @@ void matmulAdd(const TA *A, const TB *B, const TC *addend, TC *out, int64_t M,
                                     C *, int64_t, int64_t, int64_t, bool);     \
   template void matmulBiasGrad<A, B, C>(const A *, const B *, C *, float *,    \
                                         int64_t, int64_t, int64_t);            \
+  template void matmulBiasGradAccumulate<A, B, C>(                             \
+      const A *, const B *, C *, float *, bool, int64_t, int64_t, int64_t);    \
   template void matmulGeluGrad<A, B, C>(const A *, const B *, const C *, C *,  \
                                         int64_t, int64_t, int64_t, bool);      \
   template void matmulAdd<A, B, C>(const A *, const B *, const C *, C *,       \

@@ -1073,6 +1073,16 @@ void groupedMatmulWeightGradSegments(const TX *x, const TG *dout, TO *dW,
   groupedWeightGradOver(x, dout, dW, offsets, segments, E, K, N, transW, false);
 }
 
+template <typename TX, typename TG, typename TO>
+void groupedMatmulWeightGradSegmentsAccumulate(const TX *x, const TG *dout,
+                                               TO *dW, const int32_t *offsets,
+                                               bool first, int64_t segments,
+                                               int64_t E, int64_t K, int64_t N,
+                                               bool transW) {
+  groupedWeightGradOver(x, dout, dW, offsets, segments, E, K, N, transW,
+                        /*accumulate=*/!first);
+}
+
 // The per-expert statistics, added to what the buffers hold (`add`) or
 // in place of it.
 template <typename TP, typename TO>
@@ -1233,6 +1243,9 @@ TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
   template void groupedMatmulWeightGradSegments<A, B, C>(                      \
       const A *, const B *, C *, const int32_t *, int64_t, int64_t, int64_t,   \
       int64_t, bool);                                                          \
+  template void groupedMatmulWeightGradSegmentsAccumulate<A, B, C>(            \
+      const A *, const B *, C *, const int32_t *, bool, int64_t, int64_t,      \
+      int64_t, int64_t, bool);                                                 \
   template void moeAuxLossForward<A, B, C>(const A *, const B *, C *, int64_t, \
                                            int64_t, int64_t, double);          \
   template void moeAuxLossGrad<A, B, C>(const A *, const B *, C *, int64_t,    \

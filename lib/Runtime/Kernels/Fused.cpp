@@ -31,6 +31,13 @@ void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
 }
 
 template <typename T>
+void matmulBiasGradAccumulate(const T *A, const T *B, T *C, T *db, bool first,
+                              int64_t M, int64_t N, int64_t K) {
+  reduceSumLeading(B, db, K, N);
+  matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, /*accumulate=*/!first);
+}
+
+template <typename T>
 void matmulGeluGrad(const T *A, const T *B, const T *pre, T *dx, int64_t M,
                     int64_t N, int64_t K, bool transB) {
   matmul(A, B, dx, 1, M, N, K, false, transB, 0, 0, 0);
@@ -90,6 +97,8 @@ void swigluForward(const T *gate, const T *up, T *out, T *siluOut, int64_t n) {
                               int64_t, int64_t, int64_t, bool);                \
   template void matmulBiasGrad<T>(const T *, const T *, T *, T *, int64_t,     \
                                   int64_t, int64_t);                           \
+  template void matmulBiasGradAccumulate<T>(const T *, const T *, T *, T *,    \
+                                            bool, int64_t, int64_t, int64_t);  \
   template void matmulGeluGrad<T>(const T *, const T *, const T *, T *,        \
                                   int64_t, int64_t, int64_t, bool);            \
   template void matmulAdd<T>(const T *, const T *, const T *, T *, int64_t,    \

@@ -328,6 +328,17 @@ void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
                             /*accumulate=*/c > 0);
 }
 
+template <typename T>
+void groupedMatmulWeightGradSegmentsAccumulate(const T *x, const T *dout, T *dW,
+                                               const int32_t *offsets,
+                                               bool first, int64_t segments,
+                                               int64_t E, int64_t K, int64_t N,
+                                               bool transW) {
+  for (int64_t c = 0; c * E < segments; ++c)
+    groupedMatmulWeightGrad(x, dout, dW, offsets + c * E, E, K, N, transW,
+                            /*accumulate=*/c > 0 || !first);
+}
+
 // Segment s = j * El + e of the received rows holds source rank j's rows
 // for this rank's expert e.
 void moeExchange(const float *rows, const int32_t *offsets, float *recv,
@@ -520,20 +531,23 @@ void moeZLossGrad(const T *logits, const T *dloss, T *dlogits, int64_t tokens,
   template void groupedMatmulWeightGrad<T>(const T *, const T *, T *,          \
                                            const int32_t *, int64_t, int64_t,  \
                                            int64_t, bool, bool);               \
-  template void moeLoadStats<T>(const T *, const int32_t *, T *, T *,          \
-                                int64_t, int64_t, int64_t);                    \
+  template void moeLoadStats<T>(const T *, const int32_t *, T *, T *, int64_t, \
+                                int64_t, int64_t);                             \
   template T moeAuxLoss<T>(const T *, const T *, int64_t, int64_t, int64_t,    \
                            double);                                            \
   template void moeAuxLossBackward<T>(const T *, int64_t, int64_t, int64_t,    \
                                       double, T, T *, int64_t);                \
   template T moeZLossSum<T>(const T *, int64_t, int64_t);                      \
   template void moeZLossBackward<T>(const T *, int64_t, int64_t, T, T *);      \
-  template void groupedMatmulSegments<T>(const T *, const T *, T *,           \
+  template void groupedMatmulSegments<T>(const T *, const T *, T *,            \
                                          const int32_t *, int64_t, int64_t,    \
                                          int64_t, int64_t, bool);              \
   template void groupedMatmulWeightGradSegments<T>(                            \
       const T *, const T *, T *, const int32_t *, int64_t, int64_t, int64_t,   \
       int64_t, bool);                                                          \
+  template void groupedMatmulWeightGradSegmentsAccumulate<T>(                  \
+      const T *, const T *, T *, const int32_t *, bool, int64_t, int64_t,      \
+      int64_t, int64_t, bool);                                                 \
   template void moeLoadStatsInto<T>(const T *, const int32_t *, T *, T *,      \
                                     int64_t, int64_t, int64_t);                \
   template void moeProbSumsBackward<T>(const T *, T *, int64_t, int64_t);      \

@@ -66,12 +66,26 @@ template <typename TA, typename TB, typename TC>
 void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
                     int64_t N, int64_t K);
 
+// The same, C summed over microbatches by the GEMM after the first (beta =
+// 1, C is D); db written. Falls back as matmulBiasGrad does.
+template <typename TA, typename TB, typename TC>
+void matmulBiasGradAccumulate(const TA *A, const TB *B, TC *C, float *db,
+                              bool first, int64_t M, int64_t N, int64_t K);
+
 // An input gradient through GELU (cuBLASLt DGELU): dx = gelu'(pre) *
 // (A opB(B)), A [M, K] row-major; `pre` is the GELU's input as the forward
 // epilogue stored it. Falls back to the product and geluBackward.
 template <typename TA, typename TB, typename TC>
 void matmulGeluGrad(const TA *A, const TB *B, const TC *pre, TC *dx,
                     int64_t M, int64_t N, int64_t K, bool transB);
+
+// A weight gradient summed over microbatches by its GEMM: C = opA(A) opB(B)
+// on the first, C + opA(A) opB(B) after (beta = 1: C is D, fp32 in place).
+template <typename TA, typename TB, typename TC>
+void matmulAccumulate(const TA *A, const TB *B, TC *C, bool first, int64_t M,
+                      int64_t N, int64_t K, bool transA, bool transB) {
+  matmul(A, B, C, 1, M, N, K, transA, transB, 0, 0, 0, /*accumulate=*/!first);
+}
 
 // out = addend + A opB(B) as one GEMM (C = addend, D = out, beta = 1).
 template <typename TA, typename TB, typename TC>
@@ -347,6 +361,13 @@ void groupedMatmulWeightGradSegments(const TX *x, const TG *dout, TO *dW,
                                      const int32_t *offsets, int64_t segments,
                                      int64_t E, int64_t K, int64_t N,
                                      bool transW);
+// The same, added to dW except on the first microbatch.
+template <typename TX, typename TG, typename TO>
+void groupedMatmulWeightGradSegmentsAccumulate(const TX *x, const TG *dout,
+                                               TO *dW, const int32_t *offsets,
+                                               bool first, int64_t segments,
+                                               int64_t E, int64_t K, int64_t N,
+                                               bool transW);
 // Load statistics: moeLoadStats adds to counts and probSums, the Into form
 // sets them.
 template <typename TP, typename TO>
