@@ -211,8 +211,8 @@ void Planner::placeGradients() {
 
 // The GEMM that writes all of `value` as its product (rt.matmul of one
 // product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad),
-// an allocation of its own that nothing
-// but that GEMM and the part's `yield` touches; null otherwise.
+// an allocation of its own that nothing but that GEMM and the part's
+// `yield` touches; null otherwise.
 static Operation *wholeProductOf(Value value, Operation *yield) {
   if (!value.getDefiningOp<rt::AllocOp>())
     return nullptr;
