@@ -281,9 +281,10 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
     // A weight gradient that one GEMM writes whole, and that nothing else
     // in the part touches, is summed by that GEMM in its place (beta = 1
     // after the first run): no buffer of its own, no pass to add it.
-    if (Operation *product = wholeProductOf(value, yield);
-        product && fuseAccumulation && result.hasOneUse() &&
-        rt::elementTypeOf(value) == rt::elementTypeOf(arg)) {
+    Operation *product = fuseAccumulation && result.hasOneUse()
+                             ? wholeProductOf(value, yield)
+                             : nullptr;
+    if (product && rt::elementTypeOf(value) == rt::elementTypeOf(arg)) {
       placeOf[value] = placeOf.lookup(arg);
       b.setInsertionPoint(product);
       if (auto mm = dyn_cast<rt::MatmulOp>(product))

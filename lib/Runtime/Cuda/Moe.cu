@@ -1070,7 +1070,9 @@ void groupedMatmulWeightGradSegments(const TX *x, const TG *dout, TO *dW,
                                      const int32_t *offsets, int64_t segments,
                                      int64_t E, int64_t K, int64_t N,
                                      bool transW) {
-  groupedWeightGradOver(x, dout, dW, offsets, segments, E, K, N, transW, false);
+  groupedMatmulWeightGradSegmentsAccumulate(x, dout, dW, offsets,
+                                            /*first=*/true, segments, E, K, N,
+                                            transW);
 }
 
 template <typename TX, typename TG, typename TO>

@@ -24,17 +24,16 @@ void matmulBias(const T *A, const T *B, const T *bias, T *out, T *gelu,
 }
 
 template <typename T>
-void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
-                    int64_t K) {
-  reduceSumLeading(B, db, K, N);
-  matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0);
-}
-
-template <typename T>
 void matmulBiasGradAccumulate(const T *A, const T *B, T *C, T *db, bool first,
                               int64_t M, int64_t N, int64_t K) {
   reduceSumLeading(B, db, K, N);
   matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, /*accumulate=*/!first);
+}
+
+template <typename T>
+void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
+                    int64_t K) {
+  matmulBiasGradAccumulate(A, B, C, db, /*first=*/true, M, N, K);
 }
 
 template <typename T>

@@ -319,16 +319,6 @@ void groupedMatmulSegments(const T *x, const T *W, T *out,
 }
 
 template <typename T>
-void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
-                                     const int32_t *offsets, int64_t segments,
-                                     int64_t E, int64_t K, int64_t N,
-                                     bool transW) {
-  for (int64_t c = 0; c * E < segments; ++c)
-    groupedMatmulWeightGrad(x, dout, dW, offsets + c * E, E, K, N, transW,
-                            /*accumulate=*/c > 0);
-}
-
-template <typename T>
 void groupedMatmulWeightGradSegmentsAccumulate(const T *x, const T *dout, T *dW,
                                                const int32_t *offsets,
                                                bool first, int64_t segments,
@@ -337,6 +327,16 @@ void groupedMatmulWeightGradSegmentsAccumulate(const T *x, const T *dout, T *dW,
   for (int64_t c = 0; c * E < segments; ++c)
     groupedMatmulWeightGrad(x, dout, dW, offsets + c * E, E, K, N, transW,
                             /*accumulate=*/c > 0 || !first);
+}
+
+template <typename T>
+void groupedMatmulWeightGradSegments(const T *x, const T *dout, T *dW,
+                                     const int32_t *offsets, int64_t segments,
+                                     int64_t E, int64_t K, int64_t N,
+                                     bool transW) {
+  groupedMatmulWeightGradSegmentsAccumulate(x, dout, dW, offsets,
+                                            /*first=*/true, segments, E, K, N,
+                                            transW);
 }
 
 // Segment s = j * El + e of the received rows holds source rank j's rows
