@@ -286,6 +286,27 @@ LogicalResult ShiftStartOp::verify() {
   return success();
 }
 
+// The product's columns [col, col + n) of rows of ldc elements: c holds m
+// such rows and db one.
+template <typename BiasGradOp>
+static LogicalResult verifyColumnBlock(BiasGradOp op) {
+  int64_t m = op.getM(), n = op.getN(), ldc = op.getLdc(), col = op.getCol();
+  if (n < 0 || col < 0 || ldc < col + n)
+    return op.emitOpError("columns [")
+           << col << ", " << col + n << ") do not fit rows of " << ldc;
+  if (elementsOf(op.getC()) != m * ldc || elementsOf(op.getDb()) != ldc)
+    return op.emitOpError("writes ")
+           << m << " rows of " << ldc << " and a row of " << ldc
+           << ", but c has " << elementsOf(op.getC()) << " elements and db "
+           << elementsOf(op.getDb());
+  return success();
+}
+
+LogicalResult MatmulBiasGradOp::verify() { return verifyColumnBlock(*this); }
+LogicalResult MatmulBiasGradAccumulateOp::verify() {
+  return verifyColumnBlock(*this);
+}
+
 LogicalResult ViewOp::verify() {
   auto from = cast<MemRefType>(getSource().getType());
   auto to = cast<MemRefType>(getResult().getType());

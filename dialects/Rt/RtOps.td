@@ -284,10 +284,16 @@ def Rt_MatmulBiasOp : Rt_KernelOp<"matmul_bias", "matmulBias",
          BoolAttr:$trans_b)>;
 // A weight gradient and the bias gradient of the same output gradient
 // (cuBLASLt's BGRAD epilogue): c [m, n] = a^T b with a stored [k, m] and b
-// [k, n]; db [n] = the column sums of b.
+// [k, n]; db [n] = the column sums of b. The product may be a column block
+// of a wider gradient (a q, k or v piece of a fused projection's): c holds
+// rows of `ldc` elements and the product goes to columns [col, col + n) of
+// each, the column sums to db [col, col + n) (ldc = n, col = 0: the whole
+// buffers).
 def Rt_MatmulBiasGradOp : Rt_KernelOp<"matmul_bias_grad", "matmulBiasGrad",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, Rt_Buffer:$db, I64Attr:$m,
-         I64Attr:$n, I64Attr:$k)>;
+         I64Attr:$n, I64Attr:$k, I64Attr:$ldc, I64Attr:$col)> {
+  let hasVerifier = 1;
+}
 // An input gradient through GELU (cuBLASLt's DGELU epilogue): dx [m, n] =
 // gelu'(pre) * (a opB(b)), a [m, k], pre the GELU's input.
 def Rt_MatmulGeluGradOp : Rt_KernelOp<"matmul_gelu_grad", "matmulGeluGrad",
@@ -301,12 +307,15 @@ def Rt_MatmulAccumulateOp : Rt_KernelOp<"matmul_accumulate", "matmulAccumulate",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, I1:$first, I64Attr:$m,
          I64Attr:$n, I64Attr:$k, BoolAttr:$trans_a, BoolAttr:$trans_b)>;
 // The same for a weight gradient with its bias gradient
-// (rt.matmul_bias_grad): c [m, n] = a^T b, or c + a^T b after the first
-// run; db [n] = the column sums of b, written.
+// (rt.matmul_bias_grad, a column block of c and db alike): c [m, n] =
+// a^T b, or c + a^T b after the first run; db [n] = the column sums of b,
+// written.
 def Rt_MatmulBiasGradAccumulateOp : Rt_KernelOp<"matmul_bias_grad_accumulate",
     "matmulBiasGradAccumulate",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, Rt_Buffer:$db, I1:$first,
-         I64Attr:$m, I64Attr:$n, I64Attr:$k)>;
+         I64Attr:$m, I64Attr:$n, I64Attr:$k, I64Attr:$ldc, I64Attr:$col)> {
+  let hasVerifier = 1;
+}
 // A product added to a sum (the GEMM's C with beta = 1): out [m, n] =
 // addend + a opB(b), a [m, k].
 def Rt_MatmulAddOp : Rt_KernelOp<"matmul_add", "matmulAdd",

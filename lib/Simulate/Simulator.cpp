@@ -110,6 +110,14 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     m = mm.getM(), n = mm.getN(), k = mm.getK();
     a = mm.getA();
   };
+  // A weight gradient written as a column block of a wider one moves its
+  // block of c and db, not the rows they span.
+  auto columnBlock = [&](auto g) {
+    product(g);
+    int64_t others = g.getLdc() - g.getN();
+    cost.bytes -= static_cast<double>(others) * (g.getM() + 1) *
+                  rt::elementBytesOf(g.getC());
+  };
   // The experts' grouped GEMMs: the rows balanced routing brings, and the
   // experts' weights (or their gradients) once.
   auto grouped = [&](auto g, Value weights) {
@@ -125,7 +133,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
   } else if (auto mb = dyn_cast<rt::MatmulBiasOp>(op)) {
     product(mb);
   } else if (auto mg = dyn_cast<rt::MatmulBiasGradOp>(op)) {
-    product(mg);
+    columnBlock(mg);
   } else if (auto mg = dyn_cast<rt::MatmulGeluGradOp>(op)) {
     product(mg);
   } else if (auto ma = dyn_cast<rt::MatmulAddOp>(op)) {
@@ -133,7 +141,7 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
   } else if (auto acc = dyn_cast<rt::MatmulAccumulateOp>(op)) {
     product(acc);
   } else if (auto acc = dyn_cast<rt::MatmulBiasGradAccumulateOp>(op)) {
-    product(acc);
+    columnBlock(acc);
   } else if (auto g = dyn_cast<rt::GroupedMatmulOp>(op)) {
     grouped(g, g.getW());
   } else if (auto g = dyn_cast<rt::GroupedMatmulWeightGradAccumulateOp>(op)) {

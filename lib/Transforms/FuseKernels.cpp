@@ -8,6 +8,7 @@
 //   norm backward + residual grad add  -> layer_norm / rms_norm _backward_add
 //   SiLU(gate) * up                    -> swiglu_forward
 //   weight gradient + bias gradient    -> matmul_bias_grad (BGRAD epilogue)
+//   its copy into a fused gradient     -> matmul_bias_grad into its columns
 //   input gradient + GELU backward     -> matmul_gelu_grad (DGELU epilogue)
 //   product + add of another term      -> matmul_add (beta = 1)
 //
@@ -319,12 +320,136 @@ struct BiasGradFusion : OpRewritePattern<rt::ReduceSumLeadingOp> {
         return failure();
       rewriter.setInsertionPoint(m);
       rt::MatmulBiasGradOp::create(rewriter, m.getLoc(), m.getA(), m.getB(),
-                                   m.getC(), db, m.getM(), m.getN(), m.getK());
+                                   m.getC(), db, m.getM(), m.getN(), m.getK(),
+                                   /*ldc=*/m.getN(), /*col=*/0);
       rewriter.eraseOp(m);
       rewriter.eraseOp(sum);
       return success();
     }
     return failure();
+  }
+};
+
+// The rt.insert_axis that copies all of `v`, a working buffer that only
+// `producer` (before it, in its block) and the copy touch, as `rows` rows
+// into a column block of another buffer; null otherwise.
+rt::InsertAxisOp columnCopyOf(Value v, Operation *producer, int64_t rows) {
+  Value root = rt::rootBuffer(v);
+  if (!root.getDefiningOp<rt::AllocOp>())
+    return {};
+  rt::InsertAxisOp copy;
+  for (Operation *op : accessesOf(root)) {
+    if (op == producer)
+      continue;
+    auto insert = dyn_cast<rt::InsertAxisOp>(op);
+    if (!insert || copy || !sameBuffer(insert.getX(), v) ||
+        sameBuffer(insert.getOut(), v))
+      return {};
+    copy = insert;
+  }
+  if (!copy || copy.getInner() != 1 || copy.getOuter() != rows ||
+      !isa<IntegerAttr>(copy.getStart()) ||
+      copy->getBlock() != producer->getBlock() ||
+      !producer->isBeforeInBlock(copy) ||
+      rt::elementTypeOf(copy.getOut()) != rt::elementTypeOf(v))
+    return {};
+  return copy;
+}
+
+// The columns [first, last) of `buffer` (rows of `width`) that `op` writes,
+// when that is all it does with it: a column copy into it, or a weight
+// gradient's GEMM writing a column block of it.
+std::optional<std::pair<int64_t, int64_t>>
+columnsWritten(Operation *op, Value buffer, int64_t width) {
+  auto uses = [&](Value v) { return sameBuffer(v, buffer) ? 1 : 0; };
+  int64_t touches = 0;
+  for (Value v : op->getOperands())
+    if (isa<MemRefType>(v.getType()))
+      touches += uses(v);
+  if (auto insert = dyn_cast<rt::InsertAxisOp>(op)) {
+    auto start = dyn_cast<IntegerAttr>(insert.getStart());
+    if (touches == 1 && uses(insert.getOut()) && start &&
+        insert.getInner() == 1 && insert.getExtent() == width)
+      return std::make_pair(start.getInt(),
+                            start.getInt() + insert.getLength());
+  }
+  if (auto g = dyn_cast<rt::MatmulBiasGradOp>(op))
+    if (touches == 1 && (uses(g.getC()) || uses(g.getDb())) &&
+        g.getLdc() == width)
+      return std::make_pair(g.getCol(), g.getCol() + g.getN());
+  return std::nullopt;
+}
+
+// Whether `v`, used in the block of `point`, can be made to exist before
+// `point`: it does already, or it is an allocation (or a view of one) later
+// in the block, which `rewriter` (when given) moves up.
+bool availableBefore(Value v, Operation *point, PatternRewriter *rewriter) {
+  Operation *def = v.getDefiningOp();
+  // Defined in an enclosing block: before the whole block.
+  if (!def || def->getBlock() != point->getBlock() ||
+      def->isBeforeInBlock(point))
+    return true;
+  if (auto view = dyn_cast<rt::ViewOp>(def)) {
+    if (!availableBefore(view.getSource(), point, rewriter))
+      return false;
+  } else if (!isa<rt::AllocOp>(def)) {
+    return false;
+  }
+  if (rewriter)
+    rewriter->moveOpBefore(def, point);
+  return true;
+}
+
+// matmul_bias_grad(x, dy) -> dw, db; ...; insert_axis(dw) -> W [m, E] at
+// column s; insert_axis(db) -> B [E] at s: the q, k or v piece of a fused
+// projection's weight and bias gradients, written by its GEMM straight into
+// its columns of the fused ones (ldc = E, col = s), without the copies.
+// The writes move up to the GEMM, so in between W and B may only take
+// other columns' writes.
+struct ColumnBlockFusion : OpRewritePattern<rt::MatmulBiasGradOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::MatmulBiasGradOp g,
+                                PatternRewriter &rewriter) const override {
+    if (g.getLdc() != g.getN() || g.getCol() != 0)
+      return failure();
+    rt::InsertAxisOp intoW = columnCopyOf(g.getC(), g, g.getM());
+    rt::InsertAxisOp intoB = columnCopyOf(g.getDb(), g, 1);
+    if (!intoW || !intoB || intoW.getLength() != g.getN() ||
+        intoB.getLength() != g.getN() ||
+        intoW.getExtent() != intoB.getExtent() ||
+        intoW.getStart() != intoB.getStart())
+      return failure();
+    Value w = intoW.getOut(), b = intoB.getOut();
+    int64_t width = intoW.getExtent();
+    int64_t col = cast<IntegerAttr>(intoW.getStart()).getInt();
+    if (sameBuffer(w, b) ||
+        llvm::any_of(ValueRange{g.getA(), g.getB()}, [&](Value v) {
+          return sameBuffer(v, w) || sameBuffer(v, b);
+        }))
+      return failure();
+    for (auto [copy, dest] :
+         {std::make_pair(intoW, w), std::make_pair(intoB, b)})
+      for (Operation *op = g->getNextNode(); op != copy.getOperation();
+           op = op->getNextNode()) {
+        if (isBookkeeping(op) || llvm::none_of(op->getOperands(), [&](Value v) {
+              return isa<MemRefType>(v.getType()) && sameBuffer(v, dest);
+            }))
+          continue;
+        auto cols = columnsWritten(op, dest, width);
+        if (!cols || (cols->first < col + g.getN() && col < cols->second))
+          return failure();
+      }
+    if (!availableBefore(w, g, nullptr) || !availableBefore(b, g, nullptr))
+      return failure();
+    availableBefore(w, g, &rewriter);
+    availableBefore(b, g, &rewriter);
+    rewriter.setInsertionPoint(g);
+    rt::MatmulBiasGradOp::create(rewriter, g.getLoc(), g.getA(), g.getB(), w, b,
+                                 g.getM(), g.getN(), g.getK(), width, col);
+    rewriter.eraseOp(intoW);
+    rewriter.eraseOp(intoB);
+    rewriter.eraseOp(g);
+    return success();
   }
 };
 
@@ -423,6 +548,6 @@ struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
 void tessel::populateFuseKernelsPatterns(RewritePatternSet &patterns) {
   patterns.add<MatmulBiasFusion, AddNormFusion<rt::LayerNormForwardOp>,
                AddNormFusion<rt::RmsNormForwardOp>, NormBackwardAddFusion,
-               SwigluFusion, BiasGradFusion, GeluGradFusion, MatmulAddFusion>(
-      patterns.getContext());
+               SwigluFusion, BiasGradFusion, ColumnBlockFusion, GeluGradFusion,
+               MatmulAddFusion>(patterns.getContext());
 }

@@ -209,36 +209,57 @@ void Planner::placeGradients() {
   });
 }
 
-// The GEMM that writes all of `value` as its product (rt.matmul of one
-// product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad),
-// an allocation of its own that nothing but that GEMM and the part's
-// `yield` touches; null otherwise.
-static Operation *wholeProductOf(Value value, Operation *yield) {
+// The GEMMs that write all of `value` as their product (rt.matmul of one
+// product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad;
+// several rt.matmul_bias_grad when each writes a column block of it, the
+// q, k and v pieces of a fused projection's gradient), an allocation of its
+// own that nothing but those GEMMs and the part's `yield` touches; empty
+// otherwise.
+static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
   if (!value.getDefiningOp<rt::AllocOp>())
-    return nullptr;
-  Operation *product = nullptr;
+    return {};
+  SmallVector<Operation *> products;
+  // Columns covered by column blocks, and whether any is one.
+  int64_t columns = 0, width = 0;
   for (OpOperand &use : value.getUses()) {
     Operation *user = use.getOwner();
     if (user == yield)
       continue;
-    if (product || use.getOperandNumber() != 2 ||
+    if (use.getOperandNumber() != 2 ||
         llvm::count(user->getOperands(), value) != 1)
-      return nullptr;
+      return {};
     auto mm = dyn_cast<rt::MatmulOp>(user);
     auto bg = dyn_cast<rt::MatmulBiasGradOp>(user);
     auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(user);
-    if (mm && mm.getBatch() == 1 &&
-        mm.getM() * mm.getN() == rt::elementsOf(value))
-      product = mm;
-    else if (bg && bg.getM() * bg.getN() == rt::elementsOf(value))
-      product = bg;
-    else if (gw && gw.getNumExperts() * gw.getK() * gw.getN() ==
-                       rt::elementsOf(value))
-      product = gw;
-    else
-      return nullptr;
+    if (bg && bg.getM() * bg.getLdc() == rt::elementsOf(value) &&
+        (!width || width == bg.getLdc())) {
+      width = bg.getLdc();
+      columns += bg.getN();
+    } else if (!products.empty() || width) {
+      return {};
+    } else if (!(mm && mm.getBatch() == 1 &&
+                 mm.getM() * mm.getN() == rt::elementsOf(value)) &&
+               !(gw && gw.getNumExperts() * gw.getK() * gw.getN() ==
+                           rt::elementsOf(value))) {
+      return {};
+    }
+    products.push_back(user);
   }
-  return product;
+  if (width) {
+    // The blocks tile the rows: none overlaps another, together all.
+    SmallVector<std::pair<int64_t, int64_t>> blocks;
+    for (Operation *p : products) {
+      auto bg = cast<rt::MatmulBiasGradOp>(p);
+      blocks.push_back({bg.getCol(), bg.getCol() + bg.getN()});
+    }
+    llvm::sort(blocks);
+    for (size_t i = 1; i < blocks.size(); ++i)
+      if (blocks[i].first < blocks[i - 1].second)
+        return {};
+    if (columns != width)
+      return {};
+  }
+  return products;
 }
 
 // Each input of the update is summed into its place right after the last
@@ -278,30 +299,35 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
     // Only the accumulation reads it now, unless a later part takes it too.
     if (result.hasOneUse())
       accumulatedOnly.insert({yield, result.getResultNumber()});
-    // A weight gradient that one GEMM writes whole, and that nothing else
-    // in the part touches, is summed by that GEMM in its place (beta = 1
-    // after the first run): no buffer of its own, no pass to add it.
-    Operation *product = fuseAccumulation && result.hasOneUse()
-                             ? wholeProductOf(value, yield)
-                             : nullptr;
-    if (product && rt::elementTypeOf(value) == rt::elementTypeOf(arg)) {
+    // A weight gradient that one GEMM writes whole (or GEMMs their column
+    // blocks of it), and that nothing else in the part touches, is summed by
+    // the GEMM in its place (beta = 1 after the first run): no buffer of its
+    // own, no pass to add it.
+    SmallVector<Operation *> products;
+    if (fuseAccumulation && result.hasOneUse() &&
+        rt::elementTypeOf(value) == rt::elementTypeOf(arg))
+      products = productsOf(value, yield);
+    if (!products.empty()) {
       placeOf[value] = placeOf.lookup(arg);
-      b.setInsertionPoint(product);
-      if (auto mm = dyn_cast<rt::MatmulOp>(product))
-        rt::MatmulAccumulateOp::create(b, mm.getLoc(), mm.getA(), mm.getB(),
-                                       value, first, mm.getMAttr(),
-                                       mm.getNAttr(), mm.getKAttr(),
-                                       mm.getTransAAttr(), mm.getTransBAttr());
-      else if (auto bg = dyn_cast<rt::MatmulBiasGradOp>(product))
-        rt::MatmulBiasGradAccumulateOp::create(
-            b, bg.getLoc(), bg.getA(), bg.getB(), value, bg.getDb(), first,
-            bg.getMAttr(), bg.getNAttr(), bg.getKAttr());
-      else if (auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(product))
-        rt::GroupedMatmulWeightGradAccumulateOp::create(
-            b, gw.getLoc(), gw.getX(), gw.getDout(), value, gw.getOffsets(),
-            first, gw.getSegmentsAttr(), gw.getNumExpertsAttr(), gw.getKAttr(),
-            gw.getNAttr(), gw.getTransWAttr());
-      product->erase();
+      for (Operation *product : products) {
+        b.setInsertionPoint(product);
+        if (auto mm = dyn_cast<rt::MatmulOp>(product))
+          rt::MatmulAccumulateOp::create(
+              b, mm.getLoc(), mm.getA(), mm.getB(), value, first, mm.getMAttr(),
+              mm.getNAttr(), mm.getKAttr(), mm.getTransAAttr(),
+              mm.getTransBAttr());
+        else if (auto bg = dyn_cast<rt::MatmulBiasGradOp>(product))
+          rt::MatmulBiasGradAccumulateOp::create(
+              b, bg.getLoc(), bg.getA(), bg.getB(), value, bg.getDb(), first,
+              bg.getMAttr(), bg.getNAttr(), bg.getKAttr(), bg.getLdcAttr(),
+              bg.getColAttr());
+        else if (auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(product))
+          rt::GroupedMatmulWeightGradAccumulateOp::create(
+              b, gw.getLoc(), gw.getX(), gw.getDout(), value, gw.getOffsets(),
+              first, gw.getSegmentsAttr(), gw.getNumExpertsAttr(),
+              gw.getKAttr(), gw.getNAttr(), gw.getTransWAttr());
+        product->erase();
+      }
       continue;
     }
     if (after)

@@ -76,9 +76,9 @@ module attributes {dist.mesh = #dist.mesh<>} {
 // it as its C.
 // CHECK-LABEL: func.func @backward()
 // CHECK-NOT: rt.reduce_sum_leading
-// CHECK: rt.matmul_bias_grad(%[[H:.*]], %[[DY:.*]], %[[DW2:.*]], %[[DB2:.*]]) {k = 8 : i64, m = 16 : i64, n = 8 : i64}
+// CHECK: rt.matmul_bias_grad(%[[H:.*]], %[[DY:.*]], %[[DW2:.*]], %[[DB2:.*]]) {col = 0 : i64, k = 8 : i64, ldc = 8 : i64, m = 16 : i64, n = 8 : i64}
 // CHECK: rt.matmul_gelu_grad(%[[DY]], %[[W2:.*]], %[[PRE:.*]], %[[DH:.*]]) {k = 8 : i64, m = 8 : i64, n = 16 : i64, trans_b = true}
-// CHECK: rt.matmul_bias_grad(%[[X:.*]], %[[DH]], %[[DW1:.*]], %[[DB1:.*]]) {k = 8 : i64, m = 8 : i64, n = 16 : i64}
+// CHECK: rt.matmul_bias_grad(%[[X:.*]], %[[DH]], %[[DW1:.*]], %[[DB1:.*]]) {col = 0 : i64, k = 8 : i64, ldc = 16 : i64, m = 8 : i64, n = 16 : i64}
 // CHECK: rt.matmul_add(%[[DH]], %[[W1:.*]], %[[DY]], %[[DX:.*]]) {k = 16 : i64, m = 8 : i64, n = 8 : i64, trans_b = true}
 // CHECK-NOT: rt.gelu_backward
 // CHECK-NOT: rt.add_broadcast
@@ -136,6 +136,69 @@ module attributes {dist.mesh = #dist.mesh<>} {
     rt.fill(%dy) {n = 64 : i64, value = 2.0 : f64} : memref<2x4x8xf32>
     %dw2 = rt.alloc : memref<16x8xf32>
     rt.matmul(%dh, %dy, %dw2) {batch = 1 : i64, m = 16 : i64, n = 8 : i64, k = 8 : i64, trans_a = true, trans_b = false, stride_a = 128 : i64, stride_b = 64 : i64, stride_c = 128 : i64} : memref<2x4x16xf32>, memref<2x4x8xf32>, memref<16x8xf32>
+    return
+  }
+
+// A fused projection's q, k and v pieces (8 columns each of 24): each
+// piece's GEMM writes its weight and bias gradients straight into its
+// columns of the fused ones, which are allocated before the first GEMM; the
+// copies are gone, and so are the pieces' buffers.
+// CHECK-LABEL: func.func @fused_projection()
+// CHECK: %[[FW:.*]] = rt.alloc : memref<8x24xf32>
+// CHECK: %[[FB:.*]] = rt.alloc : memref<24xf32>
+// CHECK: rt.matmul_bias_grad(%[[X:.*]], %[[DV:.*]], %[[FW]], %[[FB]]) {col = 16 : i64, k = 8 : i64, ldc = 24 : i64, m = 8 : i64, n = 8 : i64}
+// CHECK: rt.matmul_bias_grad(%[[X]], %[[DK:.*]], %[[FW]], %[[FB]]) {col = 8 : i64, k = 8 : i64, ldc = 24 : i64, m = 8 : i64, n = 8 : i64}
+// CHECK: rt.matmul_bias_grad(%[[X]], %[[DQ:.*]], %[[FW]], %[[FB]]) {col = 0 : i64, k = 8 : i64, ldc = 24 : i64, m = 8 : i64, n = 8 : i64}
+// CHECK-NOT: rt.insert_axis
+// CHECK-NOT: memref<8x8xf32>
+// CHECK: return
+  func.func @fused_projection() {
+    %x = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%x) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %dq = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%dq) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %dk = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%dk) {n = 64 : i64, value = 2.0 : f64} : memref<2x4x8xf32>
+    %dv = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%dv) {n = 64 : i64, value = 3.0 : f64} : memref<2x4x8xf32>
+    %bv = rt.alloc : memref<8xf32>
+    %wv = rt.alloc : memref<8x8xf32>
+    rt.matmul_bias_grad(%x, %dv, %wv, %bv) {m = 8 : i64, n = 8 : i64, k = 8 : i64, ldc = 8 : i64, col = 0 : i64} : memref<2x4x8xf32>, memref<2x4x8xf32>, memref<8x8xf32>, memref<8xf32>
+    %bk = rt.alloc : memref<8xf32>
+    %wk = rt.alloc : memref<8x8xf32>
+    rt.matmul_bias_grad(%x, %dk, %wk, %bk) {m = 8 : i64, n = 8 : i64, k = 8 : i64, ldc = 8 : i64, col = 0 : i64} : memref<2x4x8xf32>, memref<2x4x8xf32>, memref<8x8xf32>, memref<8xf32>
+    %bq = rt.alloc : memref<8xf32>
+    %wq = rt.alloc : memref<8x8xf32>
+    rt.matmul_bias_grad(%x, %dq, %wq, %bq) {m = 8 : i64, n = 8 : i64, k = 8 : i64, ldc = 8 : i64, col = 0 : i64} : memref<2x4x8xf32>, memref<2x4x8xf32>, memref<8x8xf32>, memref<8xf32>
+    %fb = rt.alloc : memref<24xf32>
+    rt.insert_axis(%bq, %fb) {outer = 1 : i64, extent = 24 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8xf32>, memref<24xf32>
+    rt.insert_axis(%bk, %fb) {outer = 1 : i64, extent = 24 : i64, inner = 1 : i64, start = 8 : i64, length = 8 : i64} : memref<8xf32>, memref<24xf32>
+    rt.insert_axis(%bv, %fb) {outer = 1 : i64, extent = 24 : i64, inner = 1 : i64, start = 16 : i64, length = 8 : i64} : memref<8xf32>, memref<24xf32>
+    %fw = rt.alloc : memref<8x24xf32>
+    rt.insert_axis(%wq, %fw) {outer = 8 : i64, extent = 24 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8x8xf32>, memref<8x24xf32>
+    rt.insert_axis(%wk, %fw) {outer = 8 : i64, extent = 24 : i64, inner = 1 : i64, start = 8 : i64, length = 8 : i64} : memref<8x8xf32>, memref<8x24xf32>
+    rt.insert_axis(%wv, %fw) {outer = 8 : i64, extent = 24 : i64, inner = 1 : i64, start = 16 : i64, length = 8 : i64} : memref<8x8xf32>, memref<8x24xf32>
+    rt.sum_squares(%fw, %fb) {n = 8 : i64} : memref<8x24xf32>, memref<24xf32>
+    return
+  }
+
+// Nothing moves a piece's write up past an op that reads the fused
+// gradient, or writes the same columns of it.
+// CHECK-LABEL: func.func @projection_blocked()
+// CHECK-COUNT-2: rt.insert_axis
+// CHECK: return
+  func.func @projection_blocked() {
+    %x = rt.alloc : memref<2x4x8xf32>
+    rt.fill(%x) {n = 64 : i64, value = 1.0 : f64} : memref<2x4x8xf32>
+    %fb = rt.alloc : memref<16xf32>
+    %fw = rt.alloc : memref<8x16xf32>
+    rt.fill(%fw) {n = 128 : i64, value = 0.0 : f64} : memref<8x16xf32>
+    %bq = rt.alloc : memref<8xf32>
+    %wq = rt.alloc : memref<8x8xf32>
+    rt.matmul_bias_grad(%x, %x, %wq, %bq) {m = 8 : i64, n = 8 : i64, k = 8 : i64, ldc = 8 : i64, col = 0 : i64} : memref<2x4x8xf32>, memref<2x4x8xf32>, memref<8x8xf32>, memref<8xf32>
+    rt.sum_squares(%fw, %fb) {n = 8 : i64} : memref<8x16xf32>, memref<16xf32>
+    rt.insert_axis(%bq, %fb) {outer = 1 : i64, extent = 16 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8xf32>, memref<16xf32>
+    rt.insert_axis(%wq, %fw) {outer = 8 : i64, extent = 16 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8x8xf32>, memref<8x16xf32>
     return
   }
 }

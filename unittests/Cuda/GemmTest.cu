@@ -6,7 +6,8 @@
 // take the fused epilogue (N a multiple of 8) and the unfused one; the
 // backward's fused products (matmulBiasGrad, matmulGeluGrad, matmulAdd)
 // and the weight gradients summed by their GEMMs (matmulAccumulate,
-// matmulBiasGradAccumulate) against the CPU kernels they replace. Storage: fp32
+// matmulBiasGradAccumulate, also into column blocks of a wider gradient)
+// against the CPU kernels they replace. Storage: fp32
 // throughout, bf16 operands into fp32, bf16 throughout.
 //
 //===----------------------------------------------------------------------===//
@@ -375,6 +376,49 @@ TYPED_TEST(Gemm, AccumulateIntoGradient) {
     checkAccumulate<TypeParam>(64, 48, 96, withBias, seed += 5);
     checkAccumulate<TypeParam>(37, 50, 129, withBias, seed += 5);
   }
+}
+
+// The q, k and v pieces of a fused projection's gradients: pieces 2 and 0
+// of three write (then sum) their columns of rows of 3N and their column
+// sums, piece 1's columns keep what they held; against the CPU kernels on
+// the same inputs. N = 50 puts the pieces at 8-byte (not 16-byte) aligned
+// columns; a bf16 C takes the unfused product with its leading dimension.
+template <typename S>
+void checkColumnBlocks(int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  using TAB = typename S::AB;
+  using TC = typename S::C;
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
+               " K=" + std::to_string(K));
+  const int64_t ldc = 3 * N;
+  const std::vector<float> stale = roundTo<TC>(randomVector(M * ldc, seed));
+  const std::vector<float> staleDb = randomVector(ldc, seed + 1);
+  DeviceArray<TC> c(stale);
+  DeviceArray<float> db(staleDb);
+  std::vector<float> want = stale, wantDb = staleDb;
+  for (int run = 0; run < 2; ++run)
+    for (int64_t piece : {2, 0}) {
+      seed += 2;
+      const std::vector<float> a = roundTo<TAB>(randomVector(K * M, seed));
+      const std::vector<float> b = roundTo<TAB>(randomVector(K * N, seed + 1));
+      DeviceArray<TAB> dA(a), dB(b);
+      sync();
+      const bool first = run == 0;
+      matmulBiasGradAccumulate(dA.get(), dB.get(), c.get(), db.get(), first, M,
+                               N, K, ldc, piece * N);
+      rt::matmulBiasGradAccumulate(a.data(), b.data(), want.data(),
+                                   wantDb.data(), first, M, N, K, ldc,
+                                   piece * N);
+      sync();
+    }
+  const bool bf16Out = std::is_same_v<TC, bf16>;
+  expectClose(c.download(), want, rtolFor<TC>(), bf16Out ? 2e-2 : 1e-4,
+              "column blocks");
+  expectClose(db.download(), wantDb, 1e-4, 1e-3, "bias gradient blocks");
+}
+
+TYPED_TEST(Gemm, BiasGradColumnBlocks) {
+  checkColumnBlocks<TypeParam>(64, 48, 96, 190);
+  checkColumnBlocks<TypeParam>(37, 50, 129, 200);
 }
 
 TEST(GemmTypes, MixedOperandTypesThrow) {

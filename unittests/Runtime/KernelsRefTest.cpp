@@ -158,6 +158,44 @@ TEST(KernelMatmul, AccumulateOverMicrobatches) {
   }
 }
 
+// The q, k and v pieces of a fused projection's gradients: each GEMM writes
+// (and after the first run sums) its columns [col, col + N) of rows of ldc,
+// and its column sums in db [col, col + N), leaving the other columns as
+// they are (here the middle piece's, never written).
+TEST(KernelMatmul, BiasGradColumnBlocks) {
+  std::mt19937 gen(5);
+  const int64_t M = 6, N = 5, K = 11, ldc = 3 * N;
+  for (bool accumulate : {false, true}) {
+    std::vector<float> got = randVec(M * ldc, gen), want = got;
+    std::vector<float> db = randVec(ldc, gen), wantDb = db;
+    for (int run = 0; run < 3; ++run)
+      for (int64_t p : {2, 0}) {
+        auto A = randVec(K * M, gen), B = randVec(K * N, gen);
+        if (accumulate)
+          rt::matmulBiasGradAccumulate(A.data(), B.data(), got.data(),
+                                       db.data(), run == 0, M, N, K, ldc,
+                                       p * N);
+        else
+          rt::matmulBiasGrad(A.data(), B.data(), got.data(), db.data(), M, N, K,
+                             ldc, p * N);
+        std::vector<float> piece(M * N), pieceDb(N);
+        rt::ref::matmul(A.data(), B.data(), piece.data(), 1, M, N, K, true,
+                        false, 0, 0, 0, false);
+        rt::ref::reduceSumLeading(B.data(), pieceDb.data(), K, N);
+        const bool sums = accumulate && run > 0;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            float &w = want[i * ldc + p * N + j];
+            w = (sums ? w : 0.f) + piece[i * N + j];
+          }
+        for (int64_t j = 0; j < N; ++j)
+          wantDb[p * N + j] = pieceDb[j];
+      }
+    expectClose(got, want, accumulate ? "summed blocks" : "blocks");
+    expectClose(db, wantDb, "bias gradient blocks");
+  }
+}
+
 // ------------------------------------------------------------ elementwise
 
 TEST(KernelElementwise, BroadcastAddMul) {

@@ -21,11 +21,13 @@ namespace tessel::rt {
 // [M, K], or [K, M] when transA. opB(B) is K x N: stored [K, N], or [N, K] when
 // transB. strideA/B/C are element strides between batch entries; a stride of 0
 // broadcasts that operand to every batch entry. When accumulate is true the
-// product is added to C instead of overwriting it.
+// product is added to C instead of overwriting it. C's rows are ldc elements
+// apart (0: N, contiguous).
 template <typename T>
 void matmul(const T *A, const T *B, T *C, int64_t batch, int64_t M, int64_t N,
             int64_t K, bool transA, bool transB, int64_t strideA,
-            int64_t strideB, int64_t strideC, bool accumulate = false);
+            int64_t strideB, int64_t strideC, bool accumulate = false,
+            int64_t ldc = 0);
 
 // Fused kernels (tessel-fuse-kernels; lib/Runtime/Kernels/Fused.cpp), each
 // the plain kernels it replaces run in their order:
@@ -34,15 +36,19 @@ void matmul(const T *A, const T *B, T *C, int64_t batch, int64_t M, int64_t N,
 template <typename T>
 void matmulBias(const T *A, const T *B, const T *bias, T *out, T *gelu,
                 int64_t M, int64_t N, int64_t K, bool transB);
-// C = A^T B (A stored [K, M], B [K, N]); db = the column sums of B.
+// C = A^T B (A stored [K, M], B [K, N]); db = the column sums of B. The
+// product may be a column block of a wider gradient: C's rows are ldc
+// elements long (0: N) and the product goes to their columns [col, col + N),
+// the sums to db [col, col + N).
 template <typename T>
 void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
-                    int64_t K);
+                    int64_t K, int64_t ldc = 0, int64_t col = 0);
 // The same, C summed over microbatches by the GEMM (C + A^T B after the
 // first); db written.
 template <typename T>
 void matmulBiasGradAccumulate(const T *A, const T *B, T *C, T *db, bool first,
-                              int64_t M, int64_t N, int64_t K);
+                              int64_t M, int64_t N, int64_t K, int64_t ldc = 0,
+                              int64_t col = 0);
 // dx = gelu'(pre) * (A opB(B)), A [M, K].
 template <typename T>
 void matmulGeluGrad(const T *A, const T *B, const T *pre, T *dx, int64_t M,

@@ -194,7 +194,12 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
     `rt.matmul_bias_grad`, an input gradient's GEMM and the GELU backward
     of it `rt.matmul_gelu_grad`, and a product added to another term
     `rt.matmul_add`; these move a kernel past others that only read what
-    it reads and never touch what it writes. Both runtimes have these
+    it reads and never touch what it writes. A weight and bias gradient
+    copied into a column block of wider ones (the q, k and v pieces of a
+    fused projection, `rt.insert_axis`) are written there by their
+    `rt.matmul_bias_grad` (`ldc`, `col`), the copies dropped, when nothing
+    in between reads the wider buffers or writes those columns. Both
+    runtimes have these
     kernels; the CUDA target always runs the pass, the CPU target with
     `--fuse-kernels`.
   }];
@@ -460,7 +465,8 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     and is summed into it (`rt.accumulate`, overwriting on the part's
     `rt.first_run`) right after the last op of its part that touches it,
     so that its arena place is free for the rest of the part; a weight
-    gradient that one GEMM writes whole and nothing else in the part touches
+    gradient that one GEMM writes whole (or GEMMs whose column blocks tile
+    it, a fused projection's pieces) and nothing else in the part touches
     is instead written there by that GEMM (`rt.matmul_accumulate`: the
     product on the first run, added to the sum after, the GEMM's beta = 1,
     as Megatron-LM's gradient accumulation fusion), with no buffer of its

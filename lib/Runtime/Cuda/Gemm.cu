@@ -82,18 +82,20 @@ struct GemmCall {
   cudaDataType_t abType = CUDA_R_32F, cType = CUDA_R_32F;
   int64_t M = 0, N = 0, K = 0, batch = 1;
   int64_t strideA = 0, strideB = 0, strideC = 0;
+  // C's rows are ldc elements apart (0: N).
+  int64_t ldc = 0;
   bool transA = false, transB = false, accumulate = false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   uint32_t alignA = 256, alignB = 256, alignC = 256, alignBias = 256,
            alignAux = 256;
 
-  using Key = std::array<int64_t, 16>;
+  using Key = std::array<int64_t, 17>;
   Key key() const {
     const int64_t flags =
         int64_t(transA) | int64_t(transB) << 1 | int64_t(accumulate) << 2;
-    return {abType,  cType,   M,         N,       K,        batch,
-            strideA, strideB, strideC,   flags,   epilogue, alignA,
-            alignB,  alignC,  alignBias, alignAux};
+    return {abType,  cType,   M,       N,         K,       batch,
+            strideA, strideB, strideC, ldc,       flags,   epilogue,
+            alignA,  alignB,  alignC,  alignBias, alignAux};
   }
 
   std::string describe() const {
@@ -107,6 +109,7 @@ struct GemmCall {
          " transB=" + std::to_string(int(transB)) + " strides=(" +
          std::to_string(strideA) + ", " + std::to_string(strideB) + ", " +
          std::to_string(strideC) + ")" +
+         (ldc > 0 && ldc != N ? " ldc=" + std::to_string(ldc) : "") +
          " accumulate=" + std::to_string(int(accumulate)) + " A/B " +
          typeName(abType) + " C " + typeName(cType);
     if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
@@ -174,14 +177,14 @@ void setDesc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
           "cublasLtMatmulDescSetAttribute", call);
 }
 
-// A column-major layout of rows x cols with leading dimension rows, batched
-// with the given element stride.
+// A column-major layout of rows x cols with leading dimension `ld` (0:
+// rows), batched with the given element stride.
 cublasLtMatrixLayout_t makeLayout(cudaDataType_t type, int64_t rows,
                                   int64_t cols, int64_t batch, int64_t stride,
-                                  const GemmCall &call) {
+                                  const GemmCall &call, int64_t ld = 0) {
   cublasLtMatrixLayout_t layout = nullptr;
   checkLt(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows),
-                                     uint64_t(cols), rows),
+                                     uint64_t(cols), ld > 0 ? ld : rows),
           "cublasLtMatrixLayoutCreate", call);
   if (batch > 1) {
     const int32_t count = int32_t(batch);
@@ -231,7 +234,8 @@ Plan buildPlan(cublasLtHandle_t handle, const GemmCall &call, const void *bias,
                          call.batch, call.strideB, call);
     p.second = makeLayout(call.abType, call.transA ? M : K, call.transA ? K : M,
                           call.batch, call.strideA, call);
-    p.out = makeLayout(call.cType, N, M, call.batch, call.strideC, call);
+    p.out =
+        makeLayout(call.cType, N, M, call.batch, call.strideC, call, call.ldc);
 
     if (call.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
       const uint32_t epilogue = call.epilogue;
@@ -482,25 +486,33 @@ void gemmShutdown() {
 template <typename TA, typename TB, typename TC>
 void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
             int64_t N, int64_t K, bool transA, bool transB, int64_t strideA,
-            int64_t strideB, int64_t strideC, bool accumulate) {
+            int64_t strideB, int64_t strideC, bool accumulate, int64_t ldc) {
   if constexpr (!supportedTypes<TA, TB, TC>()) {
     unsupportedTypes<TA, TB, TC>("matmul");
   } else {
     if (batch <= 0 || M <= 0 || N <= 0)
       return;
+    if (ldc <= 0)
+      ldc = N;
     if (K <= 0) {
-      // Empty contraction: the product is zero.
-      if (!accumulate) {
-        zeroBatchesKernel<<<blocksFor(batch * M * N), kThreads, 0,
-                            computeStream()>>>(C, batch, M * N, strideC);
-        TESSEL_CUDA_CHECK(cudaGetLastError());
-      }
+      // Empty contraction: the product is zero (M rows of N, ldc apart, per
+      // batch entry).
+      if (!accumulate)
+        for (int64_t b = 0; b < (ldc == N ? 1 : batch); ++b) {
+          const int64_t rows = ldc == N ? batch : M;
+          const int64_t each = ldc == N ? M * N : N;
+          const int64_t stride = ldc == N ? strideC : ldc;
+          zeroBatchesKernel<<<blocksFor(rows * each), kThreads, 0,
+                              computeStream()>>>(C + b * strideC, rows, each,
+                                                 stride);
+          TESSEL_CUDA_CHECK(cudaGetLastError());
+        }
       return;
     }
     // Shared B with contiguous, untransposed A batches: the batch is more
     // rows of one product, [batch * M, K] x [K, N] (as the CPU kernel does).
     if (batch > 1 && strideB == 0 && !transA && strideA == M * K &&
-        strideC == M * N) {
+        strideC == M * ldc) {
       M *= batch;
       batch = 1;
     }
@@ -511,13 +523,15 @@ void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
     GemmCall call = rowsCall(A, B, C, M, N, K, transA, transB,
                              CUBLASLT_EPILOGUE_DEFAULT);
     call.accumulate = accumulate;
+    call.ldc = ldc == N ? 0 : ldc;
 
     // cuBLASLt's strided batch takes non-negative strides, an int32 count,
     // and outputs that do not overlap. Anything else (a shared C summing
     // the products, say) runs as one product per batch entry, in order,
     // which is the CPU kernel's semantics.
-    const bool strided = batch == 1 || (strideA >= 0 && strideB >= 0 &&
-                                        strideC >= M * N && batch <= INT32_MAX);
+    const bool strided =
+        batch == 1 || (strideA >= 0 && strideB >= 0 && strideC >= M * ldc &&
+                       batch <= INT32_MAX);
     if (strided) {
       call.batch = batch;
       call.strideA = strideA;
@@ -585,42 +599,49 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
   }
 }
 
-
 // C = A^T B, or C + A^T B when accumulating, with db = the column sums of
-// B (the two bias-gradient entry points).
+// B (the two bias-gradient entry points), in columns [col, col + N) of C's
+// rows of ldc and of db.
 template <typename TA, typename TB, typename TC>
 void biasGradProduct(const TA *A, const TB *B, TC *C, float *db, int64_t M,
-                     int64_t N, int64_t K, bool accumulate) {
+                     int64_t N, int64_t K, int64_t ldc, int64_t col,
+                     bool accumulate) {
   if constexpr (!supportedTypes<TA, TB, TC>()) {
     unsupportedTypes<TA, TB, TC>("matmulBiasGrad");
   } else {
     if (M <= 0 || N <= 0)
       return;
+    if (ldc <= 0)
+      ldc = N;
+    C += col;
+    db += col;
     // cuBLASLt's first operand is our B, reduced over K: BGRADA. The bias
     // gradient takes D's type, so only an fp32 C gets it.
     if (K > 0 && std::is_same_v<TC, float>) {
       GemmCall call = rowsCall(A, B, C, M, N, K, true, false,
                                CUBLASLT_EPILOGUE_BGRADA);
       call.accumulate = accumulate;
+      call.ldc = ldc == N ? 0 : ldc;
       if (tryFused(call, A, B, C, C, accumulate ? 1.0f : 0.0f, db,
                    sizeof(float), nullptr))
         return;
     }
     reduceSumLeading(B, db, K, N);
-    matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, accumulate);
+    matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, accumulate, ldc);
   }
 }
 
 template <typename TA, typename TB, typename TC>
 void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
-                    int64_t N, int64_t K) {
-  biasGradProduct(A, B, C, db, M, N, K, false);
+                    int64_t N, int64_t K, int64_t ldc, int64_t col) {
+  biasGradProduct(A, B, C, db, M, N, K, ldc, col, false);
 }
 
 template <typename TA, typename TB, typename TC>
 void matmulBiasGradAccumulate(const TA *A, const TB *B, TC *C, float *db,
-                              bool first, int64_t M, int64_t N, int64_t K) {
-  biasGradProduct(A, B, C, db, M, N, K, !first);
+                              bool first, int64_t M, int64_t N, int64_t K,
+                              int64_t ldc, int64_t col) {
+  biasGradProduct(A, B, C, db, M, N, K, ldc, col, !first);
 }
 
 template <typename TA, typename TB, typename TC>
@@ -674,13 +695,15 @@ void matmulAdd(const TA *A, const TB *B, const TC *addend, TC *out, int64_t M,
 #define TESSEL_INSTANTIATE3(A, B, C)                                           \
   template void matmul<A, B, C>(const A *, const B *, C *, int64_t, int64_t,   \
                                 int64_t, int64_t, bool, bool, int64_t,         \
-                                int64_t, int64_t, bool);                       \
+                                int64_t, int64_t, bool, int64_t);              \
   template void matmulBias<A, B, C>(const A *, const B *, const float *, C *,  \
                                     C *, int64_t, int64_t, int64_t, bool);     \
   template void matmulBiasGrad<A, B, C>(const A *, const B *, C *, float *,    \
-                                        int64_t, int64_t, int64_t);            \
+                                        int64_t, int64_t, int64_t, int64_t,    \
+                                        int64_t);                              \
   template void matmulBiasGradAccumulate<A, B, C>(                             \
-      const A *, const B *, C *, float *, bool, int64_t, int64_t, int64_t);    \
+      const A *, const B *, C *, float *, bool, int64_t, int64_t, int64_t,     \
+      int64_t, int64_t);                                                       \
   template void matmulGeluGrad<A, B, C>(const A *, const B *, const C *, C *,  \
                                         int64_t, int64_t, int64_t, bool);      \
   template void matmulAdd<A, B, C>(const A *, const B *, const C *, C *,       \

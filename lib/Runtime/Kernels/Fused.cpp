@@ -25,15 +25,17 @@ void matmulBias(const T *A, const T *B, const T *bias, T *out, T *gelu,
 
 template <typename T>
 void matmulBiasGradAccumulate(const T *A, const T *B, T *C, T *db, bool first,
-                              int64_t M, int64_t N, int64_t K) {
-  reduceSumLeading(B, db, K, N);
-  matmul(A, B, C, 1, M, N, K, true, false, 0, 0, 0, /*accumulate=*/!first);
+                              int64_t M, int64_t N, int64_t K, int64_t ldc,
+                              int64_t col) {
+  reduceSumLeading(B, db + col, K, N);
+  matmul(A, B, C + col, 1, M, N, K, true, false, 0, 0, 0,
+         /*accumulate=*/!first, ldc);
 }
 
 template <typename T>
 void matmulBiasGrad(const T *A, const T *B, T *C, T *db, int64_t M, int64_t N,
-                    int64_t K) {
-  matmulBiasGradAccumulate(A, B, C, db, /*first=*/true, M, N, K);
+                    int64_t K, int64_t ldc, int64_t col) {
+  matmulBiasGradAccumulate(A, B, C, db, /*first=*/true, M, N, K, ldc, col);
 }
 
 template <typename T>
@@ -95,9 +97,10 @@ void swigluForward(const T *gate, const T *up, T *out, T *siluOut, int64_t n) {
   template void matmulBias<T>(const T *, const T *, const T *, T *, T *,       \
                               int64_t, int64_t, int64_t, bool);                \
   template void matmulBiasGrad<T>(const T *, const T *, T *, T *, int64_t,     \
-                                  int64_t, int64_t);                           \
+                                  int64_t, int64_t, int64_t, int64_t);         \
   template void matmulBiasGradAccumulate<T>(const T *, const T *, T *, T *,    \
-                                            bool, int64_t, int64_t, int64_t);  \
+                                            bool, int64_t, int64_t, int64_t,   \
+                                            int64_t, int64_t);                 \
   template void matmulGeluGrad<T>(const T *, const T *, const T *, T *,        \
                                   int64_t, int64_t, int64_t, bool);            \
   template void matmulAdd<T>(const T *, const T *, const T *, T *, int64_t,    \

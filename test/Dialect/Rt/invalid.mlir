@@ -101,3 +101,19 @@ func.func @shift_zero(%x: memref<8x64xf32>) {
   %r = rt.shift_start(%x, %x) {axes = #dist.axes<tp>, shift = 0 : i64} : memref<8x64xf32>, memref<8x64xf32>
   return
 }
+
+// -----
+
+func.func @bias_grad_columns(%a: memref<4x8xf32>, %b: memref<4x8xf32>, %c: memref<8x16xf32>, %db: memref<16xf32>) {
+  // expected-error@+1 {{columns [12, 20) do not fit rows of 16}}
+  rt.matmul_bias_grad(%a, %b, %c, %db) {m = 8 : i64, n = 8 : i64, k = 4 : i64, ldc = 16 : i64, col = 12 : i64} : memref<4x8xf32>, memref<4x8xf32>, memref<8x16xf32>, memref<16xf32>
+  return
+}
+
+// -----
+
+func.func @bias_grad_rows(%a: memref<4x8xf32>, %b: memref<4x8xf32>, %c: memref<8x8xf32>, %db: memref<16xf32>, %first: i1) {
+  // expected-error@+1 {{writes 8 rows of 16 and a row of 16, but c has 64 elements and db 16}}
+  rt.matmul_bias_grad_accumulate(%a, %b, %c, %db, %first) {m = 8 : i64, n = 8 : i64, k = 4 : i64, ldc = 16 : i64, col = 8 : i64} : memref<4x8xf32>, memref<4x8xf32>, memref<8x8xf32>, memref<16xf32>, i1
+  return
+}

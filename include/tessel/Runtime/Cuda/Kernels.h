@@ -43,12 +43,14 @@ void checkCuda(cudaError_t status, const char *what, const char *file,
 //===--- Gemm.cu: cuBLASLt ------------------------------------------------===//
 
 // C[b] = opA(A[b]) * opB(B[b]) (+ C[b] when accumulate), exactly the CPU
-// matmul's contract (row-major, strides in elements, stride 0 broadcasts).
-// bf16 operands multiply with fp32 accumulation; A and B have one type.
+// matmul's contract (row-major, strides in elements, stride 0 broadcasts,
+// C's rows ldc elements apart, 0: N). bf16 operands multiply with fp32
+// accumulation; A and B have one type.
 template <typename TA, typename TB, typename TC>
 void matmul(const TA *A, const TB *B, TC *C, int64_t batch, int64_t M,
             int64_t N, int64_t K, bool transA, bool transB, int64_t strideA,
-            int64_t strideB, int64_t strideC, bool accumulate = false);
+            int64_t strideB, int64_t strideC, bool accumulate = false,
+            int64_t ldc = 0);
 
 // Fused epilogue (cuBLASLt CUBLASLT_EPILOGUE_BIAS / GELU_AUX_BIAS):
 // out = A * opB(B) + bias (row broadcast), and when `gelu` is non-null it
@@ -62,15 +64,19 @@ void matmulBias(const TA *A, const TB *B, const float *bias, TC *out, TC *gelu,
 // C = A^T B (A stored [K, M], B [K, N]) and db = the column sums of B in
 // fp32. Falls back to the plain product and reduceSumLeading when cuBLASLt
 // has no algorithm (or C is not fp32, the type its bias gradient takes).
+// As on the CPU, the product may be a column block of a wider gradient: C's
+// rows ldc elements long (0: N), the product in their columns [col, col +
+// N), the sums in db [col, col + N).
 template <typename TA, typename TB, typename TC>
 void matmulBiasGrad(const TA *A, const TB *B, TC *C, float *db, int64_t M,
-                    int64_t N, int64_t K);
+                    int64_t N, int64_t K, int64_t ldc = 0, int64_t col = 0);
 
 // The same, C summed over microbatches by the GEMM after the first (beta =
 // 1, C is D); db written. Falls back as matmulBiasGrad does.
 template <typename TA, typename TB, typename TC>
 void matmulBiasGradAccumulate(const TA *A, const TB *B, TC *C, float *db,
-                              bool first, int64_t M, int64_t N, int64_t K);
+                              bool first, int64_t M, int64_t N, int64_t K,
+                              int64_t ldc = 0, int64_t col = 0);
 
 // An input gradient through GELU (cuBLASLt DGELU): dx = gelu'(pre) *
 // (A opB(B)), A [M, K] row-major; `pre` is the GELU's input as the forward
