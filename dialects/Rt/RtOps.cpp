@@ -71,7 +71,7 @@ bool tessel::rtir::onlyReadsOperand(Operation *op, unsigned index) {
     return index < 2;
   if (isa<GroupedMatmulWeightGradAccumulateOp>(op))
     return index != 2;
-  if (isa<MatmulBiasOp, MatmulGeluGradOp, MatmulAddOp>(op))
+  if (isa<MatmulBiasOp, MatmulGeluGradOp, MatmulAddOp, SwigluBackwardOp>(op))
     return index < 3;
   if (isa<ReduceSumLeadingOp, SliceAxisOp>(op))
     return index < 1;

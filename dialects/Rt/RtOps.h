@@ -44,8 +44,9 @@ int64_t elementBytesOf(mlir::Value buffer);
 // is not a view.
 mlir::Value rootBuffer(mlir::Value v);
 // Whether operand `index` of `op` is one the kernel only reads. Only the
-// matmul family, rt.reduce_sum_leading, rt.slice_axis, rt.add_broadcast and
-// rt.mul_broadcast are known; any other access counts as a write.
+// matmul family, rt.reduce_sum_leading, rt.slice_axis, rt.add_broadcast,
+// rt.mul_broadcast and rt.swiglu_backward are known; any other access counts
+// as a write.
 bool onlyReadsOperand(mlir::Operation *op, unsigned index);
 
 // The bytes of a rank program's activation slots: rt.arena_bytes per

@@ -340,6 +340,12 @@ def Rt_SiluBackwardOp : Rt_KernelOp<"silu_backward", "siluBackward",
 def Rt_SwigluForwardOp : Rt_KernelOp<"swiglu_forward", "swigluForward",
     (ins Rt_Buffer:$gate, Rt_Buffer:$up, Rt_Buffer:$out,
          Optional<Rt_Buffer>:$silu_out, I64Attr:$n)>;
+// SwiGLU's backward with the SiLU taken again from the gate, not kept from
+// the forward (as Megatron-LM's fused SwiGLU): dgate = dout * up *
+// silu'(gate), dup = dout * silu(gate).
+def Rt_SwigluBackwardOp : Rt_KernelOp<"swiglu_backward", "swigluBackward",
+    (ins Rt_Buffer:$gate, Rt_Buffer:$up, Rt_Buffer:$dout, Rt_Buffer:$dgate,
+         Rt_Buffer:$dup, I64Attr:$n)>;
 
 def Rt_LayerNormForwardOp : Rt_KernelOp<"layer_norm_forward", "layerNormForward",
     (ins Rt_Buffer:$x, Rt_Buffer:$w, Rt_Buffer:$b, Rt_Buffer:$out,

@@ -7,6 +7,7 @@
 //   residual add + LayerNorm/RMSNorm   -> add_layer_norm / add_rms_norm
 //   norm backward + residual grad add  -> layer_norm / rms_norm _backward_add
 //   SiLU(gate) * up                    -> swiglu_forward
+//   its backward                       -> swiglu_backward (SiLU taken again)
 //   weight gradient + bias gradient    -> matmul_bias_grad (BGRAD epilogue)
 //   its copy into a fused gradient     -> matmul_bias_grad into its columns
 //   input gradient + GELU backward     -> matmul_gelu_grad (DGELU epilogue)
@@ -23,6 +24,7 @@
 
 #include "tessel/Transforms/Passes.h"
 
+#include "dialects/Pipe/PipeOps.h"
 #include "dialects/Rt/RtOps.h"
 
 #include "mlir/IR/PatternMatch.h"
@@ -100,6 +102,26 @@ bool clearBetween(Operation *from, Operation *to, ArrayRef<Value> reads,
           return false;
     }
   }
+  return true;
+}
+
+// Whether `v`, used in the block of `point`, can be made to exist before
+// `point`: it does already, or it is an allocation (or a view of one) later
+// in the block, which `rewriter` (when given) moves up.
+bool availableBefore(Value v, Operation *point, PatternRewriter *rewriter) {
+  Operation *def = v.getDefiningOp();
+  // Defined in an enclosing block: before the whole block.
+  if (!def || def->getBlock() != point->getBlock() ||
+      def->isBeforeInBlock(point))
+    return true;
+  if (auto view = dyn_cast<rt::ViewOp>(def)) {
+    if (!availableBefore(view.getSource(), point, rewriter))
+      return false;
+  } else if (!isa<rt::AllocOp>(def)) {
+    return false;
+  }
+  if (rewriter)
+    rewriter->moveOpBefore(def, point);
   return true;
 }
 
@@ -297,6 +319,147 @@ struct SwigluFusion : OpRewritePattern<rt::MulBroadcastOp> {
   }
 };
 
+// The gate whose SiLU `s` holds, as `s`'s readers see it, when `s` is
+// written only by an rt.swiglu_forward (its silu_out) or an
+// rt.silu_forward of that gate and otherwise only read (or handed on), and
+// nothing writes the gate after: in the block of `at`, before `at`, or
+// in a forward part that hands on both (then the part's result holding the
+// gate). Null otherwise.
+Value siluGateOf(Value s, Operation *at) {
+  // The gate of the one producer of `buffer`, which nothing writes between
+  // the producer and `end` (in the producer's block).
+  auto gateIn = [](Value buffer, Operation *end) -> Value {
+    Operation *producer = nullptr;
+    Value gate;
+    for (Operation *op : accessesOf(rt::rootBuffer(buffer))) {
+      Value g;
+      if (auto sw = dyn_cast<rt::SwigluForwardOp>(op);
+          sw && sw.getSiluOut() && sameBuffer(sw.getSiluOut(), buffer) &&
+          !sameBuffer(sw.getGate(), buffer) && !sameBuffer(sw.getUp(), buffer))
+        g = sw.getGate();
+      else if (auto sf = dyn_cast<rt::SiluForwardOp>(op);
+               sf && sameBuffer(sf.getOut(), buffer) &&
+               !sameBuffer(sf.getX(), buffer))
+        g = sf.getX();
+      else if (isa<pipe::YieldOp>(op) ||
+               llvm::all_of(op->getOpOperands(), [&](OpOperand &use) {
+                 return !sameBuffer(use.get(), buffer) ||
+                        rt::onlyReadsOperand(op, use.getOperandNumber());
+               }))
+        continue;
+      else
+        return {};
+      if (producer)
+        return {};
+      producer = op;
+      gate = g;
+    }
+    if (!producer || producer->getBlock() != end->getBlock() ||
+        !producer->isBeforeInBlock(end) ||
+        !clearBetween(producer, end, {gate}, {}))
+      return {};
+    return gate;
+  };
+  auto result = dyn_cast<OpResult>(s);
+  auto part = result ? dyn_cast<pipe::ForwardPassOp>(result.getOwner())
+                     : pipe::ForwardPassOp();
+  if (!part)
+    return gateIn(s, at);
+  Operation *yield = part.getBody().front().getTerminator();
+  Value gate = gateIn(yield->getOperand(result.getResultNumber()), yield);
+  if (!gate)
+    return {};
+  for (OpOperand &handed : yield->getOpOperands())
+    if (handed.get() == gate)
+      return part->getResult(handed.getOperandNumber());
+  return {};
+}
+
+// mul(dout, up) -> t; mul(dout, s) -> dup; ...; silu_backward(gate, t) ->
+// dgate, with s = silu(gate): one kernel computes both gradients from the
+// gate, up and dout, taking the SiLU again (as Megatron-LM's fused SwiGLU),
+// so the forward no longer keeps s. The kernel takes the place of the
+// first product: until the SiLU backward nothing may write what it reads
+// or touch dgate, and until the second product nothing may touch dup.
+struct SwigluBackwardFusion : OpRewritePattern<rt::SiluBackwardOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(rt::SiluBackwardOp back,
+                                PatternRewriter &rewriter) const override {
+    Value gate = back.getX(), t = back.getDout(), dgate = back.getDx();
+    int64_t n = back.getN();
+    Value tRoot = rt::rootBuffer(t);
+    if (!tRoot.getDefiningOp<rt::AllocOp>())
+      return failure();
+    rt::MulBroadcastOp first;
+    for (Operation *op : accessesOf(tRoot)) {
+      if (op == back.getOperation())
+        continue;
+      auto mul = dyn_cast<rt::MulBroadcastOp>(op);
+      if (!mul || first || !sameBuffer(mul.getOut(), t))
+        return failure();
+      first = mul;
+    }
+    if (!first || first.getN() != n || first.getNb() != n ||
+        first->getBlock() != back->getBlock() ||
+        !first->isBeforeInBlock(back) || rt::elementsOf(t) != n)
+      return failure();
+    for (bool doutIsLhs : {true, false}) {
+      Value dout = doutIsLhs ? first.getA() : first.getB();
+      Value up = doutIsLhs ? first.getB() : first.getA();
+      if (sameBuffer(dout, up))
+        continue;
+      // The product of dout and silu(gate).
+      rt::MulBroadcastOp second;
+      for (Operation *op : accessesOf(rt::rootBuffer(dout))) {
+        auto mul = dyn_cast<rt::MulBroadcastOp>(op);
+        if (!mul || mul == first || mul->getBlock() != back->getBlock() ||
+            mul.getN() != n || mul.getNb() != n ||
+            sameBuffer(mul.getOut(), dout))
+          continue;
+        Value s = sameBuffer(mul.getA(), dout)   ? mul.getB()
+                  : sameBuffer(mul.getB(), dout) ? mul.getA()
+                                                 : Value();
+        Operation *at = mul->isBeforeInBlock(first) ? mul.getOperation()
+                                                    : first.getOperation();
+        Value g = s ? siluGateOf(s, at) : Value();
+        if (g && sameBuffer(g, gate)) {
+          second = mul;
+          break;
+        }
+      }
+      if (!second)
+        continue;
+      Value dup = second.getOut();
+      Operation *at = second->isBeforeInBlock(first) ? second.getOperation()
+                                                     : first.getOperation();
+      if (rt::elementTypeOf(gate) != rt::elementTypeOf(up) ||
+          rt::elementTypeOf(dgate) != rt::elementTypeOf(dup) ||
+          rt::elementsOf(dgate) != n || rt::elementsOf(dup) != n ||
+          sameBuffer(dgate, dup) ||
+          llvm::any_of(ValueRange{gate, up, dout}, [&](Value v) {
+            return sameBuffer(v, dgate) || sameBuffer(v, dup);
+          }))
+        continue;
+      if (!clearBetween(at, back, {gate, up, dout}, {dgate}) ||
+          (at != second.getOperation() &&
+           !clearBetween(at, second, {}, {dup})) ||
+          !availableBefore(dgate, at, nullptr) ||
+          !availableBefore(dup, at, nullptr))
+        continue;
+      availableBefore(dgate, at, &rewriter);
+      availableBefore(dup, at, &rewriter);
+      rewriter.setInsertionPoint(at);
+      rt::SwigluBackwardOp::create(rewriter, back.getLoc(), gate, up, dout,
+                                   dgate, dup, n);
+      rewriter.eraseOp(first);
+      rewriter.eraseOp(second);
+      rewriter.eraseOp(back);
+      return success();
+    }
+    return failure();
+  }
+};
+
 // reduce_sum_leading(dy) -> db; ...; matmul(x^T, dy) -> dw: the weight
 // gradient's GEMM sums dy's columns as it reads them. The column sums move
 // to the product, so nothing in between may write dy or touch db.
@@ -378,26 +541,6 @@ columnsWritten(Operation *op, Value buffer, int64_t width) {
         g.getLdc() == width)
       return std::make_pair(g.getCol(), g.getCol() + g.getN());
   return std::nullopt;
-}
-
-// Whether `v`, used in the block of `point`, can be made to exist before
-// `point`: it does already, or it is an allocation (or a view of one) later
-// in the block, which `rewriter` (when given) moves up.
-bool availableBefore(Value v, Operation *point, PatternRewriter *rewriter) {
-  Operation *def = v.getDefiningOp();
-  // Defined in an enclosing block: before the whole block.
-  if (!def || def->getBlock() != point->getBlock() ||
-      def->isBeforeInBlock(point))
-    return true;
-  if (auto view = dyn_cast<rt::ViewOp>(def)) {
-    if (!availableBefore(view.getSource(), point, rewriter))
-      return false;
-  } else if (!isa<rt::AllocOp>(def)) {
-    return false;
-  }
-  if (rewriter)
-    rewriter->moveOpBefore(def, point);
-  return true;
 }
 
 // matmul_bias_grad(x, dy) -> dw, db; ...; insert_axis(dw) -> W [m, E] at
@@ -517,6 +660,43 @@ struct MatmulAddFusion : OpRewritePattern<rt::AddBroadcastOp> {
 };
 
 struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
+  // Forward parts' results that nothing reads any more (the SiLU that a
+  // fused SwiGLU backward takes again) are no longer handed on: the value
+  // then lives within its forward part.
+  void dropUnreadResults() {
+    SmallVector<pipe::ForwardPassOp> parts;
+    getOperation().walk([&](pipe::ForwardPassOp part) {
+      if (llvm::any_of(part->getResults(),
+                       [](Value r) { return r.use_empty(); }))
+        parts.push_back(part);
+    });
+    for (pipe::ForwardPassOp part : parts) {
+      Operation *yield = part.getBody().front().getTerminator();
+      SmallVector<Type> kept;
+      SmallVector<Value> keptResults;
+      llvm::BitVector dropped(part->getNumResults());
+      for (OpResult r : part->getResults()) {
+        if (r.use_empty()) {
+          dropped.set(r.getResultNumber());
+          continue;
+        }
+        kept.push_back(r.getType());
+        keptResults.push_back(r);
+      }
+      OpBuilder b(part);
+      OperationState state(part.getLoc(), part->getName());
+      state.addAttributes(part->getAttrs());
+      state.addTypes(kept);
+      state.addRegion();
+      Operation *replacement = b.create(state);
+      replacement->getRegion(0).takeBody(part->getRegion(0));
+      yield->eraseOperands(dropped);
+      for (auto [old, now] : llvm::zip(keptResults, replacement->getResults()))
+        old.replaceAllUsesWith(now);
+      part->erase();
+    }
+  }
+
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
     populateFuseKernelsPatterns(patterns);
@@ -525,6 +705,15 @@ struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
     if (failed(applyPatternsGreedily(getOperation(), std::move(patterns),
                                      config)))
       return signalPassFailure();
+    dropUnreadResults();
+    // A SiLU nothing reads any more (its backward takes it again) is not
+    // written.
+    getOperation().walk([&](rt::SwigluForwardOp swiglu) {
+      Value s = swiglu.getSiluOut();
+      if (s && rt::rootBuffer(s).getDefiningOp<rt::AllocOp>() &&
+          onlyAccessedBy(s, {swiglu}))
+        swiglu.getSiluOutMutable().clear();
+    });
     // The buffers fused away (a matmul's output before its bias, a norm's
     // input gradient before the residual's).
     SmallVector<Operation *> dead;
@@ -548,6 +737,7 @@ struct FuseKernelsPass : tessel::impl::FuseKernelsBase<FuseKernelsPass> {
 void tessel::populateFuseKernelsPatterns(RewritePatternSet &patterns) {
   patterns.add<MatmulBiasFusion, AddNormFusion<rt::LayerNormForwardOp>,
                AddNormFusion<rt::RmsNormForwardOp>, NormBackwardAddFusion,
-               SwigluFusion, BiasGradFusion, ColumnBlockFusion, GeluGradFusion,
-               MatmulAddFusion>(patterns.getContext());
+               SwigluFusion, SwigluBackwardFusion, BiasGradFusion,
+               ColumnBlockFusion, GeluGradFusion, MatmulAddFusion>(
+      patterns.getContext());
 }

@@ -13,10 +13,11 @@ module attributes {dist.mesh = #dist.mesh<>} {
 // CHECK-NOT: rt.gelu_forward(%[[Y]], %[[H]])
 // The residual add and the RMSNorm of its sum.
 // CHECK: rt.add_rms_norm_forward(%[[H]], %[[Y]], %[[S:.*]], %{{.*}}, %[[N:.*]]) {cols = 16 : i64, eps = 1.000000e-05 : f64, rows = 8 : i64}
-// The SiLU waits for the up projection and joins the product.
+// The SiLU waits for the up projection and joins the product; as nothing
+// else reads the SiLU, the kernel writes the product alone.
 // CHECK-NOT: rt.silu_forward
 // CHECK: rt.gelu_forward(%[[S]], %[[UP:.*]]) {n = 128 : i64}
-// CHECK: rt.swiglu_forward(%[[N]], %[[UP]], %[[P:.*]], %{{.*}}) {n = 128 : i64}
+// CHECK: rt.swiglu_forward(%[[N]], %[[UP]], %[[P:.*]]) {n = 128 : i64}
 // The norm's backward writes its input gradient plus the residual's.
 // CHECK: rt.rms_norm_backward_add(%[[S]], %{{.*}}, %[[P]], %[[H]], %{{.*}}, %{{.*}}) {cols = 16 : i64, eps = 1.000000e-05 : f64, rows = 8 : i64}
 // CHECK-NOT: rt.add_broadcast
@@ -199,6 +200,75 @@ module attributes {dist.mesh = #dist.mesh<>} {
     rt.sum_squares(%fw, %fb) {n = 8 : i64} : memref<8x16xf32>, memref<16xf32>
     rt.insert_axis(%bq, %fb) {outer = 1 : i64, extent = 16 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8xf32>, memref<16xf32>
     rt.insert_axis(%wq, %fw) {outer = 8 : i64, extent = 16 : i64, inner = 1 : i64, start = 0 : i64, length = 8 : i64} : memref<8x8xf32>, memref<8x16xf32>
+    return
+  }
+
+// SwiGLU's backward across the parts: one kernel computes the gate's and
+// up's gradients from the gate, up and the output gradient, taking the SiLU
+// again. The forward part no longer hands the SiLU on, and its fused forward
+// writes the product alone.
+// CHECK-LABEL: func.func @swiglu_parts()
+// CHECK: %[[F:.*]]:3 = pipe.forward_pass chunk 0 -> memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32> {
+// CHECK: rt.swiglu_forward(%[[G:.*]], %[[U:.*]], %[[O:.*]]) {n = 128 : i64}
+// CHECK: pipe.yield %[[G]], %[[U]], %[[O]]
+// CHECK: pipe.backward_pass
+// CHECK: rt.swiglu_backward(%[[F]]#0, %[[F]]#1, %[[D:.*]], %[[DG:.*]], %[[DU:.*]]) {n = 128 : i64}
+// CHECK-NOT: rt.mul_broadcast
+// CHECK-NOT: rt.silu_backward
+// CHECK: pipe.yield %[[DG]], %[[DU]]
+  func.func @swiglu_parts() {
+    %f:4 = pipe.forward_pass chunk 0 -> memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32> {
+      %gate = rt.alloc : memref<2x4x16xf32>
+      rt.fill(%gate) {n = 128 : i64, value = 0.5 : f64} : memref<2x4x16xf32>
+      %up = rt.alloc : memref<2x4x16xf32>
+      rt.fill(%up) {n = 128 : i64, value = 2.0 : f64} : memref<2x4x16xf32>
+      %s = rt.alloc : memref<2x4x16xf32>
+      rt.silu_forward(%gate, %s) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>
+      %o = rt.alloc : memref<2x4x16xf32>
+      rt.mul_broadcast(%s, %up, %o) {n = 128 : i64, nb = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+      pipe.yield %gate, %up, %s, %o : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    }
+    %b:3 = pipe.backward_pass chunk 0 -> memref<2x4x16xf32>, memref<2x4x16xf32>, memref<16xf32> {
+      %d = rt.alloc : memref<2x4x16xf32>
+      rt.fill(%d) {n = 128 : i64, value = 1.0 : f64} : memref<2x4x16xf32>
+      %r = rt.alloc : memref<16xf32>
+      rt.reduce_sum_leading(%f#3, %r) {rows = 8 : i64, cols = 16 : i64} : memref<2x4x16xf32>, memref<16xf32>
+      %t = rt.alloc : memref<2x4x16xf32>
+      rt.mul_broadcast(%d, %f#1, %t) {n = 128 : i64, nb = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+      %du = rt.alloc : memref<2x4x16xf32>
+      rt.mul_broadcast(%d, %f#2, %du) {n = 128 : i64, nb = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+      %dg = rt.alloc : memref<2x4x16xf32>
+      rt.silu_backward(%f#0, %t, %dg) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+      pipe.yield %dg, %du, %r : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<16xf32>
+    }
+    return
+  }
+
+// Not when up changes between the products and the SiLU backward: each
+// kernel keeps its place.
+// CHECK-LABEL: func.func @swiglu_blocked()
+// CHECK: rt.mul_broadcast
+// CHECK: rt.mul_broadcast
+// CHECK: rt.silu_backward
+  func.func @swiglu_blocked() {
+    %gate = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%gate) {n = 128 : i64, value = 0.5 : f64} : memref<2x4x16xf32>
+    %up = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%up) {n = 128 : i64, value = 2.0 : f64} : memref<2x4x16xf32>
+    %s = rt.alloc : memref<2x4x16xf32>
+    rt.silu_forward(%gate, %s) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>
+    %r = rt.alloc : memref<16xf32>
+    rt.reduce_sum_leading(%s, %r) {rows = 8 : i64, cols = 16 : i64} : memref<2x4x16xf32>, memref<16xf32>
+    %d = rt.alloc : memref<2x4x16xf32>
+    rt.fill(%d) {n = 128 : i64, value = 1.0 : f64} : memref<2x4x16xf32>
+    %t = rt.alloc : memref<2x4x16xf32>
+    rt.mul_broadcast(%d, %up, %t) {n = 128 : i64, nb = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    %du = rt.alloc : memref<2x4x16xf32>
+    rt.mul_broadcast(%d, %s, %du) {n = 128 : i64, nb = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    rt.fill(%up) {n = 128 : i64, value = 3.0 : f64} : memref<2x4x16xf32>
+    %dg = rt.alloc : memref<2x4x16xf32>
+    rt.silu_backward(%gate, %t, %dg) {n = 128 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>, memref<2x4x16xf32>
+    rt.sum_squares(%dg, %du) {n = 8 : i64} : memref<2x4x16xf32>, memref<2x4x16xf32>
     return
   }
 }

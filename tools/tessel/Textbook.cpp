@@ -750,7 +750,9 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   // Per block and microbatch: the two norms' inputs and outputs (split by
   // the sequence under sp), q, k, v and the attention output, and the MLP's
   // hidden activations (GELU: its input and output; SwiGLU: gate, up, their
-  // activation and product), all split over tp; and the attention's row
+  // activation and product, or with fused kernels gate, up and product, the
+  // backward taking the activation again), all split over tp; and the
+  // attention's row
   // log-sum-exp, one fp32 value per token and head (FlashAttention's), or
   // with unfused attention its probabilities, s values per token and head
   // (Korthikanti et al.'s 2as^2b), and with attention dropout the dropped
@@ -766,11 +768,12 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   double attentionKept = !unfused   ? b * s * heads / t * 4
                          : selective ? 0
                                      : probabilities * b * s * heads / t * sWhole * e;
-  double perBlock = b * s *
-                        (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t +
-                         (llama ? 4 : 2) * f / t) *
-                        e +
-                    attentionKept;
+  double mlpKept = llama ? (plan.value("fused_kernels", false) ? 3 : 4) : 2;
+  double perBlock =
+      b * s *
+          (4 * h / (sp ? t : 1) + (2 * h + 2 * kvDim) / t + mlpKept * f / t) *
+          e +
+      attentionKept;
   // An MoE block keeps, instead of the MLP's hidden activations: per token
   // the router reads, its probabilities (fp32) and, for the z-loss, its
   // logits; per token it routes, the top-k experts, their weights and the
@@ -796,14 +799,14 @@ tessel::memoryTextbook(const json &plan, const std::string &program) {
   double routed = expertTpKept ? b * s : local;
   double k = moeKept.topK, E = moeKept.experts;
   double moeBlock =
-      perBlock - b * s * (llama ? 4 : 2) * f / t * e +
+      perBlock - b * s * mlpKept * f / t * e +
       local * (E * 4 + (moeKept.zLoss ? E * e : 0)) +
       routed * (k * (4 + e + 4) + k * h * e) +
       ep * std::min(k, E / ep) * routed *
-          (h * e + (llama ? 4 : 2) * moeKept.ffn / (expertTpKept ? t : 1) * e) +
+          (h * e + mlpKept * moeKept.ffn / (expertTpKept ? t : 1) * e) +
       (ep > 1 ? 2 : 1) * placed((E + 1) * 4) +
       (moeKept.auxLoss ? placed(E * 4) : 0) +
-      b * s * (llama ? 4 : 2) * moeKept.shared * moeKept.ffn / t * e;
+      b * s * mlpKept * moeKept.shared * moeKept.ffn / t * e;
   // Full recompute keeps only each block's input (Korthikanti et al.'s
   // 2sbh in 16 bits; split by the sequence under sp).
   double keptPerMicrobatch = 0;

@@ -234,6 +234,41 @@ TEST(CudaElementwise, Swiglu) {
   }
 }
 
+// SwiGLU's fused backward against the CPU kernels it replaces, on the same
+// rounded inputs: up's gradient dout * silu(gate), the gate's the SiLU's
+// backward of dout * up; the 8-wide path (n a multiple of 8) and the
+// scalar one.
+template <typename TI, typename TG, typename TO>
+void checkSwigluBackward(int64_t n) {
+  SCOPED_TRACE(std::string(typeName<TI>()) + "," + typeName<TG>() + "->" +
+               typeName<TO>() + " n=" + std::to_string(n));
+  auto gate = roundTo<TI>(randomVector(size_t(n), 11, -5.0f, 5.0f));
+  auto up = roundTo<TI>(randomVector(size_t(n), 12, -2.0f, 2.0f));
+  auto dout = roundTo<TG>(randomVector(size_t(n), 13, -1.0f, 1.0f));
+  std::vector<float> silu(n), t(n), wantGate(n), wantUp(n);
+  tessel::rt::siluForward(gate.data(), silu.data(), n);
+  tessel::rt::mulBroadcast(dout.data(), silu.data(), wantUp.data(), n, n);
+  tessel::rt::mulBroadcast(dout.data(), up.data(), t.data(), n, n);
+  tessel::rt::siluBackward(gate.data(), t.data(), wantGate.data(), n);
+  DeviceArray<TI> dgate(gate), dup(up);
+  DeviceArray<TG> ddout(dout);
+  DeviceArray<TO> gradGate(n), gradUp(n);
+  sync();
+  swigluBackward(dgate.get(), dup.get(), ddout.get(), gradGate.get(),
+                 gradUp.get(), n);
+  expectClose(gradGate.download(), wantGate, rtolFor<TO>(), 1e-5,
+              "the gate's gradient");
+  expectClose(gradUp.download(), wantUp, rtolFor<TO>(), 1e-5, "up's gradient");
+}
+
+TEST(CudaElementwise, SwigluBackward) {
+  for (int64_t n : {int64_t(50001), int64_t(50000)}) {
+    checkSwigluBackward<float, float, float>(n);
+    checkSwigluBackward<bf16, bf16, bf16>(n);
+    checkSwigluBackward<bf16, float, float>(n);
+  }
+}
+
 template <typename TI, typename TO> void checkCopy(int64_t n) {
   SCOPED_TRACE(std::string(typeName<TI>()) + "->" + typeName<TO>() +
                " n=" + std::to_string(n));

@@ -270,6 +270,28 @@ TEST(KernelElementwise, Pointwise) {
     EXPECT_NEAR(out[i], ys[i], 1e-6) << "gelu(" << xs[i] << ")";
 }
 
+// SwiGLU's fused backward against the reference kernels it replaces: the
+// SiLU of the gate times the output gradient (up's gradient), and the SiLU's
+// backward of the output gradient times up (the gate's).
+TEST(KernelElementwise, SwigluBackward) {
+  std::mt19937 gen(16);
+  for (int64_t n : {int64_t(1001), int64_t(100003)}) {
+    const size_t un = static_cast<size_t>(n);
+    auto gate = randVec(un, gen, -6.f, 6.f), up = randVec(un, gen);
+    auto dout = randVec(un, gen);
+    std::vector<float> dgate(un), dup(un), silu(un), t(un), wantGate(un),
+        wantUp(un);
+    rt::swigluBackward(gate.data(), up.data(), dout.data(), dgate.data(),
+                       dup.data(), n);
+    rt::ref::siluForward(gate.data(), silu.data(), n);
+    rt::ref::mulBroadcast(dout.data(), silu.data(), wantUp.data(), n, n);
+    rt::ref::mulBroadcast(dout.data(), up.data(), t.data(), n, n);
+    rt::ref::siluBackward(gate.data(), t.data(), wantGate.data(), n);
+    expectClose(dup, wantUp, "swigluBackward: up's gradient");
+    expectClose(dgate, wantGate, "swigluBackward: the gate's gradient");
+  }
+}
+
 TEST(KernelElementwise, SumSquares) {
   std::mt19937 gen(7);
   for (int64_t n : {int64_t(0), int64_t(13), int64_t(1001), int64_t(100003)}) {

@@ -84,6 +84,12 @@ void rmsNormBackwardAdd(const T *x, const T *w, const T *dout, const T *dres,
 // out = silu(gate) * up; siluOut (when non-null) = silu(gate).
 template <typename T>
 void swigluForward(const T *gate, const T *up, T *out, T *siluOut, int64_t n);
+// SwiGLU's backward, the SiLU taken again from the gate: dgate = dout * up *
+// silu'(gate), dup = dout * silu(gate) (the unfused kernels' arithmetic, so
+// fp32 results equal theirs).
+template <typename T>
+void swigluBackward(const T *gate, const T *up, const T *dout, T *dgate, T *dup,
+                    int64_t n);
 
 // out[i] = a[i] + b[i % nb]; b has nb elements and n is a multiple of nb
 // (b's shape is a suffix of a's shape).

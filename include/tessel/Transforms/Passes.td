@@ -192,8 +192,11 @@ def FuseKernels : Pass<"tessel-fuse-kernels", "mlir::ModuleOp"> {
     `rt.swiglu_forward`. In the backward, a weight gradient's GEMM and the
     column sums of the output gradient it reads become
     `rt.matmul_bias_grad`, an input gradient's GEMM and the GELU backward
-    of it `rt.matmul_gelu_grad`, and a product added to another term
-    `rt.matmul_add`; these move a kernel past others that only read what
+    of it `rt.matmul_gelu_grad`, a product added to another term
+    `rt.matmul_add`, and SwiGLU's two products and SiLU backward
+    `rt.swiglu_backward`, which takes the SiLU again from the gate: a
+    forward part then no longer hands the SiLU on (nor writes it, when
+    nothing reads it). These move a kernel past others that only read what
     it reads and never touch what it writes. A weight and bias gradient
     copied into a column block of wider ones (the q, k and v pieces of a
     fused projection, `rt.insert_axis`) are written there by their

@@ -258,6 +258,39 @@ __global__ void swigluForwardKernel(const TI *gate, const TI *up, TO *out,
   }
 }
 
+// SwiGLU's backward: the SiLU and its derivative from the gate, then
+// dup = dout * silu(gate) and dgate = dout * up * silu'(gate).
+template <int Width, typename TI, typename TG, typename TO>
+__global__ void swigluBackwardKernel(const TI *gate, const TI *up,
+                                     const TG *dout, TO *dgate, TO *dup,
+                                     int64_t nu) {
+  for (int64_t u = gridStart(); u < nu; u += gridStride()) {
+    float g[Width], v[Width], d[Width];
+    if constexpr (Width == 8) {
+      load8(gate + 8 * u, g);
+      load8(up + 8 * u, v);
+      load8(dout + 8 * u, d);
+    } else {
+      g[0] = toFloat(gate[u]);
+      v[0] = toFloat(up[u]);
+      d[0] = toFloat(dout[u]);
+    }
+#pragma unroll
+    for (int e = 0; e < Width; ++e) {
+      const float dg = SiluGrad{}(g[e], d[e] * v[e]);
+      v[e] = d[e] * Silu{}(g[e]);
+      g[e] = dg;
+    }
+    if constexpr (Width == 8) {
+      store8(dgate + 8 * u, g);
+      store8(dup + 8 * u, v);
+    } else {
+      dgate[u] = fromFloat<TO>(g[0]);
+      dup[u] = fromFloat<TO>(v[0]);
+    }
+  }
+}
+
 template <int Width, typename TO>
 __global__ void fillKernel(TO *out, int64_t nu, float value) {
   float v[8];
@@ -535,6 +568,21 @@ void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename TI, typename TG, typename TO>
+void swigluBackward(const TI *gate, const TI *up, const TG *dout, TO *dgate,
+                    TO *dup, int64_t n) {
+  if (n <= 0)
+    return;
+  if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(dout) &&
+      aligned16(dgate) && aligned16(dup))
+    swigluBackwardKernel<8><<<blocksFor(n / 8), kThreads, 0, computeStream()>>>(
+        gate, up, dout, dgate, dup, n / 8);
+  else
+    swigluBackwardKernel<1><<<blocksFor(n), kThreads, 0, computeStream()>>>(
+        gate, up, dout, dgate, dup, n);
+  TESSEL_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename TI, typename TO> void copy(const TI *x, TO *out, int64_t n) {
   if (n <= 0)
     return;
@@ -689,7 +737,9 @@ void accumulateInto(const TI *src, float *acc, int64_t n, bool first) {
   template void mulBroadcast<A, B, C>(const A *, const B *, C *, int64_t,      \
                                       int64_t);                                \
   template void geluBackward<A, B, C>(const A *, const B *, C *, int64_t);     \
-  template void siluBackward<A, B, C>(const A *, const B *, C *, int64_t);
+  template void siluBackward<A, B, C>(const A *, const B *, C *, int64_t);     \
+  template void swigluBackward<A, B, C>(const A *, const A *, const B *, C *,  \
+                                        C *, int64_t);
 TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
 #undef TESSEL_INSTANTIATE3
 

@@ -194,6 +194,19 @@ void siluBackward(const T *x, const T *dout, T *dx, int64_t n) {
   }
 }
 
+template <typename T>
+void swigluBackward(const T *gate, const T *up, const T *dout, T *dgate, T *dup,
+                    int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = gate[i], d = dout[i];
+    const T silu = g / (T(1) + expT(-g));
+    const T s = T(1) / (T(1) + expT(-g));
+    dup[i] = d * silu;
+    dgate[i] = (d * up[i]) * (s * (T(1) + g * (T(1) - s)));
+  }
+}
+
 template <typename T> void copy(const T *x, T *out, int64_t n) {
   if (n <= 0)
     return;
@@ -260,6 +273,8 @@ template <typename T> double sumSquares(const T *x, int64_t n) {
   template void geluBackward<T>(const T *, const T *, T *, int64_t);           \
   template void siluForward<T>(const T *, T *, int64_t);                       \
   template void siluBackward<T>(const T *, const T *, T *, int64_t);           \
+  template void swigluBackward<T>(const T *, const T *, const T *, T *, T *,   \
+                                  int64_t);                                    \
   template void copy<T>(const T *, T *, int64_t);                              \
   template void fill<T>(T *, int64_t, T);                                      \
   template double sumSquares<T>(const T *, int64_t);

@@ -122,6 +122,12 @@ void siluBackward(const TI *x, const TG *dout, TO *dx, int64_t n);
 template <typename TI, typename TO>
 void swigluForward(const TI *gate, const TI *up, TO *out, TO *siluOut,
                    int64_t n);
+// SwiGLU's backward, the SiLU taken again from the gate (nothing kept from
+// the forward but gate and up): dgate = dout * up * silu'(gate), dup = dout
+// * silu(gate).
+template <typename TI, typename TG, typename TO>
+void swigluBackward(const TI *gate, const TI *up, const TG *dout, TO *dgate,
+                    TO *dup, int64_t n);
 template <typename TI, typename TO> void copy(const TI *x, TO *out, int64_t n);
 template <typename TO> void fill(TO *out, int64_t n, float value);
 
