@@ -273,6 +273,19 @@ def Rt_EmbeddingBackwardRangeOp : Rt_KernelOp<"embedding_backward_range",
     (ins Rt_Buffer:$ids, Rt_Buffer:$dout, Rt_Buffer:$dtable, I64Attr:$n,
          Rt_GroupOffsetAttr:$vocab_start, I64Attr:$local_vocab,
          I64Attr:$hidden)>;
+// An embedding table's gradient summed over microbatches where it is kept
+// (tessel-plan-memory): the rows the ids pick get their dout rows added in
+// ascending order, after zeroing the table on the part's `first` run; no
+// table-sized buffer per microbatch, no pass to add it.
+def Rt_EmbeddingBackwardAccumulateOp : Rt_KernelOp<
+    "embedding_backward_accumulate", "embeddingBackwardAccumulate",
+    (ins Rt_Buffer:$ids, Rt_Buffer:$dout, Rt_Buffer:$dtable, I1:$first,
+         I64Attr:$n, I64Attr:$vocab, I64Attr:$hidden)>;
+def Rt_EmbeddingBackwardRangeAccumulateOp : Rt_KernelOp<
+    "embedding_backward_range_accumulate", "embeddingBackwardRangeAccumulate",
+    (ins Rt_Buffer:$ids, Rt_Buffer:$dout, Rt_Buffer:$dtable, I1:$first,
+         I64Attr:$n, Rt_GroupOffsetAttr:$vocab_start, I64Attr:$local_vocab,
+         I64Attr:$hidden)>;
 
 def Rt_MatmulOp : Rt_KernelOp<"matmul", "matmul",
     (ins Rt_Buffer:$a, Rt_Buffer:$b, Rt_Buffer:$c, I64Attr:$batch, I64Attr:$m,

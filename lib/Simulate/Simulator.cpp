@@ -216,6 +216,12 @@ KernelCost tessel::sim::kernelCost(Operation *op, const Cluster &cluster,
     std::string name = call.getFunction().str();
     if (name == "adamwStepShard" && !d.kernelBytesPerSecond.count(name))
       name = "adamwStep";
+    // An embedding's gradient summed in place runs the scatter's kernel.
+    for (llvm::StringRef base : {"embeddingBackwardRange", "embeddingBackward"})
+      if (llvm::StringRef(name).starts_with(base) &&
+          !d.kernelBytesPerSecond.count(name))
+        name = d.kernelBytesPerSecond.count(base.str()) ? base.str()
+                                                        : "embeddingBackward";
     auto it = d.kernelBytesPerSecond.find(name);
     if (it != d.kernelBytesPerSecond.end())
       memoryTime = cost.bytes / it->second;

@@ -209,8 +209,9 @@ void Planner::placeGradients() {
   });
 }
 
-// The GEMMs that write all of `value` as their product (rt.matmul of one
-// product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad;
+// The kernels that write all of `value` as their product (rt.matmul of one
+// product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad,
+// an embedding table's gradient;
 // several rt.matmul_bias_grad when each writes a column block of it, the
 // q, k and v pieces of a fused projection's gradient), an allocation of its
 // own that nothing but those GEMMs and the part's `yield` touches; empty
@@ -231,6 +232,8 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
     auto mm = dyn_cast<rt::MatmulOp>(user);
     auto bg = dyn_cast<rt::MatmulBiasGradOp>(user);
     auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(user);
+    auto eb = dyn_cast<rt::EmbeddingBackwardOp>(user);
+    auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(user);
     if (bg && bg.getM() * bg.getLdc() == rt::elementsOf(value) &&
         (!width || width == bg.getLdc())) {
       width = bg.getLdc();
@@ -240,6 +243,10 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
     } else if (!(mm && mm.getBatch() == 1 &&
                  mm.getM() * mm.getN() == rt::elementsOf(value)) &&
                !(gw && gw.getNumExperts() * gw.getK() * gw.getN() ==
+                           rt::elementsOf(value)) &&
+               !(eb &&
+                 eb.getVocab() * eb.getHidden() == rt::elementsOf(value)) &&
+               !(er && er.getLocalVocab() * er.getHidden() ==
                            rt::elementsOf(value))) {
       return {};
     }
@@ -302,7 +309,8 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
     // A weight gradient that one GEMM writes whole (or GEMMs their column
     // blocks of it), and that nothing else in the part touches, is summed by
     // the GEMM in its place (beta = 1 after the first run): no buffer of its
-    // own, no pass to add it.
+    // own, no pass to add it. So is an embedding table's gradient, by the
+    // scatter that writes it (the table zeroed on the first run only).
     SmallVector<Operation *> products;
     if (fuseAccumulation && result.hasOneUse() &&
         rt::elementTypeOf(value) == rt::elementTypeOf(arg))
@@ -326,6 +334,15 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
               b, gw.getLoc(), gw.getX(), gw.getDout(), value, gw.getOffsets(),
               first, gw.getSegmentsAttr(), gw.getNumExpertsAttr(),
               gw.getKAttr(), gw.getNAttr(), gw.getTransWAttr());
+        else if (auto eb = dyn_cast<rt::EmbeddingBackwardOp>(product))
+          rt::EmbeddingBackwardAccumulateOp::create(
+              b, eb.getLoc(), eb.getIds(), eb.getDout(), value, first,
+              eb.getNAttr(), eb.getVocabAttr(), eb.getHiddenAttr());
+        else if (auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(product))
+          rt::EmbeddingBackwardRangeAccumulateOp::create(
+              b, er.getLoc(), er.getIds(), er.getDout(), value, first,
+              er.getNAttr(), er.getVocabStartAttr(), er.getLocalVocabAttr(),
+              er.getHiddenAttr());
         product->erase();
       }
       continue;

@@ -1198,7 +1198,9 @@ LogicalResult Sharder::stageGradients() {
             if (!llvm::is_contained(accumulates, acc))
               accumulates.push_back(acc);
           if (isa<rt::MatmulAccumulateOp, rt::MatmulBiasGradAccumulateOp,
-                  rt::GroupedMatmulWeightGradAccumulateOp>(user))
+                  rt::GroupedMatmulWeightGradAccumulateOp,
+                  rt::EmbeddingBackwardAccumulateOp,
+                  rt::EmbeddingBackwardRangeAccumulateOp>(user))
             return user->emitOpError(
                        "sums a staged gradient run over microbatches; plan "
                        "the memory with fuse-accumulation=false at ZeRO ")

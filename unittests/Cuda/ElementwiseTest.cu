@@ -524,6 +524,30 @@ void checkEmbeddingBackward(int64_t V, int64_t C, int64_t n, uint32_t seed) {
                          C);
   expectClose(dpart.download(), roundTo<TO>(wantRange), rtol, 0,
               "embeddingBackwardRange");
+
+  // Summed over two microbatches in place, against the CPU kernels doing
+  // the same (each entry adds its contributions, in ascending i, to what
+  // it holds): the first run zeroes the table, the second adds.
+  if constexpr (std::is_same_v<TO, float>) {
+    std::vector<float> wantSum(V * C, 7.0f), wantRangeSum(Vl * C, 7.0f);
+    fill(dtable.get(), V * C, 7.0f);
+    fill(dpart.get(), Vl * C, 7.0f);
+    for (bool firstRun : {true, false}) {
+      tessel::rt::embeddingBackwardAccumulate(
+          ids.data(), dout.data(), wantSum.data(), firstRun, n, V, C);
+      tessel::rt::embeddingBackwardRangeAccumulate(ids.data(), dout.data(),
+                                                   wantRangeSum.data(),
+                                                   firstRun, n, vStart, Vl, C);
+      embeddingBackwardAccumulate(dids.get(), ddout.get(), dtable.get(),
+                                  firstRun, n, V, C);
+      embeddingBackwardRangeAccumulate(dids.get(), ddout.get(), dpart.get(),
+                                       firstRun, n, vStart, Vl, C);
+    }
+    expectBitwiseEqual(dtable.download(), wantSum,
+                       "embeddingBackwardAccumulate");
+    expectBitwiseEqual(dpart.download(), wantRangeSum,
+                       "embeddingBackwardRangeAccumulate");
+  }
 }
 
 TEST(CudaElementwise, EmbeddingBackward) {

@@ -6,10 +6,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/KernelsRef.h"
+#include "tessel/Runtime/Dropout.h"
 #include "tessel/Runtime/Kernels.h"
 #include "tessel/Runtime/Sequence.h"
+#include "tessel/Runtime/VocabParallel.h"
 
 #include <gtest/gtest.h>
 
@@ -766,6 +767,33 @@ TEST(KernelEmbedding, MatchesReference) {
     rt::ref::embeddingBackward(ids.data(), dout.data(), rdt.data(), n, V, C);
     expectClose(dt, rdt, "embeddingBackward");
   }
+}
+
+// The table's gradient summed over microbatches in place: the first run
+// zeroes the table (whatever it held) and scatters, each later one adds
+// its rows; the sum equals the microbatches' gradients added up. The range
+// form (a vocabulary-parallel piece) likewise.
+TEST(KernelEmbedding, AccumulateOverMicrobatches) {
+  std::mt19937 gen(24);
+  const int64_t n = 40, V = 23, C = 9, vStart = 5, Vl = 12;
+  std::vector<float> got(V * C, 42.f), want(V * C, 0.f);
+  std::vector<float> gotRange(Vl * C, 42.f), wantRange(Vl * C, 0.f);
+  for (int run = 0; run < 3; ++run) {
+    auto ids = randIds(static_cast<size_t>(n), int32_t(V), gen);
+    auto dout = randVec(static_cast<size_t>(n * C), gen);
+    rt::embeddingBackwardAccumulate(ids.data(), dout.data(), got.data(),
+                                    run == 0, n, V, C);
+    rt::embeddingBackwardRangeAccumulate(
+        ids.data(), dout.data(), gotRange.data(), run == 0, n, vStart, Vl, C);
+    std::vector<float> one(V * C);
+    rt::ref::embeddingBackward(ids.data(), dout.data(), one.data(), n, V, C);
+    for (int64_t i = 0; i < V * C; ++i)
+      want[i] += one[i];
+    for (int64_t i = 0; i < Vl * C; ++i)
+      wantRange[i] += one[vStart * C + i];
+  }
+  expectClose(got, want, "embeddingBackwardAccumulate");
+  expectClose(gotRange, wantRange, "embeddingBackwardRangeAccumulate");
 }
 
 // ----------------------------------------------------------------- layout

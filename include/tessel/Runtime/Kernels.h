@@ -396,6 +396,11 @@ void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
 template <typename T>
 void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
                        int64_t V, int64_t C);
+// The same summed over microbatches in place: dtable is zeroed only when
+// `first`, then dtable[ids[i], :] += dout[i, :] in ascending i.
+template <typename T>
+void embeddingBackwardAccumulate(const int32_t *ids, const T *dout, T *dtable,
+                                 bool first, int64_t n, int64_t V, int64_t C);
 
 // General transpose: out = permute(x, perm), x has shape[rank].
 // out's dimension i is x's dimension perm[i].

@@ -24,6 +24,11 @@ void embeddingForwardRange(const float *table, const int32_t *ids, float *out,
 void embeddingBackwardRange(const int32_t *ids, const float *dout,
                             float *dtable, int64_t n, int64_t vStart,
                             int64_t Vl, int64_t C);
+// The same summed over microbatches in place: dtable is zeroed only when
+// `first`.
+void embeddingBackwardRangeAccumulate(const int32_t *ids, const float *dout,
+                                      float *dtable, bool first, int64_t n,
+                                      int64_t vStart, int64_t Vl, int64_t C);
 
 // Mean over rows of the cross-entropy of logits split along the vocabulary
 // (this rank holds columns [vStart, vStart + Vl) of each of `rows` rows);

@@ -473,7 +473,9 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     is instead written there by that GEMM (`rt.matmul_accumulate`: the
     product on the first run, added to the sum after, the GEMM's beta = 1,
     as Megatron-LM's gradient accumulation fusion), with no buffer of its
-    own and no pass to add it (`fuse-accumulation`; the training pipeline
+    own and no pass to add it; likewise an embedding table's gradient by
+    its scatter (`rt.embedding_backward_accumulate`, the table zeroed on the
+    first run only) (`fuse-accumulation`; the training pipeline
     sets it below ZeRO 2, whose staged gradient runs take one microbatch's
     product at a time). Every other
     buffer gets an
@@ -504,7 +506,7 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
   }];
   let options = [
     Option<"fuseAccumulation", "fuse-accumulation", "bool", "true",
-           "Sum a weight gradient over microbatches in its GEMM">,
+           "Sum a weight gradient over microbatches in its GEMM (an embedding's in its scatter)">,
   ];
   let dependentDialects = ["::tessel::rtir::RtDialect"];
 }

@@ -16,7 +16,10 @@
 //    warp scans all ids in ascending order, so every table entry receives
 //    its contributions in ascending i (the CPU kernel's order, so fp32
 //    results equal the CPU's bitwise). Every entry of the table is written
-//    once at the end, which also zeroes the rows no id touches.
+//    once at the end, which also zeroes the rows no id touches; summing
+//    over microbatches in place, the accumulators start from what the
+//    table holds, so each entry adds its contributions to it in ascending
+//    i, as the CPU kernel does.
 //
 //===----------------------------------------------------------------------===//
 
@@ -445,16 +448,22 @@ constexpr int kEmbRows = 32; // table rows per block: 32 KiB of fp32
 template <typename TG, typename TO>
 __global__ void __launch_bounds__(kEmbThreads)
     embeddingBackwardKernel(const int32_t *ids, const TG *dout, TO *dtable,
-                            int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+                            bool first, int64_t n, int64_t vStart, int64_t Vl,
+                            int64_t C) {
   __shared__ float acc[kEmbRows][kEmbCols];
   const int64_t v0 = int64_t(blockIdx.x) * kEmbRows;
   const int64_t c0 = int64_t(blockIdx.y) * kEmbCols;
   const int64_t rowsHere = Vl - v0 < kEmbRows ? Vl - v0 : kEmbRows;
   const int lane = threadIdx.x & 31;
 
+  // Zero, or what the table holds (summing over microbatches in place).
   for (int r = 0; r < kEmbRows; ++r)
-    for (int j = 0; j < kEmbColsPerThread; ++j)
-      acc[r][threadIdx.x + j * kEmbThreads] = 0.0f;
+    for (int j = 0; j < kEmbColsPerThread; ++j) {
+      const int64_t c = c0 + threadIdx.x + j * kEmbThreads;
+      acc[r][threadIdx.x + j * kEmbThreads] =
+          first || r >= rowsHere || c >= C ? 0.0f
+                                           : toFloat(dtable[(v0 + r) * C + c]);
+    }
 
   for (int64_t i0 = 0; i0 < n; i0 += 32) {
     int row = -1;
@@ -488,7 +497,8 @@ __global__ void __launch_bounds__(kEmbThreads)
 
 template <typename TG, typename TO>
 void launchEmbeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
-                             int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
+                             bool first, int64_t n, int64_t vStart, int64_t Vl,
+                             int64_t C) {
   if (Vl <= 0 || C <= 0)
     return;
   const int64_t rowBlocks = (Vl + kEmbRows - 1) / kEmbRows;
@@ -497,7 +507,7 @@ void launchEmbeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
     throw std::runtime_error("embeddingBackward: table too large");
   const dim3 grid{unsigned(rowBlocks), unsigned(colBlocks)};
   embeddingBackwardKernel<<<grid, kEmbThreads, 0, computeStream()>>>(
-      ids, dout, dtable, n < 0 ? 0 : n, vStart, Vl, C);
+      ids, dout, dtable, first, n < 0 ? 0 : n, vStart, Vl, C);
   TESSEL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -705,7 +715,13 @@ void embeddingForward(const TT *table, const int32_t *ids, TO *out, int64_t n,
 template <typename TG, typename TO>
 void embeddingBackward(const int32_t *ids, const TG *dout, TO *dtable,
                        int64_t n, int64_t V, int64_t C) {
-  launchEmbeddingBackward(ids, dout, dtable, n, 0, V, C);
+  launchEmbeddingBackward(ids, dout, dtable, true, n, 0, V, C);
+}
+
+template <typename TG, typename TO>
+void embeddingBackwardAccumulate(const int32_t *ids, const TG *dout, TO *dtable,
+                                 bool first, int64_t n, int64_t V, int64_t C) {
+  launchEmbeddingBackward(ids, dout, dtable, first, n, 0, V, C);
 }
 
 template <typename TT, typename TO>
@@ -721,7 +737,14 @@ void embeddingForwardRange(const TT *table, const int32_t *ids, TO *out,
 template <typename TG, typename TO>
 void embeddingBackwardRange(const int32_t *ids, const TG *dout, TO *dtable,
                             int64_t n, int64_t vStart, int64_t Vl, int64_t C) {
-  launchEmbeddingBackward(ids, dout, dtable, n, vStart, Vl, C);
+  launchEmbeddingBackward(ids, dout, dtable, true, n, vStart, Vl, C);
+}
+
+template <typename TG, typename TO>
+void embeddingBackwardRangeAccumulate(const int32_t *ids, const TG *dout,
+                                      TO *dtable, bool first, int64_t n,
+                                      int64_t vStart, int64_t Vl, int64_t C) {
+  launchEmbeddingBackward(ids, dout, dtable, first, n, vStart, Vl, C);
 }
 
 template <typename TI>
@@ -765,7 +788,12 @@ TESSEL_CUDA_TYPES3(TESSEL_INSTANTIATE3)
   template void embeddingForwardRange<A, B>(                                   \
       const A *, const int32_t *, B *, int64_t, int64_t, int64_t, int64_t);    \
   template void embeddingBackwardRange<A, B>(                                  \
-      const int32_t *, const A *, B *, int64_t, int64_t, int64_t, int64_t);
+      const int32_t *, const A *, B *, int64_t, int64_t, int64_t, int64_t);    \
+  template void embeddingBackwardAccumulate<A, B>(                             \
+      const int32_t *, const A *, B *, bool, int64_t, int64_t, int64_t);       \
+  template void embeddingBackwardRangeAccumulate<A, B>(                        \
+      const int32_t *, const A *, B *, bool, int64_t, int64_t, int64_t,        \
+      int64_t);
 TESSEL_CUDA_TYPES2(TESSEL_INSTANTIATE2)
 #undef TESSEL_INSTANTIATE2
 

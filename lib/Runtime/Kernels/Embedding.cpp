@@ -30,6 +30,12 @@ void embeddingForward(const T *table, const int32_t *ids, T *out, int64_t n,
 template <typename T>
 void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
                        int64_t V, int64_t C) {
+  embeddingBackwardAccumulate(ids, dout, dtable, /*first=*/true, n, V, C);
+}
+
+template <typename T>
+void embeddingBackwardAccumulate(const int32_t *ids, const T *dout, T *dtable,
+                                 bool first, int64_t n, int64_t V, int64_t C) {
   if (V <= 0 || C <= 0)
     return;
   const bool par = (n + V) * C >= (1 << 15);
@@ -42,7 +48,8 @@ void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
 #endif
     const int64_t v0 = V * tid / nThreads;
     const int64_t v1 = V * (tid + 1) / nThreads;
-    std::memset(dtable + v0 * C, 0, size_t((v1 - v0) * C) * sizeof(T));
+    if (first)
+      std::memset(dtable + v0 * C, 0, size_t((v1 - v0) * C) * sizeof(T));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t id = ids[i];
       if (id < v0 || id >= v1)
@@ -59,7 +66,9 @@ void embeddingBackward(const int32_t *ids, const T *dout, T *dtable, int64_t n,
   template void embeddingForward<T>(const T *, const int32_t *, T *, int64_t,  \
                                     int64_t, int64_t);                         \
   template void embeddingBackward<T>(const int32_t *, const T *, T *, int64_t, \
-                                     int64_t, int64_t);
+                                     int64_t, int64_t);                        \
+  template void embeddingBackwardAccumulate<T>(                                \
+      const int32_t *, const T *, T *, bool, int64_t, int64_t, int64_t);
 TESSEL_INSTANTIATE(float)
 TESSEL_INSTANTIATE(double)
 #undef TESSEL_INSTANTIATE

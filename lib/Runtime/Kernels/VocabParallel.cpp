@@ -27,9 +27,17 @@ void embeddingForwardRange(const float *table, const int32_t *ids, float *out,
 void embeddingBackwardRange(const int32_t *ids, const float *dout,
                             float *dtable, int64_t n, int64_t vStart,
                             int64_t Vl, int64_t C) {
-  std::fill(dtable, dtable + Vl * C, 0.0f);
-  // Columns in parallel, tokens in ascending order within each: the same
-  // order of additions as the one-rank kernel, whatever the thread count.
+  embeddingBackwardRangeAccumulate(ids, dout, dtable, /*first=*/true, n, vStart,
+                                   Vl, C);
+}
+
+void embeddingBackwardRangeAccumulate(const int32_t *ids, const float *dout,
+                                      float *dtable, bool first, int64_t n,
+                                      int64_t vStart, int64_t Vl, int64_t C) {
+  if (first)
+    std::fill(dtable, dtable + Vl * C, 0.0f);
+    // Columns in parallel, tokens in ascending order within each: the same
+    // order of additions as the one-rank kernel, whatever the thread count.
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c)
     for (int64_t i = 0; i < n; ++i) {

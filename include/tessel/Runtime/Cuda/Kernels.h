@@ -157,6 +157,16 @@ void embeddingForwardRange(const TT *table, const int32_t *ids, TO *out,
 template <typename TG, typename TO>
 void embeddingBackwardRange(const int32_t *ids, const TG *dout, TO *dtable,
                             int64_t n, int64_t vStart, int64_t Vl, int64_t C);
+// The gradients summed over microbatches in place: the table is zeroed
+// only when `first`, then each entry takes its contributions in ascending
+// i after what it held (the CPU kernels' order).
+template <typename TG, typename TO>
+void embeddingBackwardAccumulate(const int32_t *ids, const TG *dout, TO *dtable,
+                                 bool first, int64_t n, int64_t V, int64_t C);
+template <typename TG, typename TO>
+void embeddingBackwardRangeAccumulate(const int32_t *ids, const TG *dout,
+                                      TO *dtable, bool first, int64_t n,
+                                      int64_t vStart, int64_t Vl, int64_t C);
 
 // Gradient accumulation over microbatches: acc = src when `first`, else
 // acc += src (fp32 accumulator).
