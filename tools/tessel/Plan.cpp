@@ -354,7 +354,8 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
                         : rows * h * (l.sp ? 34.0 / l.tp : 10 + 24.0 / l.tp);
   // An MoE block keeps its routed rows instead of a dense MLP's: each
   // token's top_k assignments through an expert's input and hidden
-  // activations (SwiGLU's four, GELU's two), in buffers the static plan
+  // activations (SwiGLU's four, three with the CUDA target's fused
+  // backward, GELU's two), in buffers the static plan
   // sizes for the worst case under ep (every token of the ep group routed
   // to this rank's experts), with a capacity as well (the plan does not
   // size them by it).
@@ -364,7 +365,7 @@ Estimate estimate(const Spec &spec, const Layout &l, int64_t batch,
     // the ep group.
     double held =
         routed * l.ep * std::min(1.0, double(moe.experts) / l.ep / moe.topK);
-    double width = h + (mlpMatrices == 3 ? 4 : 2) * moe.ffnHidden /
+    double width = h + (mlpMatrices == 3 ? (cuda ? 3 : 4) : 2) * moe.ffnHidden /
                            (l.expertTp ? l.tp : 1);
     double mlp = rows * h * (l.sp ? 19.0 / l.tp : 2 + 17.0 / l.tp);
     perLayer += moeLayers / L * (held * width * 2 - mlp);
