@@ -408,8 +408,10 @@ struct SwigluBackwardFusion : OpRewritePattern<rt::SiluBackwardOp> {
       Value up = doutIsLhs ? first.getB() : first.getA();
       if (sameBuffer(dout, up))
         continue;
-      // The product of dout and silu(gate).
+      // The product of dout and silu(gate), and where the fused kernel goes:
+      // the first of the two products.
       rt::MulBroadcastOp second;
+      Operation *at = nullptr;
       for (Operation *op : accessesOf(rt::rootBuffer(dout))) {
         auto mul = dyn_cast<rt::MulBroadcastOp>(op);
         if (!mul || mul == first || mul->getBlock() != back->getBlock() ||
@@ -419,19 +421,19 @@ struct SwigluBackwardFusion : OpRewritePattern<rt::SiluBackwardOp> {
         Value s = sameBuffer(mul.getA(), dout)   ? mul.getB()
                   : sameBuffer(mul.getB(), dout) ? mul.getA()
                                                  : Value();
-        Operation *at = mul->isBeforeInBlock(first) ? mul.getOperation()
-                                                    : first.getOperation();
-        Value g = s ? siluGateOf(s, at) : Value();
+        Operation *earlier = mul->isBeforeInBlock(first)
+                                 ? mul.getOperation()
+                                 : first.getOperation();
+        Value g = s ? siluGateOf(s, earlier) : Value();
         if (g && sameBuffer(g, gate)) {
           second = mul;
+          at = earlier;
           break;
         }
       }
       if (!second)
         continue;
       Value dup = second.getOut();
-      Operation *at = second->isBeforeInBlock(first) ? second.getOperation()
-                                                     : first.getOperation();
       if (rt::elementTypeOf(gate) != rt::elementTypeOf(up) ||
           rt::elementTypeOf(dgate) != rt::elementTypeOf(dup) ||
           rt::elementsOf(dgate) != n || rt::elementsOf(dup) != n ||

@@ -220,7 +220,7 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
   if (!value.getDefiningOp<rt::AllocOp>())
     return {};
   SmallVector<Operation *> products;
-  // Columns covered by column blocks, and whether any is one.
+  // Columns the column blocks cover, and their rows' width (0: no blocks).
   int64_t columns = 0, width = 0;
   for (OpOperand &use : value.getUses()) {
     Operation *user = use.getOwner();
@@ -234,11 +234,12 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
     auto gw = dyn_cast<rt::GroupedMatmulWeightGradOp>(user);
     auto eb = dyn_cast<rt::EmbeddingBackwardOp>(user);
     auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(user);
+    // Column blocks go only with other column blocks of the same rows.
     if (bg && bg.getM() * bg.getLdc() == rt::elementsOf(value) &&
-        (!width || width == bg.getLdc())) {
+        (products.empty() || width == bg.getLdc())) {
       width = bg.getLdc();
       columns += bg.getN();
-    } else if (!products.empty() || width) {
+    } else if (!products.empty()) {
       return {};
     } else if (!(mm && mm.getBatch() == 1 &&
                  mm.getM() * mm.getN() == rt::elementsOf(value)) &&
