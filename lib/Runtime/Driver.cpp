@@ -2224,9 +2224,14 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (leader && !opts.metrics.empty()) {
     // A resumed run continues the metrics of the run it resumes: the lines
     // of the steps before the resumed one are kept, later ones (trained
-    // after the checkpoint by a run that then died) are dropped.
+    // after the checkpoint by a run that then died) are dropped. Only a
+    // regular file is read back: a pipe or a terminal (--metrics
+    // /dev/stdout) has passed its lines on, and reading it would wait on
+    // this run's own output.
     std::string kept;
-    if (firstStep > 0)
+    struct stat metricsStat;
+    if (firstStep > 0 && ::stat(opts.metrics.c_str(), &metricsStat) == 0 &&
+        S_ISREG(metricsStat.st_mode))
       if (FILE *old = std::fopen(opts.metrics.c_str(), "r")) {
         char line[4096];
         long long step;
