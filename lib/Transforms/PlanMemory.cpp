@@ -22,6 +22,7 @@
 
 #include "dialects/Rt/RtOps.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
@@ -115,6 +116,7 @@ private:
   Value rootOf(Value v);
   void placeParams();
   void placeGradients();
+  void sumTermsInPlace();
   void placeAccumulators(pipe::UpdateOp update);
   void accumulateEarly(pipe::UpdateOp update);
   void placeArena();
@@ -209,6 +211,62 @@ void Planner::placeGradients() {
   });
 }
 
+// Whether `op` is a kernel that writes all of its output operand (#2) as
+// one product that an accumulating form can add instead (a GEMM of one
+// product, an embedding table's gradient), with that output.
+static bool wholeProduct(Operation *op, Value out) {
+  if (!op || op->getNumOperands() < 3 || op->getOperand(2) != out ||
+      llvm::count(op->getOperands(), out) != 1)
+    return false;
+  int64_t n = rt::elementsOf(out);
+  if (auto mm = dyn_cast<rt::MatmulOp>(op))
+    return mm.getBatch() == 1 && mm.getM() * mm.getN() == n;
+  if (auto eb = dyn_cast<rt::EmbeddingBackwardOp>(op))
+    return eb.getVocab() * eb.getHidden() == n;
+  if (auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(op))
+    return er.getLocalVocab() * er.getHidden() == n;
+  return false;
+}
+
+// `product` (see wholeProduct) adding into `out` instead of writing it:
+// its accumulating form, whose first run is `first`.
+static void accumulateInto(OpBuilder &b, Operation *product, Value out,
+                           Value first) {
+  b.setInsertionPoint(product);
+  if (auto mm = dyn_cast<rt::MatmulOp>(product))
+    rt::MatmulAccumulateOp::create(
+        b, mm.getLoc(), mm.getA(), mm.getB(), out, first, mm.getMAttr(),
+        mm.getNAttr(), mm.getKAttr(), mm.getTransAAttr(), mm.getTransBAttr());
+  else if (auto eb = dyn_cast<rt::EmbeddingBackwardOp>(product))
+    rt::EmbeddingBackwardAccumulateOp::create(
+        b, eb.getLoc(), eb.getIds(), eb.getDout(), out, first, eb.getNAttr(),
+        eb.getVocabAttr(), eb.getHiddenAttr());
+  else if (auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(product))
+    rt::EmbeddingBackwardRangeAccumulateOp::create(
+        b, er.getLoc(), er.getIds(), er.getDout(), out, first, er.getNAttr(),
+        er.getVocabStartAttr(), er.getLocalVocabAttr(), er.getHiddenAttr());
+  else
+    llvm_unreachable("not a whole product");
+  product->erase();
+}
+
+// Whether `op` only adds a product into its output operand (#2), on every
+// run: an accumulating form whose first run is the constant false.
+static bool addsOnly(Operation *op) {
+  Value first;
+  if (auto mm = dyn_cast<rt::MatmulAccumulateOp>(op))
+    first = mm.getFirst();
+  else if (auto eb = dyn_cast<rt::EmbeddingBackwardAccumulateOp>(op))
+    first = eb.getFirst();
+  else if (auto er = dyn_cast<rt::EmbeddingBackwardRangeAccumulateOp>(op))
+    first = er.getFirst();
+  else
+    return false;
+  auto c = first.getDefiningOp<arith::ConstantOp>();
+  auto v = c ? dyn_cast<IntegerAttr>(c.getValue()) : IntegerAttr();
+  return v && v.getInt() == 0;
+}
+
 // The kernels that write all of `value` as their product (rt.matmul of one
 // product, rt.matmul_bias_grad, an experts' rt.grouped_matmul_weight_grad,
 // an embedding table's gradient;
@@ -225,6 +283,11 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
   for (OpOperand &use : value.getUses()) {
     Operation *user = use.getOwner();
     if (user == yield)
+      continue;
+    // A second term that adds itself on every run (sumTermsInPlace) keeps
+    // adding into the place the first term now sums into.
+    if (use.getOperandNumber() == 2 && addsOnly(user) &&
+        llvm::count(user->getOperands(), value) == 1)
       continue;
     if (use.getOperandNumber() != 2 ||
         llvm::count(user->getOperands(), value) != 1)
@@ -268,6 +331,76 @@ static SmallVector<Operation *> productsOf(Value value, Operation *yield) {
       return {};
   }
   return products;
+}
+
+// A gradient that is the sum of two products, each written whole into a
+// buffer of its own that only the sum reads (a tied embedding table's: the
+// LM head's weight gradient and the embedding's scatter), is written by the
+// first product and added to by the second (its accumulating form, on
+// every run): no buffers for the terms, no pass to add them. With
+// microbatches the first then sums into the gradient's place as a single
+// product does (accumulateEarly).
+void Planner::sumTermsInPlace() {
+  SmallVector<rt::AddBroadcastOp> sums;
+  func.walk([&](rt::AddBroadcastOp add) { sums.push_back(add); });
+  for (rt::AddBroadcastOp add : sums) {
+    Value out = add.getOut();
+    int64_t n = rt::elementsOf(out);
+    if (add.getN() != n || add.getNb() != n || add.getA() == add.getB() ||
+        rt::elementTypeOf(add.getA()) != rt::elementTypeOf(out) ||
+        rt::elementTypeOf(add.getB()) != rt::elementTypeOf(out))
+      continue;
+    // Each term: an allocation of its own, written by one whole product and
+    // read by the sum only, in the sum's block.
+    SmallVector<Operation *> products;
+    for (Value term : {add.getA(), add.getB()}) {
+      auto alloc = term.getDefiningOp<rt::AllocOp>();
+      SmallVector<Operation *> users(term.getUsers());
+      if (!alloc || alloc->getBlock() != add->getBlock() ||
+          rt::elementsOf(term) != n || users.size() != 2 ||
+          !llvm::is_contained(users, add.getOperation()))
+        break;
+      Operation *product = users[0] == add.getOperation() ? users[1] : users[0];
+      if (product == add.getOperation() || !wholeProduct(product, term) ||
+          product->getBlock() != add->getBlock() ||
+          llvm::is_contained(product->getOperands(), out))
+        break;
+      products.push_back(product);
+    }
+    if (products.size() != 2)
+      continue;
+    // Nothing between the first product and the sum may touch the sum.
+    llvm::sort(products, [](Operation *a, Operation *b) {
+      return a->isBeforeInBlock(b);
+    });
+    bool touched = llvm::any_of(out.getUsers(), [&](Operation *user) {
+      Operation *top = add->getBlock()->findAncestorOpInBlock(*user);
+      return user != add.getOperation() &&
+             (!top ||
+              (products[0]->isBeforeInBlock(top) && top->isBeforeInBlock(add)));
+    });
+    Operation *def = out.getDefiningOp();
+    if (touched || (def && def->getBlock() != add->getBlock() &&
+                    !def->getBlock()->findAncestorOpInBlock(*add)))
+      continue;
+    // The sum's storage is named before the first product writes it.
+    if (def && def->getBlock() == add->getBlock() &&
+        products[0]->isBeforeInBlock(def)) {
+      if (!isa<rt::AllocOp, rt::BufferOp>(def) || def->getNumOperands())
+        continue;
+      def->moveBefore(products[0]);
+    }
+    Value a = add.getA(), bTerm = add.getB();
+    products[0]->setOperand(2, out);
+    OpBuilder b(products[1]);
+    Value never = arith::ConstantOp::create(b, add.getLoc(), b.getI1Type(),
+                                            b.getBoolAttr(false));
+    accumulateInto(b, products[1], out, never);
+    add->erase();
+    for (Value term : {a, bTerm})
+      if (term.use_empty())
+        term.getDefiningOp()->erase();
+  }
 }
 
 // Each input of the update is summed into its place right after the last
@@ -319,13 +452,12 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
     if (!products.empty()) {
       placeOf[value] = placeOf.lookup(arg);
       for (Operation *product : products) {
+        if (wholeProduct(product, value)) {
+          accumulateInto(b, product, value, first);
+          continue;
+        }
         b.setInsertionPoint(product);
-        if (auto mm = dyn_cast<rt::MatmulOp>(product))
-          rt::MatmulAccumulateOp::create(
-              b, mm.getLoc(), mm.getA(), mm.getB(), value, first, mm.getMAttr(),
-              mm.getNAttr(), mm.getKAttr(), mm.getTransAAttr(),
-              mm.getTransBAttr());
-        else if (auto bg = dyn_cast<rt::MatmulBiasGradOp>(product))
+        if (auto bg = dyn_cast<rt::MatmulBiasGradOp>(product))
           rt::MatmulBiasGradAccumulateOp::create(
               b, bg.getLoc(), bg.getA(), bg.getB(), value, bg.getDb(), first,
               bg.getMAttr(), bg.getNAttr(), bg.getKAttr(), bg.getLdcAttr(),
@@ -335,15 +467,6 @@ void Planner::accumulateEarly(pipe::UpdateOp update) {
               b, gw.getLoc(), gw.getX(), gw.getDout(), value, gw.getOffsets(),
               first, gw.getSegmentsAttr(), gw.getNumExpertsAttr(),
               gw.getKAttr(), gw.getNAttr(), gw.getTransWAttr());
-        else if (auto eb = dyn_cast<rt::EmbeddingBackwardOp>(product))
-          rt::EmbeddingBackwardAccumulateOp::create(
-              b, eb.getLoc(), eb.getIds(), eb.getDout(), value, first,
-              eb.getNAttr(), eb.getVocabAttr(), eb.getHiddenAttr());
-        else if (auto er = dyn_cast<rt::EmbeddingBackwardRangeOp>(product))
-          rt::EmbeddingBackwardRangeAccumulateOp::create(
-              b, er.getLoc(), er.getIds(), er.getDout(), value, first,
-              er.getNAttr(), er.getVocabStartAttr(), er.getLocalVocabAttr(),
-              er.getHiddenAttr());
         product->erase();
       }
       continue;
@@ -838,6 +961,8 @@ LogicalResult Planner::run() {
                                           update.getInputs()))
         aliasOf[arg] = input;
   });
+  if (fuseAccumulation)
+    sumTermsInPlace();
   placeParams();
   placeGradients();
   func.walk([&](pipe::UpdateOp update) {

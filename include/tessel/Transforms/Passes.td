@@ -477,7 +477,13 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     its scatter (`rt.embedding_backward_accumulate`, the table zeroed on the
     first run only) (`fuse-accumulation`; the training pipeline
     sets it below ZeRO 2, whose staged gradient runs take one microbatch's
-    product at a time). Every other
+    product at a time). With it, a gradient that is the sum of two such
+    products (a tied embedding table's: the LM head's weight gradient and
+    the embedding's scatter), each into a buffer only the sum reads, is
+    written by the first and added to by the second (its accumulating form
+    with a constant false first run), with no buffers for the terms and no
+    pass to add them; with microbatches the first then sums into the
+    gradient's slot as above. Every other
     buffer gets an
     offset in the activation arena of its microbatch: first fit, freed after
     the last read of the value or of any value sharing its storage (views,
@@ -508,7 +514,8 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     Option<"fuseAccumulation", "fuse-accumulation", "bool", "true",
            "Sum a weight gradient over microbatches in its GEMM (an embedding's in its scatter)">,
   ];
-  let dependentDialects = ["::tessel::rtir::RtDialect"];
+  let dependentDialects = ["::tessel::rtir::RtDialect",
+                           "::mlir::arith::ArithDialect"];
 }
 
 def JoinUpdates : Pass<"tessel-join-updates", "mlir::ModuleOp"> {

@@ -136,6 +136,22 @@ struct RankProgramLowering : OpRewritePattern<func::FuncOp> {
         m.getResult().replaceAllUsesWith(mb);
         m.erase();
       }
+      // Constants the part reads (hoisted out of it by a canonicalization)
+      // are its own again.
+      DenseMap<Operation *, Value> ownConstants;
+      fn.walk([&](Operation *op) {
+        for (OpOperand &use : op->getOpOperands()) {
+          auto c = use.get().getDefiningOp<arith::ConstantOp>();
+          if (!c || fn->isAncestor(c))
+            continue;
+          Value &own = ownConstants[c];
+          if (!own) {
+            OpBuilder cb = OpBuilder::atBlockBegin(body);
+            own = cb.clone(*c)->getResult(0);
+          }
+          use.set(own);
+        }
+      });
       SmallVector<rt::FirstRunOp> firsts;
       fn.walk([&](rt::FirstRunOp f) { firsts.push_back(f); });
       for (rt::FirstRunOp f : firsts) {
