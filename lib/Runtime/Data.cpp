@@ -2,6 +2,7 @@
 
 #include "tessel/Runtime/Data.h"
 #include "tessel/Runtime/Init.h"
+#include "tessel/Runtime/Safetensors.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -839,6 +840,7 @@ namespace {
 // beside it, renamed into place only once complete.
 void writeAtomically(const std::string &path, const std::string &what,
                      const std::vector<std::pair<const void *, size_t>> &parts) {
+  checkReplaceable(path, what);
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
   if (!f)

@@ -1654,12 +1654,26 @@ void writeCommReport(const std::string &path, int64_t steps,
 // "dp=2 tp=2" for messages.
 std::string describeMesh() { return meshLayout().shape().describe(); }
 
-// Fails early, before any training, when `path` cannot be created.
-void checkWritable(const std::string &path, const char *what) {
+// Fails early, before any training, when `path` cannot be created. A file
+// written `whole` goes to a temporary name first and is renamed over
+// `path`: a device or a pipe there (`/dev/stdout`) is refused, since the
+// rename would replace it rather than write into it. One written as it
+// goes (the metrics) may be one; it is opened as it is.
+void checkWritable(const std::string &path, const char *what,
+                   bool whole = false) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+  bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode))
     fail(std::string("cannot write the ") + what + " " + inQuotes(path) +
          ": it is a directory (give a file name)");
+  if (exists && !S_ISREG(st.st_mode)) {
+    if (whole)
+      fail(std::string("cannot write the ") + what + " " + inQuotes(path) +
+           ": it is not a regular file (a device or a pipe); it is written "
+           "whole under a temporary name and renamed into place, which "
+           "would replace it (give a file name)");
+    return;
+  }
   std::string probe = path + ".tmp." + std::to_string(::getpid());
   FILE *f = std::fopen(probe.c_str(), "wb");
   if (!f)
@@ -1849,9 +1863,9 @@ int train(const Program &sharedProgram, const Options &opts) {
   if (leader && !opts.metrics.empty())
     checkWritable(opts.metrics, "metrics file");
   if (leader && !opts.saveFinal.empty())
-    checkWritable(opts.saveFinal, "final weights");
+    checkWritable(opts.saveFinal, "final weights", /*whole=*/true);
   if (leader && !opts.saveState.empty())
-    checkWritable(opts.saveState, "training state");
+    checkWritable(opts.saveState, "training state", /*whole=*/true);
   if (opts.checkpointEvery > 0 && opts.saveState.empty())
     throw UsageError("--checkpoint-every needs --save-state FILE (where the "
                      "state goes)");
@@ -1874,7 +1888,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   std::string commReport;
   if (!opts.commReport.empty()) {
     commReport = rankFileName(opts.commReport, commRank());
-    checkWritable(commReport, "communication report");
+    checkWritable(commReport, "communication report", /*whole=*/true);
   }
   // --record-samples: the samples each rank reads, step by step.
   std::unique_ptr<FILE, int (*)(FILE *)> sampleLog(nullptr, &std::fclose);
@@ -1889,7 +1903,7 @@ int train(const Program &sharedProgram, const Options &opts) {
   std::string trace;
   if (!opts.trace.empty()) {
     trace = rankFileName(opts.trace, commRank());
-    checkWritable(trace, "trace");
+    checkWritable(trace, "trace", /*whole=*/true);
     // A common instant for `tessel trace merge` to align the ranks' clocks
     // by: leaving a barrier (the second of two, which all enter together).
     {

@@ -326,11 +326,23 @@ std::string safetensorsPrefix(const std::string &path,
 }
 } // namespace
 
+void checkReplaceable(const std::string &path, const std::string &what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("cannot write " + what + " " + inQuotes(path) + ": it is " +
+         (S_ISDIR(st.st_mode) ? std::string("a directory")
+                              : std::string("not a regular file (a device or "
+                                            "a pipe)")) +
+         "; the file is written whole under a temporary name and renamed "
+         "into place (give a file name)");
+}
+
 SafetensorsWriter::SafetensorsWriter(
     const std::string &path, const std::vector<SafetensorView> &tensors,
     const std::map<std::string, std::string> &metadata)
     : path(path), tmp(path + ".tmp." + std::to_string(::getpid())),
       prefix(safetensorsPrefix(path, tensors, metadata)) {
+  checkReplaceable(path, "the safetensors file");
   for (const SafetensorView &t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape)

@@ -1,6 +1,7 @@
 //===- Trace.cpp - Chrome traces of a rank's step -------------------------===//
 
 #include "tessel/Runtime/Trace.h"
+#include "tessel/Runtime/Safetensors.h"
 
 #include <chrono>
 #include <cstdio>
@@ -53,6 +54,7 @@ void traceRecordCollective(const char *name, double startMicros, int64_t bytes,
 void traceSetSync(double micros) { syncMicros = micros; }
 
 void traceWrite(const std::string &path, int rank) {
+  checkReplaceable(path, "the trace");
   std::string tmp = path + ".tmp";
   FILE *f = std::fopen(tmp.c_str(), "w");
   if (!f)

@@ -1,6 +1,7 @@
 //===- Commands.cpp - `tessel run`, `tessel inspect`, `tessel data` -------===//
 
 #include "Commands.h"
+#include "Simulate.h"
 #include "Textbook.h"
 #include "Tokenizer.h"
 
@@ -1597,6 +1598,8 @@ int tessel::traceCommand(ArrayRef<std::string> args) {
                          {{"ranks", ranks.size()},
                           {"aligned", oneHost ? "one host's monotonic clock"
                                               : "the start barrier"}}}};
+  if (Error e = checkReplaceable(output))
+    return fail(toString(std::move(e)));
   std::string tmp = output + ".tmp";
   {
     std::error_code ec;

@@ -25,6 +25,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Commands.h"
+#include "Simulate.h"
 
 #include "tessel/Support/MeshLayout.h"
 
@@ -817,6 +818,8 @@ int tessel::reportCommand(ArrayRef<std::string> args) {
       "rendered'});</script>\n</body></html>\n";
 
   // Written whole, then renamed.
+  if (Error e = checkReplaceable(output))
+    return fail(toString(std::move(e)));
   std::string temporary = output + ".tmp";
   {
     std::error_code ec;

@@ -222,8 +222,24 @@ std::string tessel::formatBytes(double bytes) {
   return formatv("{0:f1} kB", bytes / 1e3);
 }
 
+Error tessel::checkReplaceable(const std::string &path) {
+  sys::fs::file_status st;
+  if (sys::fs::status(path, st) ||
+      st.type() == sys::fs::file_type::regular_file)
+    return Error::success();
+  return createStringError(
+      "cannot write " + path + ": it is " +
+      (st.type() == sys::fs::file_type::directory_file
+           ? std::string("a directory")
+           : std::string("not a regular file (a device or a pipe)")) +
+      "; the file is written whole under a temporary name and renamed into "
+      "place (give a file name)");
+}
+
 Error tessel::writeFileAtomically(const std::string &path,
                                   const std::string &text) {
+  if (Error e = checkReplaceable(path))
+    return e;
   std::string tmp = path + ".tmp";
   {
     std::error_code ec;
@@ -1073,6 +1089,8 @@ int tessel::calibrateCommand(ArrayRef<std::string> args) {
   if (!values.count("-o"))
     return usage(kCalibrateUsage, "calibrate: -o FILE is required");
   std::string output = values["-o"];
+  if (Error e = checkReplaceable(output))
+    return fail(toString(std::move(e)));
   auto self = sys::fs::getMainExecutable(nullptr, nullptr);
   Expected<std::vector<std::string>> launcher = mpirunFor(ranks, true);
   if (!launcher)

@@ -31,6 +31,11 @@ std::string formatBytes(double bytes);
 llvm::Error writeFileAtomically(const std::string &path,
                                 const std::string &text);
 
+// An error when `path` exists and is not a regular file (a device or a
+// pipe, `/dev/stdout`): a file written through a temporary one and a
+// rename would replace it rather than write into it.
+llvm::Error checkReplaceable(const std::string &path);
+
 // `tessel plan SPEC --gpus N ...` (Plan.cpp).
 int planCommand(llvm::ArrayRef<std::string> args);
 

@@ -94,6 +94,12 @@ struct SafetensorView {
   const float *data;
 };
 
+// Throws (naming `path` as `what`) when `path` exists and is not a
+// regular file, a device or a pipe (`/dev/stdout`): Tessel writes its files
+// whole under a temporary name and renames them into place, which would
+// replace it rather than write into it.
+void checkReplaceable(const std::string &path, const std::string &what);
+
 // Writes `tensors` as F32, in the given order, with metadata
 // {"format": "pt"} plus `metadata`. Names must be unique and must not be
 // "__metadata__".
