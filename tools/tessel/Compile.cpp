@@ -785,11 +785,15 @@ llvm::Error writeLaunchFiles(llvm::StringRef out, const Spec &spec, bool cuda,
 // directory that is not a previous tessel output.
 llvm::Error publish(llvm::StringRef staging, llvm::StringRef dir) {
   if (llvm::sys::fs::exists(dir)) {
+    if (!llvm::sys::fs::is_directory(dir))
+      return llvm::createStringError(
+          dir + " exists and is not a directory; refusing to overwrite it");
     llvm::SmallString<256> plan(dir);
     llvm::sys::path::append(plan, "plan.json");
     std::error_code ec;
     bool empty = llvm::sys::fs::directory_iterator(dir, ec) ==
-                 llvm::sys::fs::directory_iterator();
+                     llvm::sys::fs::directory_iterator() &&
+                 !ec;
     if (!llvm::sys::fs::exists(plan) && !empty)
       return llvm::createStringError(
           dir + " exists and is not a tessel output directory (no plan.json); "
