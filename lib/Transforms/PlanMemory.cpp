@@ -7,7 +7,8 @@
 // store; the update's inputs accumulated over microbatches get
 // accumulators; every other buffer gets an offset in the activation arena of
 // its microbatch, reused as soon as the value is dead (first fit by
-// liveness, in the order the parts run within a microbatch; under the
+// liveness, a free block at the top growing when none fits, in the order
+// the parts run within a microbatch; under the
 // interleaved schedule an arena per chunk, placed per chunk of a microbatch
 // in flight over the rank's schedule); a parameter
 // received from another rank for the step is held after the arena slots
@@ -59,6 +60,17 @@ public:
       if (size > bytes)
         free_[offset + bytes] = size - bytes;
       return offset;
+    }
+    // None fits: a free block at the top grows into the new space, rather
+    // than being left below it.
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + last->second == top_) {
+        int64_t offset = last->first;
+        free_.erase(last);
+        top_ = offset + bytes;
+        return offset;
+      }
     }
     int64_t offset = top_;
     top_ += bytes;

@@ -485,7 +485,9 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     pass to add them; with microbatches the first then sums into the
     gradient's slot as above. Every other
     buffer gets an
-    offset in the activation arena of its microbatch: first fit, freed after
+    offset in the activation arena of its microbatch: first fit (when no free
+    block fits, one that ends at the arena's top grows into the new space
+    rather than being left below it), freed after
     the last read of the value or of any value sharing its storage (views,
     values a part hands on), in the order a microbatch's parts run. Each
     use then refers to a view of its place (`rt.buffer`), so that each part
