@@ -8,7 +8,8 @@
 // accumulators; every other buffer gets an offset in the activation arena of
 // its microbatch, reused as soon as the value is dead (first fit by
 // liveness, a free block at the top growing when none fits, in the order
-// the parts run within a microbatch; under the
+// the parts run within a microbatch, or greedy by size where that needs
+// less; under the
 // interleaved schedule an arena per chunk, placed per chunk of a microbatch
 // in flight over the rank's schedule); a parameter
 // received from another rank for the step is held after the arena slots
@@ -676,13 +677,66 @@ void Planner::placeArena() {
                                              : rt::Space::Arena,
                          into.allocate(bytesOf(buffer))};
     }
-    transientBytes = transient.size();
+    // Each region again, greedy by size: the largest buffer first, each
+    // at the lowest offset clear of the buffers already placed whose
+    // lifetimes overlap its own; kept where it needs less than first fit.
     SmallVector<int64_t> sizes;
-    arenaBytes = 0;
-    for (ArenaAllocator &arena : arenas) {
+    for (ArenaAllocator &arena : arenas)
       sizes.push_back(arena.size());
-      arenaBytes += arena.size();
+    int64_t transientSize = transient.size();
+    auto regionOf = [&](Value buffer) -> int64_t {
+      if (split && !crosses.contains(buffer))
+        return -1;
+      return byChunk ? chunkOf.lookup(buffer) : 0;
+    };
+    for (int64_t region = -1; region < (int64_t)arenas.size(); ++region) {
+      int64_t &size = region < 0 ? transientSize : sizes[region];
+      if (size == 0)
+        continue;
+      struct Lifetime {
+        Value buffer;
+        int64_t start, end, bytes, offset;
+      };
+      SmallVector<Lifetime> lifetimes;
+      for (Value buffer : allocs)
+        if (regionOf(buffer) == region) {
+          int64_t start = position[buffer.getDefiningOp()];
+          int64_t end = lastUse.count(buffer) ? lastUse[buffer] : start;
+          lifetimes.push_back({buffer, start, std::max(start, end),
+                               llvm::alignTo(bytesOf(buffer), kAlignment), 0});
+        }
+      llvm::stable_sort(lifetimes, [](const Lifetime &a, const Lifetime &b) {
+        return a.bytes > b.bytes;
+      });
+      SmallVector<Lifetime *> placed;
+      SmallVector<std::pair<int64_t, int64_t>> taken;
+      int64_t greedy = 0;
+      for (Lifetime &l : lifetimes) {
+        taken.clear();
+        for (Lifetime *p : placed)
+          if (p->start <= l.end && l.start <= p->end)
+            taken.push_back({p->offset, p->offset + p->bytes});
+        llvm::sort(taken);
+        int64_t offset = 0;
+        for (auto [begin, end] : taken) {
+          if (begin >= offset + l.bytes)
+            break;
+          offset = std::max(offset, end);
+        }
+        l.offset = offset;
+        greedy = std::max(greedy, offset + l.bytes);
+        placed.push_back(&l);
+      }
+      if (greedy >= size)
+        continue;
+      size = greedy;
+      for (const Lifetime &l : lifetimes)
+        placeOf[l.buffer].offset = l.offset;
     }
+    transientBytes = transientSize;
+    arenaBytes = 0;
+    for (int64_t size : sizes)
+      arenaBytes += size;
     return sizes;
   };
   // Each chunk's places over the schedule, unless slots of the whole stage

@@ -489,7 +489,10 @@ def PlanMemory : Pass<"tessel-plan-memory", "mlir::ModuleOp"> {
     block fits, one that ends at the arena's top grows into the new space
     rather than being left below it), freed after
     the last read of the value or of any value sharing its storage (views,
-    values a part hands on), in the order a microbatch's parts run. Each
+    values a part hands on), in the order a microbatch's parts run; each
+    region is then placed again greedy by size (the largest buffer first,
+    each at the lowest offset clear of those whose lifetimes overlap its
+    own), and that placement is kept where it needs less. Each
     use then refers to a view of its place (`rt.buffer`), so that each part
     refers only to its own ops, and an all-reduce over buffers laid out side
     by side is one call over the run. A buffer outside every part (a
