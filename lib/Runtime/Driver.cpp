@@ -1859,7 +1859,43 @@ int train(const Program &sharedProgram, const Options &opts) {
   const bool leader = commRank() == 0;
   const bool multiRank = commWorldSize() > 1;
 
-  // Check every output before spending time on training.
+  // Check every output before spending time on training. None may be one
+  // of the run's inputs: the metrics file is truncated as the run starts,
+  // and a saved file replaces what was there.
+  {
+    auto sameFile = [](const std::string &a, const std::string &b) {
+      struct stat sa, sb;
+      return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+             sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    };
+    std::vector<std::pair<std::string, std::string>> inputs;
+    for (auto [path, flag] : {std::pair{opts.data, "--data"},
+                              std::pair{opts.validData, "--valid-data"}})
+      if (!path.empty())
+        for (const char *suffix : {"", ".bin", ".idx"})
+          inputs.push_back({path + suffix, flag});
+    std::vector<std::pair<std::string, std::string>> weights = inputs;
+    if (!opts.initFrom.empty())
+      weights.push_back({opts.initFrom, "--init-from"});
+    if (!opts.resume.empty())
+      weights.push_back({opts.resume, "--resume"});
+    auto refuse =
+        [&](const std::string &out, const char *flag,
+            const std::vector<std::pair<std::string, std::string>> &ins) {
+          if (out.empty())
+            return;
+          for (const auto &[in, inFlag] : ins)
+            if (sameFile(out, in))
+              throw UsageError(std::string(flag) + " " + inQuotes(out) +
+                               " is the file of " + inFlag + " " +
+                               inQuotes(in) +
+                               ", which writing it would destroy; give another "
+                               "file");
+        };
+    refuse(opts.metrics, "--metrics", weights);
+    refuse(opts.saveFinal, "--save-final", inputs);
+    refuse(opts.saveState, "--save-state", inputs);
+  }
   if (leader && !opts.metrics.empty())
     checkWritable(opts.metrics, "metrics file");
   if (leader && !opts.saveFinal.empty())
