@@ -1159,6 +1159,33 @@ static int dataPrepare(ArrayRef<std::string> args) {
   if (validFraction > 0 && validOutput == output)
     return fail("data prepare: --valid-output names the training output '" +
                 output + "'");
+  // No output may be one of the files read (the text, the tokenizer's):
+  // it would be replaced by the tokens.
+  {
+    std::vector<std::string> outputs;
+    for (const std::string &out : {output, validOutput})
+      if (!out.empty()) {
+        if (format == "megatron") {
+          outputs.push_back(out + ".bin");
+          outputs.push_back(out + ".idx");
+        } else {
+          outputs.push_back(out);
+        }
+      }
+    std::vector<std::string> read = inputs;
+    for (const std::string &f : {vocabJson, merges})
+      if (!f.empty())
+        read.push_back(f);
+    for (const std::string &out : outputs)
+      for (const std::string &in : read) {
+        bool same = false;
+        if (!sys::fs::equivalent(out, in, same) && same)
+          return fail("data prepare: the output '" + out + "' is the input '" +
+                      in +
+                      "', which writing it would destroy; give another "
+                      "output");
+      }
+  }
   try {
     std::optional<tessel::Gpt2Bpe> bpe;
     if (tokenizer == "gpt2")
