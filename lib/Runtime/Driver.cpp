@@ -1668,10 +1668,7 @@ void checkWritable(const std::string &path, const char *what,
          ": it is a directory (give a file name)");
   if (exists && !S_ISREG(st.st_mode)) {
     if (whole)
-      fail(std::string("cannot write the ") + what + " " + inQuotes(path) +
-           ": it is not a regular file (a device or a pipe); it is written "
-           "whole under a temporary name and renamed into place, which "
-           "would replace it (give a file name)");
+      checkReplaceable(path, std::string("the ") + what);
     return;
   }
   std::string probe = path + ".tmp." + std::to_string(::getpid());
